@@ -1,0 +1,1 @@
+"""Flint on Ray Serve: the replica and router deployments, settings and the `flint-serve` CLI."""
