@@ -1,0 +1,1 @@
+"""Flint's kernels: each fast (Triton) kernel beside the PyTorch reference it must match."""
