@@ -1,0 +1,108 @@
+"""Flint's forward pass over a flat varlen batch, written against the op table in `flint_kernels.dispatch`.
+
+Each op is one call into `self.kernels`, so a fused kernel replaces its reference one for one.
+"""
+
+from __future__ import annotations
+
+import torch
+from flint_kernels.dispatch import REFERENCE, Kernels
+from flint_kernels.linear import NVFP4Weight
+from flint_kernels.rope import rope_cos_sin
+
+from .forward_batch import ForwardBatch, fresh_sequences_batch
+from .kv_cache import KVCache
+from .weights import DenseMLPWeights, FlintWeights, MoEWeights, Projection
+
+
+class FlintModel:
+    def __init__(self, weights: FlintWeights, kernels: Kernels = REFERENCE) -> None:
+        self.weights = weights
+        self.config = weights.config
+        self.kernels = kernels
+        self.dtype = weights.dtype
+        self.device = weights.device
+
+    # ------------------------------------------------------------------ building blocks
+    def _linear(self, x: torch.Tensor, w: Projection) -> torch.Tensor:
+        if isinstance(w, tuple):
+            return torch.cat([self.kernels.linear(x, part) for part in w], dim=-1)
+        return self.kernels.linear(x, w)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        e = self.weights.embed
+        if isinstance(e, NVFP4Weight):
+            rows = NVFP4Weight(e.qweight[ids], e.scales[ids], e.global_scale, e.segments)
+            return rows.dequantize(self.dtype, with_global=True)
+        return e[ids].to(self.dtype)
+
+    def _dense_mlp(self, x: torch.Tensor, w: DenseMLPWeights) -> torch.Tensor:
+        return self._linear(self.kernels.silu_and_mul(self._linear(x, w.gate_up)), w.down)
+
+    def _moe(self, x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
+        c = self.config
+        topk_w, topk_ids = self.kernels.router(
+            x, w.router, c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor
+        )
+        out = self.kernels.moe(x, topk_w, topk_ids, w.experts_gate_up, w.experts_down)
+        if w.shared is not None:
+            # The shared expert is added in full (no gate), after the routed sum, as in the reference.
+            out = out + self._dense_mlp(x, w.shared)
+        return out
+
+    # ------------------------------------------------------------------ forward
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Hidden states [T, H] after the final norm, for every token of the batch; K/V land in `cache`."""
+        c, k = self.config, self.kernels
+        x = self._embed(batch.input_ids)
+        cos_sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
+        residual: torch.Tensor | None = None
+        for i, lw in enumerate(self.weights.layers):
+            if residual is None:
+                h, residual = k.rms_norm(x, lw.input_norm, c.rms_norm_eps), x
+            else:
+                h, residual = k.add_rms_norm(x, residual, lw.input_norm, c.rms_norm_eps)
+            k_cache, v_cache, sliding = cache.layer(i)
+            q = k.qk_norm_rope_write(
+                self._linear(h, lw.qkv),
+                lw.q_norm,
+                lw.k_norm,
+                c.rms_norm_eps,
+                cos_sin if c.uses_rope(i) else None,
+                k_cache,
+                v_cache,
+                batch.sliding_slots if sliding else batch.full_slots,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+            )
+            attn = k.attention(
+                q,
+                k_cache,
+                v_cache,
+                batch.sliding_block_tables if sliding else batch.full_block_tables,
+                batch.query_start,
+                batch.seq_lens,
+                lw.sinks,
+                c.head_dim**-0.5,
+                c.sliding_window if sliding else None,
+            )
+            x = self._linear(attn.reshape(attn.shape[0], -1), lw.o)
+            h, residual = k.add_rms_norm(x, residual, lw.post_norm, c.rms_norm_eps)
+            x = self._moe(h, lw.mlp) if isinstance(lw.mlp, MoEWeights) else self._dense_mlp(h, lw.mlp)
+        assert residual is not None
+        out, _ = k.add_rms_norm(x, residual, self.weights.final_norm, c.rms_norm_eps)
+        return out
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """FP32 logits [N, V] for the given final hidden states."""
+        return self.kernels.lm_head(hidden, self.weights.lm_head)
+
+    @torch.inference_mode()
+    def forward_sequences(self, seqs: list[list[int]], block_size: int = 16) -> list[torch.Tensor]:
+        """FP32 logits for every position of each sequence, prefilled together in one flat batch."""
+        batch, nblocks = fresh_sequences_batch(seqs, block_size, self.device)
+        cache = KVCache(self.config, nblocks, nblocks, block_size, self.dtype, self.device)
+        logits = self.compute_logits(self.forward(batch, cache))
+        return [logits[a:b] for a, b in zip(batch.query_start[:-1], batch.query_start[1:])]

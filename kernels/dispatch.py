@@ -1,0 +1,103 @@
+"""The one place that decides, per op, whether a Triton kernel or the PyTorch reference runs.
+
+The reference path runs everywhere (CPU, any GPU, any dtype). Fast kernels register here for the
+configurations they cover; `select_kernels` logs the choice once per configuration.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from .activation import silu_and_mul_ref
+from .attention import paged_attention_ref
+from .linear import linear_fp32_out_ref, linear_ref
+from .moe import moe_ref
+from .qk_norm_rope import qk_norm_rope_write_ref
+from .rmsnorm import add_rms_norm_ref, rms_norm_ref
+from .router import sigmoid_topk_ref
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The model's ops. Every field has the reference op's signature."""
+
+    name: str
+    rms_norm: Callable
+    add_rms_norm: Callable
+    qk_norm_rope_write: Callable
+    attention: Callable
+    router: Callable
+    silu_and_mul: Callable
+    moe: Callable
+    linear: Callable
+    lm_head: Callable
+
+
+REFERENCE = Kernels(
+    name="reference",
+    rms_norm=rms_norm_ref,
+    add_rms_norm=add_rms_norm_ref,
+    qk_norm_rope_write=qk_norm_rope_write_ref,
+    attention=paged_attention_ref,
+    router=sigmoid_topk_ref,
+    silu_and_mul=silu_and_mul_ref,
+    moe=moe_ref,
+    linear=linear_ref,
+    lm_head=linear_fp32_out_ref,
+)
+
+_logged: set[tuple] = set()
+
+
+def fast_path_reason(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype) -> str | None:
+    """Why the fused path cannot run here, or None when it can."""
+    if device.type != "cuda":
+        return f"device {device.type} (the fused kernels need CUDA)"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    if importlib.util.find_spec("flint_kernels.fast") is None:
+        return "this build has no fused kernels"
+    if dtype != torch.bfloat16:
+        return f"activation dtype {dtype} (the fused kernels are BF16)"
+    if kv_dtype != torch.bfloat16:
+        return f"KV cache dtype {kv_dtype} (the fused kernels read a BF16 cache)"
+    return None
+
+
+def select_kernels(
+    device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dtype, mode: str = "auto"
+) -> Kernels:
+    """`mode`: 'auto' (fast where covered), 'reference' (plain PyTorch everywhere) or 'fast' (error if impossible)."""
+    device = torch.device(device)
+    if mode not in ("auto", "reference", "fast"):
+        raise ValueError(f"kernel mode must be auto, reference or fast, got {mode!r}")
+    reason = "requested" if mode == "reference" else fast_path_reason(device, dtype, kv_dtype)
+    if reason is None:
+        from .fast import fast_kernels
+
+        chosen = fast_kernels(REFERENCE)
+    elif mode == "fast":
+        raise RuntimeError(f"the fused kernel path cannot run: {reason}")
+    else:
+        chosen = REFERENCE
+    key = (device.type, dtype, kv_dtype, mode, chosen.name)
+    if key not in _logged:
+        _logged.add(key)
+        if reason is None:
+            log.info("kernel path: %s on %s (%s activations, %s KV)", chosen.name, device, dtype, kv_dtype)
+        else:
+            log.info("kernel path: reference PyTorch ops on %s because of %s", device, reason)
+    return chosen
+
+
+def with_ops(base: Kernels, **ops: Callable) -> Kernels:
+    return replace(base, **ops)

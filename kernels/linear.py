@@ -1,0 +1,126 @@
+"""Linear layers over BF16/FP32 or NVFP4 (W4A16) weights: the weight types and the PyTorch reference matmuls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import nvfp4
+
+
+@dataclass
+class NVFP4Weight:
+    """A weight [..., N, K] in the engine's W4A16 layout (see `flint_kernels.nvfp4`).
+
+    `global_scale` [..., G] multiplies the FP32 accumulator of each of G output segments (`segments` gives their
+    sizes, summing to N): one segment for a plain tensor, several for fused projections (q|k|v, gate|up) whose
+    parts came from separately scaled checkpoint tensors.
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    global_scale: torch.Tensor
+    segments: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        n, half_k = self.qweight.shape[-2:]
+        if sum(self.segments) != n:
+            raise ValueError(f"NVFP4 segments {self.segments} do not sum to {n} rows")
+        if self.scales.shape[-1] * nvfp4.QK_SUB != half_k * 2:
+            raise ValueError(
+                f"NVFP4 scales {tuple(self.scales.shape)} do not match qweight {tuple(self.qweight.shape)}"
+            )
+        if self.global_scale.shape[-1] != len(self.segments):
+            raise ValueError(
+                f"NVFP4 global scale {tuple(self.global_scale.shape)} does not match {len(self.segments)} segments"
+            )
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.qweight.shape[:-1], self.qweight.shape[-1] * 2)
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.nbytes + self.scales.nbytes + self.global_scale.nbytes
+
+    def column_scale(self) -> torch.Tensor:
+        """FP32 [..., N]: the global scale of each output row."""
+        sizes = torch.tensor(self.segments, device=self.global_scale.device)
+        return torch.repeat_interleave(self.global_scale, sizes, dim=-1)
+
+    def scales_are_powers_of_two(self) -> bool:
+        mant, _ = torch.frexp(self.global_scale)
+        return bool(((mant == 0.5) | (self.global_scale == 0)).all())
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, with_global: bool = False) -> torch.Tensor:
+        w = nvfp4.dequantize(self.qweight, self.scales, torch.float32)
+        if with_global:
+            w = w * self.column_scale()[..., None]
+        return w.to(dtype)
+
+    def select(self, index: int) -> NVFP4Weight:
+        """One slice along the leading (expert) dimension."""
+        return NVFP4Weight(self.qweight[index], self.scales[index], self.global_scale[index], self.segments)
+
+    def to(self, device: torch.device | str) -> NVFP4Weight:
+        return NVFP4Weight(self.qweight.to(device), self.scales.to(device), self.global_scale.to(device), self.segments)
+
+
+Weight = torch.Tensor | NVFP4Weight
+
+
+def weight_shape(w: Weight) -> tuple[int, ...]:
+    return tuple(w.shape)
+
+
+def weight_nbytes(w: Weight) -> int:
+    return w.nbytes if isinstance(w, NVFP4Weight) else w.numel() * w.element_size()
+
+
+def materialize(w: Weight, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A dense weight to multiply with, and an FP32 column scale still to apply to the accumulator (or None).
+
+    Power-of-two global scales fold into the dequantised weight exactly, so the NVFP4 path then computes the
+    same function as the dense model built from the dequantised weights.
+    """
+    if not isinstance(w, NVFP4Weight):
+        return (w if w.dtype == dtype else w.to(dtype)), None
+    if w.scales_are_powers_of_two():
+        return w.dequantize(dtype, with_global=True), None
+    return w.dequantize(dtype), w.column_scale()
+
+
+def linear_ref(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """y = x @ W^T in x's dtype; an NVFP4 global scale multiplies the FP32 accumulator before the one rounding."""
+    dense, col_scale = materialize(w, x.dtype)
+    if col_scale is None:
+        return F.linear(x, dense)
+    return (matmul_fp32_out(x, dense) * col_scale).to(x.dtype)
+
+
+def matmul_fp32_out(x: torch.Tensor, w: torch.Tensor, chunk_rows: int = 32768) -> torch.Tensor:
+    """FP32 result of x [M, K] @ w[N, K]^T with FP32 accumulation, without an FP32 copy of a huge w."""
+    if x.dtype == torch.float32 and w.dtype == torch.float32:
+        return F.linear(x, w)
+    if x.is_cuda and x.dtype == w.dtype:
+        try:
+            return torch.mm(x, w.t(), out_dtype=torch.float32)
+        except (RuntimeError, TypeError):
+            pass
+    x32 = x.to(torch.float32)
+    parts = [F.linear(x32, w[i : i + chunk_rows].to(torch.float32)) for i in range(0, w.shape[0], chunk_rows)]
+    return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+
+def linear_fp32_out_ref(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """FP32 output (the lm_head): FP32 accumulation, NVFP4 global scale applied to the FP32 result."""
+    if isinstance(w, NVFP4Weight):
+        out = matmul_fp32_out(x, w.dequantize(x.dtype if x.dtype != torch.float32 else torch.float32))
+        return out * w.column_scale()
+    return matmul_fp32_out(x, w)

@@ -1,0 +1,30 @@
+"""Routed experts (SwiGLU, routing weight after the down projection) in the reference's order and rounding.
+
+As transformers' default (grouped) experts path: each expert output is rounded to the activation dtype, multiplied
+by its FP32 routing weight, the k products are summed in FP32 in top-k slot order, and the sum is rounded once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .activation import silu_and_mul_ref
+from .linear import NVFP4Weight, Weight, linear_ref
+
+
+def _expert(w: Weight, e: int) -> Weight:
+    return w.select(e) if isinstance(w, NVFP4Weight) else w[e]
+
+
+def moe_ref(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: Weight, w2: Weight
+) -> torch.Tensor:
+    """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I] -> routed sum [T, H] in x's dtype."""
+    t, k = topk_ids.shape
+    weighted = torch.zeros((t, k, x.shape[-1]), dtype=torch.float32, device=x.device)
+    for e in torch.unique(topk_ids).tolist():
+        token_idx, slot = torch.where(topk_ids == e)
+        h = silu_and_mul_ref(linear_ref(x[token_idx], _expert(w13, e)))
+        y = linear_ref(h, _expert(w2, e))
+        weighted[token_idx, slot] = y.to(torch.float32) * topk_weights[token_idx, slot, None]
+    return weighted.sum(dim=1).to(x.dtype)

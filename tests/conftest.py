@@ -1,0 +1,46 @@
+"""Shared fixtures: small random Flint checkpoints made with the project's own writers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from flint_engine.checkpoint.hf_writer import write_hf
+from flint_engine.checkpoint.random_tensors import random_provider
+from flint_engine.config import FlintConfig, preset
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip locally when a service or file is missing, but fail under CI=true (never skip silently there)."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"required for this test in CI: {reason}")
+    pytest.skip(reason)
+
+
+def hf_checkpoint(
+    tmp: Path, config: FlintConfig, seed: int = 0, nvfp4_values: bool = False, dtype: torch.dtype = torch.float32
+) -> Path:
+    out = tmp / f"hf-{seed}-{int(nvfp4_values)}-{str(dtype).split('.')[-1]}"
+    if not (out / "config.json").exists():
+        write_hf(out, config, random_provider(config, seed, nvfp4_values), dtype=dtype, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_config() -> FlintConfig:
+    return preset("tiny")
+
+
+@pytest.fixture(scope="session")
+def ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ckpt")
