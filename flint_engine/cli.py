@@ -1,0 +1,205 @@
+"""`flint`: checkpoint tools (make random checkpoints, convert HF -> GGUF, inspect) and local generation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+from .checkpoint import FLINT_GENERATION_DEFAULTS, CheckpointError, open_source
+from .checkpoint.gguf_writer import FORMATS, write_gguf
+from .checkpoint.hf_writer import write_hf
+from .checkpoint.random_tensors import random_provider
+from .checkpoint.tensor_plan import TensorSpec
+from .config import PRESETS, ConfigError, FlintConfig, describe, preset
+
+log = logging.getLogger("flint")
+
+_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def _default_tokenizer(config: FlintConfig):
+    from .tokenizer import build_default_tokenizer
+
+    return build_default_tokenizer(config.vocab_size)
+
+
+def _with_special_ids(config: FlintConfig, tokenizer: object) -> FlintConfig:
+    """Record the tokenizer's BOS/EOS/PAD ids in the config so every format carries them."""
+    eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
+    return config.replace(
+        bos_token_id=getattr(tokenizer, "bos_token_id", None),
+        eos_token_id=eos,
+        pad_token_id=getattr(tokenizer, "pad_token_id", None),
+    )
+
+
+def cmd_make_checkpoint(args: argparse.Namespace) -> int:
+    config = preset(args.preset)
+    if args.meta_only:
+        tokenizer = _default_tokenizer(config)
+        config = _with_special_ids(config, tokenizer)
+        print(describe(config))
+        print(f"parameters: {config.parameter_count():,} ({config.parameter_count() / 1e9:.3f}B)")
+        if args.format == "hf":
+            fp32 = len(config.moe_layers) * config.num_experts * config.hidden_size
+            fp32 += config.num_hidden_layers * config.num_attention_heads
+            size = 2 * config.parameter_count() + 2 * fp32  # router and sinks are stored in FP32
+            print(f"hf safetensors bf16 size: {size:,} bytes ({size / 1e9:.2f} GB)")
+        else:
+            summary = write_gguf(
+                None,
+                config,
+                None,
+                fmt=args.format,
+                tokenizer=tokenizer,
+                generation=FLINT_GENERATION_DEFAULTS,
+                nvfp4_scope=args.nvfp4_scope,
+            )
+            print(f"gguf {args.format} file size: {summary.file_bytes:,} bytes ({summary.file_bytes / 1e9:.2f} GB)")
+            print("tensor types: " + ", ".join(f"{k} x{v}" for k, v in sorted(summary.tensor_types.items())))
+        return 0
+    if not args.out:
+        print("error: --out is required unless --meta-only", file=sys.stderr)
+        return 2
+    tokenizer = _default_tokenizer(config)
+    config = _with_special_ids(config, tokenizer)
+    provider = random_provider(config, seed=args.seed, nvfp4_values=args.nvfp4_values or args.format == "nvfp4")
+    if args.format == "hf":
+        write_hf(
+            args.out,
+            config,
+            provider,
+            dtype=_DTYPES[args.dtype],
+            tokenizer=tokenizer,
+            generation_config=FLINT_GENERATION_DEFAULTS,
+            progress=not args.quiet,
+        )
+    else:
+        summary = write_gguf(
+            args.out,
+            config,
+            provider,
+            fmt=args.format,
+            tokenizer=tokenizer,
+            generation=FLINT_GENERATION_DEFAULTS,
+            nvfp4_scope=args.nvfp4_scope,
+            name=f"flint-{args.preset}-random-seed{args.seed}",
+            progress=not args.quiet,
+        )
+        print(f"wrote {args.out}: {summary.file_bytes:,} bytes")
+    print(describe(config))
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    src = open_source(args.src)
+    from .checkpoint.hf_source import HFSource
+
+    if not isinstance(src, HFSource):
+        print("error: convert reads a Hugging Face safetensors directory", file=sys.stderr)
+        return 2
+    from .tokenizer import FlintTokenizer
+
+    tokenizer = FlintTokenizer.from_hf_dir(src.path) if (Path(src.path) / "tokenizer.json").is_file() else None
+    if tokenizer is None:
+        log.warning("no tokenizer.json in %s: the GGUF file will carry no tokenizer", src.path)
+    cpu = torch.device("cpu")
+
+    def provider(spec: TensorSpec) -> torch.Tensor:
+        return src.load(spec, cpu).to(torch.float32)
+
+    gen = dict(FLINT_GENERATION_DEFAULTS)
+    gen.update({k: v for k, v in (src.read_json("generation_config.json") or {}).items() if k in gen})
+    summary = write_gguf(
+        args.out,
+        src.config,
+        provider,
+        fmt=args.to,
+        tokenizer=tokenizer,
+        generation=gen,
+        nvfp4_scope=args.nvfp4_scope,
+        name=Path(src.path).name,
+        progress=not args.quiet,
+    )
+    print(f"wrote {args.out}: {summary.file_bytes:,} bytes, tensor types {summary.tensor_types}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    src = open_source(args.path)
+    info: dict[str, object] = {"path": src.path, "format": src.format_name, "architecture": describe(src.config)}
+    types = getattr(src, "tensor_types", None)
+    if types is not None:
+        counts: dict[str, int] = {}
+        for t in types().values():
+            counts[t] = counts.get(t, 0) + 1
+        info["tensor_types"] = counts
+    info["config"] = src.config.to_hf_dict()
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flint", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    mk = sub.add_parser("make-checkpoint", help="write a deterministic random-weight checkpoint of a preset")
+    mk.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    mk.add_argument(
+        "--format",
+        default="bf16",
+        choices=["hf", *FORMATS],
+        help="hf (safetensors directory) or a GGUF type: f32, bf16, nvfp4",
+    )
+    mk.add_argument("--out", help="output file (GGUF) or directory (hf)")
+    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES), help="safetensors dtype for --format hf")
+    mk.add_argument(
+        "--nvfp4-values",
+        action="store_true",
+        help="draw linear weights on the NVFP4 grid so BF16 and NVFP4 files hold the same model",
+    )
+    mk.add_argument(
+        "--nvfp4-scope",
+        default="all",
+        choices=["all", "experts"],
+        help="which linears become NVFP4: all (official file) or routed experts only",
+    )
+    mk.add_argument("--meta-only", action="store_true", help="report parameter count and file size, write nothing")
+    mk.add_argument("--quiet", action="store_true")
+    mk.set_defaults(func=cmd_make_checkpoint)
+
+    cv = sub.add_parser("convert", help="convert a Hugging Face safetensors checkpoint to GGUF")
+    cv.add_argument("src", help="HF checkpoint directory")
+    cv.add_argument("--to", default="bf16", choices=FORMATS)
+    cv.add_argument("--out", required=True)
+    cv.add_argument("--nvfp4-scope", default="all", choices=["all", "experts"])
+    cv.add_argument("--quiet", action="store_true")
+    cv.set_defaults(func=cmd_convert)
+
+    ins = sub.add_parser("inspect", help="print a checkpoint's architecture and tensor types")
+    ins.add_argument("path")
+    ins.set_defaults(func=cmd_inspect)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args))
+    except (CheckpointError, ConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
