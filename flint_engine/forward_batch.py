@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+from flint_kernels.attention import AttnMeta
 
 
 @dataclass
@@ -21,6 +22,10 @@ class ForwardBatch:
     full_slots: torch.Tensor  # int64 [T]
     sliding_slots: torch.Tensor  # int64 [T]
     logits_indices: torch.Tensor  # int64 [N]: rows whose logits are wanted
+    attn: AttnMeta = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.attn = AttnMeta.build(self.query_start, self.seq_lens, self.input_ids.device)
 
     @property
     def num_tokens(self) -> int:
@@ -34,13 +39,6 @@ class ForwardBatch:
     def is_decode(self) -> bool:
         """Every sequence contributes exactly one token."""
         return self.num_tokens == self.num_seqs
-
-    def device_tensors(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """query_start and seq_lens as int32 device tensors, for kernels."""
-        return {
-            "query_start": torch.tensor(self.query_start, dtype=torch.int32, device=device),
-            "seq_lens": torch.tensor(self.seq_lens, dtype=torch.int32, device=device),
-        }
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:

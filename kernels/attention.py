@@ -12,7 +12,34 @@ probabilities are rounded to the value dtype before P @ V, as the reference does
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class AttnMeta:
+    """Where each sequence's queries are and how long its context is, on the host and on the device.
+
+    Sequence s owns q rows [query_start[s], query_start[s+1]); its context after this step is seq_lens[s]
+    tokens, the new ones last. Device copies are int32 for kernels (and CUDA graphs, which replay without
+    reading the host lists).
+    """
+
+    query_start: list[int]
+    seq_lens: list[int]
+    query_start_t: torch.Tensor
+    seq_lens_t: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+
+    @classmethod
+    def build(cls, query_start: list[int], seq_lens: list[int], device: torch.device | str) -> AttnMeta:
+        q = torch.tensor(query_start, dtype=torch.int32, device=device)
+        s = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        max_q = max((b - a for a, b in itertools.pairwise(query_start)), default=0)
+        return cls(query_start, seq_lens, q, s, max_q, max(seq_lens, default=0))
 
 
 def write_kv_ref(
@@ -42,17 +69,16 @@ def paged_attention_ref(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
-    query_start: list[int],
-    seq_lens: list[int],
+    meta: AttnMeta,
     sinks: torch.Tensor,
     scale: float,
     window: int | None,
 ) -> torch.Tensor:
     """q [T, Hq, D] for the new tokens of each sequence -> output [T, Hq, D] in q's dtype.
 
-    Sequence s owns q rows [query_start[s], query_start[s+1]); its context is seq_lens[s] tokens, the new ones
-    being the last. `window` counts keys including the current one (Flint: 513); None is full causal attention.
+    `window` counts keys including the current one (Flint: 513); None is full causal attention.
     """
+    query_start, seq_lens = meta.query_start, meta.seq_lens
     hq = q.shape[1]
     hkv = k_cache.shape[2]
     group = hq // hkv

@@ -1,0 +1,356 @@
+"""The synchronous engine: requests in, one scheduled step at a time, token/text deltas out."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from flint_kernels.dispatch import select_kernels
+
+from .config import FlintConfig
+from .engine_config import EngineConfig
+from .kv_cache import KVCache
+from .kv_cache_manager import KVCacheManager
+from .kv_cache_plan import KVCachePlan, plan_kv_cache
+from .metrics import EngineMetrics
+from .model import FlintModel
+from .model_runner import ModelRunner
+from .request import Request
+from .sampler import SamplingRow, sample
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .stop_strings import StopStringText
+
+log = logging.getLogger(__name__)
+_offline_ids = itertools.count()
+
+
+class EngineRequestError(ValueError):
+    """A request the engine cannot take as given (4xx); `param` names the field when there is one."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class EngineOverloaded(RuntimeError):
+    """The waiting queue is full: shed load (503) rather than queue without bound."""
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    # per new token: (token id, logprob, [(alt id, alt logprob), ...])
+    new_logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
+    error: str | None = None
+
+
+@dataclass
+class _TextState:
+    detok: Any | None
+    stops: StopStringText
+    logprobs: bool
+    pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: FlintModel,
+        tokenizer: Any | None,
+        engine_config: EngineConfig,
+        generation_defaults: dict[str, Any] | None = None,
+        kv_plan: KVCachePlan | None = None,
+    ) -> None:
+        self.model = model
+        self.config: FlintConfig = model.config
+        self.tokenizer = tokenizer
+        self.engine_config = ec = engine_config
+        self.generation_defaults = dict(generation_defaults or {})
+        self.max_model_len = min(
+            ec.max_model_len or self.config.max_position_embeddings, self.config.max_position_embeddings
+        )
+        self.plan = kv_plan or plan_kv_cache(
+            self.config, self._kv_budget(), ec.block_size, ec.max_num_seqs, ec.max_num_batched_tokens
+        )
+        self.cache = KVCache(
+            self.config,
+            self.plan.num_full_blocks,
+            self.plan.num_sliding_blocks,
+            ec.block_size,
+            model.dtype,
+            model.device,
+        )
+        self.kv = KVCacheManager(
+            self.config,
+            self.plan.num_full_blocks,
+            self.plan.num_sliding_blocks,
+            ec.block_size,
+            ec.enable_prefix_caching,
+        )
+        self.scheduler = Scheduler(self.kv, ec.max_num_seqs, ec.max_num_batched_tokens)
+        self.runner = ModelRunner(model, self.cache, self.kv)
+        self.metrics = EngineMetrics()
+        self.requests: dict[str, Request] = {}
+        self.text: dict[str, _TextState] = {}
+        eos = set(self.config.eos_token_id)
+        if tokenizer is not None:
+            eos |= set(getattr(tokenizer, "eos_token_ids", ()) or ())
+        self.eos_token_ids = frozenset(eos)
+        self.max_context = min(
+            self.max_model_len, self.plan.token_capacity if self.config.full_layers else self.max_model_len
+        )
+        log.info("%s; longest admissible context %d tokens", self.plan.describe(), self.max_context)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_checkpoint(cls, engine_config: EngineConfig, progress: bool = True) -> LLMEngine:
+        from .checkpoint import load_checkpoint
+        from .default_model import default_checkpoint_path
+
+        device = engine_config.resolve_device()
+        dtype = engine_config.resolve_dtype(device)
+        path = engine_config.model or str(default_checkpoint_path())
+        ck = load_checkpoint(path, dtype=dtype, device=device, progress=progress)
+        kernels = select_kernels(device, dtype, dtype, engine_config.kernels)
+        return cls(FlintModel(ck.weights, kernels), ck.tokenizer, engine_config, ck.generation_defaults)
+
+    def _kv_budget(self) -> int:
+        ec = self.engine_config
+        if ec.kv_cache_memory is not None:
+            return ec.kv_cache_memory
+        dev = self.model.device
+        if dev.type == "cuda":
+            free, total = torch.cuda.mem_get_info(dev)
+            # Leave room for activations of the largest step and the logits of a full batch.
+            reserve = 2 * 2**30 + ec.max_num_batched_tokens * 96 * 1024 + ec.max_num_seqs * self.config.vocab_size * 8
+            return max(0, int(free - (1 - ec.gpu_memory_utilization) * total) - reserve)
+        return 512 * 2**20
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+        if request_id in self.requests:
+            raise EngineRequestError(f"request id {request_id!r} is already in use", param="request_id")
+        if not prompt_token_ids:
+            raise EngineRequestError("the prompt is empty", param="prompt")
+        vocab = self.config.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise EngineRequestError(f"token id {bad} is outside the vocabulary of {vocab}", param="prompt")
+        n = len(prompt_token_ids)
+        if n + params.max_tokens > self.max_model_len:
+            raise EngineRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested"
+                f" {n + params.max_tokens} tokens ({n} in the messages, {params.max_tokens} in the completion)."
+                " Please reduce the length of the messages or completion.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        if n + params.max_tokens > self.max_context:
+            raise EngineRequestError(
+                f"the KV cache holds at most {self.max_context} tokens of context on this server; the request needs"
+                f" {n + params.max_tokens} ({n} prompt + {params.max_tokens} max_tokens)",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        if len(self.scheduler.waiting) >= self.engine_config.max_waiting_requests:
+            raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
+        params = params.with_defaults(self.generation_defaults)
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        req = Request(request_id, list(prompt_token_ids), params, seed, self.eos_token_ids)
+        self.requests[request_id] = req
+        detok = None
+        if self.tokenizer is not None:
+            from .detokenizer import IncrementalDetokenizer
+
+            detok = IncrementalDetokenizer(self.tokenizer, list(prompt_token_ids), params.skip_special_tokens)
+        self.text[request_id] = _TextState(
+            detok, StopStringText(params.stop, params.include_stop_str_in_output), params.logprobs is not None
+        )
+        self.scheduler.add(req)
+        with self.metrics.lock:
+            self.metrics.num_waiting = len(self.scheduler.waiting)
+        return req
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return None
+        out = self._finish(req, "abort", None, [], "")
+        self._update_gauges(stepped=False)
+        return out
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ------------------------------------------------------------------ stepping
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        outputs: list[RequestOutput] = []
+        if sched.chunks:
+            try:
+                logits, rows = self.runner.execute(sched.chunks)
+            except Exception as exc:  # a failed step must not lose the requests in it
+                log.exception("model step failed; failing %d requests", len(sched.chunks))
+                for ch in sched.chunks:
+                    out = self._finish(ch.request, "error", None, [], "")
+                    out.error = f"internal error during generation: {type(exc).__name__}"
+                    outputs.append(out)
+                self._update_gauges()
+                return outputs
+            now = time.monotonic()
+            with self.metrics.lock:
+                self.metrics.computed_tokens += sched.num_tokens
+            for ch in sched.chunks:
+                req = ch.request
+                req.num_computed_tokens += ch.num_tokens
+                self.kv.computed(req.request_id, req.all_token_ids, req.num_computed_tokens)
+            if logits is not None:
+                reqs = [sched.chunks[i].request for i in rows]
+                result = sample(logits, [self._sampling_row(r) for r in reqs])
+                for j, req in enumerate(reqs):
+                    lp = None
+                    if result.logprobs is not None and req.params.logprobs is not None:
+                        lp = (result.logprobs[j], result.top_logprobs[j] if result.top_logprobs else [])
+                    out = self._append_token(req, result.token_ids[j], lp, now)
+                    if out is not None:
+                        outputs.append(out)
+        self._update_gauges()
+        return outputs
+
+    def _sampling_row(self, req: Request) -> SamplingRow:
+        t, p, k, m = req.params.effective()
+        banned: tuple[int, ...] = ()
+        if len(req.output_token_ids) < req.params.min_tokens:
+            banned = tuple(
+                sorted(set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else req.eos_token_ids))
+            )
+        return SamplingRow(
+            temperature=t,
+            top_p=p,
+            top_k=k,
+            min_p=m,
+            seed=req.seed,
+            step=len(req.output_token_ids),
+            presence_penalty=req.params.presence_penalty,
+            frequency_penalty=req.params.frequency_penalty,
+            repetition_penalty=req.params.repetition_penalty,
+            output_ids=req.output_token_ids,
+            prompt_ids=req.prompt_token_ids if req.params.repetition_penalty != 1.0 else (),
+            banned_ids=banned,
+            logprobs=req.params.logprobs,
+        )
+
+    def _append_token(
+        self, req: Request, token: int, lp: tuple[float, list[tuple[int, float]]] | None, now: float
+    ) -> RequestOutput | None:
+        state = self.text[req.request_id]
+        req.output_token_ids.append(token)
+        if req.first_token_time is None:
+            req.first_token_time = now
+            with self.metrics.lock:
+                self.metrics.ttft.observe(now - req.arrival_time)
+        elif req.last_token_time is not None:
+            with self.metrics.lock:
+                self.metrics.itl.observe(now - req.last_token_time)
+        req.last_token_time = now
+        with self.metrics.lock:
+            self.metrics.generation_tokens += 1
+        new_lp = [(token, lp[0], lp[1])] if lp is not None else None
+        p = req.params
+        is_stop_token = token in p.stop_token_ids or (not p.ignore_eos and token in req.eos_token_ids)
+        if is_stop_token and len(req.output_token_ids) >= p.min_tokens:
+            return self._finish(req, "stop", token, [token], state.stops.flush(), new_lp)
+        delta = ""
+        if state.detok is not None:
+            delta = state.stops.add(state.detok.add(token))
+            if state.stops.stopped is not None:
+                return self._finish(req, "stop", state.stops.stopped, [token], delta, new_lp)
+        if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            if state.detok is not None:
+                delta += state.stops.add(state.detok.flush())
+                delta += state.stops.flush()
+            return self._finish(req, "length", None, [token], delta, new_lp)
+        return RequestOutput(
+            req.request_id,
+            [token],
+            delta,
+            False,
+            num_prompt_tokens=len(req.prompt_token_ids),
+            num_output_tokens=len(req.output_token_ids),
+            num_cached_tokens=req.cached_prompt_tokens,
+            new_logprobs=new_lp,
+        )
+
+    def _finish(
+        self,
+        req: Request,
+        reason: str,
+        stop_reason: str | int | None,
+        new_tokens: list[int],
+        delta: str,
+        new_lp: list[tuple[int, float, list[tuple[int, float]]]] | None = None,
+    ) -> RequestOutput:
+        self.scheduler.finish(req)
+        req.finish_reason, req.stop_reason = reason, stop_reason
+        self.requests.pop(req.request_id, None)
+        self.text.pop(req.request_id, None)
+        now = time.monotonic()
+        with self.metrics.lock:
+            m = self.metrics
+            m.finished[reason] = m.finished.get(reason, 0) + 1
+            m.e2e.observe(now - req.arrival_time)
+            if req.first_scheduled_time is not None:
+                m.queue_time.observe(req.first_scheduled_time - req.arrival_time)
+            m.prompt_tokens += len(req.prompt_token_ids)
+            m.prompt_len.observe(len(req.prompt_token_ids))
+            m.generation_len.observe(len(req.output_token_ids))
+        return RequestOutput(
+            req.request_id,
+            new_tokens,
+            delta,
+            True,
+            reason,
+            stop_reason,
+            len(req.prompt_token_ids),
+            len(req.output_token_ids),
+            req.cached_prompt_tokens,
+            new_lp,
+        )
+
+    def _update_gauges(self, stepped: bool = True) -> None:
+        with self.metrics.lock:
+            m = self.metrics
+            m.num_running = len(self.scheduler.running)
+            m.num_waiting = len(self.scheduler.waiting)
+            m.kv_cache_usage = self.kv.usage(self.plan.full_block_bytes, self.plan.sliding_block_bytes)
+            m.num_preemptions = self.scheduler.num_preemptions
+            m.prefix_cache_queries = self.kv.prefix_queries
+            m.prefix_cache_hits = self.kv.prefix_hits
+            if stepped:
+                m.steps += 1
+                m.last_step_time = time.monotonic()
+
+    # ------------------------------------------------------------------ convenience
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Request]:
+        """Run prompts to completion (offline use and tests); returns the finished requests in order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        reqs = [self.add_request(f"offline-{next(_offline_ids)}", p, sp) for p, sp in zip(prompts, plist)]
+        while self.has_unfinished():
+            self.step()
+        return reqs

@@ -1,0 +1,56 @@
+"""Engine settings (what `flint-serve` and the Python API accept), with the checks that keep them sane."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # checkpoint path (GGUF file or HF directory); None: the embedded default
+    dtype: str = "auto"  # auto | bfloat16 | float32 (auto: bfloat16 on CUDA, float32 on CPU)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # default: the checkpoint's context length
+    kv_cache_memory: int | None = None  # bytes; default: a share of free GPU memory, or 512 MiB on CPU
+    gpu_memory_utilization: float = 0.90
+    enable_prefix_caching: bool = True
+    max_waiting_requests: int = 256
+    kernels: str = "auto"  # auto | reference | fast
+    cuda_graphs: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.05 <= self.gpu_memory_utilization <= 0.99:
+            raise ValueError(f"gpu_memory_utilization must be in [0.05, 0.99], got {self.gpu_memory_utilization}")
+        if self.dtype not in ("auto", "bfloat16", "bf16", "float32", "fp32"):
+            raise ValueError(f"dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
+        if self.kernels not in ("auto", "reference", "fast"):
+            raise ValueError(f"kernels must be auto, reference or fast, got {self.kernels!r}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError("kv_cache_memory must be positive")
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dev = torch.device(self.device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"device {self.device!r} was asked for but no CUDA GPU is available")
+        return dev
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype in ("bfloat16", "bf16"):
+            return torch.bfloat16
+        if self.dtype in ("float32", "fp32"):
+            return torch.float32
+        # CPUs without BF16 matrix units run small models faster in FP32; numerics still follow the reference.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32

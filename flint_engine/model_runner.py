@@ -1,0 +1,79 @@
+"""Turns a scheduled step into a `ForwardBatch`, runs the model and returns logits for the rows to sample."""
+
+from __future__ import annotations
+
+import torch
+
+from .forward_batch import ForwardBatch
+from .kv_cache import KVCache
+from .kv_cache_manager import NO_BLOCK, KVCacheManager
+from .model import FlintModel
+from .scheduler import ScheduledChunk
+
+
+class ModelRunner:
+    def __init__(self, model: FlintModel, cache: KVCache, kv: KVCacheManager) -> None:
+        self.model = model
+        self.cache = cache
+        self.kv = kv
+        self.device = model.device
+        self.block_size = cache.block_size
+
+    def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, list[int]]:
+        """The batch, and the indices (into `chunks`) of the sequences whose last token is sampled this step."""
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        starts = [0]
+        seq_lens: list[int] = []
+        full_slots: list[int] = []
+        sliding_slots: list[int] = []
+        full_tables: list[list[int]] = []
+        sliding_tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        logits_idx: list[int] = []
+        for i, ch in enumerate(chunks):
+            req = ch.request
+            c, n = req.num_computed_tokens, ch.num_tokens
+            tokens = req.all_token_ids
+            ids.extend(tokens[c : c + n])
+            pos.extend(range(c, c + n))
+            full, sliding = self.kv.tables(req.request_id)
+            for p in range(c, c + n):
+                blk, off = divmod(p, bs)
+                full_slots.append(full[blk] * bs + off if full else -1)
+                sb = sliding[blk] if blk < len(sliding) else NO_BLOCK
+                sliding_slots.append(sb * bs + off if sb != NO_BLOCK else -1)
+            full_tables.append(full)
+            sliding_tables.append(sliding)
+            seq_lens.append(c + n)
+            starts.append(starts[-1] + n)
+            if c + n == req.num_tokens:
+                sample_rows.append(i)
+                logits_idx.append(starts[-1] - 1)
+        dev = self.device
+
+        def table(rows: list[list[int]]) -> torch.Tensor:
+            width = max((len(r) for r in rows), default=0) or 1
+            return torch.tensor([r + [NO_BLOCK] * (width - len(r)) for r in rows], dtype=torch.int32, device=dev)
+
+        batch = ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
+            query_start=starts,
+            seq_lens=seq_lens,
+            full_block_tables=table(full_tables),
+            sliding_block_tables=table(sliding_tables),
+            full_slots=torch.tensor(full_slots, dtype=torch.int64, device=dev),
+            sliding_slots=torch.tensor(sliding_slots, dtype=torch.int64, device=dev),
+            logits_indices=torch.tensor(logits_idx, dtype=torch.int64, device=dev),
+        )
+        return batch, sample_rows
+
+    def execute(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor | None, list[int]]:
+        """FP32 logits [len(sample_rows), V] and which chunks they belong to."""
+        batch, sample_rows = self.build_batch(chunks)
+        hidden = self.model.forward(batch, self.cache)
+        if not sample_rows:
+            return None, sample_rows
+        return self.model.compute_logits(hidden[batch.logits_indices]), sample_rows

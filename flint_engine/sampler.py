@@ -1,0 +1,137 @@
+"""Token sampling for a batch of rows with per-row parameters.
+
+Randomness comes from a counter-based hash of (seed, step, token id), not from a stateful generator, so a seeded
+request draws the same token whatever else is in the batch, on CPU or GPU, and after a preemption.
+Sampling is Gumbel-max over the processed logits, which is exactly sampling from their softmax.
+Returned logprobs are those of the raw model distribution (before penalties, temperature and truncation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser (xorshift-multiply), on int64 tensors holding values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """U(0,1) float32 [N, vocab], a pure function of (seed, step, token id)."""
+    s = seeds.to(torch.int64)
+    lo, hi = s & _M32, (s >> 32) & _M32
+    key = _mix32(lo ^ _mix32(hi ^ _mix32(steps.to(torch.int64) & _M32)))
+    v = torch.arange(vocab, dtype=torch.int64, device=seeds.device)
+    h = _mix32(key[:, None] ^ ((v[None, :] * 0x9E3779B9) & _M32))
+    h = _mix32(h ^ key[:, None])
+    return ((h.to(torch.float64) + 0.5) / 2.0**32).to(torch.float32)
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs for one row of logits."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int
+    step: int  # tokens generated so far by this request: the RNG counter
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    output_ids: tuple[int, ...] | list[int] = ()
+    prompt_ids: tuple[int, ...] | list[int] = ()
+    banned_ids: tuple[int, ...] = ()  # e.g. EOS before min_tokens
+    logprobs: int | None = None
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float] | None  # logprob of each sampled token (None when no row asked)
+    top_logprobs: list[list[tuple[int, float]]] | None
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    for i, r in enumerate(rows):
+        if (r.presence_penalty or r.frequency_penalty) and r.output_ids:
+            counts = torch.bincount(torch.tensor(r.output_ids, device=logits.device), minlength=vocab)[:vocab]
+            counts = counts.to(logits.dtype)
+            logits[i] -= r.frequency_penalty * counts + r.presence_penalty * (counts > 0).to(logits.dtype)
+        if r.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted({*r.prompt_ids, *r.output_ids}), dtype=torch.long, device=logits.device)
+            if seen.numel():
+                vals = logits[i, seen]
+                logits[i, seen] = torch.where(vals > 0, vals / r.repetition_penalty, vals * r.repetition_penalty)
+        if r.banned_ids:
+            logits[i, torch.tensor(r.banned_ids, device=logits.device)] = float("-inf")
+    return logits
+
+
+def truncation_mask(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """True where a token survives top-k, then top-p (on the top-k distribution), then min-p."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    keep_sorted = rank < k[:, None]
+    masked = sorted_logits.masked_fill(~keep_sorted, float("-inf"))
+    probs = torch.softmax(masked, dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it already does.
+    before = torch.cumsum(probs, dim=-1) - probs
+    keep_sorted &= before < top_p[:, None]
+    keep_sorted[:, 0] = True
+    keep_sorted &= probs >= min_p[:, None] * probs[:, :1]
+    keep = torch.zeros_like(keep_sorted)
+    keep.scatter_(1, order, keep_sorted)
+    return keep
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
+    """logits FP32 [N, V] (modified in place) -> one token per row."""
+    n = logits.shape[0]
+    want_lp = [r.logprobs for r in rows]
+    raw_logprobs = torch.log_softmax(logits, dim=-1) if any(x is not None for x in want_lp) else None
+    logits = apply_penalties(logits, rows)
+    dev = logits.device
+    temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
+    greedy = temps == 0.0
+    tokens = torch.argmax(logits, dim=-1)
+    if not bool(greedy.all()):
+        idx = torch.nonzero(~greedy).squeeze(1)
+        sub = logits[idx] / temps[idx, None]
+        top_k = torch.tensor([rows[i].top_k for i in idx.tolist()], device=dev)
+        top_p = torch.tensor([rows[i].top_p for i in idx.tolist()], dtype=torch.float32, device=dev)
+        min_p = torch.tensor([rows[i].min_p for i in idx.tolist()], dtype=torch.float32, device=dev)
+        if bool((top_k > 0).any() or (top_p < 1.0).any() or (min_p > 0).any()):
+            sub = sub.masked_fill(~truncation_mask(sub, top_k, top_p, min_p), float("-inf"))
+        seeds = torch.tensor([rows[i].seed for i in idx.tolist()], dtype=torch.int64, device=dev)
+        steps = torch.tensor([rows[i].step for i in idx.tolist()], dtype=torch.int64, device=dev)
+        gumbel = -torch.log(-torch.log(uniform_noise(seeds, steps, sub.shape[-1])))
+        tokens[idx] = torch.argmax(sub + gumbel, dim=-1)
+    token_list = tokens.tolist()
+    if raw_logprobs is None:
+        return SampleResult(token_list, None, None)
+    chosen = raw_logprobs[torch.arange(n, device=dev), tokens].tolist()
+    tops: list[list[tuple[int, float]]] = []
+    kmax = max(x or 0 for x in want_lp)
+    if kmax:
+        vals, ids = torch.topk(raw_logprobs, kmax, dim=-1)
+        for i, r in enumerate(rows):
+            k = r.logprobs or 0
+            tops.append(list(zip(ids[i, :k].tolist(), vals[i, :k].tolist())))
+    else:
+        tops = [[] for _ in rows]
+    return SampleResult(token_list, chosen, tops)

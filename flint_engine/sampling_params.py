@@ -1,0 +1,93 @@
+"""Per-request sampling parameters, validated up front so bad values fail with the field's name."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_SEED = 2**63 - 1
+
+
+class SamplingParamsError(ValueError):
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"'{field_name}' {message}")
+        self.field = field_name
+
+
+@dataclass
+class SamplingParams:
+    """Sampling for one request. `None` means "the checkpoint's default" for temperature/top_p/top_k/min_p."""
+
+    max_tokens: int = 256
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # None: none; 0: the sampled token only; k: plus the top k
+    skip_special_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise SamplingParamsError("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
+        if self.temperature is not None and not 0.0 <= self.temperature <= 100.0:
+            raise SamplingParamsError("temperature", f"must be in [0, 100], got {self.temperature}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise SamplingParamsError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < -1):
+            raise SamplingParamsError("top_k", f"must be -1, 0 (disabled) or a positive integer, got {self.top_k}")
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise SamplingParamsError("min_p", f"must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise SamplingParamsError(name, f"must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise SamplingParamsError("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not -MAX_SEED - 1 <= self.seed <= MAX_SEED):
+            raise SamplingParamsError("seed", f"must be a 64-bit integer, got {self.seed!r}")
+        if not isinstance(self.n, int) or not 1 <= self.n <= 128:
+            raise SamplingParamsError("n", f"must be an integer in [1, 128], got {self.n!r}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise SamplingParamsError("stop", "must be non-empty strings")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise SamplingParamsError("stop_token_ids", "must be non-negative integers")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise SamplingParamsError("min_tokens", f"must be in [0, max_tokens], got {self.min_tokens!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            raise SamplingParamsError("logprobs", f"must be in [0, 20], got {self.logprobs!r}")
+
+    def with_defaults(self, defaults: dict[str, Any]) -> SamplingParams:
+        """Fill unset temperature/top_p/top_k/min_p from the checkpoint's generation config."""
+        fill = {
+            k: defaults[k]
+            for k in ("temperature", "top_p", "top_k", "min_p")
+            if getattr(self, k) is None and k in defaults
+        }
+        return dataclasses.replace(self, **fill) if fill else self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature is not None and self.temperature == 0.0
+
+    def effective(self) -> tuple[float, float, int, float]:
+        """(temperature, top_p, top_k, min_p) with unset values at their neutral settings."""
+        t = 1.0 if self.temperature is None else self.temperature
+        p = 1.0 if self.top_p is None else self.top_p
+        k = 0 if self.top_k is None or self.top_k < 0 else self.top_k
+        m = 0.0 if self.min_p is None else self.min_p
+        return t, p, k, m

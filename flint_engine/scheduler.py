@@ -1,0 +1,117 @@
+"""Continuous batching with chunked prefill: every step mixes the running sequences' next tokens (decode, or the
+next chunk of a long prompt) with new requests admitted first-come first-served, under a token budget.
+
+When blocks run out, the most recently admitted running request is preempted: its blocks are released (they stay
+in the prefix cache) and it goes back to the head of the queue, to be recomputed from its prompt plus the tokens
+it already generated, so it resumes exactly where it left off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .kv_cache_manager import KVCacheManager
+from .request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledChunk:
+    request: Request
+    num_tokens: int  # new tokens computed this step, starting at request.num_computed_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        self.kv.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        out.preempted.append(req)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled: set[str] = set()
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req not in self.running:  # preempted below to make room
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n <= 0:
+                continue
+            while not self.kv.can_allocate(req.request_id, req.num_computed_tokens, n):
+                victim = next((r for r in reversed(self.running) if r.request_id not in scheduled), None)
+                if victim is None:
+                    break
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            if req not in self.running or not self.kv.can_allocate(req.request_id, req.num_computed_tokens, n):
+                continue
+            self.kv.allocate(req.request_id, req.num_computed_tokens, n)
+            out.chunks.append(ScheduledChunk(req, n))
+            scheduled.add(req.request_id)
+            budget -= n
+        if out.preempted:
+            return out  # memory is tight: let the running requests drain before admitting more
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            tokens = req.all_token_ids
+            cached, hashes = self.kv.find_prefix(tokens)
+            n = min(len(tokens) - cached, budget)
+            if not self.kv.can_allocate(req.request_id, cached, n, hashes):
+                break  # first come, first served: later requests wait behind this one
+            self.waiting.popleft()
+            self.kv.prefix_queries += len(tokens)
+            self.kv.prefix_hits += cached
+            self.kv.start(req.request_id, hashes)
+            self.kv.allocate(req.request_id, cached, n)
+            if req.num_preemptions == 0:
+                req.cached_prompt_tokens = cached
+            req.num_computed_tokens = cached
+            req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
+            self.running.append(req)
+            out.chunks.append(ScheduledChunk(req, n))
+            budget -= n
+        return out
+
+    def finish(self, req: Request) -> None:
+        """Remove a finished or aborted request and release its blocks at once."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req.request_id)
+        req.status = RequestStatus.FINISHED
