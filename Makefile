@@ -20,7 +20,7 @@ serve: venv
 	$(BIN)/flint-serve $(ARGS)
 
 test: venv
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -m "not gpu" $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

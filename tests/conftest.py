@@ -5,12 +5,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
 import torch
 
-from flint_engine.checkpoint.hf_writer import write_hf
-from flint_engine.checkpoint.random_tensors import random_provider
-from flint_engine.config import FlintConfig, preset
+# Without a GPU, Triton kernels run in Triton's CPU interpreter (correct for fp32/fp16, not bf16). This must be
+# set before any kernel module is imported, which is why it lives at the top of conftest.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from flint_engine.checkpoint.hf_writer import write_hf  # noqa: E402
+from flint_engine.checkpoint.random_tensors import random_provider  # noqa: E402
+from flint_engine.config import FlintConfig, preset  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
