@@ -144,6 +144,43 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_capacity(args: argparse.Namespace) -> int:
+    """How much context fits next to the weights on one GPU, from the engine's own sizing code."""
+    from .checkpoint.gguf_writer import plan_tensors
+    from .kv_cache_plan import gpu_kv_budget, plan_kv_cache
+
+    config = preset(args.preset)
+    total = int(args.gpu_memory_gib * 2**30)
+    rows = []
+    for fmt in args.weights:
+        weight_bytes = sum(p.nbytes for p in plan_tensors(config, fmt))
+        budget = gpu_kv_budget(
+            config,
+            total - weight_bytes - args.runtime_overhead_gib * 2**30,
+            total,
+            args.gpu_memory_utilization,
+            args.max_num_seqs,
+            args.max_num_batched_tokens,
+        )
+        plan = plan_kv_cache(config, budget, args.block_size, args.max_num_seqs, args.max_num_batched_tokens)
+        rows.append((fmt, weight_bytes, plan))
+    print(
+        f"{describe(config)}\nGPU memory {args.gpu_memory_gib} GiB, utilization {args.gpu_memory_utilization},"
+        f" max_num_seqs {args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens}"
+    )
+    print(
+        f"{'weights':>8} {'weight GB':>10} {'KV GiB':>8} {'full blocks':>12} {'context tokens':>15}"
+        f" {'sliding blocks':>15} {'max context':>12}"
+    )
+    for fmt, wb, plan in rows:
+        max_ctx = min(plan.token_capacity, config.max_position_embeddings)
+        print(
+            f"{fmt:>8} {wb / 1e9:>10.2f} {plan.total_bytes / 2**30:>8.2f} {plan.num_full_blocks:>12,}"
+            f" {plan.token_capacity:>15,} {plan.num_sliding_blocks:>15,} {max_ctx:>12,}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flint", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -182,6 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--nvfp4-scope", default="all", choices=["all", "experts"])
     cv.add_argument("--quiet", action="store_true")
     cv.set_defaults(func=cmd_convert)
+
+    cap = sub.add_parser("capacity", help="KV-cache capacity next to the weights on one GPU (engine sizing code)")
+    cap.add_argument("--preset", default="full", choices=sorted(PRESETS))
+    cap.add_argument("--weights", nargs="+", default=["bf16", "nvfp4"], choices=FORMATS)
+    cap.add_argument("--gpu-memory-gib", type=float, default=143771 / 1024, help="default: an H200 (143771 MiB)")
+    cap.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    cap.add_argument("--runtime-overhead-gib", type=float, default=1.0, help="CUDA context and allocator slack")
+    cap.add_argument("--max-num-seqs", type=int, default=64)
+    cap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    cap.add_argument("--block-size", type=int, default=16)
+    cap.set_defaults(func=cmd_capacity)
 
     ins = sub.add_parser("inspect", help="print a checkpoint's architecture and tensor types")
     ins.add_argument("path")

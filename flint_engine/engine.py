@@ -16,7 +16,7 @@ from .config import FlintConfig
 from .engine_config import EngineConfig
 from .kv_cache import KVCache
 from .kv_cache_manager import KVCacheManager
-from .kv_cache_plan import KVCachePlan, plan_kv_cache
+from .kv_cache_plan import KVCachePlan, gpu_kv_budget, plan_kv_cache
 from .metrics import EngineMetrics
 from .model import FlintModel
 from .model_runner import ModelRunner
@@ -136,9 +136,9 @@ class LLMEngine:
         dev = self.model.device
         if dev.type == "cuda":
             free, total = torch.cuda.mem_get_info(dev)
-            # Leave room for activations of the largest step and the logits of a full batch.
-            reserve = 2 * 2**30 + ec.max_num_batched_tokens * 96 * 1024 + ec.max_num_seqs * self.config.vocab_size * 8
-            return max(0, int(free - (1 - ec.gpu_memory_utilization) * total) - reserve)
+            return gpu_kv_budget(
+                self.config, free, total, ec.gpu_memory_utilization, ec.max_num_seqs, ec.max_num_batched_tokens
+            )
         return 512 * 2**20
 
     # ------------------------------------------------------------------ requests

@@ -42,6 +42,24 @@ class KVCachePlan:
         )
 
 
+def activation_reserve(config: FlintConfig, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """GPU bytes kept free for one step's activations and a full batch of FP32 logits (measured peak plus room)."""
+    return 2 * 2**30 + max_num_batched_tokens * 96 * 1024 + max_num_seqs * config.vocab_size * 8
+
+
+def gpu_kv_budget(
+    config: FlintConfig,
+    free_bytes: int,
+    total_bytes: int,
+    utilization: float,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+) -> int:
+    """KV bytes to allocate once the weights are loaded: up to `utilization` of the whole GPU, minus activations."""
+    usable = int(free_bytes - (1 - utilization) * total_bytes)
+    return max(0, usable - activation_reserve(config, max_num_seqs, max_num_batched_tokens))
+
+
 def sliding_blocks_needed(config: FlintConfig, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
     if not config.sliding_layers:
         return 0
