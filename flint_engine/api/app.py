@@ -1,0 +1,328 @@
+"""The OpenAI-compatible FastAPI app, usable alone (one process) or as Ray Serve's ingress."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import metadata
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .auth import APIKeys
+from .backend import GenerationBackend
+from .chat import ChatHandler
+from .choices import ChoiceEvent
+from .completions import CompletionHandler
+from .errors import APIError, error_response, install_error_handlers
+from .prometheus import render
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
+from .settings import APISettings
+
+log = logging.getLogger("flint_engine.api")
+
+PUBLIC_PATHS = {"/health"}  # the probe answers without a key
+
+
+def version() -> str:
+    try:
+        return metadata.version("flint-serve")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+async def _primed(events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:
+    """Pull the first event now (so validation and overload errors surface before any response is sent)."""
+    first = await events.__anext__()
+
+    async def chained() -> AsyncIterator[ChoiceEvent]:
+        yield first
+        async for ev in events:
+            yield ev
+
+    return chained()
+
+
+async def _until_disconnect(request: Request, work: Awaitable[Any], poll_s: float) -> Any:
+    """Run `work`, cancelling it (which aborts generation) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                return Response(status_code=499)
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+class GateMiddleware:
+    """Pure ASGI (so disconnects still reach the handlers): API keys, body-size cap, per-key concurrency, request
+    ids and one log line per request, which never contains prompt or completion text."""
+
+    def __init__(self, app: Any, settings: APISettings, keys: APIKeys) -> None:
+        self.app = app
+        self.settings = settings
+        self.keys = keys
+        self.in_flight: dict[str, int] = {}
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        s = self.settings
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        rid = headers.get("x-request-id") or uuid.uuid4().hex
+        path, method = scope.get("path", ""), scope.get("method", "")
+        start = time.monotonic()
+        status = {"code": 0}
+
+        async def reply(response: Response) -> None:
+            response.headers["x-request-id"] = rid
+            status["code"] = response.status_code
+            await response(scope, receive, send)
+
+        key_id = None
+        if self.keys.enabled and path not in PUBLIC_PATHS and (path != "/metrics" or s.protect_metrics):
+            auth = headers.get("authorization", "")
+            token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            key = self.keys.check(token) if token else None
+            if key is None:
+                await reply(
+                    error_response(
+                        401,
+                        "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                        code="invalid_api_key",
+                        headers={"WWW-Authenticate": "Bearer"},
+                    )
+                )
+                log.info("request %s %s %s -> 401", rid, method, path)
+                return
+            key_id = hashlib.sha256(key.encode()).hexdigest()[:12]
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > s.max_request_bytes:
+            await reply(
+                error_response(
+                    413, f"request body is larger than {s.max_request_bytes} bytes", code="request_too_large"
+                )
+            )
+            return
+        limited = key_id is not None and s.max_concurrent_per_key is not None and method == "POST"
+        if limited:
+            if self.in_flight.get(key_id, 0) >= s.max_concurrent_per_key:  # type: ignore[arg-type,operator]
+                await reply(
+                    error_response(
+                        429,
+                        f"this API key already has {s.max_concurrent_per_key} requests in flight",
+                        code="concurrency_limit_exceeded",
+                        headers={"Retry-After": "1"},
+                    )
+                )
+                return
+            self.in_flight[key_id] = self.in_flight.get(key_id, 0) + 1  # type: ignore[index]
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if limited:
+                self.in_flight[key_id] -= 1  # type: ignore[index]  # a stream holds its slot to the end
+            log.info(
+                "request %s %s %s -> %d in %.3f s%s",
+                rid,
+                method,
+                path,
+                status["code"],
+                time.monotonic() - start,
+                f" key {key_id}" if key_id else "",
+            )
+
+
+def build_app(backend: GenerationBackend, settings: APISettings | None = None) -> FastAPI:
+    settings = settings or APISettings(model_name=backend.model_name)
+    app = FastAPI(title="Flint Serve", version=version(), docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    chat = ChatHandler(backend, settings)
+    completions = CompletionHandler(backend, settings)
+    keys = APIKeys(settings.api_keys, settings.api_key_file)
+    app.state.backend, app.state.settings, app.state.keys = backend, settings, keys
+
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+
+    app.add_middleware(GateMiddleware, settings=settings, keys=keys)
+
+    async def _body(request: Request) -> Any:
+        """The JSON body, read with a hard size cap (chunked uploads have no Content-Length)."""
+        size = 0
+        parts = []
+        async for part in request.stream():
+            size += len(part)
+            if size > settings.max_request_bytes:
+                raise APIError(
+                    413, f"request body is larger than {settings.max_request_bytes} bytes", code="request_too_large"
+                )
+            parts.append(part)
+        try:
+            return json.loads(b"".join(parts))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise APIError(400, "the request body is not valid JSON") from None
+
+    def _parse(model: type, data: Any) -> Any:
+        from pydantic import ValidationError
+
+        from .errors import _validation_message
+
+        if not isinstance(data, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            from fastapi.exceptions import RequestValidationError
+
+            message, param = _validation_message(RequestValidationError(exc.errors()))
+            raise APIError(400, message, param) from None
+
+    def _log_prompt(rid: str, what: Any) -> None:
+        if settings.log_prompts:
+            log.info("request %s body (log_prompts on): %s", rid, json.dumps(what, ensure_ascii=False)[:4000])
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        data = await _body(request)
+        req: ChatCompletionRequest = _parse(ChatCompletionRequest, data)
+        _log_prompt(request.headers.get("x-request-id", "-"), data)
+        prep = chat.prepare(req)
+        if req.stream:
+            events = await _primed(chat.events(prep))
+            opts = req.stream_options
+            return StreamingResponse(
+                chat.stream(
+                    prep, events, bool(opts and opts.include_usage), bool(opts and opts.continuous_usage_stats)
+                ),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+
+        async def run() -> Response:
+            return JSONResponse((await chat.complete(prep, chat.events(prep))).model_dump(exclude_none=True))
+
+        return await _until_disconnect(request, run(), settings.disconnect_poll_s)
+
+    @app.post("/v1/completions")
+    async def text_completions(request: Request) -> Response:
+        data = await _body(request)
+        req: CompletionRequest = _parse(CompletionRequest, data)
+        _log_prompt(request.headers.get("x-request-id", "-"), data)
+        prep = completions.prepare(req)
+        if req.stream:
+            events = await _primed(completions.events(prep))
+            opts = req.stream_options
+            return StreamingResponse(
+                completions.stream(
+                    prep, events, bool(opts and opts.include_usage), bool(opts and opts.continuous_usage_stats)
+                ),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+
+        async def run() -> Response:
+            return JSONResponse((await completions.complete(prep, completions.events(prep))).model_dump())
+
+        return await _until_disconnect(request, run(), settings.disconnect_poll_s)
+
+    def _card() -> ModelCard:
+        return ModelCard(id=backend.model_name, root=backend.model_name, max_model_len=backend.max_model_len)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[_card()])
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> ModelCard:
+        if model_id != backend.model_name:
+            raise APIError(404, f"The model '{model_id}' does not exist.", "model", "model_not_found")
+        return _card()
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok, why = await backend.check_health()
+        if ok:
+            return JSONResponse({"status": "ok"})
+        return error_response(503, f"unhealthy: {why}", code="unhealthy")
+
+    @app.get("/version")
+    async def get_version() -> dict[str, str]:
+        return {"version": version()}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = render(await backend.metrics_snapshots())
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        req: TokenizeRequest = _parse(TokenizeRequest, await _body(request))
+        tok = backend.tokenizer
+        if tok is None:
+            raise APIError(400, "this checkpoint has no tokenizer")
+        if req.model is not None and req.model != backend.model_name:
+            raise APIError(404, f"The model '{req.model}' does not exist.", "model", "model_not_found")
+        if req.messages is not None:
+            text = tok.apply_chat_template(
+                [m.for_template() for m in req.messages],
+                None,
+                add_generation_prompt=req.add_generation_prompt,
+                **(req.chat_template_kwargs or {}),
+            )
+        else:
+            text = req.prompt or ""
+        ids = tok.encode(text, add_special_tokens=req.add_special_tokens)
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": backend.max_model_len, "tokens": ids}
+        if req.return_token_strs:
+            out["token_strs"] = [tok.id_to_token(i) for i in ids]
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, str]:
+        req: DetokenizeRequest = _parse(DetokenizeRequest, await _body(request))
+        tok = backend.tokenizer
+        if tok is None:
+            raise APIError(400, "this checkpoint has no tokenizer")
+        bad = next((t for t in req.tokens if not 0 <= t < tok.vocab_size), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside the vocabulary of {tok.vocab_size}", "tokens")
+        return {"prompt": tok.decode(req.tokens)}
+
+    return app

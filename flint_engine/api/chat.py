@@ -1,0 +1,266 @@
+"""POST /v1/chat/completions: template the conversation, generate n choices, parse reasoning and tool calls."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..parsers import ChatOutputParser
+from ..sampling_params import SamplingParams
+from .backend import GenerationBackend
+from .choices import ChoiceEvent, ChoicePlan, run_choices
+from .errors import APIError, error_body, to_api_error
+from .limits import check_common_limits, resolve_max_tokens
+from .logprobs import Entry, TokenText, chat_logprobs
+from .protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    FunctionCallOut,
+    NamedToolChoice,
+    PromptTokensDetails,
+    ToolCallOut,
+    Usage,
+)
+from .settings import APISettings
+
+THINK_OPEN = "<think>"
+
+
+@dataclass
+class PreparedChat:
+    prompt_ids: list[int]
+    plans: list[ChoicePlan]
+    thinking: bool
+    tools: list[dict[str, Any]] | None
+    tool_choice_none: bool
+    parallel_tool_calls: bool
+    top_logprobs: int | None
+    model: str
+    request_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def parser(self) -> ChatOutputParser:
+        return ChatOutputParser(
+            self.thinking, self.tools, self.tool_choice_none, parallel_tool_calls=self.parallel_tool_calls
+        )
+
+
+class ChatHandler:
+    def __init__(self, backend: GenerationBackend, settings: APISettings) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.token_text = TokenText(backend.tokenizer) if backend.tokenizer is not None else None
+
+    # ------------------------------------------------------------------ request -> plan
+    def prepare(self, req: ChatCompletionRequest) -> PreparedChat:
+        backend, s = self.backend, self.settings
+        if req.model is not None and req.model != backend.model_name:
+            raise APIError(404, f"The model '{req.model}' does not exist.", "model", "model_not_found")
+        if backend.tokenizer is None:
+            raise APIError(400, "this checkpoint has no tokenizer: use /v1/completions with token ids", "messages")
+        check_common_limits(req, s)
+        if req.top_logprobs is not None and req.top_logprobs > s.max_top_logprobs:
+            raise APIError(400, f"top_logprobs must be <= {s.max_top_logprobs}", "top_logprobs")
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        if tools is not None:
+            if len(tools) > s.max_tools:
+                raise APIError(400, f"at most {s.max_tools} tools are allowed, got {len(tools)}", "tools")
+            for i, t in enumerate(tools):
+                size = len(json.dumps(t, ensure_ascii=False).encode())
+                if size > s.max_tool_schema_bytes:
+                    raise APIError(
+                        400, f"tool {i} schema is {size} bytes; the limit is {s.max_tool_schema_bytes}", f"tools.{i}"
+                    )
+        choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+        tool_choice_none = choice == "none"
+        force = None
+        if choice == "required":
+            force = "<tool_call>"
+        elif isinstance(choice, NamedToolChoice):
+            force = f"<tool_call>{choice.function.name}"
+        kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
+        if req.reasoning_effort is not None and "enable_thinking" not in kwargs:
+            kwargs["enable_thinking"] = req.reasoning_effort != "none"
+        messages = [m.for_template() for m in req.messages]
+        prompt_text = backend.tokenizer.apply_chat_template(
+            messages, None if tool_choice_none else tools, add_generation_prompt=req.add_generation_prompt, **kwargs
+        )
+        prompt_ids = backend.tokenizer.encode(prompt_text)
+        thinking = prompt_text.rstrip().endswith(THINK_OPEN)
+        max_tokens = resolve_max_tokens(req.requested_max_tokens(), len(prompt_ids), backend, s)
+        base = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            seed=req.seed,
+            n=1,
+            stop=req.stop_list(),
+            stop_token_ids=list(req.stop_token_ids or []),
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            ignore_eos=req.ignore_eos,
+            min_tokens=min(req.min_tokens, max_tokens),
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            skip_special_tokens=False,  # the parsers need the <think>/<tool_call> tags in the text
+        )
+        plans = []
+        for i in range(req.n):
+            seed = None if req.seed is None else req.seed + i
+            params = base if seed == base.seed else SamplingParams(**{**base.__dict__, "seed": seed})
+            plans.append(ChoicePlan(prompt_ids, params, thinking, force))
+        return PreparedChat(
+            prompt_ids,
+            plans,
+            thinking,
+            tools,
+            tool_choice_none,
+            req.parallel_tool_calls,
+            req.top_logprobs if req.logprobs else None,
+            backend.model_name,
+        )
+
+    # ------------------------------------------------------------------ non-streaming
+    async def complete(self, prep: PreparedChat, events: AsyncIterator[ChoiceEvent]) -> ChatCompletionResponse:
+        n = len(prep.plans)
+        texts = [""] * n
+        entries: list[list[Entry]] = [[] for _ in range(n)]
+        final: list[ChoiceEvent | None] = [None] * n
+        async for ev in events:
+            texts[ev.index] += ev.text
+            if ev.logprobs:
+                entries[ev.index] += ev.logprobs
+            if ev.finished:
+                final[ev.index] = ev
+        choices = []
+        completion_tokens = cached = 0
+        for i in range(n):
+            ev = final[i]
+            assert ev is not None
+            if ev.error is not None or ev.finish_reason == "error":
+                raise APIError(500, ev.error or "generation failed", code="generation_failed")
+            parsed = prep.parser().parse(texts[i])
+            calls = [
+                ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
+                for c in parsed.tool_calls
+            ]
+            reason = "tool_calls" if calls else ev.finish_reason
+            message = AssistantMessage(
+                content=parsed.content,
+                reasoning=parsed.reasoning,
+                reasoning_content=parsed.reasoning,
+                tool_calls=calls or None,
+            )
+            lp = None
+            if prep.top_logprobs is not None and self.token_text is not None:
+                lp = chat_logprobs(self.token_text, entries[i], prep.top_logprobs)
+            choices.append(
+                ChatChoice(index=i, message=message, logprobs=lp, finish_reason=reason, stop_reason=ev.stop_reason)
+            )
+            completion_tokens += ev.completion_tokens
+            cached = max(cached, ev.cached_tokens)
+        usage = Usage(
+            prompt_tokens=len(prep.prompt_ids),
+            completion_tokens=completion_tokens,
+            total_tokens=len(prep.prompt_ids) + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        )
+        return ChatCompletionResponse(
+            id=prep.request_id, created=prep.created, model=prep.model, choices=choices, usage=usage
+        )
+
+    # ------------------------------------------------------------------ streaming
+    def events(self, prep: PreparedChat) -> AsyncIterator[ChoiceEvent]:
+        return run_choices(self.backend, prep.plans, prep.request_id)
+
+    async def stream(
+        self, prep: PreparedChat, events: AsyncIterator[ChoiceEvent], include_usage: bool, continuous_usage: bool
+    ) -> AsyncIterator[str]:
+        """SSE lines for `events`, which the caller has primed so that early errors become a plain HTTP error."""
+        n = len(prep.plans)
+        streamers = [prep.parser().stream() for _ in range(n)]
+        started = [False] * n
+        pending_lp: list[list[Entry]] = [[] for _ in range(n)]
+        called = [False] * n
+        completion = [0] * n
+        cached = 0
+
+        def chunk(
+            i: int,
+            delta: dict[str, Any],
+            finish: str | None = None,
+            stop_reason: Any = None,
+            logprobs: list[Entry] | None = None,
+        ) -> str:
+            choice: dict[str, Any] = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+            if finish is not None and stop_reason is not None:
+                choice["stop_reason"] = stop_reason
+            if logprobs and prep.top_logprobs is not None and self.token_text is not None:
+                choice["logprobs"] = chat_logprobs(self.token_text, logprobs, prep.top_logprobs).model_dump()
+            body: dict[str, Any] = {
+                "id": prep.request_id,
+                "object": "chat.completion.chunk",
+                "created": prep.created,
+                "model": prep.model,
+                "choices": [choice],
+            }
+            if continuous_usage:
+                body["usage"] = usage_dict()
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+        def usage_dict() -> dict[str, Any]:
+            total = sum(completion)
+            return {
+                "prompt_tokens": len(prep.prompt_ids),
+                "completion_tokens": total,
+                "total_tokens": len(prep.prompt_ids) + total,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            }
+
+        try:
+            async for ev in events:
+                i = ev.index
+                completion[i] = ev.completion_tokens
+                cached = max(cached, ev.cached_tokens)
+                if not started[i]:
+                    started[i] = True
+                    yield chunk(i, {"role": "assistant", "content": ""})
+                if ev.logprobs:
+                    pending_lp[i] += ev.logprobs
+                deltas = streamers[i].feed(ev.text) if ev.text else []
+                if ev.finished:
+                    if ev.error is not None or ev.finish_reason == "error":
+                        raise APIError(500, ev.error or "generation failed", code="generation_failed")
+                    deltas += streamers[i].finish()
+                for d in deltas:
+                    if d.tool_calls:
+                        called[i] = True
+                    yield chunk(i, d.to_openai(), logprobs=pending_lp[i])
+                    pending_lp[i] = []
+                if ev.finished:
+                    reason = "tool_calls" if called[i] else ev.finish_reason
+                    yield chunk(i, {}, reason, ev.stop_reason, logprobs=pending_lp[i])
+                    pending_lp[i] = []
+            if include_usage:
+                body = {
+                    "id": prep.request_id,
+                    "object": "chat.completion.chunk",
+                    "created": prep.created,
+                    "model": prep.model,
+                    "choices": [],
+                    "usage": usage_dict(),
+                }
+                yield f"data: {json.dumps(body)}\n\n"
+        except Exception as exc:  # after the 200 went out, an error travels as an SSE event
+            api = to_api_error(exc) or APIError(500, "internal server error", code="internal_error")
+            yield f"data: {json.dumps(error_body(api.status, api.message, api.param, api.code))}\n\n"
+        yield "data: [DONE]\n\n"

@@ -1,0 +1,198 @@
+"""POST /v1/completions: raw prompts (text or token ids), n choices each, optional echo and logprobs."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..sampling_params import SamplingParams
+from .backend import GenerationBackend
+from .choices import ChoiceEvent, ChoicePlan, run_choices
+from .errors import APIError, error_body, to_api_error
+from .limits import check_common_limits, resolve_max_tokens
+from .logprobs import Entry, TokenText, completion_logprobs
+from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, PromptTokensDetails, Usage
+from .settings import APISettings
+
+
+@dataclass
+class PreparedCompletion:
+    prompts: list[list[int]]
+    prompt_texts: list[str]
+    plans: list[ChoicePlan]  # len(prompts) * n, prompt-major
+    n: int
+    echo: bool
+    logprobs: int | None
+    model: str
+    request_id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class CompletionHandler:
+    def __init__(self, backend: GenerationBackend, settings: APISettings) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.token_text = TokenText(backend.tokenizer) if backend.tokenizer is not None else None
+
+    def prepare(self, req: CompletionRequest) -> PreparedCompletion:
+        backend, s = self.backend, self.settings
+        if req.model is not None and req.model != backend.model_name:
+            raise APIError(404, f"The model '{req.model}' does not exist.", "model", "model_not_found")
+        check_common_limits(req, s)
+        if req.logprobs is not None and req.logprobs > min(s.max_top_logprobs, 5):
+            raise APIError(400, f"logprobs must be <= {min(s.max_top_logprobs, 5)}", "logprobs")
+        tok = backend.tokenizer
+        prompts: list[list[int]] = []
+        texts: list[str] = []
+        for p in req.prompts():
+            if isinstance(p, str):
+                if tok is None:
+                    raise APIError(400, "this checkpoint has no tokenizer: send token ids", "prompt")
+                ids = tok.encode(p)
+                texts.append(p)
+            else:
+                ids = list(p)
+                texts.append(tok.decode(ids) if tok is not None else "")
+            if not ids:
+                raise APIError(400, "the prompt is empty", "prompt")
+            prompts.append(ids)
+        plans = []
+        for ids in prompts:
+            max_tokens = resolve_max_tokens(req.max_tokens if req.max_tokens is not None else 16, len(ids), backend, s)
+            for i in range(req.n):
+                plans.append(
+                    ChoicePlan(
+                        ids,
+                        SamplingParams(
+                            max_tokens=max_tokens,
+                            temperature=req.temperature,
+                            top_p=req.top_p,
+                            top_k=req.top_k,
+                            min_p=req.min_p,
+                            presence_penalty=req.presence_penalty,
+                            frequency_penalty=req.frequency_penalty,
+                            repetition_penalty=req.repetition_penalty,
+                            seed=None if req.seed is None else req.seed + i,
+                            stop=req.stop_list(),
+                            stop_token_ids=list(req.stop_token_ids or []),
+                            include_stop_str_in_output=req.include_stop_str_in_output,
+                            ignore_eos=req.ignore_eos,
+                            min_tokens=min(req.min_tokens, max_tokens),
+                            logprobs=req.logprobs,
+                            skip_special_tokens=req.skip_special_tokens,
+                        ),
+                        thinking=False,
+                    )
+                )
+        return PreparedCompletion(prompts, texts, plans, req.n, req.echo, req.logprobs, backend.model_name)
+
+    def _prefix(self, prep: PreparedCompletion, index: int) -> str:
+        return prep.prompt_texts[index // prep.n] if prep.echo else ""
+
+    def events(self, prep: PreparedCompletion) -> AsyncIterator[ChoiceEvent]:
+        return run_choices(self.backend, prep.plans, prep.request_id)
+
+    async def complete(self, prep: PreparedCompletion, events: AsyncIterator[ChoiceEvent]) -> CompletionResponse:
+        k = len(prep.plans)
+        texts = [""] * k
+        entries: list[list[Entry]] = [[] for _ in range(k)]
+        final: list[ChoiceEvent | None] = [None] * k
+        async for ev in events:
+            texts[ev.index] += ev.text
+            if ev.logprobs:
+                entries[ev.index] += ev.logprobs
+            if ev.finished:
+                final[ev.index] = ev
+        choices = []
+        completion_tokens = cached = 0
+        for i in range(k):
+            ev = final[i]
+            assert ev is not None
+            if ev.error is not None or ev.finish_reason == "error":
+                raise APIError(500, ev.error or "generation failed", code="generation_failed")
+            prefix = self._prefix(prep, i)
+            lp = None
+            if prep.logprobs is not None and self.token_text is not None:
+                lp = completion_logprobs(self.token_text, entries[i], prep.logprobs, len(prefix))
+            choices.append(
+                CompletionChoice(
+                    index=i,
+                    text=prefix + texts[i],
+                    logprobs=lp,
+                    finish_reason=ev.finish_reason,
+                    stop_reason=ev.stop_reason,
+                )
+            )
+            completion_tokens += ev.completion_tokens
+            cached = max(cached, ev.cached_tokens)
+        prompt_tokens = sum(len(p) for p in prep.prompts)
+        return CompletionResponse(
+            id=prep.request_id,
+            created=prep.created,
+            model=prep.model,
+            choices=choices,
+            usage=Usage(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=prompt_tokens + completion_tokens,
+                prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+            ),
+        )
+
+    async def stream(
+        self, prep: PreparedCompletion, events: AsyncIterator[ChoiceEvent], include_usage: bool, continuous_usage: bool
+    ) -> AsyncIterator[str]:
+        completion = [0] * len(prep.plans)
+        started = [False] * len(prep.plans)
+        offsets = [len(self._prefix(prep, i)) for i in range(len(prep.plans))]
+
+        def body(choices: list[dict[str, Any]], with_usage: bool) -> str:
+            out: dict[str, Any] = {
+                "id": prep.request_id,
+                "object": "text_completion",
+                "created": prep.created,
+                "model": prep.model,
+                "choices": choices,
+            }
+            if with_usage:
+                total = sum(completion)
+                prompt = sum(len(p) for p in prep.prompts)
+                out["usage"] = {"prompt_tokens": prompt, "completion_tokens": total, "total_tokens": prompt + total}
+            return f"data: {json.dumps(out, ensure_ascii=False)}\n\n"
+
+        try:
+            async for ev in events:
+                i = ev.index
+                completion[i] = ev.completion_tokens
+                if ev.error is not None or ev.finish_reason == "error":
+                    raise APIError(500, ev.error or "generation failed", code="generation_failed")
+                text = ev.text
+                if not started[i]:
+                    started[i] = True
+                    text = self._prefix(prep, i) + text
+                lp = None
+                if prep.logprobs is not None and ev.logprobs and self.token_text is not None:
+                    lp = completion_logprobs(self.token_text, ev.logprobs, prep.logprobs, offsets[i]).model_dump()
+                offsets[i] += len(text)
+                if text or ev.finished or lp:
+                    yield body(
+                        [
+                            {
+                                "index": i,
+                                "text": text,
+                                "logprobs": lp,
+                                "finish_reason": ev.finish_reason if ev.finished else None,
+                            }
+                        ],
+                        continuous_usage,
+                    )
+            if include_usage:
+                yield body([], True)
+        except Exception as exc:
+            api = to_api_error(exc) or APIError(500, "internal server error", code="internal_error")
+            yield f"data: {json.dumps(error_body(api.status, api.message, api.param, api.code))}\n\n"
+        yield "data: [DONE]\n\n"

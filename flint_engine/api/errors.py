@@ -1,0 +1,146 @@
+"""Errors in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`, and the handlers that produce them.
+
+400 invalid parameters (and prompts longer than the context, with the numbers), 401 bad key, 404 unknown model or
+route, 413 body too large, 429 per-key concurrency, 503 overloaded (with Retry-After) or engine down; 500 only for
+real bugs (logged with the request id, never with prompt text).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..async_engine import EngineDeadError
+from ..chat_template import ChatTemplateError
+from ..engine import EngineOverloaded, EngineRequestError
+from ..sampling_params import SamplingParamsError
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+def overloaded(message: str) -> APIError:
+    return APIError(
+        503,
+        f"the server is overloaded, retry later ({message})",
+        code="server_overloaded",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def to_api_error(exc: BaseException) -> APIError | None:
+    """Map engine-side exceptions to API errors (None: an unexpected error)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, EngineRequestError):
+        return APIError(400, str(exc), exc.param, exc.code)
+    if isinstance(exc, SamplingParamsError):
+        return APIError(400, str(exc), exc.field)
+    if isinstance(exc, ChatTemplateError):
+        return APIError(400, f"messages cannot be rendered: {exc}", "messages")
+    if isinstance(exc, EngineOverloaded):
+        return overloaded(str(exc))
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
+    return None
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    msg = first.get("msg", "invalid value")
+    return (f"invalid '{param}': {msg}" if param else msg), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "error"
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(APIError)
+    async def _api(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+    async def _mapped(request: Request, exc: Exception) -> JSONResponse:
+        api = to_api_error(exc)
+        assert api is not None
+        return error_response(api.status, api.message, api.param, api.code, api.headers)
+
+    # Registered per class so they are handled inside the app (a bare Exception handler is also re-raised).
+    for cls in (EngineRequestError, SamplingParamsError, ChatTemplateError, EngineOverloaded, EngineDeadError):
+        app.add_exception_handler(cls, _mapped)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        mapped = to_api_error(exc)
+        if mapped is not None:
+            return error_response(mapped.status, mapped.message, mapped.param, mapped.code, mapped.headers)
+        rid = request.headers.get("x-request-id", "-")
+        log.error(
+            "internal error on %s %s (request %s): %s",
+            request.method,
+            request.url.path,
+            rid,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        return error_response(500, "internal server error", code="internal_error")

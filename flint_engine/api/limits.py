@@ -1,0 +1,53 @@
+"""Request limits shared by the endpoints; each rejection is a 400 that names the parameter."""
+
+from __future__ import annotations
+
+from .backend import GenerationBackend
+from .errors import APIError
+from .protocol import SamplingFields
+from .settings import APISettings
+
+
+def check_common_limits(req: SamplingFields, s: APISettings) -> None:
+    if req.n > s.max_n:
+        raise APIError(400, f"n must be <= {s.max_n}, got {req.n}", "n")
+    stops = req.stop_list()
+    if len(stops) > s.max_stop_sequences:
+        raise APIError(400, f"at most {s.max_stop_sequences} stop sequences are allowed, got {len(stops)}", "stop")
+    for st in stops:
+        if not st:
+            raise APIError(400, "stop sequences must not be empty", "stop")
+        if len(st) > s.max_stop_length:
+            raise APIError(400, f"stop sequences must be at most {s.max_stop_length} characters", "stop")
+    if req.max_tokens is not None and s.max_tokens_limit is not None and req.max_tokens > s.max_tokens_limit:
+        raise APIError(400, f"max_tokens must be <= {s.max_tokens_limit}, got {req.max_tokens}", "max_tokens")
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, backend: GenerationBackend, s: APISettings) -> int:
+    """The request's max_tokens, or the default: the rest of the context (capped by the server's settings)."""
+    if s.max_prompt_tokens is not None and prompt_len > s.max_prompt_tokens:
+        raise APIError(
+            400,
+            f"the prompt has {prompt_len} tokens; this server accepts at most {s.max_prompt_tokens}",
+            "messages",
+            "prompt_too_long",
+        )
+    limit = min(backend.max_model_len, backend.max_context)
+    if prompt_len >= limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, your messages resulted in"
+            f" {prompt_len} tokens. Please reduce the length of the messages.",
+            "messages",
+            "context_length_exceeded",
+        )
+    if requested is not None:
+        if s.max_tokens_limit is not None and requested > s.max_tokens_limit:
+            raise APIError(400, f"max_tokens must be <= {s.max_tokens_limit}, got {requested}", "max_tokens")
+        return requested
+    default = limit - prompt_len
+    if s.default_max_tokens is not None:
+        default = min(default, s.default_max_tokens)
+    if s.max_tokens_limit is not None:
+        default = min(default, s.max_tokens_limit)
+    return default

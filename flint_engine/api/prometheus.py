@@ -1,0 +1,68 @@
+"""Engine metrics in Prometheus text format, under vLLM-style names with a `flint:` prefix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+PREFIX = "flint:"
+GAUGES = {
+    "num_requests_running": "Requests in the running batch.",
+    "num_requests_waiting": "Requests waiting to be scheduled.",
+    "kv_cache_usage_perc": "Fraction of KV-cache bytes held by live requests (0-1).",
+}
+COUNTERS = {
+    "prompt_tokens": "Prompt tokens processed.",
+    "generation_tokens": "Tokens generated.",
+    "num_preemptions": "Requests preempted (recomputed later) for lack of KV blocks.",
+    "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
+    "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
+}
+HISTOGRAMS = {
+    "time_to_first_token_seconds": "Time from arrival to the first generated token.",
+    "inter_token_latency_seconds": "Time between consecutive generated tokens.",
+    "e2e_request_latency_seconds": "Time from arrival to the end of the request.",
+    "request_queue_time_seconds": "Time from arrival to first scheduling.",
+    "request_prompt_tokens": "Prompt length of finished requests.",
+    "request_generation_tokens": "Generated length of finished requests.",
+}
+
+
+class _Snapshots:
+    def __init__(self, snapshots: list[tuple[dict[str, str], dict[str, Any]]]) -> None:
+        self.snapshots = snapshots
+
+    def collect(self):
+        label_names = sorted({k for labels, _ in self.snapshots for k in labels})
+        for name, doc in GAUGES.items():
+            fam = GaugeMetricFamily(PREFIX + name, doc, labels=label_names)
+            for labels, snap in self.snapshots:
+                fam.add_metric([labels.get(k, "") for k in label_names], float(snap[name]))
+            yield fam
+        for name, doc in COUNTERS.items():
+            fam = CounterMetricFamily(PREFIX + name, doc, labels=label_names)
+            for labels, snap in self.snapshots:
+                fam.add_metric([labels.get(k, "") for k in label_names], float(snap[name + "_total"]))
+            yield fam
+        fam = CounterMetricFamily(
+            PREFIX + "request_success", "Finished requests by reason.", labels=[*label_names, "finished_reason"]
+        )
+        for labels, snap in self.snapshots:
+            for reason, count in snap["request_success_total"].items():
+                fam.add_metric([*(labels.get(k, "") for k in label_names), reason], float(count))
+        yield fam
+        for name, doc in HISTOGRAMS.items():
+            fam = HistogramMetricFamily(PREFIX + name, doc, labels=label_names)
+            for labels, snap in self.snapshots:
+                h = snap[name]
+                buckets = [("+Inf" if le == float("inf") else repr(float(le)), float(c)) for le, c in h["buckets"]]
+                fam.add_metric([labels.get(k, "") for k in label_names], buckets, float(h["sum"]))
+            yield fam
+
+
+def render(snapshots: list[tuple[dict[str, str], dict[str, Any]]]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshots(snapshots))
+    return generate_latest(registry)

@@ -1,0 +1,341 @@
+"""OpenAI-compatible request and response models (pydantic). Unknown request fields are ignored."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class Lenient(BaseModel):
+    """Request models: extra fields are accepted and ignored, as OpenAI-compatible servers do."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# ------------------------------------------------------------------------------------------------ messages
+class TextPart(Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def text(self) -> str | None:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content
+
+    def for_template(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [tc.model_dump() for tc in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if reasoning is not None:
+            out["reasoning_content"] = reasoning
+        return out
+
+
+class FunctionDef(Lenient):
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema_object(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        t = v.get("type", "object")
+        if t != "object":
+            raise ValueError("tool parameters must be a JSON Schema of type 'object'")
+        props = v.get("properties", {})
+        if not isinstance(props, dict) or not all(isinstance(p, dict) for p in props.values()):
+            raise ValueError("tool parameters 'properties' must map names to JSON Schema objects")
+        return v
+
+
+class ToolDef(Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedToolChoiceFunction(Lenient):
+    name: str
+
+
+class NamedToolChoice(Lenient):
+    type: Literal["function"] = "function"
+    function: NamedToolChoiceFunction
+
+
+class StreamOptions(Lenient):
+    include_usage: bool = True
+    continuous_usage_stats: bool = False
+
+
+class ResponseFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+# ------------------------------------------------------------------------------------------------ requests
+class SamplingFields(Lenient):
+    """Fields shared by chat and text completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @model_validator(mode="after")
+    def _checks(self) -> SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported by this server")
+        return self
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: str | None = None
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _chat_checks(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        if self.tools is not None and len(self.tools) == 0:
+            raise ValueError("tools must not be an empty list")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = {t.function.name for t in self.tools or []}
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice names '{self.tool_choice.function.name}', which is not in tools")
+        if self.tool_choice == "required" and not self.tools:
+            raise ValueError("tool_choice 'required' needs tools")
+        if self.response_format is not None and self.response_format.type == "json_schema":
+            raise ValueError("response_format 'json_schema' is not supported yet (use 'json_object' or 'text')")
+        return self
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0)
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _completion_checks(self) -> CompletionRequest:
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported (it must equal n)")
+        if isinstance(self.prompt, list) and len(self.prompt) == 0:
+            raise ValueError("prompt must not be empty")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+
+class TokenizeRequest(Lenient):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = False
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(Lenient):
+    model: str | None = None
+    tokens: list[int]
+
+
+# ------------------------------------------------------------------------------------------------ responses
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TopLogprob(Strict):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(Strict):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(Strict):
+    content: list[TokenLogprob] | None = None
+
+
+class FunctionCallOut(Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class AssistantMessage(Strict):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class ChatChoice(Strict):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class PromptTokensDetails(Strict):
+    cached_tokens: int = 0
+
+
+class Usage(Strict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class ChatCompletionResponse(Strict):
+    id: str = Field(default_factory=lambda: _id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionLogprobs(Strict):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(Strict):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class CompletionResponse(Strict):
+    id: str = Field(default_factory=lambda: _id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class ModelCard(Strict):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "flint-serve"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(Strict):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

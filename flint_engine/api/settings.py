@@ -1,0 +1,26 @@
+"""API-level settings: request limits, keys, logging and CORS. Every limit is configurable."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class APISettings(BaseModel):
+    model_name: str = "flint"
+    default_max_tokens: int | None = Field(default=None, ge=1, description="None: the rest of the context")
+    max_tokens_limit: int | None = Field(default=None, ge=1, description="cap on a request's max_tokens")
+    max_prompt_tokens: int | None = Field(default=None, ge=1)
+    max_request_bytes: int = Field(default=8 * 2**20, ge=1024)
+    max_n: int = Field(default=16, ge=1)
+    max_top_logprobs: int = Field(default=20, ge=0, le=20)
+    max_stop_sequences: int = Field(default=16, ge=0)
+    max_stop_length: int = Field(default=256, ge=1)
+    max_tools: int = Field(default=128, ge=0)
+    max_tool_schema_bytes: int = Field(default=64 * 1024, ge=256)
+    api_keys: list[str] = Field(default_factory=list)
+    api_key_file: str | None = None
+    protect_metrics: bool = False
+    max_concurrent_per_key: int | None = Field(default=None, ge=1)
+    log_prompts: bool = False
+    cors_origins: list[str] = Field(default_factory=list)
+    disconnect_poll_s: float = Field(default=0.5, gt=0)

@@ -1,0 +1,325 @@
+"""The OpenAI-compatible API through the official `openai` client, against a real engine (tiny random model)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from api_fixtures import tiny_server
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from flint_engine.api.settings import APISettings
+
+MSG = [{"role": "user", "content": "Hello there, how are you?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    srv = tiny_server(tmp_path_factory.mktemp("api"), APISettings(max_tokens_limit=4000))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def raw_post(server, path: str, body: object, **kw) -> httpx.Response:
+    return httpx.post(server.base_url + path, json=body, timeout=60, **kw)
+
+
+def sse_events(server, path: str, body: dict) -> list[str]:
+    with httpx.stream("POST", server.base_url + path, json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def test_chat_completion_shape_and_usage(server, client) -> None:
+    r = client.chat.completions.create(model="flint", messages=MSG, max_tokens=12, temperature=0, n=2)
+    raw = raw_post(
+        server, "/v1/chat/completions", {"model": "flint", "messages": MSG, "max_tokens": 12, "temperature": 0}
+    ).json()
+    ChatCompletion.model_validate(raw)
+    assert raw["object"] == "chat.completion" and raw["id"].startswith("chatcmpl-")
+    assert len(r.choices) == 2 and [c.index for c in r.choices] == [0, 1]
+    for c in r.choices:
+        assert c.finish_reason in ("stop", "length")
+        assert c.message.role == "assistant"
+        # thinking is on by default: the prompt ends with <think>, so output before </think> is reasoning
+        assert c.message.model_extra["reasoning"] == c.message.model_extra["reasoning_content"]
+    assert r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.usage.completion_tokens <= 24
+    # greedy n=2: both choices equal
+    assert r.choices[0].message.model_extra["reasoning"] == r.choices[1].message.model_extra["reasoning"]
+
+
+def _message_text(m: dict) -> tuple[str, str]:
+    return m.get("reasoning") or "", m.get("content") or ""
+
+
+def test_streaming_equals_non_streaming(server, client) -> None:
+    body = {"model": "flint", "messages": MSG, "max_tokens": 24, "temperature": 0, "seed": 3}
+    whole = raw_post(server, "/v1/chat/completions", body).json()["choices"][0]
+    events = sse_events(
+        server, "/v1/chat/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    for c in chunks:
+        ChatCompletionChunk.model_validate(c)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    usage = chunks[-1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0
+    reasoning = "".join(c["choices"][0]["delta"].get("reasoning") or "" for c in chunks[:-1])
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-1])
+    assert (reasoning, content) == _message_text(whole["message"])
+    finals = [c["choices"][0]["finish_reason"] for c in chunks[:-1] if c["choices"][0]["finish_reason"]]
+    assert finals == [whole["finish_reason"]]
+
+
+def test_streaming_with_the_client_and_n(client) -> None:
+    stream = client.chat.completions.create(
+        model="flint", messages=MSG, max_tokens=6, stream=True, n=3, seed=1, stream_options={"include_usage": True}
+    )
+    finished = set()
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            if ch.finish_reason:
+                finished.add(ch.index)
+    assert finished == {0, 1, 2}
+    assert usage is not None and usage.completion_tokens <= 18
+
+
+def test_thinking_off_gives_content_only(client) -> None:
+    r = client.chat.completions.create(
+        model="flint",
+        messages=MSG,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert r.choices[0].message.model_extra.get("reasoning") is None
+
+
+def test_logprobs(client) -> None:
+    r = client.chat.completions.create(
+        model="flint", messages=MSG, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert 1 <= len(content) <= 5
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[-1].logprob
+        assert t.token == t.top_logprobs[0].token  # greedy takes the top token
+        assert bytes(t.bytes).decode("utf-8", errors="replace") == t.token
+
+
+def test_completions_text_tokens_echo_stop(server, client) -> None:
+    r = client.completions.create(
+        model="flint", prompt="The quick brown fox", max_tokens=10, temperature=0, echo=True, logprobs=2
+    )
+    Completion.model_validate(r.model_dump())
+    assert r.choices[0].text.startswith("The quick brown fox")
+    assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens
+    ids = raw_post(server, "/tokenize", {"prompt": "The quick brown fox"}).json()["tokens"]
+    r2 = client.completions.create(model="flint", prompt=ids, max_tokens=10, temperature=0)
+    assert r2.choices[0].text == r.choices[0].text[len("The quick brown fox") :]
+    batch = client.completions.create(model="flint", prompt=["a b c", "d e f"], max_tokens=3, n=2, temperature=0)
+    assert len(batch.choices) == 4
+    full = r2.choices[0].text
+    if len(full) > 4:
+        stop = full[2:4]
+        r3 = client.completions.create(model="flint", prompt=ids, max_tokens=10, temperature=0, stop=[stop])
+        assert r3.choices[0].text == full[: full.index(stop)] and r3.choices[0].finish_reason == "stop"
+
+
+def test_completion_streaming(server) -> None:
+    events = sse_events(
+        server,
+        "/v1/completions",
+        {"prompt": "abc", "max_tokens": 5, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    whole = raw_post(server, "/v1/completions", {"prompt": "abc", "max_tokens": 5, "temperature": 0}).json()
+    assert text == whole["choices"][0]["text"]
+    assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": MSG, "temperature": "hot"}, "temperature"),
+        ({"messages": MSG, "temperature": 3}, "temperature"),
+        ({"messages": MSG, "n": 0}, "n"),
+        ({"messages": MSG, "n": 1000}, "n"),
+        ({"messages": MSG, "max_tokens": -1}, "max_tokens"),
+        ({"messages": MSG, "max_tokens": 10**6}, "max_tokens"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user"}]}, "messages.0"),
+        ({"messages": MSG, "top_logprobs": 3}, None),
+        ({"messages": MSG, "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+        ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {}}}, None),
+        ({"messages": MSG, "tools": []}, None),
+        (
+            {
+                "messages": MSG,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            None,
+        ),
+        ({"messages": MSG, "stream_options": {"include_usage": True}}, None),
+        ({"messages": MSG, "stop": ["x"] * 100}, "stop"),
+        ({"messages": MSG, "seed": 2**70}, "seed"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, None),
+        ({"messages": MSG, "logit_bias": {"5": 10}}, None),
+        (
+            {
+                "messages": MSG,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
+            },
+            None,
+        ),
+    ],
+)
+def test_invalid_requests_are_400_in_openai_shape(server, body: dict, param: str | None) -> None:
+    r = raw_post(server, "/v1/chat/completions", {"model": "flint", **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error" and err["message"]
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_other_errors(server, client) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-9", messages=MSG)
+    assert e.value.body["code"] == "model_not_found"
+    r = httpx.get(server.base_url + "/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = httpx.post(
+        server.base_url + "/v1/chat/completions",
+        content=b"{not json",
+        timeout=10,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(server.base_url + "/v1/chat/completions", content=b"x" * (9 * 2**20), timeout=30)
+    assert r.status_code == 413
+    long_prompt = [{"role": "user", "content": "word " * 5000}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="flint", messages=long_prompt, max_tokens=5)
+    assert (
+        "maximum context length is 4096" in e.value.body["message"]
+        and e.value.body["code"] == "context_length_exceeded"
+    )
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="flint", prompt=[5] * 4000, max_tokens=200)
+    assert "requested 4200 tokens (4000 in the messages, 200 in the completion)" in e.value.body["message"]
+
+
+def test_unknown_fields_are_ignored(server) -> None:
+    r = raw_post(
+        server,
+        "/v1/chat/completions",
+        {"model": "flint", "messages": MSG, "max_tokens": 2, "frobnicate": True, "metadata": {"a": 1}},
+    )
+    assert r.status_code == 200
+
+
+def test_tokenize_detokenize_models_version_health_metrics(server, client) -> None:
+    t = raw_post(server, "/tokenize", {"prompt": "héllo wörld", "return_token_strs": True}).json()
+    assert t["count"] == len(t["tokens"]) == len(t["token_strs"]) and t["max_model_len"] == 4096
+    assert raw_post(server, "/detokenize", {"tokens": t["tokens"]}).json()["prompt"] == "héllo wörld"
+    assert raw_post(server, "/detokenize", {"tokens": [10**9]}).status_code == 400
+    chat = raw_post(server, "/tokenize", {"messages": MSG}).json()
+    assert chat["count"] > t["count"]
+    assert [m.id for m in client.models.list().data] == ["flint"]
+    assert client.models.retrieve("flint").id == "flint"
+    assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
+    assert httpx.get(server.base_url + "/version").json()["version"]
+    text = httpx.get(server.base_url + "/metrics").text
+    for name in (
+        "flint:num_requests_running",
+        "flint:kv_cache_usage_perc",
+        "flint:prompt_tokens_total",
+        "flint:time_to_first_token_seconds_bucket",
+        'flint:request_success_total{finished_reason="length"',
+    ):
+        assert name in text
+
+
+def _engine_idle(server) -> bool:
+    snap = server.engine.engine.metrics.snapshot()
+    return (
+        snap["num_requests_running"] == 0 and snap["kv_cache_usage_perc"] == 0.0 and server.engine.engine.kv.all_free()
+    )
+
+
+def test_disconnecting_stream_frees_the_cache(server) -> None:
+    body = {"model": "flint", "messages": MSG, "max_tokens": 500, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(lines)
+        assert server.engine.engine.metrics.snapshot()["num_requests_running"] == 1
+    deadline = time.monotonic() + 10
+    while not _engine_idle(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _engine_idle(server)
+    assert server.engine.engine.metrics.snapshot()["request_success_total"]["abort"] >= 1
+
+
+def test_disconnecting_non_streaming_client_aborts(server) -> None:
+    before = server.engine.engine.metrics.snapshot()["request_success_total"]["abort"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            server.base_url + "/v1/chat/completions",
+            timeout=0.5,
+            json={"model": "flint", "messages": MSG, "max_tokens": 4000, "ignore_eos": True},
+        )
+    deadline = time.monotonic() + 10
+    while not _engine_idle(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _engine_idle(server)
+    assert server.engine.engine.metrics.snapshot()["request_success_total"]["abort"] == before + 1
+
+
+def test_overload_returns_503_with_retry_after(tmp_path) -> None:
+    srv = tiny_server(tmp_path, max_waiting_requests=2)
+    try:
+        srv.engine.paused.set()  # a stalled engine: requests pile up in the queue
+        import threading
+
+        results: list[int] = []
+
+        def call() -> None:
+            r = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+            results.append(r.status_code)
+
+        threads = [threading.Thread(target=call) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        r = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=5)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "server_overloaded"
+        srv.engine.paused.clear()
+        for t in threads:
+            t.join()
+        assert results == [200, 200]
+    finally:
+        srv.stop()
