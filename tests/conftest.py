@@ -12,11 +12,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from flint_engine.checkpoint.hf_writer import write_hf  # noqa: E402
-from flint_engine.checkpoint.random_tensors import random_provider  # noqa: E402
-from flint_engine.config import FlintConfig, preset  # noqa: E402
+from flint_engine.checkpoint.hf_writer import write_hf
+from flint_engine.checkpoint.random_tensors import random_provider
+from flint_engine.config import FlintConfig, preset
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
