@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 # Buckets follow vLLM's so dashboards built for it read ours the same way.
@@ -84,6 +85,8 @@ class Histogram:
     counts: list[int] = field(default_factory=list)  # per bucket (not cumulative), plus +Inf last
     sum: float = 0.0
     count: int = 0
+    # Raw observations since an exporter last drained them (None until an exporter asks for them).
+    tap: deque[float] | None = None
 
     def __post_init__(self) -> None:
         self.counts = [0] * (len(self.buckets) + 1)
@@ -92,6 +95,8 @@ class Histogram:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.sum += value
         self.count += 1
+        if self.tap is not None:
+            self.tap.append(value)
 
     def cumulative(self) -> list[tuple[float, int]]:
         out, acc = [], 0
@@ -125,6 +130,27 @@ class EngineMetrics:
         self.steps = 0
         self.computed_tokens = 0  # tokens run through the model (prefill and decode), for prefix-cache accounting
         self.last_step_time = 0.0
+
+    def histograms(self) -> dict[str, Histogram]:
+        return {
+            "time_to_first_token_seconds": self.ttft,
+            "inter_token_latency_seconds": self.itl,
+            "e2e_request_latency_seconds": self.e2e,
+            "request_queue_time_seconds": self.queue_time,
+            "request_prompt_tokens": self.prompt_len,
+            "request_generation_tokens": self.generation_len,
+        }
+
+    def drain_observations(self) -> dict[str, list[float]]:
+        """Raw observations since the last call, per histogram (an exporter replays them exactly)."""
+        out = {}
+        with self.lock:
+            for name, h in self.histograms().items():
+                if h.tap is None:
+                    h.tap = deque(maxlen=100_000)  # bounded: a stalled exporter cannot grow memory
+                out[name] = list(h.tap)
+                h.tap.clear()
+        return out
 
     def snapshot(self) -> dict:
         with self.lock:

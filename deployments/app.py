@@ -1,0 +1,28 @@
+"""The Ray Serve application: `FlintRouter` (OpenAI API ingress) -> `FlintReplica` x N (one engine per GPU).
+
+serve run flint_serve.app:build_app model=/models/flint.gguf       # or: serve run deployments/serve_config.yaml
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from .replica import FlintReplica
+from .router import FlintRouter
+from .settings import ServeSettings
+
+log = logging.getLogger("flint_serve")
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    """Build from `serve run`/config args (every field of `ServeSettings`; `api` holds the API settings)."""
+    settings = args if isinstance(args, ServeSettings) else ServeSettings(**(args or {}))
+    gpu = settings.uses_gpu()
+    replica = serve.deployment(FlintReplica).options(name="FlintReplica", **settings.replica_options(gpu))
+    router = FlintRouter.options(name="FlintRouter", **settings.router_options())
+    log.info("building Flint app: %s replicas on %s", settings.num_replicas or "autoscaled", "GPU" if gpu else "CPU")
+    return router.bind(replica.bind(settings.model_dump(), gpu), settings.model_dump())

@@ -1,0 +1,91 @@
+"""`FlintRouter`: the OpenAI API as Ray Serve's ingress, streaming from `FlintReplica`s through a handle.
+
+Tokenisation, chat templating and output parsing run here; replicas only see token ids. The prompt's block hashes
+travel with each request so the request router can send it to the replica whose prefix cache holds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+
+from flint_engine.api.app import build_app
+from flint_engine.async_engine import ChoiceOutput, EngineDeadError
+from flint_engine.engine import EngineOverloaded
+from flint_engine.sampling_params import SamplingParams
+from flint_engine.tokenizer import FlintTokenizer
+
+from .metrics_hub import get_hub
+from .request_router import prefix_hashes
+from .settings import ServeSettings
+
+log = logging.getLogger("flint_serve.router")
+
+
+class RayBackend:
+    """The API's generation backend over a deployment handle to the replicas."""
+
+    def __init__(self, handle: DeploymentHandle, settings: ServeSettings, app_name: str) -> None:
+        self.handle = handle
+        self.settings = settings
+        self.model_name = settings.model_name
+        self.app_name = app_name
+        self.tokenizer: FlintTokenizer | None = None
+        self.max_model_len = 0
+        self.max_context = 0
+        self.generation_defaults: dict[str, Any] = {}
+        self._hub = get_hub(app_name)
+
+    async def fetch_spec(self) -> None:
+        """Tokenizer and limits come from a replica, so the router needs no access to the weights' files."""
+        spec = await self.handle.tokenizer_spec.remote()
+        self.tokenizer = FlintTokenizer.from_gguf_metadata(spec["tokenizer"]) if spec["tokenizer"] else None
+        self.max_model_len, self.max_context = spec["max_model_len"], spec["max_context"]
+        self.generation_defaults = spec["generation_defaults"]
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[ChoiceOutput]:
+        stream = self.handle.options(stream=True).generate.remote(
+            prompt_token_ids, dataclasses.asdict(params), request_id, prefix_hashes=prefix_hashes(prompt_token_ids)
+        )
+        try:
+            async for item in stream:
+                yield item
+        except BackPressureError as exc:
+            raise EngineOverloaded(f"every replica's queue is full ({exc})") from None
+        except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+            raise EngineDeadError(f"the replica serving this request failed: {type(exc).__name__}") from None
+
+    async def check_health(self) -> tuple[bool, str]:
+        replicas = await self._hub.recent.remote(3 * self.settings.health_check_period_s + 10)
+        healthy = [labels["replica"] for labels, _, ok in replicas if ok]
+        if not healthy:
+            return False, "no healthy Flint replica has reported in"
+        return True, f"{len(healthy)} healthy replicas"
+
+    async def metrics_snapshots(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
+        return [(labels, snap) for labels, snap, _ in await self._hub.recent.remote()]
+
+
+@serve.deployment
+@serve.ingress()
+class FlintRouter:
+    """Ready only once a replica has answered with the tokenizer, i.e. once a model is loaded."""
+
+    async def __init__(self, replica: DeploymentHandle, settings: dict[str, Any]) -> None:
+        self.settings = ServeSettings(**settings)
+        ctx = serve.get_replica_context()
+        self.backend = RayBackend(replica, self.settings, ctx.app_name if ctx is not None else "flint")
+        await self.backend.fetch_spec()
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_app(self.backend, self.settings.api)

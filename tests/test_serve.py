@@ -1,0 +1,248 @@
+"""The Ray Serve application on a real local Ray cluster (CPU, tiny model): routing, faults, overload, metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from api_fixtures import tiny_checkpoint
+from conftest import require
+from serve_fixtures import ServeCluster, start_cluster, stop_cluster, wait_for
+
+MSG = [{"role": "user", "content": "Hello, who are you?"}]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("serve")
+    c = start_cluster(tmp)
+    c.checkpoint = tiny_checkpoint(tmp)  # type: ignore[attr-defined]
+    c.deploy(
+        model=str(c.checkpoint),
+        device="cpu",
+        num_replicas=2,
+        max_num_seqs=8,
+        kv_cache_memory=32 * 2**20,
+        replica_num_cpus=1,
+        health_check_period_s=2,
+        health_check_timeout_s=10,
+        wedge_timeout_s=4,
+        graceful_shutdown_timeout_s=2,
+    )
+    yield c
+    stop_cluster()
+
+
+@pytest.fixture(scope="module")
+def client(cluster: ServeCluster) -> openai.OpenAI:
+    return openai.OpenAI(base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_and_streaming_through_the_router(cluster: ServeCluster, client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="flint", messages=MSG, max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1
+    chunks = list(
+        client.chat.completions.create(
+            model="flint",
+            messages=MSG,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    text = "".join((c.choices[0].delta.model_extra.get("reasoning") or "") for c in chunks if c.choices)
+    assert text == r.choices[0].message.model_extra["reasoning"]
+    assert client.models.list().data[0].id == "flint"
+    assert httpx.get(cluster.base_url + "/health").json()["status"] == "ok"
+
+
+def test_two_replicas_both_take_traffic(cluster: ServeCluster, client: openai.OpenAI) -> None:
+    def one(i: int) -> None:
+        client.completions.create(model="flint", prompt=f"prompt number {i} " * 3, max_tokens=4)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(3)  # replicas post their metrics every 2 s
+    busy = [labels["replica"] for labels, snap, _ in cluster.snapshots() if snap["generation_tokens_total"] > 0]
+    assert len(set(busy)) == 2, cluster.snapshots()
+
+
+def test_prefix_affinity_keeps_a_conversation_on_one_replica(cluster: ServeCluster, client: openai.OpenAI) -> None:
+    history = [{"role": "system", "content": "You are a careful assistant. " * 12}]
+    cached = []
+    for turn in range(5):
+        history.append({"role": "user", "content": f"Question {turn}: what is {turn} plus {turn}?"})
+        r = client.chat.completions.create(
+            model="flint",
+            messages=history,
+            max_tokens=3,
+            temperature=0,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        )
+        history.append({"role": "assistant", "content": r.choices[0].message.content or "ok"})
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+    # from the second turn on, the conversation so far is found in the serving replica's prefix cache
+    assert all(c >= 16 for c in cached[1:]), cached
+
+
+def _replica_serving(cluster: ServeCluster) -> tuple[str, int]:
+    for labels, snap, _ in cluster.snapshots():
+        if snap["num_requests_running"] > 0:
+            return labels["replica"], cluster.replicas()[labels["replica"]]["pid"]
+    raise AssertionError("no replica is running the request")
+
+
+def test_killing_a_replica_fails_only_its_stream(cluster: ServeCluster, client: openai.OpenAI) -> None:
+    before = cluster.replicas()
+    body = {"model": "flint", "messages": MSG, "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    events: list[str] = []
+    with httpx.stream("POST", cluster.base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(line[6:])
+            if len(events) >= 3:
+                break
+        wait_for(lambda: any(s["num_requests_running"] for _, s, _ in cluster.snapshots()), 10, "running request")
+        victim, pid = _replica_serving(cluster)
+        os.kill(pid, signal.SIGKILL)
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["type"] == "service_unavailable_error" and "replica" in err["message"]
+    # new requests keep working on the survivor at once
+    for _ in range(3):
+        assert client.completions.create(model="flint", prompt="still there?", max_tokens=2).choices
+    # and Serve brings the dead replica back
+    wait_for(
+        lambda: len(cluster.replicas()) == 2 and victim not in cluster.replicas(),
+        90,
+        f"replacement replica (victim {victim}, now {cluster.replicas()})",
+    )
+    assert set(before) != set(cluster.replicas())
+
+
+def test_wedged_engine_is_detected_and_replaced(cluster: ServeCluster) -> None:
+    from ray import serve
+
+    before = cluster.replicas()
+    handle = serve.get_deployment_handle("FlintReplica", app_name="flint")
+    handle.wedge_for_test.remote(600).result()  # one replica's engine loop stops coming round
+    wait_for(lambda: set(cluster.replicas()) - set(before), 120, "the wedged replica to be replaced")
+    wait_for(lambda: httpx.get(cluster.base_url + "/health").status_code == 200, 60, "health")
+
+
+PROM_CONFIG = """
+global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: ray
+    static_configs: [{{targets: ["127.0.0.1:{metrics}"]}}]
+  - job_name: flint-api
+    metrics_path: /metrics
+    static_configs: [{{targets: ["127.0.0.1:{http}"]}}]
+"""
+
+
+def test_prometheus_scrapes_flint_and_serve_metrics(
+    cluster: ServeCluster, client: openai.OpenAI, tmp_path: Path
+) -> None:
+    from shutil import which
+
+    from flint_engine.api.server import free_port
+
+    require(which("prometheus") is not None, "Debian's prometheus package is not installed")
+    for _ in range(3):
+        client.chat.completions.create(model="flint", messages=MSG, max_tokens=4)
+    port = free_port()
+    (tmp_path / "prom.yml").write_text(PROM_CONFIG.format(metrics=cluster.metrics_port, http=cluster.http_port))
+    proc = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={tmp_path / 'prom.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def query(q: str) -> list:
+            r = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": q}, timeout=5)
+            return r.json()["data"]["result"]
+
+        wait_for(
+            lambda: (
+                query("ray_flint_generation_tokens_total")
+                and query("flint:generation_tokens_total")
+                and query("ray_serve_num_http_requests_total")
+            ),
+            90,
+            "series in Prometheus",
+            period=1,
+        )
+        gen = sum(float(s["value"][1]) for s in query("ray_flint_generation_tokens_total"))
+        assert gen > 0
+        assert {s["metric"]["replica"] for s in query("flint:generation_tokens_total")}  # labelled by replica
+        for s in query("ray_flint_kv_cache_usage_perc") + query("flint:kv_cache_usage_perc"):
+            assert 0.0 <= float(s["value"][1]) <= 1.0
+        assert query("sum(rate(ray_flint_time_to_first_token_seconds_count[1m]))") is not None
+        assert query('ray_serve_deployment_status{deployment="FlintReplica"}')  # Ray 2.60's replica health series
+        assert query("ray_serve_num_ongoing_requests_at_replicas") is not None
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_overload_sheds_with_503(cluster: ServeCluster) -> None:
+    cluster.deploy(
+        model=str(cluster.checkpoint),
+        device="cpu",
+        num_replicas=1,  # type: ignore[attr-defined]
+        max_num_seqs=2,
+        max_ongoing_requests=2,
+        max_queued_requests=2,
+        kv_cache_memory=32 * 2**20,
+        replica_num_cpus=1,
+    )
+    codes: list[int] = []
+    elapsed: list[float] = []
+
+    def call() -> None:
+        t = time.monotonic()
+        r = httpx.post(
+            cluster.base_url + "/v1/completions",
+            timeout=120,
+            json={"prompt": "x y z", "max_tokens": 200, "ignore_eos": True},
+        )
+        codes.append(r.status_code)
+        elapsed.append(time.monotonic() - t)
+        if r.status_code == 503:
+            assert r.headers.get("retry-after") == "1"
+            assert r.json()["error"]["code"] == "server_overloaded"
+
+    threads = [threading.Thread(target=call) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert codes.count(503) >= 8 and codes.count(200) >= 2, codes
+    fast = [e for c, e in zip(codes, elapsed) if c == 503]
+    assert max(fast) < 5.0  # shed at once, not after queueing
+    assert set(codes) <= {200, 503}
