@@ -14,7 +14,6 @@ import torch
 from ray.util import metrics as ray_metrics
 
 from flint_engine.api.prometheus import COUNTERS, GAUGES, HISTOGRAMS
-
 from flint_engine.metrics import FINISH_REASONS, EngineMetrics
 
 PREFIX = "flint_"
