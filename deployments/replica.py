@@ -32,10 +32,12 @@ class FlintReplica:
         ctx = serve.get_replica_context()
         self.replica_id = ctx.replica_tag if ctx is not None else f"pid{os.getpid()}"
         if not gpu:
+            import ray
             import torch
 
-            # Replicas on one host share its cores.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, self.settings.max_replicas or 1)))
+            # The CPUs Ray gave this replica, not the node's core count (a pod may see a 64-core host).
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+            torch.set_num_threads(max(1, int(cpus)))
         ec = self.settings.engine_config(gpu)
         start = time.monotonic()
         engine = await asyncio.get_running_loop().run_in_executor(

@@ -116,7 +116,7 @@ class ServeSettings(BaseModel):
                 if self.initial_replicas is not None
                 else max(self.min_replicas, 1),
                 "target_ongoing_requests": self.target_ongoing_requests or max(1.0, 0.75 * seqs),
-                # Delays longer than the averaging window keep replicas from flapping under bursty load.
+                # Scale down only after a full averaging window of low load, so bursts do not make replicas flap.
                 "upscale_delay_s": max(self.upscale_delay_s, 0.0),
                 "downscale_delay_s": max(self.downscale_delay_s, self.look_back_period_s),
                 "look_back_period_s": self.look_back_period_s,
