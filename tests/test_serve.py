@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 import signal
 import subprocess
 import threading
@@ -18,6 +20,7 @@ from conftest import require
 from serve_fixtures import ServeCluster, start_cluster, stop_cluster, wait_for
 
 MSG = [{"role": "user", "content": "Hello, who are you?"}]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +207,25 @@ def test_prometheus_scrapes_flint_and_serve_metrics(
             assert 0.0 <= float(s["value"][1]) <= 1.0
         assert query("sum(rate(ray_flint_time_to_first_token_seconds_count[1m]))") is not None
         assert query('ray_serve_deployment_status{deployment="FlintReplica"}')  # Ray 2.60's replica health series
-        assert query("ray_serve_num_ongoing_requests_at_replicas") is not None
+        # every query of the Grafana dashboard parses and returns data
+        spec = importlib.util.spec_from_file_location("dash_queries", ROOT / "k8s" / "grafana" / "queries.py")
+        dash = importlib.util.module_from_spec(spec)
+        sys.modules["dash_queries"] = dash
+        spec.loader.exec_module(dash)
+        queries = dash.extract_queries(values={"__rate_interval": "5m", "model_name": "flint"})
+        empty: list[str] = []
+
+        def all_have_data() -> bool:
+            empty.clear()
+            for q in queries:
+                r = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": q.expr}, timeout=5).json()
+                assert r["status"] == "success", (q.panel, q.expr, r)
+                if not r["data"]["result"]:
+                    empty.append(f"{q.panel}: {q.expr}")
+            return not empty
+
+        # Serve's controller reports replica health on its own period: give every series time to arrive.
+        wait_for(all_have_data, 90, "data for every dashboard query", period=2)
     finally:
         proc.terminate()
         proc.wait(10)
