@@ -1,0 +1,603 @@
+"""Triton paged attention with learned sinks and optional sliding window: decode (split-KV) and varlen prefill.
+
+Same contract as `attention.paged_attention_ref` (see its module docstring for the cache layout and `AttnMeta`).
+
+Both kernels fold the GROUP query heads that share a KV head into the rows of one tile, so every K/V tile read
+from the paged cache serves all of them (GQA 8: one read instead of eight):
+
+* decode (every sequence has exactly one query): grid (num_seqs, num_kv_heads, NUM_SPLITS); the query tile is the
+  [GROUP padded to 16, D] block of one token. Long contexts are split along the keys; each split writes an
+  unnormalised FP32 partial (acc, running max, running sum) and a small combine kernel merges them and adds the
+  sink, so the sink enters exactly once. With one split the decode kernel starts its running max at the sink and
+  finishes the row itself.
+* prefill / mixed: grid (query tiles over all sequences, num_kv_heads); a tile is BLOCK_Q consecutive queries of
+  one sequence times GROUP heads (row r = query r // G_PAD, head r % G_PAD). Key tiles outside the union of the
+  rows' causal/sliding ranges are never visited, and whole tiles every row sees entirely run without masks. A
+  program finds its sequence by binary search over the device `query_start_t`, so the grid only depends on the
+  token and sequence counts. Folding the heads (rather than a grid over query heads) cuts K/V traffic by GROUP and
+  still fills a 128-row MMA tile with 16 queries, which suits chunked prefill and mixed batches with short chunks.
+
+Numerics: scores and softmax in FP32 with exp2 (log2(e) folded into the scale), the sink as the initial running
+max with running sum 1 (= exp(sink - sink)), probabilities rounded to the value dtype before P @ V, FP32
+accumulation, one rounding of the output. As in every flash-style kernel the rounded probabilities are the
+unnormalised exp(s - running max) and the division comes last, where the reference rounds the normalised ones:
+identical in FP32, within a BF16 ulp per probability in BF16. Masked loads use other=0 and block-table entries
+are only read for positions inside the live range, so -1 entries and garbage in unused slots never reach the math.
+
+CUDA graphs: no host synchronisation, no data-dependent grid. NUM_SPLITS is a function of host ints only
+(`meta.max_seq_len` bucketed to a power of two, the sequence count and the KV-head count); each split derives its
+key range from the device `seq_lens_t`, so results are right for any context length whatever the split count.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .attention import AttnMeta, paged_attention_ref
+
+LOG2E = math.log2(math.e)
+_LOG2E = tl.constexpr(LOG2E)
+# Finite "minus infinity" for a split's running max before it has seen a key: exp2(NEG - NEG) stays 1, not NaN.
+_NEG_BIG = tl.constexpr(-1.0e30)
+
+# Launch parameters, read at call time (benchmarks/kernels_attention.py --sweep overrides them to compare).
+# Chosen from that sweep on one H200 (triton 3.6, bf16, Flint shapes; benchmarks/results/kernels_attention*.json).
+# Decode: keys per tile, fewest keys worth a split of their own, most splits; pipeline depth (None: Triton's).
+DECODE_BLOCK_N = 128
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES: int | None = 2
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
+# Prefill: keys per tile, the largest row tile (queries x heads), warps for a 128-row tile, pipeline depth.
+# 64 x 64 with 4 warps and 3 stages was fastest for both the full (1.59 ms) and the sliding 8K chunk.
+PREFILL_BLOCK_N = 64
+PREFILL_MAX_BLOCK_M = 64
+PREFILL_NUM_WARPS = 8
+PREFILL_NUM_STAGES: int | None = 3
+
+
+def _stages(n: int | None) -> dict:
+    return {} if n is None else {"num_stages": n}
+
+
+@triton.jit
+def _attend_keys(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    k_ptr,
+    v_ptr,
+    bt_row_ptr,
+    k_head_off,
+    v_head_off,
+    stride_kb,
+    stride_ko,
+    stride_vb,
+    stride_vo,
+    kv_lo,
+    kv_hi,
+    tile_begin,
+    tile_end,
+    qk_scale,
+    WINDOW: tl.constexpr,
+    CACHE_BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Online-softmax update of (acc, m_i, l_i) over keys [tile_begin, tile_end) ∩ [kv_lo, kv_hi), causal per row.
+
+    MASKED=False is for whole tiles every row may see entirely (live keys, inside every row's causal and window
+    range): no masks at all.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = (d < HEAD_DIM)[None, :]
+    for start in range(tile_begin, tile_end, BLOCK_N):
+        pos = start + offs_n
+        if MASKED:
+            live = (pos >= kv_lo) & (pos < kv_hi)
+            # Only live positions read the block table: entries behind a sliding window may be -1.
+            blk = tl.load(bt_row_ptr + pos // CACHE_BLOCK, mask=live, other=-1)
+            live = live & (blk >= 0)
+            kv_mask = live[:, None] & d_ok
+        else:
+            blk = tl.load(bt_row_ptr + pos // CACHE_BLOCK)
+            kv_mask = d_ok
+        blk64 = blk.to(tl.int64)
+        within = (pos % CACHE_BLOCK).to(tl.int64)
+        k_rows = blk64 * stride_kb + within * stride_ko + k_head_off
+        k = tl.load(k_ptr + k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        if MASKED:
+            allowed = live[None, :] & (pos[None, :] <= q_pos[:, None])
+            if WINDOW > 0:
+                allowed = allowed & (pos[None, :] > q_pos[:, None] - WINDOW)
+            s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_rows = blk64 * stride_vb + within * stride_vo + v_head_off
+        v = tl.load(v_ptr + v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        # The reference rounds the probabilities to the value dtype before P @ V.
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    qs_ptr,
+    sl_ptr,
+    sink_ptr,
+    out_ptr,
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ko,
+    stride_kh,
+    stride_vb,
+    stride_vo,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    G_PAD: tl.constexpr,
+    WINDOW: tl.constexpr,
+    CACHE_BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """One (sequence, KV head, key split): all GROUP query heads of the sequence's single query against its keys."""
+    s_idx = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    q0 = tl.load(qs_ptr + s_idx)
+    n_q = tl.load(qs_ptr + s_idx + 1) - q0
+    if n_q == 0:
+        return
+    ctx = tl.load(sl_ptr + s_idx)
+    rows = tl.arange(0, G_PAD)
+    row_ok = rows < GROUP
+    heads = kvh * GROUP + rows
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q_row = q_ptr + q0.to(tl.int64) * stride_qt
+    q = tl.load(q_row + heads[:, None] * stride_qh + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_pos = tl.zeros([G_PAD], dtype=tl.int32) + (ctx - 1)
+
+    kv_hi = ctx
+    if WINDOW > 0:
+        kv_lo = tl.maximum(ctx - WINDOW, 0)
+    else:
+        kv_lo = ctx * 0
+    first_tile = (kv_lo // BLOCK_N) * BLOCK_N
+    n_tiles = tl.cdiv(kv_hi - first_tile, BLOCK_N)
+    per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+    begin = first_tile + split * per_split * BLOCK_N
+    end = tl.minimum(begin + per_split * BLOCK_N, kv_hi)
+
+    acc = tl.zeros([G_PAD, BLOCK_D], dtype=tl.float32)
+    if NUM_SPLITS == 1:
+        # The sink is the initial running max with running sum exp(sink - sink) = 1.
+        m_i = tl.load(sink_ptr + heads, mask=row_ok, other=0.0).to(tl.float32) * _LOG2E
+        l_i = tl.full([G_PAD], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([G_PAD], _NEG_BIG, dtype=tl.float32)
+        l_i = tl.zeros([G_PAD], dtype=tl.float32)
+    acc, m_i, l_i = _attend_keys(
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        k_ptr,
+        v_ptr,
+        bt_ptr + s_idx.to(tl.int64) * stride_bt,
+        kvh * stride_kh,
+        kvh * stride_vh,
+        stride_kb,
+        stride_ko,
+        stride_vb,
+        stride_vo,
+        kv_lo,
+        kv_hi,
+        begin,
+        end,
+        qk_scale,
+        WINDOW,
+        CACHE_BLOCK,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_N,
+        DOT_PREC,
+        True,
+    )
+    if NUM_SPLITS == 1:
+        o = acc / l_i[:, None]
+        o_ptr = out_ptr + q0.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        # Every split writes its partial, also an empty one (m = NEG, l = 0, acc = 0), so the combine reads no garbage.
+        part = (s_idx * NUM_HEADS + heads).to(tl.int64) * NUM_SPLITS + split
+        tl.store(part_m_ptr + part, m_i, mask=row_ok)
+        tl.store(part_l_ptr + part, l_i, mask=row_ok)
+        tl.store(part_acc_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _decode_combine_kernel(
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    qs_ptr,
+    sink_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    """Merge the splits of one (sequence, query head) and add the sink's denominator term, once."""
+    s_idx = tl.program_id(0)
+    h = tl.program_id(1)
+    q0 = tl.load(qs_ptr + s_idx)
+    if tl.load(qs_ptr + s_idx + 1) == q0:
+        return
+    sp = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, BLOCK_D)
+    part = (s_idx * NUM_HEADS + h).to(tl.int64) * NUM_SPLITS + sp
+    m = tl.load(part_m_ptr + part)
+    ls = tl.load(part_l_ptr + part)
+    acc = tl.load(part_acc_ptr + part[:, None] * BLOCK_D + d[None, :])
+    sink = tl.load(sink_ptr + h).to(tl.float32) * _LOG2E
+    m_all = tl.maximum(tl.max(m, axis=0), sink)
+    w = tl.exp2(m - m_all)
+    denom = tl.sum(ls * w, axis=0) + tl.exp2(sink - m_all)
+    o = tl.sum(acc * w[:, None], axis=0) / denom
+    o_ptr = out_ptr + q0.to(tl.int64) * stride_ot + h * stride_oh + d
+    tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    qs_ptr,
+    sl_ptr,
+    sink_ptr,
+    out_ptr,
+    num_seqs,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ko,
+    stride_kh,
+    stride_vb,
+    stride_vo,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    G_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    WINDOW: tl.constexpr,
+    CACHE_BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """One tile of BLOCK_Q queries x GROUP heads of one sequence against its causal (and windowed) keys."""
+    BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    # Sequence s owns programs [qs[s] // BLOCK_Q + s, qs[s+1] // BLOCK_Q + s + 1): enough for its query tiles,
+    # and the bound is monotonic, so the owner is the last s whose first program is <= pid.
+    lo = pid * 0
+    hi = pid * 0 + num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        go_right = tl.load(qs_ptr + mid) // BLOCK_Q + mid <= pid
+        lo = tl.where(go_right, mid + 1, lo)
+        hi = tl.where(go_right, hi, mid)
+    s_idx = lo - 1
+    q0 = tl.load(qs_ptr + s_idx)
+    n_q = tl.load(qs_ptr + s_idx + 1) - q0
+    tile = pid - (q0 // BLOCK_Q + s_idx)
+    if tile * BLOCK_Q >= n_q:
+        return
+    ctx = tl.load(sl_ptr + s_idx)
+    first_q = ctx - n_q
+
+    rows = tl.arange(0, BLOCK_M)
+    qi = tile * BLOCK_Q + rows // G_PAD
+    hh = rows % G_PAD
+    row_ok = (qi < n_q) & (hh < GROUP)
+    heads = kvh * GROUP + hh
+    q_pos = first_q + qi
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    tok = (q0 + qi).to(tl.int64)
+    io_mask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=io_mask, other=0.0)
+
+    kv_hi = tl.minimum(first_q + tile * BLOCK_Q + BLOCK_Q, ctx)
+    if WINDOW > 0:
+        kv_lo = tl.maximum(first_q + tile * BLOCK_Q - WINDOW + 1, 0)
+    else:
+        kv_lo = ctx * 0
+    first_tile = (kv_lo // BLOCK_N) * BLOCK_N
+
+    # Whole tiles in [full_lo, full_hi) are visible to every row of the tile: inside the last row's window and at
+    # or before the first row's position. Only the tiles on either side need masks.
+    first_pos = first_q + tile * BLOCK_Q
+    full_hi = tl.maximum(first_tile, ((first_pos + 1) // BLOCK_N) * BLOCK_N)
+    if WINDOW > 0:
+        full_lo = tl.cdiv(tl.maximum(kv_hi - WINDOW, kv_lo), BLOCK_N) * BLOCK_N
+    else:
+        full_lo = first_tile
+    full_lo = tl.minimum(tl.maximum(first_tile, full_lo), full_hi)
+
+    m_i = tl.load(sink_ptr + heads, mask=hh < GROUP, other=0.0).to(tl.float32) * _LOG2E
+    l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    bt_row = bt_ptr + s_idx.to(tl.int64) * stride_bt
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
+        stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, full_lo, full_hi, qk_scale,
+        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, False,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
+        stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, first_tile, full_lo, qk_scale,
+        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, True,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
+        stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, full_hi, kv_hi, qk_scale,
+        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, True,
+    )  # fmt: skip
+    o = acc / l_i[:, None]
+    o_ptr = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # an H200, so the interpreter picks the same split counts the GPU would
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def decode_num_splits(
+    max_seq_len: int, window: int | None, num_seqs: int, num_kv_heads: int, device: torch.device
+) -> int:
+    """Key splits for a decode launch, from host ints only: enough CTAs for two waves, >= MIN_KEYS_PER_SPLIT each."""
+    keys = max_seq_len if window is None else min(max_seq_len, window)
+    by_len = triton.next_power_of_2(max(1, triton.cdiv(keys, MIN_KEYS_PER_SPLIT)))
+    by_occupancy = triton.next_power_of_2(max(1, triton.cdiv(2 * _num_sms(device), max(1, num_seqs * num_kv_heads))))
+    return max(1, min(by_len, by_occupancy, MAX_SPLITS))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # FP32 inputs must not silently drop to TF32 on tensor cores: the reference scores are full FP32.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    d = q.shape[-1]
+    return (
+        q.dtype == k_cache.dtype == v_cache.dtype
+        and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and d >= 16
+        and k_cache.shape[-1] == d
+        and q.shape[1] % k_cache.shape[2] == 0
+        and q.stride(-1) == 1
+        and k_cache.stride(-1) == 1
+        and v_cache.stride(-1) == 1
+    )
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    meta: AttnMeta,
+    sinks: torch.Tensor,
+    scale: float,
+    window: int | None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Decode path of `paged_attention` (each sequence has at most one query); `num_splits` overrides the heuristic."""
+    t, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    group = hq // hkv
+    num_seqs = len(meta.seq_lens)
+    if num_splits is None:
+        num_splits = decode_num_splits(meta.max_seq_len, window, num_seqs, hkv, q.device)
+    if num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two, got {num_splits}")
+    out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    if t == 0 or num_seqs == 0:
+        return out
+    block_d = triton.next_power_of_2(d)
+    if num_splits > 1:
+        part_acc = torch.empty((num_seqs, hq, num_splits, block_d), dtype=torch.float32, device=q.device)
+        part_m = torch.empty((num_seqs, hq, num_splits), dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+    else:
+        part_acc = part_m = part_l = out  # never touched with one split
+    _decode_kernel[(num_seqs, hkv, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        meta.query_start_t,
+        meta.seq_lens_t,
+        sinks,
+        out,
+        part_acc,
+        part_m,
+        part_l,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=hq,
+        GROUP=group,
+        G_PAD=max(16, triton.next_power_of_2(group)),
+        WINDOW=window or 0,
+        CACHE_BLOCK=k_cache.shape[1],
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        BLOCK_N=DECODE_BLOCK_N,
+        NUM_SPLITS=num_splits,
+        DOT_PREC=_dot_precision(q.dtype),
+        num_warps=DECODE_NUM_WARPS,
+        **_stages(DECODE_NUM_STAGES),
+    )
+    if num_splits > 1:
+        _decode_combine_kernel[(num_seqs, hq)](
+            part_acc,
+            part_m,
+            part_l,
+            meta.query_start_t,
+            sinks,
+            out,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=hq,
+            HEAD_DIM=d,
+            BLOCK_D=block_d,
+            NUM_SPLITS=num_splits,
+            num_warps=4,
+        )
+    return out
+
+
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    meta: AttnMeta,
+    sinks: torch.Tensor,
+    scale: float,
+    window: int | None,
+    block_m: int | None = None,
+) -> torch.Tensor:
+    """Prefill / mixed path of `paged_attention` (any query counts); `block_m` overrides the row-tile size."""
+    t, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    group = hq // hkv
+    num_seqs = len(meta.seq_lens)
+    out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    if t == 0 or num_seqs == 0:
+        return out
+    g_pad = triton.next_power_of_2(group)
+    if block_m is None:
+        block_m = min(PREFILL_MAX_BLOCK_M, triton.next_power_of_2(max(1, meta.max_query_len) * g_pad))
+    block_m = max(block_m, 16, g_pad)
+    block_q = block_m // g_pad
+    # Programs [qs[s] // BLOCK_Q + s, ...) belong to sequence s; the last sequence's bound is T // BLOCK_Q + S.
+    grid = (t // block_q + num_seqs, hkv)
+    _prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        meta.query_start_t,
+        meta.seq_lens_t,
+        sinks,
+        out,
+        num_seqs,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        G_PAD=g_pad,
+        BLOCK_Q=block_q,
+        WINDOW=window or 0,
+        CACHE_BLOCK=k_cache.shape[1],
+        HEAD_DIM=d,
+        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_N=PREFILL_BLOCK_N,
+        DOT_PREC=_dot_precision(q.dtype),
+        num_warps=PREFILL_NUM_WARPS if block_m >= 128 else 4,
+        **_stages(PREFILL_NUM_STAGES),
+    )
+    return out
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    meta: AttnMeta,
+    sinks: torch.Tensor,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """q [T, Hq, D] for the new tokens of each sequence -> output [T, Hq, D] in q's dtype; as `paged_attention_ref`.
+
+    Decode batches (one query per sequence) take the split-KV decode kernel, anything else the varlen prefill
+    kernel. Mixed dtypes, head_dim < 16 or a strided last dimension run the reference.
+    """
+    if not _supported(q, k_cache, v_cache):
+        return paged_attention_ref(q, k_cache, v_cache, block_tables, meta, sinks, scale, window)
+    if meta.max_query_len == 1 and q.shape[0] == len(meta.seq_lens):
+        return paged_attention_decode(q, k_cache, v_cache, block_tables, meta, sinks, scale, window)
+    return paged_attention_prefill(q, k_cache, v_cache, block_tables, meta, sinks, scale, window)

@@ -1,0 +1,245 @@
+"""Triton paged attention (decode split-KV and varlen prefill) against `paged_attention_ref`.
+
+Caches hold NaN everywhere no live key is (slots past a sequence's end, slots and whole blocks behind a sliding
+window, spare blocks), physical blocks are shuffled, and sliding block tables carry -1 for freed blocks: any read
+outside the live range would turn the output into NaN. Outputs and split partials are allocated NaN-poisoned.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flint_kernels import attention_triton as at
+from flint_kernels.attention import AttnMeta, paged_attention_ref
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture
+def poison(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tensor the kernels allocate starts as NaN (floats) or -77 (ints), so unwritten elements show."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def fill(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype != torch.bool:
+            t.fill_(-77)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_empty_like(*a, **k)))
+
+
+class Case:
+    """A batch of sequences (context length, new queries) over a shuffled paged cache; the reference output."""
+
+    def __init__(
+        self,
+        seqs: list[tuple[int, int]],
+        hq: int,
+        hkv: int,
+        d: int,
+        window: int | None,
+        dtype: torch.dtype = torch.float32,
+        block_size: int = 16,
+        device: str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        g = torch.Generator().manual_seed(seed)
+        need = [-(-ctx // block_size) for ctx, _ in seqs]
+        max_blocks = max(need) + 2  # trailing -1 entries, as the engine pads its tables
+        num_blocks = sum(need) + 3
+        perm = torch.randperm(num_blocks, generator=g).tolist()
+        k = torch.full((num_blocks, block_size, hkv, d), float("nan"))
+        v = k.clone()
+        table = torch.full((len(seqs), max_blocks), -1, dtype=torch.int32)
+        starts = [0]
+        self.freed = 0
+        for s, (ctx, n) in enumerate(seqs):
+            lo = 0 if window is None else max(0, ctx - n - window + 1)  # first key any query of s may see
+            for b in range(need[s]):
+                phys = perm.pop()
+                if (b + 1) * block_size <= lo:
+                    self.freed += 1  # behind the window: freed, -1 in the table, NaN in the pool
+                    continue
+                table[s, b] = phys
+                first, last = max(lo - b * block_size, 0), min(ctx - b * block_size, block_size)
+                k[phys, first:last] = torch.randn(last - first, hkv, d, generator=g)
+                v[phys, first:last] = torch.randn(last - first, hkv, d, generator=g)
+            starts.append(starts[-1] + n)
+        self.q = (torch.randn(starts[-1], hq, d, generator=g) * 1.5).to(device, dtype)
+        self.k_cache = k.to(device, dtype)
+        self.v_cache = v.to(device, dtype)
+        self.table = table.to(device)
+        self.sinks = (torch.randn(hq, generator=g) * 2).to(device)
+        self.meta = AttnMeta.build(starts, [c for c, _ in seqs], device)
+        self.scale = d**-0.5
+        self.window = window
+
+    def args(self) -> tuple:
+        return (self.q, self.k_cache, self.v_cache, self.table, self.meta, self.sinks, self.scale, self.window)
+
+    def ref(self) -> torch.Tensor:
+        return paged_attention_ref(*self.args())
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert not out.isnan().any(), "unwritten or poisoned output elements"
+    assert _rel_err(out, ref) < tol
+
+
+FP32_TOL = 1e-4
+BF16_TOL = 1e-2
+
+SHAPES = [(16, 2, 128), (4, 2, 32), (8, 4, 16)]  # (Hq, Hkv, D): GQA 8 and GQA 2, head_dim 128 / 32 / 16
+
+
+# ------------------------------------------------------------------------------------------------------ decode
+@pytest.mark.parametrize(("hq", "hkv", "d"), SHAPES)
+@pytest.mark.parametrize("window", [7, None])
+def test_decode_interp(poison: None, hq: int, hkv: int, d: int, window: int | None) -> None:
+    case = Case([(37, 1), (5, 1), (100, 1), (1, 1), (16, 1)], hq, hkv, d, window)
+    if window is not None:
+        assert case.freed > 0
+    _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
+
+
+def test_decode_window_513_interp(poison: None) -> None:
+    """Contexts just inside, at and across Flint's 513-key window (freed blocks behind it), block size 4."""
+    case = Case([(600, 1), (513, 1), (514, 1), (20, 1)], 16, 2, 32, 513, block_size=4)
+    assert case.freed > 0
+    _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
+
+
+def test_decode_long_context_splits_interp(poison: None) -> None:
+    """3000 keys: the heuristic picks several splits; the result matches the reference and the one-split kernel."""
+    case = Case([(3000, 1), (1100, 1)], 16, 2, 16, None)
+    splits = at.decode_num_splits(case.meta.max_seq_len, None, 2, 2, case.q.device)
+    assert splits > 1
+    ref = case.ref()
+    _check(at.paged_attention(*case.args()), ref, FP32_TOL)
+    _check(at.paged_attention_decode(*case.args(), num_splits=1), ref, FP32_TOL)
+
+
+@pytest.mark.parametrize("num_splits", [2, 16])
+@pytest.mark.parametrize("window", [7, None])
+def test_decode_forced_splits_interp(poison: None, num_splits: int, window: int | None) -> None:
+    """More splits than key tiles (a graph captured for long contexts replayed on short ones): empty splits."""
+    case = Case([(37, 1), (5, 1), (130, 1)], 8, 2, 32, window, block_size=8)
+    _check(at.paged_attention_decode(*case.args(), num_splits=num_splits), case.ref(), FP32_TOL)
+
+
+def test_decode_fp16_interp(poison: None) -> None:
+    case = Case([(70, 1), (9, 1)], 16, 2, 32, None, dtype=torch.float16)
+    _check(at.paged_attention(*case.args()), case.ref(), BF16_TOL)
+
+
+# --------------------------------------------------------------------------------------------- prefill / mixed
+MIXED = [(37, 5), (5, 1), (100, 30), (20, 20), (90, 1), (1, 1)]
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d"), SHAPES)
+@pytest.mark.parametrize("window", [7, None])
+def test_prefill_mixed_interp(poison: None, hq: int, hkv: int, d: int, window: int | None) -> None:
+    """Prefill chunks at the end of longer contexts, whole prompts and decodes in one batch."""
+    case = Case(MIXED, hq, hkv, d, window)
+    _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
+
+
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_prefill_tile_sizes_interp(poison: None, block_m: int) -> None:
+    case = Case(MIXED, 8, 4, 32, 7, block_size=4)
+    _check(at.paged_attention_prefill(*case.args(), block_m=block_m), case.ref(), FP32_TOL)
+
+
+def test_prefill_window_513_interp(poison: None) -> None:
+    """A chunk whose queries straddle the window edge, with freed blocks behind it."""
+    case = Case([(700, 40), (530, 20), (10, 10)], 8, 1, 16, 513, block_size=32)
+    assert case.freed > 0
+    _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
+
+
+def test_zero_query_sequences_and_decode_batch_through_prefill_interp(poison: None) -> None:
+    """Sequences with no new query are skipped; a pure decode batch through the prefill kernel also matches."""
+    case = Case([(10, 0), (37, 1), (3, 0), (50, 4)], 8, 2, 32, None)
+    _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
+    dec = Case([(37, 1), (5, 1), (64, 1)], 8, 2, 32, 7)
+    _check(at.paged_attention_prefill(*dec.args()), dec.ref(), FP32_TOL)
+
+
+def test_unsupported_falls_back_to_reference() -> None:
+    case = Case([(9, 3)], 4, 2, 8, None)  # head_dim 8 is below tl.dot's minimum
+    assert torch.equal(at.paged_attention(*case.args()), case.ref())
+
+
+# --------------------------------------------------------------------------------------------------------- GPU
+def _random_lengths(n: int, lo: int, hi: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("batch", [1, 8, 32])
+@pytest.mark.parametrize("max_ctx", [1000, 5000])
+@pytest.mark.parametrize("window", [513, None])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decode_gpu(poison: None, batch: int, max_ctx: int, window: int | None, dtype: torch.dtype) -> None:
+    seqs = [(c, 1) for c in _random_lengths(batch, 1, max_ctx, batch + max_ctx)]
+    case = Case(seqs, 32, 4, 128, window, dtype, device="cuda")
+    _check(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decode_32k_gpu(poison: None, dtype: torch.dtype) -> None:
+    case = Case([(32768, 1), (30001, 1)], 32, 4, 128, None, dtype, device="cuda")
+    assert at.decode_num_splits(32768, None, 2, 4, case.q.device) > 1
+    _check(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(32, 4, 128), (4, 2, 32), (8, 4, 16)])
+@pytest.mark.parametrize("window", [7, 513, None])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_prefill_mixed_gpu(poison: None, hq: int, hkv: int, d: int, window: int | None, dtype: torch.dtype) -> None:
+    seqs = [(3000, 1000), (777, 777), (2000, 1), (600, 77), (5, 1), (1500, 1)]
+    case = Case(seqs, hq, hkv, d, window, dtype, device="cuda")
+    _check(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("window", [513, None])
+def test_decode_cuda_graph_replay_gpu(window: int | None) -> None:
+    """Capture once with a context bound, then replay with new lengths written into the same device tensors."""
+    bound = 4096
+    # Every block stays live (no window at build time), so shorter replayed contexts still have their keys.
+    case = Case([(bound, 1)] * 4, 32, 4, 128, None, torch.bfloat16, device="cuda")
+    static_meta = AttnMeta.build([0, 1, 2, 3, 4], [bound] * 4, "cuda")
+    args = (case.q, case.k_cache, case.v_cache, case.table, static_meta, case.sinks, case.scale, window)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        at.paged_attention(*args)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = at.paged_attention(*args)
+    for lens in ([1, 4096, 700, 2049], [4096, 3, 514, 1000]):
+        static_meta.seq_lens_t.copy_(torch.tensor(lens, dtype=torch.int32))
+        case.q.copy_(torch.randn_like(case.q))
+        graph.replay()
+        host_meta = AttnMeta.build([0, 1, 2, 3, 4], lens, "cuda")
+        ref = paged_attention_ref(
+            case.q, case.k_cache, case.v_cache, case.table, host_meta, case.sinks, case.scale, window
+        )
+        _check(out, ref, BF16_TOL)
