@@ -115,6 +115,8 @@ class LLMEngine:
             self.max_model_len, self.plan.token_capacity if self.config.full_layers else self.max_model_len
         )
         log.info("%s; longest admissible context %d tokens", self.plan.describe(), self.max_context)
+        if model.device.type == "cuda" and ec.cuda_graphs and model.kernels.name != "reference":
+            self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from .cuda_graphs import DecodeGraphs
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .kv_cache_manager import NO_BLOCK, KVCacheManager
 from .model import FlintModel
 from .scheduler import ScheduledChunk
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -18,6 +23,17 @@ class ModelRunner:
         self.kv = kv
         self.device = model.device
         self.block_size = cache.block_size
+        self.graphs: DecodeGraphs | None = None
+
+    def enable_cuda_graphs(self, max_batch: int, max_context: int) -> None:
+        """Capture decode graphs; on any failure keep running eagerly (and say so)."""
+        try:
+            graphs = DecodeGraphs(self.model, self.cache, max_batch, max_context)
+            graphs.capture()
+            self.graphs = graphs
+        except Exception:
+            log.exception("CUDA graph capture failed; decoding without graphs")
+            self.graphs = None
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, list[int]]:
         """The batch, and the indices (into `chunks`) of the sequences whose last token is sampled this step."""
@@ -73,6 +89,8 @@ class ModelRunner:
     def execute(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor | None, list[int]]:
         """FP32 logits [len(sample_rows), V] and which chunks they belong to."""
         batch, sample_rows = self.build_batch(chunks)
+        if self.graphs is not None and self.graphs.covers(batch):
+            return self.graphs.run(batch), sample_rows
         hidden = self.model.forward(batch, self.cache)
         if not sample_rows:
             return None, sample_rows

@@ -6,7 +6,6 @@ configurations they cover; `select_kernels` logs the choice once per configurati
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -64,8 +63,6 @@ def fast_path_reason(device: torch.device, dtype: torch.dtype, kv_dtype: torch.d
         import triton  # noqa: F401
     except ImportError:
         return "triton is not installed"
-    if importlib.util.find_spec("flint_kernels.fast") is None:
-        return "this build has no fused kernels"
     if dtype != torch.bfloat16:
         return f"activation dtype {dtype} (the fused kernels are BF16)"
     if kv_dtype != torch.bfloat16:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
-def inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    # Same expression as the reference so the FP32 frequencies agree bit for bit.
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+@functools.lru_cache(maxsize=16)
+def inv_freq(head_dim: int, theta: float, device: str = "cpu") -> torch.Tensor:
+    # Same expression as the reference so the FP32 frequencies agree bit for bit; computed on the CPU once, then
+    # kept on the device so a forward pass copies nothing from the host (CUDA graphs forbid that).
+    return (1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))).to(device)
 
 
 def rope_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of shape [T, head_dim] (both halves repeated), computed in FP32 and cast to `dtype`."""
-    freqs = positions[:, None].to(torch.float32) * inv_freq(head_dim, theta).to(positions.device)
+    freqs = positions[:, None].to(torch.float32) * inv_freq(head_dim, theta, str(positions.device))
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 

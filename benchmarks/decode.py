@@ -1,0 +1,392 @@
+"""Decode and prefill latency of Flint with random weights built on the GPU (BF16 and NVFP4 W4A16).
+
+    python benchmarks/decode.py                      # full model, H200-sized sweep
+    python benchmarks/decode.py --preset tiny --device cpu --kernels reference --batches 1 2 --contexts 64
+
+Measures in one run: copy bandwidth; a whole-model check of the fused path against the plain PyTorch path
+(logits and greedy tokens); decode step latency (CUDA-graph replay, median) per batch and context; CUDA kernels
+per decode step and time per kernel family (torch profiler); an 8K-token prefill; the plain path's step; and the
+bandwidth floor from the bytes a step must move. Prints a table and writes JSON (benchmarks/results/decode.json,
+or --out). Results are written after every measurement so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+from flint_kernels.dispatch import REFERENCE, select_kernels
+
+from flint_engine.config import FlintConfig, preset
+from flint_engine.forward_batch import ForwardBatch
+from flint_engine.kv_cache import KVCache
+from flint_engine.model import FlintModel
+from flint_engine.weights import FlintWeights, random_weights
+
+RESULTS = Path(__file__).parent / "results"
+
+FAMILIES = (
+    ("attention", ("attention", "attn", "flash", "decode", "prefill", "combine")),
+    ("moe", ("moe",)),
+    ("router", ("router", "topk")),
+    ("norm", ("norm",)),
+    ("rope", ("rope",)),
+    ("gemv/gemm", ("gemv", "gemm", "linear", "matmul", "nvjet", "cutlass", "sm90", "xmma", "dot")),
+    ("activation", ("silu",)),
+)
+
+
+class Report:
+    def __init__(self, path: Path, meta: dict[str, Any], deadline: float) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"meta": meta, "rows": [], "checks": [], "notes": []}
+        self.deadline = deadline
+
+    def add(self, kind: str, row: dict[str, Any]) -> None:
+        self.data[kind].append(row)
+        print(json.dumps(row), flush=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=2))
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(fn, dev: torch.device, reps: int, warmup: int = 2) -> float:
+    """Median milliseconds of `fn` (CUDA events on the GPU)."""
+    for _ in range(warmup):
+        fn()
+    sync(dev)
+    times = []
+    for _ in range(reps):
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth(dev: torch.device) -> float:
+    """Bytes read + written per second by a large device-to-device copy."""
+    n = 2**30 if dev.type == "cuda" else 2**24
+    src = torch.empty(n, dtype=torch.uint8, device=dev).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = timed(lambda: dst.copy_(src), dev, reps=20)
+    return 2 * n / (ms / 1e3)
+
+
+def decode_batch(cfg: FlintConfig, b: int, ctx: int, bs: int, dev: torch.device, gen: torch.Generator) -> ForwardBatch:
+    """B sequences each decoding its token at position ctx-1; distinct blocks per sequence in both pools."""
+    nb = -(-ctx // bs)
+    full = torch.arange(b * nb, dtype=torch.int32).reshape(b, nb)
+    window = -(-cfg.sliding_window // bs) + 1
+    first = max(0, (ctx - cfg.sliding_window)) // bs
+    sliding = torch.full((b, nb), -1, dtype=torch.int32)
+    for i in range(b):
+        sliding[i, first:nb] = torch.arange(i * window, i * window + (nb - first), dtype=torch.int32)
+    pos = ctx - 1
+    blk, off = divmod(pos, bs)
+    return ForwardBatch(
+        input_ids=torch.randint(0, cfg.vocab_size, (b,), generator=gen).to(dev),
+        positions=torch.full((b,), pos, dtype=torch.int64, device=dev),
+        query_start=list(range(b + 1)),
+        seq_lens=[ctx] * b,
+        full_block_tables=full.to(dev),
+        sliding_block_tables=sliding.to(dev),
+        full_slots=(full[:, blk].long() * bs + off).to(dev),
+        sliding_slots=(sliding[:, blk].long() * bs + off).to(dev),
+        logits_indices=torch.arange(b, device=dev),
+    )
+
+
+def prefill_batch(ids: list[int], bs: int, dev: torch.device) -> ForwardBatch:
+    n = len(ids)
+    nb = -(-n // bs)
+    table = torch.arange(nb, dtype=torch.int32, device=dev)[None]
+    slots = torch.arange(n, dtype=torch.int64, device=dev)
+    return ForwardBatch(
+        torch.tensor(ids, device=dev),
+        torch.arange(n, device=dev),
+        [0, n],
+        [n],
+        table,
+        table,
+        slots,
+        slots,
+        torch.tensor([n - 1], device=dev),
+    )
+
+
+def step_bytes(cfg: FlintConfig, w: FlintWeights, b: int, ctx: int) -> float:
+    """Bytes a decode step must read: every non-expert weight, the experts B tokens touch (uniform routing), the
+    embedding rows, and the KV of every sequence."""
+    total = 0
+    for t in w.tensors():
+        total += t.numel() * t.element_size()
+    embed = w.embed.nbytes  # dense tensors and NVFP4Weight both report their bytes
+    total += b * embed / cfg.vocab_size - embed
+    for layer in w.layers:
+        mlp = layer.mlp
+        if hasattr(mlp, "experts_gate_up"):
+            exp = 0
+            for t in (mlp.experts_gate_up, mlp.experts_down):
+                exp += t.nbytes if not isinstance(t, torch.Tensor) else t.numel() * t.element_size()
+            distinct = cfg.num_experts * (1 - (1 - cfg.num_experts_per_tok / cfg.num_experts) ** b)
+            total -= exp * (1 - distinct / cfg.num_experts)
+    kv_full = cfg.kv_bytes_per_token() * ctx * b
+    kv_slide = cfg.sliding_kv_bytes_per_slot() * min(ctx, cfg.sliding_window) * b
+    return total + kv_full + kv_slide
+
+
+def count_kernels(fn, dev: torch.device) -> tuple[int, dict[str, float]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync(dev)
+    families: dict[str, float] = {}
+    n = 0
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        n += 1
+        name = e.name.lower()
+        fam = next((f for f, keys in FAMILIES if any(k in name for k in keys)), "other")
+        families[fam] = families.get(fam, 0.0) + e.device_time / 1e3
+    return n, {k: round(v, 4) for k, v in sorted(families.items(), key=lambda kv: -kv[1])}
+
+
+def check_fast_vs_plain(
+    fast: FlintModel, plain: FlintModel, cfg: FlintConfig, dev: torch.device, steps: int, batch: int, bs: int
+) -> dict[str, Any]:
+    """Prefill logits of both paths, then each path's engine greedy-decodes `steps` tokens (prefill + decode over
+    the paged cache, as in serving); compare logits and tokens."""
+    from flint_engine.engine import LLMEngine
+    from flint_engine.engine_config import EngineConfig
+    from flint_engine.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, cfg.vocab_size, (37 + 11 * i,), generator=gen).tolist() for i in range(batch)]
+    lf = torch.cat(fast.forward_sequences(prompts, bs))
+    lp = torch.cat(plain.forward_sequences(prompts, bs))
+    rel = ((lf - lp).norm() / lp.norm()).item()
+    argmax = (lf.argmax(-1) == lp.argmax(-1)).float().mean().item()
+    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for name, model in (("fast", fast), ("plain", plain)):
+        ec = EngineConfig(kv_cache_memory=2 * 2**30, max_num_seqs=max(batch, 1), cuda_graphs=False)
+        tokens[name] = [r.output_token_ids for r in LLMEngine(model, None, ec).generate(prompts, params)]
+    tf, tp = tokens["fast"], tokens["plain"]
+    agree = sum(a == b for x, y in zip(tf, tp) for a, b in zip(x, y)) / (steps * batch)
+    first_div = min(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), steps) for x, y in zip(tf, tp))
+    return {
+        "batch": batch,
+        "steps": steps,
+        "prefill_logits_rel_err": rel,
+        "prefill_argmax_agreement": argmax,
+        "greedy_token_agreement": agree,
+        "first_divergence_step": first_div,
+    }
+
+
+def run_format(
+    fmt: str,
+    cfg: FlintConfig,
+    args: argparse.Namespace,
+    dev: torch.device,
+    bw: float,
+    rep: Report,
+    gen: torch.Generator,
+) -> None:
+    """Every measurement for one weight format (its tensors are freed when this returns)."""
+    bs = 16
+    total_mem = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else 1 << 40
+    t0 = time.monotonic()
+    weights = random_weights(
+        cfg, torch.bfloat16 if dev.type == "cuda" else torch.float32, dev, seed=0, nvfp4_linears=fmt == "nvfp4",
+        gain=args.gain,
+    )
+    sync(dev)
+    wbytes = weights.nbytes()
+    rep.data["notes"].append(f"{fmt}: built {wbytes / 1e9:.2f} GB of random weights in {time.monotonic() - t0:.1f} s")
+    kernels = select_kernels(dev, weights.dtype, weights.dtype, args.kernels)
+    fast = FlintModel(weights, kernels)
+    plain = FlintModel(weights, REFERENCE)
+    # --- correctness: fused path against the plain path on the same weights
+    for b in args.check_batches:
+        if kernels.name == "reference" or rep.time_left() < 0:
+            break
+        rep.add("checks", {"format": fmt, **check_fast_vs_plain(fast, plain, cfg, dev, args.check_steps, b, bs)})
+    # --- the KV cache for the largest decode configuration that fits next to the weights
+    free = (total_mem - torch.cuda.memory_allocated(dev) - 6 * 2**30) if dev.type == "cuda" else 1 << 40
+    per_tok = cfg.kv_bytes_per_token(2)
+    plans = [(b, c) for c in args.contexts for b in args.batches]
+    fits = [(b, c) for b, c in plans if b * c * per_tok + b * 40 * bs * cfg.sliding_kv_bytes_per_slot() < free]
+    for b, c in sorted(set(plans) - set(fits)):
+        rep.add("rows", {"format": fmt, "batch": b, "context": c, "skipped": "KV cache would not fit"})
+    if fits:
+        max_full = max(b * -(-c // bs) for b, c in fits)
+        max_slide = max(b for b, _ in fits) * (-(-cfg.sliding_window // bs) + 1)
+        cache = KVCache(cfg, max_full, max_slide, bs, weights.dtype, dev)
+        cache.full_k.normal_()
+        cache.full_v.normal_()
+        cache.sliding_k.normal_()
+        cache.sliding_v.normal_()
+        use_graphs = dev.type == "cuda" and not args.no_graphs and kernels.name != "reference"
+        for c in sorted({c for _, c in fits}):
+            for b in sorted({b for b, cc in fits if cc == c}):
+                if rep.time_left() < 0:
+                    rep.data["notes"].append(f"deadline reached at {fmt} b{b} ctx{c}")
+                    break
+                batch = decode_batch(cfg, b, c, bs, dev, gen)
+
+                def step(model: FlintModel = fast, batch: ForwardBatch = batch) -> torch.Tensor:
+                    return model.compute_logits(model.forward(batch, cache)).argmax(-1)
+
+                row: dict[str, Any] = {"format": fmt, "batch": b, "context": c, "kernels": kernels.name}
+                graph_error = None
+                if use_graphs:
+                    try:
+                        step()
+                        sync(dev)
+                        g = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(g):
+                            step()
+                        row["step_ms"] = round(timed(g.replay, dev, args.reps), 4)
+                        row["cuda_graph"] = True
+                    except Exception as exc:  # a non-capturable op: measure eagerly and say why
+                        graph_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                        torch.cuda.synchronize(dev)
+                if not use_graphs or graph_error is not None:
+                    row["graph_error"] = graph_error
+                    row["step_ms"] = round(timed(step, dev, max(3, args.reps // 5)), 4)
+                    row["cuda_graph"] = False
+                floor = step_bytes(cfg, weights, b, c) / bw * 1e3
+                row["floor_ms"] = round(floor, 4)
+                row["floor_fraction"] = round(floor / row["step_ms"], 3)
+                row["tokens_per_s"] = round(b / row["step_ms"] * 1e3, 1)
+                if dev.type == "cuda" and b == min(args.batches) and c == min(args.contexts):
+                    row["kernels_per_step"], row["time_by_family_ms"] = count_kernels(step, dev)
+                    plain_ms = timed(lambda batch=batch: step(plain, batch), dev, 3, warmup=1)
+                    row["plain_path_step_ms"] = round(plain_ms, 3)
+                rep.add("rows", row)
+        cache = None  # free the decode cache before the prefill's
+    # --- prefill of one long prompt (eager: it is compute-bound)
+    if args.prefill and rep.time_left() > 0:
+        ids = torch.randint(0, cfg.vocab_size, (args.prefill,), generator=gen).tolist()
+        pb = prefill_batch(ids, bs, dev)
+        pcache = KVCache(cfg, -(-args.prefill // bs), -(-args.prefill // bs), bs, weights.dtype, dev)
+        ms = timed(lambda: fast.compute_logits(fast.forward(pb, pcache)[-1:]), dev, 3, warmup=1)
+        flops = 2 * cfg.active_parameter_count() * args.prefill
+        rep.add(
+            "rows",
+            {
+                "format": fmt,
+                "prefill_tokens": args.prefill,
+                "prefill_ms": round(ms, 2),
+                "kernels": kernels.name,
+                "linear_TFLOPs": round(flops / (ms / 1e3) / 1e12, 1),
+            },
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="full")
+    ap.add_argument("--layers", type=int, default=None, help="override the layer count (quick runs)")
+    ap.add_argument("--formats", nargs="+", default=["bf16", "nvfp4"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 32768])
+    ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--kernels", default="auto", choices=["auto", "reference", "fast"])
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--check-steps", type=int, default=32)
+    ap.add_argument("--check-batches", type=int, nargs="*", default=[1, 8])
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--gain", type=float, default=0.5,
+                    help="random-weight scale; at 1.0 a 49-layer random Flint is chaotic (a 1e-3 input change moves"
+                    " the logits 12%%), which would hide real errors behind rounding noise in the path check")
+    ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting new measurements after this")
+    ap.add_argument("--gpu-memory-gib", type=float, default=None, help="skip configs whose KV would not fit")
+    ap.add_argument("--out", default=str(RESULTS / "decode.json"))
+    args = ap.parse_args()
+
+    dev = torch.device(args.device)
+    cfg = preset(args.preset)
+    if args.layers:
+        cfg = cfg.replace(num_hidden_layers=args.layers)
+    meta = {
+        "date": date.today().isoformat(),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "preset": args.preset,
+        "layers": cfg.num_hidden_layers,
+        "command": "python benchmarks/decode.py "
+        + " ".join(
+            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items()
+            if v not in (None, False) and k != "out"
+        ),
+    }
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    rep = Report(Path(args.out), meta, time.monotonic() + args.deadline_s)
+    bw = copy_bandwidth(dev)
+    rep.data["meta"]["copy_bandwidth_TBps"] = round(bw / 1e12, 3)
+    gen = torch.Generator().manual_seed(0)
+    for fmt in args.formats:
+        if rep.time_left() < 0:
+            rep.data["notes"].append(f"deadline reached before {fmt}")
+            break
+        run_format(fmt, cfg, args, dev, bw, rep, gen)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    rows = [r for r in rep.data["rows"] if "step_ms" in r]
+    print(
+        f"\n{'fmt':>6} {'batch':>5} {'ctx':>6} {'step ms':>8} {'floor ms':>8} {'of floor':>8} {'tok/s':>9}"
+        f" {'kernels':>7}"
+    )
+    for r in rows:
+        print(
+            f"{r['format']:>6} {r['batch']:>5} {r['context']:>6} {r['step_ms']:>8.3f} {r['floor_ms']:>8.3f}"
+            f" {r['floor_fraction']:>8.2f} {r['tokens_per_s']:>9.0f} {r.get('kernels_per_step', ''):>7}"
+        )
+    for r in rep.data["rows"]:
+        if "prefill_ms" in r:
+            print(f"{r['format']:>6} prefill {r['prefill_tokens']} tokens: {r['prefill_ms']:.1f} ms")
+    for c in rep.data["checks"]:
+        print(
+            f"check {c['format']} b{c['batch']}: logits rel {c['prefill_logits_rel_err']:.2e},"
+            f" greedy agreement {c['greedy_token_agreement']:.3f} (first divergence {c['first_divergence_step']})"
+        )
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The fused-kernel op table: each Triton kernel in place of its reference.
+
+Every kernel falls back to its reference for inputs it does not cover. A kernel that fails to compile or launch on
+this GPU (an unsupported architecture or Triton version) is replaced by its reference for the rest of the process,
+with one warning, rather than failing requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .dispatch import Kernels, with_ops
+
+log = logging.getLogger(__name__)
+
+OPS = (
+    "rms_norm",
+    "add_rms_norm",
+    "qk_norm_rope_write",
+    "attention",
+    "router",
+    "silu_and_mul",
+    "moe",
+    "linear",
+    "lm_head",
+)
+
+
+def _guarded(name: str, fast: Callable, ref: Callable) -> Callable:
+    state = {"fn": fast}
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        fn = state["fn"]
+        if fn is ref:
+            return ref(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            log.exception("fused kernel for %s failed on this device; using the PyTorch reference from now on", name)
+            state["fn"] = ref
+            return ref(*args, **kwargs)
+
+    call.__name__ = f"guarded_{name}"
+    return call
+
+
+def fast_kernels(base: Kernels) -> Kernels:
+    from . import (
+        activation_triton,
+        attention_triton,
+        gemv_triton,
+        moe_triton,
+        qk_norm_rope_triton,
+        rmsnorm_triton,
+        router_triton,
+    )
+
+    fast = {
+        "rms_norm": rmsnorm_triton.rms_norm,
+        "add_rms_norm": rmsnorm_triton.add_rms_norm,
+        "qk_norm_rope_write": qk_norm_rope_triton.qk_norm_rope_write,
+        "attention": attention_triton.paged_attention,
+        "router": router_triton.sigmoid_topk,
+        "silu_and_mul": activation_triton.silu_and_mul,
+        "moe": moe_triton.moe,
+        "linear": gemv_triton.linear,
+        "lm_head": gemv_triton.lm_head,
+    }
+    # FLINT_FAST_OPS=attention,moe,... limits the fused ops (for bisecting); default: all of them.
+    chosen = [o.strip() for o in os.environ.get("FLINT_FAST_OPS", ",".join(OPS)).split(",") if o.strip()]
+    ops = {name: _guarded(name, fast[name], getattr(base, name)) for name in chosen if name in fast}
+    return with_ops(base, name="triton", **ops)

@@ -1,0 +1,68 @@
+"""The fused op table inside the whole model: on CPU, Triton's interpreter runs the kernels in float32, and the
+model's logits must match the plain path op by op and all ops together."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flint_kernels import fast
+from flint_kernels.dispatch import REFERENCE, with_ops
+
+from flint_engine.config import preset
+from flint_engine.model import FlintModel
+from flint_engine.weights import random_weights
+
+CFG = preset("tiny").replace(hidden_size=128, num_attention_heads=8, num_key_value_heads=1, head_dim=32)
+SEQS = [list(range(5, 30)), [3, 4, 5], list(range(100, 109))]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    w = random_weights(CFG, torch.float32, seed=3)
+    return w, FlintModel(w).forward_sequences(SEQS), fast.fast_kernels(REFERENCE)
+
+
+def _rel(out: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
+    return max(((a - b).norm() / b.norm()).item() for a, b in zip(out, ref))
+
+
+@pytest.mark.parametrize(
+    "op", ["rms_norm", "add_rms_norm", "qk_norm_rope_write", "attention", "router", "silu_and_mul"]
+)
+def test_each_fused_op_in_the_model(setup, op: str) -> None:
+    w, ref, fk = setup
+    out = FlintModel(w, with_ops(REFERENCE, **{op: getattr(fk, op)})).forward_sequences(SEQS)
+    assert _rel(out, ref) < 1e-5
+
+
+def test_attention_side_ops_together(setup) -> None:
+    w, ref, fk = setup
+    ops = {
+        op: getattr(fk, op)
+        for op in ("rms_norm", "add_rms_norm", "qk_norm_rope_write", "attention", "router", "silu_and_mul")
+    }
+    assert _rel(FlintModel(w, with_ops(REFERENCE, **ops)).forward_sequences(SEQS), ref) < 1e-5
+
+
+def test_a_failing_kernel_falls_back_to_its_reference(caplog) -> None:
+    calls = {"fast": 0, "ref": 0}
+
+    def broken(*a):
+        calls["fast"] += 1
+        raise RuntimeError("PassManager::run failed")
+
+    def ref(*a):
+        calls["ref"] += 1
+        return sum(a)
+
+    g = fast._guarded("linear", broken, ref)
+    assert g(1, 2) == 3 and g(3, 4) == 7
+    assert calls == {"fast": 1, "ref": 2}  # tried once, then the reference for good
+    assert "using the PyTorch reference" in caplog.text
+
+
+def test_fast_ops_env_selects_ops(monkeypatch) -> None:
+    monkeypatch.setenv("FLINT_FAST_OPS", "attention,rms_norm")
+    k = fast.fast_kernels(REFERENCE)
+    assert k.attention is not REFERENCE.attention and k.rms_norm is not REFERENCE.rms_norm
+    assert k.moe is REFERENCE.moe and k.linear is REFERENCE.linear
