@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -89,3 +90,7 @@ class FlintRouter:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_app(self.backend, self.settings.api)
+
+    def process_info(self) -> dict[str, Any]:
+        """The router's process (operators and the fault tests use it)."""
+        return {"pid": os.getpid()}
