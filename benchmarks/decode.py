@@ -224,7 +224,11 @@ def run_format(
     total_mem = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else 1 << 40
     t0 = time.monotonic()
     weights = random_weights(
-        cfg, torch.bfloat16 if dev.type == "cuda" else torch.float32, dev, seed=0, nvfp4_linears=fmt == "nvfp4",
+        cfg,
+        torch.bfloat16 if dev.type == "cuda" else torch.float32,
+        dev,
+        seed=0,
+        nvfp4_linears=fmt == "nvfp4",
         gain=args.gain,
     )
     sync(dev)
@@ -325,9 +329,13 @@ def main() -> None:
     ap.add_argument("--check-steps", type=int, default=32)
     ap.add_argument("--check-batches", type=int, nargs="*", default=[1, 8])
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--gain", type=float, default=0.5,
-                    help="random-weight scale; at 1.0 a 49-layer random Flint is chaotic (a 1e-3 input change moves"
-                    " the logits 12%%), which would hide real errors behind rounding noise in the path check")
+    ap.add_argument(
+        "--gain",
+        type=float,
+        default=0.5,
+        help="random-weight scale; at 1.0 a 49-layer random Flint is chaotic (a 1e-3 input change moves"
+        " the logits 12%%), which would hide real errors behind rounding noise in the path check",
+    )
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting new measurements after this")
     ap.add_argument("--gpu-memory-gib", type=float, default=None, help="skip configs whose KV would not fit")
     ap.add_argument("--out", default=str(RESULTS / "decode.json"))

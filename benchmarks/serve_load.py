@@ -25,37 +25,10 @@ from typing import Any
 import httpx
 
 RESULTS = Path(__file__).parent / "results"
-WORDS = [
-    "the",
-    "model",
-    "answers",
-    "every",
-    "question",
-    "about",
-    "rivers",
-    "mountains",
-    "numbers",
-    "tools",
-    "weather",
-    "code",
-    "and",
-    "history",
-    "with",
-    "care",
-    "while",
-    "the",
-    "engine",
-    "keeps",
-    "its",
-    "cache",
-    "warm",
-    "and",
-    "the",
-    "router",
-    "spreads",
-    "the",
-    "load",
-]
+WORDS = (
+    "the model answers every question about rivers mountains numbers tools weather code and history with care"
+    " while the engine keeps its cache warm and the router spreads the load"
+).split()
 
 
 @dataclass

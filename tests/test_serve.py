@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
