@@ -1,0 +1,691 @@
+"""Triton linear layers over dense or NVFP4 (W4A16) weights: `linear` and `lm_head` with the references' semantics.
+
+One kernel family computes ``out^T[n, m] = sum_k W[n, k] x[m, k]`` for BLOCK_N weight rows and BLOCK_M activation
+rows ("swap AB": the weight is the MMA's A operand and the token count only sets the MMA's narrow side).
+
+Paths (chosen by M inside `linear` / `lm_head`; the numbers are from an H200, see benchmarks/kernels_moe_gemv.py):
+- M == 1: an FMA GEMV, no tensor cores: FP32 products summed in registers, one reduction at the end. Dense BF16
+  runs at 2-4.3 TB/s, a little ahead of cuBLAS; NVFP4 moves 3.6x fewer bytes and beats BF16 cuBLAS in time.
+- NVFP4, 2 <= M <= 64: tl.dot with BLOCK_M >= 16 rows (padding the few real ones), weights decoded to BF16 tiles.
+- NVFP4, M > 64: `dequant_matmul`: one exact dequantisation to x.dtype by a Triton kernel, cuBLAS with FP32 output,
+  then the global scale and one rounding (430-590 TFLOP/s at M >= 1024). A fused dequantise-and-dot kernel with
+  prefill tiles exists (`large_m_config`) but was 3-4x slower: its decode competes with the MMAs for issue slots.
+- Dense, M > 1: the reference (cuBLAS); Triton did not beat it there.
+
+Split-K (small M): when N / BLOCK_N tiles cannot give ~4 programs per SM, K is split over SPLIT_K programs and
+reduced deterministically in the same launch: each split stores its FP32 partial tile to a workspace and bumps a
+per-tile arrival counter (acq_rel, after a CTA barrier); the program that arrives last sums the partials in split
+order, runs the epilogue and resets the counter, so results never depend on scheduling and the counters are zero
+again for the next launch or graph replay.
+
+NVFP4 decode, exact and table-free: a code's 2 exponent bits and 1 mantissa bit are shifted into the bottom of an
+FP32's exponent field and the top of its mantissa, its sign into bit 31. That FP32 equals E2M1X2[code] * 2**-127,
+codes 0/1 landing exactly on subnormals (the kernels do not flush denormals). A scale byte's low 7 bits at bit 20
+likewise give E4M3 * 2**-120. Two shifts and one LOP3 per value (the M == 1 path builds two values per 32-bit op
+from int32 words, nibbles i and i + 4 sitting 16 bits apart); power-of-two offsets (2**64 on x or on the scale,
+2**62 on the accumulator) keep every product and partial sum in FP32's normal range, and all of them are exact.
+
+The per-segment FP32 global scale multiplies the FP32 accumulator before the single rounding to x.dtype (`linear`)
+or the FP32 store (`lm_head`). Limits of the offsets: |x| must stay below 2**64 (activations are far smaller).
+Grids come from shapes only and nothing syncs with the host, so every path is CUDA-graph capturable. Workspaces
+come from the caching allocator; the arrival counters are one zeroed int32 buffer per device, created on first use
+(make the first call outside graph capture) and shared by launches on one stream: split-K launches must not run
+concurrently on several streams.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .linear import NVFP4Weight, Weight, linear_fp32_out_ref, linear_ref, matmul_fp32_out
+
+# Above this many activation rows a dense weight goes to cuBLAS (torch), which the Triton kernel only beats at M = 1.
+DENSE_MAX_M = 1
+# From this many rows an NVFP4 weight is dequantised once per call and multiplied by cuBLAS (see dequant_matmul).
+DEQUANT_MIN_M = 65
+# Up to this many rows the kernel runs the small-M (GEMV, split-K) configuration.
+SMALL_M = 64
+# Arrival counters for split-K tiles (one int32 each); a launch needing more tiles runs without split-K.
+COUNTER_SLOTS = 1 << 16
+MAX_SEGMENTS = 4
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# The word-plane tensor-core variant (TileConfig.words) crashes Triton 3.6's compiler; 3.9 and the interpreter run it.
+WORDS_SUPPORTED = _INTERPRET or tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 9)
+
+
+# ----------------------------------------------------------------------------------------------- device helpers
+
+
+@triton.jit
+def e2m1_bits(q, SHIFT: tl.constexpr):
+    """FP32 E2M1X2[nibble] * 2**-127 of the nibble at bit SHIFT (0 or 4) of int32 bytes `q`, exactly.
+
+    The nibble's exponent bits land in the bottom of the FP32 exponent field and its mantissa bit on the top
+    mantissa bit, so exponent 0 (codes 0, 1 and their negatives) is an FP32 subnormal with exactly the right
+    value: two shifts and one AND/OR (a single LOP3), no table and no select. Code 8 gives -0.0.
+    """
+    mag = (q << (22 - SHIFT)) & 0x01C00000
+    sign = (q << (28 - SHIFT)) & -2147483648  # bit 31 (an int32 literal, so q stays int32)
+    return (mag | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e4m3_value(b):
+    """FP32 E4M3 value of the low 7 bits of int32 scale bytes `b` (twice nvfp4.ue4m3_to_float); 0x7F gives 0.
+
+    The 7 bits placed at FP32 bit 20 are the E4M3 value times 2**-120, subnormals included (exponent field 0).
+    """
+    v = ((b & 0x7F) << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2**120
+    return tl.where(b == 0x7F, 0.0, v)
+
+
+@triton.jit
+def nvfp4_planes(
+    w_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    k0,
+    k_end,
+    stride_wn,
+    stride_sn,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """NVFP4 weight rows, columns k0..k0+BLOCK_K: (lo, hi, scale).
+
+    lo / hi [BLOCK_N, G, 8] are E2M1X2 * 2**-127 of values 16g + 2j / 16g + 2j + 1 (the low / high nibble of
+    byte j of group g); scale [BLOCK_N, G] is the E4M3 value of the group's scale byte (twice ue4m3). The weight
+    is lo * scale * 2**126: the callers move 2**64 onto the scale or onto x, so every product and sum stays in
+    FP32's normal range and the accumulator holds the true value times 2**-62. Out-of-range reads give 0.
+    """
+    G: tl.constexpr = BLOCK_K // 16
+    offs_g = k0 // 16 + tl.arange(0, G)
+    j = tl.arange(0, 8)
+    q_ptrs = w_ptr + rows[:, None, None] * stride_wn + (offs_g * 8)[None, :, None] + j[None, None, :]
+    s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
+    if EVEN_K:
+        q = tl.load(q_ptrs, mask=row_ok[:, None, None], other=0)
+        sb = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
+    else:
+        g_ok = offs_g < k_end // 16
+        q = tl.load(q_ptrs, mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
+        sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
+    q = q.to(tl.int32)
+    return e2m1_bits(q, 0), e2m1_bits(q, 4), e4m3_value(sb.to(tl.int32))
+
+
+@triton.jit
+def e2m1_pair_bits(words, P: tl.constexpr):
+    """Nibbles P and P + 4 of int32 words as FP32 E2M1X2 * 2**-127: (value 8w + P, value 8w + P + 4).
+
+    The two nibbles sit 16 bits apart, so one shift/shift/LOP3 builds both as a packed pair of BF16 bit patterns
+    (exponent bits to bits 7-8 / 23-24, mantissa bit to 6 / 22, sign to 15 / 31); each half then becomes an FP32
+    with one more op. Exponent 0 again lands on exact subnormals.
+    """
+    if P < 2:
+        mag = words << (6 - 4 * P)
+    else:
+        mag = words >> (4 * P - 6)  # arithmetic shift: the filled top bits are masked off
+    packed = (mag & 0x01C001C0) | ((words << (12 - 4 * P)) & -2147450880)  # 0x80008000
+    return (packed << 16).to(tl.float32, bitcast=True), (packed & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def nvfp4_gemv_step(
+    w_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    x_ptr,
+    x_off,
+    k0,
+    k_end,
+    stride_wn,
+    stride_sn,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """[BLOCK_N, G] partial sums (times 2**-62) of one BLOCK_K step of an NVFP4 GEMV for the single row x_off.
+
+    Weights are read as int32 words (8 values each); x (times 2**64, so code * x products are exact FP32
+    normals) is split into the eight nibble planes by three register-level splits.
+    """
+    G: tl.constexpr = BLOCK_K // 16
+    offs_g = k0 // 16 + tl.arange(0, G)
+    wd = tl.arange(0, 2)
+    w32 = w_ptr.to(tl.pointer_type(tl.int32))
+    word_ptrs = w32 + rows[:, None, None] * (stride_wn // 4) + (offs_g * 2)[None, :, None] + wd[None, None, :]
+    s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
+    kk = k0 + tl.arange(0, G)[:, None, None] * 16 + wd[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    if EVEN_K:
+        words = tl.load(word_ptrs, mask=row_ok[:, None, None], other=0)
+        sb = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
+        xv = tl.load(x_ptr + x_off[:, None, None] + kk)
+    else:
+        g_ok = offs_g < k_end // 16
+        words = tl.load(word_ptrs, mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
+        sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
+        xv = tl.load(x_ptr + x_off[:, None, None] + kk, mask=kk < k_end, other=0.0)
+    xv = xv.to(tl.float32) * 1.8446744073709552e19  # 2**64
+    # [G, 2, 8] -> planes i = 0..7 (value 16g + 8w + i) paired as (i, i + 4) for e2m1_pair_bits.
+    x_even, x_odd = tl.split(tl.reshape(xv, (G, 2, 4, 2)))
+    x_e04, x_e26 = tl.split(tl.reshape(x_even, (G, 2, 2, 2)))
+    x_o15, x_o37 = tl.split(tl.reshape(x_odd, (G, 2, 2, 2)))
+    x0, x4 = tl.split(x_e04)
+    x1, x5 = tl.split(x_o15)
+    x2, x6 = tl.split(x_e26)
+    x3, x7 = tl.split(x_o37)
+    v0, v4 = e2m1_pair_bits(words, 0)
+    v1, v5 = e2m1_pair_bits(words, 1)
+    v2, v6 = e2m1_pair_bits(words, 2)
+    v3, v7 = e2m1_pair_bits(words, 3)
+    # One FFMA chain per word: the eight code * x products are exact, only the running sum rounds.
+    part = v0 * x0[None, :, :]
+    part = part + v4 * x4[None, :, :]
+    part = part + v1 * x1[None, :, :]
+    part = part + v5 * x5[None, :, :]
+    part = part + v2 * x2[None, :, :]
+    part = part + v6 * x6[None, :, :]
+    part = part + v3 * x3[None, :, :]
+    part = part + v7 * x7[None, :, :]
+    return tl.sum(part, axis=2) * e4m3_value(sb.to(tl.int32))
+
+
+@triton.jit
+def nvfp4_dot_step(
+    acc,
+    w_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    x_ptr,
+    x_off,
+    x_ok,
+    k0,
+    k_end,
+    stride_wn,
+    stride_sn,
+    PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """acc [BLOCK_N, BLOCK_M] += one BLOCK_K step of W @ x^T on tensor cores, weights decoded from int32 words.
+
+    The eight nibble planes (value 16g + 8w + i for plane i) are eight K-slices of 2G values: each is scaled,
+    rounded to x's dtype (exactly) and multiplied by the matching plane of x in its own tl.dot.
+    """
+    G: tl.constexpr = BLOCK_K // 16
+    xdt = x_ptr.dtype.element_ty
+    offs_g = k0 // 16 + tl.arange(0, G)
+    wd = tl.arange(0, 2)
+    w32 = w_ptr.to(tl.pointer_type(tl.int32))
+    word_ptrs = w32 + rows[:, None, None] * (stride_wn // 4) + (offs_g * 2)[None, :, None] + wd[None, None, :]
+    s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
+    kk = k0 + tl.arange(0, G)[:, None, None] * 16 + wd[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    x_ptrs = x_ptr + x_off[:, None, None, None] + kk[None, :, :, :]
+    if EVEN_K:
+        words = tl.load(word_ptrs, mask=row_ok[:, None, None], other=0)
+        sb = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
+        xv = tl.load(x_ptrs, mask=x_ok[:, None, None, None], other=0.0)
+    else:
+        g_ok = offs_g < k_end // 16
+        words = tl.load(word_ptrs, mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
+        sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
+        xv = tl.load(x_ptrs, mask=x_ok[:, None, None, None] & (kk < k_end)[None, :, :, :], other=0.0)
+    if xdt == tl.float16:  # FP16's narrow range needs the true weights (code * scale is an exact FP32 subnormal)
+        sc = e4m3_value(sb.to(tl.int32))[:, :, None]
+        post = 8.507059173023462e37  # 2**126
+    else:  # weights times 2**-62, exact in BF16 and FP32; one multiply per value
+        sc = (e4m3_value(sb.to(tl.int32)) * 1.8446744073709552e19)[:, :, None]  # 2**64
+        post = 1.0
+    x_even, x_odd = tl.split(tl.reshape(xv, (BLOCK_M, G, 2, 4, 2)))
+    x_e04, x_e26 = tl.split(tl.reshape(x_even, (BLOCK_M, G, 2, 2, 2)))
+    x_o15, x_o37 = tl.split(tl.reshape(x_odd, (BLOCK_M, G, 2, 2, 2)))
+    for p in tl.static_range(4):
+        if p == 0:
+            xl, xh = tl.split(x_e04)
+        elif p == 1:
+            xl, xh = tl.split(x_o15)
+        elif p == 2:
+            xl, xh = tl.split(x_e26)
+        else:
+            xl, xh = tl.split(x_o37)
+        vl, vh = e2m1_pair_bits(words, p)
+        wl = tl.reshape(vl * sc * post, (BLOCK_N, 2 * G)).to(xdt)
+        wh = tl.reshape(vh * sc * post, (BLOCK_N, 2 * G)).to(xdt)
+        acc = tl.dot(wl, tl.trans(tl.reshape(xl, (BLOCK_M, 2 * G))), acc, input_precision=PRECISION)
+        acc = tl.dot(wh, tl.trans(tl.reshape(xh, (BLOCK_M, 2 * G))), acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def tile_matmul(
+    w_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    x_ptr,
+    x_off,
+    x_ok,
+    k_start,
+    k_end,
+    stride_wn,
+    stride_sn,
+    NVFP4: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    WORDS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """FP32 [BLOCK_N, BLOCK_M] = W[rows, k_start:k_end] @ x[x_off, k_start:k_end]^T (NVFP4 without global scale).
+
+    USE_DOT: tensor cores. Otherwise BLOCK_M == 1: FP32 products summed elementwise in registers and reduced
+    over K once at the end, so the loop has no cross-lane work. A dense weight is rounded to x's dtype first, as
+    the reference materialises it; decoded NVFP4 values are exact in any of the activation dtypes.
+    EVEN_K: every K step is whole (K and the split are multiples of BLOCK_K), so loads need no K mask and stay
+    vectorised (a K mask of unknown alignment turns them into scalar loads).
+    WORDS (tensor cores, NVFP4, BLOCK_K >= 128): decode int32 words into eight nibble planes and issue eight dots,
+    ~20% fewer instructions than byte planes joined back into K order, but Triton 3.6 fails to compile it
+    (TritonGPUOptimizeDotOperands; 3.9 compiles it), so the configs leave it off.
+    """
+    xdt = x_ptr.dtype.element_ty
+    G: tl.constexpr = BLOCK_K // 16
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    elif NVFP4:
+        acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if NVFP4 and USE_DOT and WORDS and BLOCK_K >= 128:  # eight planes of K = BLOCK_K / 8 >= 16
+            acc = nvfp4_dot_step(
+                acc, w_ptr, s_ptr, rows, row_ok, x_ptr, x_off, x_ok, k0, k_end, stride_wn, stride_sn, PRECISION,
+                EVEN_K, BLOCK_N, BLOCK_M, BLOCK_K,
+            )  # fmt: skip
+        elif NVFP4 and USE_DOT:
+            lo, hi, scale = nvfp4_planes(
+                w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, EVEN_K, BLOCK_N, BLOCK_K
+            )
+            if xdt == tl.float16:  # FP16's narrow range needs the true weights: 2**126 (lo*scale is exact)
+                sc = scale[:, :, None]
+                lo = lo * sc * 8.507059173023462e37
+                hi = hi * sc * 8.507059173023462e37
+            else:  # one multiply: the weights times 2**-62, exact in BF16 and FP32
+                sc = (scale * 1.8446744073709552e19)[:, :, None]  # 2**64
+                lo = lo * sc
+                hi = hi * sc
+            # Interleave the nibble planes back into K order: one dot against a plain (pipelined) x tile.
+            w = tl.reshape(tl.join(lo.to(xdt), hi.to(xdt)), (BLOCK_N, BLOCK_K))
+            kk = k0 + tl.arange(0, BLOCK_K)
+            x_mask = x_ok[None, :]
+            if not EVEN_K:
+                x_mask = x_mask & (kk < k_end)[:, None]
+            xt = tl.load(x_ptr + x_off[None, :] + kk[:, None], mask=x_mask, other=0.0)
+            acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+        elif NVFP4:
+            acc += nvfp4_gemv_step(
+                w_ptr, s_ptr, rows, row_ok, x_ptr, x_off, k0, k_end, stride_wn, stride_sn, EVEN_K, BLOCK_N, BLOCK_K
+            )
+        else:
+            kk = k0 + tl.arange(0, BLOCK_K)
+            w_mask = row_ok[:, None]
+            if not EVEN_K:
+                w_mask = w_mask & (kk < k_end)[None, :]
+            w = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0).to(xdt)
+            if USE_DOT:
+                x_mask = x_ok[None, :]
+                if not EVEN_K:
+                    x_mask = x_mask & (kk < k_end)[:, None]
+                xt = tl.load(x_ptr + x_off[None, :] + kk[:, None], mask=x_mask, other=0.0)
+                acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+            else:
+                if EVEN_K:
+                    xr = tl.load(x_ptr + x_off[:, None] + kk[None, :])
+                else:
+                    xr = tl.load(x_ptr + x_off[:, None] + kk[None, :], mask=(kk < k_end)[None, :], other=0.0)
+                acc += w.to(tl.float32) * xr.to(tl.float32)
+    if not USE_DOT:
+        acc = tl.sum(acc, axis=1, keep_dims=True)
+    if NVFP4 and not (USE_DOT and xdt == tl.float16):
+        acc = acc * 4.611686018427388e18  # 2**62 undoes the offset (exact)
+    return acc
+
+
+@triton.jit
+def segment_scale(gs_ptr, rows, row_ok, seg1, seg2, seg3):
+    """FP32 global scale of each output row: segment boundaries seg1 <= seg2 <= seg3 (unused ones equal N)."""
+    seg = (rows >= seg1).to(tl.int32) + (rows >= seg2).to(tl.int32) + (rows >= seg3).to(tl.int32)
+    return tl.load(gs_ptr + seg, mask=row_ok, other=0.0)
+
+
+@triton.jit
+def split_k_reduce(
+    acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr
+):
+    """Deterministic in-launch split-K: returns (sum of the SPLIT_K partials in split order, arrival index).
+
+    The sum is only meaningful where the arrival index is SPLIT_K - 1 (see `is_last`).
+
+    Every split stores its partial (only valid columns, so decode moves no padding), then bumps the tile's
+    counter with acq_rel semantics after a CTA barrier (the classic semaphore pattern). Only the last arrival
+    loads the partials (bypassing L1) and resets the counter for the next launch.
+    """
+    offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    tile_base = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_N * BLOCK_M)
+    mask = (tl.arange(0, BLOCK_N) >= 0)[:, None] & m_ok[None, :]
+    tl.store(tile_base + pid_k * (BLOCK_N * BLOCK_M) + offs, acc, mask=mask)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+    total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if arrived == SPLIT_K - 1:
+        for s in range(SPLIT_K):
+            total += tl.load(tile_base + s * (BLOCK_N * BLOCK_M) + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.atomic_xchg(cnt_ptr + tile, 0)
+    return total, arrived
+
+
+@triton.jit
+def is_last(arrived, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """[BLOCK] mask, true in the program that arrived last (a vector: the interpreter cannot AND a scalar bool)."""
+    return (tl.zeros((BLOCK,), dtype=tl.int32) + arrived) == SPLIT_K - 1
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    seg1,
+    seg2,
+    seg3,
+    k_per_split,
+    NVFP4: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    WORDS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """out[m, n] = (sum_k x[m, k] W[n, k]) * global_scale[segment(n)], rounded once to out's dtype."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows64 = rows.to(tl.int64)
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = ms < M
+    x_off = ms.to(tl.int64) * stride_xm
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    acc = tile_matmul(
+        w_ptr, s_ptr, rows64, row_ok, x_ptr, x_off, m_ok, k_start, k_end, stride_wn, stride_sn,
+        NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, BLOCK_N, BLOCK_M, BLOCK_K,
+    )  # fmt: skip
+    store_ok = row_ok[:, None] & m_ok[None, :]
+    if SPLIT_K > 1:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        acc, arrived = split_k_reduce(acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K, BLOCK_N, BLOCK_M)
+        store_ok = store_ok & is_last(arrived, SPLIT_K, BLOCK_N)[:, None]
+    if NVFP4:
+        acc = acc * segment_scale(gs_ptr, rows, row_ok, seg1, seg2, seg3)[:, None]
+    out_ptrs = out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows64[:, None]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=store_ok)
+
+
+@triton.jit
+def _dequant_kernel(
+    w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_on, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """out[n, k] = E2M1X2 * ue4m3 (no global scale), exact in out's dtype (BF16 / FP16 / FP32)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    k0 = tl.program_id(1) * BLOCK_K
+    lo, hi, scale = nvfp4_planes(
+        w_ptr, s_ptr, rows.to(tl.int64), row_ok, k0, K, stride_wn, stride_sn, False, BLOCK_N, BLOCK_K
+    )
+    # lo * scale is an exact FP32 (possibly subnormal) product; 2**126 brings it to the true value exactly.
+    sc = scale[:, :, None]
+    w = tl.reshape(tl.join(lo * sc * 8.507059173023462e37, hi * sc * 8.507059173023462e37), (BLOCK_N, BLOCK_K))
+    kk = k0 + tl.arange(0, BLOCK_K)
+    ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_on + kk[None, :]
+    tl.store(ptrs, w.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (kk < K)[None, :])
+
+
+@triton.jit
+def _scale_rows_kernel(acc_ptr, gs_ptr, out_ptr, M, N, stride_a, stride_o, seg1, seg2, seg3, BLOCK_N: tl.constexpr):
+    """out[m, n] = acc[m, n] * global_scale[segment(n)], rounded once to out's dtype."""
+    m = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = cols < N
+    acc = tl.load(acc_ptr + m * stride_a + cols, mask=ok, other=0.0)
+    acc = acc * segment_scale(gs_ptr, cols, ok, seg1, seg2, seg3)
+    tl.store(out_ptr + m * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+# ------------------------------------------------------------------------------------------------- host helpers
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration of the linear kernel."""
+
+    block_n: int
+    block_m: int
+    block_k: int
+    use_dot: bool
+    num_warps: int
+    num_stages: int
+    words: bool = False  # tensor-core NVFP4 from int32 nibble planes: fewer ops, but Triton 3.6 fails to compile it
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every output and workspace comes from here (tests replace it with a NaN-filled allocator)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+_counters: dict[tuple[str, int | None], torch.Tensor] = {}
+_sm_counts: dict[int | None, int] = {}
+
+
+def counters(device: torch.device) -> torch.Tensor:
+    """The device's zeroed split-K arrival counters (kernels leave them zero)."""
+    key = (device.type, device.index)
+    buf = _counters.get(key)
+    if buf is None:
+        buf = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+        _counters[key] = buf
+    return buf
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessor count (132 on H200; the interpreter pretends the same)."""
+    if device.type != "cuda":
+        return 132
+    if device.index not in _sm_counts:
+        _sm_counts[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_counts[device.index]
+
+
+def choose_split_k(tiles: int, k: int, block_k: int, device: torch.device, min_iters: int = 2) -> tuple[int, int]:
+    """(split, K per split): enough programs for ~4 per SM, each split at least `min_iters` BLOCK_K steps."""
+    target = 4 * num_sms(device)
+    if tiles >= target or tiles > COUNTER_SLOTS:
+        return 1, triton.cdiv(k, block_k) * block_k
+    steps = triton.cdiv(k, block_k)
+    split = max(1, min(triton.cdiv(target, tiles), steps // min_iters, 32))
+    per = triton.cdiv(steps, split) * block_k
+    return triton.cdiv(k, per), per
+
+
+def precision_for(dtype: torch.dtype) -> str:
+    """tl.dot input precision: true FP32 products for FP32 activations (not TF32)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def segment_bounds(segments: tuple[int, ...], n: int) -> tuple[int, int, int]:
+    """Cumulative starts of segments 1..3, padded with n (a row >= n never exists)."""
+    bounds = []
+    acc = 0
+    for s in segments[:-1]:
+        acc += s
+        bounds.append(acc)
+    bounds += [n] * (3 - len(bounds))
+    return bounds[0], bounds[1], bounds[2]
+
+
+def small_m_config(m: int, nvfp4: bool) -> TileConfig:
+    """Decode-sized tiles: weight bytes streamed once; FMA for M == 1, tensor cores above."""
+    if m == 1:
+        if nvfp4:
+            return TileConfig(block_n=8, block_m=1, block_k=1024, use_dot=False, num_warps=4, num_stages=1)
+        return TileConfig(block_n=8, block_m=1, block_k=512, use_dot=False, num_warps=4, num_stages=1)
+    block_m = max(16, triton.next_power_of_2(m))
+    return TileConfig(block_n=64, block_m=block_m, block_k=128, use_dot=True, num_warps=4, num_stages=3)
+
+
+def large_m_config(nvfp4: bool) -> TileConfig:
+    """Mid-M tiles for the NVFP4 dequantising GEMM (dense large M goes to cuBLAS)."""
+    return TileConfig(block_n=128, block_m=128, block_k=64, use_dot=True, num_warps=8, num_stages=3)
+
+
+def _matmul(
+    x: torch.Tensor,
+    w: Weight,
+    fp32_out: bool,
+    config: TileConfig | None = None,
+    split_k: int | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ W^T through the Triton kernel; FP32 output or rounded once to x.dtype."""
+    m, k = x.shape
+    nv = isinstance(w, NVFP4Weight)
+    n = w.shape[-2]
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if nv and config is None and m >= DEQUANT_MIN_M and n > 0 and k > 0:
+        return dequant_matmul(x, w, fp32_out)
+    out = _empty((m, n), torch.float32 if fp32_out else x.dtype, x.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    if config is None:
+        config = small_m_config(m, nv) if m <= SMALL_M else large_m_config(nv)
+    cfg = config
+    if nv:
+        qw, sc, gs = w.qweight, w.scales, w.global_scale.reshape(-1)
+        seg = segment_bounds(w.segments, n)
+        stride_wn, stride_sn = qw.stride(0), sc.stride(0)
+    else:
+        qw, sc, gs = w, w, out
+        seg = (n, n, n)
+        stride_wn, stride_sn = w.stride(0), 0
+    n_tiles = triton.cdiv(n, cfg.block_n)
+    m_tiles = triton.cdiv(m, cfg.block_m)
+    if split_k is None:
+        split, per = choose_split_k(n_tiles * m_tiles, k, cfg.block_k, x.device) if m <= SMALL_M else (1, k)
+    else:
+        per = triton.cdiv(triton.cdiv(k, split_k), cfg.block_k) * cfg.block_k
+        split = triton.cdiv(k, per)
+    if split > 1:
+        ws = _empty((n_tiles * m_tiles * split * cfg.block_n * cfg.block_m,), torch.float32, x.device)
+        cnt = counters(x.device)
+    else:
+        ws, cnt = out, out
+    _linear_kernel[(n_tiles, m_tiles, split)](
+        x, qw, sc, gs, out, ws, cnt,
+        m, n, k, x.stride(0), stride_wn, stride_sn, out.stride(0), *seg, per,
+        NVFP4=nv, USE_DOT=cfg.use_dot, PRECISION=precision_for(x.dtype), EVEN_K=k % cfg.block_k == 0,
+        WORDS=cfg.words, SPLIT_K=split, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def dequantize(w: NVFP4Weight, dtype: torch.dtype) -> torch.Tensor:
+    """The NVFP4 weight [N, K] without its global scale, in `dtype` (exact), by one Triton launch."""
+    n, k = w.shape
+    out = _empty((n, k), dtype, w.device)
+    block_n, block_k = 32, 128
+    _dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+        w.qweight, w.scales, out, n, k, w.qweight.stride(0), w.scales.stride(0), out.stride(0),
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def dequant_matmul(x: torch.Tensor, w: NVFP4Weight, fp32_out: bool) -> torch.Tensor:
+    """Prefill-sized M: dequantise once (exact) and let cuBLAS multiply with FP32 output, then the global scale
+    on the FP32 result and one rounding, exactly the reference's order of operations."""
+    dense = dequantize(w, x.dtype)
+    acc = matmul_fp32_out(x, dense)
+    m, n = acc.shape
+    out = acc if fp32_out else _empty((m, n), x.dtype, x.device)
+    block = 1024
+    _scale_rows_kernel[(m, triton.cdiv(n, block))](
+        acc, w.global_scale.reshape(-1), out, m, n, acc.stride(0), out.stride(0), *segment_bounds(w.segments, n),
+        BLOCK_N=block, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def supported(x: torch.Tensor, w: Weight, fp32_out: bool) -> bool:
+    """Whether the Triton kernel covers this call (otherwise the reference runs)."""
+    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return False
+    if not (x.is_cuda or _INTERPRET):
+        return False
+    if isinstance(w, NVFP4Weight):
+        return (
+            w.qweight.dim() == 2
+            and w.qweight.shape[1] * 2 == x.shape[1]
+            and len(w.segments) <= MAX_SEGMENTS
+            and w.qweight.stride(1) == 1
+            and w.scales.stride(1) == 1
+            and w.qweight.device == x.device
+            and w.qweight.data_ptr() % 4 == 0  # the M == 1 path reads int32 words
+        )
+    if w.dim() != 2 or w.shape[1] != x.shape[1] or w.stride(1) != 1 or w.device != x.device:
+        return False
+    # The dense FP32-output reference multiplies unrounded FP32 copies when dtypes differ: leave that to it.
+    if fp32_out and w.dtype != x.dtype:
+        return False
+    return x.shape[0] <= DENSE_MAX_M and w.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """y = x @ W^T in x's dtype; an NVFP4 global scale multiplies the FP32 accumulator before the one rounding."""
+    if not supported(x, w, fp32_out=False):
+        return linear_ref(x, w)
+    return _matmul(x, w, fp32_out=False)
+
+
+def lm_head(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """FP32 output (the lm_head): FP32 accumulation, NVFP4 global scale applied to the FP32 result."""
+    if not supported(x, w, fp32_out=True):
+        return linear_fp32_out_ref(x, w)
+    return _matmul(x, w, fp32_out=True)

@@ -1,0 +1,397 @@
+"""Triton routed experts (SwiGLU, routing weight after the down projection) with `moe_ref`'s numerics.
+
+Per (token, slot) pair p = t * k + s with expert e: gate|up = x[t] @ w13[e]^T (FP32 accumulation, per-segment
+global scale, each rounded to x.dtype), h = round(round(silu(gate)) * up), y = round(h @ w2[e]^T * scale), and
+out[t] = round(sum over s in slot order of FP32(y) * topk_weights[t, s]). The shared expert stays separate.
+
+Decode (T <= 32 BF16 / 64 NVFP4, the crossovers measured on an H200): no sorting at all. Kernel 1 runs one program
+per (pair, I-tile[, K split]) and fuses SiLU-and-mul into its epilogue, writing h [T*k, I]; kernel 2 runs one
+program per (pair, H-tile) and reduces the k slots of a token in the same launch, deterministically: each slot
+stores its weighted FP32 product to a workspace and the program that arrives last on the (token, H-tile) counter
+sums the k products in slot order and rounds once (gemv_triton's split-K semaphore with the slot as the split
+index). NVFP4 pairs use the FMA GEMV of `gemv_triton` (BLOCK_M = 1); BF16 pairs use tensor cores (16-row tiles,
+one real row), which measured faster.
+
+Prefill: pairs are grouped by expert on the device (stable argsort, per-expert counts by scatter_add, cumsums and
+a searchsorted that maps each of a shape-bounded number of blocks to its expert and row range; blocks past the
+real total do nothing), so no host sync happens. A grouped GEMM with tl.dot computes each block of up to BLOCK_M
+pairs of one expert against that expert's weight tile (NVFP4 decoded in registers), with the SiLU-and-mul epilogue
+for gate|up and the rounded expert output y [T*k, H] for down; a last kernel sums each token's k slots in slot
+order. Every result is independent of scheduling, so both paths are deterministic and CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemv_triton import (
+    _INTERPRET,
+    COUNTER_SLOTS,
+    MAX_SEGMENTS,
+    choose_split_k,
+    counters,
+    is_last,
+    precision_for,
+    segment_bounds,
+    segment_scale,
+    split_k_reduce,
+    tile_matmul,
+)
+from .linear import NVFP4Weight, Weight
+from .moe import moe_ref
+
+# Up to this many tokens the per-pair decode kernels run; above it the sorted grouped GEMM (measured crossovers).
+DECODE_MAX_TOKENS_BF16 = 32
+DECODE_MAX_TOKENS_NVFP4 = 64
+
+
+@triton.jit
+def _pair_rows(ids_ptr, order_ptr, meta_ptr, pid_r, GROUPED: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, pair indices [BLOCK_M], valid mask) of program row `pid_r`: one pair, or one expert block."""
+    r = tl.arange(0, BLOCK_M)
+    if GROUPED:
+        e = tl.load(meta_ptr + pid_r * 3)
+        row0 = tl.load(meta_ptr + pid_r * 3 + 1)
+        nrows = tl.load(meta_ptr + pid_r * 3 + 2)
+        m_ok = r < nrows
+        pairs = tl.load(order_ptr + row0 + r, mask=m_ok, other=0)
+    else:
+        e = tl.load(ids_ptr + pid_r)
+        m_ok = r == 0
+        pairs = tl.zeros((BLOCK_M,), dtype=tl.int64) + pid_r
+    return e.to(tl.int64), pairs.to(tl.int64), m_ok
+
+
+@triton.jit
+def _moe_gate_up_kernel(
+    x_ptr,
+    ids_ptr,
+    order_ptr,
+    meta_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    h_ptr,
+    ws_ptr,
+    cnt_ptr,
+    H,
+    INTER,
+    TOPK,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_h,
+    seg1,
+    seg2,
+    seg3,
+    k_per_split,
+    NVFP4: tl.constexpr,
+    GROUPED: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    WORDS: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """h[p, j] = round(round(silu(gate_pj)) * up_pj) for the pairs of this program and BLOCK_I columns j."""
+    pid_i = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, pid_r, GROUPED, BLOCK_M)
+    x_off = (pairs // TOPK) * stride_xt
+    # 2*BLOCK_I weight rows: gate rows j then up rows I + j, so one x tile feeds both.
+    r2 = tl.arange(0, 2 * BLOCK_I)
+    j = pid_i * BLOCK_I + (r2 % BLOCK_I)
+    rows = j + (r2 >= BLOCK_I).to(tl.int32) * INTER
+    row_ok = j < INTER
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(H, k_start + k_per_split)
+    acc = tile_matmul(
+        w_ptr + e * stride_we, s_ptr + e * stride_se, rows.to(tl.int64), row_ok, x_ptr, x_off, m_ok,
+        k_start, k_end, stride_wn, stride_sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, 2 * BLOCK_I, BLOCK_M,
+        BLOCK_K,
+    )  # fmt: skip
+    jj = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
+    store_ok = (jj < INTER)[:, None] & m_ok[None, :]
+    if SPLIT_K > 1:
+        tile = pid_r * tl.num_programs(0) + pid_i
+        acc, arrived = split_k_reduce(acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K, 2 * BLOCK_I, BLOCK_M)
+        store_ok = store_ok & is_last(arrived, SPLIT_K, BLOCK_I)[:, None]
+    if NVFP4:
+        acc = acc * segment_scale(gs_ptr + e * stride_gse, rows, row_ok, seg1, seg2, seg3)[:, None]
+    xdt = x_ptr.dtype.element_ty
+    # The reference rounds gate and up to the activation dtype, then silu, then the product.
+    y = acc.to(xdt)
+    gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_I, BLOCK_M)), (1, 2, 0)))
+    g32 = gate.to(tl.float32)
+    act = (g32 / (1.0 + tl.exp(-g32))).to(xdt)
+    h = (act.to(tl.float32) * up.to(tl.float32)).to(xdt)
+    tl.store(h_ptr + pairs[None, :] * stride_h + jj[:, None], h, mask=store_ok)
+
+
+@triton.jit
+def _moe_down_kernel(
+    h_ptr,
+    ids_ptr,
+    order_ptr,
+    meta_ptr,
+    tw_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    H,
+    INTER,
+    stride_h,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_out,
+    seg1,
+    seg2,
+    seg3,
+    NVFP4: tl.constexpr,
+    GROUPED: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    WORDS: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    TOPK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """y = round(h[p] @ w2[e]^T * scale). GROUPED: store y[p]. Else reduce the token's TOPK slots into out[t]."""
+    pid_n = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, pid_r, GROUPED, BLOCK_M)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < H
+    acc = tile_matmul(
+        w_ptr + e * stride_we, s_ptr + e * stride_se, rows.to(tl.int64), row_ok, h_ptr, pairs * stride_h, m_ok,
+        0, INTER, stride_wn, stride_sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, BLOCK_N, BLOCK_M, BLOCK_K,
+    )  # fmt: skip
+    if NVFP4:
+        acc = acc * segment_scale(gs_ptr + e * stride_gse, rows, row_ok, seg1, seg2, seg3)[:, None]
+    xdt = h_ptr.dtype.element_ty
+    y = acc.to(xdt)
+    store_ok = row_ok[:, None] & m_ok[None, :]
+    if GROUPED:
+        tl.store(out_ptr + pairs[None, :] * stride_out + rows[:, None], y, mask=store_ok)
+    else:
+        # Slot s of token t: the TOPK slot programs of one (token, H-tile) meet on one counter.
+        t = pid_r // TOPK
+        slot = pid_r % TOPK
+        weighted = y.to(tl.float32) * tl.load(tw_ptr + pid_r).to(tl.float32)
+        tile = t * tl.num_programs(0) + pid_n
+        total, arrived = split_k_reduce(weighted, ws_ptr, cnt_ptr, tile, slot, m_ok, TOPK, BLOCK_N, BLOCK_M)
+        out_ptrs = out_ptr + t.to(tl.int64) * stride_out + rows[:, None] + tl.zeros((1, BLOCK_M), dtype=tl.int64)
+        tl.store(out_ptrs, total.to(xdt), mask=store_ok & is_last(arrived, TOPK, BLOCK_N)[:, None])
+
+
+@triton.jit
+def _moe_reduce_kernel(y_ptr, tw_ptr, out_ptr, H, stride_y, stride_out, TOPK: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = round(sum_s FP32(y[t*TOPK + s]) * w[t, s]), slots added in order."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = cols < H
+    total = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for s in range(TOPK):
+        y = tl.load(y_ptr + (t * TOPK + s) * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
+        total += y * tl.load(tw_ptr + t * TOPK + s).to(tl.float32)
+    tl.store(out_ptr + t * stride_out + cols, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+# ------------------------------------------------------------------------------------------------- host side
+@dataclass(frozen=True)
+class MoEConfig:
+    """Tiles of one MoE path (gate_up: BLOCK_I columns of gate and of up; down: BLOCK_N output columns)."""
+
+    block_m: int
+    gu_block_i: int
+    gu_block_k: int
+    dn_block_n: int
+    dn_block_k: int
+    use_dot: bool
+    num_warps: int
+    num_stages: int
+    words: bool = False  # tensor-core NVFP4 from int32 nibble planes (Triton 3.6 fails to compile it)
+
+
+def decode_config(nvfp4: bool, tokens: int = 1) -> MoEConfig:
+    """Per-pair tiles: NVFP4 through the FMA GEMV (BLOCK_M = 1), BF16 on tensor cores (fastest measured)."""
+    if not nvfp4:
+        return MoEConfig(16, 16, 128, 32, 128, True, 4, 3)
+    if tokens <= 4:
+        return MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
+    return MoEConfig(1, 32, 512, 32, 512, False, 4, 1)
+
+
+def grouped_config(pairs_per_expert: float) -> MoEConfig:
+    """Grouped-GEMM tiles: BLOCK_M pairs of one expert per program, sized to the average group."""
+    if pairs_per_expert <= 16:
+        return MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
+    if pairs_per_expert <= 48:
+        return MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
+    return MoEConfig(128, 64, 64, 128, 64, True, 8, 3)
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every output, intermediate and workspace comes from here (tests replace it with a NaN-filled allocator)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _weight_args(w: Weight, like: torch.Tensor) -> tuple:
+    """(data, scales, global scales, strides..., segment bounds, is_nvfp4) of stacked expert weights [E, N, K]."""
+    n = w.shape[-2]
+    if isinstance(w, NVFP4Weight):
+        gs = w.global_scale
+        return (
+            w.qweight, w.scales, gs, w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0), w.scales.stride(1),
+            gs.stride(0), segment_bounds(w.segments, n), True,
+        )  # fmt: skip
+    return (w, w, like, w.stride(0), w.stride(1), 0, 0, 0, (n, n, n), False)
+
+
+def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Pairs sorted by expert and per-block (expert, first sorted row, rows); blocks beyond the total get rows 0.
+
+    Everything stays on the device; the block count is the shape bound cdiv(P, BLOCK_M) + min(E, P).
+    """
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    p = flat.numel()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    nblocks = (counts + block_m - 1) // block_m
+    block_end = torch.cumsum(nblocks, 0)
+    row_start = torch.cumsum(counts, 0) - counts
+    max_blocks = triton.cdiv(p, block_m) + min(num_experts, p)
+    b = torch.arange(max_blocks, device=flat.device)
+    e = torch.searchsorted(block_end, b, right=True)
+    valid = e < num_experts
+    e = e.clamp(max=num_experts - 1)
+    j = b - (block_end[e] - nblocks[e])
+    row0 = row_start[e] + j * block_m
+    nrows = torch.where(valid, (counts[e] - j * block_m).clamp(0, block_m), torch.zeros_like(e))
+    meta = torch.stack((e, row0, nrows), dim=1).to(torch.int32).contiguous()
+    return order, meta, max_blocks
+
+
+def supported(x: torch.Tensor, w13: Weight, w2: Weight) -> bool:
+    """Whether the Triton path covers these inputs (otherwise `moe_ref` runs)."""
+    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return False
+    if not (x.is_cuda or _INTERPRET):
+        return False
+    for w in (w13, w2):
+        if isinstance(w, NVFP4Weight):
+            if w.qweight.dim() != 3 or len(w.segments) > MAX_SEGMENTS or w.global_scale.dim() != 2:
+                return False
+            if w.qweight.stride(2) != 1 or w.scales.stride(2) != 1 or w.qweight.device != x.device:
+                return False
+            if w.qweight.data_ptr() % 4:  # the FMA path reads int32 words
+                return False
+        elif w.dim() != 3 or w.stride(2) != 1 or w.device != x.device:
+            return False
+    i = w2.shape[-1]
+    return w13.shape[-1] == x.shape[1] and w13.shape[-2] == 2 * i and w2.shape[-2] == x.shape[1]
+
+
+def fused_moe(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: Weight,
+    w2: Weight,
+    decode_max_tokens: int | None = None,
+    config: MoEConfig | None = None,
+    split_k: int | None = None,
+) -> torch.Tensor:
+    """`moe_ref` through the Triton kernels; `decode_max_tokens` picks the path (tests force either)."""
+    t, topk = topk_ids.shape
+    hidden = x.shape[1]
+    num_experts = w13.shape[0]
+    inter = w2.shape[-1]
+    out = _empty((t, hidden), x.dtype, x.device)
+    if t == 0:
+        return out
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    ids = topk_ids.contiguous()
+    tw = topk_weights.contiguous()
+    p = t * topk
+    h = _empty((p, inter), x.dtype, x.device)
+    q13, s13, g13, we13, wn13, se13, sn13, ge13, seg13, nv13 = _weight_args(w13, out)
+    q2, s2, g2, we2, wn2, se2, sn2, ge2, seg2, nv2 = _weight_args(w2, out)
+    if decode_max_tokens is None:
+        decode_max_tokens = DECODE_MAX_TOKENS_NVFP4 if nv13 or nv2 else DECODE_MAX_TOKENS_BF16
+    decode = t <= decode_max_tokens
+    cfg = config or (decode_config(nv13 or nv2, t) if decode else grouped_config(p / num_experts))
+    prec = precision_for(x.dtype)
+    cnt = counters(x.device)
+    gu_tiles = triton.cdiv(inter, cfg.gu_block_i)
+    dn_tiles = triton.cdiv(hidden, cfg.dn_block_n)
+    if decode and t * dn_tiles > COUNTER_SLOTS:
+        raise ValueError(f"{t} tokens are too many for the decode path's slot counters; use the grouped path")
+    if decode:
+        order, meta, rows_grid = ids, ids, p
+        split, per = choose_split_k(gu_tiles * p, hidden, cfg.gu_block_k, x.device)
+    else:
+        order, meta, rows_grid = _align(ids, num_experts, cfg.block_m)
+        split, per = 1, triton.cdiv(hidden, cfg.gu_block_k) * cfg.gu_block_k
+    if split_k is not None:
+        per = triton.cdiv(triton.cdiv(hidden, split_k), cfg.gu_block_k) * cfg.gu_block_k
+        split = triton.cdiv(hidden, per)
+    ws_elems = gu_tiles * rows_grid * split * 2 * cfg.gu_block_i * cfg.block_m if split > 1 else 1
+    ws = _empty((ws_elems,), torch.float32, x.device)
+    _moe_gate_up_kernel[(gu_tiles, rows_grid, split)](
+        x, ids, order, meta, q13, s13, g13, h, ws, cnt,
+        hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0), *seg13, per,
+        NVFP4=nv13, GROUPED=not decode, EVEN_K=hidden % cfg.gu_block_k == 0, WORDS=cfg.words,
+        USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split, BLOCK_I=cfg.gu_block_i, BLOCK_M=cfg.block_m,
+        BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if decode:
+        ws = _empty((t * dn_tiles * topk * cfg.dn_block_n * cfg.block_m,), torch.float32, x.device)
+        _moe_down_kernel[(dn_tiles, p)](
+            h, ids, order, meta, tw, q2, s2, g2, out, ws, cnt,
+            hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, out.stride(0), *seg2,
+            NVFP4=nv2, GROUPED=False, EVEN_K=inter % cfg.dn_block_k == 0, WORDS=cfg.words,
+            USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, BLOCK_N=cfg.dn_block_n, BLOCK_M=cfg.block_m,
+            BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return out
+    y = _empty((p, hidden), x.dtype, x.device)
+    _moe_down_kernel[(dn_tiles, rows_grid)](
+        h, ids, order, meta, tw, q2, s2, g2, y, y, cnt,
+        hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, y.stride(0), *seg2,
+        NVFP4=nv2, GROUPED=True, EVEN_K=inter % cfg.dn_block_k == 0, WORDS=cfg.words,
+        USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, BLOCK_N=cfg.dn_block_n, BLOCK_M=cfg.block_m,
+        BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    block_h = min(1024, triton.next_power_of_2(hidden))
+    _moe_reduce_kernel[(t, triton.cdiv(hidden, block_h))](
+        y, tw, out, hidden, y.stride(0), out.stride(0), TOPK=topk, BLOCK_H=block_h, num_warps=4
+    )
+    return out
+
+
+def moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: Weight, w2: Weight) -> torch.Tensor:
+    """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I] -> routed sum [T, H] in x's dtype."""
+    if not supported(x, w13, w2):
+        return moe_ref(x, topk_weights, topk_ids, w13, w2)
+    return fused_moe(x, topk_weights, topk_ids, w13, w2)

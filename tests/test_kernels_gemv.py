@@ -1,0 +1,291 @@
+"""Triton linear/lm_head (`flint_kernels.gemv_triton`) against `linear_ref` / `linear_fp32_out_ref`.
+
+Without a GPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1) in float32 and
+float16: FP32 results must match to a relative error < 1e-5 (both sides accumulate in FP32, in different orders),
+FP16 outputs to < 1e-3 (one rounding each, occasionally a different last bit). Every output and workspace is
+allocated NaN-filled, so an element the kernel forgets to write fails the test. The `gpu` tests (run with
+`pytest -m gpu` on a CUDA machine) check bfloat16 at Flint's shapes (< 1e-2) and CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from flint_kernels import gemv_triton as gt
+from flint_kernels import nvfp4
+from flint_kernels.linear import NVFP4Weight, linear_fp32_out_ref, linear_ref
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+pytestmark = pytest.mark.skipif(
+    not HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1", reason="needs CUDA or TRITON_INTERPRET=1"
+)
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+FMA = gt.TileConfig(block_n=16, block_m=1, block_k=64, use_dot=False, num_warps=4, num_stages=1)
+
+
+def dot_config(m: int, block_k: int = 64, words: bool = False) -> gt.TileConfig:
+    """Tensor-core tiles; NVFP4 decodes int32 words into nibble planes only when words and block_k >= 128."""
+    return gt.TileConfig(block_n=32, block_m=max(16, 1 << (m - 1).bit_length()), block_k=block_k, use_dot=True,
+                         num_warps=4, num_stages=2, words=words)  # fmt: skip
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative L2 error in float64; inf when `a` holds a NaN or inf (an unwritten, poisoned element)."""
+    a64, b64 = a.double().cpu(), b.double().cpu()
+    if not torch.isfinite(a64).all():
+        return math.inf
+    return ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item()
+
+
+@pytest.fixture(autouse=True)
+def nan_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tensor the module allocates starts as NaN, so unwritten elements show."""
+
+    def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.full(shape, math.nan, dtype=dtype, device=device)
+
+    monkeypatch.setattr(gt, "_empty", poisoned)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def random_nvfp4(n: int, k: int, g: torch.Generator, segments: tuple[int, ...] | None = None) -> NVFP4Weight:
+    """Random code bytes and scale bytes (every byte value occurs, 0x7F and 0xFF included), plus planted edges."""
+    q = torch.randint(0, 256, (n, k // 2), generator=g, device=DEVICE, dtype=torch.int32).to(torch.uint8)
+    s = torch.randint(0, 256, (n, k // 16), generator=g, device=DEVICE, dtype=torch.int32).to(torch.uint8)
+    q[0, :4] = torch.tensor([0x00, 0x88, 0x80, 0x08], dtype=torch.uint8)  # +0 / -0 codes in both nibbles
+    s[0, 0], s[1, 0], s[2, 0], s[3, 0] = 0x7F, 0x00, 0xFF, 0x80
+    segments = segments or (n,)
+    gscale = torch.rand(len(segments), generator=g, device=DEVICE) * 1.7 + 0.3  # not powers of two
+    return NVFP4Weight(q, s, gscale.float(), segments)
+
+
+def quantized_nvfp4(n: int, k: int, g: torch.Generator, segments: tuple[int, ...]) -> NVFP4Weight:
+    """A weight made by the project's encoder, each segment with its own (non-power-of-two) global scale."""
+    dense = torch.randn(n, k, generator=g, device=DEVICE) / math.sqrt(k)
+    parts, scales = [], []
+    start = 0
+    for size in segments:
+        part = dense[start : start + size]
+        gs = nvfp4.choose_global_scale(part.abs().amax(), power_of_two=False) * 1.37
+        parts.append(nvfp4.quantize(part, gs))
+        scales.append(gs)
+        start += size
+    return NVFP4Weight(
+        torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), torch.stack(scales).float(), segments
+    )
+
+
+def random_x(m: int, k: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    return (torch.randn(m, k, generator=g, device=DEVICE) + 0.1).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------- exact decode
+needs_words = pytest.mark.skipif(not gt.WORDS_SUPPORTED, reason="this Triton cannot compile the word-plane dot")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [FMA, dot_config(16), pytest.param(dot_config(16, 128, words=True), marks=needs_words)],
+    ids=["fma", "dot-bytes", "dot-words"],
+)
+def test_nvfp4_decode_is_exact_for_every_code_and_scale_byte(config: gt.TileConfig) -> None:
+    """Row b has scale byte b and codes 0..15 (twice): x = I reads the decoded weight back bit for bit."""
+    codes = torch.arange(16, dtype=torch.uint8, device=DEVICE)
+    q = (codes[0::2] | (codes[1::2] << 4)).repeat(256, 2 * config.block_k // 32 if config.use_dot else 1)
+    s = torch.arange(256, dtype=torch.int32, device=DEVICE).to(torch.uint8)[:, None].repeat(1, q.shape[1] // 8)
+    w = NVFP4Weight(q, s, torch.ones(1, device=DEVICE), (256,))
+    eye = torch.eye(q.shape[1] * 2, device=DEVICE)
+    out = gt._matmul(eye, w, fp32_out=True, config=config)
+    expect = nvfp4.dequantize(q, s).t()
+    assert torch.equal(out, expect)
+    assert torch.equal(gt.dequantize(w, torch.float32), nvfp4.dequantize(q, s))
+
+
+# ----------------------------------------------------------------------------------------------- dense weights
+@pytest.mark.parametrize("m", [1, 3, 8, 33])
+@pytest.mark.parametrize("n,k", [(100, 272), (64, 512), (130, 80)])
+def test_dense_fp32(m: int, n: int, k: int) -> None:
+    """The public functions (cuBLAS above DENSE_MAX_M) and the Triton kernel forced at every M."""
+    g = gen(m * 1000 + n + k)
+    x, w = random_x(m, k, torch.float32, g), torch.randn(n, k, generator=g, device=DEVICE)
+    assert rel_err(gt.linear(x, w), linear_ref(x, w)) < 1e-5
+    assert rel_err(gt.lm_head(x, w), linear_fp32_out_ref(x, w)) < 1e-5
+    cfg = gt.small_m_config(m, False) if m <= gt.SMALL_M else gt.large_m_config(False)
+    assert rel_err(gt._matmul(x, w, False, config=cfg), linear_ref(x, w)) < 1e-5
+
+
+@pytest.mark.parametrize("config", [FMA, None], ids=["fma", "dot"])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_dense_configs_and_split_k(config: gt.TileConfig | None, split_k: int) -> None:
+    g = gen(split_k)
+    for m in (1, 8):
+        x, w = random_x(m, 320, torch.float32, g), torch.randn(72, 320, generator=g, device=DEVICE)
+        cfg = config or dot_config(m)
+        out = gt._matmul(x, w, fp32_out=False, config=cfg, split_k=split_k)
+        assert rel_err(out, linear_ref(x, w)) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------- NVFP4 weights
+@pytest.mark.parametrize("m", [1, 3, 8, 33])
+def test_nvfp4_random_bytes_fp32(m: int) -> None:
+    g = gen(m)
+    n, k = 120, 288
+    w = random_nvfp4(n, k, g, segments=(72, 32, 16))
+    x = random_x(m, k, torch.float32, g)
+    assert rel_err(gt.linear(x, w), linear_ref(x, w)) < 1e-5
+    assert rel_err(gt.lm_head(x, w), linear_fp32_out_ref(x, w)) < 1e-5
+
+
+@pytest.mark.parametrize("m", [1, 8, 33])
+def test_nvfp4_quantized_fp32(m: int) -> None:
+    g = gen(100 + m)
+    w = quantized_nvfp4(96, 256, g, (48, 48))
+    x = random_x(m, 256, torch.float32, g)
+    assert rel_err(gt.linear(x, w), linear_ref(x, w)) < 1e-5
+    assert rel_err(gt.lm_head(x, w), linear_fp32_out_ref(x, w)) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["fma", "bytes", pytest.param("words", marks=needs_words)])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_nvfp4_configs_and_split_k(kind: str, split_k: int) -> None:
+    g = gen(7 + split_k)
+    k = 512 if kind == "words" else 320  # ragged K (not a multiple of BLOCK_K) for the other two
+    w = random_nvfp4(50, k, g, segments=(20, 30))
+    for m in (1, 5):
+        x = random_x(m, k, torch.float32, g)
+        config = FMA if kind == "fma" else dot_config(m, 128, words=True) if kind == "words" else dot_config(m)
+        out = gt._matmul(x, w, fp32_out=True, config=config, split_k=split_k)
+        assert rel_err(out, linear_fp32_out_ref(x, w)) < 1e-5
+
+
+def test_nvfp4_dequant_then_matmul_path() -> None:
+    """Prefill-sized M: one exact dequantisation, FP32 matmul, global scale on the FP32 result, one rounding."""
+    g = gen(21)
+    w = random_nvfp4(70, 192, g, segments=(30, 40))
+    x = random_x(12, 192, torch.float32, g)
+    assert rel_err(gt.dequant_matmul(x, w, fp32_out=False), linear_ref(x, w)) < 1e-5
+    assert rel_err(gt.dequant_matmul(x, w, fp32_out=True), linear_fp32_out_ref(x, w)) < 1e-5
+    xh = random_x(12, 192, torch.float16, g)
+    wq = quantized_nvfp4(70, 192, g, (30, 40))
+    assert rel_err(gt.dequant_matmul(xh, wq, fp32_out=False), linear_ref(xh, wq)) < 1e-3
+
+
+def test_nvfp4_large_m_path() -> None:
+    """M above SMALL_M takes the prefill tiles (BLOCK_N = BLOCK_M = 128), N and M both ragged."""
+    g = gen(3)
+    m = gt.SMALL_M + 9
+    w = random_nvfp4(136, 128, g, segments=(100, 36))
+    x = random_x(m, 128, torch.float32, g)
+    assert rel_err(gt.linear(x, w), linear_ref(x, w)) < 1e-5
+
+
+def test_fp16_dense_and_nvfp4() -> None:
+    g = gen(11)
+    x = random_x(8, 256, torch.float16, g)
+    w = (torch.randn(80, 256, generator=g, device=DEVICE) / 16).half()
+    assert rel_err(gt.linear(x[:1], w), linear_ref(x[:1], w)) < 1e-3
+    assert rel_err(gt._matmul(x, w, False, config=dot_config(8)), linear_ref(x, w)) < 1e-3
+    wq = quantized_nvfp4(80, 256, g, (40, 40))
+    assert rel_err(gt.linear(x, wq), linear_ref(x, wq)) < 1e-3
+    assert rel_err(gt._matmul(x, wq, False, config=dot_config(8)), linear_ref(x, wq)) < 1e-3
+    assert rel_err(gt.lm_head(x[:1], wq), linear_fp32_out_ref(x[:1], wq)) < 1e-5
+
+
+def test_split_k_is_deterministic_and_leaves_counters_zero() -> None:
+    g = gen(5)
+    w = random_nvfp4(64, 1024, g)
+    x = random_x(2, 1024, torch.float32, g)
+    first = gt._matmul(x, w, fp32_out=True, config=dot_config(2), split_k=4)
+    again = gt._matmul(x, w, fp32_out=True, config=dot_config(2), split_k=4)
+    assert torch.equal(first, again)
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
+def test_uncovered_inputs_fall_back_to_reference() -> None:
+    g = gen(9)
+    x = random_x(3, 64, torch.float32, g)
+    w16 = torch.randn(24, 64, generator=g, device=DEVICE).half()
+    # FP32 logits from a weight of another dtype: the reference multiplies unrounded FP32 copies.
+    assert torch.equal(gt.lm_head(x, w16), linear_fp32_out_ref(x, w16))
+    x3 = random_x(6, 64, torch.float32, g).reshape(2, 3, 64)
+    assert torch.equal(gt.linear(x3, w16.float()), linear_ref(x3, w16.float()))
+    assert gt.linear(x[:0], w16.float()).shape == (0, 24)
+
+
+# ----------------------------------------------------------------------------------------------- GPU (bf16)
+FLINT_SHAPES = [(5120, 2048), (2048, 4096), (2048, 1024), (12288, 2048), (150144, 2048)]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 8, 33, 64, 200])
+@pytest.mark.parametrize("n,k", FLINT_SHAPES)
+def test_gpu_bf16_dense(m: int, n: int, k: int) -> None:
+    g = gen(m + n)
+    x = random_x(m, k, torch.bfloat16, g)
+    w = (torch.randn(n, k, generator=g, device=DEVICE) / math.sqrt(k)).bfloat16()
+    ref = linear_fp32_out_ref(x, w)
+    assert rel_err(gt.linear(x, w), ref) < 1e-2
+    assert rel_err(gt.lm_head(x, w), ref) < 1e-4
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 8, 33, 64, 200, 1500])
+@pytest.mark.parametrize("n,k", FLINT_SHAPES)
+def test_gpu_bf16_nvfp4_vs_dequantised_bf16_matmul(m: int, n: int, k: int) -> None:
+    """NVFP4 against a BF16 matmul (FP32 accumulation) on the dequantised weight: only summation order differs."""
+    g = gen(2 * m + n)
+    w = random_nvfp4(n, k, g, segments=(n - 1024, 512, 512) if n == 5120 else None)
+    w = NVFP4Weight(w.qweight, (w.scales & 0x3F) | 0x20, w.global_scale / math.sqrt(k), w.segments)
+    x = random_x(m, k, torch.bfloat16, g)
+    exact = linear_fp32_out_ref(x, w.dequantize(torch.bfloat16)) * w.column_scale()
+    assert rel_err(gt.lm_head(x, w), exact) < 1e-4
+    assert rel_err(gt.linear(x, w), exact) < 1e-2
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_all_configs_bf16() -> None:
+    g = gen(42)
+    w = random_nvfp4(1000, 2048, g, segments=(600, 400))
+    x = random_x(4, 2048, torch.bfloat16, g)
+    exact = linear_fp32_out_ref(x, w)
+    configs = [FMA, dot_config(4), dot_config(4, 128), gt.large_m_config(True), gt.small_m_config(1, True),
+               gt.small_m_config(4, True)]  # fmt: skip
+    if gt.WORDS_SUPPORTED:
+        configs.append(dot_config(4, 128, words=True))
+    for cfg in configs:
+        for split in (1, 3):
+            out = gt._matmul(x, w, fp32_out=True, config=cfg, split_k=split)
+            assert rel_err(out, exact) < 1e-4, (cfg, split)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cuda_graph_capture_and_determinism() -> None:
+    g = gen(8)
+    w = random_nvfp4(2048, 4096, g)
+    wd = (torch.randn(5120, 2048, generator=g, device=DEVICE) / 45).bfloat16()
+    x1 = random_x(1, 4096, torch.bfloat16, g)
+    x2 = random_x(1, 2048, torch.bfloat16, g)
+    gt.linear(x1, w), gt.linear(x2, wd)  # warm up: compile, create the counters
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y1, y2 = gt.linear(x1, w), gt.lm_head(x2, wd)
+    for _ in range(3):
+        x1.copy_(random_x(1, 4096, torch.bfloat16, g))
+        x2.copy_(random_x(1, 2048, torch.bfloat16, g))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y1, gt.linear(x1, w))  # split-K reduction order is fixed
+        assert rel_err(y2, linear_fp32_out_ref(x2, wd)) < 1e-4
+    assert int(gt.counters(DEVICE).abs().sum()) == 0

@@ -1,0 +1,270 @@
+"""Triton routed experts (`flint_kernels.moe_triton`) against `moe_ref`, on both the decode and grouped paths.
+
+Interpreter (CPU) runs are float32 (relative error < 1e-5) and float16 (< 1e-3), with every output, intermediate
+and workspace allocated NaN-filled. The grouped (prefill) path is forced with `decode_max_tokens=0`. The `gpu`
+tests check bfloat16 at Flint's expert shapes (< 1e-2), CUDA-graph capture and run-to-run determinism.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from flint_kernels import gemv_triton as gt
+from flint_kernels import moe_triton as mt
+from flint_kernels import nvfp4
+from flint_kernels.linear import NVFP4Weight
+from flint_kernels.moe import moe_ref
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+pytestmark = pytest.mark.skipif(
+    not HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1", reason="needs CUDA or TRITON_INTERPRET=1"
+)
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+# Small tiles so the tiny test shapes still have ragged tails, several K steps and a real K split.
+DECODE_FMA = mt.MoEConfig(block_m=1, gu_block_i=16, gu_block_k=32, dn_block_n=32, dn_block_k=32, use_dot=False,
+                          num_warps=4, num_stages=1)  # fmt: skip
+DECODE_DOT = mt.MoEConfig(16, 16, 32, 32, 32, True, 4, 2)
+GROUPED = mt.MoEConfig(16, 16, 32, 32, 32, True, 4, 2)
+GROUPED_WORDS = mt.MoEConfig(16, 16, 128, 32, 128, True, 4, 2, words=True)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a64, b64 = a.double().cpu(), b.double().cpu()
+    if not torch.isfinite(a64).all():
+        return math.inf
+    return ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item()
+
+
+@pytest.fixture(autouse=True)
+def nan_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.full(shape, math.nan, dtype=dtype, device=device)
+
+    monkeypatch.setattr(mt, "_empty", poisoned)
+    monkeypatch.setattr(gt, "_empty", poisoned)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def routing(t: int, e: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct experts per token, renormalised FP32 weights (the router's output format)."""
+    scores = torch.rand(t, e, generator=g, device=DEVICE)
+    w, ids = torch.topk(scores, k, dim=-1)
+    return w / w.sum(-1, keepdim=True), ids
+
+
+def dense_experts(e: int, h: int, i: int, dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    w13 = torch.randn(e, 2 * i, h, generator=g, device=DEVICE) / math.sqrt(h)
+    w2 = torch.randn(e, h, i, generator=g, device=DEVICE) / math.sqrt(i)
+    return w13.to(dtype), w2.to(dtype)
+
+
+def random_nvfp4(lead: int, n: int, k: int, g: torch.Generator, segments: tuple[int, ...]) -> NVFP4Weight:
+    """Random codes (+0/-0 planted), moderate scale bytes with 0x7F and 0x00 planted, per-expert global scales."""
+    q = torch.randint(0, 256, (lead, n, k // 2), generator=g, device=DEVICE, dtype=torch.int32).to(torch.uint8)
+    s = torch.randint(0x30, 0x40, (lead, n, k // 16), generator=g, device=DEVICE, dtype=torch.int32).to(torch.uint8)
+    q[:, 0, :2] = torch.tensor([0x80, 0x08], dtype=torch.uint8)
+    s[:, 1, 0], s[:, 2, 0] = 0x7F, 0x00
+    gs = (torch.rand(lead, len(segments), generator=g, device=DEVICE) + 0.3) / (4 * math.sqrt(k))
+    return NVFP4Weight(q, s, gs.float(), segments)
+
+
+def quantized_experts(e: int, h: int, i: int, g: torch.Generator) -> tuple[NVFP4Weight, NVFP4Weight]:
+    """Experts made by the project's encoder: gate|up with separate per-expert scales, down with one."""
+
+    def enc(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gs = nvfp4.choose_global_scale(w.abs().amax(dim=(1, 2)), power_of_two=False) * 1.1
+        q, s = nvfp4.quantize(w, gs)
+        return q, s, gs
+
+    w13, w2 = dense_experts(e, h, i, torch.float32, g)
+    qg, sg, gg = enc(w13[:, :i])
+    qu, su, gu = enc(w13[:, i:])
+    qd, sd, gd = enc(w2)
+    n13 = NVFP4Weight(torch.cat((qg, qu), 1), torch.cat((sg, su), 1), torch.stack((gg, gu), 1), (i, i))
+    return n13, NVFP4Weight(qd, sd, gd[:, None], (h,))
+
+
+# ----------------------------------------------------------------------------------------------- decode path
+@pytest.mark.parametrize(
+    "t,config", [(1, DECODE_FMA), (8, DECODE_FMA), (3, DECODE_DOT)], ids=["fma-1", "fma-8", "dot-3"]
+)
+def test_decode_dense_fp32(t: int, config: mt.MoEConfig) -> None:
+    g = gen(t)
+    e, h, i, k = 8, 96, 48, 3
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    w13, w2 = dense_experts(e, h, i, torch.float32, g)
+    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=config, split_k=2)
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
+
+
+@pytest.mark.parametrize("t,split_k", [(1, 3), (3, 1)])
+def test_decode_nvfp4_fp32(t: int, split_k: int) -> None:
+    g = gen(10 + t)
+    e, h, i, k = 6, 128, 48, 4
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    w13 = random_nvfp4(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4(e, h, i, g, (h,))
+    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA, split_k=split_k)
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
+
+
+def test_decode_quantized_default_config() -> None:
+    g = gen(20)
+    e, h, i, k = 8, 128, 64, 3
+    x = torch.randn(1, h, generator=g, device=DEVICE)
+    tw, ids = routing(1, e, k, g)
+    w13, w2 = quantized_experts(e, h, i, g)
+    assert rel_err(mt.moe(x, tw, ids, w13, w2), moe_ref(x, tw, ids, w13, w2)) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------- grouped path
+@pytest.mark.parametrize("t", [5, 33])
+def test_grouped_dense_fp32(t: int) -> None:
+    """E = 4 and k = 3 put up to 33 pairs on one expert: several blocks per expert, ragged last blocks."""
+    g = gen(30 + t)
+    e, h, i, k = 4, 96, 48, 3
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    w13, w2 = dense_experts(e, h, i, torch.float32, g)
+    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=GROUPED)
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
+    if t == 5:  # int32 expert ids work too
+        out = mt.fused_moe(x, tw, ids.int(), w13, w2, decode_max_tokens=0, config=GROUPED)
+        assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
+
+
+def test_grouped_nvfp4_fp32_with_unused_experts() -> None:
+    g = gen(40)
+    e, h, i, k, t = 8, 128, 64, 2, 8
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e - 3, k, g)  # experts 5..7 get no tokens
+    w13 = random_nvfp4(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4(e, h, i, g, (h,))
+    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=GROUPED)
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
+    if gt.WORDS_SUPPORTED:
+        out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=GROUPED_WORDS)
+        assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
+    w13q, w2q = quantized_experts(e, h, i, g)
+    out = mt.fused_moe(x, tw, ids, w13q, w2q, decode_max_tokens=0)  # default grouped tiles
+    assert rel_err(out, moe_ref(x, tw, ids, w13q, w2q)) < 1e-5
+
+
+def test_align_blocks_cover_every_pair_once() -> None:
+    g = gen(50)
+    _, ids = routing(37, 16, 4, g)
+    order, meta, nblocks = mt._align(ids, 16, 16)
+    meta = meta.cpu()
+    rows = []
+    for e, row0, n in meta.tolist():
+        rows += [(e, int(order[r])) for r in range(row0, row0 + n)]
+    flat = ids.reshape(-1).cpu()
+    assert sorted(p for _, p in rows) == list(range(flat.numel()))
+    assert all(flat[p] == e for e, p in rows)
+    assert nblocks == meta.shape[0] and int((meta[:, 2] > 0).sum()) <= nblocks
+
+
+# ----------------------------------------------------------------------------------------------- both paths
+def test_fp16_both_paths() -> None:
+    g = gen(60)
+    e, h, i, k, t = 6, 64, 32, 2, 6
+    x = torch.randn(t, h, generator=g, device=DEVICE).half()
+    tw, ids = routing(t, e, k, g)
+    w13, w2 = dense_experts(e, h, i, torch.float16, g)
+    ref = moe_ref(x, tw, ids, w13, w2)
+    assert rel_err(mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA), ref) < 1e-3
+    assert rel_err(mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=GROUPED), ref) < 1e-3
+
+
+def test_decode_is_deterministic_and_leaves_counters_zero() -> None:
+    g = gen(70)
+    e, h, i, k = 6, 64, 32, 3
+    x = torch.randn(2, h, generator=g, device=DEVICE)
+    tw, ids = routing(2, e, k, g)
+    w13, w2 = dense_experts(e, h, i, torch.float32, g)
+    runs = [mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA, split_k=2) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
+def test_uncovered_inputs_fall_back_to_reference() -> None:
+    g = gen(80)
+    x = torch.randn(3, 64, generator=g, device=DEVICE)
+    tw, ids = routing(3, 4, 2, g)
+    w13, w2 = dense_experts(4, 64, 32, torch.float32, g)
+    w2_bad = w2.transpose(1, 2).contiguous().transpose(1, 2)  # K not unit-stride
+    assert torch.equal(mt.moe(x, tw, ids, w13, w2_bad), moe_ref(x, tw, ids, w13, w2_bad))
+
+
+# ----------------------------------------------------------------------------------------------- GPU (bf16)
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("t", [1, 4, 8, 33, 300])
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_gpu_bf16_flint_shapes(t: int, fmt: str) -> None:
+    g = gen(t)
+    e, h, i, k = 256, 2048, 512, 6
+    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
+    tw, ids = routing(t, e, k, g)
+    if fmt == "bf16":
+        w13, w2 = dense_experts(e, h, i, torch.bfloat16, g)
+    else:
+        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+    ref = moe_ref(x, tw, ids, w13, w2)
+    assert rel_err(mt.moe(x, tw, ids, w13, w2), ref) < 1e-2
+    for dmt in (0, 64):  # both paths whatever the default threshold
+        assert rel_err(mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt), ref) < 1e-2
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_all_configs_bf16() -> None:
+    g = gen(90)
+    e, h, i, k, t = 16, 1024, 256, 6, 5
+    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
+    tw, ids = routing(t, e, k, g)
+    w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+    ref = moe_ref(x, tw, ids, w13, w2)
+    configs = (mt.decode_config(True), DECODE_FMA, DECODE_DOT, mt.MoEConfig(16, 16, 256, 32, 256, True, 4, 3))
+    for cfg in configs:
+        for split in (1, 4):
+            out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg, split_k=split)
+            assert rel_err(out, ref) < 1e-2, (cfg, split)
+    for ppe in (1.0, 30.0, 100.0):
+        out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=mt.grouped_config(ppe))
+        assert rel_err(out, ref) < 1e-2, ppe
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("t", [1, 8, 64])
+def test_gpu_cuda_graph_capture_and_determinism(t: int) -> None:
+    g = gen(100 + t)
+    e, h, i, k = 256, 2048, 512, 6
+    w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
+    tw, ids = routing(t, e, k, g)
+    mt.moe(x, tw, ids, w13, w2)  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mt.moe(x, tw, ids, w13, w2)
+    for _ in range(3):
+        x.copy_(torch.randn(t, h, generator=g, device=DEVICE))
+        new_w, new_ids = routing(t, e, k, g)
+        tw.copy_(new_w)
+        ids.copy_(new_ids)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, mt.moe(x, tw, ids, w13, w2))
+        assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-2
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
