@@ -47,12 +47,12 @@ def test_attention_side_ops_together(setup) -> None:
 @pytest.mark.parametrize("nvfp4", [False, True])
 def test_every_fused_op_together(nvfp4: bool) -> None:
     """All nine ops fused at once (MoE, GEMV and lm_head included), dense and NVFP4 (W4A16) weights."""
+    seqs = [list(range(5, 16)), [3, 4, 5]]  # short: the interpreter runs the GEMV/MoE kernels slowly
     w = random_weights(CFG, torch.float32, seed=5, nvfp4_linears=nvfp4)
-    ref = FlintModel(w).forward_sequences(SEQS)
+    ref = FlintModel(w).forward_sequences(seqs)
     fk = fast.fast_kernels(REFERENCE)
-    for op in ("moe", "linear", "lm_head"):
-        assert _rel(FlintModel(w, with_ops(REFERENCE, **{op: getattr(fk, op)})).forward_sequences(SEQS), ref) < 1e-5
-    assert _rel(FlintModel(w, fk).forward_sequences(SEQS), ref) < 1e-5
+    assert _rel(FlintModel(w, with_ops(REFERENCE, moe=fk.moe)).forward_sequences(seqs), ref) < 1e-5
+    assert _rel(FlintModel(w, fk).forward_sequences(seqs), ref) < 1e-5
 
 
 def test_a_failing_kernel_falls_back_to_its_reference(caplog) -> None:
