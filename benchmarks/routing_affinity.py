@@ -65,9 +65,8 @@ def main() -> None:
     finally:
         stop_cluster()
     for r in rows:
-        print(
-            f"{r['policy']:>16}: {r['cached_tokens']:>6} of {r['prompt_tokens']:>6} prompt tokens cached ({r['hit_rate']:.0%})"
-        )
+        share = f"{r['cached_tokens']:>6} of {r['prompt_tokens']:>6} prompt tokens cached ({r['hit_rate']:.0%})"
+        print(f"{r['policy']:>16}: {share}")
     out = Path(__file__).parent / "results" / "routing_affinity.json"
     out.write_text(json.dumps({"date": date.today().isoformat(), "settings": vars(args), "results": rows}, indent=2))
 
