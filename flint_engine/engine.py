@@ -14,6 +14,7 @@ from flint_kernels.dispatch import select_kernels
 
 from .config import FlintConfig
 from .engine_config import EngineConfig
+from .json_mode import JsonPrefix
 from .kv_cache import KVCache
 from .kv_cache_manager import KVCacheManager
 from .kv_cache_plan import KVCachePlan, gpu_kv_budget, plan_kv_cache
@@ -65,6 +66,7 @@ class _TextState:
     stops: StopStringText
     logprobs: bool
     pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    json: JsonPrefix | None = None  # JSON mode, once active
 
 
 class LLMEngine:
@@ -180,8 +182,13 @@ class LLMEngine:
             from .detokenizer import IncrementalDetokenizer
 
             detok = IncrementalDetokenizer(self.tokenizer, list(prompt_token_ids), params.skip_special_tokens)
+        if params.json_mode and self.tokenizer is None:
+            raise EngineRequestError("JSON mode needs a tokenizer", param="response_format")
         self.text[request_id] = _TextState(
-            detok, StopStringText(params.stop, params.include_stop_str_in_output), params.logprobs is not None
+            detok,
+            StopStringText(params.stop, params.include_stop_str_in_output),
+            params.logprobs is not None,
+            json=JsonPrefix() if params.json_mode and params.json_after_token is None else None,
         )
         self.scheduler.add(req)
         with self.metrics.lock:
@@ -242,7 +249,9 @@ class LLMEngine:
             banned = tuple(
                 sorted(set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else req.eos_token_ids))
             )
+        state = self.text[req.request_id]
         return SamplingRow(
+            allowed=self._json_constraint(req, state.json) if state.json is not None else None,
             temperature=t,
             top_p=p,
             top_k=k,
@@ -258,11 +267,34 @@ class LLMEngine:
             logprobs=req.params.logprobs,
         )
 
+    def _json_constraint(self, req: Request, prefix: JsonPrefix) -> Any:
+        tok = self.tokenizer
+        special = tok.special_token_ids
+        stops = set(req.eos_token_ids) | set(req.params.stop_token_ids)
+
+        def allowed(token: int) -> bool:
+            if prefix.complete:
+                return token in stops  # the object is closed: end the turn
+            if token in special or token in stops:
+                return False
+            return prefix.copy().feed(tok.token_bytes(token))
+
+        return allowed
+
     def _append_token(
         self, req: Request, token: int, lp: tuple[float, list[tuple[int, float]]] | None, now: float
     ) -> RequestOutput | None:
         state = self.text[req.request_id]
+        ends_turn = token in req.eos_token_ids or token in req.params.stop_token_ids
+        if req.params.json_mode and state.json is None and ends_turn:
+            # JSON mode with thinking: ending the turn inside the reasoning closes the reasoning instead, so the
+            # answer (the JSON object) still follows.
+            token = req.params.json_after_token  # type: ignore[assignment]
         req.output_token_ids.append(token)
+        if state.json is not None and token not in req.eos_token_ids and token not in req.params.stop_token_ids:
+            state.json.feed(self.tokenizer.token_bytes(token))
+        elif req.params.json_mode and state.json is None and token == req.params.json_after_token:
+            state.json = JsonPrefix()
         if req.first_token_time is None:
             req.first_token_time = now
             with self.metrics.lock:

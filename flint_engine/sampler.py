@@ -8,6 +8,7 @@ Returned logprobs are those of the raw model distribution (before penalties, tem
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,7 @@ class SamplingRow:
     prompt_ids: tuple[int, ...] | list[int] = ()
     banned_ids: tuple[int, ...] = ()  # e.g. EOS before min_tokens
     logprobs: int | None = None
+    allowed: Callable[[int], bool] | None = None  # a constraint (JSON mode): the best allowed candidate wins
 
 
 @dataclass
@@ -59,6 +61,19 @@ class SampleResult:
     token_ids: list[int]
     logprobs: list[float] | None  # logprob of each sampled token (None when no row asked)
     top_logprobs: list[list[tuple[int, float]]] | None
+
+
+def _best_allowed(scores: torch.Tensor, allowed: Callable[[int], bool], first: int = 64) -> int:
+    """The highest-scoring token the constraint accepts (tokens outside top-k/top-p come last, but still count)."""
+    order = torch.argsort(scores, descending=True)
+    head = order[:first].tolist()
+    for t in head:
+        if allowed(t):
+            return t
+    for t in order[first:].tolist():
+        if allowed(t):
+            return t
+    raise RuntimeError("the output constraint accepts no token")
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -109,6 +124,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
     temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
     greedy = temps == 0.0
     tokens = torch.argmax(logits, dim=-1)
+    scores = logits  # what each row's choice maximises (the constrained rows walk it in order)
     if not bool(greedy.all()):
         idx = torch.nonzero(~greedy).squeeze(1)
         sub = logits[idx] / temps[idx, None]
@@ -120,8 +136,15 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
         seeds = torch.tensor([rows[i].seed for i in idx.tolist()], dtype=torch.int64, device=dev)
         steps = torch.tensor([rows[i].step for i in idx.tolist()], dtype=torch.int64, device=dev)
         gumbel = -torch.log(-torch.log(uniform_noise(seeds, steps, sub.shape[-1])))
-        tokens[idx] = torch.argmax(sub + gumbel, dim=-1)
+        perturbed = sub + gumbel
+        tokens[idx] = torch.argmax(perturbed, dim=-1)
+        if any(rows[i].allowed is not None for i in idx.tolist()):
+            scores = logits.clone()
+            scores[idx] = perturbed
     token_list = tokens.tolist()
+    for i, r in enumerate(rows):
+        if r.allowed is not None and not r.allowed(token_list[i]):
+            token_list[i] = _best_allowed(scores[i], r.allowed)
     if raw_logprobs is None:
         return SampleResult(token_list, None, None)
     chosen = raw_logprobs[torch.arange(n, device=dev), tokens].tolist()

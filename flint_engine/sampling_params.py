@@ -36,6 +36,8 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None  # None: none; 0: the sampled token only; k: plus the top k
     skip_special_tokens: bool = False
+    json_mode: bool = False  # constrain the output to one JSON object (response_format json_object)
+    json_after_token: int | None = None  # the constraint starts after this token (e.g. </think>); None: at once
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -6,6 +6,7 @@ writes both forms back, and can build a small deterministic stand-in tokenizer f
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -19,6 +20,20 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from flint_engine.chat_template import DEFAULT_CHAT_TEMPLATE, render_chat_template
 
 log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=1)
+def byte_level_decoder() -> dict[str, int]:
+    """The byte-level BPE alphabet inverted: printable stand-in character -> the raw byte it encodes."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
 
 
 class TokenizerError(ValueError):
@@ -440,6 +455,20 @@ class FlintTokenizer:
         if token_id < 0:
             return None
         return self._tok.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes a token stands for (a byte-level BPE token may hold part of a UTF-8 character)."""
+        cache = self.__dict__.setdefault("_bytes_cache", {})
+        hit = cache.get(token_id)
+        if hit is None:
+            piece = self.id_to_token(token_id) or ""
+            table = byte_level_decoder()
+            if token_id in self._special_ids or not all(ch in table for ch in piece):
+                hit = piece.encode("utf-8")
+            else:
+                hit = bytes(table[ch] for ch in piece)
+            cache[token_id] = hit
+        return hit
 
     def apply_chat_template(
         self,

@@ -30,6 +30,7 @@ from .protocol import (
 from .settings import APISettings
 
 THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
 
 
 @dataclass
@@ -84,6 +85,11 @@ class ChatHandler:
             force = "<tool_call>"
         elif isinstance(choice, NamedToolChoice):
             force = f"<tool_call>{choice.function.name}"
+        json_mode = req.response_format is not None and req.response_format.type == "json_object"
+        if json_mode and force is not None:
+            raise APIError(
+                400, "response_format 'json_object' cannot be combined with a forced tool_choice", "response_format"
+            )
         kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
         if req.reasoning_effort is not None and "enable_thinking" not in kwargs:
             kwargs["enable_thinking"] = req.reasoning_effort != "none"
@@ -112,6 +118,9 @@ class ChatHandler:
             min_tokens=min(req.min_tokens, max_tokens),
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
             skip_special_tokens=False,  # the parsers need the <think>/<tool_call> tags in the text
+            json_mode=json_mode,
+            # With thinking on, the model reasons freely and the JSON constraint starts after </think>.
+            json_after_token=backend.tokenizer.token_to_id(THINK_CLOSE) if json_mode and thinking else None,
         )
         plans = []
         for i in range(req.n):

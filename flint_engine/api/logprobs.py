@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from .protocol import ChoiceLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
@@ -10,41 +9,19 @@ from .protocol import ChoiceLogprobs, CompletionLogprobs, TokenLogprob, TopLogpr
 Entry = tuple[int, float, list[tuple[int, float]]]
 
 
-@lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
-    """Inverse of the GPT-2 byte-level alphabet: printable stand-in character -> raw byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 class TokenText:
     """Per-token strings and bytes for one tokenizer, cached."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.special = set(tokenizer.special_token_ids)
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def get(self, token_id: int) -> tuple[str, list[int]]:
         hit = self._cache.get(token_id)
-        if hit is not None:
-            return hit
-        piece = self.tokenizer.id_to_token(token_id) or ""
-        if token_id in self.special:
-            raw = piece.encode("utf-8")
-        else:
-            table = _unicode_to_byte()
-            raw = bytes(table[ch] for ch in piece) if all(ch in table for ch in piece) else piece.encode("utf-8")
-        text = raw.decode("utf-8", errors="replace")
-        self._cache[token_id] = (text, list(raw))
-        return self._cache[token_id]
+        if hit is None:
+            raw = self.tokenizer.token_bytes(token_id)
+            hit = self._cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return hit
 
 
 def chat_logprobs(tt: TokenText, entries: list[Entry], top_n: int) -> ChoiceLogprobs:
