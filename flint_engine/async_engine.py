@@ -82,30 +82,8 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise EngineRequestError / EngineOverloaded now, before any streaming starts."""
-        e = self.engine
-        n = len(prompt_token_ids)
-        if not n:
-            raise EngineRequestError("the prompt is empty", param="prompt")
-        if n + params.max_tokens > e.max_model_len:
-            raise EngineRequestError(
-                f"This model's maximum context length is {e.max_model_len} tokens. However, you requested"
-                f" {n + params.max_tokens} tokens ({n} in the messages, {params.max_tokens} in the completion)."
-                " Please reduce the length of the messages or completion.",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        if n + params.max_tokens > e.max_context:
-            raise EngineRequestError(
-                f"the KV cache holds at most {e.max_context} tokens of context on this server; the request needs"
-                f" {n + params.max_tokens} ({n} prompt + {params.max_tokens} max_tokens)",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        vocab = e.config.vocab_size
-        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise EngineRequestError(f"token id {bad} is outside the vocabulary of {vocab}", param="prompt")
+        """Raise EngineRequestError now, before any streaming starts."""
+        self.engine.check_request(prompt_token_ids, params)
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None

@@ -146,16 +146,16 @@ class LLMEngine:
         return 512 * 2**20
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
-        if request_id in self.requests:
-            raise EngineRequestError(f"request id {request_id!r} is already in use", param="request_id")
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise EngineRequestError for a request this engine can never serve (reads only fixed settings, so it is
+        safe to call from any thread before the request is queued)."""
+        n = len(prompt_token_ids)
         if not prompt_token_ids:
             raise EngineRequestError("the prompt is empty", param="prompt")
         vocab = self.config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise EngineRequestError(f"token id {bad} is outside the vocabulary of {vocab}", param="prompt")
-        n = len(prompt_token_ids)
         if n + params.max_tokens > self.max_model_len:
             raise EngineRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested"
@@ -171,6 +171,13 @@ class LLMEngine:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
+        if params.json_mode and self.tokenizer is None:
+            raise EngineRequestError("JSON mode needs a tokenizer", param="response_format")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+        if request_id in self.requests:
+            raise EngineRequestError(f"request id {request_id!r} is already in use", param="request_id")
+        self.check_request(prompt_token_ids, params)
         if len(self.scheduler.waiting) >= self.engine_config.max_waiting_requests:
             raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
         params = params.with_defaults(self.generation_defaults)
@@ -182,8 +189,6 @@ class LLMEngine:
             from .detokenizer import IncrementalDetokenizer
 
             detok = IncrementalDetokenizer(self.tokenizer, list(prompt_token_ids), params.skip_special_tokens)
-        if params.json_mode and self.tokenizer is None:
-            raise EngineRequestError("JSON mode needs a tokenizer", param="response_format")
         self.text[request_id] = _TextState(
             detok,
             StopStringText(params.stop, params.include_stop_str_in_output),

@@ -12,7 +12,7 @@ from typing import Any
 from ..parsers import ChatOutputParser
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
-from .choices import ChoiceEvent, ChoicePlan, run_choices
+from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
 from .limits import check_common_limits, resolve_max_tokens
 from .logprobs import Entry, TokenText, chat_logprobs
@@ -140,27 +140,14 @@ class ChatHandler:
 
     # ------------------------------------------------------------------ non-streaming
     async def complete(self, prep: PreparedChat, events: AsyncIterator[ChoiceEvent]) -> ChatCompletionResponse:
-        n = len(prep.plans)
-        texts = [""] * n
-        entries: list[list[Entry]] = [[] for _ in range(n)]
-        final: list[ChoiceEvent | None] = [None] * n
-        async for ev in events:
-            texts[ev.index] += ev.text
-            if ev.logprobs:
-                entries[ev.index] += ev.logprobs
-            if ev.finished:
-                final[ev.index] = ev
+        done = await collect(events, len(prep.plans))
         choices = []
-        completion_tokens = cached = 0
-        for i in range(n):
-            ev = final[i]
-            assert ev is not None
-            if ev.error is not None or ev.finish_reason == "error":
-                raise APIError(500, ev.error or "generation failed", code="generation_failed")
-            parsed = prep.parser().parse(texts[i])
+        for i, c in enumerate(done):
+            ev = c.final
+            parsed = prep.parser().parse(c.text)
             calls = [
-                ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
-                for c in parsed.tool_calls
+                ToolCallOut(id=call.id, function=FunctionCallOut(name=call.name, arguments=call.arguments))
+                for call in parsed.tool_calls
             ]
             reason = "tool_calls" if calls else ev.finish_reason
             message = AssistantMessage(
@@ -171,12 +158,11 @@ class ChatHandler:
             )
             lp = None
             if prep.top_logprobs is not None and self.token_text is not None:
-                lp = chat_logprobs(self.token_text, entries[i], prep.top_logprobs)
+                lp = chat_logprobs(self.token_text, c.logprobs, prep.top_logprobs)
             choices.append(
                 ChatChoice(index=i, message=message, logprobs=lp, finish_reason=reason, stop_reason=ev.stop_reason)
             )
-            completion_tokens += ev.completion_tokens
-            cached = max(cached, ev.cached_tokens)
+        completion_tokens, cached = totals(done)
         usage = Usage(
             prompt_tokens=len(prep.prompt_ids),
             completion_tokens=completion_tokens,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
+from .errors import APIError
 
 THINK_END = "</think>"
 
@@ -180,3 +181,38 @@ async def run_choices(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass
+class FinishedChoice:
+    """One choice of a non-streamed request, gathered."""
+
+    text: str
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]]
+    final: ChoiceEvent
+
+
+async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[FinishedChoice]:
+    """Gather every choice's text and logprobs; a choice that failed fails the request (500)."""
+    texts = [""] * n
+    entries: list[list[tuple[int, float, list[tuple[int, float]]]]] = [[] for _ in range(n)]
+    final: list[ChoiceEvent | None] = [None] * n
+    async for ev in events:
+        texts[ev.index] += ev.text
+        if ev.logprobs:
+            entries[ev.index] += ev.logprobs
+        if ev.finished:
+            final[ev.index] = ev
+    out = []
+    for i in range(n):
+        ev = final[i]
+        assert ev is not None
+        if ev.error is not None or ev.finish_reason == "error":
+            raise APIError(500, ev.error or "generation failed", code="generation_failed")
+        out.append(FinishedChoice(texts[i], entries[i], ev))
+    return out
+
+
+def totals(choices: list[FinishedChoice]) -> tuple[int, int]:
+    """(completion tokens over all choices, prompt tokens served from the prefix cache)."""
+    return sum(c.final.completion_tokens for c in choices), max((c.final.cached_tokens for c in choices), default=0)

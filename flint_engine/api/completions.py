@@ -11,10 +11,10 @@ from typing import Any
 
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
-from .choices import ChoiceEvent, ChoicePlan, run_choices
+from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
 from .limits import check_common_limits, resolve_max_tokens
-from .logprobs import Entry, TokenText, completion_logprobs
+from .logprobs import TokenText, completion_logprobs
 from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, PromptTokensDetails, Usage
 from .settings import APISettings
 
@@ -97,38 +97,24 @@ class CompletionHandler:
         return run_choices(self.backend, prep.plans, prep.request_id)
 
     async def complete(self, prep: PreparedCompletion, events: AsyncIterator[ChoiceEvent]) -> CompletionResponse:
-        k = len(prep.plans)
-        texts = [""] * k
-        entries: list[list[Entry]] = [[] for _ in range(k)]
-        final: list[ChoiceEvent | None] = [None] * k
-        async for ev in events:
-            texts[ev.index] += ev.text
-            if ev.logprobs:
-                entries[ev.index] += ev.logprobs
-            if ev.finished:
-                final[ev.index] = ev
+        done = await collect(events, len(prep.plans))
         choices = []
-        completion_tokens = cached = 0
-        for i in range(k):
-            ev = final[i]
-            assert ev is not None
-            if ev.error is not None or ev.finish_reason == "error":
-                raise APIError(500, ev.error or "generation failed", code="generation_failed")
+        for i, c in enumerate(done):
+            ev = c.final
             prefix = self._prefix(prep, i)
             lp = None
             if prep.logprobs is not None and self.token_text is not None:
-                lp = completion_logprobs(self.token_text, entries[i], prep.logprobs, len(prefix))
+                lp = completion_logprobs(self.token_text, c.logprobs, prep.logprobs, len(prefix))
             choices.append(
                 CompletionChoice(
                     index=i,
-                    text=prefix + texts[i],
+                    text=prefix + c.text,
                     logprobs=lp,
                     finish_reason=ev.finish_reason,
                     stop_reason=ev.stop_reason,
                 )
             )
-            completion_tokens += ev.completion_tokens
-            cached = max(cached, ev.cached_tokens)
+        completion_tokens, cached = totals(done)
         prompt_tokens = sum(len(p) for p in prep.prompts)
         return CompletionResponse(
             id=prep.request_id,
