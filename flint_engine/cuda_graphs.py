@@ -93,6 +93,20 @@ class DecodeGraphs:
             time.monotonic() - start,
         )
 
+    @torch.inference_mode()
+    def self_check(self) -> float:
+        """Relative difference between replaying and running eagerly a decode step over the scratch block (reads
+        only, writes nothing): a capture that baked in stale state shows here, before it serves a request."""
+        worst = 0.0
+        for b in (1, min(3, self.batch_buckets[-1])):
+            batch = self._static_batch(b, self.context_buckets[0])
+            batch.seq_lens = [1] * b
+            batch.attn = AttnMeta.build(batch.query_start, batch.seq_lens, self.device)
+            eager = self.model.compute_logits(self.model.forward(batch, self.cache))
+            replay = self.run(batch)
+            worst = max(worst, ((replay - eager).norm() / eager.norm().clamp_min(1e-30)).item())
+        return worst
+
     def covers(self, batch: ForwardBatch) -> bool:
         return (
             batch.is_decode

@@ -30,10 +30,16 @@ class ModelRunner:
         try:
             graphs = DecodeGraphs(self.model, self.cache, max_batch, max_context)
             graphs.capture()
-            self.graphs = graphs
+            error = graphs.self_check()
         except Exception:
             log.exception("CUDA graph capture failed; decoding without graphs")
             self.graphs = None
+            return
+        if error > 1e-3:
+            log.error("CUDA graph replay differs from eager decoding (relative %.2e); decoding without graphs", error)
+            self.graphs = None
+        else:
+            self.graphs = graphs
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, list[int]]:
         """The batch, and the indices (into `chunks`) of the sequences whose last token is sampled this step."""
