@@ -164,9 +164,6 @@ class FlintConfig:
     def sliding_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == SLIDING)
 
-    def is_sliding(self, layer: int) -> bool:
-        return self.layer_types[layer] == SLIDING
-
     def uses_rope(self, layer: int) -> bool:
         assert self.rope_layers is not None
         return self.rope_layers[layer]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 from flint_kernels import nvfp4
-from flint_kernels.linear import NVFP4Weight, Weight, weight_nbytes
+from flint_kernels.linear import NVFP4Weight, Weight
 
 from .config import FlintConfig
 
@@ -32,10 +32,6 @@ def fuse_rows(parts: list[Weight]) -> Projection:
             segments=tuple(s for p in ps for s in p.segments),
         )
     return tuple(parts)
-
-
-def projection_nbytes(p: Projection) -> int:
-    return sum(weight_nbytes(w) for w in p) if isinstance(p, tuple) else weight_nbytes(p)
 
 
 @dataclass

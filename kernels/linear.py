@@ -68,15 +68,8 @@ class NVFP4Weight:
         """One slice along the leading (expert) dimension."""
         return NVFP4Weight(self.qweight[index], self.scales[index], self.global_scale[index], self.segments)
 
-    def to(self, device: torch.device | str) -> NVFP4Weight:
-        return NVFP4Weight(self.qweight.to(device), self.scales.to(device), self.global_scale.to(device), self.segments)
-
 
 Weight = torch.Tensor | NVFP4Weight
-
-
-def weight_shape(w: Weight) -> tuple[int, ...]:
-    return tuple(w.shape)
 
 
 def weight_nbytes(w: Weight) -> int:
