@@ -19,8 +19,9 @@ venv: $(BIN)/flint
 serve: venv
 	$(BIN)/flint-serve $(ARGS)
 
+# The venv's bin/ on PATH: tests call tools pip installs there (hadolint, shellcheck, flint, flint-serve).
 test: venv
-	$(BIN)/python -m pytest -q -m "not gpu" $(ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not gpu" $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -60,6 +60,9 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, period: float 
 
 def start_cluster(tmp: Path) -> ServeCluster:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # A loaded 2-core CI machine can starve the HTTP proxy's health check; do not let Serve kill it for that.
+    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     os.environ["RAY_metrics_report_interval_ms"] = "1000"  # noqa: SIM112 (Ray's own spelling)
     metrics_port = free_port()
     ray.init(
