@@ -64,6 +64,8 @@ def start_cluster(tmp: Path) -> ServeCluster:
     os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     os.environ["RAY_metrics_report_interval_ms"] = "1000"  # noqa: SIM112 (Ray's own spelling)
+    if ray.is_initialized():  # a module that failed during set-up may have left its cluster behind
+        stop_cluster()
     metrics_port = free_port()
     ray.init(
         num_cpus=6,
@@ -77,5 +79,7 @@ def start_cluster(tmp: Path) -> ServeCluster:
 
 
 def stop_cluster() -> None:
-    serve.shutdown()
-    ray.shutdown()
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()

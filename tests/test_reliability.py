@@ -32,14 +32,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("rel")
     c = start_cluster(tmp)
     c.checkpoint = tiny_checkpoint(tmp)  # type: ignore[attr-defined]
-    c.deploy(
-        model=str(c.checkpoint),
-        num_replicas=1,
-        max_num_seqs=16,
-        max_ongoing_requests=120,
-        max_queued_requests=200,
-        **BASE,
-    )
+    try:
+        c.deploy(
+            model=str(c.checkpoint),
+            num_replicas=1,
+            max_num_seqs=16,
+            max_ongoing_requests=120,
+            max_queued_requests=200,
+            **BASE,
+        )
+    except BaseException:  # never leave a cluster behind for the next module
+        stop_cluster()
+        raise
     yield c
     stop_cluster()
 

@@ -28,6 +28,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("serve")
     c = start_cluster(tmp)
     c.checkpoint = tiny_checkpoint(tmp)  # type: ignore[attr-defined]
+    try:
+        _deploy_default(c)
+    except BaseException:  # never leave a cluster behind for the next module
+        stop_cluster()
+        raise
+    yield c
+    stop_cluster()
+
+
+def _deploy_default(c: ServeCluster) -> None:
     c.deploy(
         model=str(c.checkpoint),
         device="cpu",
@@ -40,8 +50,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         wedge_timeout_s=4,
         graceful_shutdown_timeout_s=2,
     )
-    yield c
-    stop_cluster()
 
 
 @pytest.fixture(scope="module")
