@@ -14,9 +14,10 @@ from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, TaskCancelledError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flint_engine.api.app import build_app
 from flint_engine.async_engine import ChoiceOutput, EngineDeadError
@@ -58,13 +59,20 @@ class RayBackend:
         stream = self.handle.options(stream=True).generate.remote(
             prompt_token_ids, dataclasses.asdict(params), request_id, prefix_hashes=prefix_hashes(prompt_token_ids)
         )
+        finished = False
         try:
             async for item in stream:
                 yield item
+            finished = True
         except BackPressureError as exc:
             raise EngineOverloaded(f"every replica's queue is full ({exc})") from None
         except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
             raise EngineDeadError(f"the replica serving this request failed: {type(exc).__name__}") from None
+        finally:
+            # Closing this generator early (client gone) does not cancel the replica's call by itself: without an
+            # explicit cancel an abandoned request can run to max_tokens on the replica.
+            if not finished:
+                stream.cancel()
 
     async def check_health(self) -> tuple[bool, str]:
         replicas = await self._hub.recent.remote(3 * self.settings.health_check_period_s + 10)
@@ -75,6 +83,23 @@ class RayBackend:
 
     async def metrics_snapshots(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
         return [(labels, snap) for labels, snap, _ in await self._hub.recent.remote()]
+
+
+class DisconnectOnCancel:
+    """ASGI middleware: Serve cancels the router's receive task when the HTTP client goes away; the app sees that as
+    the plain ASGI `http.disconnect` (its streams stop and the replica call is cancelled) instead of an error."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def guarded() -> Message:
+            try:
+                return await receive()
+            except TaskCancelledError:
+                return {"type": "http.disconnect"}
+
+        await self.app(scope, guarded if scope["type"] == "http" else receive, send)
 
 
 @serve.deployment
@@ -89,7 +114,9 @@ class FlintRouter:
         await self.backend.fetch_spec()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_app(self.backend, self.settings.api)
+        app = build_app(self.backend, self.settings.api)
+        app.add_middleware(DisconnectOnCancel)
+        return app
 
     def process_info(self) -> dict[str, Any]:
         """The router's process (operators and the fault tests use it)."""

@@ -77,11 +77,15 @@ def test_hundred_clients_dropping_mid_stream_leave_nothing_behind(cluster: Serve
     async def storm() -> list[int]:
         return await asyncio.gather(*(client(i) for i in range(100)))
 
+    def finished(reason: str) -> int:
+        return sum(s["request_success_total"][reason] for _, s, _ in cluster.snapshots())
+
+    before = {r: finished(r) for r in ("abort", "length")}
     counts = asyncio.run(storm())
     assert all(n >= 2 for n in counts)
     wait_for(lambda: idle(cluster), 60, "no running request and an empty KV cache")
-    aborted = sum(s["request_success_total"]["abort"] for _, s, _ in cluster.snapshots())
-    assert aborted >= 100
+    assert finished("abort") - before["abort"] == 100
+    assert finished("length") == before["length"], "a dropped stream kept generating on its replica"
 
 
 def _router_pid() -> int:
