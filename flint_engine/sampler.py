@@ -25,15 +25,19 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """U(0,1) float32 [N, vocab], a pure function of (seed, step, token id)."""
+def uniform_noise_at(seeds: torch.Tensor, steps: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """U(0,1) float32 [N, K] for the given token ids [N, K] (or [1, K]), a pure function of (seed, step, token id)."""
     s = seeds.to(torch.int64)
     lo, hi = s & _M32, (s >> 32) & _M32
     key = _mix32(lo ^ _mix32(hi ^ _mix32(steps.to(torch.int64) & _M32)))
-    v = torch.arange(vocab, dtype=torch.int64, device=seeds.device)
-    h = _mix32(key[:, None] ^ ((v[None, :] * 0x9E3779B9) & _M32))
+    h = _mix32(key[:, None] ^ ((token_ids.to(torch.int64) * 0x9E3779B9) & _M32))
     h = _mix32(h ^ key[:, None])
     return ((h.to(torch.float64) + 0.5) / 2.0**32).to(torch.float32)
+
+
+def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """U(0,1) float32 [N, vocab] for every token id."""
+    return uniform_noise_at(seeds, steps, torch.arange(vocab, dtype=torch.int64, device=seeds.device)[None, :])
 
 
 @dataclass
@@ -93,25 +97,64 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     return logits
 
 
+def _keep_sorted(
+    sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """On logits sorted descending [N, K]: True where a token survives top-k, then top-p, then min-p."""
+    width = sorted_logits.shape[-1]
+    rank = torch.arange(width, device=sorted_logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, width))
+    keep = rank < k[:, None]
+    probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it already does.
+    before = torch.cumsum(probs, dim=-1) - probs
+    keep &= before < top_p[:, None]
+    keep[:, 0] = True
+    keep &= probs >= min_p[:, None] * probs[:, :1]
+    return keep
+
+
 def truncation_mask(
     logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
 ) -> torch.Tensor:
-    """True where a token survives top-k, then top-p (on the top-k distribution), then min-p."""
-    vocab = logits.shape[-1]
+    """True where a token survives top-k, then top-p (on the top-k distribution), then min-p (full-vocab sort)."""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    rank = torch.arange(vocab, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
-    keep_sorted = rank < k[:, None]
-    masked = sorted_logits.masked_fill(~keep_sorted, float("-inf"))
-    probs = torch.softmax(masked, dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it already does.
-    before = torch.cumsum(probs, dim=-1) - probs
-    keep_sorted &= before < top_p[:, None]
-    keep_sorted[:, 0] = True
-    keep_sorted &= probs >= min_p[:, None] * probs[:, :1]
-    keep = torch.zeros_like(keep_sorted)
-    keep.scatter_(1, order, keep_sorted)
+    keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    keep.scatter_(1, order, _keep_sorted(sorted_logits, top_k, top_p, min_p))
     return keep
+
+
+def draw_full(
+    sub: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gumbel-max over the whole (temperature-scaled) vocabulary: (tokens [N], perturbed scores [N, V])."""
+    if bool((top_k > 0).any() or (top_p < 1.0).any() or (min_p > 0).any()):
+        sub = sub.masked_fill(~truncation_mask(sub, top_k, top_p, min_p), float("-inf"))
+    perturbed = sub - torch.log(-torch.log(uniform_noise(seeds, steps, sub.shape[-1])))
+    return torch.argmax(perturbed, dim=-1), perturbed
+
+
+def draw_top_k(
+    sub: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+) -> torch.Tensor:
+    """The same draw as `draw_full` when every row has top_k > 0, without sorting the vocabulary: top-p and min-p
+    act on the top-k distribution, so only the max(top_k) best candidates (one `topk` selection) and their noise
+    are needed. 150144 logits -> 20 candidates per row at the default top_k."""
+    vals, ids = torch.topk(sub, int(top_k.max()), dim=-1)
+    keep = _keep_sorted(vals, top_k, top_p, min_p)
+    perturbed = vals - torch.log(-torch.log(uniform_noise_at(seeds, steps, ids)))
+    best = torch.argmax(perturbed.masked_fill(~keep, float("-inf")), dim=-1)
+    return ids.gather(1, best[:, None]).squeeze(1)
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
@@ -127,20 +170,22 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
     scores = logits  # what each row's choice maximises (the constrained rows walk it in order)
     if not bool(greedy.all()):
         idx = torch.nonzero(~greedy).squeeze(1)
+        picked = [rows[i] for i in idx.tolist()]
         sub = logits[idx] / temps[idx, None]
-        top_k = torch.tensor([rows[i].top_k for i in idx.tolist()], device=dev)
-        top_p = torch.tensor([rows[i].top_p for i in idx.tolist()], dtype=torch.float32, device=dev)
-        min_p = torch.tensor([rows[i].min_p for i in idx.tolist()], dtype=torch.float32, device=dev)
-        if bool((top_k > 0).any() or (top_p < 1.0).any() or (min_p > 0).any()):
-            sub = sub.masked_fill(~truncation_mask(sub, top_k, top_p, min_p), float("-inf"))
-        seeds = torch.tensor([rows[i].seed for i in idx.tolist()], dtype=torch.int64, device=dev)
-        steps = torch.tensor([rows[i].step for i in idx.tolist()], dtype=torch.int64, device=dev)
-        gumbel = -torch.log(-torch.log(uniform_noise(seeds, steps, sub.shape[-1])))
-        perturbed = sub + gumbel
-        tokens[idx] = torch.argmax(perturbed, dim=-1)
-        if any(rows[i].allowed is not None for i in idx.tolist()):
-            scores = logits.clone()
-            scores[idx] = perturbed
+        top_k = torch.tensor([r.top_k for r in picked], device=dev)
+        top_p = torch.tensor([r.top_p for r in picked], dtype=torch.float32, device=dev)
+        min_p = torch.tensor([r.min_p for r in picked], dtype=torch.float32, device=dev)
+        seeds = torch.tensor([r.seed for r in picked], dtype=torch.int64, device=dev)
+        steps = torch.tensor([r.step for r in picked], dtype=torch.int64, device=dev)
+        # A constrained row walks every token in score order, so it needs the full perturbed scores.
+        constrained = any(r.allowed is not None for r in picked)
+        if not constrained and all(0 < r.top_k < sub.shape[-1] for r in picked):
+            tokens[idx] = draw_top_k(sub, top_k, top_p, min_p, seeds, steps)
+        else:
+            tokens[idx], perturbed = draw_full(sub, top_k, top_p, min_p, seeds, steps)
+            if constrained:
+                scores = logits.clone()
+                scores[idx] = perturbed
     token_list = tokens.tolist()
     for i, r in enumerate(rows):
         if r.allowed is not None and not r.allowed(token_list[i]):

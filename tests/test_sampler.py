@@ -1,0 +1,62 @@
+"""The top-k sampling path (one `topk` selection, noise for the candidates only) draws exactly what the full-vocabulary
+sort-and-mask path draws, for every mix of temperature, top-k, top-p and min-p in a batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flint_engine.sampler import SamplingRow, draw_full, draw_top_k, sample, uniform_noise, uniform_noise_at
+
+
+def _params(n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    top_k = torch.randint(1, 64, (n,), generator=gen)
+    top_p = torch.where(torch.rand(n, generator=gen) < 0.3, 1.0, 0.3 + 0.7 * torch.rand(n, generator=gen))
+    min_p = torch.where(torch.rand(n, generator=gen) < 0.5, 0.0, 0.2 * torch.rand(n, generator=gen))
+    seeds = torch.randint(0, 2**62, (n,), generator=gen)
+    steps = torch.randint(0, 10_000, (n,), generator=gen)
+    return top_k, top_p.float(), min_p.float(), seeds, steps
+
+
+@pytest.mark.parametrize("vocab", [97, 4096, 150_144])
+def test_top_k_path_draws_what_the_full_sort_draws(vocab: int) -> None:
+    gen = torch.Generator().manual_seed(vocab)
+    draws = 0
+    for trial in range(40 if vocab < 150_144 else 6):
+        n = 16
+        # Peaked and flat rows: a scale of 4 puts most mass in a few tokens, 0.3 spreads it over the top-k.
+        scale = 4.0 if trial % 2 else 0.3
+        logits = torch.randn(n, vocab, generator=gen) * scale
+        params = _params(n, gen)
+        want, _ = draw_full(logits.clone(), *params)
+        got = draw_top_k(logits.clone(), *params)
+        assert got.tolist() == want.tolist(), trial
+        draws += n
+    assert draws >= 96
+
+
+def test_noise_for_chosen_ids_is_the_full_noise() -> None:
+    seeds, steps = torch.tensor([3, 2**40 + 5]), torch.tensor([0, 17])
+    full = uniform_noise(seeds, steps, 1000)
+    ids = torch.tensor([[0, 999, 5], [7, 7, 123]])
+    torch.testing.assert_close(uniform_noise_at(seeds, steps, ids), full.gather(1, ids), rtol=0, atol=0)
+    assert float(full.min()) > 0.0 and float(full.max()) < 1.0
+
+
+def test_sample_mixes_greedy_top_k_and_unbounded_rows() -> None:
+    """One batch: a greedy row, default top-k rows (top-k path) and a top_k=0 row (full path); seeded rows repeat."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 5000, generator=gen) * 2
+    rows = [
+        SamplingRow(0.0, 1.0, 0, 0.0, seed=1, step=0),
+        SamplingRow(1.0, 0.95, 20, 0.0, seed=11, step=3),
+        SamplingRow(0.7, 0.8, 5, 0.05, seed=12, step=9),
+        SamplingRow(1.0, 0.9, 0, 0.0, seed=13, step=1),
+    ]
+    first = sample(logits.clone(), rows).token_ids
+    assert first[0] == int(logits[0].argmax())
+    assert first[1] in torch.topk(logits[1], 20).indices.tolist()
+    assert first[2] in torch.topk(logits[2], 5).indices.tolist()
+    # Each row alone draws what it drew in the batch.
+    for i, r in enumerate(rows):
+        assert sample(logits[i : i + 1].clone(), [r]).token_ids == [first[i]]
