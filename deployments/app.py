@@ -24,5 +24,11 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     gpu = settings.uses_gpu()
     replica = serve.deployment(FlintReplica).options(name="FlintReplica", **settings.replica_options(gpu))
     router = FlintRouter.options(name="FlintRouter", **settings.router_options())
-    log.info("building Flint app: %s replicas on %s", settings.num_replicas or "autoscaled", "GPU" if gpu else "CPU")
+    log.info(
+        "building Flint app: %s (as %r), %s replicas on %s",
+        settings.model or "the embedded default model",
+        settings.model_name,
+        settings.num_replicas or "autoscaled",
+        "GPU" if gpu else "CPU",
+    )
     return router.bind(replica.bind(settings.model_dump(), gpu), settings.model_dump())

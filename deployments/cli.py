@@ -136,7 +136,7 @@ def start(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flint-serve", description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="GGUF file or HF checkpoint directory (default: the embedded small Flint)")
+    p.add_argument("--model", help="GGUF file or HF checkpoint directory (default: the embedded demo Flint)")
     p.add_argument("--model-name", help="name clients pass as `model` (default: flint)")
     p.add_argument("--replicas", type=int, help="fixed number of replicas (default: autoscale 1..#GPUs)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])

@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("flint_engine").setLevel(logging.WARNING)
     logging.getLogger("flint_engine.parsers").setLevel(logging.ERROR)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for quiet in ("httpx", "httpx2"):
+        logging.getLogger(quiet).setLevel(logging.WARNING)
 
     items = eval_set(
         args.seed, args.n_arith, args.n_count, args.n_tool, args.n_tool_result, args.n_greet, args.n_nothink
