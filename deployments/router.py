@@ -6,6 +6,8 @@ travel with each request so the request router can send it to the replica whose 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -56,23 +58,28 @@ class RayBackend:
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[ChoiceOutput]:
-        stream = self.handle.options(stream=True).generate.remote(
-            prompt_token_ids, dataclasses.asdict(params), request_id, prefix_hashes=prefix_hashes(prompt_token_ids)
-        )
-        finished = False
+        stream = None
+        received = False
         try:
+            # Serve may refuse at call time (the replicas' queues are full), so the call is inside the try.
+            stream = self.handle.options(stream=True).generate.remote(
+                prompt_token_ids, dataclasses.asdict(params), request_id, prefix_hashes=prefix_hashes(prompt_token_ids)
+            )
             async for item in stream:
+                received = True
                 yield item
-            finished = True
         except BackPressureError as exc:
             raise EngineOverloaded(f"every replica's queue is full ({exc})") from None
         except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
             raise EngineDeadError(f"the replica serving this request failed: {type(exc).__name__}") from None
-        finally:
-            # Closing this generator early (client gone) does not cancel the replica's call by itself: without an
-            # explicit cancel an abandoned request can run to max_tokens on the replica.
-            if not finished:
-                stream.cancel()
+        except (GeneratorExit, asyncio.CancelledError):
+            # The consumer left (client gone). Closing this generator does not cancel the replica's call by itself:
+            # without an explicit cancel an abandoned request can run to max_tokens on the replica. Only once an
+            # item has arrived: the call is then assigned, so `cancel()` does not block on the assignment.
+            if stream is not None and received:
+                with contextlib.suppress(Exception):
+                    stream.cancel()
+            raise
 
     async def check_health(self) -> tuple[bool, str]:
         replicas = await self._hub.recent.remote(3 * self.settings.health_check_period_s + 10)

@@ -169,6 +169,7 @@ def test_four_times_overload_sheds_fast_and_recovers(cluster: ServeCluster) -> N
     [info] = cluster.replicas().values()
     rss_before = _rss_kb(info["pid"])
     outcomes: list[tuple[int, float]] = []
+    bad_refusals: list[str] = []  # checked here, in the test's thread (a failed assert in a worker is only a warning)
 
     def call() -> None:
         t = time.monotonic()
@@ -179,7 +180,12 @@ def test_four_times_overload_sheds_fast_and_recovers(cluster: ServeCluster) -> N
         )
         outcomes.append((r.status_code, time.monotonic() - t))
         if r.status_code == 503:
-            assert r.headers["retry-after"] and r.json()["error"]["code"] == "server_overloaded"
+            try:
+                ok = bool(r.headers.get("retry-after")) and r.json()["error"]["code"] == "server_overloaded"
+            except (ValueError, KeyError, TypeError):
+                ok = False
+            if not ok:
+                bad_refusals.append(f"{dict(r.headers)} {r.text[:300]}")
 
     for _ in range(3):  # three waves at 4x capacity
         threads = [threading.Thread(target=call) for _ in range(4 * capacity)]
@@ -190,6 +196,7 @@ def test_four_times_overload_sheds_fast_and_recovers(cluster: ServeCluster) -> N
     shed = [d for s, d in outcomes if s == 503]
     served = [d for s, d in outcomes if s == 200]
     assert set(s for s, _ in outcomes) <= {200, 503}
+    assert not bad_refusals, bad_refusals[:3]  # every refusal in OpenAI's shape with Retry-After
     assert len(shed) >= len(outcomes) // 2 and served
     assert max(shed) < 5.0  # refused at once, not after waiting in a queue
     served.sort()
