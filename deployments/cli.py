@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from flint_engine.api.server import warn_if_open
+from flint_engine.random_model import is_random_spec, parse_random_spec
 
 from .settings import ServeSettings
 
@@ -77,7 +78,12 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
 
 def preflight(settings: ServeSettings, host: str, port: int) -> None:
     """The clear start-up errors: missing model, no GPU when one is asked for, port in use."""
-    if settings.model is not None and not Path(settings.model).exists():
+    if is_random_spec(settings.model):
+        try:
+            parse_random_spec(settings.model)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+    elif settings.model is not None and not Path(settings.model).exists():
         raise StartupError(f"model file {settings.model} does not exist")
     if settings.device == "cuda":
         import torch
@@ -136,7 +142,11 @@ def start(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flint-serve", description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="GGUF file or HF checkpoint directory (default: the embedded demo Flint)")
+    p.add_argument(
+        "--model",
+        help="GGUF file, HF checkpoint directory, or random:<preset>[:nvfp4] (random weights built on the device; "
+        "for benchmarks) (default: the embedded demo Flint)",
+    )
     p.add_argument("--model-name", help="name clients pass as `model` (default: flint)")
     p.add_argument("--replicas", type=int, help="fixed number of replicas (default: autoscale 1..#GPUs)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])

@@ -125,12 +125,16 @@ class LLMEngine:
     def from_checkpoint(cls, engine_config: EngineConfig, progress: bool = True) -> LLMEngine:
         from .checkpoint import load_checkpoint
         from .default_model import default_checkpoint_path
+        from .random_model import is_random_spec, load_random_model
 
         device = engine_config.resolve_device()
         dtype = engine_config.resolve_dtype(device)
+        kernels = select_kernels(device, dtype, dtype, engine_config.kernels)
+        if is_random_spec(engine_config.model):
+            weights, tokenizer, defaults = load_random_model(engine_config.model, dtype, device)  # type: ignore[arg-type]
+            return cls(FlintModel(weights, kernels), tokenizer, engine_config, defaults)
         path = engine_config.model or str(default_checkpoint_path())
         ck = load_checkpoint(path, dtype=dtype, device=device, progress=progress)
-        kernels = select_kernels(device, dtype, dtype, engine_config.kernels)
         return cls(FlintModel(ck.weights, kernels), ck.tokenizer, engine_config, ck.generation_defaults)
 
     def _kv_budget(self) -> int:

@@ -54,3 +54,10 @@ def test_serve_config_yaml_is_valid() -> None:
     cfg = Path(__file__).resolve().parents[1] / "deployments" / "serve_config.yaml"
     settings = ServeSettings(**load_settings_file(str(cfg)))
     assert settings.model_name == "flint" and settings.routing == "prefix_affinity"
+
+
+def test_bad_random_model_spec() -> None:
+    r = run("--model", "random:huge")
+    assert r.returncode == 2 and "unknown preset 'huge'" in r.stderr
+    r = run("--model", "random:tiny:fp8")
+    assert r.returncode == 2 and "unknown option 'fp8'" in r.stderr

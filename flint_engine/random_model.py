@@ -1,0 +1,62 @@
+"""`random:<preset>[:nvfp4][:seed=N]` model specs: a Flint of a preset's shape with random weights built straight on
+the device, no checkpoint file (like vLLM's dummy load format). For serving and load benchmarks of the full-size
+model on a GPU without an 80 GB download; the output is noise.
+
+    flint-serve --model random:full:nvfp4        # every linear NVFP4 (W4A16), as in the official NVFP4 file
+    flint-serve --model random:small --device cpu
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PREFIX = "random:"
+
+
+@dataclass(frozen=True)
+class RandomModelSpec:
+    preset: str
+    nvfp4: bool = False
+    seed: int = 0
+
+
+def is_random_spec(model: str | None) -> bool:
+    return model is not None and model.startswith(PREFIX)
+
+
+def parse_random_spec(model: str) -> RandomModelSpec:
+    """Parse `random:<preset>[:nvfp4|:bf16][:seed=N]`; ValueError naming the bad part."""
+    from .config import PRESETS
+
+    parts = model[len(PREFIX) :].split(":")
+    preset, options = parts[0], parts[1:]
+    if preset not in PRESETS:
+        raise ValueError(f"model {model!r}: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    nvfp4, seed = False, 0
+    for opt in options:
+        if opt in ("nvfp4", "bf16"):
+            nvfp4 = opt == "nvfp4"
+        elif opt.startswith("seed=") and opt[5:].isdigit():
+            seed = int(opt[5:])
+        else:
+            raise ValueError(f"model {model!r}: unknown option {opt!r} (nvfp4, bf16 or seed=N)")
+    return RandomModelSpec(preset, nvfp4, seed)
+
+
+def load_random_model(model: str, dtype: torch.dtype, device: torch.device):
+    """(weights, tokenizer, generation defaults) for a `random:` spec; the tokenizer is the project's default BPE."""
+    from .checkpoint import FLINT_GENERATION_DEFAULTS
+    from .config import preset
+    from .tokenizer import build_default_tokenizer
+    from .weights import random_weights
+
+    spec = parse_random_spec(model)
+    config = preset(spec.preset)
+    tok = build_default_tokenizer(config.vocab_size)
+    config = config.replace(
+        bos_token_id=tok.bos_token_id, eos_token_id=tuple(tok.eos_token_ids), pad_token_id=tok.pad_token_id
+    )
+    weights = random_weights(config, dtype, device, seed=spec.seed, nvfp4_linears=spec.nvfp4)
+    return weights, tok, dict(FLINT_GENERATION_DEFAULTS)
