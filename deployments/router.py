@@ -58,7 +58,6 @@ class RayBackend:
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[ChoiceOutput]:
-        stream = None
         received = False
         try:
             # Serve may refuse at call time (the replicas' queues are full), so the call is inside the try.
@@ -76,7 +75,7 @@ class RayBackend:
             # The consumer left (client gone). Closing this generator does not cancel the replica's call by itself:
             # without an explicit cancel an abandoned request can run to max_tokens on the replica. Only once an
             # item has arrived: the call is then assigned, so `cancel()` does not block on the assignment.
-            if stream is not None and received:
+            if received:
                 with contextlib.suppress(Exception):
                     stream.cancel()
             raise

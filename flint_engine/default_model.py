@@ -40,16 +40,11 @@ def make_random_checkpoint(path: Path, preset_name: str, seed: int, fmt: str = "
     from .checkpoint import FLINT_GENERATION_DEFAULTS
     from .checkpoint.gguf_writer import write_gguf
     from .checkpoint.random_tensors import random_provider
-    from .config import preset
-    from .tokenizer import build_default_tokenizer
+    from .random_model import preset_with_tokenizer
 
     path.parent.mkdir(parents=True, exist_ok=True)
     log.info("making the default %s checkpoint at %s", preset_name, path)
-    config = preset(preset_name)
-    tok = build_default_tokenizer(config.vocab_size)
-    config = config.replace(
-        bos_token_id=tok.bos_token_id, eos_token_id=tuple(tok.eos_token_ids), pad_token_id=tok.pad_token_id
-    )
+    config, tok = preset_with_tokenizer(preset_name)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     os.close(fd)
     try:

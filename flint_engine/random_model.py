@@ -9,8 +9,14 @@ model on a GPU without an 80 GB download; the output is noise.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .config import FlintConfig
+    from .tokenizer import FlintTokenizer
+    from .weights import FlintWeights
 
 PREFIX = "random:"
 
@@ -45,18 +51,27 @@ def parse_random_spec(model: str) -> RandomModelSpec:
     return RandomModelSpec(preset, nvfp4, seed)
 
 
-def load_random_model(model: str, dtype: torch.dtype, device: torch.device):
-    """(weights, tokenizer, generation defaults) for a `random:` spec; the tokenizer is the project's default BPE."""
-    from .checkpoint import FLINT_GENERATION_DEFAULTS
+def preset_with_tokenizer(preset_name: str) -> tuple[FlintConfig, FlintTokenizer]:
+    """A preset's config with the special-token ids of the project's default tokenizer for its vocabulary."""
     from .config import preset
     from .tokenizer import build_default_tokenizer
-    from .weights import random_weights
 
-    spec = parse_random_spec(model)
-    config = preset(spec.preset)
+    config = preset(preset_name)
     tok = build_default_tokenizer(config.vocab_size)
     config = config.replace(
         bos_token_id=tok.bos_token_id, eos_token_id=tuple(tok.eos_token_ids), pad_token_id=tok.pad_token_id
     )
+    return config, tok
+
+
+def load_random_model(
+    model: str, dtype: torch.dtype, device: torch.device
+) -> tuple[FlintWeights, FlintTokenizer, dict[str, float]]:
+    """(weights, tokenizer, generation defaults) for a `random:` spec."""
+    from .checkpoint import FLINT_GENERATION_DEFAULTS
+    from .weights import random_weights
+
+    spec = parse_random_spec(model)
+    config, tok = preset_with_tokenizer(spec.preset)
     weights = random_weights(config, dtype, device, seed=spec.seed, nvfp4_linears=spec.nvfp4)
     return weights, tok, dict(FLINT_GENERATION_DEFAULTS)

@@ -37,3 +37,13 @@ def test_engine_serves_a_random_model(spec: str) -> None:
     [c] = again.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert c.output_token_ids == a.output_token_ids  # deterministic for a seed
     assert torch.isfinite(engine.model.forward_sequences([prompt])[0]).all()
+
+
+def test_random_checkpoint_file_matches_its_tokenizer(tmp_path) -> None:
+    """The default-model fallback (when the shipped demo file is missing) writes a loadable random checkpoint."""
+    from flint_engine.checkpoint import load_checkpoint
+    from flint_engine.default_model import make_random_checkpoint
+
+    ck = load_checkpoint(make_random_checkpoint(tmp_path / "t.gguf", "tiny", 0), torch.float32, progress=False)
+    assert ck.tokenizer is not None and ck.tokenizer.vocab_size == ck.config.vocab_size
+    assert set(ck.config.eos_token_id) <= set(ck.tokenizer.eos_token_ids)
