@@ -17,6 +17,7 @@ import torch
 from flint_kernels import gemv_triton as gt
 from flint_kernels import nvfp4
 from flint_kernels.linear import NVFP4Weight, linear_fp32_out_ref, linear_ref
+from kernel_checks import poisoned_empty, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -34,22 +35,9 @@ def dot_config(m: int, block_k: int = 64, words: bool = False) -> gt.TileConfig:
                          num_warps=4, num_stages=2, words=words)  # fmt: skip
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Relative L2 error in float64; inf when `a` holds a NaN or inf (an unwritten, poisoned element)."""
-    a64, b64 = a.double().cpu(), b.double().cpu()
-    if not torch.isfinite(a64).all():
-        return math.inf
-    return ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item()
-
-
 @pytest.fixture(autouse=True)
 def nan_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every tensor the module allocates starts as NaN, so unwritten elements show."""
-
-    def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.full(shape, math.nan, dtype=dtype, device=device)
-
-    monkeypatch.setattr(gt, "_empty", poisoned)
+    monkeypatch.setattr(gt, "_empty", poisoned_empty)
 
 
 def gen(seed: int) -> torch.Generator:

@@ -17,6 +17,7 @@ from flint_kernels import moe_triton as mt
 from flint_kernels import nvfp4
 from flint_kernels.linear import NVFP4Weight
 from flint_kernels.moe import moe_ref
+from kernel_checks import poisoned_empty, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -33,20 +34,10 @@ GROUPED = mt.MoEConfig(16, 16, 32, 32, 32, True, 4, 2)
 GROUPED_WORDS = mt.MoEConfig(16, 16, 128, 32, 128, True, 4, 2, words=True)
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a64, b64 = a.double().cpu(), b.double().cpu()
-    if not torch.isfinite(a64).all():
-        return math.inf
-    return ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item()
-
-
 @pytest.fixture(autouse=True)
 def nan_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.full(shape, math.nan, dtype=dtype, device=device)
-
-    monkeypatch.setattr(mt, "_empty", poisoned)
-    monkeypatch.setattr(gt, "_empty", poisoned)
+    monkeypatch.setattr(mt, "_empty", poisoned_empty)
+    monkeypatch.setattr(gt, "_empty", poisoned_empty)
 
 
 def gen(seed: int) -> torch.Generator:
