@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from flint_kernels.rmsnorm import rms_norm_ref
+from flint_kernels.rope import rope_cos_sin
 from torch import nn
 
 from flint_engine.checkpoint.random_tensors import TensorProvider
@@ -30,21 +32,8 @@ from flint_engine.checkpoint.tensor_plan import TensorSpec, checkpoint_plan
 from flint_engine.config import SLIDING, FlintConfig
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`w * (x * rsqrt(mean(x^2) + eps))` over the last dimension, as the engine's reference op."""
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def rope_tables(length: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [T, D] for positions 0..T-1 with the engine's expression for the inverse frequencies."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-    freqs = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1).to(device)
-    return emb.cos(), emb.sin()
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D]; cos/sin [T, D] or per row [B, T, D]: NeoX halves, `x*cos + rotate_half(x)*sin`."""
+    """`apply_rope_ref` over a batch: x [B, T, H, D]; cos/sin [T, D] or per row [B, T, D]."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
@@ -88,9 +77,9 @@ def attention_block(
     b, t, _ = x.shape
     d = q_norm.shape[0]
     residual = residual + x
-    h = rms_norm(residual, input_norm, eps)
-    q = rms_norm(F.linear(h, wq).view(b, t, num_heads, d), q_norm, eps)
-    k = rms_norm(F.linear(h, wk).view(b, t, num_kv_heads, d), k_norm, eps)
+    h = rms_norm_ref(residual, input_norm, eps)
+    q = rms_norm_ref(F.linear(h, wq).view(b, t, num_heads, d), q_norm, eps)
+    k = rms_norm_ref(F.linear(h, wk).view(b, t, num_kv_heads, d), k_norm, eps)
     v = F.linear(h, wv).view(b, t, num_kv_heads, d)
     if cos is not None and sin is not None:
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -105,7 +94,7 @@ def attention_block(
     probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
     out = torch.matmul(probs, vh).transpose(1, 2).reshape(b, t, num_heads * d)
     residual = residual + F.linear(out, wo)
-    return residual, rms_norm(residual, post_norm, eps)
+    return residual, rms_norm_ref(residual, post_norm, eps)
 
 
 def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -259,7 +248,8 @@ class TrainableFlint(nn.Module):
     # ------------------------------------------------------------------ forward
     def _tables(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].shape[0] < length or self._rope[0].device != device:
-            self._rope = rope_tables(max(length, 512), self.config.head_dim, self.config.rope_theta, device)
+            positions = torch.arange(max(length, 512), device=device)
+            self._rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, torch.float32)
         cos, sin = self._rope
         return cos[:length], sin[:length]
 
@@ -363,7 +353,7 @@ class TrainableFlint(nn.Module):
                 aux_total = aux_total + aux
             else:
                 x = self._swiglu(h, layer.gate, layer.up, layer.down)
-        out = rms_norm(residual + x, self.final_norm, c.rms_norm_eps)
+        out = rms_norm_ref(residual + x, self.final_norm, c.rms_norm_eps)
         n_moe = max(1, len(c.moe_layers))
         if hidden_only:
             return out, aux_total / n_moe
