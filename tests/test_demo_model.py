@@ -132,10 +132,8 @@ def ci_prompts() -> list:
 
 @pytest.fixture(scope="module")
 def demo_client():
-    ck = load_checkpoint(BF16, torch.float32, progress=False)
-    engine = LLMEngine(
-        FlintModel(ck.weights), ck.tokenizer, EngineConfig(kv_cache_memory=32 * 2**20), ck.generation_defaults
-    )
+    config = EngineConfig(model=str(BF16), device="cpu", dtype="float32", kv_cache_memory=32 * 2**20)
+    engine = LLMEngine.from_checkpoint(config, progress=False)
     server = start_local_server(engine, APISettings())
     yield openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
     server.stop()

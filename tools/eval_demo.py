@@ -227,16 +227,12 @@ def local_server(model: str | os.PathLike[str], threads: int = 2) -> Iterator[st
 
     from flint_engine.api.server import start_local_server
     from flint_engine.api.settings import APISettings
-    from flint_engine.checkpoint import load_checkpoint
     from flint_engine.engine import LLMEngine
     from flint_engine.engine_config import EngineConfig
-    from flint_engine.model import FlintModel
 
     torch.set_num_threads(threads)
-    ck = load_checkpoint(model, torch.float32, progress=False)
-    engine = LLMEngine(
-        FlintModel(ck.weights), ck.tokenizer, EngineConfig(kv_cache_memory=64 * 2**20), ck.generation_defaults
-    )
+    config = EngineConfig(model=str(model), device="cpu", dtype="float32", kv_cache_memory=64 * 2**20)
+    engine = LLMEngine.from_checkpoint(config, progress=False)
     server = start_local_server(engine, APISettings())
     try:
         yield server.base_url + "/v1"

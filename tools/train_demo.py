@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_arch import TrainableFlint  # noqa: E402
 from demo_corpus import Sample, build_demo_tokenizer, encode_sample, make_sample, render_prompt, samples, score  # noqa: E402
 
-from flint_engine.checkpoint import FLINT_GENERATION_DEFAULTS, load_checkpoint  # noqa: E402
+from flint_engine.checkpoint import FLINT_GENERATION_DEFAULTS  # noqa: E402
 from flint_engine.checkpoint.gguf_writer import write_gguf  # noqa: E402
 from flint_engine.config import FlintConfig, default_layer_types, describe  # noqa: E402
 from flint_engine.tokenizer import FlintTokenizer  # noqa: E402
@@ -178,19 +178,16 @@ def write_checkpoints(
 
 
 # ---------------------------------------------------------------------------------------------- greedy eval
-def engine_greedy(
-    path: str, items: list[Sample], max_tokens: int = 96, dtype: torch.dtype = torch.float32
-) -> list[dict[str, Any]]:
-    """Greedy answers of the engine on a GGUF file, parsed as the API parses them (no HTTP)."""
+def engine_greedy(path: str, items: list[Sample], max_tokens: int = 96) -> list[dict[str, Any]]:
+    """Greedy answers of the engine (CPU, FP32) on a GGUF file, parsed as the API parses them (no HTTP)."""
     from flint_engine.engine import LLMEngine
     from flint_engine.engine_config import EngineConfig
-    from flint_engine.model import FlintModel
     from flint_engine.parsers import ChatOutputParser
     from flint_engine.sampling_params import SamplingParams
 
-    ck = load_checkpoint(path, dtype, progress=False)
-    tok = ck.tokenizer
-    engine = LLMEngine(FlintModel(ck.weights), tok, EngineConfig(kv_cache_memory=64 * 2**20), ck.generation_defaults)
+    config = EngineConfig(model=path, device="cpu", dtype="float32", kv_cache_memory=64 * 2**20)
+    engine = LLMEngine.from_checkpoint(config, progress=False)
+    tok = engine.tokenizer
     prompts = [tok.encode(render_prompt(tok, s)) for s in items]
     reqs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
     out = []
