@@ -3,10 +3,14 @@
 #
 #   run: bash benchmarks/gpu_session.sh          (the device tool's `run`; $OUT is the folder that comes back)
 #
+# When the call carries .rayA (half of Ray's wheel, see benchmarks/gpu_serve.sh), it is stashed for the next call.
+#
 # Order is by value: the kernel tests first (correctness), then the whole-model decode benchmark with its
 # fast-vs-plain greedy check, then the sampler. Each step has its own time limit so a slow one cannot starve the rest.
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
+CHECK_STEPS=${CHECK_STEPS:-256}
+[ -d .rayA ] && mkdir -p /tmp/stash && cp .rayA/* /tmp/stash/
 mkdir -p "$OUT" /tmp/pp
 ln -sfn "$PWD/kernels" /tmp/pp/flint_kernels  # the device's python3 has torch/triton; the project runs from source
 export PYTHONPATH=/tmp/pp:$PWD PYTHONUNBUFFERED=1
@@ -19,7 +23,7 @@ timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider \
     > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.txt")"
 
-timeout 330 python3 benchmarks/decode.py --formats nvfp4 bf16 --check-steps 256 --check-batches 1 8 \
+timeout 330 python3 benchmarks/decode.py --formats nvfp4 bf16 --check-steps $CHECK_STEPS --check-batches 1 8 \
     --gain 0.5 --deadline-s 280 --out "$OUT/decode.json" > "$OUT/decode.txt" 2>&1
 tail -30 "$OUT/decode.txt"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ray import serve
 
-from flint_engine.api.backend import engine_health
+from flint_engine.api.backend import device_info, engine_health
 from flint_engine.async_engine import AsyncEngine, ChoiceOutput
 from flint_engine.engine import LLMEngine
 from flint_engine.sampling_params import SamplingParams
@@ -45,8 +45,8 @@ class FlintReplica:
         )
         self.engine = AsyncEngine(engine)
         self.engine.start()
-        self.device = str(engine.model.device)
-        self.device_name = self._device_name()
+        where = device_info(engine.model.device)
+        self.device, self.device_name = where["device"], where["device_name"]
         log.info(
             "replica %s ready on %s (%s) in %.1f s",
             self.replica_id,
@@ -74,14 +74,6 @@ class FlintReplica:
             except Exception:  # metrics must never take a replica down
                 log.exception("metrics export failed")
             await asyncio.sleep(self.exporter.period_s)
-
-    def _device_name(self) -> str:
-        if self.device.startswith("cuda"):
-            import torch
-
-            idx = torch.device(self.device).index or torch.cuda.current_device()
-            return f"{torch.cuda.get_device_name(idx)} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})"
-        return "cpu"
 
     async def generate(
         self,

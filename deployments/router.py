@@ -22,6 +22,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flint_engine.api.app import build_app
+from flint_engine.api.backend import replica_entry
 from flint_engine.async_engine import ChoiceOutput, EngineDeadError
 from flint_engine.engine import EngineOverloaded
 from flint_engine.sampling_params import SamplingParams
@@ -89,6 +90,14 @@ class RayBackend:
 
     async def metrics_snapshots(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
         return [(labels, snap) for labels, snap, _ in await self._hub.recent.remote()]
+
+    async def replicas(self) -> list[dict[str, Any]]:
+        max_age = 3 * self.settings.health_check_period_s + 10
+        info = await self._hub.replica_info.remote(max_age)
+        return [
+            replica_entry(labels["replica"], info.get(labels["replica"], {}), snap, ok)
+            for labels, snap, ok in await self._hub.recent.remote(max_age)
+        ]
 
 
 class DisconnectOnCancel:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import httpx
@@ -251,6 +252,10 @@ def test_tokenize_detokenize_models_version_health_metrics(server, client) -> No
     assert client.models.retrieve("flint").id == "flint"
     assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
     assert httpx.get(server.base_url + "/version").json()["version"]
+    client.completions.create(model="flint", prompt="count", max_tokens=2)
+    [replica] = httpx.get(server.base_url + "/replicas").json()["data"]
+    assert replica["id"] == "local" and replica["healthy"] and replica["pid"] == os.getpid()
+    assert replica["device"] == "cpu" and replica["generation_tokens_total"] > 0
     text = httpx.get(server.base_url + "/metrics").text
     for name in (
         "flint:num_requests_running",

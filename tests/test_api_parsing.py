@@ -95,6 +95,9 @@ class ScriptedBackend:
     async def metrics_snapshots(self) -> list:
         return []
 
+    async def replicas(self) -> list:
+        return []
+
 
 SCRIPTS = {
     "hi": "The user greets me. Reply briefly.</think>Hello! How can I help?",

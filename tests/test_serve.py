@@ -89,6 +89,12 @@ def test_two_replicas_both_take_traffic(cluster: ServeCluster, client: openai.Op
     time.sleep(3)  # replicas post their metrics every 2 s
     busy = [labels["replica"] for labels, snap, _ in cluster.snapshots() if snap["generation_tokens_total"] > 0]
     assert len(set(busy)) == 2, cluster.snapshots()
+    # Operators see the same through the API: each replica, its process and device, healthy and having generated.
+    listed = httpx.get(cluster.base_url + "/replicas").json()["data"]
+    assert sorted(r["id"] for r in listed) == sorted(set(busy))
+    assert len({r["pid"] for r in listed}) == 2
+    for r in listed:
+        assert r["healthy"] and r["device"] == "cpu" and r["device_name"] == "cpu" and r["generation_tokens_total"] > 0
 
 
 def test_prefix_affinity_keeps_a_conversation_on_one_replica(cluster: ServeCluster, client: openai.OpenAI) -> None:

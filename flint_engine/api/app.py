@@ -282,6 +282,11 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
             return JSONResponse({"status": "ok"})
         return error_response(503, f"unhealthy: {why}", code="unhealthy")
 
+    @app.get("/replicas")
+    async def replicas() -> dict[str, Any]:
+        """The engines behind this API: id, process, device (e.g. cuda:0 and the GPU's name), health and load."""
+        return {"object": "list", "data": await backend.replicas()}
+
     @app.get("/version")
     async def get_version() -> dict[str, str]:
         return {"version": version()}

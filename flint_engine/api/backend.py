@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
+
+import torch
 
 from ..async_engine import AsyncEngine, ChoiceOutput
 from ..sampling_params import SamplingParams
@@ -24,6 +27,10 @@ class GenerationBackend(Protocol):
 
     async def metrics_snapshots(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
         """(labels, EngineMetrics.snapshot()) per engine."""
+        ...
+
+    async def replicas(self) -> list[dict[str, Any]]:
+        """One entry per engine: id, process, device, health and load (the `/replicas` route)."""
         ...
 
 
@@ -49,6 +56,32 @@ class LocalBackend:
 
     async def metrics_snapshots(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
         return [({"model_name": self.model_name, "replica": "local"}, self.engine.engine.metrics.snapshot())]
+
+    async def replicas(self) -> list[dict[str, Any]]:
+        ok, _ = engine_health(self.engine, self.wedge_timeout_s)
+        info = {"pid": os.getpid(), **device_info(self.engine.engine.model.device)}
+        return [replica_entry("local", info, self.engine.engine.metrics.snapshot(), ok)]
+
+
+def device_info(device: torch.device) -> dict[str, str]:
+    """The device an engine runs on, with the GPU's name and the CUDA devices its process may see."""
+    name = "cpu"
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        name = f"{torch.cuda.get_device_name(idx)} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})"
+    return {"device": str(device), "device_name": name}
+
+
+def replica_entry(replica: str, info: dict[str, Any], snapshot: dict[str, Any], healthy: bool) -> dict[str, Any]:
+    return {
+        "id": replica,
+        "healthy": healthy,
+        **info,
+        "num_requests_running": snapshot.get("num_requests_running"),
+        "num_requests_waiting": snapshot.get("num_requests_waiting"),
+        "kv_cache_usage_perc": snapshot.get("kv_cache_usage_perc"),
+        "generation_tokens_total": snapshot.get("generation_tokens_total"),
+    }
 
 
 def engine_health(engine: AsyncEngine, wedge_timeout_s: float) -> tuple[bool, str]:

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The serving acceptance run on one GPU, then the long whole-model greedy checks, in one device call.
+#
+# Ray's wheel is larger than one call may carry, so it travels in two halves (../shared/tools/ray-on-device.sh):
+#   call 1 (carry [".rayA"]):  mkdir -p /tmp/stash && cp .rayA/* /tmp/stash/ && ...   (benchmarks/gpu_session.sh)
+#   call 2 (carry [".rayB"]):  bash benchmarks/gpu_serve.sh
+# .rayB also holds the wheels the GPU image lacks (gguf, openai and their needs).
+#
+# 1. flint-serve with one replica of the full-size model (random NVFP4 weights built on the GPU) through the
+#    router: serve_smoke.py (openai client; the replica must report a CUDA device), then serve_load.py.
+# 2. benchmarks/decode.py --checks-only: fast path vs plain path, 256 greedy steps at batch 1 and 8, both formats.
+set -u
+OUT=${OUT:-/tmp/flint-gpu}
+MODEL=${MODEL:-random:full:nvfp4}
+mkdir -p "$OUT" /tmp/pp
+source .rayB/install.sh || exit 1
+ln -sfn "$PWD/kernels" /tmp/pp/flint_kernels
+ln -sfn "$PWD/deployments" /tmp/pp/flint_serve
+export PYTHONPATH=/tmp/pp:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+python3 -c 'import ray, torch; print("ray", ray.__version__, "torch", torch.__version__, torch.cuda.get_device_name())'
+
+setsid python3 -m flint_serve.cli --model "$MODEL" --replicas 1 --port 8000 > "$OUT/serve.log" 2>&1 &
+server=$!
+t0=$(date +%s)
+until curl -sf http://127.0.0.1:8000/health > /dev/null; do
+  if ! kill -0 $server 2> /dev/null || [ $(($(date +%s) - t0)) -gt 240 ]; then
+    echo "flint-serve did not become healthy"; tail -40 "$OUT/serve.log"; break
+  fi
+  sleep 2
+done
+echo "healthy after $(($(date +%s) - t0)) s"
+curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \
+  -d '{"model": "flint", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}' | head -c 600
+echo
+timeout 60 python3 benchmarks/serve_smoke.py --expect-device cuda --out "$OUT/serve_smoke.json"
+timeout 150 python3 benchmarks/serve_load.py --concurrency 1 8 32 --rates --requests 48 \
+  --out "$OUT/serve_load_gpu.json" > "$OUT/serve_load.txt" 2>&1
+tail -8 "$OUT/serve_load.txt"
+kill -INT -- -$server 2> /dev/null
+wait $server
+echo "flint-serve exited with $?"
+grep -rhE "ready on|Traceback" /tmp/ray/session_latest/logs/ 2> /dev/null | head -8
+python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1  # the GPU must be free for the checks
+
+timeout 280 python3 benchmarks/decode.py --checks-only --formats nvfp4 bf16 --check-steps 256 --check-batches 1 8 \
+  --gain 0.5 --deadline-s 200 --out "$OUT/checks.json" > "$OUT/checks.txt" 2>&1
+tail -6 "$OUT/checks.txt"
