@@ -7,7 +7,7 @@ weights in FP32). Linear weights are dense tensors in the model dtype or `NVFP4W
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from flint_kernels import nvfp4
@@ -87,6 +87,31 @@ class FlintWeights:
 
     def is_nvfp4(self) -> bool:
         return any(isinstance(w, NVFP4Weight) for w in _linears(self))
+
+
+def as_float32(w: FlintWeights) -> FlintWeights:
+    """The same weights with FP32 activations: dense tensors upcast exactly, NVFP4 weights shared as they are.
+
+    A model on these evaluates the BF16/NVFP4 checkpoint without BF16 rounding between ops: the yardstick that the
+    plain and the fused BF16 paths are each compared with."""
+
+    def up(obj: object) -> object:
+        if isinstance(obj, torch.Tensor):
+            return obj.float() if obj.is_floating_point() else obj
+        if isinstance(obj, tuple):
+            return tuple(up(o) for o in obj)
+        if isinstance(obj, (DenseMLPWeights, MoEWeights, LayerWeights)):
+            return replace(obj, **{k: up(v) for k, v in vars(obj).items()})
+        return obj  # NVFP4Weight: exact codes and scales, dequantised to the activation dtype when used
+
+    return replace(
+        w,
+        dtype=torch.float32,
+        embed=up(w.embed),
+        lm_head=up(w.lm_head),
+        final_norm=up(w.final_norm),
+        layers=[up(layer) for layer in w.layers],
+    )
 
 
 def _walk(obj: object) -> Iterator[torch.Tensor]:

@@ -47,7 +47,8 @@ def _guarded(name: str, fast: Callable, ref: Callable) -> Callable:
     return call
 
 
-def fast_kernels(base: Kernels) -> Kernels:
+def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
+    """`base` with the fused kernels of `ops` in place (default: $FLINT_FAST_OPS, or every op)."""
     from . import (
         activation_triton,
         attention_triton,
@@ -70,6 +71,10 @@ def fast_kernels(base: Kernels) -> Kernels:
         "lm_head": gemv_triton.lm_head,
     }
     # FLINT_FAST_OPS=attention,moe,... limits the fused ops (for bisecting); default: all of them.
-    chosen = [o.strip() for o in os.environ.get("FLINT_FAST_OPS", ",".join(OPS)).split(",") if o.strip()]
-    ops = {name: _guarded(name, fast[name], getattr(base, name)) for name in chosen if name in fast}
-    return with_ops(base, name="triton", **ops)
+    if ops is None:
+        ops = tuple(o.strip() for o in os.environ.get("FLINT_FAST_OPS", ",".join(OPS)).split(",") if o.strip())
+    unknown = set(ops) - set(fast)
+    if unknown:
+        raise ValueError(f"unknown fused ops {sorted(unknown)}; known: {', '.join(OPS)}")
+    table = {name: _guarded(name, fast[name], getattr(base, name)) for name in ops}
+    return with_ops(base, name="triton", **table)

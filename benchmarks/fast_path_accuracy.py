@@ -1,0 +1,175 @@
+"""Accuracy of the fused path against an FP32 evaluation of the same weights, side by side with the plain path.
+
+    python benchmarks/fast_path_accuracy.py                                # H200: full-size NVFP4, 16-layer BF16
+    python benchmarks/fast_path_accuracy.py --formats bf16 --bf16-layers 49 --steps 256
+
+Both BF16 paths round differently from each other, so on a random Flint (whose logits are near-ties) their greedy
+tokens part after a few steps whichever is right. The yardstick here is the model evaluated in FP32 on the same
+BF16/NVFP4 weights (`as_float32`): for prefill logits and for greedy decoding through the engine, the fused path
+must be as close to it as the plain path is. Per-op rows swap one fused op into the plain path, to point at an op
+that adds more error than rounding. A last check decodes the trained demo model (confident logits) with both
+paths, where greedy tokens must agree exactly. Prints a table and writes JSON (benchmarks/results/, or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+from flint_kernels.dispatch import REFERENCE, Kernels, with_ops
+from flint_kernels.fast import OPS, fast_kernels
+
+from flint_engine.config import preset
+from flint_engine.engine import LLMEngine
+from flint_engine.engine_config import EngineConfig
+from flint_engine.model import FlintModel
+from flint_engine.sampling_params import SamplingParams
+from flint_engine.weights import as_float32, random_weights
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def greedy(model: FlintModel, prompts: list[list[int]], steps: int, ignore_eos: bool = True) -> list[list[int]]:
+    ec = EngineConfig(kv_cache_memory=2 * 2**30, max_num_seqs=len(prompts), cuda_graphs=False)
+    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=ignore_eos)
+    return [r.output_token_ids for r in LLMEngine(model, None, ec).generate(prompts, params)]
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, int]:
+    """Share of positions with the same token, and the first step where any sequence differs."""
+    total = sum(max(len(x), len(y)) for x, y in zip(a, b))
+    same = sum(p == q for x, y in zip(a, b) for p, q in zip(x, y))
+    first = min((next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y))) for x, y in zip(a, b)))
+    return same / max(total, 1), first
+
+
+def random_model_rows(fmt: str, layers: int, args: argparse.Namespace, dev: torch.device) -> list[dict[str, Any]]:
+    cfg = preset(args.preset).replace(num_hidden_layers=layers)
+    w = random_weights(cfg, torch.bfloat16, dev, seed=0, nvfp4_linears=fmt == "nvfp4", gain=args.gain)
+    gold_model = FlintModel(as_float32(w), REFERENCE)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, cfg.vocab_size, (37 + 11 * i,), generator=gen).tolist() for i in range(args.batch)]
+    gold = torch.cat(gold_model.forward_sequences(prompts))
+    paths: dict[str, Kernels] = {"plain": REFERENCE, "fused": fast_kernels(REFERENCE, OPS)}
+    if args.per_op:
+        fk = fast_kernels(REFERENCE, OPS)
+        paths.update({f"plain + {op}": with_ops(REFERENCE, name=op, **{op: getattr(fk, op)}) for op in OPS})
+    rows = []
+    for name, kernels in paths.items():
+        logits = torch.cat(FlintModel(w, kernels).forward_sequences(prompts))
+        rows.append(
+            {
+                "format": fmt,
+                "layers": layers,
+                "path": name,
+                "logits_rel_err_vs_fp32": rel_err(logits, gold),
+                "argmax_agreement_vs_fp32": (logits.argmax(-1) == gold.argmax(-1)).float().mean().item(),
+            }
+        )
+    if args.steps:
+        tokens = {"fp32": greedy(gold_model, prompts, args.steps)}
+        for name in ("plain", "fused"):
+            tokens[name] = greedy(FlintModel(w, paths[name]), prompts, args.steps)
+        for row in rows[:2]:
+            row["greedy_agreement_vs_fp32"], row["greedy_first_divergence_vs_fp32"] = agreement(
+                tokens[row["path"]], tokens["fp32"]
+            )
+        rows[1]["greedy_agreement_vs_plain"], rows[1]["greedy_first_divergence_vs_plain"] = agreement(
+            tokens["fused"], tokens["plain"]
+        )
+    return rows
+
+
+def demo_rows(args: argparse.Namespace, dev: torch.device) -> list[dict[str, Any]]:
+    """The trained demo model through the engine, every fused op against the plain path: exact greedy agreement."""
+    from flint_engine.default_model import default_checkpoint_path
+
+    questions = ["What is 7 + 5?", "What is 9 times 6?", "Count from 3 to 9.", "Hello!", "What is 18 - 11?"]
+    rows = []
+    for fmt, path in (
+        ("bf16", default_checkpoint_path()),
+        ("nvfp4", default_checkpoint_path().with_name("flint-demo-nvfp4.gguf")),
+    ):
+        tokens = {}
+        for mode in ("reference", "fast"):
+            ec = EngineConfig(model=str(path), device=str(dev), kernels=mode, cuda_graphs=False, kv_cache_memory=2**28)
+            engine = LLMEngine.from_checkpoint(ec, progress=False)
+            prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in questions]
+            params = SamplingParams(max_tokens=args.demo_steps, temperature=0.0, ignore_eos=True)
+            tokens[mode] = [r.output_token_ids for r in engine.generate(prompts, params)]
+        share, first = agreement(tokens["fast"], tokens["reference"])
+        rows.append(
+            {"model": f"demo {fmt}", "steps": args.demo_steps, "greedy_agreement": share, "first_divergence": first}
+        )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="full")
+    ap.add_argument("--formats", nargs="+", default=["nvfp4", "bf16"])
+    ap.add_argument("--nvfp4-layers", type=int, default=49)
+    ap.add_argument("--bf16-layers", type=int, default=16, help="its FP32 copy must fit beside it (49: ~240 GB)")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=64, help="greedy steps per path (0: logits only)")
+    ap.add_argument("--demo-steps", type=int, default=256)
+    ap.add_argument("--gain", type=float, default=0.5)
+    ap.add_argument("--per-op", action="store_true", help="also one fused op at a time in the plain path")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default=str(RESULTS / "fast_path_accuracy.json"))
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    report: dict[str, Any] = {
+        "meta": {
+            "date": date.today().isoformat(),
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+            "args": vars(args),
+        },
+        "rows": [],
+        "demo": [],
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for fmt in args.formats:
+        t = time.monotonic()
+        layers = args.nvfp4_layers if fmt == "nvfp4" else args.bf16_layers
+        report["rows"] += random_model_rows(fmt, layers, args, dev)
+        print(f"{fmt}: {time.monotonic() - t:.0f} s", flush=True)
+        out.write_text(json.dumps(report, indent=2))
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    if args.demo_steps:
+        report["demo"] = demo_rows(args, dev)
+        out.write_text(json.dumps(report, indent=2))
+    print(
+        f"\n{'format':>6} {'layers':>6} {'path':>28} {'rel err':>9} {'argmax':>7} {'greedy':>7} {'first':>5}  vs FP32"
+    )
+    for r in report["rows"]:
+        print(
+            f"{r['format']:>6} {r['layers']:>6} {r['path']:>28} {r['logits_rel_err_vs_fp32']:>9.2e}"
+            f" {r['argmax_agreement_vs_fp32']:>7.3f} {r.get('greedy_agreement_vs_fp32', float('nan')):>7.3f}"
+            f" {r.get('greedy_first_divergence_vs_fp32', ''):>5}"
+        )
+        if "greedy_agreement_vs_plain" in r:
+            print(
+                f"{'':>42} fused vs plain greedy {r['greedy_agreement_vs_plain']:.3f}"
+                f" (first divergence {r['greedy_first_divergence_vs_plain']})"
+            )
+    for r in report["demo"]:
+        print(
+            f"{r['model']}: fused vs plain greedy agreement {r['greedy_agreement']:.3f} over {r['steps']} steps"
+            f" (first divergence {r['first_divergence']})"
+        )
+
+
+if __name__ == "__main__":
+    main()
