@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from flint_engine.sampling_params import SamplingParams
 from flint_engine.weights import as_float32, random_weights
 
 RESULTS = Path(__file__).parent / "results"
+Emit = Callable[[dict[str, Any]], None]
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -52,49 +54,51 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, int]:
     return same / max(total, 1), first
 
 
-def random_model_rows(fmt: str, layers: int, args: argparse.Namespace, dev: torch.device) -> list[dict[str, Any]]:
+def random_model_rows(fmt: str, layers: int, args: argparse.Namespace, dev: torch.device, emit: Emit) -> None:
     cfg = preset(args.preset).replace(num_hidden_layers=layers)
     w = random_weights(cfg, torch.bfloat16, dev, seed=0, nvfp4_linears=fmt == "nvfp4", gain=args.gain)
     gold_model = FlintModel(as_float32(w), REFERENCE)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (37 + 11 * i,), generator=gen).tolist() for i in range(args.batch)]
     gold = torch.cat(gold_model.forward_sequences(prompts))
-    paths: dict[str, Kernels] = {"plain": REFERENCE, "fused": fast_kernels(REFERENCE, OPS)}
-    if args.per_op:
-        fk = fast_kernels(REFERENCE, OPS)
-        paths.update({f"plain + {op}": with_ops(REFERENCE, name=op, **{op: getattr(fk, op)}) for op in OPS})
-    rows = []
-    for name, kernels in paths.items():
+    fk = fast_kernels(REFERENCE, OPS)
+
+    def logits_row(name: str, kernels: Kernels) -> dict[str, Any]:
         logits = torch.cat(FlintModel(w, kernels).forward_sequences(prompts))
-        rows.append(
-            {
-                "format": fmt,
-                "layers": layers,
-                "path": name,
-                "logits_rel_err_vs_fp32": rel_err(logits, gold),
-                "argmax_agreement_vs_fp32": (logits.argmax(-1) == gold.argmax(-1)).float().mean().item(),
-            }
-        )
+        return {
+            "format": fmt,
+            "layers": layers,
+            "path": name,
+            "logits_rel_err_vs_fp32": rel_err(logits, gold),
+            "argmax_agreement_vs_fp32": (logits.argmax(-1) == gold.argmax(-1)).float().mean().item(),
+        }
+
+    plain, fused = logits_row("plain", REFERENCE), logits_row("fused", fk)
     if args.steps:
-        tokens = {"fp32": greedy(gold_model, prompts, args.steps)}
-        for name in ("plain", "fused"):
-            tokens[name] = greedy(FlintModel(w, paths[name]), prompts, args.steps)
-        for row in rows[:2]:
+        tokens = {
+            "fp32": greedy(gold_model, prompts, args.steps),
+            "plain": greedy(FlintModel(w, REFERENCE), prompts, args.steps),
+            "fused": greedy(FlintModel(w, fk), prompts, args.steps),
+        }
+        for row in (plain, fused):
             row["greedy_agreement_vs_fp32"], row["greedy_first_divergence_vs_fp32"] = agreement(
                 tokens[row["path"]], tokens["fp32"]
             )
-        rows[1]["greedy_agreement_vs_plain"], rows[1]["greedy_first_divergence_vs_plain"] = agreement(
+        fused["greedy_agreement_vs_plain"], fused["greedy_first_divergence_vs_plain"] = agreement(
             tokens["fused"], tokens["plain"]
         )
-    return rows
+    emit(plain)
+    emit(fused)
+    if args.per_op:
+        for op in OPS:
+            emit(logits_row(f"plain + {op}", with_ops(REFERENCE, name=op, **{op: getattr(fk, op)})))
 
 
-def demo_rows(args: argparse.Namespace, dev: torch.device) -> list[dict[str, Any]]:
+def demo_rows(args: argparse.Namespace, dev: torch.device, emit: Emit) -> None:
     """The trained demo model through the engine, every fused op against the plain path: exact greedy agreement."""
     from flint_engine.default_model import default_checkpoint_path
 
     questions = ["What is 7 + 5?", "What is 9 times 6?", "Count from 3 to 9.", "Hello!", "What is 18 - 11?"]
-    rows = []
     for fmt, path in (
         ("bf16", default_checkpoint_path()),
         ("nvfp4", default_checkpoint_path().with_name("flint-demo-nvfp4.gguf")),
@@ -107,10 +111,7 @@ def demo_rows(args: argparse.Namespace, dev: torch.device) -> list[dict[str, Any
             params = SamplingParams(max_tokens=args.demo_steps, temperature=0.0, ignore_eos=True)
             tokens[mode] = [r.output_token_ids for r in engine.generate(prompts, params)]
         share, first = agreement(tokens["fast"], tokens["reference"])
-        rows.append(
-            {"model": f"demo {fmt}", "steps": args.demo_steps, "greedy_agreement": share, "first_divergence": first}
-        )
-    return rows
+        emit({"model": f"demo {fmt}", "steps": args.demo_steps, "greedy_agreement": share, "first_divergence": first})
 
 
 def main() -> None:
@@ -139,17 +140,24 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit_to(key: str) -> Emit:
+        def emit(row: dict[str, Any]) -> None:
+            report[key].append(row)
+            print(json.dumps(row), flush=True)
+            out.write_text(json.dumps(report, indent=2))
+
+        return emit
+
+    if args.demo_steps:  # first: quick, and the one exact check
+        demo_rows(args, dev, emit_to("demo"))
     for fmt in args.formats:
         t = time.monotonic()
         layers = args.nvfp4_layers if fmt == "nvfp4" else args.bf16_layers
-        report["rows"] += random_model_rows(fmt, layers, args, dev)
+        random_model_rows(fmt, layers, args, dev, emit_to("rows"))
         print(f"{fmt}: {time.monotonic() - t:.0f} s", flush=True)
-        out.write_text(json.dumps(report, indent=2))
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    if args.demo_steps:
-        report["demo"] = demo_rows(args, dev)
-        out.write_text(json.dumps(report, indent=2))
     print(
         f"\n{'format':>6} {'layers':>6} {'path':>28} {'rel err':>9} {'argmax':>7} {'greedy':>7} {'first':>5}  vs FP32"
     )
