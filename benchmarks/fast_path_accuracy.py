@@ -17,6 +17,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from flint_engine.config import preset
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
 from flint_engine.model import FlintModel
+from flint_engine.request import Request
 from flint_engine.sampling_params import SamplingParams
 from flint_engine.weights import as_float32, random_weights
 
@@ -40,18 +42,39 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm()).item()
 
 
-def greedy(model: FlintModel, prompts: list[list[int]], steps: int, ignore_eos: bool = True) -> list[list[int]]:
+@dataclass
+class Decoded:
+    tokens: list[list[int]]
+    gaps: list[list[float]]  # per step: top-1 minus top-2 logit (log-probability) of the path that decoded it
+
+
+def greedy(model: FlintModel, prompts: list[list[int]], steps: int, ignore_eos: bool = True) -> Decoded:
     ec = EngineConfig(kv_cache_memory=2 * 2**30, max_num_seqs=len(prompts), cuda_graphs=False)
-    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=ignore_eos)
-    return [r.output_token_ids for r in LLMEngine(model, None, ec).generate(prompts, params)]
+    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=ignore_eos, logprobs=2)
+    return decoded(LLMEngine(model, None, ec).generate(prompts, params))
 
 
-def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, int]:
-    """Share of positions with the same token, and the first step where any sequence differs."""
-    total = sum(max(len(x), len(y)) for x, y in zip(a, b))
-    same = sum(p == q for x, y in zip(a, b) for p, q in zip(x, y))
-    first = min((next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y))) for x, y in zip(a, b)))
-    return same / max(total, 1), first
+def decoded(reqs: list[Request]) -> Decoded:
+    return Decoded(
+        [r.output_token_ids for r in reqs], [[top[0][1] - top[1][1] for _, top in r.output_logprobs] for r in reqs]
+    )
+
+
+def agreement(a: Decoded, ref: Decoded) -> dict[str, Any]:
+    """Share of positions with the same token, the first step where any sequence differs, and how close to a tie
+    `ref`'s top two tokens were where each sequence first differs (rounding can only flip near-ties)."""
+    pairs = list(zip(a.tokens, ref.tokens))
+    total = sum(max(len(x), len(y)) for x, y in pairs)
+    same = sum(p == q for x, y in pairs for p, q in zip(x, y))
+    firsts = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None) for x, y in pairs]
+    gaps = [ref.gaps[s][i] for s, i in enumerate(firsts) if i is not None]
+    all_gaps = sorted(g for seq in ref.gaps for g in seq)
+    return {
+        "agreement": same / max(total, 1),
+        "first_divergence": min((i for i in firsts if i is not None), default=None),
+        "gap_at_divergences": [round(g, 4) for g in gaps],
+        "median_gap": round(all_gaps[len(all_gaps) // 2], 4) if all_gaps else None,
+    }
 
 
 def random_model_rows(fmt: str, layers: int, args: argparse.Namespace, dev: torch.device, emit: Emit) -> None:
@@ -81,12 +104,8 @@ def random_model_rows(fmt: str, layers: int, args: argparse.Namespace, dev: torc
             "fused": greedy(FlintModel(w, fk), prompts, args.steps),
         }
         for row in (plain, fused):
-            row["greedy_agreement_vs_fp32"], row["greedy_first_divergence_vs_fp32"] = agreement(
-                tokens[row["path"]], tokens["fp32"]
-            )
-        fused["greedy_agreement_vs_plain"], fused["greedy_first_divergence_vs_plain"] = agreement(
-            tokens["fused"], tokens["plain"]
-        )
+            row["greedy_vs_fp32"] = agreement(tokens[row["path"]], tokens["fp32"])
+        fused["greedy_vs_plain"] = agreement(tokens["fused"], tokens["plain"])
     emit(plain)
     emit(fused)
     if args.per_op:
@@ -103,15 +122,25 @@ def demo_rows(args: argparse.Namespace, dev: torch.device, emit: Emit) -> None:
         ("bf16", default_checkpoint_path()),
         ("nvfp4", default_checkpoint_path().with_name("flint-demo-nvfp4.gguf")),
     ):
-        tokens = {}
-        for mode in ("reference", "fast"):
-            ec = EngineConfig(model=str(path), device=str(dev), kernels=mode, cuda_graphs=False, kv_cache_memory=2**28)
-            engine = LLMEngine.from_checkpoint(ec, progress=False)
-            prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in questions]
-            params = SamplingParams(max_tokens=args.demo_steps, temperature=0.0, ignore_eos=True)
-            tokens[mode] = [r.output_token_ids for r in engine.generate(prompts, params)]
-        share, first = agreement(tokens["fast"], tokens["reference"])
-        emit({"model": f"demo {fmt}", "steps": args.demo_steps, "greedy_agreement": share, "first_divergence": first})
+        for ignore_eos in (False, True):  # the answers as served (stop at EOS), then 256 steps regardless
+            runs = {}
+            for mode in ("reference", "fast"):
+                ec = EngineConfig(
+                    model=str(path), device=str(dev), kernels=mode, cuda_graphs=False, kv_cache_memory=2**28
+                )
+                engine = LLMEngine.from_checkpoint(ec, progress=False)
+                prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in questions]
+                params = SamplingParams(max_tokens=args.demo_steps, temperature=0.0, ignore_eos=ignore_eos, logprobs=2)
+                runs[mode] = decoded(engine.generate(prompts, params))
+            emit(
+                {
+                    "model": f"demo {fmt}",
+                    "until": "max_tokens" if ignore_eos else "eos",
+                    "max_tokens": args.demo_steps,
+                    "tokens": [len(t) for t in runs["reference"].tokens],
+                    **agreement(runs["fast"], runs["reference"]),
+                }
+            )
 
 
 def main() -> None:
@@ -162,20 +191,18 @@ def main() -> None:
         f"\n{'format':>6} {'layers':>6} {'path':>28} {'rel err':>9} {'argmax':>7} {'greedy':>7} {'first':>5}  vs FP32"
     )
     for r in report["rows"]:
+        g = r.get("greedy_vs_fp32", {})
         print(
             f"{r['format']:>6} {r['layers']:>6} {r['path']:>28} {r['logits_rel_err_vs_fp32']:>9.2e}"
-            f" {r['argmax_agreement_vs_fp32']:>7.3f} {r.get('greedy_agreement_vs_fp32', float('nan')):>7.3f}"
-            f" {r.get('greedy_first_divergence_vs_fp32', ''):>5}"
+            f" {r['argmax_agreement_vs_fp32']:>7.3f} {g.get('agreement', float('nan')):>7.3f}"
+            f" {g.get('first_divergence', '')!s:>5} {g.get('gap_at_divergences', '')!s}"
         )
-        if "greedy_agreement_vs_plain" in r:
-            print(
-                f"{'':>42} fused vs plain greedy {r['greedy_agreement_vs_plain']:.3f}"
-                f" (first divergence {r['greedy_first_divergence_vs_plain']})"
-            )
+        if "greedy_vs_plain" in r:
+            print(f"{'':>42} fused vs plain greedy {r['greedy_vs_plain']}")
     for r in report["demo"]:
         print(
-            f"{r['model']}: fused vs plain greedy agreement {r['greedy_agreement']:.3f} over {r['steps']} steps"
-            f" (first divergence {r['first_divergence']})"
+            f"{r['model']} until {r['until']}: fused vs plain greedy agreement {r['agreement']:.3f}, first divergence"
+            f" {r['first_divergence']} (top-2 gap there {r['gap_at_divergences']}, median gap {r['median_gap']})"
         )
 
 

@@ -314,7 +314,10 @@ class LLMEngine:
         req.last_token_time = now
         with self.metrics.lock:
             self.metrics.generation_tokens += 1
-        new_lp = [(token, lp[0], lp[1])] if lp is not None else None
+        new_lp = None
+        if lp is not None:
+            req.output_logprobs.append(lp)  # offline callers (LLMEngine.generate) read them off the request
+            new_lp = [(token, lp[0], lp[1])]
         p = req.params
         is_stop_token = token in p.stop_token_ids or (not p.ignore_eos and token in req.eos_token_ids)
         if is_stop_token and len(req.output_token_ids) >= p.min_tokens:

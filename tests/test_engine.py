@@ -276,6 +276,9 @@ def test_logprobs_match_the_model(window7) -> None:
         assert [t for t, _ in top] == ref.topk(3).indices.tolist()
         assert tid == top[0][0]  # greedy picks the top token
         seq.append(tid)
+    # Offline use reads the same log-probabilities off the finished request.
+    [req] = make_engine(ck).generate([prompt], SamplingParams(max_tokens=4, logprobs=3, **GREEDY))
+    assert req.output_logprobs == [(o.new_logprobs[0][1], o.new_logprobs[0][2]) for o in outs]
 
 
 def test_penalties_against_a_simple_reference() -> None:
