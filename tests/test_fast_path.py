@@ -10,7 +10,7 @@ from flint_kernels.dispatch import REFERENCE, with_ops
 
 from flint_engine.config import preset
 from flint_engine.model import FlintModel
-from flint_engine.weights import random_weights
+from flint_engine.weights import as_float32, random_weights
 
 CFG = preset("tiny").replace(hidden_size=128, num_attention_heads=8, num_key_value_heads=1, head_dim=32)
 SEQS = [list(range(5, 30)), [3, 4, 5], list(range(100, 109))]
@@ -77,3 +77,25 @@ def test_fast_ops_env_selects_ops(monkeypatch) -> None:
     k = fast.fast_kernels(REFERENCE)
     assert k.attention is not REFERENCE.attention and k.rms_norm is not REFERENCE.rms_norm
     assert k.moe is REFERENCE.moe and k.linear is REFERENCE.linear
+    monkeypatch.setenv("FLINT_FAST_OPS", "attention,atention")
+    with pytest.raises(ValueError, match="unknown fused ops \\['atention'\\]"):
+        fast.fast_kernels(REFERENCE)
+    only = fast.fast_kernels(REFERENCE, ("moe",))  # an explicit list wins over the variable
+    assert only.moe is not REFERENCE.moe and only.attention is REFERENCE.attention
+
+
+@pytest.mark.parametrize("nvfp4", [False, True])
+def test_float32_copy_evaluates_the_same_weights_without_bf16_rounding(nvfp4: bool) -> None:
+    """`as_float32` (the yardstick of benchmarks/fast_path_accuracy.py): exact upcasts, NVFP4 codes shared, and the
+    BF16 model's logits within BF16 rounding of the FP32 evaluation."""
+    w = random_weights(CFG, torch.bfloat16, seed=7, nvfp4_linears=nvfp4)
+    w32 = as_float32(w)
+    assert w32.dtype == torch.float32 and w.dtype == torch.bfloat16  # the original is untouched
+    qkv, qkv32 = w.layers[0].qkv, w32.layers[0].qkv
+    if nvfp4:
+        assert qkv32 is qkv
+    else:
+        assert qkv32.dtype == torch.float32 and torch.equal(qkv32, qkv.float())
+    gold = FlintModel(w32).forward_sequences(SEQS)
+    assert all(g.dtype == torch.float32 for g in gold)
+    assert 1e-5 < _rel(FlintModel(w).forward_sequences(SEQS), gold) < 6e-2  # BF16 rounding through 6 layers
