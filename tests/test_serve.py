@@ -86,12 +86,14 @@ def test_two_replicas_both_take_traffic(cluster: ServeCluster, client: openai.Op
         t.start()
     for t in threads:
         t.join()
-    time.sleep(3)  # replicas post their metrics every 2 s
-    busy = [labels["replica"] for labels, snap, _ in cluster.snapshots() if snap["generation_tokens_total"] > 0]
-    assert len(set(busy)) == 2, cluster.snapshots()
+
+    def busy() -> set[str]:
+        return {labels["replica"] for labels, snap, _ in cluster.snapshots() if snap["generation_tokens_total"] > 0}
+
+    wait_for(lambda: len(busy()) == 2, 30, "both replicas reporting generated tokens")  # they post every 2 s
     # Operators see the same through the API: each replica, its process and device, healthy and having generated.
     listed = httpx.get(cluster.base_url + "/replicas").json()["data"]
-    assert sorted(r["id"] for r in listed) == sorted(set(busy))
+    assert sorted(r["id"] for r in listed) == sorted(busy())
     assert len({r["pid"] for r in listed}) == 2
     for r in listed:
         assert r["healthy"] and r["device"] == "cpu" and r["device_name"] == "cpu" and r["generation_tokens_total"] > 0
