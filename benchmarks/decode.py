@@ -388,6 +388,10 @@ def main() -> None:
             f"{r['format']:>6} {r['batch']:>5} {r['context']:>6} {r['step_ms']:>8.3f} {r['floor_ms']:>8.3f}"
             f" {r['floor_fraction']:>8.2f} {r['tokens_per_s']:>9.0f} {r.get('kernels_per_step', ''):>7}"
         )
+    for r in rows:
+        if "time_by_family_ms" in r:
+            fams = ", ".join(f"{k} {v:.3f}" for k, v in r["time_by_family_ms"].items())
+            print(f"{r['format']:>6} b{r['batch']} ctx {r['context']}: GPU ms by kernel family: {fams}")
     for r in rep.data["rows"]:
         if "prefill_ms" in r:
             print(f"{r['format']:>6} prefill {r['prefill_tokens']} tokens: {r['prefill_ms']:.1f} ms")
