@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ APP = "flint"
 class ServeCluster:
     http_port: int
     metrics_port: int
+    checkpoint: Path | None = None  # the tiny model the tests deploy
 
     @property
     def base_url(self) -> str:
@@ -76,6 +77,22 @@ def start_cluster(tmp: Path) -> ServeCluster:
     http_port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     return ServeCluster(http_port, metrics_port)
+
+
+def serving(tmp: Path, deploy: Callable[[ServeCluster], None]) -> Iterator[ServeCluster]:
+    """A module fixture's body: a cluster with the tiny checkpoint, deployed by `deploy`, stopped afterwards (also
+    when the deployment fails, so no cluster is left behind for the next module)."""
+    from api_fixtures import tiny_checkpoint
+
+    c = start_cluster(tmp)
+    c.checkpoint = tiny_checkpoint(tmp)
+    try:
+        deploy(c)
+    except BaseException:
+        stop_cluster()
+        raise
+    yield c
+    stop_cluster()
 
 
 def stop_cluster() -> None:

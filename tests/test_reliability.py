@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import ray
-from api_fixtures import tiny_checkpoint
-from serve_fixtures import ServeCluster, start_cluster, stop_cluster, wait_for
+from serve_fixtures import ServeCluster, serving, wait_for
 
 MSG = [{"role": "user", "content": "Tell me a long story about rivers."}]
 BASE = dict(
@@ -29,10 +28,7 @@ BASE = dict(
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("rel")
-    c = start_cluster(tmp)
-    c.checkpoint = tiny_checkpoint(tmp)  # type: ignore[attr-defined]
-    try:
+    def deploy(c: ServeCluster) -> None:
         c.deploy(
             model=str(c.checkpoint),
             num_replicas=1,
@@ -41,11 +37,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
             max_queued_requests=200,
             **BASE,
         )
-    except BaseException:  # never leave a cluster behind for the next module
-        stop_cluster()
-        raise
-    yield c
-    stop_cluster()
+
+    yield from serving(tmp_path_factory.mktemp("rel"), deploy)
 
 
 def idle(c: ServeCluster) -> bool:

@@ -15,9 +15,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from api_fixtures import tiny_checkpoint
 from conftest import require
-from serve_fixtures import ServeCluster, start_cluster, stop_cluster, wait_for
+from serve_fixtures import ServeCluster, serving, wait_for
 
 MSG = [{"role": "user", "content": "Hello, who are you?"}]
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,16 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("serve")
-    c = start_cluster(tmp)
-    c.checkpoint = tiny_checkpoint(tmp)  # type: ignore[attr-defined]
-    try:
-        _deploy_default(c)
-    except BaseException:  # never leave a cluster behind for the next module
-        stop_cluster()
-        raise
-    yield c
-    stop_cluster()
+    yield from serving(tmp_path_factory.mktemp("serve"), _deploy_default)
 
 
 def _deploy_default(c: ServeCluster) -> None:
