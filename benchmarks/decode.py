@@ -242,8 +242,6 @@ def run_format(
         if kernels.name == "reference" or rep.time_left() < 0:
             break
         rep.add("checks", {"format": fmt, **check_fast_vs_plain(fast, plain, cfg, dev, args.check_steps, b, bs)})
-    if args.checks_only:
-        return
     # --- the KV cache for the largest decode configuration that fits next to the weights
     free = (total_mem - torch.cuda.memory_allocated(dev) - 6 * 2**30) if dev.type == "cuda" else 1 << 40
     per_tok = cfg.kv_bytes_per_token(2)
@@ -330,7 +328,6 @@ def main() -> None:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--check-steps", type=int, default=32)
     ap.add_argument("--check-batches", type=int, nargs="*", default=[1, 8])
-    ap.add_argument("--checks-only", action="store_true", help="only the fast-vs-plain checks (no timing)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument(
         "--gain",
