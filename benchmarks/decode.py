@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fast_path_accuracy import agreement, greedy, rel_err  # a sibling script: benchmarks/ is on sys.path
 from flint_kernels.dispatch import REFERENCE, select_kernels
 
 from flint_engine.config import FlintConfig, preset
@@ -181,32 +182,20 @@ def check_fast_vs_plain(
     fast: FlintModel, plain: FlintModel, cfg: FlintConfig, dev: torch.device, steps: int, batch: int, bs: int
 ) -> dict[str, Any]:
     """Prefill logits of both paths, then each path's engine greedy-decodes `steps` tokens (prefill + decode over
-    the paged cache, as in serving); compare logits and tokens."""
-    from flint_engine.engine import LLMEngine
-    from flint_engine.engine_config import EngineConfig
-    from flint_engine.sampling_params import SamplingParams
-
+    the paged cache, as in serving); compare logits and tokens. (fast_path_accuracy.py judges both against FP32.)"""
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (37 + 11 * i,), generator=gen).tolist() for i in range(batch)]
     lf = torch.cat(fast.forward_sequences(prompts, bs))
     lp = torch.cat(plain.forward_sequences(prompts, bs))
-    rel = ((lf - lp).norm() / lp.norm()).item()
-    argmax = (lf.argmax(-1) == lp.argmax(-1)).float().mean().item()
-    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
-    tokens = {}
-    for name, model in (("fast", fast), ("plain", plain)):
-        ec = EngineConfig(kv_cache_memory=2 * 2**30, max_num_seqs=max(batch, 1), cuda_graphs=False)
-        tokens[name] = [r.output_token_ids for r in LLMEngine(model, None, ec).generate(prompts, params)]
-    tf, tp = tokens["fast"], tokens["plain"]
-    agree = sum(a == b for x, y in zip(tf, tp) for a, b in zip(x, y)) / (steps * batch)
-    first_div = min(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), steps) for x, y in zip(tf, tp))
+    greedy_cmp = agreement(greedy(fast, prompts, steps), greedy(plain, prompts, steps))
     return {
         "batch": batch,
         "steps": steps,
-        "prefill_logits_rel_err": rel,
-        "prefill_argmax_agreement": argmax,
-        "greedy_token_agreement": agree,
-        "first_divergence_step": first_div,
+        "prefill_logits_rel_err": rel_err(lf, lp.float()),
+        "prefill_argmax_agreement": (lf.argmax(-1) == lp.argmax(-1)).float().mean().item(),
+        "greedy_token_agreement": greedy_cmp["agreement"],
+        "first_divergence_step": greedy_cmp["first_divergence"],
+        "top2_gap_at_divergences": greedy_cmp["gap_at_divergences"],
     }
 
 
