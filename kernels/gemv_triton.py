@@ -372,16 +372,15 @@ def segment_scale(gs_ptr, rows, row_ok, seg1, seg2, seg3):
 
 
 @triton.jit
-def split_k_reduce(
+def split_k_arrive(
     acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr
 ):
-    """Deterministic in-launch split-K: returns (sum of the SPLIT_K partials in split order, arrival index).
+    """Store this split's partial tile, then arrive on the tile's counter: (tile workspace, offsets, mask, index).
 
-    The sum is only meaningful where the arrival index is SPLIT_K - 1 (see `is_last`).
-
-    Every split stores its partial (only valid columns, so decode moves no padding), then bumps the tile's
-    counter with acq_rel semantics after a CTA barrier (the classic semaphore pattern). Only the last arrival
-    loads the partials (bypassing L1) and resets the counter for the next launch.
+    The classic semaphore pattern: every split stores its partial (only valid columns, so decode moves no
+    padding), a CTA barrier, then an acq_rel increment of the tile's counter. The program whose arrival index is
+    SPLIT_K - 1 sees every partial; it must read them bypassing L1 (cache_modifier=".cg") and reset the counter
+    to 0 for the next launch or graph replay.
     """
     offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
     tile_base = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_N * BLOCK_M)
@@ -389,6 +388,19 @@ def split_k_reduce(
     tl.store(tile_base + pid_k * (BLOCK_N * BLOCK_M) + offs, acc, mask=mask)
     tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+    return tile_base, offs, mask, arrived
+
+
+@triton.jit
+def split_k_reduce(
+    acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr
+):
+    """Deterministic in-launch split-K: returns (sum of the SPLIT_K partials in split order, arrival index).
+
+    The sum is only meaningful where the arrival index is SPLIT_K - 1 (see `is_last`), the one program that
+    loads the partials and resets the counter (see `split_k_arrive`).
+    """
+    tile_base, offs, mask, arrived = split_k_arrive(acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K, BLOCK_N, BLOCK_M)
     total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     if arrived == SPLIT_K - 1:
         for s in range(SPLIT_K):
