@@ -44,10 +44,14 @@ class FlintModel:
         topk_w, topk_ids = self.kernels.router(
             x, w.router, c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor
         )
+        s = w.shared
+        if s is not None and not isinstance(s.gate_up, tuple) and not isinstance(s.down, tuple):
+            # One op for routed + shared experts, so the fused path can run them in the same launches.
+            return self.kernels.moe(x, topk_w, topk_ids, w.experts_gate_up, w.experts_down, (s.gate_up, s.down))
         out = self.kernels.moe(x, topk_w, topk_ids, w.experts_gate_up, w.experts_down)
-        if w.shared is not None:
+        if s is not None:
             # The shared expert is added in full (no gate), after the routed sum, as in the reference.
-            out = out + self._dense_mlp(x, w.shared)
+            out = out + self._dense_mlp(x, s)
         return out
 
     # ------------------------------------------------------------------ forward

@@ -2,6 +2,7 @@
 
 As transformers' default (grouped) experts path: each expert output is rounded to the activation dtype, multiplied
 by its FP32 routing weight, the k products are summed in FP32 in top-k slot order, and the sum is rounded once.
+The shared expert (ungated SwiGLU, every token) is then added to that rounded sum in the activation dtype.
 """
 
 from __future__ import annotations
@@ -16,10 +17,28 @@ def _expert(w: Weight, e: int) -> Weight:
     return w.select(e) if isinstance(w, NVFP4Weight) else w[e]
 
 
+# The shared expert's (gate|up [2I_s, H], down [H, I_s]) weights.
+SharedExpert = tuple[Weight, Weight]
+
+
+def shared_expert_ref(x: torch.Tensor, shared: SharedExpert) -> torch.Tensor:
+    """The ungated shared expert: down(silu(gate) * up), each linear rounded to x's dtype."""
+    gate_up, down = shared
+    return linear_ref(silu_and_mul_ref(linear_ref(x, gate_up)), down)
+
+
 def moe_ref(
-    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: Weight, w2: Weight
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: Weight,
+    w2: Weight,
+    shared: SharedExpert | None = None,
 ) -> torch.Tensor:
-    """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I] -> routed sum [T, H] in x's dtype."""
+    """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I] -> routed sum [T, H] in x's dtype.
+
+    With `shared`, the result is the rounded routed sum plus the shared expert, added in x's dtype.
+    """
     t, k = topk_ids.shape
     weighted = torch.zeros((t, k, x.shape[-1]), dtype=torch.float32, device=x.device)
     for e in torch.unique(topk_ids).tolist():
@@ -27,4 +46,7 @@ def moe_ref(
         h = silu_and_mul_ref(linear_ref(x[token_idx], _expert(w13, e)))
         y = linear_ref(h, _expert(w2, e))
         weighted[token_idx, slot] = y.to(torch.float32) * topk_weights[token_idx, slot, None]
-    return weighted.sum(dim=1).to(x.dtype)
+    out = weighted.sum(dim=1).to(x.dtype)
+    if shared is not None:
+        out = out + shared_expert_ref(x, shared)
+    return out

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import activation_triton, gemv_triton
 from .gemv_triton import (
     _INTERPRET,
     COUNTER_SLOTS,
@@ -38,11 +39,12 @@ from .gemv_triton import (
     precision_for,
     segment_bounds,
     segment_scale,
+    split_k_arrive,
     split_k_reduce,
     tile_matmul,
 )
 from .linear import NVFP4Weight, Weight
-from .moe import moe_ref
+from .moe import SharedExpert, moe_ref
 
 # Up to this many tokens the per-pair decode kernels run; above it the sorted grouped GEMM (measured crossovers).
 DECODE_MAX_TOKENS_BF16 = 32
@@ -92,8 +94,20 @@ def _moe_gate_up_kernel(
     seg2,
     seg3,
     k_per_split,
+    sw_ptr,
+    ss_ptr,
+    sgs_ptr,
+    stride_swn,
+    stride_ssn,
+    sseg1,
+    sseg2,
+    sseg3,
+    n_shared_rows,
+    shared_parts,
+    shared_inter,
     NVFP4: tl.constexpr,
     GROUPED: tl.constexpr,
+    SHARED: tl.constexpr,
     EVEN_K: tl.constexpr,
     WORDS: tl.constexpr,
     USE_DOT: tl.constexpr,
@@ -103,22 +117,45 @@ def _moe_gate_up_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """h[p, j] = round(round(silu(gate_pj)) * up_pj) for the pairs of this program and BLOCK_I columns j."""
+    """h[p, j] = round(round(silu(gate_pj)) * up_pj) for the pairs of this program and BLOCK_I columns j.
+
+    SHARED (decode only): program rows below `n_shared_rows` are the shared expert, cut into `shared_parts`
+    INTER-wide parts per token (row v: token v // parts, columns (v % parts) * INTER...), writing h rows v; the
+    routed pairs follow, pair p writing h row n_shared_rows + p, so each token's shared h is one contiguous row.
+    """
     pid_i = tl.program_id(0)
     pid_r = tl.program_id(1)
     pid_k = tl.program_id(2)
-    e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, pid_r, GROUPED, BLOCK_M)
+    pair_row = pid_r - n_shared_rows if SHARED else pid_r
+    e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
     x_off = (pairs // TOPK) * stride_xt
+    h_rows = pairs + n_shared_rows if SHARED else pairs
+    w_base = w_ptr + e * stride_we
+    s_base = s_ptr + e * stride_se
+    gs_base = gs_ptr + e * stride_gse
+    col0 = pid_r * 0
+    up_off = INTER
+    wn, sn = stride_wn, stride_sn
+    b1, b2, b3 = seg1, seg2, seg3
+    if SHARED:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton compiles them apart)
+        if pair_row < 0:
+            x_off = tl.zeros((BLOCK_M,), dtype=tl.int64) + (pid_r // shared_parts).to(tl.int64) * stride_xt
+            h_rows = tl.zeros((BLOCK_M,), dtype=tl.int64) + pid_r
+            w_base, s_base, gs_base = sw_ptr, ss_ptr, sgs_ptr
+            col0 = (pid_r % shared_parts) * INTER
+            up_off = shared_inter
+            wn, sn = stride_swn, stride_ssn
+            b1, b2, b3 = sseg1, sseg2, sseg3
     # 2*BLOCK_I weight rows: gate rows j then up rows I + j, so one x tile feeds both.
     r2 = tl.arange(0, 2 * BLOCK_I)
     j = pid_i * BLOCK_I + (r2 % BLOCK_I)
-    rows = j + (r2 >= BLOCK_I).to(tl.int32) * INTER
+    rows = col0 + j + (r2 >= BLOCK_I).to(tl.int32) * up_off
     row_ok = j < INTER
     k_start = pid_k * k_per_split
     k_end = tl.minimum(H, k_start + k_per_split)
     acc = tile_matmul(
-        w_ptr + e * stride_we, s_ptr + e * stride_se, rows.to(tl.int64), row_ok, x_ptr, x_off, m_ok,
-        k_start, k_end, stride_wn, stride_sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, 2 * BLOCK_I, BLOCK_M,
+        w_base, s_base, rows.to(tl.int64), row_ok, x_ptr, x_off, m_ok,
+        k_start, k_end, wn, sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, 2 * BLOCK_I, BLOCK_M,
         BLOCK_K,
     )  # fmt: skip
     jj = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
@@ -128,7 +165,7 @@ def _moe_gate_up_kernel(
         acc, arrived = split_k_reduce(acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K, 2 * BLOCK_I, BLOCK_M)
         store_ok = store_ok & is_last(arrived, SPLIT_K, BLOCK_I)[:, None]
     if NVFP4:
-        acc = acc * segment_scale(gs_ptr + e * stride_gse, rows, row_ok, seg1, seg2, seg3)[:, None]
+        acc = acc * segment_scale(gs_base, rows, row_ok, b1, b2, b3)[:, None]
     xdt = x_ptr.dtype.element_ty
     # The reference rounds gate and up to the activation dtype, then silu, then the product.
     y = acc.to(xdt)
@@ -136,7 +173,7 @@ def _moe_gate_up_kernel(
     g32 = gate.to(tl.float32)
     act = (g32 / (1.0 + tl.exp(-g32))).to(xdt)
     h = (act.to(tl.float32) * up.to(tl.float32)).to(xdt)
-    tl.store(h_ptr + pairs[None, :] * stride_h + jj[:, None], h, mask=store_ok)
+    tl.store(h_ptr + h_rows[None, :] * stride_h + jj[:, None], h, mask=store_ok)
 
 
 @triton.jit
@@ -164,43 +201,95 @@ def _moe_down_kernel(
     seg1,
     seg2,
     seg3,
+    sw_ptr,
+    ss_ptr,
+    sgs_ptr,
+    stride_swn,
+    stride_ssn,
+    sseg1,
+    sseg2,
+    sseg3,
+    n_shared_tokens,
+    shared_parts,
+    shared_inter,
     NVFP4: tl.constexpr,
     GROUPED: tl.constexpr,
+    SHARED: tl.constexpr,
     EVEN_K: tl.constexpr,
     WORDS: tl.constexpr,
     USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
     TOPK: tl.constexpr,
+    NSLOTS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """y = round(h[p] @ w2[e]^T * scale). GROUPED: store y[p]. Else reduce the token's TOPK slots into out[t]."""
+    """y = round(h[p] @ w2[e]^T * scale). GROUPED: store y[p]. Else reduce the token's TOPK slots into out[t].
+
+    SHARED (decode only): program rows below `n_shared_tokens` are each token's shared expert (its h is the
+    contiguous `shared_inter` columns at h row token * shared_parts), arriving as slot TOPK with weight 1; the last
+    arrival rounds the routed sum, then adds the shared output and rounds again, as the reference's BF16 add.
+    """
     pid_n = tl.program_id(0)
     pid_r = tl.program_id(1)
-    e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, pid_r, GROUPED, BLOCK_M)
+    pair_row = pid_r - n_shared_tokens if SHARED else pid_r
+    e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
+    h_off = (pairs + n_shared_tokens * shared_parts) * stride_h if SHARED else pairs * stride_h
+    w_base = w_ptr + e * stride_we
+    s_base = s_ptr + e * stride_se
+    gs_base = gs_ptr + e * stride_gse
+    k_len = INTER
+    wn, sn = stride_wn, stride_sn
+    b1, b2, b3 = seg1, seg2, seg3
+    t = tl.maximum(pair_row, 0) // TOPK
+    slot = tl.maximum(pair_row, 0) % TOPK
+    if not GROUPED:
+        weight = tl.load(tw_ptr + tl.maximum(pair_row, 0)).to(tl.float32)
+    if SHARED:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton compiles them apart)
+        if pair_row < 0:
+            h_off = tl.zeros((BLOCK_M,), dtype=tl.int64) + (pid_r * shared_parts).to(tl.int64) * stride_h
+            w_base, s_base, gs_base = sw_ptr, ss_ptr, sgs_ptr
+            k_len = shared_inter
+            wn, sn = stride_swn, stride_ssn
+            b1, b2, b3 = sseg1, sseg2, sseg3
+            t = pid_r
+            slot = pid_r * 0 + TOPK
+            weight = weight * 0.0 + 1.0
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < H
     acc = tile_matmul(
-        w_ptr + e * stride_we, s_ptr + e * stride_se, rows.to(tl.int64), row_ok, h_ptr, pairs * stride_h, m_ok,
-        0, INTER, stride_wn, stride_sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, BLOCK_N, BLOCK_M, BLOCK_K,
+        w_base, s_base, rows.to(tl.int64), row_ok, h_ptr, h_off, m_ok,
+        0, k_len, wn, sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, BLOCK_N, BLOCK_M, BLOCK_K,
     )  # fmt: skip
     if NVFP4:
-        acc = acc * segment_scale(gs_ptr + e * stride_gse, rows, row_ok, seg1, seg2, seg3)[:, None]
+        acc = acc * segment_scale(gs_base, rows, row_ok, b1, b2, b3)[:, None]
     xdt = h_ptr.dtype.element_ty
     y = acc.to(xdt)
     store_ok = row_ok[:, None] & m_ok[None, :]
     if GROUPED:
         tl.store(out_ptr + pairs[None, :] * stride_out + rows[:, None], y, mask=store_ok)
     else:
-        # Slot s of token t: the TOPK slot programs of one (token, H-tile) meet on one counter.
-        t = pid_r // TOPK
-        slot = pid_r % TOPK
-        weighted = y.to(tl.float32) * tl.load(tw_ptr + pid_r).to(tl.float32)
+        # The NSLOTS programs of one (token, H-tile) meet on one counter; the last sums in slot order.
         tile = t * tl.num_programs(0) + pid_n
-        total, arrived = split_k_reduce(weighted, ws_ptr, cnt_ptr, tile, slot, m_ok, TOPK, BLOCK_N, BLOCK_M)
+        tile_base, offs, mask, arrived = split_k_arrive(
+            y.to(tl.float32) * weight, ws_ptr, cnt_ptr, tile, slot, m_ok, NSLOTS, BLOCK_N, BLOCK_M
+        )
+        total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        extra = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        if arrived == NSLOTS - 1:
+            for s in range(TOPK):
+                total += tl.load(tile_base + s * (BLOCK_N * BLOCK_M) + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if SHARED:
+                extra = tl.load(
+                    tile_base + TOPK * (BLOCK_N * BLOCK_M) + offs, mask=mask, other=0.0, cache_modifier=".cg"
+                )
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+        res = total.to(xdt)
+        if SHARED:
+            res = (res.to(tl.float32) + extra).to(xdt)
         out_ptrs = out_ptr + t.to(tl.int64) * stride_out + rows[:, None] + tl.zeros((1, BLOCK_M), dtype=tl.int64)
-        tl.store(out_ptrs, total.to(xdt), mask=store_ok & is_last(arrived, TOPK, BLOCK_N)[:, None])
+        tl.store(out_ptrs, res, mask=store_ok & is_last(arrived, NSLOTS, BLOCK_N)[:, None])
 
 
 @triton.jit
@@ -312,6 +401,48 @@ def supported(x: torch.Tensor, w13: Weight, w2: Weight) -> bool:
     return w13.shape[-1] == x.shape[1] and w13.shape[-2] == 2 * i and w2.shape[-2] == x.shape[1]
 
 
+def _shared_args(w: Weight, like: torch.Tensor) -> tuple:
+    """(data, scales, global scales, row strides, segment bounds) of one 2-D shared-expert weight."""
+    n = w.shape[-2]
+    if isinstance(w, NVFP4Weight):
+        gs = w.global_scale.reshape(-1)
+        return (w.qweight, w.scales, gs, w.qweight.stride(0), w.scales.stride(0), *segment_bounds(w.segments, n))
+    return (w, w, like, w.stride(0), 0, n, n, n)
+
+
+def _no_shared(like: torch.Tensor) -> tuple:
+    return (like, like, like, 0, 0, 0, 0, 0)
+
+
+def foldable(shared: SharedExpert, x: torch.Tensor, w13: Weight, w2: Weight) -> bool:
+    """Whether the shared expert can run inside the decode kernels: same storage as the experts, I_s a multiple of I."""
+    gate_up, down = shared
+    inter, hidden = w2.shape[-1], x.shape[1]
+    nv = isinstance(w13, NVFP4Weight)
+    if not (isinstance(w2, NVFP4Weight) == nv == isinstance(gate_up, NVFP4Weight) == isinstance(down, NVFP4Weight)):
+        return False
+    i_s = down.shape[-1]
+    if gate_up.shape != (2 * i_s, hidden) or down.shape != (hidden, i_s) or i_s % inter:
+        return False
+    for w, like in ((gate_up, w13), (down, w2)):
+        if isinstance(w, NVFP4Weight):
+            if w.qweight.dim() != 2 or len(w.segments) > MAX_SEGMENTS or w.global_scale.dim() != 1:
+                return False
+            if w.qweight.stride(1) != 1 or w.scales.stride(1) != 1 or w.qweight.device != x.device:
+                return False
+            if w.qweight.data_ptr() % 4:
+                return False
+        elif w.dim() != 2 or w.stride(1) != 1 or w.device != x.device or w.dtype != like.dtype:  # type: ignore[union-attr]
+            return False
+    return True
+
+
+def shared_expert(x: torch.Tensor, shared: SharedExpert) -> torch.Tensor:
+    """The shared expert on its own, through the Triton linear and SiLU-and-mul kernels (`shared_expert_ref`)."""
+    gate_up, down = shared
+    return gemv_triton.linear(activation_triton.silu_and_mul(gemv_triton.linear(x, gate_up)), down)
+
+
 def fused_moe(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -321,8 +452,34 @@ def fused_moe(
     decode_max_tokens: int | None = None,
     config: MoEConfig | None = None,
     split_k: int | None = None,
+    shared: SharedExpert | None = None,
 ) -> torch.Tensor:
-    """`moe_ref` through the Triton kernels; `decode_max_tokens` picks the path (tests force either)."""
+    """`moe_ref` through the Triton kernels; `decode_max_tokens` picks the path (tests force either).
+
+    A shared expert runs inside the decode launches when `foldable`; otherwise it runs on its own and is added.
+    """
+    t = topk_ids.shape[0]
+    nv13, nv2 = isinstance(w13, NVFP4Weight), isinstance(w2, NVFP4Weight)
+    if decode_max_tokens is None:
+        decode_max_tokens = DECODE_MAX_TOKENS_NVFP4 if nv13 or nv2 else DECODE_MAX_TOKENS_BF16
+    decode = t <= decode_max_tokens
+    if shared is not None and not (decode and t > 0 and foldable(shared, x, w13, w2)):
+        return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, None) + shared_expert(x, shared)
+    return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared)
+
+
+def _routed(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: Weight,
+    w2: Weight,
+    decode: bool,
+    config: MoEConfig | None,
+    split_k: int | None,
+    shared: SharedExpert | None,
+) -> torch.Tensor:
+    """The launches of `fused_moe`; `shared` (decode path only) is already known to be foldable."""
     t, topk = topk_ids.shape
     hidden = x.shape[1]
     num_experts = w13.shape[0]
@@ -334,12 +491,14 @@ def fused_moe(
     ids = topk_ids.contiguous()
     tw = topk_weights.contiguous()
     p = t * topk
-    h = _empty((p, inter), x.dtype, x.device)
+    parts = 0 if shared is None else shared[1].shape[-1] // inter
+    n_shared_rows = parts * t
+    h = _empty((n_shared_rows + p, inter), x.dtype, x.device)
     q13, s13, g13, we13, wn13, se13, sn13, ge13, seg13, nv13 = _weight_args(w13, out)
     q2, s2, g2, we2, wn2, se2, sn2, ge2, seg2, nv2 = _weight_args(w2, out)
-    if decode_max_tokens is None:
-        decode_max_tokens = DECODE_MAX_TOKENS_NVFP4 if nv13 or nv2 else DECODE_MAX_TOKENS_BF16
-    decode = t <= decode_max_tokens
+    sh13 = _no_shared(out) if shared is None else _shared_args(shared[0], out)
+    sh2 = _no_shared(out) if shared is None else _shared_args(shared[1], out)
+    shared_inter = 0 if shared is None else shared[1].shape[-1]
     cfg = config or (decode_config(nv13 or nv2, t) if decode else grouped_config(p / num_experts))
     prec = precision_for(x.dtype)
     cnt = counters(x.device)
@@ -348,8 +507,8 @@ def fused_moe(
     if decode and t * dn_tiles > COUNTER_SLOTS:
         raise ValueError(f"{t} tokens are too many for the decode path's slot counters; use the grouped path")
     if decode:
-        order, meta, rows_grid = ids, ids, p
-        split, per = choose_split_k(gu_tiles * p, hidden, cfg.gu_block_k, x.device)
+        order, meta, rows_grid = ids, ids, n_shared_rows + p
+        split, per = choose_split_k(gu_tiles * rows_grid, hidden, cfg.gu_block_k, x.device)
     else:
         order, meta, rows_grid = _align(ids, num_experts, cfg.block_m)
         split, per = 1, triton.cdiv(hidden, cfg.gu_block_k) * cfg.gu_block_k
@@ -361,27 +520,33 @@ def fused_moe(
     _moe_gate_up_kernel[(gu_tiles, rows_grid, split)](
         x, ids, order, meta, q13, s13, g13, h, ws, cnt,
         hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0), *seg13, per,
-        NVFP4=nv13, GROUPED=not decode, EVEN_K=hidden % cfg.gu_block_k == 0, WORDS=cfg.words,
-        USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split, BLOCK_I=cfg.gu_block_i, BLOCK_M=cfg.block_m,
-        BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        *sh13, n_shared_rows, max(parts, 1), shared_inter,
+        NVFP4=nv13, GROUPED=not decode, SHARED=shared is not None, EVEN_K=hidden % cfg.gu_block_k == 0,
+        WORDS=cfg.words, USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split, BLOCK_I=cfg.gu_block_i,
+        BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    even_dn = inter % cfg.dn_block_k == 0 and shared_inter % cfg.dn_block_k == 0
     if decode:
-        ws = _empty((t * dn_tiles * topk * cfg.dn_block_n * cfg.block_m,), torch.float32, x.device)
-        _moe_down_kernel[(dn_tiles, p)](
+        n_shared_tokens = 0 if shared is None else t
+        nslots = topk + (shared is not None)
+        ws = _empty((t * dn_tiles * nslots * cfg.dn_block_n * cfg.block_m,), torch.float32, x.device)
+        _moe_down_kernel[(dn_tiles, n_shared_tokens + p)](
             h, ids, order, meta, tw, q2, s2, g2, out, ws, cnt,
             hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, out.stride(0), *seg2,
-            NVFP4=nv2, GROUPED=False, EVEN_K=inter % cfg.dn_block_k == 0, WORDS=cfg.words,
-            USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, BLOCK_N=cfg.dn_block_n, BLOCK_M=cfg.block_m,
-            BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            *sh2, n_shared_tokens, max(parts, 1), shared_inter,
+            NVFP4=nv2, GROUPED=False, SHARED=shared is not None, EVEN_K=even_dn, WORDS=cfg.words,
+            USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots, BLOCK_N=cfg.dn_block_n,
+            BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return out
     y = _empty((p, hidden), x.dtype, x.device)
     _moe_down_kernel[(dn_tiles, rows_grid)](
         h, ids, order, meta, tw, q2, s2, g2, y, y, cnt,
         hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, y.stride(0), *seg2,
-        NVFP4=nv2, GROUPED=True, EVEN_K=inter % cfg.dn_block_k == 0, WORDS=cfg.words,
-        USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, BLOCK_N=cfg.dn_block_n, BLOCK_M=cfg.block_m,
-        BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        *_no_shared(out), 0, 1, 0,
+        NVFP4=nv2, GROUPED=True, SHARED=False, EVEN_K=even_dn, WORDS=cfg.words,
+        USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=topk, BLOCK_N=cfg.dn_block_n,
+        BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     block_h = min(1024, triton.next_power_of_2(hidden))
     _moe_reduce_kernel[(t, triton.cdiv(hidden, block_h))](
@@ -390,8 +555,15 @@ def fused_moe(
     return out
 
 
-def moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: Weight, w2: Weight) -> torch.Tensor:
-    """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I] -> routed sum [T, H] in x's dtype."""
+def moe(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: Weight,
+    w2: Weight,
+    shared: SharedExpert | None = None,
+) -> torch.Tensor:
+    """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I] -> routed sum [T, H] (+ shared expert)."""
     if not supported(x, w13, w2):
-        return moe_ref(x, topk_weights, topk_ids, w13, w2)
-    return fused_moe(x, topk_weights, topk_ids, w13, w2)
+        return moe_ref(x, topk_weights, topk_ids, w13, w2, shared)
+    return fused_moe(x, topk_weights, topk_ids, w13, w2, shared=shared)

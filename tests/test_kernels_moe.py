@@ -118,6 +118,81 @@ def test_decode_quantized_default_config() -> None:
     assert rel_err(mt.moe(x, tw, ids, w13, w2), moe_ref(x, tw, ids, w13, w2)) < 1e-5
 
 
+# ----------------------------------------------------------------------------------------------- shared expert
+def dense_shared(h: int, i_s: int, dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    gate_up = torch.randn(2 * i_s, h, generator=g, device=DEVICE) / math.sqrt(h)
+    down = torch.randn(h, i_s, generator=g, device=DEVICE) / math.sqrt(i_s)
+    return gate_up.to(dtype), down.to(dtype)
+
+
+def nvfp4_shared(h: int, i_s: int, g: torch.Generator) -> tuple[NVFP4Weight, NVFP4Weight]:
+    return random_nvfp4(1, 2 * i_s, h, g, (i_s, i_s)).select(0), random_nvfp4(1, h, i_s, g, (h,)).select(0)
+
+
+@pytest.mark.parametrize(
+    "t,config,split_k", [(1, DECODE_FMA, 2), (5, DECODE_FMA, 1), (3, DECODE_DOT, 2)], ids=["fma-1", "fma-5", "dot-3"]
+)
+def test_decode_folds_shared_expert_dense_fp32(t: int, config: mt.MoEConfig, split_k: int) -> None:
+    """I_s = 2I: each token's shared expert runs as two extra gate_up rows and one extra down slot."""
+    g = gen(200 + t)
+    e, h, i, k = 8, 96, 48, 3
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    w13, w2 = dense_experts(e, h, i, torch.float32, g)
+    shared = dense_shared(h, 2 * i, torch.float32, g)
+    assert mt.foldable(shared, x, w13, w2)
+    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=config, split_k=split_k, shared=shared)
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_decode_folds_shared_expert_nvfp4_fp32(t: int) -> None:
+    g = gen(210 + t)
+    e, h, i, k = 6, 128, 32, 4
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    w13 = random_nvfp4(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4(e, h, i, g, (h,))
+    shared = nvfp4_shared(h, 2 * i, g)
+    assert mt.foldable(shared, x, w13, w2)
+    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA, split_k=2, shared=shared)
+    ref = moe_ref(x, tw, ids, w13, w2, shared)
+    assert rel_err(out, ref) < 1e-5
+    # The shared part is really there: without it the result is far off.
+    assert rel_err(moe_ref(x, tw, ids, w13, w2), ref) > 1e-2
+    runs = [mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA, shared=shared) for _ in "ab"]
+    assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("case", ["width", "storage", "grouped"])
+def test_shared_expert_not_folded_runs_apart(case: str) -> None:
+    """A shared width that is not a multiple of I, mixed storage, or the grouped path: run on its own, then add."""
+    g = gen(220)
+    e, h, i, k, t = 6, 64, 32, 2, 3
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    w13, w2 = dense_experts(e, h, i, torch.float32, g)
+    shared = dense_shared(h, 48 if case == "width" else 2 * i, torch.float32, g)
+    if case == "storage":
+        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+    assert mt.foldable(shared, x, w13, w2) == (case == "grouped")
+    dmt = 0 if case == "grouped" else 64
+    config = GROUPED if case == "grouped" else DECODE_FMA
+    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt, config=config, shared=shared)
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
+
+
+def test_moe_op_with_shared_expert_default_config() -> None:
+    g = gen(230)
+    e, h, i, k = 8, 128, 64, 3
+    x = torch.randn(2, h, generator=g, device=DEVICE)
+    tw, ids = routing(2, e, k, g)
+    w13, w2 = quantized_experts(e, h, i, g)
+    shared = nvfp4_shared(h, 2 * i, g)
+    assert rel_err(mt.moe(x, tw, ids, w13, w2, shared), moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
+
+
 # ----------------------------------------------------------------------------------------------- grouped path
 @pytest.mark.parametrize("t", [5, 33])
 def test_grouped_dense_fp32(t: int) -> None:
@@ -219,6 +294,29 @@ def test_gpu_bf16_flint_shapes(t: int, fmt: str) -> None:
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("t", [1, 8, 33])
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_gpu_shared_expert_flint_shapes(t: int, fmt: str) -> None:
+    """Routed + the 1024-wide shared expert in one op (folded into the decode launches up to the threshold)."""
+    g = gen(300 + t)
+    e, h, i, k = 256, 2048, 512, 6
+    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
+    tw, ids = routing(t, e, k, g)
+    if fmt == "bf16":
+        w13, w2 = dense_experts(e, h, i, torch.bfloat16, g)
+        shared = dense_shared(h, 1024, torch.bfloat16, g)
+    else:
+        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+        shared = nvfp4_shared(h, 1024, g)
+    ref = moe_ref(x, tw, ids, w13, w2, shared)
+    assert rel_err(mt.moe(x, tw, ids, w13, w2, shared), ref) < 1e-2
+    for dmt in (0, 64):
+        assert rel_err(mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt, shared=shared), ref) < 1e-2
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_all_configs_bf16() -> None:
     g = gen(90)
     e, h, i, k, t = 16, 1024, 256, 6, 5
@@ -245,10 +343,11 @@ def test_gpu_cuda_graph_capture_and_determinism(t: int) -> None:
     w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
     x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
     tw, ids = routing(t, e, k, g)
-    mt.moe(x, tw, ids, w13, w2)  # warm up outside the capture
+    shared = nvfp4_shared(h, 1024, g)
+    mt.moe(x, tw, ids, w13, w2, shared)  # warm up outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = mt.moe(x, tw, ids, w13, w2)
+        out = mt.moe(x, tw, ids, w13, w2, shared)
     for _ in range(3):
         x.copy_(torch.randn(t, h, generator=g, device=DEVICE))
         new_w, new_ids = routing(t, e, k, g)
@@ -256,6 +355,6 @@ def test_gpu_cuda_graph_capture_and_determinism(t: int) -> None:
         ids.copy_(new_ids)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, mt.moe(x, tw, ids, w13, w2))
-        assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-2
+        assert torch.equal(out, mt.moe(x, tw, ids, w13, w2, shared))
+        assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-2
     assert int(gt.counters(DEVICE).abs().sum()) == 0
