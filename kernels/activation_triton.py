@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_options, pdl_entry
+
 _BLOCK = 1024
 
 
@@ -17,8 +19,10 @@ def _silu_and_mul_kernel(
     stride_in,
     stride_out,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[r, c] = round(round(silu(gate[r, c])) * up[r, c]) for one row r and BLOCK columns."""
+    pdl_entry(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = c < inter
@@ -46,6 +50,6 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if rows and inter:
         block = min(_BLOCK, triton.next_power_of_2(inter))
         _silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](
-            x, out, inter, x.stride(0), out.stride(0), BLOCK=block, num_warps=4
+            x, out, inter, x.stride(0), out.stride(0), BLOCK=block, num_warps=4, **launch_options(x.device)
         )
     return out.view(*gate_up.shape[:-1], inter)

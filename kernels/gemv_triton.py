@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from .linear import NVFP4Weight, Weight, linear_fp32_out_ref, linear_ref, matmul_fp32_out
+from .pdl import launch_options, pdl_entry
 
 # Above this many activation rows a dense weight goes to cuBLAS (torch), which the Triton kernel only beats at M = 1.
 DENSE_MAX_M = 1
@@ -444,8 +445,10 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[m, n] = (sum_k x[m, k] W[n, k]) * global_scale[segment(n)], rounded once to out's dtype."""
+    pdl_entry(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -633,7 +636,7 @@ def _matmul(
         m, n, k, x.stride(0), stride_wn, stride_sn, out.stride(0), *seg, per,
         NVFP4=nv, USE_DOT=cfg.use_dot, PRECISION=precision_for(x.dtype), EVEN_K=k % cfg.block_k == 0,
         WORDS=cfg.words, SPLIT_K=split, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
     )  # fmt: skip
     return out
 

@@ -45,6 +45,7 @@ from .gemv_triton import (
 )
 from .linear import NVFP4Weight, Weight
 from .moe import SharedExpert, moe_ref
+from .pdl import launch_options, pdl_entry
 
 # Up to this many tokens the per-pair decode kernels run; above it the sorted grouped GEMM (measured crossovers).
 DECODE_MAX_TOKENS_BF16 = 32
@@ -116,6 +117,7 @@ def _moe_gate_up_kernel(
     BLOCK_I: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """h[p, j] = round(round(silu(gate_pj)) * up_pj) for the pairs of this program and BLOCK_I columns j.
 
@@ -123,6 +125,7 @@ def _moe_gate_up_kernel(
     INTER-wide parts per token (row v: token v // parts, columns (v % parts) * INTER...), writing h rows v; the
     routed pairs follow, pair p writing h row n_shared_rows + p, so each token's shared h is one contiguous row.
     """
+    pdl_entry(PDL)
     pid_i = tl.program_id(0)
     pid_r = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -224,6 +227,7 @@ def _moe_down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y = round(h[p] @ w2[e]^T * scale). GROUPED: store y[p]. Else reduce the token's TOPK slots into out[t].
 
@@ -231,6 +235,7 @@ def _moe_down_kernel(
     contiguous `shared_inter` columns at h row token * shared_parts), arriving as slot TOPK with weight 1; the last
     arrival rounds the routed sum, then adds the shared output and rounds again, as the reference's BF16 add.
     """
+    pdl_entry(PDL)
     pid_n = tl.program_id(0)
     pid_r = tl.program_id(1)
     pair_row = pid_r - n_shared_tokens if SHARED else pid_r
@@ -293,8 +298,11 @@ def _moe_down_kernel(
 
 
 @triton.jit
-def _moe_reduce_kernel(y_ptr, tw_ptr, out_ptr, H, stride_y, stride_out, TOPK: tl.constexpr, BLOCK_H: tl.constexpr):
+def _moe_reduce_kernel(
+    y_ptr, tw_ptr, out_ptr, H, stride_y, stride_out, TOPK: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr
+):
     """out[t] = round(sum_s FP32(y[t*TOPK + s]) * w[t, s]), slots added in order."""
+    pdl_entry(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = cols < H
@@ -524,6 +532,7 @@ def _routed(
         NVFP4=nv13, GROUPED=not decode, SHARED=shared is not None, EVEN_K=hidden % cfg.gu_block_k == 0,
         WORDS=cfg.words, USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split, BLOCK_I=cfg.gu_block_i,
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_options(x.device),
     )  # fmt: skip
     even_dn = inter % cfg.dn_block_k == 0 and shared_inter % cfg.dn_block_k == 0
     if decode:
@@ -537,6 +546,7 @@ def _routed(
             NVFP4=nv2, GROUPED=False, SHARED=shared is not None, EVEN_K=even_dn, WORDS=cfg.words,
             USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots, BLOCK_N=cfg.dn_block_n,
             BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **launch_options(x.device),
         )  # fmt: skip
         return out
     y = _empty((p, hidden), x.dtype, x.device)
@@ -547,11 +557,13 @@ def _routed(
         NVFP4=nv2, GROUPED=True, SHARED=False, EVEN_K=even_dn, WORDS=cfg.words,
         USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=topk, BLOCK_N=cfg.dn_block_n,
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_options(x.device),
     )  # fmt: skip
     block_h = min(1024, triton.next_power_of_2(hidden))
     _moe_reduce_kernel[(t, triton.cdiv(hidden, block_h))](
-        y, tw, out, hidden, y.stride(0), out.stride(0), TOPK=topk, BLOCK_H=block_h, num_warps=4
-    )
+        y, tw, out, hidden, y.stride(0), out.stride(0), TOPK=topk, BLOCK_H=block_h, num_warps=4,
+        **launch_options(x.device),
+    )  # fmt: skip
     return out
 
 

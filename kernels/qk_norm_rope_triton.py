@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_options, pdl_entry
 from .qk_norm_rope import qk_norm_rope_write_ref
 
 # Heads per program: one GQA group of Flint (8 q heads) or its 4 k + 4 v heads.
@@ -52,8 +53,10 @@ def _qk_norm_rope_write_kernel(
     BLOCK_H: tl.constexpr,
     CACHE_BLOCK: tl.constexpr,
     HAS_ROPE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Norm (+ RoPE) BLOCK_H heads of one token; q to the output, k and v to the cache slot of that token."""
+    pdl_entry(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -189,6 +192,7 @@ def qk_norm_rope_write(
         CACHE_BLOCK=k_cache.shape[1],
         HAS_ROPE=cos_sin is not None,
         num_warps=4,
+        **launch_options(qkv.device),
         # No FMA contraction: `x*cos + rot*sin` must round each product before the add, as PyTorch does.
         enable_fp_fusion=False,
     )

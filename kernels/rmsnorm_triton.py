@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_options, pdl_entry
 from .rmsnorm import add_rms_norm_ref, rms_norm_ref
 
 # Elements one program keeps in registers when it packs several short rows; a long row is one program.
@@ -36,8 +37,10 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """RMSNorm of ROWS rows; with HAS_RESIDUAL, normalise the dtype-rounded sum `res + x` and store that sum too."""
+    pdl_entry(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_H)
     row_ok = rows < n_rows
@@ -93,6 +96,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         ROWS=rows,
         BLOCK_H=block_h,
         num_warps=num_warps,
+        **launch_options(x.device),
     )
     return out, new_res
 

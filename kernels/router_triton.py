@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from . import gemv_triton
+from .pdl import launch_options, pdl_entry
 from .router import sigmoid_topk_ref
 
 SMALL_BATCH = 16
@@ -89,9 +90,11 @@ def _router_kernel(
     E_PAD: tl.constexpr,
     ROWS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """FP32 logits of all tokens for BLOCK_E experts (one pass over their weight rows); the last program to finish
     turns all the logits into top-k weights (FP32) and expert ids (int64)."""
+    pdl_entry(PDL)
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t = tl.arange(0, BLOCK_T)
     kk = tl.arange(0, BLOCK_K)
@@ -185,5 +188,6 @@ def sigmoid_topk(
         ROWS=max(1, min(block_t, _SCORE_TILE // e_pad)),
         RENORMALIZE=renormalize,
         num_warps=4,
+        **launch_options(x.device),
     )
     return out_w, out_ids

@@ -1,45 +1,41 @@
-"""Ahead-of-time compilation of the GEMV kernel variants for Hopper (sm_90) without a GPU: a kernel that the
-installed Triton cannot compile for the target fails here, in CI, instead of on the GPU machine."""
+"""Ahead-of-time compilation of the fused decode kernels for Hopper (sm_90) without a GPU: a kernel that the
+installed Triton cannot compile for the target (a construct the interpreter accepts but the compiler does not)
+fails here, in CI, instead of on the GPU machine."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 
-def _compile(case: dict) -> None:
-    """Compile in a fresh process: the interpreter (set for CPU test runs) replaces @triton.jit functions."""
-    import subprocess
-    import sys
+def _compile(module: str, kernel: str, pointers: dict[str, str], constexprs: dict, warps: int, stages: int) -> None:
+    """Compile `kernel` in a fresh process (the interpreter, set for CPU test runs, replaces @triton.jit functions).
 
+    Arguments not named in `pointers` or `constexprs` are i32 scalars, except names ending in "eps"/"scale" (fp32).
+    """
     code = f"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import torch
-import flint_kernels.gemv_triton as g
-case = {case!r}
-fn = g._linear_kernel
+import importlib
+fn = getattr(importlib.import_module({module!r}), {kernel!r})
 names = fn.arg_names
-dt = case.pop("dtype")
-nv = case["NVFP4"]
-sig = {{n: "i32" for n in names}}
-sig.update({{"x_ptr": "*" + dt, "w_ptr": "*u8" if nv else "*" + dt, "s_ptr": "*u8" if nv else "*" + dt,
-            "gs_ptr": "*fp32", "out_ptr": "*" + dt, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}})
-warps, stages = case.pop("num_warps"), case.pop("num_stages")
-case["PRECISION"] = g.precision_for(torch.bfloat16 if dt == "bf16" else torch.float32)
-for k in case:
-    sig[k] = "constexpr"
-src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in case.items()}})
-triton.compile(src, target=GPUTarget("cuda", 90, 32), options={{"num_warps": warps, "num_stages": stages}})
+pointers, constexprs = {pointers!r}, {constexprs!r}
+sig = {{n: "fp32" if n.endswith(("eps", "scale", "scaling")) else "i32" for n in names}}
+sig.update({{n: "*" + t for n, t in pointers.items()}})
+sig.update({{n: "constexpr" for n in constexprs}})
+src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in constexprs.items()}})
+triton.compile(src, target=GPUTarget("cuda", 90, 32), options={{"num_warps": {warps}, "num_stages": {stages}}})
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
-CASES = [
+GEMV_CASES = [
     dict(NVFP4=True, USE_DOT=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
     dict(NVFP4=True, USE_DOT=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
     dict(NVFP4=True, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=1),
@@ -47,6 +43,49 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{'nvfp4' if c['NVFP4'] else 'bf16'}-m{c['BLOCK_M']}")
+@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{'nvfp4' if c['NVFP4'] else 'bf16'}-m{c['BLOCK_M']}")
 def test_gemv_compiles_for_sm90(case: dict) -> None:
-    _compile({**case, "dtype": "bf16", "EVEN_K": True, "WORDS": False, "SPLIT_K": 1})
+    case = dict(case)
+    warps, stages = case.pop("num_warps"), case.pop("num_stages")
+    nv = case["NVFP4"]
+    pointers = {"x_ptr": "bf16", "w_ptr": "u8" if nv else "bf16", "s_ptr": "u8" if nv else "bf16",
+                "gs_ptr": "fp32", "out_ptr": "bf16", "ws_ptr": "fp32", "cnt_ptr": "i32"}  # fmt: skip
+    constexprs = {**case, "PRECISION": "tf32", "EVEN_K": True, "WORDS": False, "SPLIT_K": 2, "PDL": True}
+    _compile("flint_kernels.gemv_triton", "_linear_kernel", pointers, constexprs, warps, stages)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
+@pytest.mark.parametrize("kernel", ["_moe_gate_up_kernel", "_moe_down_kernel"])
+def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) -> None:
+    """The decode kernels with the shared expert folded in (runtime branches choosing weight pointers)."""
+    nv = fmt == "nvfp4"
+    wdt = "u8" if nv else "bf16"
+    pointers = {"x_ptr": "bf16", "h_ptr": "bf16", "ids_ptr": "i64", "order_ptr": "i64", "meta_ptr": "i64",
+                "tw_ptr": "fp32", "w_ptr": wdt, "s_ptr": wdt, "gs_ptr": "fp32" if nv else "bf16",
+                "sw_ptr": wdt, "ss_ptr": wdt, "sgs_ptr": "fp32" if nv else "bf16", "out_ptr": "bf16",
+                "ws_ptr": "fp32", "cnt_ptr": "i32"}  # fmt: skip
+    if nv:
+        tiles = dict(USE_DOT=False, BLOCK_M=1, BLOCK_K=512)
+    else:
+        tiles = dict(USE_DOT=True, BLOCK_M=16, BLOCK_K=128)
+    constexprs = {"NVFP4": nv, "GROUPED": False, "SHARED": True, "EVEN_K": True, "WORDS": False,
+                  "PRECISION": "tf32", "PDL": True, **tiles}  # fmt: skip
+    if kernel == "_moe_gate_up_kernel":
+        constexprs.update(SPLIT_K=2, BLOCK_I=16)
+    else:
+        constexprs.update(TOPK=6, NSLOTS=7, BLOCK_N=32)
+    import inspect
+
+    from flint_kernels import moe_triton
+
+    names = inspect.signature(getattr(moe_triton, kernel).fn).parameters
+    pointers = {k: v for k, v in pointers.items() if k in names}
+    _compile("flint_kernels.moe_triton", kernel, pointers, constexprs, 4, 1 if nv else 3)
+
+
+def test_router_compiles_for_sm90() -> None:
+    pointers = {"x_ptr": "bf16", "w_ptr": "fp32", "logits_ptr": "fp32", "cnt_ptr": "i32", "out_w_ptr": "fp32",
+                "out_ids_ptr": "i64"}  # fmt: skip
+    constexprs = dict(BLOCK_T=1, BLOCK_E=1, BLOCK_K=2048, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=256, ROWS=1,
+                      RENORMALIZE=True, PDL=True)  # fmt: skip
+    _compile("flint_kernels.router_triton", "_router_kernel", pointers, constexprs, 4, 1)
