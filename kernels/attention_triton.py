@@ -5,11 +5,15 @@ Same contract as `attention.paged_attention_ref` (see its module docstring for t
 Both kernels fold the GROUP query heads that share a KV head into the rows of one tile, so every K/V tile read
 from the paged cache serves all of them (GQA 8: one read instead of eight):
 
-* decode (every sequence has exactly one query): grid (num_seqs, num_kv_heads, NUM_SPLITS); the query tile is the
-  [GROUP padded to 16, D] block of one token. Long contexts are split along the keys; each split writes an
-  unnormalised FP32 partial (acc, running max, running sum) and a small combine kernel merges them and adds the
-  sink, so the sink enters exactly once. With one split the decode kernel starts its running max at the sink and
-  finishes the row itself.
+* decode (every sequence has at most one query): one launch, grid (num_seqs, num_kv_heads, NUM_SPLITS); the query
+  tile is the [GROUP padded to 16, D] block of one token. Long contexts are split along the keys; each split
+  stores an unnormalised FP32 partial (acc, running max, running sum) per query head, then arrives on the
+  (sequence, KV head)'s counter in `gemv_triton.counters` (CTA barrier, acq_rel increment, as `split_k_arrive`).
+  The split that arrives last merges the NUM_SPLITS partials in split order (a few splits' [GROUP, D] tiles at a
+  time), adds the sink (so it enters exactly once), stores the rows and resets the counter to zero for the next
+  launch or graph replay: results do not depend on scheduling. A sequence without a query returns before
+  arriving, in every split. With one split the kernel starts its running max at the sink and finishes the rows
+  itself. Batches with more (sequence, KV head) pairs than counter slots fall back to a separate combine launch.
 * prefill / mixed: grid (query tiles over all sequences, num_kv_heads); a tile is BLOCK_Q consecutive queries of
   one sequence times GROUP heads (row r = query r // G_PAD, head r % G_PAD). Key tiles outside the union of the
   rows' causal/sliding ranges are never visited, and whole tiles every row sees entirely run without masks. A
@@ -27,6 +31,8 @@ are only read for positions inside the live range, so -1 entries and garbage in 
 CUDA graphs: no host synchronisation, no data-dependent grid. NUM_SPLITS is a function of host ints only
 (`meta.max_seq_len` bucketed to a power of two, the sequence count and the KV-head count); each split derives its
 key range from the device `seq_lens_t`, so results are right for any context length whatever the split count.
+The arrival counters are created zeroed on first use (make the first call outside capture) and left zero by every
+launch; split decode launches must not run concurrently on several streams (they share the counters, as split-K).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import triton
 import triton.language as tl
 
 from .attention import AttnMeta, paged_attention_ref
+from .gemv_triton import COUNTER_SLOTS, counters
 
 LOG2E = math.log2(math.e)
 _LOG2E = tl.constexpr(LOG2E)
@@ -53,6 +60,10 @@ DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES: int | None = 2
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
+# Elements of the [heads, splits, D] FP32 chunk the last-arriving split loads per merge step (a power of two): more
+# loads in flight, more registers. 16K (16 splits at GQA 8, D 128) ran 64 splits ~2 us faster than 4K and 8K on an
+# H200 at 228 registers, no spills; 32K spilled.
+DECODE_MERGE_ELEMS = 16384
 # Prefill: keys per tile, the largest row tile (queries x heads), warps for a 128-row tile, pipeline depth.
 # 64 x 64 with 4 warps and 3 stages was fastest for both the full (1.59 ms) and the sliding 8K chunk.
 PREFILL_BLOCK_N = 64
@@ -148,6 +159,7 @@ def _decode_kernel(
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
+    cnt_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -163,15 +175,22 @@ def _decode_kernel(
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     G_PAD: tl.constexpr,
+    G_P2: tl.constexpr,
     WINDOW: tl.constexpr,
     CACHE_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    FUSED_COMBINE: tl.constexpr,
+    SPLIT_STEP: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """One (sequence, KV head, key split): all GROUP query heads of the sequence's single query against its keys."""
+    """One (sequence, KV head, key split): all GROUP query heads of the sequence's single query against its keys.
+
+    With several splits and FUSED_COMBINE the last split to arrive also merges them (see the module docstring);
+    without FUSED_COMBINE the partials are left for `_decode_combine_kernel`.
+    """
     s_idx = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -246,6 +265,73 @@ def _decode_kernel(
         tl.store(part_m_ptr + part, m_i, mask=row_ok)
         tl.store(part_l_ptr + part, l_i, mask=row_ok)
         tl.store(part_acc_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
+        if FUSED_COMBINE:
+            # As gemv_triton.split_k_arrive: all of this CTA's stores are issued before the release increment.
+            slot = s_idx * (NUM_HEADS // GROUP) + kvh
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel")
+            if arrived == NUM_SPLITS - 1:
+                _merge_splits(
+                    part_acc_ptr, part_m_ptr, part_l_ptr, sink_ptr, out_ptr, s_idx, kvh, q0, stride_ot, stride_oh,
+                    NUM_HEADS, GROUP, G_P2, HEAD_DIM, BLOCK_D, NUM_SPLITS, SPLIT_STEP,
+                )  # fmt: skip
+                tl.atomic_xchg(cnt_ptr + slot, 0)
+
+
+@triton.jit
+def _merge_splits(
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    sink_ptr,
+    out_ptr,
+    s_idx,
+    kvh,
+    q0,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    G_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLIT_STEP: tl.constexpr,
+):
+    """Merge the NUM_SPLITS partials of the GROUP heads of one (sequence, KV head), add the sink once, store.
+
+    The math of `_decode_combine_kernel`: maxima and sums of all splits at once ([G_P2, NUM_SPLITS] is small),
+    the accumulators SPLIT_STEP splits at a time in split order (never [G_P2, NUM_SPLITS, BLOCK_D] in registers;
+    the order does not depend on which split merges). A step's loads are independent, so they are in flight
+    together (a loop over single splits, maxima first, left the merge bound by L2 latency). Other splits'
+    partials must be read past L1 (".cg"): only L2 is coherent with their stores. Rows are GROUP padded to a power
+    of two, not to the 16 the decode tile needs for tl.dot; padding rows come out as 0 (sink 0, l 0), unstored.
+    """
+    rows = tl.arange(0, G_P2)
+    row_ok = rows < GROUP
+    heads = kvh * GROUP + rows
+    part0 = (s_idx * NUM_HEADS + heads).to(tl.int64)[:, None] * NUM_SPLITS
+    sp = tl.arange(0, NUM_SPLITS)[None, :]
+    ml_mask = row_ok[:, None]
+    m = tl.load(part_m_ptr + part0 + sp, mask=ml_mask, other=0.0, cache_modifier=".cg")
+    ls = tl.load(part_l_ptr + part0 + sp, mask=ml_mask, other=0.0, cache_modifier=".cg")
+    sink = tl.load(sink_ptr + heads, mask=row_ok, other=0.0).to(tl.float32) * _LOG2E
+    m_all = tl.maximum(tl.max(m, axis=1), sink)
+    denom = tl.sum(ls * tl.exp2(m - m_all[:, None]), axis=1) + tl.exp2(sink - m_all)
+
+    step = tl.arange(0, SPLIT_STEP)[None, :]
+    d = tl.arange(0, BLOCK_D)
+    num = tl.zeros([G_P2, BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, NUM_SPLITS, SPLIT_STEP):
+        part = part0 + s0 + step
+        # The same weights as above (same inputs), reloaded rather than picked out of w by a reduction.
+        w = tl.exp2(tl.load(part_m_ptr + part, mask=ml_mask, other=0.0, cache_modifier=".cg") - m_all[:, None])
+        acc_ptrs = part_acc_ptr + part[:, :, None] * BLOCK_D + d[None, None, :]
+        acc = tl.load(acc_ptrs, mask=ml_mask[:, :, None], other=0.0, cache_modifier=".cg")
+        num += tl.sum(acc * w[:, :, None], axis=1)
+    o = num / denom[:, None]
+    o_ptr = out_ptr + q0.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (d < HEAD_DIM)[None, :])
 
 
 @triton.jit
@@ -263,7 +349,11 @@ def _decode_combine_kernel(
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
 ):
-    """Merge the splits of one (sequence, query head) and add the sink's denominator term, once."""
+    """Merge the splits of one (sequence, query head) and add the sink's denominator term, once.
+
+    Only for batches with more (sequence, KV head) pairs than arrival counters; otherwise `_merge_splits` does
+    this inside the decode launch.
+    """
     s_idx = tl.program_id(0)
     h = tl.program_id(1)
     q0 = tl.load(qs_ptr + s_idx)
@@ -456,6 +546,9 @@ def paged_attention_decode(
     if t == 0 or num_seqs == 0:
         return out
     block_d = triton.next_power_of_2(d)
+    # The last-arriving split merges unless the batch needs more counters than there are (then a second launch).
+    fused = num_splits > 1 and num_seqs * hkv <= COUNTER_SLOTS
+    cnt = counters(q.device) if fused else out
     if num_splits > 1:
         part_acc = torch.empty((num_seqs, hq, num_splits, block_d), dtype=torch.float32, device=q.device)
         part_m = torch.empty((num_seqs, hq, num_splits), dtype=torch.float32, device=q.device)
@@ -474,6 +567,7 @@ def paged_attention_decode(
         part_acc,
         part_m,
         part_l,
+        cnt,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -489,17 +583,20 @@ def paged_attention_decode(
         NUM_HEADS=hq,
         GROUP=group,
         G_PAD=max(16, triton.next_power_of_2(group)),
+        G_P2=triton.next_power_of_2(group),
         WINDOW=window or 0,
         CACHE_BLOCK=k_cache.shape[1],
         HEAD_DIM=d,
         BLOCK_D=block_d,
         BLOCK_N=DECODE_BLOCK_N,
         NUM_SPLITS=num_splits,
+        FUSED_COMBINE=fused,
+        SPLIT_STEP=max(1, min(num_splits, DECODE_MERGE_ELEMS // (triton.next_power_of_2(group) * block_d))),
         DOT_PREC=_dot_precision(q.dtype),
         num_warps=DECODE_NUM_WARPS,
         **_stages(DECODE_NUM_STAGES),
     )
-    if num_splits > 1:
+    if num_splits > 1 and not fused:
         _decode_combine_kernel[(num_seqs, hq)](
             part_acc,
             part_m,

@@ -3,6 +3,8 @@
 Caches hold NaN everywhere no live key is (slots past a sequence's end, slots and whole blocks behind a sliding
 window, spare blocks), physical blocks are shuffled, and sliding block tables carry -1 for freed blocks: any read
 outside the live range would turn the output into NaN. Outputs and split partials are allocated NaN-poisoned.
+Split decode merges in the launch (last arriver): the tests check the shared arrival counters are left zero, that
+repeated calls are bit-identical and that the two-launch fallback runs only when the counters run out.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import pytest
 import torch
 from flint_kernels import attention_triton as at
 from flint_kernels.attention import AttnMeta, paged_attention_ref
+from flint_kernels.gemv_triton import counters
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -94,6 +97,30 @@ def _check(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
     assert _rel_err(out, ref) < tol
 
 
+class LaunchSpy:
+    """Stands in for a Triton kernel and counts its launches (`kernel[grid](...)`)."""
+
+    def __init__(self, kernel: object) -> None:
+        self.kernel = kernel
+        self.launches = 0
+
+    def __getitem__(self, grid: tuple) -> object:
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.fixture
+def combine_spy(monkeypatch: pytest.MonkeyPatch) -> LaunchSpy:
+    """Counts launches of the two-launch fallback's combine kernel."""
+    spy = LaunchSpy(at._decode_combine_kernel)
+    monkeypatch.setattr(at, "_decode_combine_kernel", spy)
+    return spy
+
+
+def _counters_zero(device: torch.device) -> bool:
+    return not counters(device).any().item()
+
+
 FP32_TOL = 1e-4
 BF16_TOL = 1e-2
 
@@ -117,22 +144,46 @@ def test_decode_window_513_interp(poison: None) -> None:
     _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
 
 
-def test_decode_long_context_splits_interp(poison: None) -> None:
-    """3000 keys: the heuristic picks several splits; the result matches the reference and the one-split kernel."""
+def test_decode_long_context_splits_interp(poison: None, combine_spy: LaunchSpy) -> None:
+    """3000 keys: the heuristic picks several splits, merged in one launch; matches the reference and one split."""
     case = Case([(3000, 1), (1100, 1)], 16, 2, 16, None)
     splits = at.decode_num_splits(case.meta.max_seq_len, None, 2, 2, case.q.device)
     assert splits > 1
     ref = case.ref()
     _check(at.paged_attention(*case.args()), ref, FP32_TOL)
+    assert combine_spy.launches == 0 and _counters_zero(case.q.device)
     _check(at.paged_attention_decode(*case.args(), num_splits=1), ref, FP32_TOL)
 
 
-@pytest.mark.parametrize("num_splits", [2, 16])
-@pytest.mark.parametrize("window", [7, None])
-def test_decode_forced_splits_interp(poison: None, num_splits: int, window: int | None) -> None:
-    """More splits than key tiles (a graph captured for long contexts replayed on short ones): empty splits."""
-    case = Case([(37, 1), (5, 1), (130, 1)], 8, 2, 32, window, block_size=8)
-    _check(at.paged_attention_decode(*case.args(), num_splits=num_splits), case.ref(), FP32_TOL)
+# (context, queries): 3 key tiles, a sequence without a query, one tile; a window of 7 leaves every sequence one tile.
+SPLIT_SEQS = [(300, 1), (10, 0), (5, 1)]
+
+
+# 64 splits (MAX_SPLITS) only without a window: the interpreter spends ~5 ms a program.
+@pytest.mark.parametrize(("num_splits", "window"), [(2, 7), (2, None), (8, 7), (8, None), (64, None)])
+def test_decode_forced_splits_interp(poison: None, combine_spy: LaunchSpy, num_splits: int, window: int | None) -> None:
+    """Mixed lengths, a sequence without a query, more splits than key tiles (a graph captured for long contexts
+    replayed on short ones: empty splits). One launch; counters left zero; a repeat is bit-identical.
+    """
+    case = Case(SPLIT_SEQS, 8, 2, 32, window, block_size=8)
+    out = at.paged_attention_decode(*case.args(), num_splits=num_splits)
+    _check(out, case.ref(), FP32_TOL)
+    assert combine_spy.launches == 0
+    assert _counters_zero(case.q.device)
+    assert torch.equal(at.paged_attention_decode(*case.args(), num_splits=num_splits), out)
+    assert _counters_zero(case.q.device)
+
+
+@pytest.mark.parametrize(("slots", "launches"), [(6, 0), (5, 1)])
+def test_decode_counter_slots_fallback_interp(
+    poison: None, combine_spy: LaunchSpy, monkeypatch: pytest.MonkeyPatch, slots: int, launches: int
+) -> None:
+    """3 sequences x 2 KV heads need 6 counters: with fewer the splits are merged by a second launch."""
+    monkeypatch.setattr(at, "COUNTER_SLOTS", slots)
+    case = Case(SPLIT_SEQS, 8, 2, 32, None, block_size=8)
+    _check(at.paged_attention_decode(*case.args(), num_splits=8), case.ref(), FP32_TOL)
+    assert combine_spy.launches == launches
+    assert _counters_zero(case.q.device)
 
 
 def test_decode_fp16_interp(poison: None) -> None:
@@ -207,6 +258,29 @@ def test_decode_32k_gpu(poison: None, dtype: torch.dtype) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("num_splits", [2, 8, 64])
+@pytest.mark.parametrize("window", [513, None])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decode_forced_splits_gpu(
+    poison: None, monkeypatch: pytest.MonkeyPatch, num_splits: int, window: int | None, dtype: torch.dtype
+) -> None:
+    """In-launch merge under real concurrency: mixed lengths (some shorter than the splits), a sequence without a
+    query; counters left zero, repeats bit-identical, and the two-launch fallback agrees."""
+    lens = _random_lengths(40, 1, 6000, num_splits)
+    seqs = [(c, 0 if i == 3 else 1) for i, c in enumerate(lens)]
+    case = Case(seqs, 32, 4, 128, window, dtype, device="cuda")
+    tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
+    out = at.paged_attention_decode(*case.args(), num_splits=num_splits)
+    _check(out, case.ref(), tol)
+    for _ in range(3):
+        assert torch.equal(at.paged_attention_decode(*case.args(), num_splits=num_splits), out)
+    assert _counters_zero(case.q.device)
+    monkeypatch.setattr(at, "COUNTER_SLOTS", 0)
+    _check(at.paged_attention_decode(*case.args(), num_splits=num_splits), out, tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(32, 4, 128), (4, 2, 32), (8, 4, 16)])
 @pytest.mark.parametrize("window", [7, 513, None])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -243,3 +317,4 @@ def test_decode_cuda_graph_replay_gpu(window: int | None) -> None:
             case.q, case.k_cache, case.v_cache, case.table, host_meta, case.sinks, case.scale, window
         )
         _check(out, ref, BF16_TOL)
+    assert _counters_zero(case.q.device)
