@@ -46,6 +46,7 @@ import triton.language as tl
 
 from .attention import AttnMeta, paged_attention_ref
 from .gemv_triton import COUNTER_SLOTS, counters
+from .pdl import launch_options, pdl_entry
 
 LOG2E = math.log2(math.e)
 _LOG2E = tl.constexpr(LOG2E)
@@ -185,12 +186,14 @@ def _decode_kernel(
     FUSED_COMBINE: tl.constexpr,
     SPLIT_STEP: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One (sequence, KV head, key split): all GROUP query heads of the sequence's single query against its keys.
 
     With several splits and FUSED_COMBINE the last split to arrive also merges them (see the module docstring);
     without FUSED_COMBINE the partials are left for `_decode_combine_kernel`.
     """
+    pdl_entry(PDL)
     s_idx = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -595,6 +598,7 @@ def paged_attention_decode(
         DOT_PREC=_dot_precision(q.dtype),
         num_warps=DECODE_NUM_WARPS,
         **_stages(DECODE_NUM_STAGES),
+        **launch_options(q.device),
     )
     if num_splits > 1 and not fused:
         _decode_combine_kernel[(num_seqs, hq)](

@@ -89,3 +89,14 @@ def test_router_compiles_for_sm90() -> None:
     constexprs = dict(BLOCK_T=1, BLOCK_E=1, BLOCK_K=2048, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=256, ROWS=1,
                       RENORMALIZE=True, PDL=True)  # fmt: skip
     _compile("flint_kernels.router_triton", "_router_kernel", pointers, constexprs, 4, 1)
+
+
+@pytest.mark.parametrize("splits", [1, 8])
+def test_decode_attention_compiles_for_sm90(splits: int) -> None:
+    pointers = {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "bt_ptr": "i32", "qs_ptr": "i32", "sl_ptr": "i32",
+                "sink_ptr": "fp32", "out_ptr": "bf16", "part_acc_ptr": "fp32", "part_m_ptr": "fp32",
+                "part_l_ptr": "fp32", "cnt_ptr": "i32"}  # fmt: skip
+    constexprs = dict(NUM_HEADS=32, GROUP=8, G_PAD=16, G_P2=8, WINDOW=513, CACHE_BLOCK=16, HEAD_DIM=128, BLOCK_D=128,
+                      BLOCK_N=128, NUM_SPLITS=splits, FUSED_COMBINE=splits > 1, SPLIT_STEP=min(splits, 16),
+                      DOT_PREC="tf32", PDL=True)  # fmt: skip
+    _compile("flint_kernels.attention_triton", "_decode_kernel", pointers, constexprs, 4, 2)
