@@ -10,6 +10,7 @@ run eagerly.
 
     python benchmarks/kernels_moe_gemv.py            # table + benchmarks/results/kernels_moe_gemv.json
     python benchmarks/kernels_moe_gemv.py --sweep    # also time alternative tile configurations
+    python benchmarks/kernels_moe_gemv.py --only shared   # routed + shared expert: folded vs apart, decode tiles
 """
 
 from __future__ import annotations
@@ -319,6 +320,60 @@ def moe_sweep(x, tw, ids, stacks, moved: float, t: int) -> dict:
     return out
 
 
+def shared_weights(fmt: str, gen: torch.Generator) -> tuple:
+    """Flint's shared expert (gate|up [2048, 2048], down [2048, 1024]) in the format of the routed ones."""
+    i_s = 2 * INTER
+    if fmt == "bf16":
+        gu = (torch.randn(2 * i_s, HIDDEN, generator=gen, device="cuda") / math.sqrt(HIDDEN)).bfloat16()
+        dn = (torch.randn(HIDDEN, i_s, generator=gen, device="cuda") / math.sqrt(i_s)).bfloat16()
+        return gu, dn
+    return random_nvfp4((), 2 * i_s, HIDDEN, gen, (i_s, i_s)), random_nvfp4((), HIDDEN, i_s, gen)
+
+
+def shared_rows(ts: list[int]) -> list[dict]:
+    """Routed + shared expert per decode batch: folded into the MoE launches vs run apart, and decode tiles folded."""
+    from flint_kernels import moe_triton as mt
+    from flint_kernels.moe import moe_ref
+
+    mc = mt.MoEConfig
+    tiles = {
+        "fma i8 k1024 / n8 k512": mc(1, 8, 1024, 8, 512, False, 4, 1),
+        "fma i16 k512 / n16 k512": mc(1, 16, 512, 16, 512, False, 4, 1),
+        "fma i32 k512 / n32 k512": mc(1, 32, 512, 32, 512, False, 4, 1),
+        "dot i16 k128 / n32 k128": mc(16, 16, 128, 32, 128, True, 4, 3),
+    }
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    rows = []
+    for fmt in ("bf16", "nvfp4"):
+        stacks = [(*moe_weights(fmt, gen)[:2], *shared_weights(fmt, gen)) for _ in range(2 if fmt == "bf16" else 4)]
+        for t in ts:
+            x = torch.randn(t, HIDDEN, generator=gen, device="cuda").bfloat16()
+            tw, ids = routing(t, gen)
+            w13, w2, gu, dn = stacks[0]
+            ref = moe_ref(x, tw, ids, w13, w2, (gu, dn))
+            row: dict = {"op": "moe+shared", "fmt": fmt, "T": t}
+            variants = {"apart (default tiles)": (None, 0), "folded (default tiles)": (None, 64)}
+            variants.update({f"folded {k}": (c, 64) for k, c in tiles.items()})
+            for name, (cfg, fold) in variants.items():
+                try:
+                    out = mt.fused_moe(x, tw, ids, w13, w2, config=cfg, shared=(gu, dn), fold_max_tokens=fold)
+                    err = rel_err(out, ref)
+                    calls = [
+                        lambda s=s, c=cfg, f=fold, a=(x, tw, ids): mt.fused_moe(
+                            *a, s[0], s[1], config=c, shared=(s[2], s[3]), fold_max_tokens=f
+                        )
+                        for s in stacks
+                    ]
+                    row[name] = round(time_graph(calls) * 1000, 2) if err < 1e-2 else f"rel_err {err:.2e}"
+                except Exception as e:
+                    row[name] = f"error: {type(e).__name__}: {str(e)[:80]}"
+            print(json.dumps(row))
+            rows.append(row)
+        del stacks
+        torch.cuda.empty_cache()
+    return rows
+
+
 def print_row(row: dict) -> None:
     keys = (
         "op",
@@ -363,7 +418,7 @@ def print_table(rows: list[dict]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configurations")
-    ap.add_argument("--only", choices=("gemv", "moe"), help="run one half")
+    ap.add_argument("--only", choices=("gemv", "moe", "shared"), help="run one part")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernels_moe_gemv.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -381,6 +436,9 @@ def main() -> int:
     if args.only in (None, "moe"):
         result["moe"] = moe_rows([1, 8, 32, 64, 8192], args.sweep)
         failures += [r for r in result["moe"] if not r["rel_err"] < 1e-2]
+    if args.only == "shared":
+        result["moe_shared_us"] = shared_rows([1, 2, 4, 8])
+        failures += [r for r in result["moe_shared_us"] if any(str(v).startswith(("rel", "err")) for v in r.values())]
     result["seconds"] = time.time() - start
     print_table(result.get("gemv", []) + result.get("moe", []))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,11 @@ from .pdl import launch_options, pdl_entry
 # Up to this many tokens the per-pair decode kernels run; above it the sorted grouped GEMM (measured crossovers).
 DECODE_MAX_TOKENS_BF16 = 32
 DECODE_MAX_TOKENS_NVFP4 = 64
+# Up to this many tokens the shared expert runs inside the decode launches. Folded, each token reads the shared
+# weights on its own (no reuse across tokens), so past a few tokens three separate launches that read them once
+# win: at batch 32 folding made a BF16 step 17% slower on an H200 (18.3 -> 21.5 ms).
+SHARED_FOLD_MAX_TOKENS_BF16 = 2
+SHARED_FOLD_MAX_TOKENS_NVFP4 = 4
 
 
 @triton.jit
@@ -461,17 +466,22 @@ def fused_moe(
     config: MoEConfig | None = None,
     split_k: int | None = None,
     shared: SharedExpert | None = None,
+    fold_max_tokens: int | None = None,
 ) -> torch.Tensor:
     """`moe_ref` through the Triton kernels; `decode_max_tokens` picks the path (tests force either).
 
-    A shared expert runs inside the decode launches when `foldable`; otherwise it runs on its own and is added.
+    A shared expert runs inside the decode launches when `foldable` and the batch has at most `fold_max_tokens`
+    tokens (default: the SHARED_FOLD_MAX_TOKENS of the format); otherwise it runs on its own and is added.
     """
     t = topk_ids.shape[0]
     nv13, nv2 = isinstance(w13, NVFP4Weight), isinstance(w2, NVFP4Weight)
     if decode_max_tokens is None:
         decode_max_tokens = DECODE_MAX_TOKENS_NVFP4 if nv13 or nv2 else DECODE_MAX_TOKENS_BF16
+    if fold_max_tokens is None:
+        fold_max_tokens = SHARED_FOLD_MAX_TOKENS_NVFP4 if nv13 or nv2 else SHARED_FOLD_MAX_TOKENS_BF16
     decode = t <= decode_max_tokens
-    if shared is not None and not (decode and t > 0 and foldable(shared, x, w13, w2)):
+    fold = decode and 0 < t <= fold_max_tokens
+    if shared is not None and not (fold and foldable(shared, x, w13, w2)):
         return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, None) + shared_expert(x, shared)
     return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared)
 

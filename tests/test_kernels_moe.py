@@ -141,7 +141,9 @@ def test_decode_folds_shared_expert_dense_fp32(t: int, config: mt.MoEConfig, spl
     w13, w2 = dense_experts(e, h, i, torch.float32, g)
     shared = dense_shared(h, 2 * i, torch.float32, g)
     assert mt.foldable(shared, x, w13, w2)
-    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=config, split_k=split_k, shared=shared)
+    out = mt.fused_moe(
+        x, tw, ids, w13, w2, decode_max_tokens=64, config=config, split_k=split_k, shared=shared, fold_max_tokens=64
+    )
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
     assert int(gt.counters(DEVICE).abs().sum()) == 0
 
@@ -156,18 +158,24 @@ def test_decode_folds_shared_expert_nvfp4_fp32(t: int) -> None:
     w2 = random_nvfp4(e, h, i, g, (h,))
     shared = nvfp4_shared(h, 2 * i, g)
     assert mt.foldable(shared, x, w13, w2)
-    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA, split_k=2, shared=shared)
+    out = mt.fused_moe(
+        x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA, split_k=2, shared=shared, fold_max_tokens=64
+    )
     ref = moe_ref(x, tw, ids, w13, w2, shared)
     assert rel_err(out, ref) < 1e-5
     # The shared part is really there: without it the result is far off.
     assert rel_err(moe_ref(x, tw, ids, w13, w2), ref) > 1e-2
-    runs = [mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA, shared=shared) for _ in "ab"]
+    runs = [
+        mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA, shared=shared, fold_max_tokens=64)
+        for _ in "ab"
+    ]
     assert torch.equal(runs[0], runs[1])
 
 
-@pytest.mark.parametrize("case", ["width", "storage", "grouped"])
+@pytest.mark.parametrize("case", ["width", "storage", "grouped", "tokens"])
 def test_shared_expert_not_folded_runs_apart(case: str) -> None:
-    """A shared width that is not a multiple of I, mixed storage, or the grouped path: run on its own, then add."""
+    """A shared width that is not a multiple of I, mixed storage, the grouped path, or more tokens than the fold
+    threshold: the shared expert runs on its own, then is added."""
     g = gen(220)
     e, h, i, k, t = 6, 64, 32, 2, 3
     x = torch.randn(t, h, generator=g, device=DEVICE)
@@ -176,10 +184,13 @@ def test_shared_expert_not_folded_runs_apart(case: str) -> None:
     shared = dense_shared(h, 48 if case == "width" else 2 * i, torch.float32, g)
     if case == "storage":
         w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
-    assert mt.foldable(shared, x, w13, w2) == (case == "grouped")
+    assert mt.foldable(shared, x, w13, w2) == (case in ("grouped", "tokens"))
     dmt = 0 if case == "grouped" else 64
     config = GROUPED if case == "grouped" else DECODE_FMA
-    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt, config=config, shared=shared)
+    fold_max = t - 1 if case == "tokens" else 64
+    out = mt.fused_moe(
+        x, tw, ids, w13, w2, decode_max_tokens=dmt, config=config, shared=shared, fold_max_tokens=fold_max
+    )
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
 
 
