@@ -51,10 +51,12 @@ from .pdl import launch_options, pdl_entry
 DECODE_MAX_TOKENS_BF16 = 32
 DECODE_MAX_TOKENS_NVFP4 = 64
 # Up to this many tokens the shared expert runs inside the decode launches. Folded, each token reads the shared
-# weights on its own (no reuse across tokens), so past a few tokens three separate launches that read them once
-# win: at batch 32 folding made a BF16 step 17% slower on an H200 (18.3 -> 21.5 ms).
-SHARED_FOLD_MAX_TOKENS_BF16 = 2
-SHARED_FOLD_MAX_TOKENS_NVFP4 = 4
+# weights on its own (no reuse across tokens), so at some batch three separate launches that read them once win.
+# H200 (benchmarks/kernels_moe_gemv.py --only shared, us per MoE layer, folded vs apart): BF16 22.5/29.9 at T=1,
+# 102.9/106.5 at T=8; NVFP4 18.4/26.1 at T=1, 97.3/111.7 at T=8. At batch 32 folding made whole decode steps
+# slower (BF16 21.5 vs 18.1 ms, NVFP4 22.2 vs 21.4 ms). The crossover between 8 and 32 is not measured yet.
+SHARED_FOLD_MAX_TOKENS_BF16 = 8
+SHARED_FOLD_MAX_TOKENS_NVFP4 = 16
 
 
 @triton.jit
@@ -335,8 +337,14 @@ class MoEConfig:
 
 
 def decode_config(nvfp4: bool, tokens: int = 1) -> MoEConfig:
-    """Per-pair tiles: NVFP4 through the FMA GEMV (BLOCK_M = 1), BF16 on tensor cores (fastest measured)."""
+    """Per-pair tiles: NVFP4 through the FMA GEMV (BLOCK_M = 1); BF16 too up to 2 tokens, then on tensor cores.
+
+    H200, routed + shared expert (kernels_moe_gemv.py --only shared): BF16 FMA 8x1024 / 8x512 tiles 22.5 us at
+    T=1 and 38.5 at T=2 against 29.7 and 42.4 on tensor cores; from T=4 tensor cores win (60.7 vs 69.0).
+    """
     if not nvfp4:
+        if tokens <= 2:
+            return MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
         return MoEConfig(16, 16, 128, 32, 128, True, 4, 3)
     if tokens <= 4:
         return MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
