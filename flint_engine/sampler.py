@@ -131,9 +131,15 @@ def draw_full(
     min_p: torch.Tensor,
     seeds: torch.Tensor,
     steps: torch.Tensor,
+    truncate: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gumbel-max over the whole (temperature-scaled) vocabulary: (tokens [N], perturbed scores [N, V])."""
-    if bool((top_k > 0).any() or (top_p < 1.0).any() or (min_p > 0).any()):
+    """Gumbel-max over the whole (temperature-scaled) vocabulary: (tokens [N], perturbed scores [N, V]).
+
+    `truncate`: whether any row has top-k, top-p or min-p, when the caller knows it on the host (else read from the
+    tensors, which waits for the device)."""
+    if truncate is None:
+        truncate = bool((top_k > 0).any() or (top_p < 1.0).any() or (min_p > 0).any())
+    if truncate:
         sub = sub.masked_fill(~truncation_mask(sub, top_k, top_p, min_p), float("-inf"))
     perturbed = sub - torch.log(-torch.log(uniform_noise(seeds, steps, sub.shape[-1])))
     return torch.argmax(perturbed, dim=-1), perturbed
@@ -146,15 +152,24 @@ def draw_top_k(
     min_p: torch.Tensor,
     seeds: torch.Tensor,
     steps: torch.Tensor,
+    k_max: int | None = None,
 ) -> torch.Tensor:
     """The same draw as `draw_full` when every row has top_k > 0, without sorting the vocabulary: top-p and min-p
     act on the top-k distribution, so only the max(top_k) best candidates (one `topk` selection) and their noise
-    are needed. 150144 logits -> 20 candidates per row at the default top_k."""
-    vals, ids = torch.topk(sub, int(top_k.max()), dim=-1)
+    are needed. 150144 logits -> 20 candidates per row at the default top_k. `k_max`: max(top_k) when the caller
+    knows it on the host (else read from the tensor, which waits for the device)."""
+    vals, ids = torch.topk(sub, int(top_k.max()) if k_max is None else k_max, dim=-1)
     keep = _keep_sorted(vals, top_k, top_p, min_p)
     perturbed = vals - torch.log(-torch.log(uniform_noise_at(seeds, steps, ids)))
     best = torch.argmax(perturbed.masked_fill(~keep, float("-inf")), dim=-1)
     return ids.gather(1, best[:, None]).squeeze(1)
+
+
+def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A small host tensor on `dev`; to a GPU through pinned memory, so the copy does not wait for the stream."""
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
@@ -164,25 +179,28 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(x is not None for x in want_lp) else None
     logits = apply_penalties(logits, rows)
     dev = logits.device
-    temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
-    greedy = temps == 0.0
     tokens = torch.argmax(logits, dim=-1)
     scores = logits  # what each row's choice maximises (the constrained rows walk it in order)
-    if not bool(greedy.all()):
-        idx = torch.nonzero(~greedy).squeeze(1)
-        picked = [rows[i] for i in idx.tolist()]
-        sub = logits[idx] / temps[idx, None]
-        top_k = torch.tensor([r.top_k for r in picked], device=dev)
-        top_p = torch.tensor([r.top_p for r in picked], dtype=torch.float32, device=dev)
-        min_p = torch.tensor([r.min_p for r in picked], dtype=torch.float32, device=dev)
-        seeds = torch.tensor([r.seed for r in picked], dtype=torch.int64, device=dev)
-        steps = torch.tensor([r.step for r in picked], dtype=torch.int64, device=dev)
+    # Which rows sample, and their parameters, are decided on the host from `rows`: no device round trip before
+    # the one that returns the tokens (each sync would stall the queue of small sampling kernels on a GPU).
+    # A temperature that is 0 in FP32 (also a tiny positive one) means greedy, as the division would.
+    temps_host = torch.tensor([r.temperature for r in rows], dtype=torch.float32)
+    picked_idx = torch.nonzero(temps_host != 0.0).flatten().tolist()
+    if picked_idx:
+        picked = [rows[i] for i in picked_idx]
+        floats = _to_device(torch.tensor([[r.temperature, r.top_p, r.min_p] for r in picked], dtype=torch.float32), dev)
+        ints = _to_device(torch.tensor([[r.top_k, r.seed, r.step] for r in picked], dtype=torch.int64), dev)
+        temps, top_p, min_p = floats.unbind(1)
+        top_k, seeds, steps = ints.unbind(1)
+        idx = _to_device(torch.tensor(picked_idx), dev) if len(picked_idx) < n else slice(None)
+        sub = logits[idx] / temps[:, None]
         # A constrained row walks every token in score order, so it needs the full perturbed scores.
         constrained = any(r.allowed is not None for r in picked)
         if not constrained and all(0 < r.top_k < sub.shape[-1] for r in picked):
-            tokens[idx] = draw_top_k(sub, top_k, top_p, min_p, seeds, steps)
+            tokens[idx] = draw_top_k(sub, top_k, top_p, min_p, seeds, steps, k_max=max(r.top_k for r in picked))
         else:
-            tokens[idx], perturbed = draw_full(sub, top_k, top_p, min_p, seeds, steps)
+            truncate = any(r.top_k > 0 or r.top_p < 1.0 or r.min_p > 0 for r in picked)
+            tokens[idx], perturbed = draw_full(sub, top_k, top_p, min_p, seeds, steps, truncate=truncate)
             if constrained:
                 scores = logits.clone()
                 scores[idx] = perturbed

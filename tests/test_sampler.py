@@ -60,3 +60,13 @@ def test_sample_mixes_greedy_top_k_and_unbounded_rows() -> None:
     # Each row alone draws what it drew in the batch.
     for i, r in enumerate(rows):
         assert sample(logits[i : i + 1].clone(), [r]).token_ids == [first[i]]
+
+
+def test_temperature_zero_in_fp32_is_greedy() -> None:
+    """A temperature too small for FP32 (1e-50) is greedy, as 0 is, instead of dividing by zero."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 4000, generator=gen) * 2
+    rows = [SamplingRow(t, 0.95, 20, 0.0, seed=5, step=2) for t in (1e-50, 0.0, 1.0)]
+    got = sample(logits.clone(), rows).token_ids
+    assert got[:2] == [int(logits[0].argmax()), int(logits[1].argmax())]
+    assert got[2] == sample(logits[2:].clone(), rows[2:]).token_ids[0]
