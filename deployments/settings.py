@@ -28,6 +28,7 @@ class ServeSettings(BaseModel):
     max_waiting_requests: int = Field(default=256, ge=1)
     kernels: Literal["auto", "reference", "fast"] = "auto"
     cuda_graphs: bool = True
+    prefill_warmup: bool = True
 
     # replicas and autoscaling (one engine per GPU, TP=1)
     num_replicas: int | None = Field(default=None, ge=1, description="fixed count; disables autoscaling")
@@ -88,6 +89,7 @@ class ServeSettings(BaseModel):
             max_waiting_requests=self.max_waiting_requests,
             kernels=self.kernels,
             cuda_graphs=self.cuda_graphs,
+            prefill_warmup=self.prefill_warmup,
         )
 
     def replica_options(self, gpu: bool) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from .kv_cache_plan import KVCachePlan, gpu_kv_budget, plan_kv_cache
 from .metrics import EngineMetrics
 from .model import FlintModel
 from .model_runner import ModelRunner
+from .prefill_warmup import warm_up_prefill
 from .request import Request
 from .sampler import SamplingRow, sample
 from .sampling_params import SamplingParams
@@ -117,7 +118,10 @@ class LLMEngine:
             self.max_model_len, self.plan.token_capacity if self.config.full_layers else self.max_model_len
         )
         log.info("%s; longest admissible context %d tokens", self.plan.describe(), self.max_context)
-        if model.device.type == "cuda" and ec.cuda_graphs and model.kernels.name != "reference":
+        fused_on_gpu = model.device.type == "cuda" and model.kernels.name != "reference"
+        if fused_on_gpu and ec.prefill_warmup:
+            warm_up_prefill(model, self.cache, ec.max_num_batched_tokens, ec.max_num_seqs)
+        if fused_on_gpu and ec.cuda_graphs:
             self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
 
     # ------------------------------------------------------------------ construction

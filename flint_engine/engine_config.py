@@ -22,6 +22,7 @@ class EngineConfig:
     max_waiting_requests: int = 256
     kernels: str = "auto"  # auto | reference | fast
     cuda_graphs: bool = True
+    prefill_warmup: bool = True  # on the fused GPU path: compile prefill kernels at start, not in the first requests
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -1,0 +1,77 @@
+"""Prefill warm-up: run the fused kernels once for each class of prefill and mixed batch before serving.
+
+Triton compiles a kernel the first time it meets a new specialisation (tile configuration, an integer argument
+that is 1 or a multiple of 16, a path switch such as the MoE's decode / grouped crossover or the NVFP4 GEMV's
+small-M / dequantise split). Decode shapes are compiled when the decode CUDA graphs are captured; prefill shapes
+would otherwise be compiled inside the first requests, each compile adding seconds to their latency. The batches
+here read the scratch block and write nowhere (every slot is -1), so they touch no live state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from .forward_batch import ForwardBatch, blocks_needed
+from .kv_cache import KVCache
+from .model import FlintModel
+
+log = logging.getLogger(__name__)
+
+# Prefill lengths that cross the kernels' switches: 1 vs many rows, multiples of 16 or not, the MoE shared-expert
+# fold (<= 16) and decode path (<= 64), the GEMV's tensor-core small-M tiles (<= 64) and the large-M paths.
+PREFILL_LENGTHS = (2, 3, 8, 16, 17, 32, 33, 64, 65, 128, 257, 1024)
+# Decode rows riding along a prefill chunk (mixed steps), and their context length.
+MIXED_DECODE_ROWS = (1, 4, 8)
+DECODE_CONTEXT = 100
+
+
+def warmup_batches(max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
+    """(prefill length, decode rows) of each warm-up batch within the scheduler's token and sequence budgets."""
+    shapes = [(n, 0) for n in sorted({*PREFILL_LENGTHS, max_tokens}) if n <= max_tokens]
+    for rows in MIXED_DECODE_ROWS:
+        n = min(64, max_tokens - rows)
+        if n >= 2 and rows + 1 <= max_seqs:
+            shapes.append((n, rows))
+    return shapes
+
+
+def scratch_batch(prefill: int, decode_rows: int, block_size: int, device: torch.device, scratch: int = 0):
+    """A batch of one `prefill`-token sequence and `decode_rows` one-token sequences over the scratch block."""
+    seq_lens = [prefill] + [DECODE_CONTEXT] * decode_rows
+    query_start = [0, prefill]
+    for _ in range(decode_rows):
+        query_start.append(query_start[-1] + 1)
+    t = query_start[-1]
+    positions = list(range(prefill)) + [DECODE_CONTEXT - 1] * decode_rows
+    width = blocks_needed(max(seq_lens), block_size)
+    table = torch.full((len(seq_lens), width), scratch, dtype=torch.int32, device=device)
+    nowhere = torch.full((t,), -1, dtype=torch.int64, device=device)
+    return ForwardBatch(
+        input_ids=torch.zeros(t, dtype=torch.int64, device=device),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        query_start=query_start,
+        seq_lens=seq_lens,
+        full_block_tables=table,
+        sliding_block_tables=table.clone(),
+        full_slots=nowhere,
+        sliding_slots=nowhere.clone(),
+        logits_indices=torch.tensor([q - 1 for q in query_start[1:]], dtype=torch.int64, device=device),
+    )
+
+
+@torch.inference_mode()
+def warm_up_prefill(model: FlintModel, cache: KVCache, max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
+    """Run every warm-up batch once (forward and logits); returns the (prefill, decode rows) shapes run."""
+    start = time.monotonic()
+    shapes = warmup_batches(max_tokens, max_seqs)
+    for prefill, rows in shapes:
+        batch = scratch_batch(prefill, rows, cache.block_size, model.device)
+        hidden = model.forward(batch, cache)
+        model.compute_logits(hidden[batch.logits_indices])
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    log.info("warmed up %d prefill and mixed batch shapes in %.1f s", len(shapes), time.monotonic() - start)
+    return shapes

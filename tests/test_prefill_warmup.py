@@ -1,0 +1,58 @@
+"""Prefill warm-up: the batch shapes it runs, and that running them leaves the KV cache untouched."""
+
+from __future__ import annotations
+
+import torch
+from flint_kernels import fast
+from flint_kernels.dispatch import REFERENCE
+
+from flint_engine.config import preset
+from flint_engine.kv_cache import KVCache
+from flint_engine.model import FlintModel
+from flint_engine.prefill_warmup import warm_up_prefill, warmup_batches
+from flint_engine.weights import random_weights
+
+CFG = preset("tiny").replace(hidden_size=128, num_attention_heads=8, num_key_value_heads=1, head_dim=32)
+
+
+def test_shapes_stay_within_the_scheduler_budgets() -> None:
+    shapes = warmup_batches(2048, 64)
+    assert (2048, 0) in shapes and (1024, 0) in shapes and (17, 0) in shapes
+    assert {rows for _, rows in shapes if rows} == {1, 4, 8}
+    assert all(n + rows <= 2048 for n, rows in shapes)
+    small = warmup_batches(16, 1)
+    assert small == [(2, 0), (3, 0), (8, 0), (16, 0)]  # no room for a second sequence, nothing over 16 tokens
+
+
+def _filled_cache(model: FlintModel, blocks: int) -> KVCache:
+    cache = KVCache(CFG, blocks, blocks, 16, model.dtype, model.device)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(CFG.num_hidden_layers):
+        for t in cache.layer(i)[:2]:
+            t.copy_(torch.randn(t.shape, generator=gen))
+    return cache
+
+
+def _snapshot(cache: KVCache) -> list[torch.Tensor]:
+    return [t.clone() for i in range(CFG.num_hidden_layers) for t in cache.layer(i)[:2]]
+
+
+def test_warm_up_writes_nothing_reference_path() -> None:
+    model = FlintModel(random_weights(CFG, torch.float32, seed=1))
+    cache = _filled_cache(model, 4)
+    before = _snapshot(cache)
+    shapes = warm_up_prefill(model, cache, max_tokens=300, max_seqs=16)
+    assert shapes == warmup_batches(300, 16) and (300, 0) in shapes
+    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(cache)))
+
+
+def test_warm_up_writes_nothing_fused_path() -> None:
+    """The fused kernels that touch the cache (QK-norm+RoPE+write, attention; Triton's interpreter on CPU in
+    float32) over the scratch block, short lengths only."""
+    kernels = fast.fast_kernels(REFERENCE, ("qk_norm_rope_write", "attention"))
+    model = FlintModel(random_weights(CFG, torch.float32, seed=2), kernels)
+    cache = _filled_cache(model, 2)
+    before = _snapshot(cache)
+    shapes = warm_up_prefill(model, cache, max_tokens=17, max_seqs=2)
+    assert shapes == [(2, 0), (3, 0), (8, 0), (16, 0), (17, 0), (16, 1)]
+    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(cache)))
