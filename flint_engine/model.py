@@ -90,8 +90,12 @@ class FlintModel:
                 c.head_dim**-0.5,
                 c.sliding_window if sliding else None,
             )
-            x = self._linear(attn.reshape(attn.shape[0], -1), lw.o)
-            h, residual = k.add_rms_norm(x, residual, lw.post_norm, c.rms_norm_eps)
+            o_in = attn.reshape(attn.shape[0], -1)
+            if k.linear_add_rms_norm is not None and not isinstance(lw.o, tuple):
+                h, residual = k.linear_add_rms_norm(o_in, lw.o, residual, lw.post_norm, c.rms_norm_eps)
+            else:
+                x = self._linear(o_in, lw.o)
+                h, residual = k.add_rms_norm(x, residual, lw.post_norm, c.rms_norm_eps)
             x = self._moe(h, lw.mlp) if isinstance(lw.mlp, MoEWeights) else self._dense_mlp(h, lw.mlp)
         assert residual is not None
         out, _ = k.add_rms_norm(x, residual, self.weights.final_norm, c.rms_norm_eps)

@@ -37,6 +37,8 @@ class Kernels:
     moe: Callable
     linear: Callable
     lm_head: Callable
+    # Optional fused ops: None means the model composes them from the ops above.
+    linear_add_rms_norm: Callable | None = None
 
 
 REFERENCE = Kernels(

@@ -436,6 +436,12 @@ def _linear_kernel(
     seg2,
     seg3,
     k_per_split,
+    res_ptr,
+    nw_ptr,
+    h_ptr,
+    res_out_ptr,
+    row_cnt_ptr,
+    eps,
     NVFP4: tl.constexpr,
     USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -445,9 +451,13 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr,
+    N_PAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """out[m, n] = (sum_k x[m, k] W[n, k]) * global_scale[segment(n)], rounded once to out's dtype."""
+    """out[m, n] = (sum_k x[m, k] W[n, k]) * global_scale[segment(n)], rounded once to out's dtype.
+
+    NORM (M == 1): then also the residual add and RMSNorm of the whole row (see `_finish_row`)."""
     pdl_entry(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -473,6 +483,34 @@ def _linear_kernel(
         acc = acc * segment_scale(gs_ptr, rows, row_ok, seg1, seg2, seg3)[:, None]
     out_ptrs = out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows64[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=store_ok)
+    if NORM:
+        # Only programs that stored rows arrive: every one when K is not split, the last split of a tile else.
+        if SPLIT_K > 1:
+            if arrived == SPLIT_K - 1:
+                _finish_row(out_ptr, res_ptr, nw_ptr, h_ptr, res_out_ptr, row_cnt_ptr, N, eps, N_PAD)
+        else:
+            _finish_row(out_ptr, res_ptr, nw_ptr, h_ptr, res_out_ptr, row_cnt_ptr, N, eps, N_PAD)
+
+
+@triton.jit
+def _finish_row(out_ptr, res_ptr, nw_ptr, h_ptr, res_out_ptr, row_cnt_ptr, N, eps, N_PAD: tl.constexpr):
+    """After this program's output rows are stored: arrive on the row's counter; the last tile to arrive reads the
+    whole output row back (L2) and computes `add_rms_norm_ref` of it: s = round(residual + out), stored as the new
+    residual, and h = round(w * (s * rsqrt(mean(s^2) + eps))), the same order and rounding as the norm kernel."""
+    tl.debug_barrier()
+    done = tl.atomic_add(row_cnt_ptr, 1, sem="acq_rel")
+    if done == tl.num_programs(0) - 1:
+        cols = tl.arange(0, N_PAD)
+        ok = cols < N
+        y = tl.load(out_ptr + cols, mask=ok, other=0.0, cache_modifier=".cg")
+        r = tl.load(res_ptr + cols, mask=ok, other=0.0)
+        s = (r.to(tl.float32) + y.to(tl.float32)).to(y.dtype)
+        tl.store(res_out_ptr + cols, s, mask=ok)
+        s32 = s.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(s32 * s32, axis=0) / N + eps)
+        w = tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(h_ptr + cols, (w * (s32 * rstd)).to(y.dtype), mask=ok)
+        tl.atomic_xchg(row_cnt_ptr, 0)
 
 
 @triton.jit
@@ -595,8 +633,11 @@ def _matmul(
     fp32_out: bool,
     config: TileConfig | None = None,
     split_k: int | None = None,
+    norm: tuple | None = None,
 ) -> torch.Tensor:
-    """x [M, K] @ W^T through the Triton kernel; FP32 output or rounded once to x.dtype."""
+    """x [M, K] @ W^T through the Triton kernel; FP32 output or rounded once to x.dtype.
+
+    `norm` (M == 1 only): (residual, norm weight, eps, h out, new residual out), filled in the same launch."""
     m, k = x.shape
     nv = isinstance(w, NVFP4Weight)
     n = w.shape[-2]
@@ -631,11 +672,20 @@ def _matmul(
         cnt = counters(x.device)
     else:
         ws, cnt = out, out
+    if norm is not None:
+        if m != 1 or n_tiles * m_tiles * split >= COUNTER_SLOTS:
+            raise ValueError("the fused add+RMSNorm epilogue needs M == 1 and fewer tiles than counter slots")
+        residual, norm_w, eps, h, new_res = norm
+        # The row counter is the last slot: split-K tiles use slots from 0 (fewer than COUNTER_SLOTS, checked).
+        row = (residual, norm_w, h, new_res, counters(x.device)[COUNTER_SLOTS - 1 :], float(eps))
+    else:
+        row = (out, out, out, out, out, 0.0)
     _linear_kernel[(n_tiles, m_tiles, split)](
         x, qw, sc, gs, out, ws, cnt,
-        m, n, k, x.stride(0), stride_wn, stride_sn, out.stride(0), *seg, per,
+        m, n, k, x.stride(0), stride_wn, stride_sn, out.stride(0), *seg, per, *row,
         NVFP4=nv, USE_DOT=cfg.use_dot, PRECISION=precision_for(x.dtype), EVEN_K=k % cfg.block_k == 0,
         WORDS=cfg.words, SPLIT_K=split, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+        NORM=norm is not None, N_PAD=triton.next_power_of_2(n) if norm is not None else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
     )  # fmt: skip
     return out
@@ -697,6 +747,38 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     if not supported(x, w, fp32_out=False):
         return linear_ref(x, w)
     return _matmul(x, w, fp32_out=False)
+
+
+# Widest row the fused add+RMSNorm epilogue normalises in one program (rmsnorm_triton's limit).
+NORM_MAX_N = 8192
+
+
+def linear_add_rms_norm(
+    x: torch.Tensor, w: Weight, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`add_rms_norm(linear(x, w), residual, norm_weight, eps)` -> (normed, new residual); one launch at M == 1.
+
+    At M == 1 the GEMV's last tile to finish normalises the row (`_finish_row`), so the norm costs no launch of
+    its own; other shapes run the Triton linear and add+RMSNorm kernels one after the other.
+    """
+    from . import rmsnorm_triton
+
+    n = w.shape[-2]
+    fused = (
+        x.shape[0] == 1
+        and supported(x, w, fp32_out=False)
+        and n <= NORM_MAX_N
+        and residual.shape == (1, n)
+        and residual.dtype == x.dtype
+        and residual.is_contiguous()
+        and norm_weight.is_contiguous()
+    )
+    if not fused:
+        return rmsnorm_triton.add_rms_norm(linear(x, w), residual, norm_weight, eps)
+    h = _empty((1, n), x.dtype, x.device)
+    new_res = _empty((1, n), x.dtype, x.device)
+    _matmul(x, w, fp32_out=False, norm=(residual, norm_weight, eps, h, new_res))
+    return h, new_res
 
 
 def lm_head(x: torch.Tensor, w: Weight) -> torch.Tensor:

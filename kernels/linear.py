@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from . import nvfp4
+from .rmsnorm import add_rms_norm_ref
 
 
 @dataclass
@@ -117,3 +118,10 @@ def linear_fp32_out_ref(x: torch.Tensor, w: Weight) -> torch.Tensor:
         out = matmul_fp32_out(x, w.dequantize(x.dtype if x.dtype != torch.float32 else torch.float32))
         return out * w.column_scale()
     return matmul_fp32_out(x, w)
+
+
+def linear_add_rms_norm_ref(
+    x: torch.Tensor, w: Weight, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A projection followed by the residual add and RMSNorm: (normed, new residual), as the two ops in a row."""
+    return add_rms_norm_ref(linear_ref(x, w), residual, norm_weight, eps)

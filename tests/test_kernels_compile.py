@@ -49,8 +49,11 @@ def test_gemv_compiles_for_sm90(case: dict) -> None:
     warps, stages = case.pop("num_warps"), case.pop("num_stages")
     nv = case["NVFP4"]
     pointers = {"x_ptr": "bf16", "w_ptr": "u8" if nv else "bf16", "s_ptr": "u8" if nv else "bf16",
-                "gs_ptr": "fp32", "out_ptr": "bf16", "ws_ptr": "fp32", "cnt_ptr": "i32"}  # fmt: skip
-    constexprs = {**case, "PRECISION": "tf32", "EVEN_K": True, "WORDS": False, "SPLIT_K": 2, "PDL": True}
+                "gs_ptr": "fp32", "out_ptr": "bf16", "ws_ptr": "fp32", "cnt_ptr": "i32", "res_ptr": "bf16",
+                "nw_ptr": "fp32", "h_ptr": "bf16", "res_out_ptr": "bf16", "row_cnt_ptr": "i32"}  # fmt: skip
+    # The add+RMSNorm epilogue exists for M == 1 (the FMA path) only.
+    norm = {"NORM": case["BLOCK_M"] == 1, "N_PAD": 2048}
+    constexprs = {**case, "PRECISION": "tf32", "EVEN_K": True, "WORDS": False, "SPLIT_K": 2, "PDL": True, **norm}
     _compile("flint_kernels.gemv_triton", "_linear_kernel", pointers, constexprs, warps, stages)
 
 

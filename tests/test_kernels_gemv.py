@@ -16,7 +16,7 @@ import pytest
 import torch
 from flint_kernels import gemv_triton as gt
 from flint_kernels import nvfp4
-from flint_kernels.linear import NVFP4Weight, linear_fp32_out_ref, linear_ref
+from flint_kernels.linear import NVFP4Weight, linear_add_rms_norm_ref, linear_fp32_out_ref, linear_ref
 from kernel_checks import poisoned_empty, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
@@ -208,6 +208,48 @@ def test_uncovered_inputs_fall_back_to_reference() -> None:
     assert gt.linear(x[:0], w16.float()).shape == (0, 24)
 
 
+# ----------------------------------------------------------------------------------------- add+RMSNorm epilogue
+def _norm_inputs(n: int, dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    residual = (torch.randn(1, n, generator=g, device=DEVICE) * 2).to(dtype)
+    return residual, torch.rand(n, generator=g, device=DEVICE) + 0.5
+
+
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_linear_add_rms_norm_one_launch_fp32(fmt: str, split_k: int) -> None:
+    """M == 1: the last tile to finish normalises the row; N = 200 leaves a ragged last tile."""
+    g = gen(400 + split_k)
+    n, k = 200, 192
+    x = random_x(1, k, torch.float32, g)
+    w = torch.randn(n, k, generator=g, device=DEVICE) / math.sqrt(k) if fmt == "dense" else random_nvfp4(n, k, g)
+    residual, norm_w = _norm_inputs(n, torch.float32, g)
+    want_h, want_res = linear_add_rms_norm_ref(x, w, residual, norm_w, 1e-6)
+    runs = []
+    for _ in range(2):
+        h = gt._empty((1, n), torch.float32, DEVICE)
+        res = gt._empty((1, n), torch.float32, DEVICE)
+        gt._matmul(x, w, False, config=FMA, split_k=split_k, norm=(residual, norm_w, 1e-6, h, res))
+        assert rel_err(h, want_h) < 1e-5 and rel_err(res, want_res) < 1e-5
+        runs.append(h)
+    assert torch.equal(runs[0], runs[1])
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
+def test_linear_add_rms_norm_op_fp16_and_fallback() -> None:
+    """The op: fused at M == 1 (fp16, one rounding each), two kernels at M > 1; both as the reference."""
+    g = gen(410)
+    n, k = 96, 128
+    w = (torch.randn(n, k, generator=g, device=DEVICE) / math.sqrt(k)).half()
+    for m in (1, 3):
+        x = random_x(m, k, torch.float16, g)
+        residual = (torch.randn(m, n, generator=g, device=DEVICE) * 2).half()
+        norm_w = torch.rand(n, generator=g, device=DEVICE) + 0.5
+        h, res = gt.linear_add_rms_norm(x, w, residual, norm_w, 1e-6)
+        want_h, want_res = linear_add_rms_norm_ref(x, w, residual, norm_w, 1e-6)
+        assert rel_err(h, want_h) < 1e-3 and rel_err(res, want_res) < 1e-3, m
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
 # ----------------------------------------------------------------------------------------------- GPU (bf16)
 FLINT_SHAPES = [(5120, 2048), (2048, 4096), (2048, 1024), (12288, 2048), (150144, 2048)]
 
@@ -276,4 +318,24 @@ def test_gpu_cuda_graph_capture_and_determinism() -> None:
         torch.cuda.synchronize()
         assert torch.equal(y1, gt.linear(x1, w))  # split-K reduction order is fixed
         assert rel_err(y2, linear_fp32_out_ref(x2, wd)) < 1e-4
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_gpu_linear_add_rms_norm_o_projection(fmt: str) -> None:
+    """Flint's o projection (2048 x 4096) with the post-attention add+RMSNorm in its epilogue, M == 1."""
+    g = gen(420)
+    n, k = 2048, 4096
+    x = random_x(1, k, torch.bfloat16, g)
+    w = (torch.randn(n, k, generator=g, device=DEVICE) / math.sqrt(k)).bfloat16() if fmt == "bf16" else None
+    w = w if w is not None else quantized_nvfp4(n, k, g, (n,))
+    residual, norm_w = _norm_inputs(n, torch.bfloat16, g)
+    h, res = gt.linear_add_rms_norm(x, w, residual, norm_w, 1e-6)
+    want_h, want_res = linear_add_rms_norm_ref(x, w, residual, norm_w, 1e-6)
+    assert rel_err(h, want_h) < 1e-2 and rel_err(res, want_res) < 1e-2
+    for _ in range(3):
+        again = gt.linear_add_rms_norm(x, w, residual, norm_w, 1e-6)
+        assert torch.equal(again[0], h) and torch.equal(again[1], res)
     assert int(gt.counters(DEVICE).abs().sum()) == 0
