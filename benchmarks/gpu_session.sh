@@ -31,6 +31,12 @@ timeout 240 python3 benchmarks/decode.py --formats nvfp4 bf16 --check-steps "$CH
     --gain 0.5 --deadline-s 200 --out "$OUT/decode.json" > "$OUT/decode.txt" 2>&1
 tail -22 "$OUT/decode.txt"
 
+# Experimental ops against the default, batch 1 (kernels per step and step time; the fast-vs-plain check too).
+FLINT_FAST_OPS=all,linear_add_rms_norm timeout 90 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 \
+    --contexts 1024 --prefill 0 --check-steps 16 --check-batches 1 --gain 0.5 \
+    --out "$OUT/decode_experimental.json" > "$OUT/decode_experimental.txt" 2>&1
+tail -6 "$OUT/decode_experimental.txt"
+
 timeout 190 python3 benchmarks/fast_path_accuracy.py --steps 64 --bf16-layers 16 --nvfp4-layers 12 \
     --demo-steps 256 --out "$OUT/accuracy.json" > "$OUT/accuracy.txt" 2>&1
 grep -v '^{' "$OUT/accuracy.txt" | tail -12
