@@ -32,7 +32,7 @@ timeout 240 python3 benchmarks/decode.py --formats nvfp4 bf16 --check-steps "$CH
 tail -22 "$OUT/decode.txt"
 
 # Experimental ops against the default, batch 1 (kernels per step and step time; the fast-vs-plain check too).
-FLINT_FAST_OPS=all,linear_add_rms_norm timeout 90 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 \
+FLINT_FAST_OPS=all,linear_add_rms_norm,moe_add_rms_norm timeout 90 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 \
     --contexts 1024 --prefill 0 --check-steps 16 --check-batches 1 --gain 0.5 \
     --out "$OUT/decode_experimental.json" > "$OUT/decode_experimental.txt" 2>&1
 tail -6 "$OUT/decode_experimental.txt"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from flint_kernels.dispatch import REFERENCE, Kernels
 from flint_kernels.linear import NVFP4Weight
+from flint_kernels.moe import SharedExpert
 from flint_kernels.rope import rope_cos_sin
 
 from .forward_batch import ForwardBatch, fresh_sequences_batch
@@ -39,34 +40,65 @@ class FlintModel:
     def _dense_mlp(self, x: torch.Tensor, w: DenseMLPWeights) -> torch.Tensor:
         return self._linear(self.kernels.silu_and_mul(self._linear(x, w.gate_up)), w.down)
 
-    def _moe(self, x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
+    def _route(self, x: torch.Tensor, w: MoEWeights) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
-        topk_w, topk_ids = self.kernels.router(
-            x, w.router, c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor
-        )
+        return self.kernels.router(x, w.router, c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor)
+
+    @staticmethod
+    def _shared(w: MoEWeights) -> SharedExpert | None:
+        """The shared expert as one op argument, when both its projections are single weights."""
         s = w.shared
         if s is not None and not isinstance(s.gate_up, tuple) and not isinstance(s.down, tuple):
+            return (s.gate_up, s.down)
+        return None
+
+    def _moe(self, x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
+        topk_w, topk_ids = self._route(x, w)
+        shared = self._shared(w)
+        if shared is not None:
             # One op for routed + shared experts, so the fused path can run them in the same launches.
-            return self.kernels.moe(x, topk_w, topk_ids, w.experts_gate_up, w.experts_down, (s.gate_up, s.down))
+            return self.kernels.moe(x, topk_w, topk_ids, w.experts_gate_up, w.experts_down, shared)
         out = self.kernels.moe(x, topk_w, topk_ids, w.experts_gate_up, w.experts_down)
-        if s is not None:
+        if w.shared is not None:
             # The shared expert is added in full (no gate), after the routed sum, as in the reference.
-            out = out + self._dense_mlp(x, s)
+            out = out + self._dense_mlp(x, w.shared)
         return out
+
+    def _mlp_add_norm(
+        self, h: torch.Tensor, mlp: DenseMLPWeights | MoEWeights, residual: torch.Tensor, norm_w: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MLP block, the residual add and the next RMSNorm: (normed, new residual).
+
+        The op table's optional fused ops do the add and norm inside the MLP's last launch; otherwise they run as
+        the add+RMSNorm op after it.
+        """
+        k, eps = self.kernels, self.config.rms_norm_eps
+        if isinstance(mlp, MoEWeights):
+            shared = self._shared(mlp)
+            if k.moe_add_rms_norm is not None and (shared is not None or mlp.shared is None):
+                topk_w, topk_ids = self._route(h, mlp)
+                wg, wd = mlp.experts_gate_up, mlp.experts_down
+                return k.moe_add_rms_norm(h, topk_w, topk_ids, wg, wd, shared, residual, norm_w, eps)
+            x = self._moe(h, mlp)
+        elif (
+            k.linear_add_rms_norm is not None and not isinstance(mlp.gate_up, tuple) and not isinstance(mlp.down, tuple)
+        ):
+            return k.linear_add_rms_norm(k.silu_and_mul(k.linear(h, mlp.gate_up)), mlp.down, residual, norm_w, eps)
+        else:
+            x = self._dense_mlp(h, mlp)
+        return k.add_rms_norm(x, residual, norm_w, eps)
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, for every token of the batch; K/V land in `cache`."""
         c, k = self.config, self.kernels
+        layers = self.weights.layers
         x = self._embed(batch.input_ids)
         cos_sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
-        residual: torch.Tensor | None = None
-        for i, lw in enumerate(self.weights.layers):
-            if residual is None:
-                h, residual = k.rms_norm(x, lw.input_norm, c.rms_norm_eps), x
-            else:
-                h, residual = k.add_rms_norm(x, residual, lw.input_norm, c.rms_norm_eps)
+        # Each block ends with the residual add and the next norm (the next layer's input norm, or the final norm).
+        h, residual = k.rms_norm(x, layers[0].input_norm, c.rms_norm_eps), x
+        for i, lw in enumerate(layers):
             k_cache, v_cache, sliding = cache.layer(i)
             q = k.qk_norm_rope_write(
                 self._linear(h, lw.qkv),
@@ -94,12 +126,10 @@ class FlintModel:
             if k.linear_add_rms_norm is not None and not isinstance(lw.o, tuple):
                 h, residual = k.linear_add_rms_norm(o_in, lw.o, residual, lw.post_norm, c.rms_norm_eps)
             else:
-                x = self._linear(o_in, lw.o)
-                h, residual = k.add_rms_norm(x, residual, lw.post_norm, c.rms_norm_eps)
-            x = self._moe(h, lw.mlp) if isinstance(lw.mlp, MoEWeights) else self._dense_mlp(h, lw.mlp)
-        assert residual is not None
-        out, _ = k.add_rms_norm(x, residual, self.weights.final_norm, c.rms_norm_eps)
-        return out
+                h, residual = k.add_rms_norm(self._linear(o_in, lw.o), residual, lw.post_norm, c.rms_norm_eps)
+            next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.weights.final_norm
+            h, residual = self._mlp_add_norm(h, lw.mlp, residual, next_norm)
+        return h
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ class Kernels:
     lm_head: Callable
     # Optional fused ops: None means the model composes them from the ops above.
     linear_add_rms_norm: Callable | None = None
+    moe_add_rms_norm: Callable | None = None
 
 
 REFERENCE = Kernels(

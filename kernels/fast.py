@@ -14,6 +14,7 @@ from typing import Any
 
 from .dispatch import Kernels, with_ops
 from .linear import linear_add_rms_norm_ref
+from .moe import moe_add_rms_norm_ref
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ OPS = (
 )
 # Fused only when named in $FLINT_FAST_OPS or the op list: correct on the CPU interpreter and compiled for sm_90,
 # but not yet timed on a GPU against the two launches it replaces.
-EXPERIMENTAL_OPS = ("linear_add_rms_norm",)
+EXPERIMENTAL_OPS = ("linear_add_rms_norm", "moe_add_rms_norm")
 
 
 def _guarded(name: str, fast: Callable, ref: Callable) -> Callable:
@@ -52,7 +53,10 @@ def _guarded(name: str, fast: Callable, ref: Callable) -> Callable:
 
 
 # What an optional fused op falls back to when it fails: the reference ops it replaces.
-_composed: dict[str, Callable] = {"linear_add_rms_norm": linear_add_rms_norm_ref}
+_composed: dict[str, Callable] = {
+    "linear_add_rms_norm": linear_add_rms_norm_ref,
+    "moe_add_rms_norm": moe_add_rms_norm_ref,
+}
 
 
 def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
@@ -78,6 +82,7 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         "linear": gemv_triton.linear,
         "lm_head": gemv_triton.lm_head,
         "linear_add_rms_norm": gemv_triton.linear_add_rms_norm,
+        "moe_add_rms_norm": moe_triton.moe_add_rms_norm,
     }
     # FLINT_FAST_OPS=attention,moe,... limits the fused ops (for bisecting); default: all of them but the
     # experimental ones; "all" stands for OPS, so FLINT_FAST_OPS=all,linear_add_rms_norm adds one.

@@ -11,6 +11,7 @@ import torch
 
 from .activation import silu_and_mul_ref
 from .linear import NVFP4Weight, Weight, linear_ref
+from .rmsnorm import add_rms_norm_ref
 
 
 def _expert(w: Weight, e: int) -> Weight:
@@ -50,3 +51,18 @@ def moe_ref(
     if shared is not None:
         out = out + shared_expert_ref(x, shared)
     return out
+
+
+def moe_add_rms_norm_ref(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: Weight,
+    w2: Weight,
+    shared: SharedExpert | None,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MoE block, then the residual add and the next RMSNorm: (normed, new residual), as the ops in a row."""
+    return add_rms_norm_ref(moe_ref(x, topk_weights, topk_ids, w13, w2, shared), residual, norm_weight, eps)

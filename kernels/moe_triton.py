@@ -33,6 +33,8 @@ from .gemv_triton import (
     _INTERPRET,
     COUNTER_SLOTS,
     MAX_SEGMENTS,
+    NORM_MAX_N,
+    _finish_row,
     choose_split_k,
     counters,
     is_last,
@@ -44,7 +46,7 @@ from .gemv_triton import (
     tile_matmul,
 )
 from .linear import NVFP4Weight, Weight
-from .moe import SharedExpert, moe_ref
+from .moe import SharedExpert, moe_add_rms_norm_ref, moe_ref
 from .pdl import launch_options, pdl_entry
 
 # Up to this many tokens the per-pair decode kernels run; above it the sorted grouped GEMM (measured crossovers).
@@ -222,6 +224,12 @@ def _moe_down_kernel(
     n_shared_tokens,
     shared_parts,
     shared_inter,
+    res_ptr,
+    nw_ptr,
+    hn_ptr,
+    res_out_ptr,
+    row_cnt_ptr,
+    eps,
     NVFP4: tl.constexpr,
     GROUPED: tl.constexpr,
     SHARED: tl.constexpr,
@@ -231,6 +239,8 @@ def _moe_down_kernel(
     PRECISION: tl.constexpr,
     TOPK: tl.constexpr,
     NSLOTS: tl.constexpr,
+    NORM: tl.constexpr,
+    N_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -302,6 +312,13 @@ def _moe_down_kernel(
             res = (res.to(tl.float32) + extra).to(xdt)
         out_ptrs = out_ptr + t.to(tl.int64) * stride_out + rows[:, None] + tl.zeros((1, BLOCK_M), dtype=tl.int64)
         tl.store(out_ptrs, res, mask=store_ok & is_last(arrived, NSLOTS, BLOCK_N)[:, None])
+        if NORM:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton compiles them apart)
+            # Token t's row is whole once its dn_tiles final stores have arrived: the last one adds and normalises.
+            if arrived == NSLOTS - 1:
+                ro = t.to(tl.int64) * stride_out
+                _finish_row(
+                    out_ptr + ro, res_ptr + ro, nw_ptr, hn_ptr + ro, res_out_ptr + ro, row_cnt_ptr + t, H, eps, N_PAD
+                )
 
 
 @triton.jit
@@ -435,6 +452,10 @@ def _no_shared(like: torch.Tensor) -> tuple:
     return (like, like, like, 0, 0, 0, 0, 0)
 
 
+def _no_norm(like: torch.Tensor) -> tuple:
+    return (like, like, like, like, like, 0.0)
+
+
 def foldable(shared: SharedExpert, x: torch.Tensor, w13: Weight, w2: Weight) -> bool:
     """Whether the shared expert can run inside the decode kernels: same storage as the experts, I_s a multiple of I."""
     gate_up, down = shared
@@ -504,8 +525,11 @@ def _routed(
     config: MoEConfig | None,
     split_k: int | None,
     shared: SharedExpert | None,
+    norm: tuple | None = None,
 ) -> torch.Tensor:
-    """The launches of `fused_moe`; `shared` (decode path only) is already known to be foldable."""
+    """The launches of `fused_moe`; `shared` (decode path only) is already known to be foldable.
+
+    `norm` (decode path only): (residual, norm weight, eps, h out, new residual out), filled by the down launch."""
     t, topk = topk_ids.shape
     hidden = x.shape[1]
     num_experts = w13.shape[0]
@@ -557,12 +581,19 @@ def _routed(
         n_shared_tokens = 0 if shared is None else t
         nslots = topk + (shared is not None)
         ws = _empty((t * dn_tiles * nslots * cfg.dn_block_n * cfg.block_m,), torch.float32, x.device)
+        if norm is not None:
+            residual, norm_w, eps, h_out, res_out = norm
+            # Token t's row counter is slot COUNTER_SLOTS - T + t, after the slot tiles (checked by the caller).
+            row = (residual, norm_w, h_out, res_out, cnt[COUNTER_SLOTS - t :], float(eps))
+        else:
+            row = _no_norm(out)
         _moe_down_kernel[(dn_tiles, n_shared_tokens + p)](
             h, ids, order, meta, tw, q2, s2, g2, out, ws, cnt,
             hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, out.stride(0), *seg2,
-            *sh2, n_shared_tokens, max(parts, 1), shared_inter,
+            *sh2, n_shared_tokens, max(parts, 1), shared_inter, *row,
             NVFP4=nv2, GROUPED=False, SHARED=shared is not None, EVEN_K=even_dn, WORDS=cfg.words,
-            USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots, BLOCK_N=cfg.dn_block_n,
+            USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots, NORM=norm is not None,
+            N_PAD=triton.next_power_of_2(hidden) if norm is not None else 1, BLOCK_N=cfg.dn_block_n,
             BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             **launch_options(x.device),
         )  # fmt: skip
@@ -571,9 +602,9 @@ def _routed(
     _moe_down_kernel[(dn_tiles, rows_grid)](
         h, ids, order, meta, tw, q2, s2, g2, y, y, cnt,
         hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, y.stride(0), *seg2,
-        *_no_shared(out), 0, 1, 0,
+        *_no_shared(out), 0, 1, 0, *_no_norm(out),
         NVFP4=nv2, GROUPED=True, SHARED=False, EVEN_K=even_dn, WORDS=cfg.words,
-        USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=topk, BLOCK_N=cfg.dn_block_n,
+        USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=topk, NORM=False, N_PAD=1, BLOCK_N=cfg.dn_block_n,
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_options(x.device),
     )  # fmt: skip
@@ -583,6 +614,48 @@ def _routed(
         **launch_options(x.device),
     )  # fmt: skip
     return out
+
+
+def moe_add_rms_norm(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: Weight,
+    w2: Weight,
+    shared: SharedExpert | None,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`moe` then the residual add and RMSNorm: (normed, new residual), as `moe_add_rms_norm_ref`.
+
+    On the decode path (shared expert folded or absent) the down launch's last tile of each token normalises that
+    token's row, so the norm costs no launch of its own; otherwise the Triton add+RMSNorm kernel follows.
+    """
+    from . import rmsnorm_triton
+
+    if not supported(x, w13, w2):
+        return moe_add_rms_norm_ref(x, topk_weights, topk_ids, w13, w2, shared, residual, norm_weight, eps)
+    t, hidden = topk_ids.shape[0], x.shape[1]
+    nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
+    decode = 0 < t <= (DECODE_MAX_TOKENS_NVFP4 if nv else DECODE_MAX_TOKENS_BF16)
+    fold_max = SHARED_FOLD_MAX_TOKENS_NVFP4 if nv else SHARED_FOLD_MAX_TOKENS_BF16
+    fits = (
+        decode
+        and (shared is None or (t <= fold_max and foldable(shared, x, w13, w2)))
+        and hidden <= NORM_MAX_N
+        and residual.shape == (t, hidden)
+        and residual.dtype == x.dtype
+        and residual.is_contiguous()
+        and norm_weight.is_contiguous()
+        and t * (triton.cdiv(hidden, decode_config(nv, t).dn_block_n) + 1) <= COUNTER_SLOTS
+    )
+    if not fits:
+        return rmsnorm_triton.add_rms_norm(moe(x, topk_weights, topk_ids, w13, w2, shared), residual, norm_weight, eps)
+    h = _empty((t, hidden), x.dtype, x.device)
+    new_res = _empty((t, hidden), x.dtype, x.device)
+    _routed(x, topk_weights, topk_ids, w13, w2, True, None, None, shared, norm=(residual, norm_weight, eps, h, new_res))
+    return h, new_res
 
 
 def moe(

@@ -83,19 +83,21 @@ def test_fast_ops_env_selects_ops(monkeypatch) -> None:
     only = fast.fast_kernels(REFERENCE, ("moe",))  # an explicit list wins over the variable
     assert only.moe is not REFERENCE.moe and only.attention is REFERENCE.attention
     monkeypatch.delenv("FLINT_FAST_OPS")
-    assert fast.fast_kernels(REFERENCE).linear_add_rms_norm is None  # experimental: off by default
+    default = fast.fast_kernels(REFERENCE)  # the experimental ops are off by default
+    assert default.linear_add_rms_norm is None and default.moe_add_rms_norm is None
     monkeypatch.setenv("FLINT_FAST_OPS", "all,linear_add_rms_norm")
     k = fast.fast_kernels(REFERENCE)
     assert k.linear_add_rms_norm is not None and k.moe is not REFERENCE.moe
 
 
 @pytest.mark.parametrize("nvfp4", [False, True])
-def test_o_projection_with_norm_epilogue_in_the_model(nvfp4: bool) -> None:
-    """One token (M == 1, where the epilogue runs): every op fused plus the o projection's add+RMSNorm epilogue."""
+@pytest.mark.parametrize("seqs", [[[11]], [[11], [12], [13]]], ids=["one-token", "three-tokens"])
+def test_norm_epilogues_in_the_model(nvfp4: bool, seqs: list[list[int]]) -> None:
+    """Every op fused plus the experimental ones that end in the residual add and the next norm: the o projection
+    and dense down (one token, M == 1) and the MoE's down launch (decode-sized batches)."""
     w = random_weights(CFG, torch.float32, seed=7, nvfp4_linears=nvfp4)
-    seqs = [[11]]
     ref = FlintModel(w).forward_sequences(seqs)
-    ops = (*fast.OPS, "linear_add_rms_norm")
+    ops = (*fast.OPS, *fast.EXPERIMENTAL_OPS)
     assert _rel(FlintModel(w, fast.fast_kernels(REFERENCE, ops)).forward_sequences(seqs), ref) < 1e-5
 
 

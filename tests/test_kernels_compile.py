@@ -66,7 +66,8 @@ def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) 
     pointers = {"x_ptr": "bf16", "h_ptr": "bf16", "ids_ptr": "i64", "order_ptr": "i64", "meta_ptr": "i64",
                 "tw_ptr": "fp32", "w_ptr": wdt, "s_ptr": wdt, "gs_ptr": "fp32" if nv else "bf16",
                 "sw_ptr": wdt, "ss_ptr": wdt, "sgs_ptr": "fp32" if nv else "bf16", "out_ptr": "bf16",
-                "ws_ptr": "fp32", "cnt_ptr": "i32"}  # fmt: skip
+                "ws_ptr": "fp32", "cnt_ptr": "i32", "res_ptr": "bf16", "nw_ptr": "fp32", "hn_ptr": "bf16",
+                "res_out_ptr": "bf16", "row_cnt_ptr": "i32"}  # fmt: skip
     if nv:
         tiles = dict(USE_DOT=False, BLOCK_M=1, BLOCK_K=512)
     else:
@@ -76,7 +77,7 @@ def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) 
     if kernel == "_moe_gate_up_kernel":
         constexprs.update(SPLIT_K=2, BLOCK_I=16)
     else:
-        constexprs.update(TOPK=6, NSLOTS=7, BLOCK_N=32)
+        constexprs.update(TOPK=6, NSLOTS=7, BLOCK_N=32, NORM=True, N_PAD=2048)  # with the add+RMSNorm epilogue
     import inspect
 
     from flint_kernels import moe_triton

@@ -16,7 +16,7 @@ from flint_kernels import gemv_triton as gt
 from flint_kernels import moe_triton as mt
 from flint_kernels import nvfp4
 from flint_kernels.linear import NVFP4Weight
-from flint_kernels.moe import moe_ref
+from flint_kernels.moe import moe_add_rms_norm_ref, moe_ref
 from kernel_checks import poisoned_empty, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
@@ -204,6 +204,47 @@ def test_moe_op_with_shared_expert_default_config() -> None:
     assert rel_err(mt.moe(x, tw, ids, w13, w2, shared), moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
 
 
+# ------------------------------------------------------------------------------------- add+RMSNorm epilogue
+@pytest.mark.parametrize("fmt,t,with_shared", [("dense", 1, True), ("dense", 5, False), ("nvfp4", 3, True)])
+def test_moe_add_rms_norm_in_the_down_launch_fp32(fmt: str, t: int, with_shared: bool) -> None:
+    """Each token's last down tile adds the residual and normalises the row (dense H = 200 at T = 5: a ragged last
+    tile of the tensor-core down tiles)."""
+    g = gen(500 + t)
+    e, i, k = 6, 32, 3
+    h = 200 if fmt == "dense" else 208  # NVFP4 needs K (the hidden size for gate_up) in 16-value groups
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    if fmt == "dense":
+        w13, w2 = dense_experts(e, h, i, torch.float32, g)
+        shared = dense_shared(h, 2 * i, torch.float32, g) if with_shared else None
+    else:
+        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+        shared = nvfp4_shared(h, 2 * i, g) if with_shared else None
+    residual = torch.randn(t, h, generator=g, device=DEVICE) * 2
+    norm_w = torch.rand(h, generator=g, device=DEVICE) + 0.5
+    want_h, want_res = moe_add_rms_norm_ref(x, tw, ids, w13, w2, shared, residual, norm_w, 1e-6)
+    runs = [mt.moe_add_rms_norm(x, tw, ids, w13, w2, shared, residual, norm_w, 1e-6) for _ in "ab"]
+    for got_h, got_res in runs:
+        assert rel_err(got_h, want_h) < 1e-5 and rel_err(got_res, want_res) < 1e-5
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
+def test_moe_add_rms_norm_falls_back_outside_the_decode_path() -> None:
+    """Past the shared-expert fold limit the MoE and the add+RMSNorm kernel run one after the other."""
+    g = gen(510)
+    e, h, i, k, t = 6, 64, 32, 2, 20
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    w13, w2 = dense_experts(e, h, i, torch.float32, g)
+    shared = dense_shared(h, 2 * i, torch.float32, g)
+    residual = torch.randn(t, h, generator=g, device=DEVICE)
+    norm_w = torch.rand(h, generator=g, device=DEVICE) + 0.5
+    got = mt.moe_add_rms_norm(x, tw, ids, w13, w2, shared, residual, norm_w, 1e-6)
+    want = moe_add_rms_norm_ref(x, tw, ids, w13, w2, shared, residual, norm_w, 1e-6)
+    assert rel_err(got[0], want[0]) < 1e-5 and rel_err(got[1], want[1]) < 1e-5
+
+
 # ----------------------------------------------------------------------------------------------- grouped path
 @pytest.mark.parametrize("t", [5, 33])
 def test_grouped_dense_fp32(t: int) -> None:
@@ -323,6 +364,31 @@ def test_gpu_shared_expert_flint_shapes(t: int, fmt: str) -> None:
     assert rel_err(mt.moe(x, tw, ids, w13, w2, shared), ref) < 1e-2
     for dmt in (0, 64):
         assert rel_err(mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt, shared=shared), ref) < 1e-2
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("t", [1, 8])
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_gpu_moe_add_rms_norm_flint_shapes(t: int, fmt: str) -> None:
+    """Routed + shared experts with the next layer's add+RMSNorm in the down launch, as the model calls it."""
+    g = gen(600 + t)
+    e, h, i, k = 256, 2048, 512, 6
+    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
+    tw, ids = routing(t, e, k, g)
+    if fmt == "bf16":
+        w13, w2 = dense_experts(e, h, i, torch.bfloat16, g)
+        shared = dense_shared(h, 1024, torch.bfloat16, g)
+    else:
+        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+        shared = nvfp4_shared(h, 1024, g)
+    residual = (torch.randn(t, h, generator=g, device=DEVICE) * 2).bfloat16()
+    norm_w = torch.rand(h, generator=g, device=DEVICE) + 0.5
+    want = moe_add_rms_norm_ref(x, tw, ids, w13, w2, shared, residual, norm_w, 1e-6)
+    for _ in range(3):
+        got = mt.moe_add_rms_norm(x, tw, ids, w13, w2, shared, residual, norm_w, 1e-6)
+        assert rel_err(got[0], want[0]) < 1e-2 and rel_err(got[1], want[1]) < 1e-2
     assert int(gt.counters(DEVICE).abs().sum()) == 0
 
 
