@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -50,3 +51,27 @@ def tiny_config() -> FlintConfig:
 @pytest.fixture(scope="session")
 def ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ckpt")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave with pytest's status once it has reported, skipping the interpreter's finalisation.
+
+    A clean-clone CI run once passed every test and then died with SIGSEGV while the interpreter tore down C
+    extension state (Ray's core worker, torch and Triton threads outlive the session); the run counted as failed.
+    Nothing the suite checks happens after this point, so the process exits here with the status pytest decided.
+    FLINT_TEST_NORMAL_EXIT=1 keeps the normal shutdown (to chase the crash itself).
+    """
+    status = config.stash.get(_EXIT_STATUS, None)
+    if status is None or os.environ.get("FLINT_TEST_NORMAL_EXIT") == "1":
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
