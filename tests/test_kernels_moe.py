@@ -344,6 +344,18 @@ def test_gpu_bf16_flint_shapes(t: int, fmt: str) -> None:
         assert rel_err(mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt), ref) < 1e-2
 
 
+def flint_moe_inputs(t: int, fmt: str, g: torch.Generator) -> tuple:
+    """BF16 tokens, routing and Flint-sized experts (256 x 512 wide, top-6) with the 1024-wide shared expert."""
+    e, h, i, k = 256, 2048, 512, 6
+    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
+    tw, ids = routing(t, e, k, g)
+    if fmt == "bf16":
+        w13, w2 = dense_experts(e, h, i, torch.bfloat16, g)
+        return x, tw, ids, w13, w2, dense_shared(h, 1024, torch.bfloat16, g)
+    w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+    return x, tw, ids, w13, w2, nvfp4_shared(h, 1024, g)
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("t", [1, 8, 33])
@@ -351,15 +363,7 @@ def test_gpu_bf16_flint_shapes(t: int, fmt: str) -> None:
 def test_gpu_shared_expert_flint_shapes(t: int, fmt: str) -> None:
     """Routed + the 1024-wide shared expert in one op (folded into the decode launches up to the threshold)."""
     g = gen(300 + t)
-    e, h, i, k = 256, 2048, 512, 6
-    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
-    tw, ids = routing(t, e, k, g)
-    if fmt == "bf16":
-        w13, w2 = dense_experts(e, h, i, torch.bfloat16, g)
-        shared = dense_shared(h, 1024, torch.bfloat16, g)
-    else:
-        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
-        shared = nvfp4_shared(h, 1024, g)
+    x, tw, ids, w13, w2, shared = flint_moe_inputs(t, fmt, g)
     ref = moe_ref(x, tw, ids, w13, w2, shared)
     assert rel_err(mt.moe(x, tw, ids, w13, w2, shared), ref) < 1e-2
     for dmt in (0, 64):
@@ -374,17 +378,9 @@ def test_gpu_shared_expert_flint_shapes(t: int, fmt: str) -> None:
 def test_gpu_moe_add_rms_norm_flint_shapes(t: int, fmt: str) -> None:
     """Routed + shared experts with the next layer's add+RMSNorm in the down launch, as the model calls it."""
     g = gen(600 + t)
-    e, h, i, k = 256, 2048, 512, 6
-    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
-    tw, ids = routing(t, e, k, g)
-    if fmt == "bf16":
-        w13, w2 = dense_experts(e, h, i, torch.bfloat16, g)
-        shared = dense_shared(h, 1024, torch.bfloat16, g)
-    else:
-        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
-        shared = nvfp4_shared(h, 1024, g)
-    residual = (torch.randn(t, h, generator=g, device=DEVICE) * 2).bfloat16()
-    norm_w = torch.rand(h, generator=g, device=DEVICE) + 0.5
+    x, tw, ids, w13, w2, shared = flint_moe_inputs(t, fmt, g)
+    residual = (torch.randn(t, 2048, generator=g, device=DEVICE) * 2).bfloat16()
+    norm_w = torch.rand(2048, generator=g, device=DEVICE) + 0.5
     want = moe_add_rms_norm_ref(x, tw, ids, w13, w2, shared, residual, norm_w, 1e-6)
     for _ in range(3):
         got = mt.moe_add_rms_norm(x, tw, ids, w13, w2, shared, residual, norm_w, 1e-6)
