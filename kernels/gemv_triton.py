@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import rmsnorm_triton
 from .linear import NVFP4Weight, Weight, linear_fp32_out_ref, linear_ref, matmul_fp32_out
 from .pdl import launch_options, pdl_entry
 
@@ -761,8 +762,6 @@ def linear_add_rms_norm(
     At M == 1 the GEMV's last tile to finish normalises the row (`_finish_row`), so the norm costs no launch of
     its own; other shapes run the Triton linear and add+RMSNorm kernels one after the other.
     """
-    from . import rmsnorm_triton
-
     n = w.shape[-2]
     fused = (
         x.shape[0] == 1

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import activation_triton, gemv_triton
+from . import activation_triton, gemv_triton, rmsnorm_triton
 from .gemv_triton import (
     _INTERPRET,
     COUNTER_SLOTS,
@@ -502,17 +502,30 @@ def fused_moe(
     A shared expert runs inside the decode launches when `foldable` and the batch has at most `fold_max_tokens`
     tokens (default: the SHARED_FOLD_MAX_TOKENS of the format); otherwise it runs on its own and is added.
     """
-    t = topk_ids.shape[0]
-    nv13, nv2 = isinstance(w13, NVFP4Weight), isinstance(w2, NVFP4Weight)
-    if decode_max_tokens is None:
-        decode_max_tokens = DECODE_MAX_TOKENS_NVFP4 if nv13 or nv2 else DECODE_MAX_TOKENS_BF16
-    if fold_max_tokens is None:
-        fold_max_tokens = SHARED_FOLD_MAX_TOKENS_NVFP4 if nv13 or nv2 else SHARED_FOLD_MAX_TOKENS_BF16
-    decode = t <= decode_max_tokens
-    fold = decode and 0 < t <= fold_max_tokens
-    if shared is not None and not (fold and foldable(shared, x, w13, w2)):
+    decode, fold = _paths(x, topk_ids.shape[0], w13, w2, shared, decode_max_tokens, fold_max_tokens)
+    if shared is not None and not fold:
         return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, None) + shared_expert(x, shared)
     return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared)
+
+
+def _paths(
+    x: torch.Tensor,
+    t: int,
+    w13: Weight,
+    w2: Weight,
+    shared: SharedExpert | None,
+    decode_max_tokens: int | None = None,
+    fold_max_tokens: int | None = None,
+) -> tuple[bool, bool]:
+    """(decode path, shared expert folded into its launches) for T tokens; None limits: the format's defaults."""
+    nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
+    if decode_max_tokens is None:
+        decode_max_tokens = DECODE_MAX_TOKENS_NVFP4 if nv else DECODE_MAX_TOKENS_BF16
+    if fold_max_tokens is None:
+        fold_max_tokens = SHARED_FOLD_MAX_TOKENS_NVFP4 if nv else SHARED_FOLD_MAX_TOKENS_BF16
+    decode = t <= decode_max_tokens
+    fold = shared is not None and decode and 0 < t <= fold_max_tokens and foldable(shared, x, w13, w2)
+    return decode, fold
 
 
 def _routed(
@@ -632,17 +645,15 @@ def moe_add_rms_norm(
     On the decode path (shared expert folded or absent) the down launch's last tile of each token normalises that
     token's row, so the norm costs no launch of its own; otherwise the Triton add+RMSNorm kernel follows.
     """
-    from . import rmsnorm_triton
-
     if not supported(x, w13, w2):
         return moe_add_rms_norm_ref(x, topk_weights, topk_ids, w13, w2, shared, residual, norm_weight, eps)
     t, hidden = topk_ids.shape[0], x.shape[1]
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
-    decode = 0 < t <= (DECODE_MAX_TOKENS_NVFP4 if nv else DECODE_MAX_TOKENS_BF16)
-    fold_max = SHARED_FOLD_MAX_TOKENS_NVFP4 if nv else SHARED_FOLD_MAX_TOKENS_BF16
+    decode, fold = _paths(x, t, w13, w2, shared)
     fits = (
         decode
-        and (shared is None or (t <= fold_max and foldable(shared, x, w13, w2)))
+        and t > 0
+        and (shared is None or fold)
         and hidden <= NORM_MAX_N
         and residual.shape == (t, hidden)
         and residual.dtype == x.dtype
