@@ -158,7 +158,8 @@ def step_bytes(cfg: FlintConfig, w: FlintWeights, b: int, ctx: int) -> float:
     return total + kv_full + kv_slide
 
 
-def count_kernels(fn, dev: torch.device) -> tuple[int, dict[str, float]]:
+def count_kernels(fn, dev: torch.device) -> tuple[int, dict[str, float], list[dict[str, Any]]]:
+    """Kernels one call of `fn` launches, GPU ms by family, and the kernels by name (count, total, mean)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -167,6 +168,7 @@ def count_kernels(fn, dev: torch.device) -> tuple[int, dict[str, float]]:
         fn()
         sync(dev)
     families: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}
     n = 0
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
@@ -175,7 +177,12 @@ def count_kernels(fn, dev: torch.device) -> tuple[int, dict[str, float]]:
         name = e.name.lower()
         fam = next((f for f, keys in FAMILIES if any(k in name for k in keys)), "other")
         families[fam] = families.get(fam, 0.0) + e.device_time / 1e3
-    return n, {k: round(v, 4) for k, v in sorted(families.items(), key=lambda kv: -kv[1])}
+        by_name.setdefault(e.name[:80], []).append(e.device_time)
+    kernels = [
+        {"name": k, "count": len(v), "total_ms": round(sum(v) / 1e3, 4), "mean_us": round(sum(v) / len(v), 2)}
+        for k, v in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+    ]
+    return n, {k: round(v, 4) for k, v in sorted(families.items(), key=lambda kv: -kv[1])}, kernels
 
 
 def check_fast_vs_plain(
@@ -280,7 +287,7 @@ def run_format(
                 row["floor_fraction"] = round(floor / row["step_ms"], 3)
                 row["tokens_per_s"] = round(b / row["step_ms"] * 1e3, 1)
                 if dev.type == "cuda" and b == min(args.batches) and c == min(args.contexts):
-                    row["kernels_per_step"], row["time_by_family_ms"] = count_kernels(step, dev)
+                    row["kernels_per_step"], row["time_by_family_ms"], row["kernels_by_name"] = count_kernels(step, dev)
                     plain_ms = timed(lambda batch=batch: step(plain, batch), dev, 3, warmup=1)
                     row["plain_path_step_ms"] = round(plain_ms, 3)
                 rep.add("rows", row)
@@ -378,6 +385,8 @@ def main() -> None:
         if "time_by_family_ms" in r:
             fams = ", ".join(f"{k} {v:.3f}" for k, v in r["time_by_family_ms"].items())
             print(f"{r['format']:>6} b{r['batch']} ctx {r['context']}: GPU ms by kernel family: {fams}")
+            for k in r["kernels_by_name"][:12]:
+                print(f"    {k['count']:>4} x {k['mean_us']:>7.2f} us = {k['total_ms']:.3f} ms  {k['name']}")
     for r in rep.data["rows"]:
         if "prefill_ms" in r:
             print(f"{r['format']:>6} prefill {r['prefill_tokens']} tokens: {r['prefill_ms']:.1f} ms")

@@ -190,11 +190,11 @@ def gemv_sweep(x: torch.Tensor, copies: list, fp32_out: bool, moved: int) -> dic
     bm = max(16, 1 << (m - 1).bit_length())
     cands: dict[str, tc | str] = {}
     if m == 1 and nv:
-        for bn, bk, nw in ((8, 1024, 4), (16, 512, 4), (8, 2048, 4), (16, 1024, 8), (4, 1024, 4)):
+        for bn, bk, nw in ((8, 1024, 4), (16, 512, 4), (8, 2048, 4), (16, 1024, 4), (16, 1024, 8), (4, 1024, 4)):
             cands[f"fma n{bn} k{bk} w{nw}"] = tc(bn, 1, bk, False, nw, 1)
         cands["dot n64 k128"] = tc(64, 16, 128, True, 4, 3)
     elif m == 1:
-        for bn, bk, nw in ((8, 512, 4), (16, 512, 4), (8, 1024, 4)):
+        for bn, bk, nw in ((8, 512, 4), (16, 512, 4), (8, 1024, 4), (16, 1024, 4), (4, 1024, 4)):
             cands[f"fma n{bn} k{bk} w{nw}"] = tc(bn, 1, bk, False, nw, 1)
         cands["dot n64 k128 s3"] = tc(64, 16, 128, True, 4, 3)
     elif m <= gt.SMALL_M:
@@ -297,6 +297,8 @@ def moe_sweep(x, tw, ids, stacks, moved: float, t: int) -> dict:
     dec, grp = 10**9, 0
     if t <= 64:
         cands["dec fma i8 k1024"] = (dec, mc(1, 8, 1024, 8, 512, False, 4, 1))
+        cands["dec fma i8 k2048"] = (dec, mc(1, 8, 2048, 8, 512, False, 4, 1))
+        cands["dec fma i4 k2048"] = (dec, mc(1, 4, 2048, 8, 512, False, 4, 1))
         cands["dec fma i32 k512"] = (dec, mc(1, 32, 512, 32, 512, False, 4, 1))
         cands["dec fma i16 k512"] = (dec, mc(1, 16, 512, 16, 512, False, 4, 1))
         cands["dec dot i16 k128"] = (dec, mc(16, 16, 128, 32, 128, True, 4, 3))
@@ -419,6 +421,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configurations")
     ap.add_argument("--only", choices=("gemv", "moe", "shared"), help="run one part")
+    ap.add_argument("--ms", type=int, nargs="+", default=[1, 8, 32, 64, 256, 1024, 8192], help="GEMV rows")
+    ap.add_argument("--ts", type=int, nargs="+", default=[1, 8, 32, 64, 8192], help="MoE tokens")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernels_moe_gemv.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -431,10 +435,10 @@ def main() -> int:
     result["triton"] = triton.__version__
     failures = []
     if args.only in (None, "gemv"):
-        result["gemv"] = gemv_rows([1, 8, 32, 64, 256, 1024, 8192], args.sweep)
+        result["gemv"] = gemv_rows(args.ms, args.sweep)
         failures += [r for r in result["gemv"] if not r["rel_err"] < 1e-2]
     if args.only in (None, "moe"):
-        result["moe"] = moe_rows([1, 8, 32, 64, 8192], args.sweep)
+        result["moe"] = moe_rows(args.ts, args.sweep)
         failures += [r for r in result["moe"] if not r["rel_err"] < 1e-2]
     if args.only == "shared":
         result["moe_shared_us"] = shared_rows([1, 2, 4, 8])
