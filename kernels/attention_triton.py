@@ -193,15 +193,17 @@ def _decode_kernel(
     With several splits and FUSED_COMBINE the last split to arrive also merges them (see the module docstring);
     without FUSED_COMBINE the partials are left for `_decode_combine_kernel`.
     """
-    pdl_entry(PDL)
     s_idx = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    # The batch metadata is written before the step's first kernel, so it is read before waiting for the previous
+    # grid (PDL); the query and the current token's key/value (the previous kernel's) only after.
     q0 = tl.load(qs_ptr + s_idx)
     n_q = tl.load(qs_ptr + s_idx + 1) - q0
+    ctx = tl.load(sl_ptr + s_idx)
+    pdl_entry(PDL)
     if n_q == 0:
         return
-    ctx = tl.load(sl_ptr + s_idx)
     rows = tl.arange(0, G_PAD)
     row_ok = rows < GROUP
     heads = kvh * GROUP + rows

@@ -140,41 +140,98 @@ def e2m1_pair_bits(words, P: tl.constexpr):
 
 
 @triton.jit
-def nvfp4_gemv_step(
+def fma_weights(
     w_ptr,
     s_ptr,
     rows,
     row_ok,
-    x_ptr,
-    x_off,
     k0,
     k_end,
     stride_wn,
     stride_sn,
+    NVFP4: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The raw weight tiles of one M == 1 (FMA) step at k0, nothing at or past k_end (so a step past the end loads
+    nothing): NVFP4 (int32 words [BLOCK_N, G, 2], scale bytes [BLOCK_N, G]); dense (W [BLOCK_N, BLOCK_K], 0)."""
+    # One flag for the whole tile: constant along K, so the loads stay vectorised (a tensor even for a literal k0).
+    live = (tl.zeros((1,), dtype=tl.int32) + k0) < k_end
+    if NVFP4:
+        G: tl.constexpr = BLOCK_K // 16
+        offs_g = k0 // 16 + tl.arange(0, G)
+        wd = tl.arange(0, 2)
+        w32 = w_ptr.to(tl.pointer_type(tl.int32))
+        word_ptrs = w32 + rows[:, None, None] * (stride_wn // 4) + (offs_g * 2)[None, :, None] + wd[None, None, :]
+        s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
+        if EVEN_K:
+            words = tl.load(word_ptrs, mask=row_ok[:, None, None] & live[:, None, None], other=0)
+            sb = tl.load(s_ptrs, mask=row_ok[:, None] & live[:, None], other=0)
+        else:
+            g_ok = offs_g < k_end // 16
+            words = tl.load(word_ptrs, mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
+            sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
+        return words, sb
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        w_mask = row_ok[:, None] & live[:, None]
+        if not EVEN_K:
+            w_mask = w_mask & (kk < k_end)[None, :]
+        w = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
+        return w, 0
+
+
+@triton.jit
+def fma_step(
+    wa,
+    wb,
+    x_ptr,
+    x_off,
+    k0,
+    k_end,
+    NVFP4: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One M == 1 step on the weight tiles `fma_weights` loaded: NVFP4 [BLOCK_N, G] partial sums (times 2**-62),
+    dense [BLOCK_N, BLOCK_K] FP32 products (W rounded to x's dtype first, as the reference materialises it)."""
+    if NVFP4:
+        part = nvfp4_gemv_step(wa, wb, x_ptr, x_off, k0, k_end, EVEN_K, BLOCK_N, BLOCK_K)
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            xr = tl.load(x_ptr + x_off[:, None] + kk[None, :])
+        else:
+            xr = tl.load(x_ptr + x_off[:, None] + kk[None, :], mask=(kk < k_end)[None, :], other=0.0)
+        part = wa.to(x_ptr.dtype.element_ty).to(tl.float32) * xr.to(tl.float32)
+    return part
+
+
+@triton.jit
+def nvfp4_gemv_step(
+    words,
+    sb,
+    x_ptr,
+    x_off,
+    k0,
+    k_end,
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """[BLOCK_N, G] partial sums (times 2**-62) of one BLOCK_K step of an NVFP4 GEMV for the single row x_off.
 
-    Weights are read as int32 words (8 values each); x (times 2**64, so code * x products are exact FP32
-    normals) is split into the eight nibble planes by three register-level splits.
+    `words` / `sb` are the step's weight tiles from `fma_weights` (8 values per int32 word); x (times 2**64, so
+    code * x products are exact FP32 normals) is split into the eight nibble planes by three register-level splits.
     """
     G: tl.constexpr = BLOCK_K // 16
-    offs_g = k0 // 16 + tl.arange(0, G)
     wd = tl.arange(0, 2)
-    w32 = w_ptr.to(tl.pointer_type(tl.int32))
-    word_ptrs = w32 + rows[:, None, None] * (stride_wn // 4) + (offs_g * 2)[None, :, None] + wd[None, None, :]
-    s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
     kk = k0 + tl.arange(0, G)[:, None, None] * 16 + wd[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
     if EVEN_K:
-        words = tl.load(word_ptrs, mask=row_ok[:, None, None], other=0)
-        sb = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
         xv = tl.load(x_ptr + x_off[:, None, None] + kk)
     else:
-        g_ok = offs_g < k_end // 16
-        words = tl.load(word_ptrs, mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
-        sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
         xv = tl.load(x_ptr + x_off[:, None, None] + kk, mask=kk < k_end, other=0.0)
     xv = xv.to(tl.float32) * 1.8446744073709552e19  # 2**64
     # [G, 2, 8] -> planes i = 0..7 (value 16g + 8w + i) paired as (i, i + 4) for e2m1_pair_bits.
@@ -291,8 +348,13 @@ def tile_matmul(
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """FP32 [BLOCK_N, BLOCK_M] = W[rows, k_start:k_end] @ x[x_off, k_start:k_end]^T (NVFP4 without global scale).
+
+    PDL: the caller has not waited for the previous grid yet (see `pdl.pdl_entry`); this waits after issuing the
+    first step's weight loads on the FMA path, so those weights (never written by a kernel) stream while the
+    previous kernel finishes. (Also loading each next step's weights a step ahead was slower: H200, 2026-11-29.)
 
     USE_DOT: tensor cores. Otherwise BLOCK_M == 1: FP32 products summed elementwise in registers and reduced
     over K once at the end, so the loop has no cross-lane work. A dense weight is rounded to x's dtype first, as
@@ -304,13 +366,23 @@ def tile_matmul(
     (TritonGPUOptimizeDotOperands; 3.9 compiles it), so the configs leave it off.
     """
     xdt = x_ptr.dtype.element_ty
-    G: tl.constexpr = BLOCK_K // 16
-    if USE_DOT:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    elif NVFP4:
-        acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if not USE_DOT:
+        wa, wb = fma_weights(
+            w_ptr, s_ptr, rows, row_ok, k_start, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
+        )
+        pdl_entry(PDL)
+        acc = fma_step(wa, wb, x_ptr, x_off, k_start, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K)
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+            wa, wb = fma_weights(
+                w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
+            )
+            acc += fma_step(wa, wb, x_ptr, x_off, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K)
+        acc = tl.sum(acc, axis=1, keep_dims=True)
+        if NVFP4:
+            acc = acc * 4.611686018427388e18  # 2**62 undoes the offset (exact)
+        return acc
+    pdl_entry(PDL)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         if NVFP4 and USE_DOT and WORDS and BLOCK_K >= 128:  # eight planes of K = BLOCK_K / 8 >= 16
             acc = nvfp4_dot_step(
@@ -337,31 +409,18 @@ def tile_matmul(
                 x_mask = x_mask & (kk < k_end)[:, None]
             xt = tl.load(x_ptr + x_off[None, :] + kk[:, None], mask=x_mask, other=0.0)
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
-        elif NVFP4:
-            acc += nvfp4_gemv_step(
-                w_ptr, s_ptr, rows, row_ok, x_ptr, x_off, k0, k_end, stride_wn, stride_sn, EVEN_K, BLOCK_N, BLOCK_K
-            )
         else:
             kk = k0 + tl.arange(0, BLOCK_K)
             w_mask = row_ok[:, None]
             if not EVEN_K:
                 w_mask = w_mask & (kk < k_end)[None, :]
             w = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0).to(xdt)
-            if USE_DOT:
-                x_mask = x_ok[None, :]
-                if not EVEN_K:
-                    x_mask = x_mask & (kk < k_end)[:, None]
-                xt = tl.load(x_ptr + x_off[None, :] + kk[:, None], mask=x_mask, other=0.0)
-                acc = tl.dot(w, xt, acc, input_precision=PRECISION)
-            else:
-                if EVEN_K:
-                    xr = tl.load(x_ptr + x_off[:, None] + kk[None, :])
-                else:
-                    xr = tl.load(x_ptr + x_off[:, None] + kk[None, :], mask=(kk < k_end)[None, :], other=0.0)
-                acc += w.to(tl.float32) * xr.to(tl.float32)
-    if not USE_DOT:
-        acc = tl.sum(acc, axis=1, keep_dims=True)
-    if NVFP4 and not (USE_DOT and xdt == tl.float16):
+            x_mask = x_ok[None, :]
+            if not EVEN_K:
+                x_mask = x_mask & (kk < k_end)[:, None]
+            xt = tl.load(x_ptr + x_off[None, :] + kk[:, None], mask=x_mask, other=0.0)
+            acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+    if NVFP4 and xdt != tl.float16:
         acc = acc * 4.611686018427388e18  # 2**62 undoes the offset (exact)
     return acc
 
@@ -458,8 +517,8 @@ def _linear_kernel(
 ):
     """out[m, n] = (sum_k x[m, k] W[n, k]) * global_scale[segment(n)], rounded once to out's dtype.
 
-    NORM (M == 1): then also the residual add and RMSNorm of the whole row (see `_finish_row`)."""
-    pdl_entry(PDL)
+    NORM (M == 1): then also the residual add and RMSNorm of the whole row (see `_finish_row`).
+    Nothing before `tile_matmul` reads memory: it waits for the previous grid (PDL) after its first weight loads."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -473,7 +532,7 @@ def _linear_kernel(
     k_end = tl.minimum(K, k_start + k_per_split)
     acc = tile_matmul(
         w_ptr, s_ptr, rows64, row_ok, x_ptr, x_off, m_ok, k_start, k_end, stride_wn, stride_sn,
-        NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, BLOCK_N, BLOCK_M, BLOCK_K,
+        NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, BLOCK_N, BLOCK_M, BLOCK_K, PDL,
     )  # fmt: skip
     store_ok = row_ok[:, None] & m_ok[None, :]
     if SPLIT_K > 1:
@@ -613,11 +672,16 @@ def segment_bounds(segments: tuple[int, ...], n: int) -> tuple[int, int, int]:
     return bounds[0], bounds[1], bounds[2]
 
 
-def small_m_config(m: int, nvfp4: bool) -> TileConfig:
-    """Decode-sized tiles: weight bytes streamed once; FMA for M == 1, tensor cores above."""
+def small_m_config(m: int, nvfp4: bool, k: int = 0) -> TileConfig:
+    """Decode-sized tiles: weight bytes streamed once; FMA for M == 1, tensor cores above.
+
+    NVFP4 at M == 1 takes K in steps of 2048 where K divides (H200, `kernels_moe_gemv.py --sweep`, 2026-11-29:
+    o projection 850 vs 578 GB/s, qkv 1008 vs 880; 1024 stays for other K: the shared down projection, K = 1024,
+    466 vs 387)."""
     if m == 1:
         if nvfp4:
-            return TileConfig(block_n=8, block_m=1, block_k=1024, use_dot=False, num_warps=4, num_stages=1)
+            block_k = 2048 if k > 0 and k % 2048 == 0 else 1024
+            return TileConfig(block_n=8, block_m=1, block_k=block_k, use_dot=False, num_warps=4, num_stages=1)
         return TileConfig(block_n=8, block_m=1, block_k=512, use_dot=False, num_warps=4, num_stages=1)
     block_m = max(16, triton.next_power_of_2(m))
     return TileConfig(block_n=64, block_m=block_m, block_k=128, use_dot=True, num_warps=4, num_stages=3)
@@ -651,7 +715,7 @@ def _matmul(
     if k == 0:
         return out.zero_()
     if config is None:
-        config = small_m_config(m, nv) if m <= SMALL_M else large_m_config(nv)
+        config = small_m_config(m, nv, k) if m <= SMALL_M else large_m_config(nv)
     cfg = config
     if nv:
         qw, sc, gs = w.qweight, w.scales, w.global_scale.reshape(-1)

@@ -134,11 +134,15 @@ def _moe_gate_up_kernel(
     INTER-wide parts per token (row v: token v // parts, columns (v % parts) * INTER...), writing h rows v; the
     routed pairs follow, pair p writing h row n_shared_rows + p, so each token's shared h is one contiguous row.
     """
-    pdl_entry(PDL)
     pid_i = tl.program_id(0)
     pid_r = tl.program_id(1)
     pid_k = tl.program_id(2)
     pair_row = pid_r - n_shared_rows if SHARED else pid_r
+    # Routed programs need the router's expert ids (the previous kernel's) first, so they wait for the previous grid
+    # (PDL) here; shared-expert programs use none of them and wait in `tile_matmul`, after their first weight loads.
+    # (Waiting again there is a no-op.) The ids a shared program reads below are not used.
+    if pair_row >= 0:
+        pdl_entry(PDL)
     e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
     x_off = (pairs // TOPK) * stride_xt
     h_rows = pairs + n_shared_rows if SHARED else pairs
@@ -168,7 +172,7 @@ def _moe_gate_up_kernel(
     acc = tile_matmul(
         w_base, s_base, rows.to(tl.int64), row_ok, x_ptr, x_off, m_ok,
         k_start, k_end, wn, sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, 2 * BLOCK_I, BLOCK_M,
-        BLOCK_K,
+        BLOCK_K, PDL,
     )  # fmt: skip
     jj = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
     store_ok = (jj < INTER)[:, None] & m_ok[None, :]
@@ -252,7 +256,11 @@ def _moe_down_kernel(
     contiguous `shared_inter` columns at h row token * shared_parts), arriving as slot TOPK with weight 1; the last
     arrival rounds the routed sum, then adds the shared output and rounds again, as the reference's BF16 add.
     """
-    pdl_entry(PDL)
+    # Decode (not GROUPED): the expert ids and routing weights read before `tile_matmul` waits for the previous grid
+    # come from the router, which ran before the gate_up kernel and so has completed (a PDL kernel is launched only
+    # once its predecessor has passed its own wait); the weights stream before the wait, h (gate_up's) after it.
+    if GROUPED:
+        pdl_entry(PDL)
     pid_n = tl.program_id(0)
     pid_r = tl.program_id(1)
     pair_row = pid_r - n_shared_tokens if SHARED else pid_r
@@ -283,6 +291,7 @@ def _moe_down_kernel(
     acc = tile_matmul(
         w_base, s_base, rows.to(tl.int64), row_ok, h_ptr, h_off, m_ok,
         0, k_len, wn, sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, BLOCK_N, BLOCK_M, BLOCK_K,
+        PDL and not GROUPED,
     )  # fmt: skip
     if NVFP4:
         acc = acc * segment_scale(gs_base, rows, row_ok, b1, b2, b3)[:, None]

@@ -68,6 +68,16 @@ def _topk_rows(
 
 
 @triton.jit
+def _weight_step(w_rows, e_ok, kk, k0, hidden, EVEN_K: tl.constexpr):
+    """Router weight rows, columns k0 + kk; nothing at or past `hidden` (a step past the end loads nothing)."""
+    live = (tl.zeros((1,), dtype=tl.int32) + k0) < hidden  # a tensor even for a literal k0 (the interpreter)
+    w_mask = e_ok[:, None] & live[:, None]
+    if not EVEN_K:
+        w_mask = w_mask & ((k0 + kk) < hidden)[None, :]
+    return tl.load(w_rows + (k0 + kk)[None, :], mask=w_mask, other=0.0)
+
+
+@triton.jit
 def _router_kernel(
     x_ptr,
     w_ptr,
@@ -93,23 +103,26 @@ def _router_kernel(
     PDL: tl.constexpr,
 ):
     """FP32 logits of all tokens for BLOCK_E experts (one pass over their weight rows); the last program to finish
-    turns all the logits into top-k weights (FP32) and expert ids (int64)."""
-    pdl_entry(PDL)
+    turns all the logits into top-k weights (FP32) and expert ids (int64).
+
+    The first K step's weight rows (all of K for Flint at T = 1) are loaded before waiting for the previous grid
+    (PDL; weights are never written by a kernel)."""
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t = tl.arange(0, BLOCK_T)
     kk = tl.arange(0, BLOCK_K)
     e_ok = e < num_experts
     t_ok = t < num_tokens
+    w_rows = w_ptr + e[:, None].to(tl.int64) * stride_w
+    wv = _weight_step(w_rows, e_ok, kk, 0, hidden, EVEN_K)
+    pdl_entry(PDL)
     acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
+        if k0 > 0:
+            wv = _weight_step(w_rows, e_ok, kk, k0, hidden, EVEN_K)
         x_mask = t_ok[:, None]
-        w_mask = e_ok[:, None]
         if not EVEN_K:  # a K mask only where the last step is partial, so whole steps keep vectorised loads
-            k_ok = (k0 + kk) < hidden
-            x_mask = x_mask & k_ok[None, :]
-            w_mask = w_mask & k_ok[None, :]
+            x_mask = x_mask & ((k0 + kk) < hidden)[None, :]
         xv = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_x + (k0 + kk)[None, :], mask=x_mask, other=0.0)
-        wv = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_w + (k0 + kk)[None, :], mask=w_mask, other=0.0)
         acc += tl.sum(xv.to(tl.float32)[:, None, :] * wv.to(tl.float32)[None, :, :], axis=2)
     tl.store(logits_ptr + t[:, None] * num_experts + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
     # The barrier orders all of this CTA's stores before the release; the program that sees the last arrival (its

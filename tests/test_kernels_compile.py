@@ -11,10 +11,14 @@ import sys
 import pytest
 
 
-def _compile(module: str, kernel: str, pointers: dict[str, str], constexprs: dict, warps: int, stages: int) -> None:
+def _compile(
+    module: str, kernel: str, pointers: dict[str, str], constexprs: dict, warps: int, stages: int
+) -> tuple[int, int]:
     """Compile `kernel` in a fresh process (the interpreter, set for CPU test runs, replaces @triton.jit functions).
 
     Arguments not named in `pointers` or `constexprs` are i32 scalars, except names ending in "eps"/"scale" (fp32).
+    Returns how many global loads the PTX issues before its first `griddepcontrol.wait`, and how many wait
+    instructions it has (0 without PDL).
     """
     code = f"""
 import triton
@@ -28,11 +32,17 @@ sig = {{n: "fp32" if n.endswith(("eps", "scale", "scaling")) else "i32" for n in
 sig.update({{n: "*" + t for n, t in pointers.items()}})
 sig.update({{n: "constexpr" for n in constexprs}})
 src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in constexprs.items()}})
-triton.compile(src, target=GPUTarget("cuda", 90, 32), options={{"num_warps": {warps}, "num_stages": {stages}}})
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={{"num_warps": {warps}, "num_stages": {stages}}})
+lines = k.asm["ptx"].splitlines()
+waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+first = waits[0] if waits else len(lines)
+print(sum("ld.global" in line for line in lines[:first]), len(waits))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    loads, waits = r.stdout.split()[-2:]
+    return int(loads), int(waits)
 
 
 GEMV_CASES = [
@@ -54,7 +64,11 @@ def test_gemv_compiles_for_sm90(case: dict) -> None:
     # The add+RMSNorm epilogue exists for M == 1 (the FMA path) only.
     norm = {"NORM": case["BLOCK_M"] == 1, "N_PAD": 2048}
     constexprs = {**case, "PRECISION": "tf32", "EVEN_K": True, "WORDS": False, "SPLIT_K": 2, "PDL": True, **norm}
-    _compile("flint_kernels.gemv_triton", "_linear_kernel", pointers, constexprs, warps, stages)
+    loads, waits = _compile("flint_kernels.gemv_triton", "_linear_kernel", pointers, constexprs, warps, stages)
+    assert waits >= 1
+    # M == 1 (FMA): the first step's weights are requested before waiting for the previous kernel; with tensor
+    # cores nothing is read before the wait.
+    assert (loads > 0) == (case["BLOCK_M"] == 1), loads
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
@@ -84,7 +98,11 @@ def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) 
 
     names = inspect.signature(getattr(moe_triton, kernel).fn).parameters
     pointers = {k: v for k, v in pointers.items() if k in names}
-    _compile("flint_kernels.moe_triton", kernel, pointers, constexprs, 4, 1 if nv else 3)
+    loads, waits = _compile("flint_kernels.moe_triton", kernel, pointers, constexprs, 4, 1 if nv else 3)
+    if kernel == "_moe_down_kernel":  # ids, routing weights and expert weights before the wait (the router's done)
+        assert loads > 0 and waits >= 1
+    else:  # routed programs wait first; shared-expert programs after their first weight loads
+        assert waits >= 2
 
 
 def test_router_compiles_for_sm90() -> None:
@@ -92,7 +110,8 @@ def test_router_compiles_for_sm90() -> None:
                 "out_ids_ptr": "i64"}  # fmt: skip
     constexprs = dict(BLOCK_T=1, BLOCK_E=1, BLOCK_K=2048, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=256, ROWS=1,
                       RENORMALIZE=True, PDL=True)  # fmt: skip
-    _compile("flint_kernels.router_triton", "_router_kernel", pointers, constexprs, 4, 1)
+    loads, waits = _compile("flint_kernels.router_triton", "_router_kernel", pointers, constexprs, 4, 1)
+    assert loads > 0 and waits == 1  # the router's weights before waiting for the previous kernel
 
 
 @pytest.mark.parametrize("splits", [1, 8])
@@ -103,4 +122,5 @@ def test_decode_attention_compiles_for_sm90(splits: int) -> None:
     constexprs = dict(NUM_HEADS=32, GROUP=8, G_PAD=16, G_P2=8, WINDOW=513, CACHE_BLOCK=16, HEAD_DIM=128, BLOCK_D=128,
                       BLOCK_N=128, NUM_SPLITS=splits, FUSED_COMBINE=splits > 1, SPLIT_STEP=min(splits, 16),
                       DOT_PREC="tf32", PDL=True)  # fmt: skip
-    _compile("flint_kernels.attention_triton", "_decode_kernel", pointers, constexprs, 4, 2)
+    loads, waits = _compile("flint_kernels.attention_triton", "_decode_kernel", pointers, constexprs, 4, 2)
+    assert loads > 0 and waits == 1  # the batch metadata before waiting for the previous kernel

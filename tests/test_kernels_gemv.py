@@ -154,6 +154,19 @@ def test_nvfp4_configs_and_split_k(kind: str, split_k: int) -> None:
         assert rel_err(out, linear_fp32_out_ref(x, w)) < 1e-5
 
 
+def test_nvfp4_m1_takes_k_in_steps_of_2048_where_it_divides() -> None:
+    """M == 1 NVFP4: K a multiple of 2048 runs one 2048-wide step per program (whole K, no split here), other K
+    steps of 1024; both against the reference."""
+    assert gt.small_m_config(1, True, 4096).block_k == 2048
+    assert gt.small_m_config(1, True, 1024).block_k == 1024
+    assert gt.small_m_config(1, True, 3072).block_k == 1024
+    g = gen(31)
+    for k in (2048, 3072):
+        w = random_nvfp4(24, k, g, segments=(16, 8))
+        x = random_x(1, k, torch.float32, g)
+        assert rel_err(gt.linear(x, w), linear_ref(x, w)) < 1e-5
+
+
 def test_nvfp4_dequant_then_matmul_path() -> None:
     """Prefill-sized M: one exact dequantisation, FP32 matmul, global scale on the FP32 result, one rounding."""
     g = gen(21)
