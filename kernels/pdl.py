@@ -3,10 +3,16 @@
 A batch-1 decode step is hundreds of small dependent kernels; without PDL each one is launched only after the
 previous one has fully retired, so every boundary costs the launch and the CTA ramp-up. With PDL a kernel
 launched with `launch_pdl=True` may start as soon as every program of the previous kernel has called
-`gdc_launch_dependents` (or exited). Our kernels therefore begin with `pdl_entry`: first `gdc_wait`, which blocks
-until the previous grid has completed and its memory is visible (so nothing before it may read or write global
-memory), then `gdc_launch_dependents`, which lets the next kernel get scheduled early. Only the launch overlaps;
-the data dependencies are those of ordinary stream order. Kernels launched without PDL (PyTorch's) wait for full
+`gdc_launch_dependents` (or exited). Our kernels call `pdl_entry`: first `gdc_wait`, which blocks until the
+previous grid has completed and its memory is visible, then `gdc_launch_dependents`, which lets the next kernel get
+scheduled early.
+
+What may run before `pdl_entry`: no writes to global memory, and reads only of what the immediately previous
+kernel does not write. Because every kernel lets its successor launch only after its own wait, a kernel that has
+started knows that all kernels before its predecessor have completed. So weights (never written), the KV cache of
+earlier tokens, batch metadata copied before the step, and outputs of kernels two or more launches back (the
+router's expert ids in the MoE down kernel) are read early: their memory latency overlaps the previous kernel.
+Where nothing is read early, `pdl_entry` is the first statement. Kernels launched without PDL (PyTorch's) wait for full
 completion as usual, so mixing them is safe, and CUDA-graph capture keeps the programmatic edges.
 
 On by default on CUDA devices of compute capability 9.0 and above with a Triton that has the GDC ops;
