@@ -154,10 +154,8 @@ def fma_weights(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """The raw weight tiles of one M == 1 (FMA) step at k0, nothing at or past k_end (so a step past the end loads
-    nothing): NVFP4 (int32 words [BLOCK_N, G, 2], scale bytes [BLOCK_N, G]); dense (W [BLOCK_N, BLOCK_K], 0)."""
-    # One flag for the whole tile: constant along K, so the loads stay vectorised (a tensor even for a literal k0).
-    live = (tl.zeros((1,), dtype=tl.int32) + k0) < k_end
+    """The raw weight tiles of one M == 1 (FMA) step at k0 < k_end (callers never launch an empty K range):
+    NVFP4 (int32 words [BLOCK_N, G, 2], scale bytes [BLOCK_N, G]); dense (W [BLOCK_N, BLOCK_K], 0)."""
     if NVFP4:
         G: tl.constexpr = BLOCK_K // 16
         offs_g = k0 // 16 + tl.arange(0, G)
@@ -166,8 +164,8 @@ def fma_weights(
         word_ptrs = w32 + rows[:, None, None] * (stride_wn // 4) + (offs_g * 2)[None, :, None] + wd[None, None, :]
         s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
         if EVEN_K:
-            words = tl.load(word_ptrs, mask=row_ok[:, None, None] & live[:, None, None], other=0)
-            sb = tl.load(s_ptrs, mask=row_ok[:, None] & live[:, None], other=0)
+            words = tl.load(word_ptrs, mask=row_ok[:, None, None], other=0)
+            sb = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
         else:
             g_ok = offs_g < k_end // 16
             words = tl.load(word_ptrs, mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
@@ -175,7 +173,7 @@ def fma_weights(
         return words, sb
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
-        w_mask = row_ok[:, None] & live[:, None]
+        w_mask = row_ok[:, None]
         if not EVEN_K:
             w_mask = w_mask & (kk < k_end)[None, :]
         w = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)

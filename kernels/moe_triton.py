@@ -445,6 +445,8 @@ def supported(x: torch.Tensor, w13: Weight, w2: Weight) -> bool:
         elif w.dim() != 3 or w.stride(2) != 1 or w.device != x.device:
             return False
     i = w2.shape[-1]
+    if i == 0 or x.shape[1] == 0:  # the kernels read a first K step before their loop: K ranges are never empty
+        return False
     return w13.shape[-1] == x.shape[1] and w13.shape[-2] == 2 * i and w2.shape[-2] == x.shape[1]
 
 
@@ -473,7 +475,7 @@ def foldable(shared: SharedExpert, x: torch.Tensor, w13: Weight, w2: Weight) -> 
     if not (isinstance(w2, NVFP4Weight) == nv == isinstance(gate_up, NVFP4Weight) == isinstance(down, NVFP4Weight)):
         return False
     i_s = down.shape[-1]
-    if gate_up.shape != (2 * i_s, hidden) or down.shape != (hidden, i_s) or i_s % inter:
+    if i_s == 0 or gate_up.shape != (2 * i_s, hidden) or down.shape != (hidden, i_s) or i_s % inter:
         return False
     for w, like in ((gate_up, w13), (down, w2)):
         if isinstance(w, NVFP4Weight):

@@ -69,9 +69,8 @@ def _topk_rows(
 
 @triton.jit
 def _weight_step(w_rows, e_ok, kk, k0, hidden, EVEN_K: tl.constexpr):
-    """Router weight rows, columns k0 + kk; nothing at or past `hidden` (a step past the end loads nothing)."""
-    live = (tl.zeros((1,), dtype=tl.int32) + k0) < hidden  # a tensor even for a literal k0 (the interpreter)
-    w_mask = e_ok[:, None] & live[:, None]
+    """Router weight rows, columns k0 + kk, for k0 < hidden (the launcher never runs hidden == 0)."""
+    w_mask = e_ok[:, None]
     if not EVEN_K:
         w_mask = w_mask & ((k0 + kk) < hidden)[None, :]
     return tl.load(w_rows + (k0 + kk)[None, :], mask=w_mask, other=0.0)
@@ -163,7 +162,7 @@ def sigmoid_topk(
     """
     t, hidden = x.shape
     num_experts = weight.shape[0]
-    if t > SMALL_BATCH or num_experts > MAX_EXPERTS or not 0 < top_k <= min(MAX_TOP_K, num_experts):
+    if t > SMALL_BATCH or num_experts > MAX_EXPERTS or hidden == 0 or not 0 < top_k <= min(MAX_TOP_K, num_experts):
         return sigmoid_topk_ref(x, weight, top_k, renormalize, scaling)
     if x.stride(-1) != 1:
         x = x.contiguous()

@@ -324,6 +324,18 @@ def test_uncovered_inputs_fall_back_to_reference() -> None:
     assert torch.equal(mt.moe(x, tw, ids, w13, w2_bad), moe_ref(x, tw, ids, w13, w2_bad))
 
 
+def test_empty_widths_take_the_reference() -> None:
+    """The kernels read a first K step before their loop, so an expert or shared width of 0 never reaches them."""
+    g = gen(81)
+    x = torch.randn(3, 64, generator=g, device=DEVICE)
+    tw, ids = routing(3, 4, 2, g)
+    w13, w2 = dense_experts(4, 64, 0, torch.float32, g)
+    assert not mt.supported(x, w13, w2)
+    assert torch.equal(mt.moe(x, tw, ids, w13, w2), moe_ref(x, tw, ids, w13, w2))
+    w13, w2 = dense_experts(4, 64, 32, torch.float32, g)
+    assert not mt.foldable(dense_shared(64, 0, torch.float32, g), x, w13, w2)
+
+
 # ----------------------------------------------------------------------------------------------- GPU (bf16)
 @pytest.mark.gpu
 @gpu
