@@ -1,9 +1,12 @@
-"""Sampling cost per decode step over Flint's 150144-token vocabulary: the top-k path (one `topk` selection, noise
-for the candidates only) against the full-vocabulary sort-and-mask path, at the default top_k 20 / top_p 0.95.
+"""Sampling cost per decode step over Flint's 150144-token vocabulary, at the default top_k 20 / top_p 0.95: the
+full-vocabulary sort-and-mask path, the PyTorch top-k path (one `topk` selection, noise for the candidates only),
+the Triton kernels (`flint_kernels.sampling_triton`, on CUDA; every chunk size in --chunks), and the engine's whole
+`sample()` call per step with each op (host-side parameter staging and the token read-back included).
 
-    python benchmarks/sampler.py [--device cuda] [--batch 1 8 32 64] [--iters 50]
+    python benchmarks/sampler.py [--device cuda] [--batch 1 8 32 64] [--iters 50] [--chunks 2048 4096 8192]
 
-Both paths draw the same tokens (checked here on every timed batch, and in tests/test_sampler.py).
+Every path draws the same tokens (checked here on every timed batch, and in tests/test_sampler.py and
+tests/test_kernels_sampling.py). Times are wall-clock medians with the device synchronised around each call.
 Prints a table and writes benchmarks/results/sampler_<device>.json.
 """
 
@@ -18,8 +21,10 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from flint_kernels import sampling_triton
+from flint_kernels.sampling import draw_top_k, sample_top_k_ref
 
-from flint_engine.sampler import draw_full, draw_top_k
+from flint_engine.sampler import SamplingRow, draw_full, sample
 
 RESULTS = Path(__file__).parent / "results"
 VOCAB = 150_144
@@ -42,6 +47,11 @@ def median_ms(fn, args: tuple, device: torch.device, iters: int) -> float:
     return statistics.median(times)
 
 
+def _sample_copy(logits: torch.Tensor, rows: list[SamplingRow], op) -> list[int]:
+    """`sample` modifies its logits (penalties): give it a fresh copy, as each step has fresh logits."""
+    return sample(logits.clone(), rows, op).token_ids
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -49,6 +59,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--chunks", type=int, nargs="+", default=[2048, 4096, 8192], help="Triton chunk sizes to time")
     args = ap.parse_args()
     device = torch.device(args.device)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -61,10 +72,33 @@ def main() -> None:
         seeds = torch.arange(n, device=device, dtype=torch.int64) * 7919
         steps = torch.full((n,), 5, device=device, dtype=torch.int64)
         params = (logits, top_k, top_p, min_p, seeds, steps)
-        same = draw_top_k(*params).tolist() == draw_full(*params)[0].tolist()
+        want = draw_full(*params)[0].tolist()
+        same = draw_top_k(*params).tolist() == want
         full = median_ms(draw_full, params, device, args.iters)
         fast = median_ms(draw_top_k, params, device, args.iters)
-        rows.append({"batch": n, "full_sort_ms": full, "top_k_ms": fast, "speedup": full / fast, "same_tokens": same})
+        row = {"batch": n, "full_sort_ms": full, "top_k_ms": fast, "speedup": full / fast, "same_tokens": same}
+        temps = torch.ones(n, device=device)
+        op_args = (logits, temps, top_k, top_p, min_p, seeds, steps, args.top_k)
+        if device.type == "cuda":
+            default_chunk = sampling_triton.CHUNK
+            for chunk in args.chunks:
+                sampling_triton.CHUNK = chunk
+                row["same_tokens"] &= sampling_triton.sample_top_k(*op_args).tolist() == want
+                row[f"triton_chunk{chunk}_ms"] = median_ms(sampling_triton.sample_top_k, op_args, device, args.iters)
+            sampling_triton.CHUNK = default_chunk
+            row["triton_ms"] = row[f"triton_chunk{default_chunk}_ms"] if default_chunk in args.chunks else None
+        # The engine's call: penalties check, host-side staging of the parameters, the op, the tokens read back.
+        sample_rows = [
+            SamplingRow(temperature=1.0, top_p=args.top_p, top_k=args.top_k, min_p=0.0, seed=7919 * i, step=5)
+            for i in range(n)
+        ]
+        for name, op in (("reference", sample_top_k_ref), ("triton", sampling_triton.sample_top_k)):
+            if name == "triton" and device.type != "cuda":
+                continue
+            row["same_tokens"] &= sample(logits.clone(), sample_rows, op).token_ids == want
+            call_args = (logits, sample_rows, op)
+            row[f"sample_call_{name}_ms"] = median_ms(_sample_copy, call_args, device, args.iters)
+        rows.append(row)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     out = {
         "date": date.today().isoformat(),
@@ -80,10 +114,16 @@ def main() -> None:
     path = RESULTS / f"sampler_{device.type}.json"
     path.write_text(json.dumps(out, indent=1))
     print(f"sampling over {VOCAB} logits on {name} (top_k {args.top_k}, top_p {args.top_p}), median of {args.iters}")
-    print(f"{'batch':>6} {'full sort ms':>13} {'top-k ms':>9} {'speedup':>8} {'same':>5}")
+    cols = [
+        "full_sort_ms",
+        "top_k_ms",
+        *(k for k in rows[0] if k.startswith("triton_chunk")),
+        "sample_call_reference_ms",
+    ]
+    cols += [k for k in ("sample_call_triton_ms",) if k in rows[0]]
+    print(f"{'batch':>6} " + " ".join(f"{c.removesuffix('_ms'):>22}" for c in cols) + f" {'same':>5}")
     for r in rows:
-        times = f"{r['full_sort_ms']:>13.3f} {r['top_k_ms']:>9.3f}"
-        print(f"{r['batch']:>6} {times} {r['speedup']:>8.1f} {r['same_tokens']!s:>5}")
+        print(f"{r['batch']:>6} " + " ".join(f"{r[c]:>22.3f}" for c in cols) + f" {r['same_tokens']!s:>5}")
     print(f"wrote {path}")
 
 

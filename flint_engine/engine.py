@@ -244,7 +244,7 @@ class LLMEngine:
                 self.kv.computed(req.request_id, req.all_token_ids, req.num_computed_tokens)
             if logits is not None:
                 reqs = [sched.chunks[i].request for i in rows]
-                result = sample(logits, [self._sampling_row(r) for r in reqs])
+                result = sample(logits, [self._sampling_row(r) for r in reqs], self.model.kernels.sample_top_k)
                 for j, req in enumerate(reqs):
                     lp = None
                     if result.logprobs is not None and req.params.logprobs is not None:

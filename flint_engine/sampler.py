@@ -12,32 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-_M32 = 0xFFFFFFFF
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser (xorshift-multiply), on int64 tensors holding values in [0, 2^32)."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _M32
-    return x ^ (x >> 16)
-
-
-def uniform_noise_at(seeds: torch.Tensor, steps: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """U(0,1) float32 [N, K] for the given token ids [N, K] (or [1, K]), a pure function of (seed, step, token id)."""
-    s = seeds.to(torch.int64)
-    lo, hi = s & _M32, (s >> 32) & _M32
-    key = _mix32(lo ^ _mix32(hi ^ _mix32(steps.to(torch.int64) & _M32)))
-    h = _mix32(key[:, None] ^ ((token_ids.to(torch.int64) * 0x9E3779B9) & _M32))
-    h = _mix32(h ^ key[:, None])
-    return ((h.to(torch.float64) + 0.5) / 2.0**32).to(torch.float32)
-
-
-def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """U(0,1) float32 [N, vocab] for every token id."""
-    return uniform_noise_at(seeds, steps, torch.arange(vocab, dtype=torch.int64, device=seeds.device)[None, :])
+from flint_kernels.sampling import keep_sorted, sample_top_k_ref, uniform_noise
 
 
 @dataclass
@@ -97,30 +72,13 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     return logits
 
 
-def _keep_sorted(
-    sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
-) -> torch.Tensor:
-    """On logits sorted descending [N, K]: True where a token survives top-k, then top-p, then min-p."""
-    width = sorted_logits.shape[-1]
-    rank = torch.arange(width, device=sorted_logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, width))
-    keep = rank < k[:, None]
-    probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it already does.
-    before = torch.cumsum(probs, dim=-1) - probs
-    keep &= before < top_p[:, None]
-    keep[:, 0] = True
-    keep &= probs >= min_p[:, None] * probs[:, :1]
-    return keep
-
-
 def truncation_mask(
     logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
 ) -> torch.Tensor:
     """True where a token survives top-k, then top-p (on the top-k distribution), then min-p (full-vocab sort)."""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-    keep.scatter_(1, order, _keep_sorted(sorted_logits, top_k, top_p, min_p))
+    keep.scatter_(1, order, keep_sorted(sorted_logits, top_k, top_p, min_p))
     return keep
 
 
@@ -145,26 +103,6 @@ def draw_full(
     return torch.argmax(perturbed, dim=-1), perturbed
 
 
-def draw_top_k(
-    sub: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-    seeds: torch.Tensor,
-    steps: torch.Tensor,
-    k_max: int | None = None,
-) -> torch.Tensor:
-    """The same draw as `draw_full` when every row has top_k > 0, without sorting the vocabulary: top-p and min-p
-    act on the top-k distribution, so only the max(top_k) best candidates (one `topk` selection) and their noise
-    are needed. 150144 logits -> 20 candidates per row at the default top_k. `k_max`: max(top_k) when the caller
-    knows it on the host (else read from the tensor, which waits for the device)."""
-    vals, ids = torch.topk(sub, int(top_k.max()) if k_max is None else k_max, dim=-1)
-    keep = _keep_sorted(vals, top_k, top_p, min_p)
-    perturbed = vals - torch.log(-torch.log(uniform_noise_at(seeds, steps, ids)))
-    best = torch.argmax(perturbed.masked_fill(~keep, float("-inf")), dim=-1)
-    return ids.gather(1, best[:, None]).squeeze(1)
-
-
 def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     """A small host tensor on `dev`; to a GPU through pinned memory, so the copy does not wait for the stream."""
     if dev.type != "cuda":
@@ -172,38 +110,48 @@ def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return t.pin_memory().to(dev, non_blocking=True)
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
-    """logits FP32 [N, V] (modified in place) -> one token per row."""
-    n = logits.shape[0]
+def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sample_top_k_ref) -> SampleResult:
+    """logits FP32 [N, V] (modified in place) -> one token per row.
+
+    `draw`: the op with `sample_top_k_ref`'s contract that serves the common batch (every sampling row has
+    0 < top_k < V and no constraint) in one call; the engine passes its kernel table's (a Triton kernel on a GPU)."""
+    n, vocab = logits.shape
     want_lp = [r.logprobs for r in rows]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(x is not None for x in want_lp) else None
     logits = apply_penalties(logits, rows)
     dev = logits.device
-    tokens = torch.argmax(logits, dim=-1)
     scores = logits  # what each row's choice maximises (the constrained rows walk it in order)
     # Which rows sample, and their parameters, are decided on the host from `rows`: no device round trip before
     # the one that returns the tokens (each sync would stall the queue of small sampling kernels on a GPU).
     # A temperature that is 0 in FP32 (also a tiny positive one) means greedy, as the division would.
     temps_host = torch.tensor([r.temperature for r in rows], dtype=torch.float32)
     picked_idx = torch.nonzero(temps_host != 0.0).flatten().tolist()
-    if picked_idx:
-        picked = [rows[i] for i in picked_idx]
+    picked = [rows[i] for i in picked_idx]
+    # A constrained row walks every token in score order, so it needs the full perturbed scores.
+    constrained = any(r.allowed is not None for r in picked)
+    if not picked:
+        tokens = torch.argmax(logits, dim=-1)
+    elif not constrained and all(0 < r.top_k < vocab for r in picked):
+        # Greedy rows ride along with top_k 1: the op returns their first argmax.
+        top_k = [r.top_k if t != 0.0 else 1 for r, t in zip(rows, temps_host.tolist())]
+        floats = torch.tensor([[t, r.top_p, r.min_p] for t, r in zip(temps_host.tolist(), rows)], dtype=torch.float32)
+        ints = torch.tensor([[k, r.seed, r.step] for k, r in zip(top_k, rows)], dtype=torch.int64)
+        temps, top_p, min_p = _to_device(floats, dev).unbind(1)
+        top_k_t, seeds, steps = _to_device(ints, dev).unbind(1)
+        tokens = draw(logits, temps, top_k_t, top_p, min_p, seeds, steps, max(top_k))
+    else:
+        tokens = torch.argmax(logits, dim=-1)
         floats = _to_device(torch.tensor([[r.temperature, r.top_p, r.min_p] for r in picked], dtype=torch.float32), dev)
         ints = _to_device(torch.tensor([[r.top_k, r.seed, r.step] for r in picked], dtype=torch.int64), dev)
         temps, top_p, min_p = floats.unbind(1)
-        top_k, seeds, steps = ints.unbind(1)
+        top_k_t, seeds, steps = ints.unbind(1)
         idx = _to_device(torch.tensor(picked_idx), dev) if len(picked_idx) < n else slice(None)
         sub = logits[idx] / temps[:, None]
-        # A constrained row walks every token in score order, so it needs the full perturbed scores.
-        constrained = any(r.allowed is not None for r in picked)
-        if not constrained and all(0 < r.top_k < sub.shape[-1] for r in picked):
-            tokens[idx] = draw_top_k(sub, top_k, top_p, min_p, seeds, steps, k_max=max(r.top_k for r in picked))
-        else:
-            truncate = any(r.top_k > 0 or r.top_p < 1.0 or r.min_p > 0 for r in picked)
-            tokens[idx], perturbed = draw_full(sub, top_k, top_p, min_p, seeds, steps, truncate=truncate)
-            if constrained:
-                scores = logits.clone()
-                scores[idx] = perturbed
+        truncate = any(r.top_k > 0 or r.top_p < 1.0 or r.min_p > 0 for r in picked)
+        tokens[idx], perturbed = draw_full(sub, top_k_t, top_p, min_p, seeds, steps, truncate=truncate)
+        if constrained:
+            scores = logits.clone()
+            scores[idx] = perturbed
     token_list = tokens.tolist()
     for i, r in enumerate(rows):
         if r.allowed is not None and not r.allowed(token_list[i]):

@@ -19,6 +19,7 @@ from .moe import moe_ref
 from .qk_norm_rope import qk_norm_rope_write_ref
 from .rmsnorm import add_rms_norm_ref, rms_norm_ref
 from .router import sigmoid_topk_ref
+from .sampling import sample_top_k_ref
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class Kernels:
     moe: Callable
     linear: Callable
     lm_head: Callable
+    sample_top_k: Callable
     # Optional fused ops: None means the model composes them from the ops above.
     linear_add_rms_norm: Callable | None = None
     moe_add_rms_norm: Callable | None = None
@@ -53,6 +55,7 @@ REFERENCE = Kernels(
     moe=moe_ref,
     linear=linear_ref,
     lm_head=linear_fp32_out_ref,
+    sample_top_k=sample_top_k_ref,
 )
 
 _logged: set[tuple] = set()

@@ -28,6 +28,7 @@ OPS = (
     "moe",
     "linear",
     "lm_head",
+    "sample_top_k",
 )
 # Fused only when named in $FLINT_FAST_OPS or the op list: correct (CPU interpreter, H200 tests), but slower on the
 # H200 than the two launches each replaces (batch-1 step 2.46 vs 2.44 ms NVFP4, 3.12 vs 3.07 BF16; 2026-11-29): the
@@ -70,6 +71,7 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         qk_norm_rope_triton,
         rmsnorm_triton,
         router_triton,
+        sampling_triton,
     )
 
     fast = {
@@ -82,6 +84,7 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         "moe": moe_triton.moe,
         "linear": gemv_triton.linear,
         "lm_head": gemv_triton.lm_head,
+        "sample_top_k": sampling_triton.sample_top_k,
         "linear_add_rms_norm": gemv_triton.linear_add_rms_norm,
         "moe_add_rms_norm": moe_triton.moe_add_rms_norm,
     }

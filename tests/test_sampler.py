@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flint_kernels.sampling import draw_top_k, uniform_noise, uniform_noise_at
 
-from flint_engine.sampler import SamplingRow, draw_full, draw_top_k, sample, uniform_noise, uniform_noise_at
+from flint_engine.sampler import SamplingRow, draw_full, sample
 
 
 def _params(n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -1,0 +1,164 @@
+"""Triton top-k sampling: `sample_top_k_ref`'s draw in two launches, without sorting the vocabulary.
+
+The PyTorch path spends ~1 ms a step at any batch size on ~40 small kernels (a `topk` over 150144 logits, the
+noise hash, softmax, cumsum, masks). Here:
+
+1. `_chunk_top_kernel` (rows x vocabulary chunks): each program scales its chunk by the row's temperature, packs
+   every logit with its token id into one int64 key (order-preserving float bits above, the inverted id below, so
+   the larger key is the larger value, then the smaller id, torch.argmax's tie rule), sorts the chunk and keeps its
+   best KC keys.
+2. `_draw_kernel` (one program per row): sorts the chunks' candidates, keeps the row's top_k, applies top-p and
+   min-p on their softmax, adds the same counter-hash Gumbel noise as the reference and takes the argmax
+   (temperature 0: the best key, i.e. the first argmax of the logits).
+
+The division by temperature is IEEE-rounded (`div_rn`) as in PyTorch; exp/log are Triton's, so softmax masses and
+noise may differ from the reference in the last bit: a token differs only where two perturbed scores, or a
+cumulative mass and top_p, tie to ~1e-6.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .sampling import sample_top_k_ref
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Largest top_k drawn here (candidates per chunk, a power of two); larger ones take the reference's `topk`.
+MAX_K = 128
+# Vocabulary entries per chunk program (H200, benchmarks/sampler.py; a power of two >= MAX_K).
+CHUNK = 4096
+_INT64_MIN = tl.constexpr(-(2**63))
+_M32 = tl.constexpr(0xFFFFFFFF)
+
+
+@triton.jit
+def _chunk_top_kernel(
+    logits_ptr,
+    temp_ptr,
+    cand_ptr,
+    vocab,
+    stride_row,
+    n_chunks,
+    BLOCK: tl.constexpr,
+    KC: tl.constexpr,
+):
+    """cand[row, chunk, :KC] = the KC largest packed (logit / temperature, id) keys of one vocabulary chunk."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    ids = chunk * BLOCK + offs
+    ok = ids < vocab
+    x = tl.load(logits_ptr + row * stride_row + ids, mask=ok, other=0.0)
+    t = tl.load(temp_ptr + row)
+    q = tl.math.div_rn(x, tl.where(t == 0.0, 1.0, t))
+    bits = q.to(tl.int32, bitcast=True)
+    # Negative floats order backwards as integers: flipping their magnitude bits makes int order = float order.
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    key = (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - ids).to(tl.int64)
+    key = tl.where(ok, key, _INT64_MIN)
+    top = tl.sort(key, descending=True)
+    tl.store(cand_ptr + (row * n_chunks + chunk) * KC + offs, top, mask=offs < KC)
+
+
+@triton.jit
+def _mix32(x):
+    """The reference's 32-bit finaliser on int64 values in [0, 2^32) (products wrap mod 2^64; the mask keeps 32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _draw_kernel(
+    cand_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    seed_ptr,
+    step_ptr,
+    out_ptr,
+    n_cand,
+    P: tl.constexpr,
+):
+    """out[row] = the Gumbel-max draw among the row's top-k / top-p / min-p candidates (or the best one if greedy)."""
+    row = tl.program_id(0).to(tl.int64)
+    rank = tl.arange(0, P)
+    keys = tl.load(cand_ptr + row * n_cand + rank, mask=rank < n_cand, other=_INT64_MIN)
+    keys = tl.sort(keys, descending=True)
+    hi = (keys >> 32).to(tl.int32)
+    vals = tl.where(hi >= 0, hi, hi ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    ids = 0x7FFFFFFF - (keys & 0x7FFFFFFF)
+    first = tl.sum(tl.where(rank == 0, ids, 0))
+
+    keep = rank < tl.load(top_k_ptr + row)
+    p = tl.where(keep, tl.exp(vals - tl.max(tl.where(keep, vals, float("-inf")))), 0.0)
+    probs = p / tl.sum(p)
+    before = tl.cumsum(probs) - probs
+    keep &= (before < tl.load(top_p_ptr + row)) | (rank == 0)
+    keep &= probs >= tl.load(min_p_ptr + row) * tl.max(probs)
+
+    s = tl.load(seed_ptr + row)
+    lo, hi32 = s & _M32, (s >> 32) & _M32
+    key = _mix32(lo ^ _mix32(hi32 ^ _mix32(tl.load(step_ptr + row) & _M32)))
+    h = _mix32(key ^ ((ids * 0x9E3779B9) & _M32))
+    h = _mix32(h ^ key)
+    u = ((h.to(tl.float64) + 0.5) / 4294967296.0).to(tl.float32)
+    perturbed = tl.where(keep, vals - tl.log(-tl.log(u)), float("-inf"))
+    best = tl.argmax(perturbed, axis=0)
+    drawn = tl.sum(tl.where(rank == best, ids, 0))
+    token = tl.where(tl.load(temp_ptr + row) == 0.0, first, drawn)
+    tl.store(out_ptr + row, token)
+
+
+def supported(logits: torch.Tensor, k_max: int) -> bool:
+    """Whether the kernels cover this call (otherwise the reference runs)."""
+    return (
+        (logits.is_cuda or _INTERPRET)
+        and logits.dim() == 2
+        and logits.dtype == torch.float32
+        and logits.stride(-1) == 1
+        and 1 <= k_max <= MAX_K
+        and k_max <= logits.shape[1] < 2**31
+    )
+
+
+def sample_top_k(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+    k_max: int,
+) -> torch.Tensor:
+    """Same contract as `sample_top_k_ref`: one int64 token per row."""
+    if not supported(logits, k_max):
+        return sample_top_k_ref(logits, temperature, top_k, top_p, min_p, seeds, steps, k_max)
+    n, vocab = logits.shape
+    out = torch.empty(n, dtype=torch.int64, device=logits.device)
+    if n == 0:
+        return out
+    kc = triton.next_power_of_2(k_max)
+    block = min(max(CHUNK, kc), triton.next_power_of_2(vocab))
+    n_chunks = triton.cdiv(vocab, block)
+    # A chunk smaller than KC (a tiny vocabulary) pads its candidates with the smallest key, which sorts last.
+    kc = min(kc, block)
+    cand = torch.empty((n, n_chunks, kc), dtype=torch.int64, device=logits.device)
+    # Per-row parameters often arrive as strided columns of one staging tensor: the kernels index them densely.
+    temperature = temperature.to(torch.float32).contiguous()
+    top_k, seeds, steps = (t.to(torch.int64).contiguous() for t in (top_k, seeds, steps))
+    top_p, min_p = (t.to(torch.float32).contiguous() for t in (top_p, min_p))
+    _chunk_top_kernel[(n, n_chunks)](logits, temperature, cand, vocab, logits.stride(0), n_chunks, BLOCK=block, KC=kc)
+    _draw_kernel[(n,)](
+        cand, temperature, top_k, top_p, min_p, seeds, steps, out, n_chunks * kc,
+        P=triton.next_power_of_2(n_chunks * kc),
+    )  # fmt: skip
+    return out

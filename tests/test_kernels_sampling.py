@@ -1,0 +1,112 @@
+"""Triton top-k sampling against `sample_top_k_ref` (interpreter on CPU with small vocabulary chunks, `gpu` on CUDA
+at Flint's 150144-token vocabulary). Logits are FP32, which the interpreter runs exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flint_kernels import sampling_triton
+from flint_kernels.sampling import sample_top_k_ref
+from flint_kernels.sampling_triton import sample_top_k
+
+from flint_engine.sampler import SamplingRow, sample
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter sorts slowly: 256-entry chunks keep a case to seconds and still span several chunks."""
+    monkeypatch.setattr(sampling_triton, "CHUNK", 256)
+
+
+def _batch(n: int, vocab: int, k_max: int, seed: int, device: str) -> tuple[torch.Tensor, ...]:
+    """Mixed rows: greedy, peaked and flat logits, top_k up to k_max, top-p on some rows, min-p on others."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.where(torch.arange(n) % 2 == 0, 4.0, 0.3)[:, None]
+    logits = torch.randn(n, vocab, generator=g) * scale
+    temperature = torch.rand(n, generator=g) * 1.5 + 0.2
+    temperature[::4] = 0.0
+    top_k = torch.randint(1, k_max + 1, (n,), generator=g)
+    top_k[0] = k_max
+    top_p = torch.where(torch.rand(n, generator=g) < 0.3, 1.0, 0.3 + 0.7 * torch.rand(n, generator=g)).float()
+    min_p = torch.where(torch.rand(n, generator=g) < 0.5, 0.0, 0.2 * torch.rand(n, generator=g)).float()
+    seeds = torch.randint(-(2**62), 2**62, (n,), generator=g)
+    steps = torch.randint(0, 100_000, (n,), generator=g)
+    args = (logits, temperature, top_k, top_p, min_p, seeds, steps)
+    return tuple(a.to(device) for a in args)
+
+
+def _check(n: int, vocab: int, k_max: int, seed: int, device: str) -> None:
+    args = _batch(n, vocab, k_max, seed, device)
+    got = sample_top_k(*args, k_max)
+    want = sample_top_k_ref(*args, k_max)
+    assert got.dtype == torch.int64 and got.shape == (n,)
+    # Same token in every row: the draw depends only on (seed, step, token id) and the kept candidates.
+    assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize(
+    "n,vocab,k_max", [(1, 97, 20), (6, 1000, 20), (5, 2049, 64), (3, 700, 128), (4, 300, 1)], ids=str
+)
+def test_sample_top_k_interp(small_chunks: None, n: int, vocab: int, k_max: int) -> None:
+    _check(n, vocab, k_max, seed=vocab + k_max, device="cpu")
+
+
+def test_ties_and_banned_tokens_interp(small_chunks: None) -> None:
+    """Greedy takes the first of equal maxima (torch.argmax's rule); a -inf logit is never drawn."""
+    vocab = 600
+    logits = torch.zeros(4, vocab)
+    logits[:, 5] = logits[:, 400] = 3.0  # a tie across two chunks
+    logits[2:, :] = torch.randn(2, vocab, generator=torch.Generator().manual_seed(1))
+    logits[2:, 10:] = float("-inf")  # only ten tokens are allowed
+    temperature = torch.tensor([0.0, 0.0, 1.0, 2.0])
+    top_k = torch.tensor([1, 1, 20, 20])
+    ones, zeros = torch.ones(4), torch.zeros(4)
+    seeds, steps = torch.arange(4), torch.arange(4) * 7
+    got = sample_top_k(logits, temperature, top_k, ones, zeros, seeds, steps, 20)
+    assert got[:2].tolist() == [5, 5]
+    assert all(0 <= t < 10 for t in got[2:].tolist())
+    assert got.tolist() == sample_top_k_ref(logits, temperature, top_k, ones, zeros, seeds, steps, 20).tolist()
+
+
+def test_uncovered_calls_take_the_reference() -> None:
+    logits = torch.randn(2, 50)
+    assert not sampling_triton.supported(logits, sampling_triton.MAX_K + 1)
+    assert not sampling_triton.supported(logits.double(), 20)
+    assert not sampling_triton.supported(logits, 51)
+    assert sampling_triton.supported(logits, 20)  # CPU under the interpreter
+
+
+def test_sampler_gives_the_same_tokens_with_either_op(small_chunks: None) -> None:
+    """`sample` with the Triton op in place of the reference: greedy, sampled and penalised rows in one batch."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 900, generator=g) * 2
+    rows = [
+        SamplingRow(temperature=0.0, top_p=1.0, top_k=20, min_p=0.0, seed=1, step=0),
+        SamplingRow(temperature=1.0, top_p=0.95, top_k=20, min_p=0.0, seed=2, step=5),
+        SamplingRow(temperature=0.6, top_p=0.8, top_k=40, min_p=0.05, seed=3, step=9),
+        SamplingRow(
+            temperature=1.0,
+            top_p=0.95,
+            top_k=20,
+            min_p=0.0,
+            seed=4,
+            step=1,
+            presence_penalty=1.5,
+            output_ids=[int(logits[3].argmax())],
+        ),
+        SamplingRow(temperature=1.2, top_p=1.0, top_k=1, min_p=0.0, seed=5, step=2, logprobs=2),
+    ]
+    ref = sample(logits.clone(), rows)
+    fast = sample(logits.clone(), rows, sample_top_k)
+    assert fast.token_ids == ref.token_ids
+    assert fast.logprobs == ref.logprobs and fast.top_logprobs == ref.top_logprobs
+    assert ref.token_ids[4] == int(logits[4].argmax())  # top_k 1 is greedy whatever the temperature
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("n,k_max", [(1, 20), (8, 20), (64, 20), (32, 128), (16, 1)], ids=str)
+def test_sample_top_k_gpu(n: int, k_max: int) -> None:
+    _check(n, 150_144, k_max, seed=n + k_max, device="cuda")
