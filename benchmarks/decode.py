@@ -34,6 +34,7 @@ from flint_engine.weights import FlintWeights, random_weights
 RESULTS = Path(__file__).parent / "results"
 
 FAMILIES = (
+    ("nvfp4 dequant", ("dequant", "scale_rows")),
     ("attention", ("attention", "attn", "flash", "decode", "prefill", "combine")),
     ("moe", ("moe",)),
     ("router", ("router", "topk")),
@@ -297,18 +298,23 @@ def run_format(
         ids = torch.randint(0, cfg.vocab_size, (args.prefill,), generator=gen).tolist()
         pb = prefill_batch(ids, bs, dev)
         pcache = KVCache(cfg, -(-args.prefill // bs), -(-args.prefill // bs), bs, weights.dtype, dev)
-        ms = timed(lambda: fast.compute_logits(fast.forward(pb, pcache)[-1:]), dev, 3, warmup=1)
+
+        def prefill() -> torch.Tensor:
+            return fast.compute_logits(fast.forward(pb, pcache)[-1:])
+
+        ms = timed(prefill, dev, 3, warmup=1)
         flops = 2 * cfg.active_parameter_count() * args.prefill
-        rep.add(
-            "rows",
-            {
-                "format": fmt,
-                "prefill_tokens": args.prefill,
-                "prefill_ms": round(ms, 2),
-                "kernels": kernels.name,
-                "linear_TFLOPs": round(flops / (ms / 1e3) / 1e12, 1),
-            },
-        )
+        row = {
+            "format": fmt,
+            "prefill_tokens": args.prefill,
+            "prefill_ms": round(ms, 2),
+            "kernels": kernels.name,
+            "linear_TFLOPs": round(flops / (ms / 1e3) / 1e12, 1),
+        }
+        if dev.type == "cuda":
+            n, families, by_name = count_kernels(prefill, dev)
+            row.update(prefill_kernels=n, prefill_time_by_family_ms=families, prefill_kernels_by_name=by_name[:30])
+        rep.add("rows", row)
 
 
 def main() -> None:
@@ -390,6 +396,11 @@ def main() -> None:
     for r in rep.data["rows"]:
         if "prefill_ms" in r:
             print(f"{r['format']:>6} prefill {r['prefill_tokens']} tokens: {r['prefill_ms']:.1f} ms")
+            if "prefill_time_by_family_ms" in r:
+                fams = ", ".join(f"{k} {v:.1f}" for k, v in r["prefill_time_by_family_ms"].items())
+                print(f"{'':>6}   {r['prefill_kernels']} kernels; GPU ms by family: {fams}")
+                for k in r["prefill_kernels_by_name"][:10]:
+                    print(f"    {k['count']:>4} x {k['mean_us']:>9.1f} us = {k['total_ms']:.2f} ms  {k['name']}")
     for c in rep.data["checks"]:
         print(
             f"check {c['format']} b{c['batch']}: logits rel {c['prefill_logits_rel_err']:.2e},"
