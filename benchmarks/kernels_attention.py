@@ -271,62 +271,79 @@ def bench_small_ops(b: Bench, dtype: torch.dtype) -> None:
         )
 
 
-def sweep(b: Bench, dtype: torch.dtype) -> list[dict]:
-    """Time the attention and router kernels over their launch parameters (module constants patched per run)."""
+def _timed(b: Bench, found: list[dict], row: dict, fn: Callable[[], torch.Tensor], ref: torch.Tensor) -> None:
+    """Check and time one sweep candidate (CUDA-graph median); append its row, with "ms" and "rel_err", to found."""
+    label = f"sweep {row['kind']:8s} {row['shape']:26s} {row.get('config', row.get('block_e'))}"
+    try:
+        err = _rel_err(fn(), ref)
+        ms = b._time(fn, graph=True)
+    except Exception as e:  # a config that does not compile (shared memory, registers) is skipped
+        print(f"{label} failed: {repr(e)[:120]}")
+        return
+    found.append({**row, "ms": ms, "rel_err": err})
+    print(f"{label} {ms:8.4f} ms err {err:.1e}", flush=True)
+
+
+def sweep_prefill(b: Bench, dtype: torch.dtype) -> list[dict]:
+    """Time prefill attention (an 8K chunk, full and sliding) over its launch parameters."""
+    from dataclasses import asdict
+
     from flint_kernels import attention_triton as at
-    from flint_kernels import router_triton as rt
     from flint_kernels.attention import paged_attention_ref
+    from flint_kernels.configs import AttentionPrefillConfig
 
     found: list[dict] = []
-    scale = D**-0.5
-    saved = {k: getattr(at, k) for k in dir(at) if k.isupper()}
-
-    def timed(kind: str, shape: str, cfg: dict, fn: Callable[[], torch.Tensor], ref: torch.Tensor) -> None:
-        try:
-            err = _rel_err(fn(), ref)
-            ms = b._time(fn, graph=True)
-        except Exception as e:  # a config that does not compile (shared memory, registers) is skipped
-            print(f"sweep {kind:8s} {shape:26s} {cfg} failed: {repr(e)[:120]}")
-            return
-        found.append({"kind": kind, "shape": shape, **cfg, "ms": ms, "rel_err": err})
-        print(f"sweep {kind:8s} {shape:26s} {cfg} {ms:8.4f} ms err {err:.1e}", flush=True)
-
     for window in (None, WINDOW):
         q, k, v, table, meta, sinks = _paged_case([8192], [8192], window, dtype, seed=1)
-        args = (q, k, v, table, meta, sinks, scale, window)
+        args = (q, k, v, table, meta, sinks, D**-0.5, window)
         ref = paged_attention_ref(*args)
+        shape = f"{'full' if window is None else 'sliding'} 8K"
         for bm in (64, 128):
             for bn in (64, 128):
                 for warps in (4, 8):
                     for stages in (2, 3):
-                        at.PREFILL_MAX_BLOCK_M, at.PREFILL_BLOCK_N = bm, bn
-                        at.PREFILL_NUM_WARPS, at.PREFILL_NUM_STAGES = warps, stages
-                        cfg = {"block_m": bm, "block_n": bn, "warps": warps if bm >= 128 else 4, "stages": stages}
                         if bm < 128 and warps == 8:
-                            continue
-                        timed("prefill", f"{'full' if window is None else 'sliding'} 8K", cfg,
-                              lambda args=args: at.paged_attention(*args), ref)  # fmt: skip
+                            continue  # row tiles under 128 always take 4 warps
+                        cfg = AttentionPrefillConfig(block_n=bn, max_block_m=bm, num_warps=warps, num_stages=stages)
+                        row = {"kind": "prefill", "shape": shape, "sliding": window is not None, "config": asdict(cfg)}
+                        _timed(b, found, row, lambda args=args, c=cfg: at.paged_attention_prefill(*args, config=c), ref)
         del q, k, v, table, ref
         torch.cuda.empty_cache()
-    for k_, val in saved.items():
-        setattr(at, k_, val)
+    return found
 
+
+def sweep_decode(b: Bench, dtype: torch.dtype) -> list[dict]:
+    """Time decode attention over its launch parameters (keys per tile, stages, keys per split) at four shapes."""
+    from dataclasses import asdict, replace
+
+    from flint_kernels import attention_triton as at
+    from flint_kernels.attention import paged_attention_ref
+
+    found: list[dict] = []
     for batch, ctx, window in ((1, 32768, None), (32, 32768, None), (8, 1024, None), (1, 4096, WINDOW)):
         q, k, v, table, meta, sinks = _paged_case([ctx] * batch, [1] * batch, window, dtype, seed=2)
-        args = (q, k, v, table, meta, sinks, scale, window)
+        args = (q, k, v, table, meta, sinks, D**-0.5, window)
         ref = paged_attention_ref(*args)
-        configs = [(bn, st, saved["MIN_KEYS_PER_SPLIT"]) for bn in (32, 64, 128) for st in (2, 3)]
-        configs += [(saved["DECODE_BLOCK_N"], None, mk) for mk in (128, 512)]
-        for bn, stages, min_keys in configs:
-            at.DECODE_BLOCK_N, at.DECODE_NUM_STAGES, at.MIN_KEYS_PER_SPLIT = bn, stages, min_keys
-            splits = at.decode_num_splits(ctx, window, batch, HKV, q.device)
-            cfg = {"block_n": bn, "stages": stages, "min_keys": min_keys, "splits": splits}
-            timed("decode", f"B={batch} ctx={ctx} w={window}", cfg, lambda args=args: at.paged_attention(*args), ref)
+        base = at.decode_config(ctx, window, batch, q.device)  # what this device runs now
+        cands = [replace(base, block_n=bn, num_stages=st) for bn in (32, 64, 128) for st in (2, 3)]
+        cands += [replace(base, num_stages=None, min_keys_per_split=mk) for mk in (128, 512)]
+        for cfg in cands:
+            splits = at.decode_num_splits(ctx, window, batch, HKV, q.device, cfg)
+            row = {
+                "kind": "decode", "shape": f"B={batch} ctx={ctx} w={window}", "seqs": batch, "context": ctx,
+                "sliding": window is not None, "splits": splits, "config": asdict(cfg),
+            }  # fmt: skip
+            _timed(b, found, row, lambda args=args, c=cfg: at.paged_attention_decode(*args, config=c), ref)
         del q, k, v, table, ref
         torch.cuda.empty_cache()
-    for k_, val in saved.items():
-        setattr(at, k_, val)
+    return found
 
+
+def sweep_router(b: Bench, dtype: torch.dtype) -> list[dict]:
+    """Time the router kernel over its experts per program (the module constant patched per run)."""
+    from flint_kernels import router_triton as rt
+
+    found: list[dict] = []
     saved_e = rt._BLOCK_E
     w = torch.randn((256, HIDDEN), device="cuda") * HIDDEN**-0.5
     for t in (1, 8, 64):
@@ -334,9 +351,15 @@ def sweep(b: Bench, dtype: torch.dtype) -> list[dict]:
         ref = rt.sigmoid_topk_ref(x, w, 6)[0]
         for be in (1, 2, 4, 8, 16):
             rt._BLOCK_E = be
-            timed("router", f"T={t}", {"block_e": be}, lambda x=x: rt.sigmoid_topk(x, w, 6)[0], ref)
+            row = {"kind": "router", "shape": f"T={t}", "block_e": be}
+            _timed(b, found, row, lambda x=x: rt.sigmoid_topk(x, w, 6)[0], ref)
     rt._BLOCK_E = saved_e
     return found
+
+
+def sweep(b: Bench, dtype: torch.dtype) -> list[dict]:
+    """Time the attention and router kernels over their launch parameters."""
+    return sweep_prefill(b, dtype) + sweep_decode(b, dtype) + sweep_router(b, dtype)
 
 
 def main() -> None:

@@ -110,13 +110,16 @@ def random_nvfp4(lead: tuple[int, ...], n: int, k: int, gen: torch.Generator, se
     return NVFP4Weight(q, s, g.float(), segments)
 
 
-def gemv_rows(ms: list[int], sweep: bool) -> list[dict]:
+def gemv_rows(ms: list[int], sweep: bool, shapes: tuple[str, ...] | None = None) -> list[dict]:
+    """Check and time every (shape, format, M); `shapes` limits the shapes (names of GEMV_SHAPES)."""
     from flint_kernels import gemv_triton as gt
     from flint_kernels.linear import linear_fp32_out_ref, linear_ref, weight_nbytes
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for name, (n, k) in GEMV_SHAPES.items():
+        if shapes is not None and name not in shapes:
+            continue
         fp32_out = name == "lm_head"
         fast = gt.lm_head if fp32_out else gt.linear
         ref = linear_fp32_out_ref if fp32_out else linear_ref
@@ -174,22 +177,18 @@ def gemv_row(name, fmt, m, copies, fast, ref, fp32_out, sweep, gen) -> dict:
         row["torch_bf16_ms"] = time_graph([lambda d=d: bf16_ref(x, d) for d in dense_copies])
         del dense_copies
     if sweep and ((m in (1, 8, 64) and name in SWEEP_SHAPES) or (m > 64 and name in ("qkv", "dense_gate_up"))):
-        row["sweep"] = gemv_sweep(x, copies, fp32_out, moved)
+        row["sweep"] = gemv_sweep(x, copies, fp32_out, moved, y_ref)
     return row
 
 
-def gemv_sweep(x: torch.Tensor, copies: list, fp32_out: bool, moved: int) -> dict:
-    """Alternative tile configurations (GB/s, or TFLOP/s for M > 64), to pick the defaults in gemv_triton."""
+def gemv_candidates(m: int, nvfp4: bool) -> dict:
+    """The tile configurations the sweep times at M rows, by name ("dequant": dequantise + cuBLAS)."""
     from flint_kernels import gemv_triton as gt
-    from flint_kernels.linear import NVFP4Weight
 
     tc = gt.TileConfig
-    nv = isinstance(copies[0], NVFP4Weight)
-    m, k = x.shape
-    n = copies[0].shape[0]
     bm = max(16, 1 << (m - 1).bit_length())
     cands: dict[str, tc | str] = {}
-    if m == 1 and nv:
+    if m == 1 and nvfp4:
         for bn, bk, nw in ((8, 1024, 4), (16, 512, 4), (8, 2048, 4), (16, 1024, 4), (16, 1024, 8), (4, 1024, 4)):
             cands[f"fma n{bn} k{bk} w{nw}"] = tc(bn, 1, bk, False, nw, 1)
         cands["dot n64 k128"] = tc(64, 16, 128, True, 4, 3)
@@ -202,20 +201,36 @@ def gemv_sweep(x: torch.Tensor, copies: list, fp32_out: bool, moved: int) -> dic
         cands["dot n64 k256 s3"] = tc(64, bm, 256, True, 4, 3)
         cands["dot n32 k128 s3"] = tc(32, bm, 128, True, 4, 3)
         cands["dot n64 k128 s5"] = tc(64, bm, 128, True, 4, 5)
-        if nv and gt.WORDS_SUPPORTED:
+        if nvfp4 and gt.WORDS_SUPPORTED:
             cands["words n64 k128 s3"] = tc(64, bm, 128, True, 4, 3, words=True)
     else:
         cands["fused n128 m128 k64 w8"] = tc(128, 128, 64, True, 8, 3)
         cands["fused n128 m64 k64 w4"] = tc(128, 64, 64, True, 4, 3)
         cands["fused n64 m128 k128 w4"] = tc(64, 128, 128, True, 4, 3)
         cands["dequant+cublas"] = "dequant"
+    return cands
+
+
+def gemv_sweep(x: torch.Tensor, copies: list, fp32_out: bool, moved: int, y_ref: torch.Tensor) -> dict:
+    """Alternative tile configurations (GB/s, or TFLOP/s for M > 64), to pick the tiles in the tuning table.
+
+    A configuration whose result is off the reference (rel. error >= 1e-2) is reported as such, not timed."""
+    from flint_kernels import gemv_triton as gt
+    from flint_kernels.linear import NVFP4Weight
+
+    m, k = x.shape
+    n = copies[0].shape[0]
     out = {}
-    for key, c in cands.items():
+    for key, c in gemv_candidates(m, isinstance(copies[0], NVFP4Weight)).items():
         try:
             if c == "dequant":
                 calls = [lambda w=w: gt.dequant_matmul(x, w, fp32_out) for w in copies]
             else:
                 calls = [lambda w=w, c=c: gt._matmul(x, w, fp32_out, config=c) for w in copies]
+            err = rel_err(calls[0](), y_ref)
+            if not err < 1e-2:
+                out[key] = f"rel_err {err:.2e}"
+                continue
             t = time_graph(calls)
             out[key] = round(moved / t / 1e6, 1) if m <= gt.SMALL_M else round(2 * m * n * k / t / 1e9, 1)
         except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
@@ -288,8 +303,8 @@ def moe_row(fmt: str, t: int, stacks: list, per_expert: float, sweep: bool, gen:
     return row
 
 
-def moe_sweep(x, tw, ids, stacks, moved: float, t: int) -> dict:
-    """Alternative MoE paths and tiles (us per call), to pick the decode/grouped crossover and default tiles."""
+def moe_candidates(t: int) -> dict:
+    """The paths and tiles the sweep times at T tokens, by name: (decode_max_tokens that forces the path, tiles)."""
     from flint_kernels import moe_triton as mt
 
     mc = mt.MoEConfig
@@ -302,19 +317,35 @@ def moe_sweep(x, tw, ids, stacks, moved: float, t: int) -> dict:
         cands["dec fma i32 k512"] = (dec, mc(1, 32, 512, 32, 512, False, 4, 1))
         cands["dec fma i16 k512"] = (dec, mc(1, 16, 512, 16, 512, False, 4, 1))
         cands["dec dot i16 k128"] = (dec, mc(16, 16, 128, 32, 128, True, 4, 3))
-        cands["grp m16 i32 k128"] = (grp, mc(16, 32, 128, 64, 128, True, 4, 3))
-        cands["grp m16 i64 k64"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3))
-        cands["grp m32 i64 k64"] = (grp, mc(32, 64, 64, 128, 64, True, 4, 3))
-    else:
+    # Small-group tiles at every T: above 64 tokens the groups are still small (6 * T / 256 pairs per expert).
+    cands["grp m16 i32 k128"] = (grp, mc(16, 32, 128, 64, 128, True, 4, 3))
+    cands["grp m16 i64 k64"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3))
+    cands["grp m32 i64 k64"] = (grp, mc(32, 64, 64, 128, 64, True, 4, 3))
+    if t > 64:
         cands["grp m128 k64 w8"] = (grp, mc(128, 64, 64, 128, 64, True, 8, 3))
         cands["grp m64 k64 w8"] = (grp, mc(64, 64, 64, 128, 64, True, 8, 3))
         cands["grp m128 k128 w8"] = (grp, mc(128, 64, 128, 128, 128, True, 8, 3))
         cands["grp m64 k64 w4"] = (grp, mc(64, 64, 64, 64, 64, True, 4, 3))
+    return cands
+
+
+def moe_sweep(x, tw, ids, stacks, moved: float, t: int) -> dict:
+    """Alternative MoE paths and tiles (us per call), to pick the decode/grouped crossover and the tiles.
+
+    A configuration whose result is off `moe_ref` (rel. error >= 1e-2) is reported as such, not timed."""
+    from flint_kernels import moe_triton as mt
+    from flint_kernels.moe import moe_ref
+
+    y_ref = moe_ref(x, tw, ids, stacks[0][0], stacks[0][1])
     out = {}
-    for name, (dmt, c) in cands.items():
+    for name, (dmt, c) in moe_candidates(t).items():
         try:
             calls = [lambda s=s, c=c, d=dmt: mt.fused_moe(x, tw, ids, s[0], s[1], decode_max_tokens=d, config=c)
                      for s in stacks]  # fmt: skip
+            err = rel_err(calls[0](), y_ref)
+            if not err < 1e-2:
+                out[name] = f"rel_err {err:.2e}"
+                continue
             ms = time_graph(calls, reps=4 if t > 64 else None)
             out[name] = round(ms * 1000, 2)  # us
         except Exception as e:
@@ -332,18 +363,25 @@ def shared_weights(fmt: str, gen: torch.Generator) -> tuple:
     return random_nvfp4((), 2 * i_s, HIDDEN, gen, (i_s, i_s)), random_nvfp4((), HIDDEN, i_s, gen)
 
 
-def shared_rows(ts: list[int]) -> list[dict]:
-    """Routed + shared expert per decode batch: folded into the MoE launches vs run apart, and decode tiles folded."""
+def shared_tiles() -> dict:
+    """The decode tiles `shared_rows` times with the shared expert folded in, by name (its rows say "folded NAME")."""
     from flint_kernels import moe_triton as mt
-    from flint_kernels.moe import moe_ref
 
     mc = mt.MoEConfig
-    tiles = {
+    return {
         "fma i8 k1024 / n8 k512": mc(1, 8, 1024, 8, 512, False, 4, 1),
         "fma i16 k512 / n16 k512": mc(1, 16, 512, 16, 512, False, 4, 1),
         "fma i32 k512 / n32 k512": mc(1, 32, 512, 32, 512, False, 4, 1),
         "dot i16 k128 / n32 k128": mc(16, 16, 128, 32, 128, True, 4, 3),
     }
+
+
+def shared_rows(ts: list[int]) -> list[dict]:
+    """Routed + shared expert per decode batch: folded into the MoE launches vs run apart, and decode tiles folded."""
+    from flint_kernels import moe_triton as mt
+    from flint_kernels.moe import moe_ref
+
+    tiles = shared_tiles()
     gen = torch.Generator(device="cuda").manual_seed(2)
     rows = []
     for fmt in ("bf16", "nvfp4"):

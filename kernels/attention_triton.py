@@ -44,7 +44,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuning
 from .attention import AttnMeta, paged_attention_ref
+from .configs import AttentionDecodeConfig, AttentionPrefillConfig
 from .gemv_triton import COUNTER_SLOTS, counters
 from .pdl import launch_options, pdl_entry
 
@@ -52,25 +54,8 @@ LOG2E = math.log2(math.e)
 _LOG2E = tl.constexpr(LOG2E)
 # Finite "minus infinity" for a split's running max before it has seen a key: exp2(NEG - NEG) stays 1, not NaN.
 _NEG_BIG = tl.constexpr(-1.0e30)
-
-# Launch parameters, read at call time (benchmarks/kernels_attention.py --sweep overrides them to compare).
-# Chosen from that sweep on one H200 (triton 3.6, bf16, Flint shapes; benchmarks/results/kernels_attention*.json).
-# Decode: keys per tile, fewest keys worth a split of their own, most splits; pipeline depth (None: Triton's).
-DECODE_BLOCK_N = 128
-DECODE_NUM_WARPS = 4
-DECODE_NUM_STAGES: int | None = 2
-MIN_KEYS_PER_SPLIT = 256
-MAX_SPLITS = 64
-# Elements of the [heads, splits, D] FP32 chunk the last-arriving split loads per merge step (a power of two): more
-# loads in flight, more registers. 16K (16 splits at GQA 8, D 128) ran 64 splits ~2 us faster than 4K and 8K on an
-# H200 at 228 registers, no spills; 32K spilled.
-DECODE_MERGE_ELEMS = 16384
-# Prefill: keys per tile, the largest row tile (queries x heads), warps for a 128-row tile, pipeline depth.
-# 64 x 64 with 4 warps and 3 stages was fastest for both the full (1.59 ms) and the sliding 8K chunk.
-PREFILL_BLOCK_N = 64
-PREFILL_MAX_BLOCK_M = 64
-PREFILL_NUM_WARPS = 8
-PREFILL_NUM_STAGES: int | None = 3
+# Launch parameters come from `decode_config` / `prefill_config` per call: the portable defaults of configs.py, or
+# the device's tuning table (benchmarks/kernels_attention.py --sweep passes candidates as `config`).
 
 
 def _stages(n: int | None) -> dict:
@@ -498,14 +483,35 @@ def _num_sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def decode_config(
+    max_seq_len: int, window: int | None, num_seqs: int, device: torch.device | None = None
+) -> AttentionDecodeConfig:
+    """Decode launch parameters: the portable defaults (AttentionDecodeConfig's), or the device's table entry
+    (op "attention.decode", shape seqs, context = max_seq_len, sliding)."""
+    return tuning.tuned(
+        "attention.decode", AttentionDecodeConfig(), device, seqs=num_seqs, context=max_seq_len, sliding=bool(window)
+    )
+
+
+def prefill_config(tokens: int, window: int | None, device: torch.device | None = None) -> AttentionPrefillConfig:
+    """Prefill launch parameters: the defaults, or the table entry (op "attention.prefill", shape tokens, sliding)."""
+    return tuning.tuned("attention.prefill", AttentionPrefillConfig(), device, tokens=tokens, sliding=bool(window))
+
+
 def decode_num_splits(
-    max_seq_len: int, window: int | None, num_seqs: int, num_kv_heads: int, device: torch.device
+    max_seq_len: int,
+    window: int | None,
+    num_seqs: int,
+    num_kv_heads: int,
+    device: torch.device,
+    config: AttentionDecodeConfig | None = None,
 ) -> int:
-    """Key splits for a decode launch, from host ints only: enough CTAs for two waves, >= MIN_KEYS_PER_SPLIT each."""
+    """Key splits for a decode launch, from host ints only: enough CTAs for two waves, >= min_keys_per_split each."""
+    cfg = config or decode_config(max_seq_len, window, num_seqs, device)
     keys = max_seq_len if window is None else min(max_seq_len, window)
-    by_len = triton.next_power_of_2(max(1, triton.cdiv(keys, MIN_KEYS_PER_SPLIT)))
+    by_len = triton.next_power_of_2(max(1, triton.cdiv(keys, cfg.min_keys_per_split)))
     by_occupancy = triton.next_power_of_2(max(1, triton.cdiv(2 * _num_sms(device), max(1, num_seqs * num_kv_heads))))
-    return max(1, min(by_len, by_occupancy, MAX_SPLITS))
+    return max(1, min(by_len, by_occupancy, cfg.max_splits))
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -537,14 +543,17 @@ def paged_attention_decode(
     scale: float,
     window: int | None,
     num_splits: int | None = None,
+    config: AttentionDecodeConfig | None = None,
 ) -> torch.Tensor:
-    """Decode path of `paged_attention` (each sequence has at most one query); `num_splits` overrides the heuristic."""
+    """Decode path of `paged_attention` (each sequence has at most one query); `num_splits` overrides the heuristic,
+    `config` the launch parameters (`decode_config`)."""
     t, hq, d = q.shape
     hkv = k_cache.shape[2]
     group = hq // hkv
     num_seqs = len(meta.seq_lens)
+    cfg = config or decode_config(meta.max_seq_len, window, num_seqs, q.device)
     if num_splits is None:
-        num_splits = decode_num_splits(meta.max_seq_len, window, num_seqs, hkv, q.device)
+        num_splits = decode_num_splits(meta.max_seq_len, window, num_seqs, hkv, q.device, cfg)
     if num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
     out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
@@ -593,13 +602,13 @@ def paged_attention_decode(
         CACHE_BLOCK=k_cache.shape[1],
         HEAD_DIM=d,
         BLOCK_D=block_d,
-        BLOCK_N=DECODE_BLOCK_N,
+        BLOCK_N=cfg.block_n,
         NUM_SPLITS=num_splits,
         FUSED_COMBINE=fused,
-        SPLIT_STEP=max(1, min(num_splits, DECODE_MERGE_ELEMS // (triton.next_power_of_2(group) * block_d))),
+        SPLIT_STEP=max(1, min(num_splits, cfg.merge_elems // (triton.next_power_of_2(group) * block_d))),
         DOT_PREC=_dot_precision(q.dtype),
-        num_warps=DECODE_NUM_WARPS,
-        **_stages(DECODE_NUM_STAGES),
+        num_warps=cfg.num_warps,
+        **_stages(cfg.num_stages),
         **launch_options(q.device),
     )
     if num_splits > 1 and not fused:
@@ -631,8 +640,10 @@ def paged_attention_prefill(
     scale: float,
     window: int | None,
     block_m: int | None = None,
+    config: AttentionPrefillConfig | None = None,
 ) -> torch.Tensor:
-    """Prefill / mixed path of `paged_attention` (any query counts); `block_m` overrides the row-tile size."""
+    """Prefill / mixed path of `paged_attention` (any query counts); `block_m` overrides the row-tile size, `config`
+    the launch parameters (`prefill_config`)."""
     t, hq, d = q.shape
     hkv = k_cache.shape[2]
     group = hq // hkv
@@ -640,9 +651,10 @@ def paged_attention_prefill(
     out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
     if t == 0 or num_seqs == 0:
         return out
+    cfg = config or prefill_config(t, window, q.device)
     g_pad = triton.next_power_of_2(group)
     if block_m is None:
-        block_m = min(PREFILL_MAX_BLOCK_M, triton.next_power_of_2(max(1, meta.max_query_len) * g_pad))
+        block_m = min(cfg.max_block_m, triton.next_power_of_2(max(1, meta.max_query_len) * g_pad))
     block_m = max(block_m, 16, g_pad)
     block_q = block_m // g_pad
     # Programs [qs[s] // BLOCK_Q + s, ...) belong to sequence s; the last sequence's bound is T // BLOCK_Q + S.
@@ -676,10 +688,10 @@ def paged_attention_prefill(
         CACHE_BLOCK=k_cache.shape[1],
         HEAD_DIM=d,
         BLOCK_D=triton.next_power_of_2(d),
-        BLOCK_N=PREFILL_BLOCK_N,
+        BLOCK_N=cfg.block_n,
         DOT_PREC=_dot_precision(q.dtype),
-        num_warps=PREFILL_NUM_WARPS if block_m >= 128 else 4,
-        **_stages(PREFILL_NUM_STAGES),
+        num_warps=cfg.num_warps if block_m >= 128 else 4,
+        **_stages(cfg.num_stages),
     )
     return out
 

@@ -36,13 +36,13 @@ concurrently on several streams.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from . import rmsnorm_triton
+from . import rmsnorm_triton, tuning
+from .configs import TileConfig
 from .linear import NVFP4Weight, Weight, linear_fp32_out_ref, linear_ref, matmul_fp32_out
 from .pdl import launch_options, pdl_entry
 
@@ -602,19 +602,6 @@ def _scale_rows_kernel(acc_ptr, gs_ptr, out_ptr, M, N, stride_a, stride_o, seg1,
 
 
 # ------------------------------------------------------------------------------------------------- host helpers
-@dataclass(frozen=True)
-class TileConfig:
-    """One launch configuration of the linear kernel."""
-
-    block_n: int
-    block_m: int
-    block_k: int
-    use_dot: bool
-    num_warps: int
-    num_stages: int
-    words: bool = False  # tensor-core NVFP4 from int32 nibble planes: fewer ops, but Triton 3.6 fails to compile it
-
-
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Every output and workspace comes from here (tests replace it with a NaN-filled allocator)."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -670,24 +657,28 @@ def segment_bounds(segments: tuple[int, ...], n: int) -> tuple[int, int, int]:
     return bounds[0], bounds[1], bounds[2]
 
 
-def small_m_config(m: int, nvfp4: bool, k: int = 0) -> TileConfig:
+def small_m_config(m: int, nvfp4: bool, k: int = 0, n: int = 0, device: torch.device | None = None) -> TileConfig:
     """Decode-sized tiles: weight bytes streamed once; FMA for M == 1, tensor cores above.
 
-    NVFP4 at M == 1 takes K in steps of 2048 where K divides (H200, `kernels_moe_gemv.py --sweep`, 2026-11-29:
-    o projection 850 vs 578 GB/s, qkv 1008 vs 880; 1024 stays for other K: the shared down projection, K = 1024,
-    466 vs 387)."""
+    The device's tuning table (op "gemv.small_m", shape m, n, k, nvfp4) may replace these portable defaults;
+    the H200's measured choices are in kernels/tuning/nvidia-h200.json (NVFP4 at M == 1 takes K in steps of 2048
+    where K divides, 1024 elsewhere)."""
     if m == 1:
         if nvfp4:
             block_k = 2048 if k > 0 and k % 2048 == 0 else 1024
-            return TileConfig(block_n=8, block_m=1, block_k=block_k, use_dot=False, num_warps=4, num_stages=1)
-        return TileConfig(block_n=8, block_m=1, block_k=512, use_dot=False, num_warps=4, num_stages=1)
-    block_m = max(16, triton.next_power_of_2(m))
-    return TileConfig(block_n=64, block_m=block_m, block_k=128, use_dot=True, num_warps=4, num_stages=3)
+            default = TileConfig(block_n=8, block_m=1, block_k=block_k, use_dot=False, num_warps=4, num_stages=1)
+        else:
+            default = TileConfig(block_n=8, block_m=1, block_k=512, use_dot=False, num_warps=4, num_stages=1)
+    else:
+        block_m = max(16, triton.next_power_of_2(m))
+        default = TileConfig(block_n=64, block_m=block_m, block_k=128, use_dot=True, num_warps=4, num_stages=3)
+    return tuning.tuned("gemv.small_m", default, device, m=m, n=n, k=k, nvfp4=nvfp4)
 
 
-def large_m_config(nvfp4: bool) -> TileConfig:
-    """Mid-M tiles for the NVFP4 dequantising GEMM (dense large M goes to cuBLAS)."""
-    return TileConfig(block_n=128, block_m=128, block_k=64, use_dot=True, num_warps=8, num_stages=3)
+def large_m_config(nvfp4: bool, device: torch.device | None = None, m: int = 0, n: int = 0, k: int = 0) -> TileConfig:
+    """Mid-M tiles for the NVFP4 dequantising GEMM (dense large M goes to cuBLAS); table op "gemv.large_m"."""
+    default = TileConfig(block_n=128, block_m=128, block_k=64, use_dot=True, num_warps=8, num_stages=3)
+    return tuning.tuned("gemv.large_m", default, device, m=m, n=n, k=k, nvfp4=nvfp4)
 
 
 def _matmul(
@@ -713,7 +704,8 @@ def _matmul(
     if k == 0:
         return out.zero_()
     if config is None:
-        config = small_m_config(m, nv, k) if m <= SMALL_M else large_m_config(nv)
+        dev = x.device
+        config = small_m_config(m, nv, k, n, dev) if m <= SMALL_M else large_m_config(nv, dev, m, n, k)
     cfg = config
     if nv:
         qw, sc, gs = w.qweight, w.scales, w.global_scale.reshape(-1)

@@ -22,13 +22,12 @@ order. Every result is independent of scheduling, so both paths are deterministi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from . import activation_triton, gemv_triton, rmsnorm_triton
+from . import activation_triton, gemv_triton, rmsnorm_triton, tuning
+from .configs import MoEConfig, MoEPaths
 from .gemv_triton import (
     _INTERPRET,
     COUNTER_SLOTS,
@@ -49,14 +48,14 @@ from .linear import NVFP4Weight, Weight
 from .moe import SharedExpert, moe_add_rms_norm_ref, moe_ref
 from .pdl import launch_options, pdl_entry
 
-# Up to this many tokens the per-pair decode kernels run; above it the sorted grouped GEMM (measured crossovers).
+# Portable defaults of `paths_config` (the H200's measured crossovers; its table records them).
+# Up to this many tokens the per-pair decode kernels run; above it the sorted grouped GEMM.
 DECODE_MAX_TOKENS_BF16 = 32
 DECODE_MAX_TOKENS_NVFP4 = 64
 # Up to this many tokens the shared expert runs inside the decode launches. Folded, each token reads the shared
 # weights on its own (no reuse across tokens), so at some batch three separate launches that read them once win.
-# H200 (benchmarks/kernels_moe_gemv.py --only shared, us per MoE layer, folded vs apart): BF16 22.5/29.9 at T=1,
-# 102.9/106.5 at T=8; NVFP4 18.4/26.1 at T=1, 97.3/111.7 at T=8. At batch 32 folding made whole decode steps
-# slower (BF16 21.5 vs 18.1 ms, NVFP4 22.2 vs 21.4 ms). The crossover between 8 and 32 is not measured yet.
+# Measured on the H200 up to 8 tokens (see kernels/tuning/nvidia-h200.json); the crossover between 8 and 32 is not
+# measured yet.
 SHARED_FOLD_MAX_TOKENS_BF16 = 8
 SHARED_FOLD_MAX_TOKENS_NVFP4 = 16
 
@@ -347,43 +346,42 @@ def _moe_reduce_kernel(
 
 
 # ------------------------------------------------------------------------------------------------- host side
-@dataclass(frozen=True)
-class MoEConfig:
-    """Tiles of one MoE path (gate_up: BLOCK_I columns of gate and of up; down: BLOCK_N output columns)."""
-
-    block_m: int
-    gu_block_i: int
-    gu_block_k: int
-    dn_block_n: int
-    dn_block_k: int
-    use_dot: bool
-    num_warps: int
-    num_stages: int
-    words: bool = False  # tensor-core NVFP4 from int32 nibble planes (Triton 3.6 fails to compile it)
+def paths_config(nvfp4: bool, device: torch.device | None = None) -> MoEPaths:
+    """Token limits of the decode path and of the folded shared expert; table op "moe.paths" (shape nvfp4)."""
+    if nvfp4:
+        default = MoEPaths(DECODE_MAX_TOKENS_NVFP4, SHARED_FOLD_MAX_TOKENS_NVFP4)
+    else:
+        default = MoEPaths(DECODE_MAX_TOKENS_BF16, SHARED_FOLD_MAX_TOKENS_BF16)
+    return tuning.tuned("moe.paths", default, device, nvfp4=nvfp4)
 
 
-def decode_config(nvfp4: bool, tokens: int = 1) -> MoEConfig:
+def decode_config(nvfp4: bool, tokens: int = 1, device: torch.device | None = None) -> MoEConfig:
     """Per-pair tiles: NVFP4 through the FMA GEMV (BLOCK_M = 1); BF16 too up to 2 tokens, then on tensor cores.
 
-    H200, routed + shared expert (kernels_moe_gemv.py --only shared): BF16 FMA 8x1024 / 8x512 tiles 22.5 us at
-    T=1 and 38.5 at T=2 against 29.7 and 42.4 on tensor cores; from T=4 tensor cores win (60.7 vs 69.0).
-    """
+    Table op "moe.decode" (shape tokens, nvfp4); the H200 measurements behind these defaults are in its table."""
     if not nvfp4:
         if tokens <= 2:
-            return MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
-        return MoEConfig(16, 16, 128, 32, 128, True, 4, 3)
-    if tokens <= 4:
-        return MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
-    return MoEConfig(1, 32, 512, 32, 512, False, 4, 1)
+            default = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
+        else:
+            default = MoEConfig(16, 16, 128, 32, 128, True, 4, 3)
+    elif tokens <= 4:
+        default = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
+    else:
+        default = MoEConfig(1, 32, 512, 32, 512, False, 4, 1)
+    return tuning.tuned("moe.decode", default, device, tokens=tokens, nvfp4=nvfp4)
 
 
-def grouped_config(pairs_per_expert: float) -> MoEConfig:
-    """Grouped-GEMM tiles: BLOCK_M pairs of one expert per program, sized to the average group."""
+def grouped_config(pairs_per_expert: float, nvfp4: bool = False, device: torch.device | None = None) -> MoEConfig:
+    """Grouped-GEMM tiles: BLOCK_M pairs of one expert per program, sized to the average group.
+
+    Table op "moe.grouped" (shape pairs_per_expert, nvfp4)."""
     if pairs_per_expert <= 16:
-        return MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
-    if pairs_per_expert <= 48:
-        return MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
-    return MoEConfig(128, 64, 64, 128, 64, True, 8, 3)
+        default = MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
+    elif pairs_per_expert <= 48:
+        default = MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
+    else:
+        default = MoEConfig(128, 64, 64, 128, 64, True, 8, 3)
+    return tuning.tuned("moe.grouped", default, device, pairs_per_expert=float(pairs_per_expert), nvfp4=nvfp4)
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -511,7 +509,7 @@ def fused_moe(
     """`moe_ref` through the Triton kernels; `decode_max_tokens` picks the path (tests force either).
 
     A shared expert runs inside the decode launches when `foldable` and the batch has at most `fold_max_tokens`
-    tokens (default: the SHARED_FOLD_MAX_TOKENS of the format); otherwise it runs on its own and is added.
+    tokens (default: `paths_config`); otherwise it runs on its own and is added.
     """
     decode, fold = _paths(x, topk_ids.shape[0], w13, w2, shared, decode_max_tokens, fold_max_tokens)
     if shared is not None and not fold:
@@ -528,12 +526,13 @@ def _paths(
     decode_max_tokens: int | None = None,
     fold_max_tokens: int | None = None,
 ) -> tuple[bool, bool]:
-    """(decode path, shared expert folded into its launches) for T tokens; None limits: the format's defaults."""
+    """(decode path, shared expert folded into its launches) for T tokens; None limits: `paths_config`'s."""
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
+    limits = paths_config(nv, x.device)
     if decode_max_tokens is None:
-        decode_max_tokens = DECODE_MAX_TOKENS_NVFP4 if nv else DECODE_MAX_TOKENS_BF16
+        decode_max_tokens = limits.decode_max_tokens
     if fold_max_tokens is None:
-        fold_max_tokens = SHARED_FOLD_MAX_TOKENS_NVFP4 if nv else SHARED_FOLD_MAX_TOKENS_BF16
+        fold_max_tokens = limits.shared_fold_max_tokens
     decode = t <= decode_max_tokens
     fold = shared is not None and decode and 0 < t <= fold_max_tokens and foldable(shared, x, w13, w2)
     return decode, fold
@@ -573,7 +572,8 @@ def _routed(
     sh13 = _no_shared(out) if shared is None else _shared_args(shared[0], out)
     sh2 = _no_shared(out) if shared is None else _shared_args(shared[1], out)
     shared_inter = 0 if shared is None else shared[1].shape[-1]
-    cfg = config or (decode_config(nv13 or nv2, t) if decode else grouped_config(p / num_experts))
+    nv = nv13 or nv2
+    cfg = config or (decode_config(nv, t, x.device) if decode else grouped_config(p / num_experts, nv, x.device))
     prec = precision_for(x.dtype)
     cnt = counters(x.device)
     gu_tiles = triton.cdiv(inter, cfg.gu_block_i)
@@ -595,9 +595,10 @@ def _routed(
         x, ids, order, meta, q13, s13, g13, h, ws, cnt,
         hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0), *seg13, per,
         *sh13, n_shared_rows, max(parts, 1), shared_inter,
-        NVFP4=nv13, GROUPED=not decode, SHARED=shared is not None, EVEN_K=hidden % cfg.gu_block_k == 0,
-        WORDS=cfg.words, USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split, BLOCK_I=cfg.gu_block_i,
-        BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        NVFP4=nv13, GROUPED=not decode, SHARED=shared is not None,
+        EVEN_K=hidden % cfg.gu_block_k == 0, WORDS=cfg.words, USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split,
+        BLOCK_I=cfg.gu_block_i, BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
         **launch_options(x.device),
     )  # fmt: skip
     even_dn = inter % cfg.dn_block_k == 0 and shared_inter % cfg.dn_block_k == 0
@@ -670,7 +671,7 @@ def moe_add_rms_norm(
         and residual.dtype == x.dtype
         and residual.is_contiguous()
         and norm_weight.is_contiguous()
-        and t * (triton.cdiv(hidden, decode_config(nv, t).dn_block_n) + 1) <= COUNTER_SLOTS
+        and t * (triton.cdiv(hidden, decode_config(nv, t, x.device).dn_block_n) + 1) <= COUNTER_SLOTS
     )
     if not fits:
         return rmsnorm_triton.add_rms_norm(moe(x, topk_weights, topk_ids, w13, w2, shared), residual, norm_weight, eps)

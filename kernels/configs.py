@@ -1,0 +1,75 @@
+"""Launch parameters of the Triton kernels: the dataclasses that the kernels take and tuning tables fill in.
+
+The kernel modules compute a portable default for each call (correct on any GPU) and `tuning.tuned` replaces the
+fields a device's table sets. Fields marked POW2 must be powers of two (Triton's block shapes and warp counts); a
+table that breaks that is refused when it loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+POW2 = {"power_of_two": True}
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration of the linear kernel (`gemv_triton`)."""
+
+    block_n: int = field(metadata=POW2)
+    block_m: int = field(metadata=POW2)
+    block_k: int = field(metadata=POW2)
+    use_dot: bool
+    num_warps: int = field(metadata=POW2)
+    num_stages: int
+    words: bool = False  # tensor-core NVFP4 from int32 nibble planes: fewer ops, but Triton 3.6 fails to compile it
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Tiles of one MoE path (gate_up: BLOCK_I columns of gate and of up; down: BLOCK_N output columns)."""
+
+    block_m: int = field(metadata=POW2)
+    gu_block_i: int = field(metadata=POW2)
+    gu_block_k: int = field(metadata=POW2)
+    dn_block_n: int = field(metadata=POW2)
+    dn_block_k: int = field(metadata=POW2)
+    use_dot: bool
+    num_warps: int = field(metadata=POW2)
+    num_stages: int
+    words: bool = False  # tensor-core NVFP4 from int32 nibble planes (Triton 3.6 fails to compile it)
+
+
+@dataclass(frozen=True)
+class MoEPaths:
+    """Which MoE path a batch of T tokens takes (`moe_triton`)."""
+
+    # Up to this many tokens the per-pair decode kernels run; above it the sorted grouped GEMM.
+    decode_max_tokens: int
+    # Up to this many tokens the shared expert runs inside the decode launches (each token then reads the shared
+    # weights on its own, so from some batch three separate launches that read them once win).
+    shared_fold_max_tokens: int
+
+
+@dataclass(frozen=True)
+class AttentionDecodeConfig:
+    """Launch parameters of the split-KV decode attention kernel (`attention_triton`)."""
+
+    block_n: int = field(default=128, metadata=POW2)  # keys per tile
+    num_warps: int = field(default=4, metadata=POW2)
+    num_stages: int | None = 2  # pipeline depth; None: Triton's default
+    min_keys_per_split: int = 256  # fewest keys worth a split of their own
+    max_splits: int = field(default=64, metadata=POW2)
+    # Elements of the [heads, splits, D] FP32 chunk the last-arriving split loads per merge step: more loads in
+    # flight, more registers (32K spilled on the H200).
+    merge_elems: int = field(default=16384, metadata=POW2)
+
+
+@dataclass(frozen=True)
+class AttentionPrefillConfig:
+    """Launch parameters of the varlen prefill attention kernel (`attention_triton`)."""
+
+    block_n: int = field(default=64, metadata=POW2)  # keys per tile
+    max_block_m: int = field(default=64, metadata=POW2)  # the largest row tile (queries x heads)
+    num_warps: int = field(default=8, metadata=POW2)  # for row tiles of 128 or more; smaller tiles take 4
+    num_stages: int | None = 3  # pipeline depth; None: Triton's default

@@ -1,0 +1,411 @@
+"""Per-device tuning tables (`flint_kernels.tuning`): the shipped H200 table, how a device picks its table, the
+FLINT_TUNING_FILE override, refusals of malformed tables, and `benchmarks/tune.py`'s writer through the loader.
+
+A CUDA device is named here by patching `torch.cuda.get_device_name`: the config functions only read the name, so
+`torch.device("cuda", 0)` stands for an H200 (or any GPU) on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from flint_kernels import attention_triton as at
+from flint_kernels import gemv_triton as gt
+from flint_kernels import moe_triton as mt
+from flint_kernels import tuning
+from flint_kernels.configs import AttentionDecodeConfig, AttentionPrefillConfig, MoEConfig, MoEPaths, TileConfig
+from flint_kernels.linear import linear_ref
+from kernel_checks import rel_err
+
+ROOT = Path(__file__).resolve().parents[1]
+H200_TABLE = ROOT / "kernels" / "tuning" / "nvidia-h200.json"
+RESULTS = ROOT / "benchmarks" / "results"
+interpreter = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1", reason="needs CUDA or the interpreter"
+)
+
+
+@pytest.fixture(autouse=True)
+def fresh_tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No override from the environment, and no table or device name cached across tests."""
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    tuning.reload()
+    yield
+    tuning.reload()
+
+
+@pytest.fixture
+def gpu_named(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], torch.device]:
+    """Makes cuda:0 report a device name; returns that device."""
+
+    def name(device_name: str) -> torch.device:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: device_name)
+        tuning.reload()
+        return torch.device("cuda", 0)
+
+    return name
+
+
+def write(tmp_path: Path, table: object, name: str = "table.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(table) if not isinstance(table, str) else table)
+    return path
+
+
+# Every config function over shapes that cross each of its thresholds: (name, call with a device).
+CONFIG_CALLS: list[tuple[str, Callable[[torch.device], object]]] = [
+    *[(f"small_m m={m} nv={nv} k={k}", lambda d, m=m, nv=nv, k=k: gt.small_m_config(m, nv, k, 2048, d))
+      for m in (1, 2, 8, 16, 17, 32, 33, 64) for nv in (False, True) for k in (1024, 2048, 3072, 4096)],
+    *[(f"large_m nv={nv}", lambda d, nv=nv: gt.large_m_config(nv, d, 8192, 5120, 2048)) for nv in (False, True)],
+    *[(f"paths nv={nv}", lambda d, nv=nv: mt.paths_config(nv, d)) for nv in (False, True)],
+    *[(f"moe decode nv={nv} t={t}", lambda d, nv=nv, t=t: mt.decode_config(nv, t, d))
+      for nv in (False, True) for t in (1, 2, 3, 4, 5, 8, 32, 64)],
+    *[(f"moe grouped ppe={p}", lambda d, p=p: mt.grouped_config(p, False, d)) for p in (0.2, 16, 16.5, 48, 49, 192)],
+    *[(f"attn decode b={b} ctx={c} w={w}", lambda d, b=b, c=c, w=w: at.decode_config(c, w, b, d))
+      for b in (1, 64) for c in (1024, 32768) for w in (None, 513)],
+    *[(f"attn prefill w={w}", lambda d, w=w: at.prefill_config(8192, w, d)) for w in (None, 513)],
+]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------- the shipped table
+def test_shipped_h200_table_parses_and_every_entry_is_a_whole_config() -> None:
+    """Every op has entries; each names where its numbers came from and sets every field of its dataclass."""
+    table = tuning.load(H200_TABLE)
+    raw = json.loads(H200_TABLE.read_text())
+    assert raw["device"] == "NVIDIA H200"
+    assert set(table.ops) == set(tuning.OPS)
+    for op, entries in table.ops.items():
+        required = {f.name for f in dataclasses.fields(tuning.OPS[op].config) if f.default is dataclasses.MISSING}
+        for entry in entries:
+            assert entry.source.startswith("2026-11-29, NVIDIA H200"), (op, entry.source)
+            assert "benchmarks/" in entry.source, (op, entry.source)
+            assert required <= set(entry.config), (op, entry.config)
+            tuning.OPS[op].config(**entry.config)  # constructs
+
+
+def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torch.device]) -> None:
+    """The configs the kernels' docstrings and comments recorded on 2026-11-29, now read from the table."""
+    h200 = gpu_named("NVIDIA H200")
+    assert tuning.table(h200).path == H200_TABLE
+    fma = dict(block_m=1, use_dot=False, num_warps=4, num_stages=1)
+    assert gt.small_m_config(1, True, 4096, 2048, h200) == TileConfig(block_n=8, block_k=2048, **fma)
+    assert gt.small_m_config(1, True, 1024, 2048, h200) == TileConfig(block_n=8, block_k=1024, **fma)
+    assert gt.small_m_config(1, True, 3072, 2048, h200) == TileConfig(block_n=8, block_k=1024, **fma)
+    # M = 1: the shapes re-measured by benchmarks/tune.py and then as a whole decode step (see the entries' source).
+    assert gt.small_m_config(1, False, 2048, 5120, h200) == TileConfig(block_n=4, block_k=1024, **fma)  # qkv
+    assert gt.small_m_config(1, False, 2048, 150144, h200) == TileConfig(block_n=4, block_k=1024, **fma)  # lm_head
+    assert gt.small_m_config(1, False, 1024, 2048, h200) == TileConfig(block_n=16, block_k=1024, **fma)  # shared down
+    assert gt.small_m_config(1, True, 2048, 150144, h200) == TileConfig(block_n=8, block_k=1024, **fma)  # lm_head
+    for m, block_m in ((2, 16), (8, 16), (17, 32), (64, 64)):
+        assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(64, block_m, 128, True, 4, 3)
+    assert gt.large_m_config(True, h200) == TileConfig(128, 128, 64, True, 8, 3)
+    fma_8x1024, fma_32x512 = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1), MoEConfig(1, 32, 512, 32, 512, False, 4, 1)
+    dot_16 = MoEConfig(16, 16, 128, 32, 128, True, 4, 3)
+    assert [mt.decode_config(False, t, h200) for t in (1, 2, 3, 32)] == [fma_8x1024, fma_8x1024, dot_16, dot_16]
+    assert [mt.decode_config(True, t, h200) for t in (1, 4, 5, 64)] == [fma_8x1024, fma_8x1024, fma_32x512, fma_32x512]
+    assert mt.grouped_config(16, False, h200) == MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
+    assert mt.grouped_config(30, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
+    # NVFP4 in registers: re-measured tiles (64 rows, 4 warps from 13 pairs per expert).
+    assert mt.grouped_config(12, True, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
+    assert mt.grouped_config(48, True, h200) == MoEConfig(64, 64, 64, 64, 64, True, 4, 3)
+    assert mt.grouped_config(192, False, h200) == MoEConfig(128, 64, 64, 128, 64, True, 8, 3)
+    assert mt.paths_config(False, h200) == MoEPaths(decode_max_tokens=32, shared_fold_max_tokens=8)
+    assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=16)
+    assert at.decode_config(32768, None, 1, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
+    assert at.decode_config(1024, 513, 1, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
+    assert at.prefill_config(8192, 513, h200) == AttentionPrefillConfig(64, 64, 8, 3)
+    # Each of those came from an entry of the table, not from the code's defaults.
+    assert tuning.lookup("gemv.small_m", h200, m=1, n=2048, k=4096, nvfp4=True).config["block_k"] == 2048
+    assert "kernels_attention.py --sweep" in tuning.lookup("attention.prefill", h200, tokens=1, sliding=True).source
+
+
+# Entries that a whole-step measurement moved away from the code's defaults on the H200.
+RETUNED = ("small_m m=1 ", "attn decode b=1 ctx=1024 w=513", "attn decode b=1 ctx=32768 w=513",
+           "attn decode b=64 ctx=1024 w=513", "attn decode b=64 ctx=32768 w=513")  # fmt: skip
+
+
+KEPT = [c for c in CONFIG_CALLS if not c[0].startswith(RETUNED)]
+
+
+@pytest.mark.parametrize(("name", "call"), KEPT, ids=[n for n, _ in KEPT])
+def test_h200_table_keeps_the_h200_behaviour(
+    gpu_named: Callable[[str], torch.device], name: str, call: Callable[[torch.device], object]
+) -> None:
+    """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
+    M = 1 GEMV tiles and the sliding layers' decode splits (RETUNED; their H200 values are checked above)."""
+    assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
+
+
+# ------------------------------------------------------------------------------------------------- picking a table
+def test_device_keys_and_the_names_tried() -> None:
+    assert tuning.slug("NVIDIA H200") == "nvidia-h200"
+    assert tuning.slug("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
+    assert tuning.slug("NVIDIA GeForce RTX 5090 D") == "nvidia-geforce-rtx-5090-d"
+    assert tuning.device_key(torch.device("cpu")) == "cpu" == tuning.device_key("cpu")
+    assert tuning.table_names("nvidia-h200-nvl") == ["nvidia-h200-nvl", "nvidia-h200"]
+    assert tuning.table_names("nvidia-b200") == ["nvidia-b200"]
+    assert tuning.table_names("cpu") == ["cpu"]
+
+
+def test_a_variant_of_a_tuned_gpu_uses_its_table(gpu_named: Callable[[str], torch.device]) -> None:
+    nvl = gpu_named("NVIDIA H200 NVL")
+    assert tuning.device_key(nvl) == "nvidia-h200-nvl"
+    assert tuning.table(nvl).path == H200_TABLE
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA B200", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"])
+def test_an_unknown_device_gets_the_code_defaults(gpu_named: Callable[[str], torch.device], gpu: str) -> None:
+    """No table for the GPU (nor the CPU): no entry is consulted and every config is the portable default."""
+    dev = gpu_named(gpu)
+    assert tuning.table(dev) is tuning.EMPTY and tuning.table("cpu") is tuning.EMPTY
+    assert tuning.lookup("gemv.small_m", dev, m=1, n=2048, k=4096, nvfp4=True) is None
+    assert tuning.lookup("attention.decode", dev, seqs=1, context=1024, sliding=False) is None
+    for _, call in CONFIG_CALLS:
+        assert call(dev) == call(torch.device("cpu"))
+    assert at.decode_config(1024, None, 1, dev) == AttentionDecodeConfig()
+
+
+# ------------------------------------------------------------------------------------------------- FLINT_TUNING_FILE
+def test_tuning_file_overrides_every_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_named: Callable[[str], torch.device]
+) -> None:
+    """The file replaces the device's table (H200 and CPU alike); fields it leaves out keep the default; it is read
+    once per process; an empty table gives the defaults back."""
+    h200 = gpu_named("NVIDIA H200")
+    table = {
+        "gemv.small_m": [{"when": {"m": 1, "nvfp4": True}, "config": {"block_k": 256}, "source": "test"}],
+        "moe.paths": [{"config": {"decode_max_tokens": 7}, "source": "test"}],
+        "attention.decode": [
+            {"when": {"seqs_min": 8}, "config": {"min_keys_per_split": 64, "max_splits": 8}, "source": "test"}
+        ],
+    }
+    monkeypatch.setenv(tuning.ENV, str(write(tmp_path, table)))
+    for dev in (h200, torch.device("cpu"), None):
+        assert gt.small_m_config(1, True, 4096, 2048, dev) == TileConfig(8, 1, 256, False, 4, 1)
+        assert gt.small_m_config(1, False, 4096, 2048, dev).block_k == 512  # no entry: the default
+        assert mt.paths_config(True, dev) == MoEPaths(7, mt.SHARED_FOLD_MAX_TOKENS_NVFP4)
+        assert mt.decode_config(True, 1, dev) == MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)  # no entry
+    cpu = torch.device("cpu")
+    assert at.decode_num_splits(32768, None, 8, 4, cpu) == 8  # max_splits from the table (default 64 gives 16)
+    assert at.decode_num_splits(32768, None, 1, 4, cpu) == 64  # seqs below 8: the defaults
+    (tmp_path / "table.json").unlink()
+    assert gt.small_m_config(1, True, 4096, 2048, cpu).block_k == 256  # cached: read once
+    monkeypatch.setenv(tuning.ENV, str(write(tmp_path, {}, "empty.json")))
+    assert tuning.lookup("gemv.small_m", h200, m=1, n=2048, k=4096, nvfp4=True) is None
+
+
+def test_tuning_file_that_does_not_exist_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(tuning.ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(tuning.TuningError, match=r"missing\.json: no such tuning table"):
+        gt.small_m_config(1, True, 4096)
+
+
+@interpreter
+def test_a_table_entry_reaches_the_kernel_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The linear kernel launches with the tile the table sets for the input's device, and the result is right."""
+    table = {"gemv.small_m": [{"when": {"m": 1}, "config": {"block_n": 16, "block_k": 64}, "source": "test"}]}
+    monkeypatch.setenv(tuning.ENV, str(write(tmp_path, table)))
+    launches: list[dict] = []
+    kernel = gt._linear_kernel
+
+    class Spy:
+        def __getitem__(self, grid: tuple) -> Callable[..., object]:
+            def launch(*args: object, **kwargs: object) -> object:
+                launches.append(kwargs)
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(gt, "_linear_kernel", Spy())
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.Generator(device=dev).manual_seed(0)
+    x, w = torch.randn(1, 320, generator=g, device=dev), torch.randn(72, 320, generator=g, device=dev)
+    assert rel_err(gt.linear(x, w), linear_ref(x, w)) < 1e-5
+    assert [(k["BLOCK_N"], k["BLOCK_K"]) for k in launches] == [(16, 64)]
+
+
+# ------------------------------------------------------------------------------------------------- malformed tables
+ENTRY = {"when": {"m": 1}, "config": {"block_k": 256}, "source": "test"}
+MALFORMED = [
+    ({"gemv.small_m": [{**ENTRY, "config": {"blok_k": 256}}]}, r"gemv.small_m\[0\]: unknown field 'blok_k'"),
+    ({"gemv.smal_m": [ENTRY]}, r"unknown op 'gemv.smal_m'"),
+    ({"gemv.small_m": [ENTRY, {**ENTRY, "when": {"mm": 1}}]}, r"gemv.small_m\[1\]: unknown condition 'mm'"),
+    ({"gemv.small_m": [{**ENTRY, "when": {"m_mx": 1}}]}, r"unknown condition 'm_mx'"),
+    ({"gemv.small_m": [{**ENTRY, "when": {"nvfp4": 1}}]}, r"condition 'nvfp4': 1 does not fit nvfp4 \(bool\)"),
+    ({"gemv.small_m": [{**ENTRY, "when": {"k_multiple": 0}}]}, r"condition 'k_multiple'"),
+    ({"gemv.small_m": [{**ENTRY, "config": {"block_k": "256"}}]}, r"field 'block_k': '256' is not int"),
+    ({"gemv.small_m": [{**ENTRY, "config": {"use_dot": 1}}]}, r"field 'use_dot': 1 is not bool"),
+    ({"gemv.small_m": [{**ENTRY, "config": {"block_k": 1000}}]}, r"field 'block_k': 1000 is not a power of two"),
+    ({"moe.paths": [{**ENTRY, "when": {}, "config": {"decode_max_tokens": -1}}]}, r"-1 is negative"),
+    ({"attention.decode": [{**ENTRY, "when": {}, "config": {"num_stages": 2.5}}]}, r"2.5 is not int or null"),
+    ({"gemv.small_m": [{"when": {"m": 1}, "config": {"block_k": 256}}]}, r"gemv.small_m\[0\]: 'source'"),
+    ({"gemv.small_m": [{**ENTRY, "why": "typo"}]}, r"unknown key\(s\) \['why'\]"),
+    ({"gemv.small_m": [{**ENTRY, "config": {}}]}, r"'config' must be an object setting at least one field"),
+    ({"gemv.small_m": ENTRY}, r"gemv.small_m must be a list"),
+    ([ENTRY], r"a table is a JSON object"),
+    ('{"gemv.small_m": [{"when": {"m": 1, "m": 2}, "config": {"block_k": 256}, "source": "x"}]}', r"duplicate key 'm'"),
+    ('{"gemv.small_m": [', r"not a valid JSON table"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("table", "message"), MALFORMED, ids=[m for _, m in MALFORMED])
+def test_a_malformed_table_is_refused_naming_file_and_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: object, message: str
+) -> None:
+    path = write(tmp_path, table, "bad-table.json")
+    with pytest.raises(tuning.TuningError, match=message) as err:
+        tuning.load(path)
+    assert str(err.value).startswith(str(path))
+    monkeypatch.setenv(tuning.ENV, str(path))
+    with pytest.raises(tuning.TuningError, match=message):  # at the first config lookup, not silently skipped
+        gt.small_m_config(1, True, 4096)
+
+
+def test_results_are_remembered_per_shape_and_the_memory_stays_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = {"attention.decode": [{"when": {"context_min": 4096}, "config": {"block_n": 64}, "source": "test"}]}
+    monkeypatch.setenv(tuning.ENV, str(write(tmp_path, table)))
+    cpu = torch.device("cpu")
+    first = at.decode_config(8192, None, 1, cpu)
+    assert first.block_n == 64 and at.decode_config(8192, None, 1, cpu) is first
+    assert at.decode_config(1024, None, 1, cpu) == AttentionDecodeConfig()
+    memo = tuning.table(cpu).memo
+    for context in range(2 * tuning.MEMO_LIMIT):  # a decode context that grows every step
+        assert at.decode_config(context, None, 1, cpu).block_n == (64 if context >= 4096 else 128)
+    assert 0 < len(memo) <= tuning.MEMO_LIMIT
+
+
+def test_conditions_bounds_multiples_and_order(tmp_path: Path) -> None:
+    """Inclusive bounds, divisibility (never for 0), and the first matching entry wins."""
+    table = {
+        "gemv.small_m": [
+            {"when": {"m_min": 2, "m_max": 4, "k_multiple": 1024}, "config": {"block_k": 512}, "source": "a"},
+            {"when": {"m_max": 4}, "config": {"block_k": 256}, "source": "b"},
+            {"config": {"block_k": 64}, "source": "c"},
+        ]
+    }
+    ops = tuning.load(write(tmp_path, table)).ops["gemv.small_m"]
+
+    def first(m: int, k: int) -> str:
+        return next(e.source for e in ops if e.matches({"m": m, "n": 1, "k": k, "nvfp4": False}))
+
+    assert [first(2, 2048), first(4, 1024), first(4, 1536), first(2, 0), first(5, 2048), first(1, 1024)] == [
+        "a", "a", "b", "b", "c", "b"
+    ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------- benchmarks/tune.py
+@pytest.fixture
+def tune(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """benchmarks/tune.py as a module (its sibling scripts importable as when it runs)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import tune as module
+
+    yield module
+    sys.modules.pop("tune", None)
+
+
+SWEEPS = RESULTS / "tuning_nvidia-h200_sweeps.json"  # the raw times of benchmarks/tune.py's first H200 run
+TUNED = RESULTS / "tuning_nvidia-h200.json"  # the table that run wrote (not installed)
+
+
+def test_tune_rewrites_from_its_h200_sweeps_the_table_it_wrote_there(
+    tune: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_named: Callable[[str], torch.device]
+) -> None:
+    """The H200 run's real sweep rows, replayed through the writer as the two runs went (gemv + attention, then moe
+    into the same file), give the file it wrote byte for byte; the loader reads it, and the config functions then
+    return what the measurements favoured."""
+    sweeps = json.loads(SWEEPS.read_text())
+    device, where = sweeps["device"], str(SWEEPS.relative_to(ROOT))
+    path = tmp_path / "tuning_nvidia-h200.json"
+    ga, moe = sweeps["gemv"], sweeps["moe"]
+    assert ga["command"] == sweeps["attention"]["command"]
+    first = tune.make_table(device, tune.source_of(device, ga, where), ga["rows"], (), sweeps["attention"]["rows"])
+    tune.write_table(first, path)
+    fold = {"bf16": 8, "nvfp4": 16}  # the shipped table's, in effect during the run
+    second = tune.make_table(
+        device, tune.source_of(device, moe, where), moe=moe["rows"], fold_max_tokens=fold, moe_shared=moe["shared_rows"]
+    )
+    written = tune.write_table(second, path)
+    assert path.read_text() == TUNED.read_text()
+    assert tuning.load(path).ops.keys() == written.keys() - {"device"} == set(tuning.OPS) - {"gemv.large_m"}
+
+    monkeypatch.setenv(tuning.ENV, str(path))
+    dev = gpu_named("NVIDIA H200")
+    # GEMV at M = 1: BF16 qkv and lm_head in 4 x 1024 tiles, other K divisible by 1024 in 8 x 1024; NVFP4 K steps of
+    # 2048 where K divides (the geometric mean), the shared down projection (K 1024) steps of 1024.
+    assert gt.small_m_config(1, False, 2048, 5120, dev) == TileConfig(4, 1, 1024, False, 4, 1)
+    assert gt.small_m_config(1, False, 4096, 2048, dev) == TileConfig(8, 1, 1024, False, 4, 1)
+    assert gt.small_m_config(1, True, 4096, 2048, dev).block_k == 2048
+    assert gt.small_m_config(1, True, 1024, 2048, dev) == TileConfig(8, 1, 1024, False, 4, 1)
+    assert gt.small_m_config(20, True, 2048, 12288, dev) == TileConfig(64, 32, 128, True, 4, 3)  # BLOCK_M follows M
+    # MoE: the path limits and the BF16 decode tiles agree with the shipped table.
+    assert mt.paths_config(False, dev) == MoEPaths(32, 8) and mt.paths_config(True, dev) == MoEPaths(64, 16)
+    shipped = tuning.load(H200_TABLE).ops["moe.decode"]
+    for t in range(1, 33):
+        hand = next(e for e in shipped if e.matches({"tokens": t, "nvfp4": False}))
+        assert mt.decode_config(False, t, dev) == MoEConfig(**hand.config), t
+    assert mt.decode_config(True, 4, dev) == MoEConfig(1, 16, 512, 16, 512, False, 4, 1)
+    assert mt.grouped_config(192, False, dev) == MoEConfig(128, 64, 64, 128, 64, True, 8, 3)
+    # Attention: full decode layers as shipped; sliding decode splits from 128 keys; sliding prefill 2 stages.
+    assert at.decode_config(32768, None, 1, dev) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
+    assert at.decode_config(4096, 513, 1, dev) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
+    assert at.prefill_config(8192, 513, dev) == AttentionPrefillConfig(64, 64, 4, 2)
+
+
+def test_tune_derives_the_shipped_choices_from_the_measurements_behind_them(
+    tune: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_named: Callable[[str], torch.device]
+) -> None:
+    """From the recorded 2026-11-29 sweeps that chose the hand-made H200 table (GEMV at M = 1, MoE with the shared
+    expert folded in), the writer picks what was picked by hand: NVFP4 M = 1 K steps and MoE decode tiles."""
+    gemv_rows = json.loads((RESULTS / "kernels_gemv_m1_sweep_h200.json").read_text())["kernels_e9043bc"]["gemv"]
+    shared_rows = json.loads((RESULTS / "kernels_moe_shared_h200.json").read_text())["moe_shared_us"]
+    routed = json.loads(SWEEPS.read_text())["moe"]["rows"]  # for the decode/grouped limits
+    table = tune.make_table(
+        "NVIDIA H200", "src", gemv_rows, routed, fold_max_tokens={"bf16": 8, "nvfp4": 16}, moe_shared=shared_rows
+    )
+    monkeypatch.setenv(tuning.ENV, str(write(tmp_path, table)))
+    dev = gpu_named("NVIDIA H200")
+    shipped = tuning.load(H200_TABLE).ops
+    for k, n in ((2048, 5120), (4096, 2048), (6144, 2048), (1024, 2048)):
+        hand = next(e for e in shipped["gemv.small_m"] if e.matches({"m": 1, "n": n, "k": k, "nvfp4": True}))
+        assert gt.small_m_config(1, True, k, n, dev) == TileConfig(**hand.config), (k, n)
+    for nv in (False, True):
+        for t in range(1, 9):
+            hand = next(e for e in shipped["moe.decode"] if e.matches({"tokens": t, "nvfp4": nv}))
+            assert mt.decode_config(nv, t, dev) == MoEConfig(**hand.config), (nv, t)
+    assert "folded fma i8 k1024 / n8 k512, fastest at T=1 22.5 us, T=2 38.5 us" in table["moe.decode"][0]["source"]
+
+
+def _attention_rows() -> list[dict]:
+    return json.loads(SWEEPS.read_text())["attention"]["rows"]
+
+
+def test_tune_keeps_the_ops_a_run_did_not_measure(tune: ModuleType, tmp_path: Path) -> None:
+    """A run of one family replaces that family's ops in the file and leaves the others' entries as they were."""
+    path = tmp_path / "nvidia-h200.json"
+    path.write_text(H200_TABLE.read_text())
+    table = tune.make_table("NVIDIA H200", "2026-12-01, NVIDIA H200, tune", attention=_attention_rows())
+    written = tune.write_table(table, path)
+    before = json.loads(H200_TABLE.read_text())
+    assert written["gemv.small_m"] == before["gemv.small_m"] and written["moe.paths"] == before["moe.paths"]
+    assert written["attention.prefill"] == table["attention.prefill"] != before["attention.prefill"]
+    assert list(written) == ["device", *tuning.OPS]
+    assert set(tuning.load(path).ops) == set(tuning.OPS)
+
+
+def test_tune_refuses_a_table_the_kernels_would_refuse(tune: ModuleType) -> None:
+    rows = [r for r in _attention_rows() if r["kind"] == "prefill"]
+    rows[0]["config"] = {**rows[0]["config"], "block_n": 48}
+    rows[0]["ms"] = 1e-6  # fastest, so it is chosen
+    with pytest.raises(tuning.TuningError, match="48 is not a power of two"):
+        tune.make_table("NVIDIA H200", "src", attention=rows)
