@@ -304,28 +304,32 @@ def moe_row(fmt: str, t: int, stacks: list, per_expert: float, sweep: bool, gen:
 
 
 def moe_candidates(t: int) -> dict:
-    """The paths and tiles the sweep times at T tokens, by name: (decode_max_tokens that forces the path, tiles)."""
+    """The paths and tiles the sweep times at T tokens, by name: (decode_max_tokens that forces the path, tiles,
+    dequant_min_tokens: 0 runs NVFP4 experts from BF16 copies, 10**9 decodes them in registers)."""
     from flint_kernels import moe_triton as mt
 
     mc = mt.MoEConfig
-    cands: dict[str, tuple[int, mt.MoEConfig]] = {}
-    dec, grp = 10**9, 0
+    cands: dict[str, tuple] = {}
+    dec, grp, regs = 10**9, 0, 10**9
     if t <= 64:
-        cands["dec fma i8 k1024"] = (dec, mc(1, 8, 1024, 8, 512, False, 4, 1))
-        cands["dec fma i8 k2048"] = (dec, mc(1, 8, 2048, 8, 512, False, 4, 1))
-        cands["dec fma i4 k2048"] = (dec, mc(1, 4, 2048, 8, 512, False, 4, 1))
-        cands["dec fma i32 k512"] = (dec, mc(1, 32, 512, 32, 512, False, 4, 1))
-        cands["dec fma i16 k512"] = (dec, mc(1, 16, 512, 16, 512, False, 4, 1))
-        cands["dec dot i16 k128"] = (dec, mc(16, 16, 128, 32, 128, True, 4, 3))
+        cands["dec fma i8 k1024"] = (dec, mc(1, 8, 1024, 8, 512, False, 4, 1), regs)
+        cands["dec fma i8 k2048"] = (dec, mc(1, 8, 2048, 8, 512, False, 4, 1), regs)
+        cands["dec fma i4 k2048"] = (dec, mc(1, 4, 2048, 8, 512, False, 4, 1), regs)
+        cands["dec fma i32 k512"] = (dec, mc(1, 32, 512, 32, 512, False, 4, 1), regs)
+        cands["dec fma i16 k512"] = (dec, mc(1, 16, 512, 16, 512, False, 4, 1), regs)
+        cands["dec dot i16 k128"] = (dec, mc(16, 16, 128, 32, 128, True, 4, 3), regs)
     # Small-group tiles at every T: above 64 tokens the groups are still small (6 * T / 256 pairs per expert).
-    cands["grp m16 i32 k128"] = (grp, mc(16, 32, 128, 64, 128, True, 4, 3))
-    cands["grp m16 i64 k64"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3))
-    cands["grp m32 i64 k64"] = (grp, mc(32, 64, 64, 128, 64, True, 4, 3))
+    cands["grp m16 i32 k128"] = (grp, mc(16, 32, 128, 64, 128, True, 4, 3), regs)
+    cands["grp m16 i64 k64"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3), regs)
+    cands["grp m32 i64 k64"] = (grp, mc(32, 64, 64, 128, 64, True, 4, 3), regs)
     if t > 64:
-        cands["grp m128 k64 w8"] = (grp, mc(128, 64, 64, 128, 64, True, 8, 3))
-        cands["grp m64 k64 w8"] = (grp, mc(64, 64, 64, 128, 64, True, 8, 3))
-        cands["grp m128 k128 w8"] = (grp, mc(128, 64, 128, 128, 128, True, 8, 3))
-        cands["grp m64 k64 w4"] = (grp, mc(64, 64, 64, 64, 64, True, 4, 3))
+        cands["grp m128 k64 w8"] = (grp, mc(128, 64, 64, 128, 64, True, 8, 3), regs)
+        cands["grp m64 k64 w8"] = (grp, mc(64, 64, 64, 128, 64, True, 8, 3), regs)
+        cands["grp m128 k128 w8"] = (grp, mc(128, 64, 128, 128, 128, True, 8, 3), regs)
+        cands["grp m64 k64 w4"] = (grp, mc(64, 64, 64, 64, 64, True, 4, 3), regs)
+        # NVFP4 experts copied to BF16 for the call, then the BF16 grouped GEMM (the same as the rows above for BF16).
+        cands["grp dq m128 k64 w8"] = (grp, mc(128, 64, 64, 128, 64, True, 8, 3), 0)
+        cands["grp dq m64 k64 w8"] = (grp, mc(64, 64, 64, 128, 64, True, 8, 3), 0)
     return cands
 
 
@@ -338,9 +342,10 @@ def moe_sweep(x, tw, ids, stacks, moved: float, t: int) -> dict:
 
     y_ref = moe_ref(x, tw, ids, stacks[0][0], stacks[0][1])
     out = {}
-    for name, (dmt, c) in moe_candidates(t).items():
+    for name, (dmt, c, dq) in moe_candidates(t).items():
         try:
-            calls = [lambda s=s, c=c, d=dmt: mt.fused_moe(x, tw, ids, s[0], s[1], decode_max_tokens=d, config=c)
+            calls = [lambda s=s, c=c, d=dmt, q=dq: mt.fused_moe(x, tw, ids, s[0], s[1], decode_max_tokens=d, config=c,
+                                                                 dequant_min_tokens=q)
                      for s in stacks]  # fmt: skip
             err = rel_err(calls[0](), y_ref)
             if not err < 1e-2:

@@ -142,9 +142,9 @@ def _moe_best(rows: Iterable[dict], shared: Iterable[dict], fold: dict[str, int]
 
     for row in rows:
         for name, us in row.get("sweep", {}).items():
-            dmt, cfg = kernels_moe_gemv.moe_candidates(row["T"]).get(name, (None, None))
-            if cfg is not None:
-                offer(row["fmt"], row["T"], "decode" if dmt > 0 else "grouped", name, us, cfg)
+            dmt, cfg, dq = kernels_moe_gemv.moe_candidates(row["T"]).get(name, (None, None, None))
+            if cfg is not None:  # NVFP4 from BF16 copies (dq 0) is its own path, not grouped tiles
+                offer(row["fmt"], row["T"], "decode" if dmt > 0 else "grouped" if dq else "dequant", name, us, cfg)
     tiles = kernels_moe_gemv.shared_tiles()
     for row in shared:
         if fold is not None and row["T"] <= fold[row["fmt"]]:

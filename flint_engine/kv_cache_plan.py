@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flint_kernels.configs import DEQUANT_MIN_TOKENS
+
 from .config import FlintConfig
 from .kv_cache import KVCache
 
@@ -43,8 +45,14 @@ class KVCachePlan:
 
 
 def activation_reserve(config: FlintConfig, max_num_seqs: int, max_num_batched_tokens: int) -> int:
-    """GPU bytes kept free for one step's activations and a full batch of FP32 logits (measured peak plus room)."""
-    return 2 * 2**30 + max_num_batched_tokens * 96 * 1024 + max_num_seqs * config.vocab_size * 8
+    """GPU bytes kept free for one step's activations and a full batch of FP32 logits (measured peak plus room).
+
+    Steps of DEQUANT_MIN_TOKENS tokens or more also need a BF16 copy of one layer's routed experts (the fused MoE
+    runs NVFP4 experts from such a copy on long prefills)."""
+    reserve = 2 * 2**30 + max_num_batched_tokens * 96 * 1024 + max_num_seqs * config.vocab_size * 8
+    if config.num_experts and max_num_batched_tokens >= DEQUANT_MIN_TOKENS:
+        reserve += 2 * 3 * config.num_experts * config.moe_intermediate_size * config.hidden_size
+    return reserve
 
 
 def gpu_kv_budget(

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 POW2 = {"power_of_two": True}
+# Portable default of `MoEPaths.dequant_min_tokens` (the engine's activation reserve reads it too).
+DEQUANT_MIN_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,11 @@ class MoEPaths:
     # Up to this many tokens the shared expert runs inside the decode launches (each token then reads the shared
     # weights on its own, so from some batch three separate launches that read them once win).
     shared_fold_max_tokens: int
+    # From this many tokens the grouped path runs NVFP4 experts from BF16 copies made for the call (one exact
+    # dequantising pass over all experts, then the BF16 grouped GEMM) instead of decoding NVFP4 in registers beside
+    # the MMAs. H200, T = 8192: 2.84 ms in registers vs ~0.55 + 1.17 ms. Costs a transient copy of one layer's
+    # experts (1.6 GB for Flint), which the engine's activation reserve counts.
+    dequant_min_tokens: int = DEQUANT_MIN_TOKENS
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ order. Every result is independent of scheduling, so both paths are deterministi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -115,6 +117,7 @@ def _moe_gate_up_kernel(
     shared_parts,
     shared_inter,
     NVFP4: tl.constexpr,
+    GSCALE: tl.constexpr,
     GROUPED: tl.constexpr,
     SHARED: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -179,7 +182,7 @@ def _moe_gate_up_kernel(
         tile = pid_r * tl.num_programs(0) + pid_i
         acc, arrived = split_k_reduce(acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K, 2 * BLOCK_I, BLOCK_M)
         store_ok = store_ok & is_last(arrived, SPLIT_K, BLOCK_I)[:, None]
-    if NVFP4:
+    if GSCALE:
         acc = acc * segment_scale(gs_base, rows, row_ok, b1, b2, b3)[:, None]
     xdt = x_ptr.dtype.element_ty
     # The reference rounds gate and up to the activation dtype, then silu, then the product.
@@ -234,6 +237,7 @@ def _moe_down_kernel(
     row_cnt_ptr,
     eps,
     NVFP4: tl.constexpr,
+    GSCALE: tl.constexpr,
     GROUPED: tl.constexpr,
     SHARED: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -292,7 +296,7 @@ def _moe_down_kernel(
         0, k_len, wn, sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, BLOCK_N, BLOCK_M, BLOCK_K,
         PDL and not GROUPED,
     )  # fmt: skip
-    if NVFP4:
+    if GSCALE:
         acc = acc * segment_scale(gs_base, rows, row_ok, b1, b2, b3)[:, None]
     xdt = h_ptr.dtype.element_ty
     y = acc.to(xdt)
@@ -389,16 +393,34 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _weight_args(w: Weight, like: torch.Tensor) -> tuple:
-    """(data, scales, global scales, strides..., segment bounds, is_nvfp4) of stacked expert weights [E, N, K]."""
+@dataclass(frozen=True)
+class ScaledWeight:
+    """Dequantised NVFP4 experts: `data` [E, N, K] holds each value times its block scale, exactly; the global
+    scales [E, G] still multiply the FP32 accumulator of each output segment, as for NVFP4."""
+
+    data: torch.Tensor
+    global_scale: torch.Tensor
+    segments: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+
+def _weight_args(w: Weight | ScaledWeight, like: torch.Tensor) -> tuple:
+    """(data, scales, global scales, strides..., segment bounds, is_nvfp4, has global scales) of stacked expert
+    weights [E, N, K]."""
     n = w.shape[-2]
+    if isinstance(w, ScaledWeight):
+        gs, d = w.global_scale, w.data
+        return (d, d, gs, d.stride(0), d.stride(1), 0, 0, gs.stride(0), segment_bounds(w.segments, n), False, True)
     if isinstance(w, NVFP4Weight):
         gs = w.global_scale
         return (
             w.qweight, w.scales, gs, w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0), w.scales.stride(1),
-            gs.stride(0), segment_bounds(w.segments, n), True,
+            gs.stride(0), segment_bounds(w.segments, n), True, True,
         )  # fmt: skip
-    return (w, w, like, w.stride(0), w.stride(1), 0, 0, 0, (n, n, n), False)
+    return (w, w, like, w.stride(0), w.stride(1), 0, 0, 0, (n, n, n), False, False)
 
 
 def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -505,16 +527,37 @@ def fused_moe(
     split_k: int | None = None,
     shared: SharedExpert | None = None,
     fold_max_tokens: int | None = None,
+    dequant_min_tokens: int | None = None,
 ) -> torch.Tensor:
     """`moe_ref` through the Triton kernels; `decode_max_tokens` picks the path (tests force either).
 
     A shared expert runs inside the decode launches when `foldable` and the batch has at most `fold_max_tokens`
-    tokens (default: `paths_config`); otherwise it runs on its own and is added.
+    tokens (default: `paths_config`); otherwise it runs on its own and is added. On the grouped path, from
+    `dequant_min_tokens` tokens NVFP4 experts are dequantised to x's dtype for the call (default: `paths_config`).
     """
-    decode, fold = _paths(x, topk_ids.shape[0], w13, w2, shared, decode_max_tokens, fold_max_tokens)
+    t = topk_ids.shape[0]
+    decode, fold = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens)
+    if not decode:
+        if dequant_min_tokens is None:
+            nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
+            dequant_min_tokens = paths_config(nv, x.device).dequant_min_tokens
+        if t >= dequant_min_tokens:
+            w13, w2 = (_dequantized(w, x.dtype) for w in (w13, w2))
     if shared is not None and not fold:
         return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, None) + shared_expert(x, shared)
     return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared)
+
+
+def _dequantized(w: Weight, dtype: torch.dtype) -> Weight:
+    """Stacked NVFP4 experts [E, N, K] as `dtype` values (exact) that keep their global scales: a `ScaledWeight`.
+    Other weights as they are."""
+    if not isinstance(w, NVFP4Weight):
+        return w
+    e, n, k = w.shape
+    flat = NVFP4Weight(
+        w.qweight.reshape(e * n, k // 2), w.scales.reshape(e * n, -1), w.global_scale.new_ones(1), (e * n,)
+    )
+    return ScaledWeight(gemv_triton.dequantize(flat, dtype).view(e, n, k), w.global_scale, w.segments)
 
 
 def _paths(
@@ -542,8 +585,8 @@ def _routed(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    w13: Weight,
-    w2: Weight,
+    w13: Weight | ScaledWeight,
+    w2: Weight | ScaledWeight,
     decode: bool,
     config: MoEConfig | None,
     split_k: int | None,
@@ -567,8 +610,8 @@ def _routed(
     parts = 0 if shared is None else shared[1].shape[-1] // inter
     n_shared_rows = parts * t
     h = _empty((n_shared_rows + p, inter), x.dtype, x.device)
-    q13, s13, g13, we13, wn13, se13, sn13, ge13, seg13, nv13 = _weight_args(w13, out)
-    q2, s2, g2, we2, wn2, se2, sn2, ge2, seg2, nv2 = _weight_args(w2, out)
+    q13, s13, g13, we13, wn13, se13, sn13, ge13, seg13, nv13, gsc13 = _weight_args(w13, out)
+    q2, s2, g2, we2, wn2, se2, sn2, ge2, seg2, nv2, gsc2 = _weight_args(w2, out)
     sh13 = _no_shared(out) if shared is None else _shared_args(shared[0], out)
     sh2 = _no_shared(out) if shared is None else _shared_args(shared[1], out)
     shared_inter = 0 if shared is None else shared[1].shape[-1]
@@ -595,7 +638,7 @@ def _routed(
         x, ids, order, meta, q13, s13, g13, h, ws, cnt,
         hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0), *seg13, per,
         *sh13, n_shared_rows, max(parts, 1), shared_inter,
-        NVFP4=nv13, GROUPED=not decode, SHARED=shared is not None,
+        NVFP4=nv13, GSCALE=gsc13, GROUPED=not decode, SHARED=shared is not None,
         EVEN_K=hidden % cfg.gu_block_k == 0, WORDS=cfg.words, USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split,
         BLOCK_I=cfg.gu_block_i, BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -616,7 +659,7 @@ def _routed(
             h, ids, order, meta, tw, q2, s2, g2, out, ws, cnt,
             hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, out.stride(0), *seg2,
             *sh2, n_shared_tokens, max(parts, 1), shared_inter, *row,
-            NVFP4=nv2, GROUPED=False, SHARED=shared is not None, EVEN_K=even_dn, WORDS=cfg.words,
+            NVFP4=nv2, GSCALE=gsc2, GROUPED=False, SHARED=shared is not None, EVEN_K=even_dn, WORDS=cfg.words,
             USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots, NORM=norm is not None,
             N_PAD=triton.next_power_of_2(hidden) if norm is not None else 1, BLOCK_N=cfg.dn_block_n,
             BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -628,7 +671,7 @@ def _routed(
         h, ids, order, meta, tw, q2, s2, g2, y, y, cnt,
         hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, y.stride(0), *seg2,
         *_no_shared(out), 0, 1, 0, *_no_norm(out),
-        NVFP4=nv2, GROUPED=True, SHARED=False, EVEN_K=even_dn, WORDS=cfg.words,
+        NVFP4=nv2, GSCALE=gsc2, GROUPED=True, SHARED=False, EVEN_K=even_dn, WORDS=cfg.words,
         USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=topk, NORM=False, N_PAD=1, BLOCK_N=cfg.dn_block_n,
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_options(x.device),

@@ -359,3 +359,18 @@ def test_abort_frees_blocks_at_once(window7) -> None:
     assert out is not None and out.finished and out.finish_reason == "abort"
     assert engine.kv.all_free()
     assert engine.metrics.snapshot()["request_success_total"]["abort"] == 1
+
+
+def test_activation_reserve_counts_the_expert_copy_of_long_prefills() -> None:
+    """From DEQUANT_MIN_TOKENS tokens a step the fused MoE may copy one layer's experts to BF16: kept free too."""
+    from flint_kernels.configs import DEQUANT_MIN_TOKENS
+
+    from flint_engine.config import preset
+    from flint_engine.kv_cache_plan import activation_reserve
+
+    cfg = preset("full")
+    short = activation_reserve(cfg, 8, DEQUANT_MIN_TOKENS - 1)
+    long = activation_reserve(cfg, 8, DEQUANT_MIN_TOKENS)
+    copy = 2 * 3 * cfg.num_experts * cfg.moe_intermediate_size * cfg.hidden_size
+    assert copy > 1.5e9  # Flint's 256 experts of 3 x 512 x 2048
+    assert long - short == copy + 96 * 1024

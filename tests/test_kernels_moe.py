@@ -278,6 +278,29 @@ def test_grouped_nvfp4_fp32_with_unused_experts() -> None:
     assert rel_err(out, moe_ref(x, tw, ids, w13q, w2q)) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_grouped_nvfp4_from_dequantised_copies(dtype: torch.dtype) -> None:
+    """Long prefills run NVFP4 experts from exact copies in x's dtype: per-expert, per-segment global scales still
+    multiply the FP32 accumulators, so the result matches the reference as the in-register path does."""
+    g = gen(45)
+    e, h, i, k, t = 8, 128, 64, 2, 12
+    x = torch.randn(t, h, generator=g, device=DEVICE).to(dtype)
+    tw, ids = routing(t, e - 2, k, g)
+    w13 = random_nvfp4(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4(e, h, i, g, (h,))
+    ref = moe_ref(x, tw, ids, w13, w2)
+    copies = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=GROUPED, dequant_min_tokens=t)
+    registers = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=GROUPED, dequant_min_tokens=t + 1)
+    tol = 1e-5 if dtype == torch.float32 else 1e-3
+    assert rel_err(copies, ref) < tol and rel_err(registers, ref) < tol
+    assert rel_err(copies, registers) < tol
+    dense = mt._dequantized(w13, dtype)
+    assert isinstance(dense, mt.ScaledWeight) and dense.data.dtype == dtype and dense.shape == (e, 2 * i, h)
+    assert mt._dequantized(dense.data, dtype) is dense.data  # a dense weight stays as it is
+    # The engine's default threshold sends short prefills through the registers path.
+    assert mt.paths_config(True, x.device).dequant_min_tokens > 64
+
+
 def test_align_blocks_cover_every_pair_once() -> None:
     g = gen(50)
     _, ids = routing(37, 16, 4, g)
@@ -354,6 +377,10 @@ def test_gpu_bf16_flint_shapes(t: int, fmt: str) -> None:
     assert rel_err(mt.moe(x, tw, ids, w13, w2), ref) < 1e-2
     for dmt in (0, 64):  # both paths whatever the default threshold
         assert rel_err(mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt), ref) < 1e-2
+    if fmt == "nvfp4" and t > 8:  # the grouped path on BF16 copies of the experts, and decoding in registers
+        for dq in (0, 10**9):
+            out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, dequant_min_tokens=dq)
+            assert rel_err(out, ref) < 1e-2
 
 
 def flint_moe_inputs(t: int, fmt: str, g: torch.Generator) -> tuple:
