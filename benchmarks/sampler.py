@@ -83,7 +83,9 @@ def main() -> None:
             default_chunk = sampling_triton.CHUNK
             for chunk in args.chunks:
                 sampling_triton.CHUNK = chunk
+                t0 = time.perf_counter()
                 row["same_tokens"] &= sampling_triton.sample_top_k(*op_args).tolist() == want
+                row[f"triton_chunk{chunk}_first_call_s"] = round(time.perf_counter() - t0, 3)  # compiles included
                 row[f"triton_chunk{chunk}_ms"] = median_ms(sampling_triton.sample_top_k, op_args, device, args.iters)
             sampling_triton.CHUNK = default_chunk
             row["triton_ms"] = row[f"triton_chunk{default_chunk}_ms"] if default_chunk in args.chunks else None
@@ -99,6 +101,7 @@ def main() -> None:
             call_args = (logits, sample_rows, op)
             row[f"sample_call_{name}_ms"] = median_ms(_sample_copy, call_args, device, args.iters)
         rows.append(row)
+        print(json.dumps(row), flush=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     out = {
         "date": date.today().isoformat(),

@@ -64,13 +64,22 @@ def scratch_batch(prefill: int, decode_rows: int, block_size: int, device: torch
 
 @torch.inference_mode()
 def warm_up_prefill(model: FlintModel, cache: KVCache, max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
-    """Run every warm-up batch once (forward and logits); returns the (prefill, decode rows) shapes run."""
+    """Run every warm-up batch once (forward and logits), then the sampling op on the last logits with the default
+    top-k variant (up to `sampling_triton.MIN_KC`); returns the (prefill, decode rows) shapes run."""
     start = time.monotonic()
     shapes = warmup_batches(max_tokens, max_seqs)
+    logits = None
     for prefill, rows in shapes:
         batch = scratch_batch(prefill, rows, cache.block_size, model.device)
         hidden = model.forward(batch, cache)
-        model.compute_logits(hidden[batch.logits_indices])
+        logits = model.compute_logits(hidden[batch.logits_indices])
+    if logits is not None:
+        n, dev = logits.shape[0], logits.device
+        ones = torch.ones(n, device=dev)
+        steps = torch.zeros(n, dtype=torch.int64, device=dev)
+        k = min(20, logits.shape[1])
+        top_k = torch.full((n,), k, dtype=torch.int64, device=dev)
+        model.kernels.sample_top_k(logits, ones, top_k, ones * 0.95, ones * 0, steps, steps, k)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     log.info("warmed up %d prefill and mixed batch shapes in %.1f s", len(shapes), time.monotonic() - start)

@@ -29,6 +29,9 @@ from .sampling import sample_top_k_ref
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Largest top_k drawn here (candidates per chunk, a power of two); larger ones take the reference's `topk`.
 MAX_K = 128
+# Fewest candidates kept per chunk: every top_k up to it shares one compiled variant (sorting networks compile
+# slowly), and Flint's default top_k 20 is below it.
+MIN_KC = 32
 # Vocabulary entries per chunk program (H200, benchmarks/sampler.py; a power of two >= MAX_K).
 CHUNK = 4096
 _INT64_MIN = tl.constexpr(-(2**63))
@@ -146,7 +149,7 @@ def sample_top_k(
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n == 0:
         return out
-    kc = triton.next_power_of_2(k_max)
+    kc = max(MIN_KC, triton.next_power_of_2(k_max))
     block = min(max(CHUNK, kc), triton.next_power_of_2(vocab))
     n_chunks = triton.cdiv(vocab, block)
     # A chunk smaller than KC (a tiny vocabulary) pads its candidates with the smallest key, which sorts last.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from flint_kernels import fast
 from flint_kernels.dispatch import REFERENCE
@@ -56,3 +58,18 @@ def test_warm_up_writes_nothing_fused_path() -> None:
     shapes = warm_up_prefill(model, cache, max_tokens=17, max_seqs=2)
     assert shapes == [(2, 0), (3, 0), (8, 0), (16, 0), (17, 0), (16, 1)]
     assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(cache)))
+
+
+def test_warm_up_runs_the_sampling_op_with_the_default_top_k() -> None:
+    """The sampler's default variant compiles at start (each Triton variant takes seconds to compile)."""
+    calls: list[tuple[tuple[int, ...], int]] = []
+
+    def recording(logits: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+        calls.append((tuple(logits.shape), args[-1]))
+        return REFERENCE.sample_top_k(logits, *args)
+
+    model = FlintModel(
+        random_weights(CFG, torch.float32, seed=3), dataclasses.replace(REFERENCE, sample_top_k=recording)
+    )
+    warm_up_prefill(model, _filled_cache(model, 2), max_tokens=17, max_seqs=2)
+    assert calls == [((2, CFG.vocab_size), 20)]  # the last batch: one prefill row and one decode row
