@@ -29,8 +29,8 @@ from .sampling import sample_top_k_ref
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Largest top_k drawn here (candidates per chunk, a power of two); larger ones take the reference's `topk`.
 MAX_K = 128
-# Fewest candidates kept per chunk: every top_k up to it shares one compiled variant (sorting networks compile
-# slowly), and Flint's default top_k 20 is below it.
+# Candidates kept per chunk: MIN_KC for top_k up to it (Flint's default 20), else MAX_K. Two variants only: each
+# compiles in ~15 s on an H200 (sorting networks), and the engine's start-up warm-up compiles both.
 MIN_KC = 32
 # Vocabulary entries per chunk program (H200, benchmarks/sampler.py; a power of two >= MAX_K).
 CHUNK = 4096
@@ -149,7 +149,7 @@ def sample_top_k(
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n == 0:
         return out
-    kc = max(MIN_KC, triton.next_power_of_2(k_max))
+    kc = MIN_KC if k_max <= MIN_KC else MAX_K
     block = min(max(CHUNK, kc), triton.next_power_of_2(vocab))
     n_chunks = triton.cdiv(vocab, block)
     # A chunk smaller than KC (a tiny vocabulary) pads its candidates with the smallest key, which sorts last.

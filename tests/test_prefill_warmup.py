@@ -7,6 +7,7 @@ import dataclasses
 import torch
 from flint_kernels import fast
 from flint_kernels.dispatch import REFERENCE
+from flint_kernels.sampling_triton import MAX_K
 
 from flint_engine.config import preset
 from flint_engine.kv_cache import KVCache
@@ -60,8 +61,8 @@ def test_warm_up_writes_nothing_fused_path() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(cache)))
 
 
-def test_warm_up_runs_the_sampling_op_with_the_default_top_k() -> None:
-    """The sampler's default variant compiles at start (each Triton variant takes seconds to compile)."""
+def test_warm_up_runs_the_sampling_op_for_each_top_k_variant() -> None:
+    """Both top-k variants of the sampling kernels compile at start (each takes seconds to compile)."""
     calls: list[tuple[tuple[int, ...], int]] = []
 
     def recording(logits: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
@@ -72,4 +73,5 @@ def test_warm_up_runs_the_sampling_op_with_the_default_top_k() -> None:
         random_weights(CFG, torch.float32, seed=3), dataclasses.replace(REFERENCE, sample_top_k=recording)
     )
     warm_up_prefill(model, _filled_cache(model, 2), max_tokens=17, max_seqs=2)
-    assert calls == [((2, CFG.vocab_size), 20)]  # the last batch: one prefill row and one decode row
+    # The last batch's logits (one prefill row, one decode row), at the default top_k and at the largest variant.
+    assert calls == [((2, CFG.vocab_size), 20), ((2, CFG.vocab_size), min(MAX_K, CFG.vocab_size))]
