@@ -13,7 +13,9 @@ parameters); every candidate is checked against the reference before it is timed
   one gives the same tile). M = 1 stands for itself; a larger measured M for the Ms above the previous measured one
   (the last up to 64), with BLOCK_M following M.
 - moe.paths: the decode path up to the largest measured T such that it beat the grouped GEMM at that T and every
-  smaller one measured; the shared-expert fold limit is kept as it is (decode.py measures that one, on whole steps).
+  smaller one measured; for NVFP4, where the sweep timed the experts from BF16 copies, the smallest T from which
+  the copies beat decoding in registers at every measured T (`dequant_min_tokens`); the shared-expert fold limit is
+  kept as it is (decode.py measures that one, on whole steps).
 - moe.decode / moe.grouped: the fastest tiles of the path per measured T (decode: T up to that limit, timed with
   the shared expert folded in where the engine folds it, `--only shared`'s measurement; grouped: T above the limit,
   by pairs per expert); each T stands for the values above the previous one, the last for all above.
@@ -182,6 +184,16 @@ def moe_entries(
                 break
             limit = t
         paths = {"decode_max_tokens": limit}
+        # NVFP4 from BF16 copies from the smallest measured T above which the copies win at every measured T.
+        copies = [t for t in ts if t > limit and "dequant" in per_t[t] and "grouped" in per_t[t]]
+        if nv and copies:
+            wins = [per_t[t]["dequant"][1] < per_t[t]["grouped"][1] for t in copies]
+            first = next((i for i in range(len(copies)) if all(wins[i:])), None)
+            paths["dequant_min_tokens"] = copies[first] if first is not None else 2**31 - 1
+            why.append(
+                "copies vs registers: "
+                + ", ".join(f"T={t} {per_t[t]['dequant'][1]:.1f} vs {per_t[t]['grouped'][1]:.1f} us" for t in copies)
+            )
         if fold_max_tokens is not None:
             paths["shared_fold_max_tokens"] = fold_max_tokens[fmt]
             why.append("shared_fold_max_tokens kept as it was (not measured here)")

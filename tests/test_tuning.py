@@ -318,6 +318,28 @@ SWEEPS = RESULTS / "tuning_nvidia-h200_sweeps.json"  # the raw times of benchmar
 TUNED = RESULTS / "tuning_nvidia-h200.json"  # the table that run wrote (not installed)
 
 
+def test_tune_sets_the_nvfp4_copy_threshold_from_a_sweep_that_timed_both(tune: ModuleType) -> None:
+    """The H200 sweep of 2048-8192 tokens (kernels_moe_prefill_h200.json) timed NVFP4 experts in registers and from
+    BF16 copies: the copies lose at 2048 and win from 4096, which becomes `dequant_min_tokens`; a sweep without copy
+    candidates (the first tune run) leaves the field to its default."""
+    rows = json.loads((RESULTS / "kernels_moe_prefill_h200.json").read_text())["moe"]
+    paths = {e["when"]["nvfp4"]: e for e in tune.moe_entries(rows, "src")["moe.paths"]}
+    assert paths[True]["config"]["dequant_min_tokens"] == 4096
+    assert "copies vs registers: T=2048" in paths[True]["source"]
+    assert "dequant_min_tokens" not in paths[False]["config"]  # BF16 has nothing to copy
+    first_run = json.loads(SWEEPS.read_text())["moe"]["rows"]
+    assert all("dequant_min_tokens" not in e["config"] for e in tune.moe_entries(first_run, "src")["moe.paths"])
+    # Copies that win only at some T above a loss do not set a threshold below that loss.
+    t2048, t4096, t8192 = (next(r for r in rows if r["fmt"] == "nvfp4" and r["T"] == t) for t in (2048, 4096, 8192))
+    losing_last = [
+        t2048,
+        t4096,
+        {**t8192, "sweep": {**t8192["sweep"], "grp dq m128 k64 w8": 9e9, "grp dq m64 k64 w8": 9e9}},
+    ]
+    never = {e["when"]["nvfp4"]: e for e in tune.moe_entries(losing_last, "src")["moe.paths"]}[True]
+    assert never["config"]["dequant_min_tokens"] == 2**31 - 1
+
+
 def test_tune_rewrites_from_its_h200_sweeps_the_table_it_wrote_there(
     tune: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_named: Callable[[str], torch.device]
 ) -> None:
