@@ -66,7 +66,7 @@ def scratch_batch(prefill: int, decode_rows: int, block_size: int, device: torch
 def warm_up_prefill(model: FlintModel, cache: KVCache, max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
     """Run every warm-up batch once (forward and logits), then the sampling op on the last logits once per top-k
     variant the sampling kernels compile (`sampling_triton`); returns the (prefill, decode rows) shapes run."""
-    from flint_kernels.sampling_triton import MAX_K, MIN_KC
+    from flint_kernels.sampling_triton import TOP_K_VARIANTS
 
     start = time.monotonic()
     shapes = warmup_batches(max_tokens, max_seqs)
@@ -79,7 +79,7 @@ def warm_up_prefill(model: FlintModel, cache: KVCache, max_tokens: int, max_seqs
         n, dev = logits.shape[0], logits.device
         ones = torch.ones(n, device=dev)
         steps = torch.zeros(n, dtype=torch.int64, device=dev)
-        for k in sorted({min(20, MIN_KC, logits.shape[1]), min(MAX_K, logits.shape[1])}):
+        for k in sorted({min(k, logits.shape[1]) for k in TOP_K_VARIANTS}):
             top_k = torch.full((n,), k, dtype=torch.int64, device=dev)
             model.kernels.sample_top_k(logits, ones, top_k, ones * 0.95, ones * 0, steps, steps, k)
     if model.device.type == "cuda":

@@ -133,8 +133,9 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sampl
         tokens = torch.argmax(logits, dim=-1)
     elif not constrained and all(0 < r.top_k < vocab for r in picked):
         # Greedy rows ride along with top_k 1: the op returns their first argmax.
-        top_k = [r.top_k if t != 0.0 else 1 for r, t in zip(rows, temps_host.tolist())]
-        floats = torch.tensor([[t, r.top_p, r.min_p] for t, r in zip(temps_host.tolist(), rows)], dtype=torch.float32)
+        temps_list = temps_host.tolist()
+        top_k = [r.top_k if t != 0.0 else 1 for r, t in zip(rows, temps_list)]
+        floats = torch.tensor([[t, r.top_p, r.min_p] for t, r in zip(temps_list, rows)], dtype=torch.float32)
         ints = torch.tensor([[k, r.seed, r.step] for k, r in zip(top_k, rows)], dtype=torch.int64)
         temps, top_p, min_p = _to_device(floats, dev).unbind(1)
         top_k_t, seeds, steps = _to_device(ints, dev).unbind(1)

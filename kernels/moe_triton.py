@@ -536,13 +536,9 @@ def fused_moe(
     `dequant_min_tokens` tokens NVFP4 experts are dequantised to x's dtype for the call (default: `paths_config`).
     """
     t = topk_ids.shape[0]
-    decode, fold = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens)
-    if not decode:
-        if dequant_min_tokens is None:
-            nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
-            dequant_min_tokens = paths_config(nv, x.device).dequant_min_tokens
-        if t >= dequant_min_tokens:
-            w13, w2 = (_dequantized(w, x.dtype) for w in (w13, w2))
+    decode, fold, copies = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens, dequant_min_tokens)
+    if copies:
+        w13, w2 = (_dequantized(w, x.dtype) for w in (w13, w2))
     if shared is not None and not fold:
         return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, None) + shared_expert(x, shared)
     return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared)
@@ -568,17 +564,21 @@ def _paths(
     shared: SharedExpert | None,
     decode_max_tokens: int | None = None,
     fold_max_tokens: int | None = None,
-) -> tuple[bool, bool]:
-    """(decode path, shared expert folded into its launches) for T tokens; None limits: `paths_config`'s."""
+    dequant_min_tokens: int | None = None,
+) -> tuple[bool, bool, bool]:
+    """(decode path, shared expert folded into its launches, NVFP4 experts run from copies in x's dtype) for T
+    tokens; None limits: `paths_config`'s."""
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
     limits = paths_config(nv, x.device)
     if decode_max_tokens is None:
         decode_max_tokens = limits.decode_max_tokens
     if fold_max_tokens is None:
         fold_max_tokens = limits.shared_fold_max_tokens
+    if dequant_min_tokens is None:
+        dequant_min_tokens = limits.dequant_min_tokens
     decode = t <= decode_max_tokens
     fold = shared is not None and decode and 0 < t <= fold_max_tokens and foldable(shared, x, w13, w2)
-    return decode, fold
+    return decode, fold, nv and not decode and t >= dequant_min_tokens
 
 
 def _routed(
@@ -704,7 +704,7 @@ def moe_add_rms_norm(
         return moe_add_rms_norm_ref(x, topk_weights, topk_ids, w13, w2, shared, residual, norm_weight, eps)
     t, hidden = topk_ids.shape[0], x.shape[1]
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
-    decode, fold = _paths(x, t, w13, w2, shared)
+    decode, fold, _ = _paths(x, t, w13, w2, shared)
     fits = (
         decode
         and t > 0

@@ -32,6 +32,8 @@ MAX_K = 128
 # Candidates kept per chunk: MIN_KC for top_k up to it (Flint's default 20), else MAX_K. Two variants only: each
 # compiles in ~15 s on an H200 (sorting networks), and the engine's start-up warm-up compiles both.
 MIN_KC = 32
+# The largest top_k of each compiled variant (what a warm-up calls the op with).
+TOP_K_VARIANTS = (MIN_KC, MAX_K)
 # Vocabulary entries per chunk program (H200, benchmarks/sampler.py; a power of two >= MAX_K).
 CHUNK = 4096
 _INT64_MIN = tl.constexpr(-(2**63))

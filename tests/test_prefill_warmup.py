@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from flint_kernels import fast
 from flint_kernels.dispatch import REFERENCE
-from flint_kernels.sampling_triton import MAX_K
+from flint_kernels.sampling_triton import MAX_K, MIN_KC
 
 from flint_engine.config import preset
 from flint_engine.kv_cache import KVCache
@@ -73,5 +73,5 @@ def test_warm_up_runs_the_sampling_op_for_each_top_k_variant() -> None:
         random_weights(CFG, torch.float32, seed=3), dataclasses.replace(REFERENCE, sample_top_k=recording)
     )
     warm_up_prefill(model, _filled_cache(model, 2), max_tokens=17, max_seqs=2)
-    # The last batch's logits (one prefill row, one decode row), at the default top_k and at the largest variant.
-    assert calls == [((2, CFG.vocab_size), 20), ((2, CFG.vocab_size), min(MAX_K, CFG.vocab_size))]
+    # The last batch's logits (one prefill row, one decode row), at the largest top_k of each variant.
+    assert calls == [((2, CFG.vocab_size), MIN_KC), ((2, CFG.vocab_size), min(MAX_K, CFG.vocab_size))]
