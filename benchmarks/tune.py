@@ -244,7 +244,8 @@ def attention_entries(rows: Iterable[dict], source: str) -> dict[str, list]:
             f"{shape} {s[best] * 1e3:.1f} us (fastest {min(s.values()) * 1e3:.1f})" for shape, s in shapes.items()
         )
         note = f"{'sliding' if sliding else 'full'} layers: best geometric mean over {len(shapes)} shape(s): {times}"
-        entry = {"when": {"sliding": sliding}, "config": configs[best], "source": f"{source}: {note}"}
+        # The sweeps run BF16 caches; an FP32 cache keeps the defaults (the tiles may not fit its shared memory).
+        entry = {"when": {"sliding": sliding, "elem_bytes": 2}, "config": configs[best], "source": f"{source}: {note}"}
         out.setdefault(f"attention.{kind}", []).append(entry)
     return out
 

@@ -484,18 +484,35 @@ def _num_sms(device: torch.device) -> int:
 
 
 def decode_config(
-    max_seq_len: int, window: int | None, num_seqs: int, device: torch.device | None = None
+    max_seq_len: int, window: int | None, num_seqs: int, device: torch.device | None = None, elem_bytes: int = 2
 ) -> AttentionDecodeConfig:
     """Decode launch parameters: the portable defaults (AttentionDecodeConfig's), or the device's table entry
-    (op "attention.decode", shape seqs, context = max_seq_len, sliding)."""
+    (op "attention.decode", shape seqs, context = max_seq_len, sliding, elem_bytes of the cache: a tile tuned
+    for BF16 may not fit shared memory in FP32)."""
     return tuning.tuned(
-        "attention.decode", AttentionDecodeConfig(), device, seqs=num_seqs, context=max_seq_len, sliding=bool(window)
+        "attention.decode",
+        AttentionDecodeConfig(),
+        device,
+        seqs=num_seqs,
+        context=max_seq_len,
+        sliding=bool(window),
+        elem_bytes=elem_bytes,
     )
 
 
-def prefill_config(tokens: int, window: int | None, device: torch.device | None = None) -> AttentionPrefillConfig:
-    """Prefill launch parameters: the defaults, or the table entry (op "attention.prefill", shape tokens, sliding)."""
-    return tuning.tuned("attention.prefill", AttentionPrefillConfig(), device, tokens=tokens, sliding=bool(window))
+def prefill_config(
+    tokens: int, window: int | None, device: torch.device | None = None, elem_bytes: int = 2
+) -> AttentionPrefillConfig:
+    """Prefill launch parameters: the defaults, or the table entry (op "attention.prefill", shape tokens, sliding,
+    elem_bytes)."""
+    return tuning.tuned(
+        "attention.prefill",
+        AttentionPrefillConfig(),
+        device,
+        tokens=tokens,
+        sliding=bool(window),
+        elem_bytes=elem_bytes,
+    )
 
 
 def decode_num_splits(
@@ -505,9 +522,10 @@ def decode_num_splits(
     num_kv_heads: int,
     device: torch.device,
     config: AttentionDecodeConfig | None = None,
+    elem_bytes: int = 2,
 ) -> int:
     """Key splits for a decode launch, from host ints only: enough CTAs for two waves, >= min_keys_per_split each."""
-    cfg = config or decode_config(max_seq_len, window, num_seqs, device)
+    cfg = config or decode_config(max_seq_len, window, num_seqs, device, elem_bytes)
     keys = max_seq_len if window is None else min(max_seq_len, window)
     by_len = triton.next_power_of_2(max(1, triton.cdiv(keys, cfg.min_keys_per_split)))
     by_occupancy = triton.next_power_of_2(max(1, triton.cdiv(2 * _num_sms(device), max(1, num_seqs * num_kv_heads))))
@@ -551,7 +569,7 @@ def paged_attention_decode(
     hkv = k_cache.shape[2]
     group = hq // hkv
     num_seqs = len(meta.seq_lens)
-    cfg = config or decode_config(meta.max_seq_len, window, num_seqs, q.device)
+    cfg = config or decode_config(meta.max_seq_len, window, num_seqs, q.device, k_cache.element_size())
     if num_splits is None:
         num_splits = decode_num_splits(meta.max_seq_len, window, num_seqs, hkv, q.device, cfg)
     if num_splits & (num_splits - 1):
@@ -651,7 +669,7 @@ def paged_attention_prefill(
     out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
     if t == 0 or num_seqs == 0:
         return out
-    cfg = config or prefill_config(t, window, q.device)
+    cfg = config or prefill_config(t, window, q.device, k_cache.element_size())
     g_pad = triton.next_power_of_2(group)
     if block_m is None:
         block_m = min(cfg.max_block_m, triton.next_power_of_2(max(1, meta.max_query_len) * g_pad))

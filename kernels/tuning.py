@@ -70,8 +70,9 @@ OPS: dict[str, Op] = {
     "moe.decode": Op(MoEConfig, {"tokens": int, "nvfp4": bool}),
     "moe.grouped": Op(MoEConfig, {"pairs_per_expert": float, "nvfp4": bool}),
     # Paged attention (attention_triton): context is the batch's longest sequence, sliding a windowed layer.
-    "attention.decode": Op(AttentionDecodeConfig, {"seqs": int, "context": int, "sliding": bool}),
-    "attention.prefill": Op(AttentionPrefillConfig, {"tokens": int, "sliding": bool}),
+    # elem_bytes: the cache's element size (tiles tuned in BF16 can overflow shared memory in FP32).
+    "attention.decode": Op(AttentionDecodeConfig, {"seqs": int, "context": int, "sliding": bool, "elem_bytes": int}),
+    "attention.prefill": Op(AttentionPrefillConfig, {"tokens": int, "sliding": bool, "elem_bytes": int}),
 }
 TESTS = ("min", "max", "multiple")
 MEMO_LIMIT = 4096

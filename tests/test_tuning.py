@@ -124,7 +124,14 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert at.prefill_config(8192, 513, h200) == AttentionPrefillConfig(64, 64, 8, 3)
     # Each of those came from an entry of the table, not from the code's defaults.
     assert tuning.lookup("gemv.small_m", h200, m=1, n=2048, k=4096, nvfp4=True).config["block_k"] == 2048
-    assert "kernels_attention.py --sweep" in tuning.lookup("attention.prefill", h200, tokens=1, sliding=True).source
+    assert (
+        "kernels_attention.py --sweep"
+        in tuning.lookup("attention.prefill", h200, tokens=1, sliding=True, elem_bytes=2).source
+    )
+    # The attention tiles were tuned on BF16 caches: an FP32 cache keeps the defaults (the sliding entry's default
+    # pipeline depth needs 272 KB of shared memory in FP32, above the H200's 227 KB: seen on the GPU).
+    assert at.decode_config(1024, 513, 1, h200, elem_bytes=4) == AttentionDecodeConfig()
+    assert at.prefill_config(8192, 513, h200, elem_bytes=4) == AttentionPrefillConfig()
 
 
 # Entries that a whole-step measurement moved away from the code's defaults on the H200.
