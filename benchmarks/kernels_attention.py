@@ -259,7 +259,8 @@ def bench_small_ops(b: Bench, dtype: torch.dtype) -> None:
         )
 
     router_w = torch.randn((256, HIDDEN), device="cuda", generator=g) * HIDDEN**-0.5
-    for t in (1, 8, 16, 32, 64):  # above router_triton.SMALL_BATCH the reference runs
+    # Up to router_triton.SMALL_BATCH the one-launch GEMV kernel, above it the tensor-core tiles (8192: a prefill).
+    for t in (1, 8, 16, 32, 64, 512, 8192):
         x = torch.randn((t, HIDDEN), device="cuda", dtype=dtype, generator=g)
         b.run(
             "router_top6",

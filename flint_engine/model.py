@@ -23,6 +23,10 @@ class FlintModel:
         self.kernels = kernels
         self.dtype = weights.dtype
         self.device = weights.device
+        if kernels.prepare_router is not None:
+            for layer in weights.layers:
+                if isinstance(layer.mlp, MoEWeights):
+                    kernels.prepare_router(layer.mlp.router)
 
     # ------------------------------------------------------------------ building blocks
     def _linear(self, x: torch.Tensor, w: Projection) -> torch.Tensor:

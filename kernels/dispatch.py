@@ -42,6 +42,8 @@ class Kernels:
     # Optional fused ops: None means the model composes them from the ops above.
     linear_add_rms_norm: Callable | None = None
     moe_add_rms_norm: Callable | None = None
+    # Called once per router weight when a model is built, so the router op can keep data derived from it.
+    prepare_router: Callable | None = None
 
 
 REFERENCE = Kernels(

@@ -97,4 +97,6 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
     if unknown:
         raise ValueError(f"unknown fused ops {sorted(unknown)}; known: {', '.join(OPS + EXPERIMENTAL_OPS)}")
     table = {name: _guarded(name, fast[name], getattr(base, name) or _composed[name]) for name in ops}
+    if "router" in ops:
+        table["prepare_router"] = router_triton.prepare
     return with_ops(base, name="triton", **table)

@@ -9,14 +9,26 @@ torch.topk's descending order, and the renormalisation. It then resets the count
 launch or CUDA-graph replay. The counter is slot 0 of `gemv_triton.counters` (created on first use: make the first
 call outside graph capture), shared with split-K: such launches must not run concurrently on several streams.
 
-Meant for decode-sized batches: every program reads all the tokens' activations, which stops paying off at a few
-dozen tokens, so above SMALL_BATCH tokens the reference ops (one GEMM, then torch.topk) run instead. Timings of the
-earlier two-launch version (logits kernel, then a top-k kernel with one program per token) on an H200 inside a CUDA
-graph: 8 us at T=1, 10.5 us at T=8, 50 us at T=64, with one expert per program (256 programs) fastest. This
-one-launch version has not been timed on a GPU yet.
+That kernel is for decode-sized batches: every program reads all the tokens' activations, which stops paying off
+at a few dozen tokens. Above SMALL_BATCH tokens `_router_tiles_kernel` runs instead (large decode batches and
+prefill, where the reference's FP32 SIMT GEMM and torch.topk took 15 ms of an 8K prefill on the H200): a grid of
+(BLOCK_T tokens, BLOCK_E experts) tiles on tensor cores, the top-k done in the same launch, by the tile itself when
+it holds every expert, else by the last tile of the token block to arrive (a counter per token block).
+
+FP32 accuracy on BF16 tensor cores: activations are BF16, so each FP32 router weight is split exactly into three
+BF16 parts (w = hi + mid + lo, each the rounding of what is left), and x.hi + x.mid + x.lo run as three BF16 MMAs
+into one FP32 accumulator. Every BF16 x BF16 product is exact in FP32, so the logits are the FP32 sums of exact
+products, as in an FP32 GEMM, only summed in another order (the lo part drops what lies below 24 bits of the
+weight, as FP32 storage already has). Other activation dtypes use FP32 dots (`input_precision="ieee"`). The split
+is made once per weight when the model is built (`prepare`, the op table's `prepare_router`); a weight without one
+is split in the kernel, tile by tile (same result, slower). H200, BF16, `benchmarks/kernels_router.py`: T = 8192
+71 us (reference 358 us), T = 512 31 us (49), T = 32 20 us (31).
 """
 
 from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -34,6 +46,9 @@ _BLOCK_E = 1
 # of the top-k.
 _PRODUCT_TILE = 8192
 _SCORE_TILE = 4096
+# Many-token kernel: FP32 logits a tile holds in registers ([BLOCK_T, BLOCK_E]) and its K step.
+# Pre-split BF16 parts of FP32 router weights (`prepare`), by id of the weight tensor.
+_splits: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
 
 @triton.jit
@@ -152,18 +167,127 @@ def _router_kernel(
         tl.atomic_xchg(cnt_ptr, 0)
 
 
+@triton.jit
+def _tiles_step(x_rows, w_rows, s_rows, plane, t_ok, e_ok, k0, kk, hidden, acc, SPLIT: tl.constexpr,
+                PRESPLIT: tl.constexpr, EVEN_K: tl.constexpr):  # fmt: skip
+    """acc [T, E] += x [T, k0:k0+K] @ W [E, k0:k0+K]^T (see the module docstring for SPLIT / PRESPLIT)."""
+    x_mask = t_ok[:, None]
+    w_mask = e_ok[:, None]
+    if not EVEN_K:
+        k_ok = ((k0 + kk) < hidden)[None, :]
+        x_mask = x_mask & k_ok
+        w_mask = w_mask & k_ok
+    xv = tl.load(x_rows + (k0 + kk)[None, :], mask=x_mask, other=0.0)
+    if PRESPLIT:  # the three BF16 parts, made once per weight by `split_weight`
+        hi = tl.load(s_rows + (k0 + kk)[None, :], mask=w_mask, other=0.0)
+        mid = tl.load(s_rows + plane + (k0 + kk)[None, :], mask=w_mask, other=0.0)
+        lo = tl.load(s_rows + 2 * plane + (k0 + kk)[None, :], mask=w_mask, other=0.0)
+    else:
+        wv = tl.load(w_rows + (k0 + kk)[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        if SPLIT:
+            hi = wv.to(tl.bfloat16)
+            rest = wv - hi.to(tl.float32)  # exact: hi is the weight rounded to 8 bits
+            mid = rest.to(tl.bfloat16)
+            lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    if SPLIT:
+        acc = tl.dot(xv, tl.trans(hi), acc)
+        acc = tl.dot(xv, tl.trans(mid), acc)
+        acc = tl.dot(xv, tl.trans(lo), acc)
+    else:
+        acc = tl.dot(xv.to(tl.float32), tl.trans(wv), acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _router_tiles_kernel(
+    x_ptr,
+    w_ptr,
+    split_ptr,
+    logits_ptr,
+    cnt_ptr,
+    out_w_ptr,
+    out_ids_ptr,
+    num_tokens,
+    hidden,
+    num_experts,
+    stride_x,
+    stride_w,
+    scaling,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRESPLIT: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """FP32 logits of BLOCK_T tokens x BLOCK_E experts on tensor cores, then top-k weights (FP32) and expert ids
+    (int64) of the tokens: here when BLOCK_E covers every expert, else in the token block's last tile to arrive."""
+    pid_t = tl.program_id(0)
+    pid_e = tl.program_id(1)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    kk = tl.arange(0, BLOCK_K)
+    t_ok = t < num_tokens
+    e_ok = e < num_experts
+    x_rows = x_ptr + t[:, None].to(tl.int64) * stride_x
+    w_rows = w_ptr + e[:, None].to(tl.int64) * stride_w
+    s_rows = split_ptr + e[:, None].to(tl.int64) * hidden  # split planes [3, E, H], contiguous
+    plane = num_experts.to(tl.int64) * hidden
+    pdl_entry(PDL)
+    acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        acc = _tiles_step(x_rows, w_rows, s_rows, plane, t_ok, e_ok, k0, kk, hidden, acc, SPLIT, PRESPLIT, EVEN_K)
+    slots = tl.arange(0, K_PAD)
+    if BLOCK_E >= E_PAD:  # the tile holds every expert of its tokens
+        top_w, top_i = _topk_rows(acc, e, e_ok, scaling, BLOCK_T, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+        out = t[:, None] * TOP_K + slots[None, :]
+        out_ok = t_ok[:, None] & (slots < TOP_K)[None, :]
+        tl.store(out_w_ptr + out, top_w, mask=out_ok)
+        tl.store(out_ids_ptr + out, top_i.to(tl.int64), mask=out_ok)
+    else:
+        tl.store(logits_ptr + t[:, None] * num_experts + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
+        # As in `_router_kernel`: barrier, release/acquire on the token block's counter, .cg reads from L2.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel")
+        if arrived == tl.num_programs(1) - 1:
+            ee = tl.arange(0, E_PAD)
+            ee_ok = ee < num_experts
+            for r0 in range(0, BLOCK_T, ROWS):
+                r = pid_t * BLOCK_T + r0 + tl.arange(0, ROWS)
+                r_ok = r < num_tokens
+                logits = tl.load(
+                    logits_ptr + r[:, None] * num_experts + ee[None, :],
+                    mask=r_ok[:, None] & ee_ok[None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                top_w, top_i = _topk_rows(logits, ee, ee_ok, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+                out = r[:, None] * TOP_K + slots[None, :]
+                out_ok = r_ok[:, None] & (slots < TOP_K)[None, :]
+                tl.store(out_w_ptr + out, top_w, mask=out_ok)
+                tl.store(out_ids_ptr + out, top_i.to(tl.int64), mask=out_ok)
+            tl.atomic_xchg(cnt_ptr + pid_t, 0)
+
+
 def sigmoid_topk(
     x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool = True, scaling: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] (any dtype), weight [E, H] -> (weights FP32 [T, k], expert ids int64 [T, k]); as `sigmoid_topk_ref`.
 
-    Ties go to the lower expert id. Batches above SMALL_BATCH tokens, more than MAX_EXPERTS experts or top_k above
-    MAX_TOP_K run the reference.
+    Ties go to the lower expert id. More than MAX_EXPERTS experts or top_k above MAX_TOP_K run the reference;
+    batches above SMALL_BATCH tokens the tensor-core tiles (`_router_tiles_kernel`).
     """
     t, hidden = x.shape
     num_experts = weight.shape[0]
-    if t > SMALL_BATCH or num_experts > MAX_EXPERTS or hidden == 0 or not 0 < top_k <= min(MAX_TOP_K, num_experts):
+    if num_experts > MAX_EXPERTS or hidden == 0 or not 0 < top_k <= min(MAX_TOP_K, num_experts):
         return sigmoid_topk_ref(x, weight, top_k, renormalize, scaling)
+    split = _split_of(weight) if t > SMALL_BATCH and x.dtype == torch.bfloat16 else None
     if x.stride(-1) != 1:
         x = x.contiguous()
     if weight.stride(-1) != 1:
@@ -171,6 +295,9 @@ def sigmoid_topk(
     out_w = torch.empty((t, top_k), dtype=torch.float32, device=x.device)
     out_ids = torch.empty((t, top_k), dtype=torch.int64, device=x.device)
     if t == 0:
+        return out_w, out_ids
+    if t > SMALL_BATCH:
+        _tiles(x, weight, top_k, renormalize, scaling, out_w, out_ids, split=split)
         return out_w, out_ids
     logits = torch.empty((t, num_experts), dtype=torch.float32, device=x.device)
     block_t = triton.next_power_of_2(t)
@@ -203,3 +330,110 @@ def sigmoid_topk(
         **launch_options(x.device),
     )
     return out_w, out_ids
+
+
+@dataclass(frozen=True)
+class TilesConfig:
+    """Launch parameters of the many-token router kernel."""
+
+    block_t: int  # tokens per tile (>= 16: tensor cores)
+    block_e: int  # experts per tile; below the padded expert count the top-k runs in the last tile to arrive
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def tiles_config(tokens: int, num_experts: int, device: torch.device | None = None) -> TilesConfig:
+    """The fastest candidates of benchmarks/kernels_router.py on the H200 (2026-11-29, pre-split weights): 128 x 128
+    tiles from 4096 tokens (T = 8192: 71 us), 64 x 64 from 1024 (T = 2048: 39 us), else one token block of 16-64
+    against 16 experts a tile with long K steps (T = 512: 31 us, T = 32: 20 us). Narrower expert blocks only where
+    the expert count is smaller. `device` is unused (one portable choice for now)."""
+    e_pad = triton.next_power_of_2(num_experts)
+    if tokens >= 4096:
+        return TilesConfig(128, min(e_pad, 128), 64, 8, 3)
+    if tokens >= 1024:
+        return TilesConfig(64, min(e_pad, 64), 64, 4, 4)
+    return TilesConfig(max(16, min(64, triton.next_power_of_2(tokens))), 16, 128, 4, 3)
+
+
+def prepare(weight: torch.Tensor) -> None:
+    """Make the three-part BF16 split of an FP32 router weight once and keep it while the weight lives (3 MB
+    for Flint's 256 x 2048, 141 MB over its 47 MoE layers), so the many-token kernel loads BF16 parts instead of
+    splitting the FP32 weight in every tile (8K prefill, H200: 71 vs 109 us a layer). Without it the kernel
+    splits in registers, with the same result."""
+    if weight.dtype != torch.float32 or weight.dim() != 2:
+        return
+    key = id(weight)
+    if _split_of(weight) is not None:
+        return
+    # The entry goes when the weight does (CPython runs the callback at once, before the id can be reused).
+    _splits[key] = (weakref.ref(weight, lambda _ref, key=key: _splits.pop(key, None)), split_weight(weight))
+
+
+def _split_of(weight: torch.Tensor) -> torch.Tensor | None:
+    hit = _splits.get(id(weight))
+    return hit[1] if hit is not None and hit[0]() is weight else None
+
+
+def split_weight(weight: torch.Tensor) -> torch.Tensor:
+    """FP32 router weight [E, H] -> its three exact BF16 parts [3, E, H] (hi, mid, lo; see the module docstring)."""
+    w = weight.float()
+    hi = w.bfloat16()
+    rest = w - hi.float()
+    mid = rest.bfloat16()
+    lo = (rest - mid.float()).bfloat16()
+    return torch.stack([hi, mid, lo]).contiguous()
+
+
+def _tiles(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    scaling: float,
+    out_w: torch.Tensor,
+    out_ids: torch.Tensor,
+    config: TilesConfig | None = None,
+    split: torch.Tensor | None = None,
+) -> None:
+    t, hidden = x.shape
+    num_experts = weight.shape[0]
+    e_pad = triton.next_power_of_2(num_experts)
+    cfg = config or tiles_config(t, num_experts, x.device)
+    one_pass = cfg.block_e >= e_pad
+    token_blocks = triton.cdiv(t, cfg.block_t)
+    if not one_pass and token_blocks > gemv_triton.COUNTER_SLOTS:
+        raise ValueError(f"router: {t} tokens need more arrival counters than {gemv_triton.COUNTER_SLOTS}")
+    # Logits go through memory only when a token block's experts are split over several tiles.
+    logits = out_w if one_pass else torch.empty((t, num_experts), dtype=torch.float32, device=x.device)
+    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(hidden)))
+    split_bf16 = x.dtype == torch.bfloat16
+    _router_tiles_kernel[(token_blocks, triton.cdiv(num_experts, cfg.block_e))](
+        x,
+        weight,
+        split if split is not None else weight,
+        logits,
+        gemv_triton.counters(x.device),
+        out_w,
+        out_ids,
+        t,
+        hidden,
+        num_experts,
+        x.stride(0),
+        weight.stride(0),
+        float(scaling),
+        BLOCK_T=cfg.block_t,
+        BLOCK_E=cfg.block_e,
+        BLOCK_K=block_k,
+        EVEN_K=hidden % block_k == 0,
+        TOP_K=top_k,
+        K_PAD=triton.next_power_of_2(top_k),
+        E_PAD=e_pad,
+        ROWS=max(1, min(cfg.block_t, _SCORE_TILE // e_pad)),
+        SPLIT=split_bf16,
+        PRESPLIT=split_bf16 and split is not None,
+        RENORMALIZE=renormalize,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **launch_options(x.device),
+    )

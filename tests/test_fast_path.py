@@ -35,6 +35,24 @@ def test_each_fused_op_in_the_model(setup, op: str) -> None:
     assert _rel(out, ref) < 1e-5
 
 
+def test_the_fast_router_is_prepared_once_per_moe_layer_when_the_model_is_built(setup) -> None:
+    """Building a model with the fused table hands every MoE layer's FP32 router weight to the router op, which
+    keeps its BF16 split (for the many-token kernel) as long as the weight lives."""
+    from flint_kernels import router_triton
+
+    w, _, fk = setup
+    assert fk.prepare_router is router_triton.prepare
+    routers = [layer.mlp.router for layer in w.layers if hasattr(layer.mlp, "router")]
+    assert routers
+    for r in routers:
+        router_triton._splits.pop(id(r), None)
+    FlintModel(w, fk)
+    for r in routers:
+        got = router_triton._split_of(r)
+        assert got is not None and torch.equal(got, router_triton.split_weight(r))
+    assert FlintModel(w).kernels.prepare_router is None  # the plain path keeps nothing
+
+
 def test_attention_side_ops_together(setup) -> None:
     w, ref, fk = setup
     ops = {

@@ -69,10 +69,18 @@ def test_silu_and_mul_gpu(poison: None, shape: tuple[int, ...], dtype: torch.dty
 
 # ------------------------------------------------------------------------------------------------------ router
 def _check_router(
-    t: int, hidden: int, experts: int, k: int, renorm: bool, scaling: float, x_dtype: torch.dtype, device: str
+    t: int,
+    hidden: int,
+    experts: int,
+    k: int,
+    renorm: bool,
+    scaling: float,
+    x_dtype: torch.dtype,
+    device: str,
+    w_dtype: torch.dtype | None = None,
 ) -> None:
     x = _rand((t, hidden), x_dtype, 2, device)
-    w = (_rand((experts, hidden), torch.float32, 3, device) * hidden**-0.5).to(x_dtype)
+    w = (_rand((experts, hidden), torch.float32, 3, device) * hidden**-0.5).to(w_dtype or x_dtype)
     weights, ids = sigmoid_topk(x, w, k, renorm, scaling)
     ref_w, ref_ids = sigmoid_topk_ref(x, w, k, renorm, scaling)
     assert weights.shape == ref_w.shape == (t, k) and ids.shape == (t, k)
@@ -153,18 +161,90 @@ def test_sigmoid_topk_one_launch_interp(poison: None, monkeypatch: pytest.Monkey
     assert (first[0] - ref_w).abs().max().item() < 1e-6
 
 
-def test_sigmoid_topk_large_batch_uses_reference() -> None:
-    x = _rand((SMALL_BATCH + 1, 64), torch.float32, 7)
-    w = _rand((32, 64), torch.float32, 8)
-    a = sigmoid_topk(x, w, 4)
-    b = sigmoid_topk_ref(x, w, 4)
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+@pytest.mark.parametrize(
+    ("t", "hidden", "experts", "k", "one_pass"),
+    [
+        (SMALL_BATCH + 1, 64, 256, 6, False),  # experts split over tiles, top-k in the last tile to arrive
+        (40, 80, 256, 6, False),  # K not a multiple of the K step
+        (1100, 64, 40, 3, True),  # one tile holds all experts (not a power of two); several token blocks
+        (33, 96, 1000, 8, False),  # many experts: top-k over the logits in row chunks
+    ],
+)
+def test_sigmoid_topk_tiles_interp(poison: None, t: int, hidden: int, experts: int, k: int, one_pass: bool) -> None:
+    """Above SMALL_BATCH tokens the tensor-core tiles run (FP32 dots here), in both of their forms; repeats
+    bit-for-bit and leaves the arrival counters zero."""
+    block_e = router_triton.tiles_config(t, experts, torch.device("cpu")).block_e
+    assert (block_e >= triton_next_pow2(experts)) == one_pass
+    _check_router(t, hidden, experts, k, True, 1.0, torch.float32, "cpu")
+    x = _rand((t, hidden), torch.float32, 21)
+    w = _rand((experts, hidden), torch.float32, 22) * hidden**-0.5
+    first = sigmoid_topk(x, w, k, False, 2.0)
+    second = sigmoid_topk(x, w, k, False, 2.0)
+    assert not gemv_triton.counters(x.device).any()
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def test_split_bf16x3_is_exact() -> None:
+    """The many-token kernel's weight split: hi + mid + lo in BF16 gives back an FP32 weight to its last 24 bits,
+    so BF16 x times each part is exact and the logits carry FP32 accuracy (checked here in PyTorch, on the GPU in
+    test_sigmoid_topk_gpu with FP32 weights)."""
+    w = _rand((256, 2048), torch.float32, 9) * 2048**-0.5
+    hi = w.bfloat16()
+    rest = w - hi.float()
+    mid = rest.bfloat16()
+    lo = (rest - mid.float()).bfloat16()
+    back = hi.double() + mid.double() + lo.double()
+    assert ((back - w.double()).abs() <= w.double().abs() * 2.0**-24).all()
+    x = _rand((64, 2048), torch.bfloat16, 10)
+    parts = sum((x.double() @ p.double().T) for p in (hi, mid, lo))
+    exact = x.double() @ w.double().T
+    assert ((parts - exact).abs().max() / exact.abs().max()).item() < 1e-7
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("t", [1, 5, 8, 16])
+@pytest.mark.parametrize("t", [1, 5, 8, 16, 17, 32, 64, 300, 8192])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("renorm", "scaling"), [(True, 1.0), (False, 2.5)])
 def test_sigmoid_topk_gpu(poison: None, t: int, x_dtype: torch.dtype, renorm: bool, scaling: float) -> None:
-    _check_router(t, 2048, 256, 6, renorm, scaling, x_dtype, "cuda")
+    # FP32 router weights as the engine keeps them (BF16 x then runs the three-part split above SMALL_BATCH).
+    _check_router(t, 2048, 256, 6, renorm, scaling, x_dtype, "cuda", torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("t", [17, 64, 1000])
+@pytest.mark.parametrize("presplit", [False, True])
+def test_router_tiles_split_gpu(poison: None, t: int, presplit: bool) -> None:
+    """BF16 x against FP32 weights on tensor cores, the weight split in the kernel or made ahead: the logits carry
+    FP32 accuracy (a BF16-only weight would put the routing weights ~1e-4 off), same result either way."""
+    x = _rand((t, 2048), torch.bfloat16, 31, "cuda")
+    w = _rand((256, 2048), torch.float32, 32, "cuda") * 2048**-0.5
+    split = router_triton.split_weight(w) if presplit else None
+    out_w = torch.empty(t, 6, device="cuda")
+    out_ids = torch.empty(t, 6, device="cuda", dtype=torch.int64)
+    router_triton._tiles(x, w, 6, True, 1.0, out_w, out_ids, None, split)
+    ref_w, ref_ids = sigmoid_topk_ref(x, w, 6)
+    assert (out_w - ref_w).abs().max().item() < 1e-5
+    assert (out_ids != ref_ids).float().mean().item() <= 0.01
+    assert not gemv_triton.counters(x.device).any()
+
+
+def test_prepare_keeps_the_split_while_the_weight_lives() -> None:
+    w = _rand((32, 64), torch.float32, 41)
+    router_triton.prepare(w)
+    split = router_triton._split_of(w)
+    assert split is not None and split.shape == (3, 32, 64) and split.dtype == torch.bfloat16
+    assert torch.equal(split.double().sum(0), (split[0].double() + split[1].double() + split[2].double()))
+    router_triton.prepare(w)
+    assert router_triton._split_of(w) is split  # made once
+    key = id(w)
+    del w
+    assert key not in router_triton._splits
+    half = _rand((32, 64), torch.float32, 42).bfloat16()
+    router_triton.prepare(half)  # only FP32 weights are split
+    assert router_triton._split_of(half) is None
