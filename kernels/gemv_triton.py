@@ -52,6 +52,12 @@ DENSE_MAX_M = 1
 DEQUANT_MIN_M = 65
 # Up to this many rows the kernel runs the small-M (GEMV, split-K) configuration.
 SMALL_M = 64
+# Tiles of `dequantize` (BLOCK_N, BLOCK_K, warps) for weights of at least / below DEQUANT_LARGE values. H200,
+# benchmarks/kernels_dequant.py (2026-11-29): a layer's experts (512M values) 3.7-4.0 TB/s with 16 x 512 (2.9-3.3
+# with 32 x 128), a 5120 x 2048 projection 8.4 us with 32 x 128 (9.6 with 16 x 512).
+DEQUANT_TILE_LARGE = (16, 512, 4)
+DEQUANT_TILE = (32, 128, 4)
+DEQUANT_LARGE = 1 << 24
 # Arrival counters for split-K tiles (one int32 each); a launch needing more tiles runs without split-K.
 COUNTER_SLOTS = 1 << 16
 MAX_SEGMENTS = 4
@@ -573,21 +579,34 @@ def _finish_row(out_ptr, res_ptr, nw_ptr, h_ptr, res_out_ptr, row_cnt_ptr, N, ep
 
 @triton.jit
 def _dequant_kernel(
-    w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_on, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+    w_ptr,
+    s_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_wn,
+    stride_sn,
+    stride_on,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """out[n, k] = E2M1X2 * ue4m3 (no global scale), exact in out's dtype (BF16 / FP16 / FP32)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     k0 = tl.program_id(1) * BLOCK_K
     lo, hi, scale = nvfp4_planes(
-        w_ptr, s_ptr, rows.to(tl.int64), row_ok, k0, K, stride_wn, stride_sn, False, BLOCK_N, BLOCK_K
+        w_ptr, s_ptr, rows.to(tl.int64), row_ok, k0, K, stride_wn, stride_sn, EVEN_K, BLOCK_N, BLOCK_K
     )
     # lo * scale is an exact FP32 (possibly subnormal) product; 2**126 brings it to the true value exactly.
     sc = scale[:, :, None]
     w = tl.reshape(tl.join(lo * sc * 8.507059173023462e37, hi * sc * 8.507059173023462e37), (BLOCK_N, BLOCK_K))
     kk = k0 + tl.arange(0, BLOCK_K)
     ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_on + kk[None, :]
-    tl.store(ptrs, w.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (kk < K)[None, :])
+    mask = row_ok[:, None]
+    if not EVEN_K:
+        mask = mask & (kk < K)[None, :]
+    tl.store(ptrs, w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -746,14 +765,16 @@ def _matmul(
     return out
 
 
-def dequantize(w: NVFP4Weight, dtype: torch.dtype) -> torch.Tensor:
-    """The NVFP4 weight [N, K] without its global scale, in `dtype` (exact), by one Triton launch."""
+def dequantize(w: NVFP4Weight, dtype: torch.dtype, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """The NVFP4 weight [N, K] without its global scale, in `dtype` (exact), by one Triton launch; `tile` is
+    (BLOCK_N, BLOCK_K, warps), default by size (DEQUANT_TILE / DEQUANT_TILE_LARGE)."""
     n, k = w.shape
     out = _empty((n, k), dtype, w.device)
-    block_n, block_k = 32, 128
+    block_n, block_k, warps = tile or (DEQUANT_TILE_LARGE if n * k >= DEQUANT_LARGE else DEQUANT_TILE)
+    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
     _dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
         w.qweight, w.scales, out, n, k, w.qweight.stride(0), w.scales.stride(0), out.stride(0),
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+        EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip
     return out
 

@@ -97,6 +97,20 @@ def test_nvfp4_decode_is_exact_for_every_code_and_scale_byte(config: gt.TileConf
     assert torch.equal(gt.dequantize(w, torch.float32), nvfp4.dequantize(q, s))
 
 
+@pytest.mark.parametrize("tile", [(32, 128, 4), (16, 64, 2), (64, 256, 4)])
+@pytest.mark.parametrize("shape", [(96, 256), (40, 208)], ids=["even-k", "ragged-k-and-rows"])
+def test_dequantize_tiles_are_exact(tile: tuple[int, int, int], shape: tuple[int, int]) -> None:
+    """Every tile of the prefill copy kernel gives the reference's values bit for bit, K a multiple of the tile
+    or not (unmasked and masked stores)."""
+    n, k = shape
+    g = torch.Generator().manual_seed(n + k)
+    q = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8).to(DEVICE)
+    s = torch.randint(0x30, 0x48, (n, k // 16), generator=g, dtype=torch.int32).to(torch.uint8).to(DEVICE)
+    w = NVFP4Weight(q, s, torch.ones(1, device=DEVICE), (n,))
+    for dtype in (torch.float32, torch.float16):
+        assert torch.equal(gt.dequantize(w, dtype, tile), nvfp4.dequantize(q, s).to(dtype))
+
+
 # ----------------------------------------------------------------------------------------------- dense weights
 @pytest.mark.parametrize("m", [1, 3, 8, 33])
 @pytest.mark.parametrize("n,k", [(100, 272), (64, 512), (130, 80)])
