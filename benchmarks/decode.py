@@ -287,8 +287,10 @@ def run_format(
                 row["floor_ms"] = round(floor, 4)
                 row["floor_fraction"] = round(floor / row["step_ms"], 3)
                 row["tokens_per_s"] = round(b / row["step_ms"] * 1e3, 1)
-                if dev.type == "cuda" and b == min(args.batches) and c == min(args.contexts):
+                profiled = args.profile_batches if args.profile_batches is not None else [min(args.batches)]
+                if dev.type == "cuda" and b in profiled and c == min(args.contexts):
                     row["kernels_per_step"], row["time_by_family_ms"], row["kernels_by_name"] = count_kernels(step, dev)
+                if dev.type == "cuda" and b == min(args.batches) and c == min(args.contexts):
                     plain_ms = timed(lambda batch=batch: step(plain, batch), dev, 3, warmup=1)
                     row["plain_path_step_ms"] = round(plain_ms, 3)
                 rep.add("rows", row)
@@ -337,6 +339,13 @@ def main() -> None:
         default=0.5,
         help="random-weight scale; at 1.0 a 49-layer random Flint is chaotic (a 1e-3 input change moves"
         " the logits 12%%), which would hide real errors behind rounding noise in the path check",
+    )
+    ap.add_argument(
+        "--profile-batches",
+        type=int,
+        nargs="*",
+        default=None,
+        help="batches whose step is profiled by kernel (at the smallest context; default: the smallest batch)",
     )
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting new measurements after this")
     ap.add_argument("--gpu-memory-gib", type=float, default=None, help="skip configs whose KV would not fit")
