@@ -53,7 +53,7 @@ DEQUANT_MIN_M = 65
 # Up to this many rows the kernel runs the small-M (GEMV, split-K) configuration.
 SMALL_M = 64
 # Tiles of `dequantize` (BLOCK_N, BLOCK_K, warps) for weights of at least / below DEQUANT_LARGE values. H200,
-# benchmarks/kernels_dequant.py (2026-11-29): a layer's experts (512M values) 3.7-4.0 TB/s with 16 x 512 (2.9-3.3
+# benchmarks/kernels_dequant.py (2026-11-30): a layer's experts (512M values) 3.7-4.0 TB/s with 16 x 512 (2.9-3.3
 # with 32 x 128), a 5120 x 2048 projection 8.4 us with 32 x 128 (9.6 with 16 x 512).
 DEQUANT_TILE_LARGE = (16, 512, 4)
 DEQUANT_TILE = (32, 128, 4)

@@ -46,7 +46,6 @@ _BLOCK_E = 1
 # of the top-k.
 _PRODUCT_TILE = 8192
 _SCORE_TILE = 4096
-# Many-token kernel: FP32 logits a tile holds in registers ([BLOCK_T, BLOCK_E]) and its K step.
 # Pre-split BF16 parts of FP32 router weights (`prepare`), by id of the weight tensor.
 _splits: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
@@ -344,7 +343,7 @@ class TilesConfig:
 
 
 def tiles_config(tokens: int, num_experts: int, device: torch.device | None = None) -> TilesConfig:
-    """The fastest candidates of benchmarks/kernels_router.py on the H200 (2026-11-29, pre-split weights): 128 x 128
+    """The fastest candidates of benchmarks/kernels_router.py on the H200 (2026-11-30, pre-split weights): 128 x 128
     tiles from 4096 tokens (T = 8192: 71 us), 64 x 64 from 1024 (T = 2048: 39 us), else one token block of 16-64
     against 16 experts a tile with long K steps (T = 512: 31 us, T = 32: 20 us). Narrower expert blocks only where
     the expert count is smaller. `device` is unused (one portable choice for now)."""
