@@ -11,13 +11,11 @@ writes benchmarks/results/kernels_dequant.json.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
-from datetime import date
 from pathlib import Path
 
 import torch
+from results_file import write_results
 
 RESULTS = Path(__file__).parent / "results"
 # Flint's NVFP4 weights that a prefill dequantises, flattened as `moe_triton._dequantized` does.
@@ -34,8 +32,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(Path(__file__).parent))
     from flint_kernels import gemv_triton as gt
-    from kernels_moe_gemv import random_nvfp4
-    from kernels_router import time_graph
+    from kernels_moe_gemv import random_nvfp4, time_graph
 
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
@@ -51,7 +48,7 @@ def main() -> None:
                 if not torch.equal(out, ref):
                     row[key] = "differs from the reference"
                     continue
-                ms = time_graph(lambda w=w, tile=tile: gt.dequantize(w, torch.bfloat16, tile), reps=5)
+                ms = time_graph([lambda w=w, tile=tile: gt.dequantize(w, torch.bfloat16, tile)], reps=5)
                 row[key] = {"us": round(ms * 1e3, 1), "GB/s": round(moved / ms / 1e6)}
             except Exception as e:  # a tile that does not compile is reported
                 row[key] = f"error: {type(e).__name__}: {str(e)[:100]}"
@@ -63,18 +60,8 @@ def main() -> None:
                 print(f"    {key:16s} {text}")
         del w, ref
         torch.cuda.empty_cache()
-    out = {
-        "date": date.today().isoformat(),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "host": platform.node(),
-        "command": "python benchmarks/kernels_dequant.py",
-        "default_tiles": {"large": list(gt.DEQUANT_TILE_LARGE), "small": list(gt.DEQUANT_TILE)},
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    tiles = {"large": list(gt.DEQUANT_TILE_LARGE), "small": list(gt.DEQUANT_TILE)}
+    write_results(args.out, "python benchmarks/kernels_dequant.py", rows, default_tiles=tiles)
 
 
 if __name__ == "__main__":

@@ -13,33 +13,14 @@ writes benchmarks/results/kernels_router.json.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-from datetime import date
 from pathlib import Path
 
 import torch
+from kernels_moe_gemv import time_graph
+from results_file import write_results
 
 RESULTS = Path(__file__).parent / "results"
 EXPERTS, HIDDEN, TOPK = 256, 2048, 6
-
-
-def time_graph(fn, reps: int = 20) -> float:
-    """Median ms of one call, replayed `reps` times inside a CUDA graph."""
-    import triton
-
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(reps):
-                fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=100, return_mode="median") / reps
 
 
 def check(got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]) -> str:
@@ -87,7 +68,7 @@ def main() -> None:
     for t in args.tokens:
         x = torch.randn(t, HIDDEN, device="cuda", generator=g).bfloat16()
         ref = sigmoid_topk_ref(x, weights[0], TOPK)
-        ref_ms = time_graph(lambda x=x: sigmoid_topk_ref(x, weights[0], TOPK))
+        ref_ms = time_graph([lambda x=x: sigmoid_topk_ref(x, weights[0], TOPK)], reps=20)
         row: dict = {"tokens": t, "reference_ms": round(ref_ms, 4)}
         for name, (cfg, pre) in candidates(t).items():
             out_w = torch.empty(t, TOPK, device="cuda")
@@ -106,7 +87,7 @@ def main() -> None:
                 if verdict != "ok":
                     row[name] = verdict
                     continue
-                row[name] = round(time_graph(call), 4)
+                row[name] = round(time_graph([call], reps=20), 4)
             except Exception as e:  # a config that does not compile (shared memory, registers) is reported
                 row[name] = f"error: {type(e).__name__}: {str(e)[:100]}"
         rows.append(row)
@@ -115,17 +96,7 @@ def main() -> None:
         for k, v in row.items():
             if k not in ("tokens", "reference_ms"):
                 print(f"    {k:34s} {v * 1e3:8.1f} us" if isinstance(v, float) else f"    {k:34s} {v}")
-    out = {
-        "date": date.today().isoformat(),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "host": platform.node(),
-        "command": "python benchmarks/kernels_router.py --tokens " + " ".join(map(str, args.tokens)),
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, "python benchmarks/kernels_router.py --tokens " + " ".join(map(str, args.tokens)), rows)
 
 
 if __name__ == "__main__":

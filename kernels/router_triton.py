@@ -82,6 +82,47 @@ def _topk_rows(
 
 
 @triton.jit
+def _store_topk(top_w, top_i, r, r_ok, out_w_ptr, out_ids_ptr, TOP_K: tl.constexpr, K_PAD: tl.constexpr):
+    """Rows r of the outputs: weights FP32 and expert ids int64 [T, TOP_K] (the K_PAD padding is not stored)."""
+    slots = tl.arange(0, K_PAD)
+    out = r[:, None] * TOP_K + slots[None, :]
+    ok = r_ok[:, None] & (slots < TOP_K)[None, :]
+    tl.store(out_w_ptr + out, top_w, mask=ok)
+    tl.store(out_ids_ptr + out, top_i.to(tl.int64), mask=ok)
+
+
+@triton.jit
+def _topk_from_logits(
+    logits_ptr,
+    r0,
+    num_tokens,
+    num_experts,
+    scaling,
+    out_w_ptr,
+    out_ids_ptr,
+    ROWS: tl.constexpr,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):
+    """Top-k of the FP32 logits rows r0..r0+ROWS that other programs stored (read from L2 with .cg, not a stale L1
+    line; the caller has acquired their release on its arrival counter)."""
+    r = r0 + tl.arange(0, ROWS)
+    r_ok = r < num_tokens
+    ee = tl.arange(0, E_PAD)
+    ee_ok = ee < num_experts
+    logits = tl.load(
+        logits_ptr + r[:, None] * num_experts + ee[None, :],
+        mask=r_ok[:, None] & ee_ok[None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    top_w, top_i = _topk_rows(logits, ee, ee_ok, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+    _store_topk(top_w, top_i, r, r_ok, out_w_ptr, out_ids_ptr, TOP_K, K_PAD)
+
+
+@triton.jit
 def _weight_step(w_rows, e_ok, kk, k0, hidden, EVEN_K: tl.constexpr):
     """Router weight rows, columns k0 + kk, for k0 < hidden (the launcher never runs hidden == 0)."""
     w_mask = e_ok[:, None]
@@ -143,26 +184,13 @@ def _router_kernel(
     tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
     if arrived == tl.num_programs(0) - 1:
-        ee = tl.arange(0, E_PAD)
-        ee_ok = ee < num_experts
-        rows = tl.arange(0, ROWS)
-        slots = tl.arange(0, K_PAD)
         # ROWS tokens at a time (all of them for Flint's 256 experts): the k reductions then run once per chunk,
         # not once per token.
         for t0 in range(0, num_tokens, ROWS):
-            r = t0 + rows
-            r_ok = r < num_tokens
-            logits = tl.load(
-                logits_ptr + r[:, None] * num_experts + ee[None, :],
-                mask=r_ok[:, None] & ee_ok[None, :],
-                other=0.0,
-                cache_modifier=".cg",
-            )
-            top_w, top_i = _topk_rows(logits, ee, ee_ok, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE)
-            out = r[:, None] * TOP_K + slots[None, :]
-            out_ok = r_ok[:, None] & (slots < TOP_K)[None, :]
-            tl.store(out_w_ptr + out, top_w, mask=out_ok)
-            tl.store(out_ids_ptr + out, top_i.to(tl.int64), mask=out_ok)
+            _topk_from_logits(
+                logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD,
+                E_PAD, RENORMALIZE,
+            )  # fmt: skip
         tl.atomic_xchg(cnt_ptr, 0)
 
 
@@ -242,35 +270,20 @@ def _router_tiles_kernel(
     acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         acc = _tiles_step(x_rows, w_rows, s_rows, plane, t_ok, e_ok, k0, kk, hidden, acc, SPLIT, PRESPLIT, EVEN_K)
-    slots = tl.arange(0, K_PAD)
     if BLOCK_E >= E_PAD:  # the tile holds every expert of its tokens
         top_w, top_i = _topk_rows(acc, e, e_ok, scaling, BLOCK_T, TOP_K, K_PAD, E_PAD, RENORMALIZE)
-        out = t[:, None] * TOP_K + slots[None, :]
-        out_ok = t_ok[:, None] & (slots < TOP_K)[None, :]
-        tl.store(out_w_ptr + out, top_w, mask=out_ok)
-        tl.store(out_ids_ptr + out, top_i.to(tl.int64), mask=out_ok)
+        _store_topk(top_w, top_i, t, t_ok, out_w_ptr, out_ids_ptr, TOP_K, K_PAD)
     else:
         tl.store(logits_ptr + t[:, None] * num_experts + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
-        # As in `_router_kernel`: barrier, release/acquire on the token block's counter, .cg reads from L2.
+        # As in `_router_kernel`: barrier, then release/acquire on the token block's counter.
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel")
         if arrived == tl.num_programs(1) - 1:
-            ee = tl.arange(0, E_PAD)
-            ee_ok = ee < num_experts
             for r0 in range(0, BLOCK_T, ROWS):
-                r = pid_t * BLOCK_T + r0 + tl.arange(0, ROWS)
-                r_ok = r < num_tokens
-                logits = tl.load(
-                    logits_ptr + r[:, None] * num_experts + ee[None, :],
-                    mask=r_ok[:, None] & ee_ok[None, :],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                top_w, top_i = _topk_rows(logits, ee, ee_ok, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE)
-                out = r[:, None] * TOP_K + slots[None, :]
-                out_ok = r_ok[:, None] & (slots < TOP_K)[None, :]
-                tl.store(out_w_ptr + out, top_w, mask=out_ok)
-                tl.store(out_ids_ptr + out, top_i.to(tl.int64), mask=out_ok)
+                _topk_from_logits(
+                    logits_ptr, pid_t * BLOCK_T + r0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr,
+                    ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE,
+                )  # fmt: skip
             tl.atomic_xchg(cnt_ptr + pid_t, 0)
 
 

@@ -114,6 +114,20 @@ def test_router_compiles_for_sm90() -> None:
     assert loads > 0 and waits == 1  # the router's weights before waiting for the previous kernel
 
 
+@pytest.mark.parametrize(
+    ("presplit", "e_pad"), [(True, 256), (False, 256), (True, 128)], ids=["presplit", "split-in-kernel", "one-pass"]
+)
+def test_router_tiles_compile_for_sm90(presplit: bool, e_pad: int) -> None:
+    """The many-token router at its 8K-prefill tiles (128 x 128): BF16 MMAs from pre-split or in-kernel-split
+    weights, top-k in the last tile to arrive (Flint's 256 experts) or in the tile itself (128 experts)."""
+    pointers = {"x_ptr": "bf16", "w_ptr": "fp32", "split_ptr": "bf16", "logits_ptr": "fp32", "cnt_ptr": "i32",
+                "out_w_ptr": "fp32", "out_ids_ptr": "i64"}  # fmt: skip
+    constexprs = dict(BLOCK_T=128, BLOCK_E=128, BLOCK_K=64, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=e_pad, ROWS=16,
+                      SPLIT=True, PRESPLIT=presplit, RENORMALIZE=True, PDL=True)  # fmt: skip
+    _, waits = _compile("flint_kernels.router_triton", "_router_tiles_kernel", pointers, constexprs, 8, 3)
+    assert waits == 1
+
+
 @pytest.mark.parametrize("splits", [1, 8])
 def test_decode_attention_compiles_for_sm90(splits: int) -> None:
     pointers = {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "bt_ptr": "i32", "qs_ptr": "i32", "sl_ptr": "i32",
