@@ -203,6 +203,10 @@ def gemv_candidates(m: int, nvfp4: bool) -> dict:
         cands["dot n64 k128 s5"] = tc(64, bm, 128, True, 4, 5)
         if nvfp4 and gt.WORDS_SUPPORTED:
             cands["words n64 k128 s3"] = tc(64, bm, 128, True, 4, 3, words=True)
+        if nvfp4:  # NVFP4 decoded as packed BF16 pairs (FMA.BF16X2), about two instructions a value
+            cands["packed n64 k128 s3"] = tc(64, bm, 128, True, 4, 3, packed=True)
+            cands["packed n64 k256 s3"] = tc(64, bm, 256, True, 4, 3, packed=True)
+            cands["packed n128 k128 w8 s3"] = tc(128, bm, 128, True, 8, 3, packed=True)
     else:
         cands["fused n128 m128 k64 w8"] = tc(128, 128, 64, True, 8, 3)
         cands["fused n128 m64 k64 w4"] = tc(128, 64, 64, True, 4, 3)
@@ -323,15 +327,21 @@ def moe_candidates(t: int) -> dict:
         cands["dec fma i64 k512 w8"] = (dec, mc(1, 64, 512, 64, 512, False, 8, 1), regs)
         cands["dec fma i32 k1024 w8"] = (dec, mc(1, 32, 1024, 32, 512, False, 8, 1), regs)
         cands["dec fma i16 k512 w2"] = (dec, mc(1, 16, 512, 16, 512, False, 2, 1), regs)
+        # NVFP4 on tensor cores decoded as packed BF16 pairs (FMA.BF16X2; BF16 weights ignore the flag).
+        cands["dec dot i16 k128 packed"] = (dec, mc(16, 16, 128, 32, 128, True, 4, 3, packed=True), regs)
     # Small-group tiles at every T: above 64 tokens the groups are still small (6 * T / 256 pairs per expert).
     cands["grp m16 i32 k128"] = (grp, mc(16, 32, 128, 64, 128, True, 4, 3), regs)
     cands["grp m16 i64 k64"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3), regs)
     cands["grp m32 i64 k64"] = (grp, mc(32, 64, 64, 128, 64, True, 4, 3), regs)
+    cands["grp m16 i64 k64 packed"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3, packed=True), regs)
+    cands["grp m32 i64 k128 packed"] = (grp, mc(32, 64, 128, 128, 128, True, 4, 3, packed=True), regs)
     if t > 64:
         cands["grp m128 k64 w8"] = (grp, mc(128, 64, 64, 128, 64, True, 8, 3), regs)
         cands["grp m64 k64 w8"] = (grp, mc(64, 64, 64, 128, 64, True, 8, 3), regs)
         cands["grp m128 k128 w8"] = (grp, mc(128, 64, 128, 128, 128, True, 8, 3), regs)
         cands["grp m64 k64 w4"] = (grp, mc(64, 64, 64, 64, 64, True, 4, 3), regs)
+        cands["grp m64 k64 w4 packed"] = (grp, mc(64, 64, 64, 64, 64, True, 4, 3, packed=True), regs)
+        cands["grp m128 k64 w8 packed"] = (grp, mc(128, 64, 64, 128, 64, True, 8, 3, packed=True), regs)
         # NVFP4 experts copied to BF16 for the call, then the BF16 grouped GEMM (the same as the rows above for BF16).
         cands["grp dq m128 k64 w8"] = (grp, mc(128, 64, 64, 128, 64, True, 8, 3), 0)
         cands["grp dq m64 k64 w8"] = (grp, mc(64, 64, 64, 128, 64, True, 8, 3), 0)

@@ -101,7 +101,7 @@ def gemv_entries(rows: Iterable[dict], source: str) -> list[dict]:
             cands = kernels_moe_gemv.gemv_candidates(m, fmt == "nvfp4")
 
             def config(name: str, m: int = m, cands: dict = cands) -> dict:
-                cfg = dataclasses.asdict(cands[name])
+                cfg = _fields(cands[name])
                 return cfg if m == 1 else {k: v for k, v in cfg.items() if k != "block_m"}  # BLOCK_M follows M
 
             when = {**spans[m], "nvfp4": fmt == "nvfp4"}
@@ -130,6 +130,15 @@ def gemv_entries(rows: Iterable[dict], source: str) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------- MoE
 Best = tuple[str, float, object]  # (candidate name, us, MoEConfig)
+
+
+def _fields(config: object) -> dict:
+    """A config's fields for a table entry; decode flags added later (`packed`) only when set, so tables written
+    before they existed read the same."""
+    out = dataclasses.asdict(config)
+    if not out.get("packed", True):
+        del out["packed"]
+    return out
 
 
 def _moe_best(rows: Iterable[dict], shared: Iterable[dict], fold: dict[str, int] | None) -> dict:
@@ -205,7 +214,7 @@ def moe_entries(
         ):
             runs: list[tuple[dict, list[int]]] = []  # neighbouring Ts with the same tiles share one entry
             for t in points:
-                cfg = dataclasses.asdict(per_t[t][path][2])
+                cfg = _fields(per_t[t][path][2])
                 if runs and runs[-1][0] == cfg:
                     runs[-1][1].append(t)
                 else:

@@ -25,6 +25,7 @@ class TileConfig:
     num_warps: int = field(metadata=POW2)
     num_stages: int
     words: bool = False  # tensor-core NVFP4 from int32 nibble planes: fewer ops, but Triton 3.6 fails to compile it
+    packed: bool = False  # tensor-core NVFP4 as packed BF16 pairs scaled by FMA.BF16X2 (BF16 x; PTX, sm_80+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class MoEConfig:
     num_warps: int = field(metadata=POW2)
     num_stages: int
     words: bool = False  # tensor-core NVFP4 from int32 nibble planes (Triton 3.6 fails to compile it)
+    packed: bool = False  # tensor-core NVFP4 as packed BF16 pairs scaled by FMA.BF16X2 (BF16 x; PTX, sm_80+)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from . import rmsnorm_triton, tuning
-from .configs import TileConfig
+from .configs import MoEConfig, TileConfig
 from .linear import NVFP4Weight, Weight, linear_fp32_out_ref, linear_ref, matmul_fp32_out
 from .pdl import launch_options, pdl_entry
 
@@ -137,12 +137,107 @@ def e2m1_pair_bits(words, P: tl.constexpr):
     (exponent bits to bits 7-8 / 23-24, mantissa bit to 6 / 22, sign to 15 / 31); each half then becomes an FP32
     with one more op. Exponent 0 again lands on exact subnormals.
     """
+    packed = e2m1_pair_packed(words, P)
+    return (packed << 16).to(tl.float32, bitcast=True), (packed & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e2m1_pair_packed(words, P: tl.constexpr):
+    """The int32 of two BF16 bit patterns, E2M1X2 * 2**-127 of nibble P (low half) and nibble P + 4 (high half)."""
     if P < 2:
         mag = words << (6 - 4 * P)
     else:
         mag = words >> (4 * P - 6)  # arithmetic shift: the filled top bits are masked off
-    packed = (mag & 0x01C001C0) | ((words << (12 - 4 * P)) & -2147450880)  # 0x80008000
-    return (packed << 16).to(tl.float32, bitcast=True), (packed & -65536).to(tl.float32, bitcast=True)
+    return (mag & 0x01C001C0) | ((words << (12 - 4 * P)) & -2147450880)  # 0x80008000
+
+
+@triton.jit
+def bf16x2_scaled(packed, scale2):
+    """(low, high) BF16 halves of `packed` (two BF16 bit patterns) times the BF16 pair `scale2`: one FMA.BF16X2
+    (plus -0, so a product's sign survives), exact for NVFP4 codes and E4M3 scales; BF16 subnormals are kept."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 z, p; mov.b32 z, 0x80008000; fma.rn.bf16x2 p, $2, $3, z; mov.b32 {$0, $1}, p; }",
+        "=h,=h,r,r",
+        [packed, scale2],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def nvfp4_packed_dot_step(
+    acc,
+    w_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    x_ptr,
+    x_off,
+    x_ok,
+    k0,
+    k_end,
+    stride_wn,
+    stride_sn,
+    PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EMULATE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """acc [BLOCK_N, BLOCK_M] += one BLOCK_K step of W @ x^T on tensor cores, the weights decoded two at a time.
+
+    Each int32 word (values 8w..8w+7) gives four packed BF16 pairs (nibbles p, p + 4), each scaled by one
+    FMA.BF16X2 and split into two BF16 registers: about two instructions a value against five for the byte planes.
+    The tile keeps the pairs' order, K permuted within every 8 values (position (g, w, h, p) holds value 16g + 8w +
+    4h + p), and x is loaded in the same order, so one dot covers the step (a permutation of K changes only the
+    order of the FP32 sums). Weights are the true values times 2**-62, as on the byte path. EMULATE (the CPU
+    interpreter, which runs no PTX) builds the same values with FP32 operations.
+    """
+    G: tl.constexpr = BLOCK_K // 16
+    xdt = x_ptr.dtype.element_ty
+    words, sb = fma_weights(
+        w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, True, EVEN_K, BLOCK_N, BLOCK_K
+    )  # [BLOCK_N, G, 2] int32, [BLOCK_N, G] scale bytes
+    sc = e4m3_value(sb.to(tl.int32)) * 1.8446744073709552e19  # 2**64: weights times 2**-62 (exact)
+    if EMULATE:
+        sc3 = sc[:, :, None]
+        l0, h0 = e2m1_pair_bits(words, 0)
+        l1, h1 = e2m1_pair_bits(words, 1)
+        l2, h2 = e2m1_pair_bits(words, 2)
+        l3, h3 = e2m1_pair_bits(words, 3)
+        w0 = tl.join(l0 * sc3, h0 * sc3).to(xdt)
+        w1 = tl.join(l1 * sc3, h1 * sc3).to(xdt)
+        w2 = tl.join(l2 * sc3, h2 * sc3).to(xdt)
+        w3 = tl.join(l3 * sc3, h3 * sc3).to(xdt)
+    else:
+        s16 = sc.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        s2 = tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, G, 2))
+        l0, h0 = bf16x2_scaled(e2m1_pair_packed(words, 0), s2)
+        l1, h1 = bf16x2_scaled(e2m1_pair_packed(words, 1), s2)
+        l2, h2 = bf16x2_scaled(e2m1_pair_packed(words, 2), s2)
+        l3, h3 = bf16x2_scaled(e2m1_pair_packed(words, 3), s2)
+        w0 = tl.join(l0, h0)
+        w1 = tl.join(l1, h1)
+        w2 = tl.join(l2, h2)
+        w3 = tl.join(l3, h3)
+    # [BLOCK_N, G, w, h, p & 1, p >> 1] -> [BLOCK_N, BLOCK_K]
+    w = tl.reshape(tl.join(tl.join(w0, w1), tl.join(w2, w3)), (BLOCK_N, BLOCK_K))
+    kk = tl.reshape(
+        k0
+        + tl.arange(0, G)[:, None, None, None, None] * 16
+        + tl.arange(0, 2)[None, :, None, None, None] * 8
+        + tl.arange(0, 2)[None, None, :, None, None] * 4
+        + tl.arange(0, 2)[None, None, None, :, None]
+        + tl.arange(0, 2)[None, None, None, None, :] * 2,
+        (BLOCK_K,),
+    )
+    x_mask = x_ok[None, :]
+    if not EVEN_K:
+        x_mask = x_mask & (kk < k_end)[:, None]
+    xt = tl.load(x_ptr + x_off[None, :] + kk[:, None], mask=x_mask, other=0.0)
+    return tl.dot(w, xt, acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -365,9 +460,10 @@ def tile_matmul(
     the reference materialises it; decoded NVFP4 values are exact in any of the activation dtypes.
     EVEN_K: every K step is whole (K and the split are multiples of BLOCK_K), so loads need no K mask and stay
     vectorised (a K mask of unknown alignment turns them into scalar loads).
-    WORDS (tensor cores, NVFP4, BLOCK_K >= 128): decode int32 words into eight nibble planes and issue eight dots,
-    ~20% fewer instructions than byte planes joined back into K order, but Triton 3.6 fails to compile it
-    (TritonGPUOptimizeDotOperands; 3.9 compiles it), so the configs leave it off.
+    WORDS, the tensor-core NVFP4 decode (`decode_mode`): 0 byte planes joined back into K order; 1 (BLOCK_K >= 128)
+    int32 words into eight nibble planes and eight dots, ~20% fewer instructions, but Triton 3.6 fails to compile it
+    (TritonGPUOptimizeDotOperands; 3.9 compiles it), so the configs leave it off; 2 packed BF16 pairs scaled by
+    FMA.BF16X2 (BF16 x), `nvfp4_packed_dot_step`; 3 the same, emulated with FP32 operations (interpreter).
     """
     xdt = x_ptr.dtype.element_ty
     if not USE_DOT:
@@ -388,7 +484,12 @@ def tile_matmul(
     pdl_entry(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
-        if NVFP4 and USE_DOT and WORDS and BLOCK_K >= 128:  # eight planes of K = BLOCK_K / 8 >= 16
+        if NVFP4 and USE_DOT and WORDS >= 2:  # packed BF16 pairs (3: emulated in the interpreter)
+            acc = nvfp4_packed_dot_step(
+                acc, w_ptr, s_ptr, rows, row_ok, x_ptr, x_off, x_ok, k0, k_end, stride_wn, stride_sn, PRECISION,
+                EVEN_K, WORDS == 3, BLOCK_N, BLOCK_M, BLOCK_K,
+            )  # fmt: skip
+        elif NVFP4 and USE_DOT and WORDS == 1 and BLOCK_K >= 128:  # eight planes of K = BLOCK_K / 8 >= 16
             acc = nvfp4_dot_step(
                 acc, w_ptr, s_ptr, rows, row_ok, x_ptr, x_off, x_ok, k0, k_end, stride_wn, stride_sn, PRECISION,
                 EVEN_K, BLOCK_N, BLOCK_M, BLOCK_K,
@@ -660,6 +761,17 @@ def choose_split_k(tiles: int, k: int, block_k: int, device: torch.device, min_i
     return triton.cdiv(k, per), per
 
 
+def decode_mode(cfg: TileConfig | MoEConfig, x_dtype: torch.dtype) -> int:
+    """The kernels' WORDS constexpr for a config: 2 for `packed` tiles with BF16 x (3 under the interpreter, which
+    emulates the PTX), else 1 for `words`, else 0 (byte planes)."""
+    if getattr(cfg, "packed", False) and cfg.use_dot:
+        if _INTERPRET:
+            return 3
+        if x_dtype == torch.bfloat16:
+            return 2
+    return int(cfg.words)
+
+
 def precision_for(dtype: torch.dtype) -> str:
     """tl.dot input precision: true FP32 products for FP32 activations (not TF32)."""
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -758,7 +870,7 @@ def _matmul(
         x, qw, sc, gs, out, ws, cnt,
         m, n, k, x.stride(0), stride_wn, stride_sn, out.stride(0), *seg, per, *row,
         NVFP4=nv, USE_DOT=cfg.use_dot, PRECISION=precision_for(x.dtype), EVEN_K=k % cfg.block_k == 0,
-        WORDS=cfg.words, SPLIT_K=split, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+        WORDS=decode_mode(cfg, x.dtype), SPLIT_K=split, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
         NORM=norm is not None, N_PAD=triton.next_power_of_2(n) if norm is not None else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
     )  # fmt: skip

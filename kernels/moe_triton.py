@@ -38,6 +38,7 @@ from .gemv_triton import (
     _finish_row,
     choose_split_k,
     counters,
+    decode_mode,
     is_last,
     precision_for,
     segment_bounds,
@@ -634,12 +635,13 @@ def _routed(
         split = triton.cdiv(hidden, per)
     ws_elems = gu_tiles * rows_grid * split * 2 * cfg.gu_block_i * cfg.block_m if split > 1 else 1
     ws = _empty((ws_elems,), torch.float32, x.device)
+    mode = decode_mode(cfg, x.dtype)
     _moe_gate_up_kernel[(gu_tiles, rows_grid, split)](
         x, ids, order, meta, q13, s13, g13, h, ws, cnt,
         hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0), *seg13, per,
         *sh13, n_shared_rows, max(parts, 1), shared_inter,
         NVFP4=nv13, GSCALE=gsc13, GROUPED=not decode, SHARED=shared is not None,
-        EVEN_K=hidden % cfg.gu_block_k == 0, WORDS=cfg.words, USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split,
+        EVEN_K=hidden % cfg.gu_block_k == 0, WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split,
         BLOCK_I=cfg.gu_block_i, BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(x.device),
@@ -659,7 +661,7 @@ def _routed(
             h, ids, order, meta, tw, q2, s2, g2, out, ws, cnt,
             hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, out.stride(0), *seg2,
             *sh2, n_shared_tokens, max(parts, 1), shared_inter, *row,
-            NVFP4=nv2, GSCALE=gsc2, GROUPED=False, SHARED=shared is not None, EVEN_K=even_dn, WORDS=cfg.words,
+            NVFP4=nv2, GSCALE=gsc2, GROUPED=False, SHARED=shared is not None, EVEN_K=even_dn, WORDS=mode,
             USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots, NORM=norm is not None,
             N_PAD=triton.next_power_of_2(hidden) if norm is not None else 1, BLOCK_N=cfg.dn_block_n,
             BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -671,7 +673,7 @@ def _routed(
         h, ids, order, meta, tw, q2, s2, g2, y, y, cnt,
         hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, y.stride(0), *seg2,
         *_no_shared(out), 0, 1, 0, *_no_norm(out),
-        NVFP4=nv2, GSCALE=gsc2, GROUPED=True, SHARED=False, EVEN_K=even_dn, WORDS=cfg.words,
+        NVFP4=nv2, GSCALE=gsc2, GROUPED=True, SHARED=False, EVEN_K=even_dn, WORDS=mode,
         USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=topk, NORM=False, N_PAD=1, BLOCK_N=cfg.dn_block_n,
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_options(x.device),

@@ -48,12 +48,17 @@ print(sum("ld.global" in line for line in lines[:first]), len(waits))
 GEMV_CASES = [
     dict(NVFP4=True, USE_DOT=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
     dict(NVFP4=True, USE_DOT=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
+    dict(NVFP4=True, USE_DOT=True, BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, WORDS=2),
     dict(NVFP4=True, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=1),
     dict(NVFP4=False, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=1),
 ]
 
 
-@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{'nvfp4' if c['NVFP4'] else 'bf16'}-m{c['BLOCK_M']}")
+@pytest.mark.parametrize(
+    "case",
+    GEMV_CASES,
+    ids=lambda c: f"{'nvfp4' if c['NVFP4'] else 'bf16'}-m{c['BLOCK_M']}{'-packed' if c.get('WORDS') == 2 else ''}",
+)
 def test_gemv_compiles_for_sm90(case: dict) -> None:
     case = dict(case)
     warps, stages = case.pop("num_warps"), case.pop("num_stages")
@@ -63,7 +68,7 @@ def test_gemv_compiles_for_sm90(case: dict) -> None:
                 "nw_ptr": "fp32", "h_ptr": "bf16", "res_out_ptr": "bf16", "row_cnt_ptr": "i32"}  # fmt: skip
     # The add+RMSNorm epilogue exists for M == 1 (the FMA path) only.
     norm = {"NORM": case["BLOCK_M"] == 1, "N_PAD": 2048}
-    constexprs = {**case, "PRECISION": "tf32", "EVEN_K": True, "WORDS": False, "SPLIT_K": 2, "PDL": True, **norm}
+    constexprs = {"WORDS": 0, **case, "PRECISION": "tf32", "EVEN_K": True, "SPLIT_K": 2, "PDL": True, **norm}
     loads, waits = _compile("flint_kernels.gemv_triton", "_linear_kernel", pointers, constexprs, warps, stages)
     assert waits >= 1
     # M == 1 (FMA): the first step's weights are requested before waiting for the previous kernel; with tensor

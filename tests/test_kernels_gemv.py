@@ -29,10 +29,11 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 FMA = gt.TileConfig(block_n=16, block_m=1, block_k=64, use_dot=False, num_warps=4, num_stages=1)
 
 
-def dot_config(m: int, block_k: int = 64, words: bool = False) -> gt.TileConfig:
-    """Tensor-core tiles; NVFP4 decodes int32 words into nibble planes only when words and block_k >= 128."""
+def dot_config(m: int, block_k: int = 64, words: bool = False, packed: bool = False) -> gt.TileConfig:
+    """Tensor-core tiles; NVFP4 decodes int32 words into nibble planes only when words and block_k >= 128, into
+    packed BF16 pairs when packed (emulated with FP32 operations under the interpreter)."""
     return gt.TileConfig(block_n=32, block_m=max(16, 1 << (m - 1).bit_length()), block_k=block_k, use_dot=True,
-                         num_warps=4, num_stages=2, words=words)  # fmt: skip
+                         num_warps=4, num_stages=2, words=words, packed=packed)  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -81,8 +82,13 @@ needs_words = pytest.mark.skipif(not gt.WORDS_SUPPORTED, reason="this Triton can
 
 @pytest.mark.parametrize(
     "config",
-    [FMA, dot_config(16), pytest.param(dot_config(16, 128, words=True), marks=needs_words)],
-    ids=["fma", "dot-bytes", "dot-words"],
+    [
+        FMA,
+        dot_config(16),
+        pytest.param(dot_config(16, 128, words=True), marks=needs_words),
+        dot_config(16, 64, packed=True),
+    ],
+    ids=["fma", "dot-bytes", "dot-words", "dot-packed"],
 )
 def test_nvfp4_decode_is_exact_for_every_code_and_scale_byte(config: gt.TileConfig) -> None:
     """Row b has scale byte b and codes 0..15 (twice): x = I reads the decoded weight back bit for bit."""
@@ -155,15 +161,16 @@ def test_nvfp4_quantized_fp32(m: int) -> None:
     assert rel_err(gt.lm_head(x, w), linear_fp32_out_ref(x, w)) < 1e-5
 
 
-@pytest.mark.parametrize("kind", ["fma", "bytes", pytest.param("words", marks=needs_words)])
+@pytest.mark.parametrize("kind", ["fma", "bytes", pytest.param("words", marks=needs_words), "packed"])
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_nvfp4_configs_and_split_k(kind: str, split_k: int) -> None:
     g = gen(7 + split_k)
-    k = 512 if kind == "words" else 320  # ragged K (not a multiple of BLOCK_K) for the other two
+    k = 512 if kind == "words" else 320  # ragged K (not a multiple of BLOCK_K) for the other three
     w = random_nvfp4(50, k, g, segments=(20, 30))
+    configs = {"words": dot_config(5, 128, words=True), "packed": dot_config(5, 128, packed=True)}
     for m in (1, 5):
         x = random_x(m, k, torch.float32, g)
-        config = FMA if kind == "fma" else dot_config(m, 128, words=True) if kind == "words" else dot_config(m)
+        config = FMA if kind == "fma" else configs.get(kind, dot_config(m))
         out = gt._matmul(x, w, fp32_out=True, config=config, split_k=split_k)
         assert rel_err(out, linear_fp32_out_ref(x, w)) < 1e-5
 
@@ -320,10 +327,26 @@ def test_gpu_all_configs_bf16() -> None:
                gt.small_m_config(4, True)]  # fmt: skip
     if gt.WORDS_SUPPORTED:
         configs.append(dot_config(4, 128, words=True))
+    configs += [dot_config(4, 64, packed=True), dot_config(4, 128, packed=True), dot_config(40, 256, packed=True)]
     for cfg in configs:
         for split in (1, 3):
             out = gt._matmul(x, w, fp32_out=True, config=cfg, split_k=split)
             assert rel_err(out, exact) < 1e-4, (cfg, split)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_packed_decode_is_exact_for_every_code_and_scale_byte() -> None:
+    """The FMA.BF16X2 decode on the GPU (BF16 x = I reads the weight back): every code times every scale byte
+    exactly, subnormal BF16 codes included, so the hardware keeps BF16 subnormals."""
+    codes = torch.arange(16, dtype=torch.uint8, device=DEVICE)
+    q = (codes[0::2] | (codes[1::2] << 4)).repeat(256, 8)  # K = 128
+    s = torch.arange(256, dtype=torch.int32, device=DEVICE).to(torch.uint8)[:, None].repeat(1, q.shape[1] // 8)
+    w = NVFP4Weight(q, s, torch.ones(1, device=DEVICE), (256,))
+    eye = torch.eye(q.shape[1] * 2, device=DEVICE).bfloat16()
+    out = gt._matmul(eye, w, fp32_out=True, config=dot_config(128, 64, packed=True))
+    assert gt.decode_mode(dot_config(128, 64, packed=True), torch.bfloat16) == 2
+    assert torch.equal(out, nvfp4.dequantize(q, s).t())
 
 
 @pytest.mark.gpu

@@ -32,6 +32,7 @@ DECODE_FMA = mt.MoEConfig(block_m=1, gu_block_i=16, gu_block_k=32, dn_block_n=32
 DECODE_DOT = mt.MoEConfig(16, 16, 32, 32, 32, True, 4, 2)
 GROUPED = mt.MoEConfig(16, 16, 32, 32, 32, True, 4, 2)
 GROUPED_WORDS = mt.MoEConfig(16, 16, 128, 32, 128, True, 4, 2, words=True)
+GROUPED_PACKED = mt.MoEConfig(16, 16, 64, 32, 64, True, 4, 2, packed=True)
 
 
 @pytest.fixture(autouse=True)
@@ -270,6 +271,8 @@ def test_grouped_nvfp4_fp32_with_unused_experts() -> None:
     w2 = random_nvfp4(e, h, i, g, (h,))
     out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=GROUPED)
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
+    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=GROUPED_PACKED)
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
     if gt.WORDS_SUPPORTED:
         out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=GROUPED_WORDS)
         assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
@@ -436,7 +439,8 @@ def test_gpu_all_configs_bf16() -> None:
     tw, ids = routing(t, e, k, g)
     w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
     ref = moe_ref(x, tw, ids, w13, w2)
-    configs = (mt.decode_config(True), DECODE_FMA, DECODE_DOT, mt.MoEConfig(16, 16, 256, 32, 256, True, 4, 3))
+    packed = mt.MoEConfig(16, 16, 128, 32, 128, True, 4, 3, packed=True)
+    configs = (mt.decode_config(True), DECODE_FMA, DECODE_DOT, mt.MoEConfig(16, 16, 256, 32, 256, True, 4, 3), packed)
     for cfg in configs:
         for split in (1, 4):
             out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg, split_k=split)
@@ -444,6 +448,9 @@ def test_gpu_all_configs_bf16() -> None:
     for ppe in (1.0, 30.0, 100.0):
         out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=mt.grouped_config(ppe))
         assert rel_err(out, ref) < 1e-2, ppe
+    for cfg in (packed, mt.MoEConfig(32, 64, 64, 128, 64, True, 4, 3, packed=True)):
+        out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=cfg)
+        assert rel_err(out, ref) < 1e-2, cfg
 
 
 @pytest.mark.gpu
