@@ -152,8 +152,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     config = preset(args.preset)
     total = int(args.gpu_memory_gib * 2**30)
     rows = []
+    # The fused path keeps each MoE router weight also as three BF16 parts (router_triton.prepare).
+    router_parts = 3 * 2 * config.num_experts * config.hidden_size * len(config.moe_layers)
     for fmt in args.weights:
-        weight_bytes = sum(p.nbytes for p in plan_tensors(config, fmt))
+        weight_bytes = sum(p.nbytes for p in plan_tensors(config, fmt)) + router_parts
         budget = gpu_kv_budget(
             config,
             total - weight_bytes - args.runtime_overhead_gib * 2**30,

@@ -312,6 +312,18 @@ def _flint(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def test_capacity_counts_the_router_parts_the_fused_path_keeps() -> None:
+    """`flint capacity` weighs the checkpoint's tensors plus the BF16 router parts (3 x 2 bytes x 256 x 2048 for each
+    of the 47 MoE layers, 141 MB) that the fused router keeps beside them."""
+    from flint_engine.checkpoint.gguf_writer import plan_tensors
+
+    r = _flint("capacity", "--weights", "nvfp4")
+    assert r.returncode == 0, r.stderr
+    row = next(line.split() for line in r.stdout.splitlines() if line.strip().startswith("nvfp4"))
+    tensors = sum(t.nbytes for t in plan_tensors(preset("full"), "nvfp4"))
+    assert float(row[1]) == pytest.approx((tensors + 3 * 2 * 256 * 2048 * 47) / 1e9, abs=0.006)
+
+
 def test_meta_only_reports_the_real_model_size() -> None:
     r = _flint("make-checkpoint", "--preset", "full", "--format", "nvfp4", "--meta-only")
     assert r.returncode == 0, r.stderr
