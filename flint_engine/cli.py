@@ -163,6 +163,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             args.gpu_memory_utilization,
             args.max_num_seqs,
             args.max_num_batched_tokens,
+            nvfp4_experts=fmt == "nvfp4",
         )
         plan = plan_kv_cache(config, budget, args.block_size, args.max_num_seqs, args.max_num_batched_tokens)
         rows.append((fmt, weight_bytes, plan))

@@ -44,13 +44,15 @@ class KVCachePlan:
         )
 
 
-def activation_reserve(config: FlintConfig, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+def activation_reserve(
+    config: FlintConfig, max_num_seqs: int, max_num_batched_tokens: int, nvfp4_experts: bool = True
+) -> int:
     """GPU bytes kept free for one step's activations and a full batch of FP32 logits (measured peak plus room).
 
-    Steps of DEQUANT_MIN_TOKENS tokens or more also need a BF16 copy of one layer's routed experts (the fused MoE
-    runs NVFP4 experts from such a copy on long prefills)."""
+    With NVFP4 experts, steps of DEQUANT_MIN_TOKENS tokens or more also need a BF16 copy of one layer's routed
+    experts (the fused MoE runs NVFP4 experts from such a copy on long prefills)."""
     reserve = 2 * 2**30 + max_num_batched_tokens * 96 * 1024 + max_num_seqs * config.vocab_size * 8
-    if config.num_experts and max_num_batched_tokens >= DEQUANT_MIN_TOKENS:
+    if nvfp4_experts and config.num_experts and max_num_batched_tokens >= DEQUANT_MIN_TOKENS:
         reserve += 2 * 3 * config.num_experts * config.moe_intermediate_size * config.hidden_size
     return reserve
 
@@ -62,10 +64,11 @@ def gpu_kv_budget(
     utilization: float,
     max_num_seqs: int,
     max_num_batched_tokens: int,
+    nvfp4_experts: bool = True,
 ) -> int:
     """KV bytes to allocate once the weights are loaded: up to `utilization` of the whole GPU, minus activations."""
     usable = int(free_bytes - (1 - utilization) * total_bytes)
-    return max(0, usable - activation_reserve(config, max_num_seqs, max_num_batched_tokens))
+    return max(0, usable - activation_reserve(config, max_num_seqs, max_num_batched_tokens, nvfp4_experts))
 
 
 def sliding_blocks_needed(config: FlintConfig, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:

@@ -374,3 +374,6 @@ def test_activation_reserve_counts_the_expert_copy_of_long_prefills() -> None:
     copy = 2 * 3 * cfg.num_experts * cfg.moe_intermediate_size * cfg.hidden_size
     assert copy > 1.5e9  # Flint's 256 experts of 3 x 512 x 2048
     assert long - short == copy + 96 * 1024
+    # BF16 experts are never copied: nothing extra to keep free.
+    bf16 = activation_reserve(cfg, 8, DEQUANT_MIN_TOKENS, nvfp4_experts=False)
+    assert bf16 - short == 96 * 1024
