@@ -171,6 +171,12 @@ def test_decode_folds_shared_expert_nvfp4_fp32(t: int) -> None:
         for _ in "ab"
     ]
     assert torch.equal(runs[0], runs[1])
+    # The per-pair tensor-core tiles with the packed BF16-pair decode (emulated here), shared expert folded in.
+    packed = mt.MoEConfig(16, 16, 32, 32, 32, True, 4, 2, packed=True)
+    out = mt.fused_moe(
+        x, tw, ids, w13, w2, decode_max_tokens=64, config=packed, split_k=2, shared=shared, fold_max_tokens=64
+    )
+    assert rel_err(out, ref) < 1e-5
 
 
 @pytest.mark.parametrize("case", ["width", "storage", "grouped", "tokens"])
