@@ -21,8 +21,9 @@ from .model import FlintModel
 log = logging.getLogger(__name__)
 
 # Prefill lengths that cross the kernels' switches: 1 vs many rows, multiples of 16 or not, the MoE shared-expert
-# fold (<= 16) and decode path (<= 64), the GEMV's tensor-core small-M tiles (<= 64) and the large-M paths.
-PREFILL_LENGTHS = (2, 3, 8, 16, 17, 32, 33, 64, 65, 128, 257, 1024)
+# fold (<= 16) and decode path (<= 64), the GEMV's tensor-core small-M tiles (<= 64) and the large-M paths, the
+# router's tile sizes (from 1024 and from 4096 tokens) and the NVFP4 MoE's expert copies (from 4096).
+PREFILL_LENGTHS = (2, 3, 8, 16, 17, 32, 33, 64, 65, 128, 257, 1024, 1025, 4097)
 # Decode rows riding along a prefill chunk (mixed steps), and their context length.
 MIXED_DECODE_ROWS = (1, 4, 8)
 DECODE_CONTEXT = 100

@@ -20,7 +20,8 @@ CFG = preset("tiny").replace(hidden_size=128, num_attention_heads=8, num_key_val
 
 def test_shapes_stay_within_the_scheduler_budgets() -> None:
     shapes = warmup_batches(2048, 64)
-    assert (2048, 0) in shapes and (1024, 0) in shapes and (17, 0) in shapes
+    assert (2048, 0) in shapes and (1024, 0) in shapes and (1025, 0) in shapes and (17, 0) in shapes
+    assert (4097, 0) not in shapes and (4097, 0) in warmup_batches(8192, 256)  # the router's and MoE's 4096 switches
     assert {rows for _, rows in shapes if rows} == {1, 4, 8}
     assert all(n + rows <= 2048 for n, rows in shapes)
     small = warmup_batches(16, 1)
