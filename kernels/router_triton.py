@@ -27,8 +27,9 @@ is split in the kernel, tile by tile (same result, slower). H200, BF16, `benchma
 
 from __future__ import annotations
 
+import functools
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -46,6 +47,8 @@ _BLOCK_E = 1
 # of the top-k.
 _PRODUCT_TILE = 8192
 _SCORE_TILE = 4096
+# Shared memory a program may use on the H200 (Triton's max_shared_mem there).
+H200_SHARED_MEMORY = 232448
 # Pre-split BF16 parts of FP32 router weights (`prepare`), by id of the weight tensor.
 _splits: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
@@ -355,17 +358,67 @@ class TilesConfig:
     num_stages: int
 
 
-def tiles_config(tokens: int, num_experts: int, device: torch.device | None = None) -> TilesConfig:
+def tiles_config(
+    tokens: int, num_experts: int, device: torch.device | None = None, presplit: bool = True
+) -> TilesConfig:
     """The fastest candidates of benchmarks/kernels_router.py on the H200 (2026-11-30, pre-split weights): 128 x 128
     tiles from 4096 tokens (T = 8192: 71 us), 64 x 64 from 1024 (T = 2048: 39 us), else one token block of 16-64
     against 16 experts a tile with long K steps (T = 512: 31 us, T = 32: 20 us). Narrower expert blocks only where
-    the expert count is smaller. `device` is unused (one portable choice for now)."""
+    the expert count is smaller. On a GPU with less shared memory than the H200 the tiles shrink to fit
+    (`fit_shared_memory`)."""
     e_pad = triton.next_power_of_2(num_experts)
     if tokens >= 4096:
-        return TilesConfig(128, min(e_pad, 128), 64, 8, 3)
-    if tokens >= 1024:
-        return TilesConfig(64, min(e_pad, 64), 64, 4, 4)
-    return TilesConfig(max(16, min(64, triton.next_power_of_2(tokens))), 16, 128, 4, 3)
+        cfg = TilesConfig(128, min(e_pad, 128), 64, 8, 3)
+    elif tokens >= 1024:
+        cfg = TilesConfig(64, min(e_pad, 64), 64, 4, 4)
+    else:
+        cfg = TilesConfig(max(16, min(64, triton.next_power_of_2(tokens))), 16, 128, 4, 3)
+    return fit_shared_memory(cfg, presplit, shared_memory_limit(device))
+
+
+def shared_memory_bytes(cfg: TilesConfig, presplit: bool) -> int:
+    """Estimated shared memory of a launch: each pipeline stage holds the x tile and the weight tile(s) (three BF16
+    parts, or the FP32 weight plus one BF16 operand at a time when split in the kernel), plus scratch. Within 3% of
+    what Triton 3.6 asked for on the H200 for the configurations that overflowed there."""
+    x = cfg.block_t * cfg.block_k * 2
+    if presplit:
+        per_stage, extra = x + 3 * cfg.block_e * cfg.block_k * 2, 0
+    else:
+        per_stage, extra = x + cfg.block_e * cfg.block_k * 4, cfg.block_e * cfg.block_k * 2
+    return cfg.num_stages * per_stage + extra + 8192
+
+
+def fit_shared_memory(cfg: TilesConfig, presplit: bool, limit: int) -> TilesConfig:
+    """`cfg`, or the nearest smaller configuration whose estimate fits `limit` bytes: fewer pipeline stages (down to
+    2) first, then narrower token, expert and K blocks (down to 16)."""
+    while shared_memory_bytes(cfg, presplit) > limit:
+        if cfg.num_stages > 2:
+            cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_t > 16 and cfg.block_t >= cfg.block_e:
+            cfg = replace(cfg, block_t=cfg.block_t // 2)
+        elif cfg.block_e > 16:
+            cfg = replace(cfg, block_e=cfg.block_e // 2)
+        elif cfg.block_k > 16:
+            cfg = replace(cfg, block_k=cfg.block_k // 2)
+        else:
+            break
+    return cfg
+
+
+@functools.cache
+def _cuda_shared_memory(index: int) -> int:
+    try:  # what Triton checks a launch against (OutOfResources)
+        return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # an older Triton: PyTorch's opt-in limit, else the smallest of current NVIDIA GPUs
+        return int(getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 101376))
+
+
+def shared_memory_limit(device: torch.device | None) -> int:
+    """Shared memory a program may use on `device` (the H200's 227 KB where there is no CUDA device: the
+    interpreter, whose tests then see the H200's tiles)."""
+    if device is None or device.type != "cuda":
+        return H200_SHARED_MEMORY
+    return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def prepare(weight: torch.Tensor) -> None:
@@ -411,7 +464,7 @@ def _tiles(
     t, hidden = x.shape
     num_experts = weight.shape[0]
     e_pad = triton.next_power_of_2(num_experts)
-    cfg = config or tiles_config(t, num_experts, x.device)
+    cfg = config or tiles_config(t, num_experts, x.device, presplit=split is not None and x.dtype == torch.bfloat16)
     one_pass = cfg.block_e >= e_pad
     token_blocks = triton.cdiv(t, cfg.block_t)
     if not one_pass and token_blocks > gemv_triton.COUNTER_SLOTS:

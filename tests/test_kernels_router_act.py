@@ -248,3 +248,27 @@ def test_prepare_keeps_the_split_while_the_weight_lives() -> None:
     half = _rand((32, 64), torch.float32, 42).bfloat16()
     router_triton.prepare(half)  # only FP32 weights are split
     assert router_triton._split_of(half) is None
+
+
+def test_router_tiles_fit_the_shared_memory_of_smaller_gpus() -> None:
+    """On the H200 the measured tiles stand; the estimate flags the two configurations that overflowed there (Triton
+    asked for 258048 and 323584 bytes); on GPUs with less shared memory (A100 163 KB, Ada 99 KB) the tiles shrink
+    until the estimate fits, instead of failing at launch and dropping the router to the reference for good."""
+    rt = router_triton
+    h200 = rt.H200_SHARED_MEMORY
+    assert rt.tiles_config(8192, 256) == rt.TilesConfig(128, 128, 64, 8, 3)
+    assert rt.tiles_config(2048, 256) == rt.TilesConfig(64, 64, 64, 4, 4)
+    assert rt.tiles_config(32, 256) == rt.TilesConfig(32, 16, 128, 4, 3)
+    for cfg, presplit, asked in ((rt.TilesConfig(64, 256, 64, 8, 3), False, 258048),
+                                 (rt.TilesConfig(64, 256, 64, 8, 3), True, 323584)):  # fmt: skip
+        est = rt.shared_memory_bytes(cfg, presplit)
+        assert est > h200 and abs(est - asked) <= 0.03 * asked
+    for limit in (166912, 101376, 49152):
+        for tokens in (32, 2048, 8192):
+            for presplit in (True, False):
+                big = rt.fit_shared_memory(rt.tiles_config(tokens, 256), presplit, h200)
+                cfg = rt.fit_shared_memory(big, presplit, limit)
+                assert rt.shared_memory_bytes(cfg, presplit) <= limit, (limit, tokens, presplit)
+                assert min(cfg.block_t, cfg.block_e, cfg.block_k) >= 16 and cfg.num_stages >= 2
+    a100 = rt.fit_shared_memory(rt.tiles_config(8192, 256), True, 166912)
+    assert a100 == rt.TilesConfig(128, 128, 64, 8, 2)  # one stage fewer is enough there
