@@ -107,8 +107,16 @@ def test_prefix_affinity_keeps_a_conversation_on_one_replica(cluster: ServeClust
     assert all(c >= 16 for c in cached[1:]), cached
 
 
-def _replica_serving(cluster: ServeCluster) -> tuple[str, int]:
-    for labels, snap, _ in cluster.snapshots():
+def _fresh_snapshots(cluster: ServeCluster, since: float) -> list[tuple[dict, dict, bool]]:
+    """The replicas' metric snapshots pushed after `since` (time.time()): a replica pushes every couple of seconds,
+    so its latest snapshot may still show a request of an earlier test as running."""
+    import ray
+
+    return ray.get(cluster.hub().recent.remote(max(0.0, time.time() - since)))
+
+
+def _replica_serving(cluster: ServeCluster, since: float) -> tuple[str, int]:
+    for labels, snap, _ in _fresh_snapshots(cluster, since):
         if snap["num_requests_running"] > 0:
             return labels["replica"], cluster.replicas()[labels["replica"]]["pid"]
     raise AssertionError("no replica is running the request")
@@ -118,6 +126,7 @@ def test_killing_a_replica_fails_only_its_stream(cluster: ServeCluster, client: 
     before = cluster.replicas()
     body = {"model": "flint", "messages": MSG, "max_tokens": 3000, "ignore_eos": True, "stream": True}
     events: list[str] = []
+    started = time.time()
     with httpx.stream("POST", cluster.base_url + "/v1/chat/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
         for line in lines:
@@ -125,8 +134,12 @@ def test_killing_a_replica_fails_only_its_stream(cluster: ServeCluster, client: 
                 events.append(line[6:])
             if len(events) >= 3:
                 break
-        wait_for(lambda: any(s["num_requests_running"] for _, s, _ in cluster.snapshots()), 10, "running request")
-        victim, pid = _replica_serving(cluster)
+        wait_for(
+            lambda: any(s["num_requests_running"] for _, s, _ in _fresh_snapshots(cluster, started)),
+            10,
+            "a snapshot showing the running request",
+        )
+        victim, pid = _replica_serving(cluster, started)
         os.kill(pid, signal.SIGKILL)
         for line in lines:
             if line.startswith("data: "):
