@@ -146,6 +146,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     """How much context fits next to the weights on one GPU, from the engine's own sizing code."""
+    from flint_kernels.router_triton import split_nbytes
+
     from .checkpoint.gguf_writer import plan_tensors
     from .kv_cache_plan import gpu_kv_budget, plan_kv_cache
 
@@ -153,7 +155,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     total = int(args.gpu_memory_gib * 2**30)
     rows = []
     # The fused path keeps each MoE router weight also as three BF16 parts (router_triton.prepare).
-    router_parts = 3 * 2 * config.num_experts * config.hidden_size * len(config.moe_layers)
+    router_parts = split_nbytes(config.num_experts, config.hidden_size) * len(config.moe_layers)
     for fmt in args.weights:
         weight_bytes = sum(p.nbytes for p in plan_tensors(config, fmt)) + router_parts
         budget = gpu_kv_budget(

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from flint_kernels.dispatch import select_kernels
-from flint_kernels.linear import NVFP4Weight
 
 from .config import FlintConfig
 from .engine_config import EngineConfig
@@ -28,7 +27,6 @@ from .sampler import SamplingRow, sample
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .stop_strings import StopStringText
-from .weights import MoEWeights
 
 log = logging.getLogger(__name__)
 _offline_ids = itertools.count()
@@ -150,10 +148,6 @@ class LLMEngine:
         dev = self.model.device
         if dev.type == "cuda":
             free, total = torch.cuda.mem_get_info(dev)
-            nvfp4_experts = any(
-                isinstance(layer.mlp, MoEWeights) and isinstance(layer.mlp.experts_gate_up, NVFP4Weight)
-                for layer in self.model.weights.layers
-            )
             return gpu_kv_budget(
                 self.config,
                 free,
@@ -161,7 +155,7 @@ class LLMEngine:
                 ec.gpu_memory_utilization,
                 ec.max_num_seqs,
                 ec.max_num_batched_tokens,
-                nvfp4_experts,
+                self.model.weights.has_nvfp4_experts(),
             )
         return 512 * 2**20
 

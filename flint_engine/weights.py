@@ -88,6 +88,11 @@ class FlintWeights:
     def is_nvfp4(self) -> bool:
         return any(isinstance(w, NVFP4Weight) for w in _linears(self))
 
+    def has_nvfp4_experts(self) -> bool:
+        """Whether any MoE layer's routed experts are NVFP4 (long prefills then copy them to BF16 for a step)."""
+        return any(isinstance(layer.mlp, MoEWeights) and isinstance(layer.mlp.experts_gate_up, NVFP4Weight)
+                   for layer in self.layers)  # fmt: skip
+
 
 def as_float32(w: FlintWeights) -> FlintWeights:
     """The same weights with FP32 activations: dense tensors upcast exactly, NVFP4 weights shared as they are.

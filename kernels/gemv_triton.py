@@ -764,7 +764,7 @@ def choose_split_k(tiles: int, k: int, block_k: int, device: torch.device, min_i
 def decode_mode(cfg: TileConfig | MoEConfig, x_dtype: torch.dtype) -> int:
     """The kernels' WORDS constexpr for a config: 2 for `packed` tiles with BF16 x (3 under the interpreter, which
     emulates the PTX), else 1 for `words`, else 0 (byte planes)."""
-    if getattr(cfg, "packed", False) and cfg.use_dot:
+    if cfg.packed and cfg.use_dot:
         if _INTERPRET:
             return 3
         if x_dtype == torch.bfloat16:

@@ -440,6 +440,11 @@ def _split_of(weight: torch.Tensor) -> torch.Tensor | None:
     return hit[1] if hit is not None and hit[0]() is weight else None
 
 
+def split_nbytes(num_experts: int, hidden: int) -> int:
+    """Bytes `prepare` keeps for one router weight [num_experts, hidden]: three BF16 parts."""
+    return 3 * 2 * num_experts * hidden
+
+
 def split_weight(weight: torch.Tensor) -> torch.Tensor:
     """FP32 router weight [E, H] -> its three exact BF16 parts [3, E, H] (hi, mid, lo; see the module docstring)."""
     w = weight.float()
@@ -464,7 +469,9 @@ def _tiles(
     t, hidden = x.shape
     num_experts = weight.shape[0]
     e_pad = triton.next_power_of_2(num_experts)
-    cfg = config or tiles_config(t, num_experts, x.device, presplit=split is not None and x.dtype == torch.bfloat16)
+    split_bf16 = x.dtype == torch.bfloat16
+    presplit = split_bf16 and split is not None
+    cfg = config or tiles_config(t, num_experts, x.device, presplit)
     one_pass = cfg.block_e >= e_pad
     token_blocks = triton.cdiv(t, cfg.block_t)
     if not one_pass and token_blocks > gemv_triton.COUNTER_SLOTS:
@@ -472,7 +479,6 @@ def _tiles(
     # Logits go through memory only when a token block's experts are split over several tiles.
     logits = out_w if one_pass else torch.empty((t, num_experts), dtype=torch.float32, device=x.device)
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(hidden)))
-    split_bf16 = x.dtype == torch.bfloat16
     _router_tiles_kernel[(token_blocks, triton.cdiv(num_experts, cfg.block_e))](
         x,
         weight,
@@ -496,7 +502,7 @@ def _tiles(
         E_PAD=e_pad,
         ROWS=max(1, min(cfg.block_t, _SCORE_TILE // e_pad)),
         SPLIT=split_bf16,
-        PRESPLIT=split_bf16 and split is not None,
+        PRESPLIT=presplit,
         RENORMALIZE=renormalize,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -69,7 +69,10 @@ def test_nvfp4_file_really_is_nvfp4(files: dict[str, Path]) -> None:
     assert mixed["blk.2.ffn_gate_exps.weight"] == "NVFP4" and mixed["blk.2.attn_q.weight"] == "BF16"
     w = assemble_weights(src, torch.bfloat16, progress=False)
     assert w.is_nvfp4() and isinstance(w.layers[2].mlp.experts_gate_up, NVFP4Weight)
-    assert w.nbytes() < assemble_weights(open_source(files["bf16"]), torch.bfloat16, progress=False).nbytes() / 2
+    bf16 = assemble_weights(open_source(files["bf16"]), torch.bfloat16, progress=False)
+    assert w.nbytes() < bf16.nbytes() / 2
+    # The engine keeps room for a BF16 copy of a layer's experts only when they are NVFP4.
+    assert w.has_nvfp4_experts() and not bf16.has_nvfp4_experts()
 
 
 def test_transformers_reads_our_hf_files_and_we_read_its(tmp_path: Path, files: dict[str, Path]) -> None:
