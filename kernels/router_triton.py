@@ -15,6 +15,20 @@ prefill, where the reference's FP32 SIMT GEMM and torch.topk took 15 ms of an 8K
 (BLOCK_T tokens, BLOCK_E experts) tiles on tensor cores, the top-k done in the same launch, by the tile itself when
 it holds every expert, else by the last tile of the token block to arrive (a counter per token block).
 
+Residual add + RMSNorm prologue (`add_rms_norm_sigmoid_topk`): at decode the router's input is the post-attention
+norm of o_proj's output plus the residual. Where one K step of the small-batch program covers every token's whole
+row (`fused_norm_fits`: up to 4 tokens at Flint's hidden 2048), `_router_norm_kernel` (the same program with its
+PROLOGUE on) does the norm too, so a MoE layer has one launch fewer: each program loads the x and residual rows
+after the PDL wait (the previous kernel writes x; the norm weight, never written, loads before it), forms
+s = round(residual + x) and normed = round(w * (s * rsqrt(mean(s^2) + eps))) with the operations of
+`add_rms_norm_ref` (and of rmsnorm_triton's kernel), and takes its logits from normed; program 0 also stores s and
+normed. Every program normalises the same few rows, which costs little against its weight row and needs no
+grid-wide barrier before the logits. The residual is bit-identical to the reference; normed too, except where the
+FP32 rstd differs in its last bit (the variance is summed in another order than PyTorch's mean) and that moves a
+value across a rounding boundary: a few elements in a million in BF16. FMA contraction changes nothing else: the
+only product that feeds an addition is the square in that sum (as the sm_90 PTX shows). Larger batches run
+rmsnorm_triton's `add_rms_norm`, then `sigmoid_topk`.
+
 FP32 accuracy on BF16 tensor cores: activations are BF16, so each FP32 router weight is split exactly into three
 BF16 parts (w = hi + mid + lo, each the rounding of what is left), and x.hi + x.mid + x.lo run as three BF16 MMAs
 into one FP32 accumulator. Every BF16 x BF16 product is exact in FP32, so the logits are the FP32 sums of exact
@@ -35,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import gemv_triton
+from . import gemv_triton, rmsnorm_triton
 from .pdl import launch_options, pdl_entry
 from .router import sigmoid_topk_ref
 
@@ -135,6 +149,123 @@ def _weight_step(w_rows, e_ok, kk, k0, hidden, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _add_rms_norm_rows(
+    x_ptr,
+    res_ptr,
+    norm_w,
+    normed_ptr,
+    new_res_ptr,
+    t,
+    t_ok,
+    kk,
+    hidden,
+    stride_x,
+    stride_res,
+    eps,
+    EVEN_K: tl.constexpr,
+):
+    """`add_rms_norm_ref` of the whole rows t (kk covers `hidden`): s = residual + x and normed [T, BLOCK_K] in x's
+    dtype, normed returned; program 0 stores both as [T, hidden] rows, every program uses normed."""
+    mask = t_ok[:, None]
+    if not EVEN_K:
+        mask = mask & (kk < hidden)[None, :]
+    rows = t[:, None].to(tl.int64)
+    xv = tl.load(x_ptr + rows * stride_x + kk[None, :], mask=mask, other=0.0)
+    r = tl.load(res_ptr + rows * stride_res + kk[None, :], mask=mask, other=0.0)
+    # As PyTorch adds in the activation dtype: one FP32 add, one rounding; the norm reads the rounded sum. The same
+    # operations as rmsnorm_triton's kernel; w * (s * rstd) is products only, nothing to contract into an FMA.
+    s = (r.to(tl.float32) + xv.to(tl.float32)).to(xv.dtype)
+    s32 = s.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(s32 * s32, axis=1) / hidden + eps)
+    normed = (norm_w[None, :] * (s32 * rstd[:, None])).to(xv.dtype)
+    if tl.program_id(0) == 0:  # every program computes the rows; one stores them
+        out = rows * hidden + kk[None, :]
+        tl.store(new_res_ptr + out, s, mask=mask)
+        tl.store(normed_ptr + out, normed, mask=mask)
+    return normed
+
+
+@triton.jit
+def _router_program(
+    x_ptr,
+    w_ptr,
+    logits_ptr,
+    cnt_ptr,
+    out_w_ptr,
+    out_ids_ptr,
+    num_tokens,
+    hidden,
+    num_experts,
+    stride_x,
+    stride_w,
+    scaling,
+    res_ptr,
+    norm_w_ptr,
+    normed_ptr,
+    new_res_ptr,
+    stride_res,
+    eps,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    PROLOGUE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """FP32 logits of all tokens for BLOCK_E experts (one pass over their weight rows); the last program to finish
+    turns all the logits into top-k weights (FP32) and expert ids (int64).
+
+    The first K step's weight rows (all of K for Flint at T = 1) are loaded before waiting for the previous grid
+    (PDL; weights are never written by a kernel). With PROLOGUE (one K step covers the row) the router's input is
+    add+RMSNorm of x and the residual (`_add_rms_norm_rows`); without it res_ptr .. eps are unused."""
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    t = tl.arange(0, BLOCK_T)
+    kk = tl.arange(0, BLOCK_K)
+    e_ok = e < num_experts
+    t_ok = t < num_tokens
+    w_rows = w_ptr + e[:, None].to(tl.int64) * stride_w
+    wv = _weight_step(w_rows, e_ok, kk, 0, hidden, EVEN_K)
+    if PROLOGUE:  # the norm weight is never written by a kernel either: it loads before the wait too
+        norm_w = tl.load(norm_w_ptr + kk, mask=kk < hidden, other=0.0).to(tl.float32)
+    pdl_entry(PDL)
+    if PROLOGUE:
+        xv = _add_rms_norm_rows(
+            x_ptr, res_ptr, norm_w, normed_ptr, new_res_ptr, t, t_ok, kk, hidden, stride_x, stride_res, eps, EVEN_K
+        )
+        acc = tl.sum(xv.to(tl.float32)[:, None, :] * wv.to(tl.float32)[None, :, :], axis=2)
+    else:
+        acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            if k0 > 0:
+                wv = _weight_step(w_rows, e_ok, kk, k0, hidden, EVEN_K)
+            x_mask = t_ok[:, None]
+            if not EVEN_K:  # a K mask only where the last step is partial, so whole steps keep vectorised loads
+                x_mask = x_mask & ((k0 + kk) < hidden)[None, :]
+            xv = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_x + (k0 + kk)[None, :], mask=x_mask, other=0.0)
+            acc += tl.sum(xv.to(tl.float32)[:, None, :] * wv.to(tl.float32)[None, :, :], axis=2)
+    tl.store(logits_ptr + t[:, None] * num_experts + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
+    # The barrier orders all of this CTA's stores before the release; the program that sees the last arrival (its
+    # acquire pairs with every release) reads the logits from L2 (.cg: not a stale L1 line).
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+    if arrived == tl.num_programs(0) - 1:
+        # ROWS tokens at a time (all of them for Flint's 256 experts): the k reductions then run once per chunk,
+        # not once per token.
+        for t0 in range(0, num_tokens, ROWS):
+            _topk_from_logits(
+                logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD,
+                E_PAD, RENORMALIZE,
+            )  # fmt: skip
+        tl.atomic_xchg(cnt_ptr, 0)
+
+
+# Two entry points of one program, so the plain router keeps its signature (and no dummy arguments).
+@triton.jit
 def _router_kernel(
     x_ptr,
     w_ptr,
@@ -159,42 +290,52 @@ def _router_kernel(
     RENORMALIZE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """FP32 logits of all tokens for BLOCK_E experts (one pass over their weight rows); the last program to finish
-    turns all the logits into top-k weights (FP32) and expert ids (int64).
+    """Router of x [T, H] for BLOCK_E experts a program, top-k in the last program to arrive (`_router_program`)."""
+    _router_program(
+        x_ptr, w_ptr, logits_ptr, cnt_ptr, out_w_ptr, out_ids_ptr, num_tokens, hidden, num_experts, stride_x,
+        stride_w, scaling, x_ptr, x_ptr, x_ptr, x_ptr, 0, 0.0, BLOCK_T, BLOCK_E, BLOCK_K, EVEN_K, TOP_K, K_PAD,
+        E_PAD, ROWS, RENORMALIZE, False, PDL,
+    )  # fmt: skip
 
-    The first K step's weight rows (all of K for Flint at T = 1) are loaded before waiting for the previous grid
-    (PDL; weights are never written by a kernel)."""
-    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    t = tl.arange(0, BLOCK_T)
-    kk = tl.arange(0, BLOCK_K)
-    e_ok = e < num_experts
-    t_ok = t < num_tokens
-    w_rows = w_ptr + e[:, None].to(tl.int64) * stride_w
-    wv = _weight_step(w_rows, e_ok, kk, 0, hidden, EVEN_K)
-    pdl_entry(PDL)
-    acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
-        if k0 > 0:
-            wv = _weight_step(w_rows, e_ok, kk, k0, hidden, EVEN_K)
-        x_mask = t_ok[:, None]
-        if not EVEN_K:  # a K mask only where the last step is partial, so whole steps keep vectorised loads
-            x_mask = x_mask & ((k0 + kk) < hidden)[None, :]
-        xv = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_x + (k0 + kk)[None, :], mask=x_mask, other=0.0)
-        acc += tl.sum(xv.to(tl.float32)[:, None, :] * wv.to(tl.float32)[None, :, :], axis=2)
-    tl.store(logits_ptr + t[:, None] * num_experts + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
-    # The barrier orders all of this CTA's stores before the release; the program that sees the last arrival (its
-    # acquire pairs with every release) reads the logits from L2 (.cg: not a stale L1 line).
-    tl.debug_barrier()
-    arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
-    if arrived == tl.num_programs(0) - 1:
-        # ROWS tokens at a time (all of them for Flint's 256 experts): the k reductions then run once per chunk,
-        # not once per token.
-        for t0 in range(0, num_tokens, ROWS):
-            _topk_from_logits(
-                logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD,
-                E_PAD, RENORMALIZE,
-            )  # fmt: skip
-        tl.atomic_xchg(cnt_ptr, 0)
+
+@triton.jit
+def _router_norm_kernel(
+    x_ptr,
+    res_ptr,
+    norm_w_ptr,
+    normed_ptr,
+    new_res_ptr,
+    w_ptr,
+    logits_ptr,
+    cnt_ptr,
+    out_w_ptr,
+    out_ids_ptr,
+    num_tokens,
+    hidden,
+    num_experts,
+    stride_x,
+    stride_res,
+    stride_w,
+    eps,
+    scaling,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """`_router_kernel` of add+RMSNorm(x, residual) (the PROLOGUE of `_router_program`); stores normed and the new
+    residual [T, H] too. BLOCK_K must cover `hidden`."""
+    _router_program(
+        x_ptr, w_ptr, logits_ptr, cnt_ptr, out_w_ptr, out_ids_ptr, num_tokens, hidden, num_experts, stride_x,
+        stride_w, scaling, res_ptr, norm_w_ptr, normed_ptr, new_res_ptr, stride_res, eps, BLOCK_T, BLOCK_E,
+        BLOCK_K, EVEN_K, TOP_K, K_PAD, E_PAD, ROWS, RENORMALIZE, True, PDL,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -314,24 +455,43 @@ def sigmoid_topk(
     if t > SMALL_BATCH:
         _tiles(x, weight, top_k, renormalize, scaling, out_w, out_ids, split=split)
         return out_w, out_ids
+    _small_batch(x, weight, top_k, renormalize, scaling, out_w, out_ids)
+    return out_w, out_ids
+
+
+def _block_k(tokens: int, hidden: int) -> int:
+    """K step of `_router_kernel`: as much of K as the product tile allows (all of Flint's 2048 up to 4 tokens), so
+    fewer dependent iterations."""
+    return max(8, min(triton.next_power_of_2(hidden), _PRODUCT_TILE // (triton.next_power_of_2(tokens) * _BLOCK_E)))
+
+
+def fused_norm_fits(tokens: int, hidden: int) -> bool:
+    """Whether `add_rms_norm_sigmoid_topk` runs as one launch: 1..SMALL_BATCH tokens whose whole rows fit one K step
+    of `_router_kernel` (the norm needs the whole row before any logit): hidden <= _PRODUCT_TILE //
+    (next_pow2(tokens) * _BLOCK_E) or hidden <= 8. Up to 4 tokens for Flint's hidden 2048, all 16 up to hidden 512."""
+    return 0 < tokens <= SMALL_BATCH and 0 < hidden <= _block_k(tokens, hidden)
+
+
+def _small_batch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    scaling: float,
+    out_w: torch.Tensor,
+    out_ids: torch.Tensor,
+    norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """Launch `_router_kernel` (1..SMALL_BATCH tokens, unit strides on H), or with `norm` = (residual, norm weight,
+    eps, normed out, new residual out) `_router_norm_kernel` (the caller has checked `fused_norm_fits`)."""
+    t, hidden = x.shape
+    num_experts = weight.shape[0]
     logits = torch.empty((t, num_experts), dtype=torch.float32, device=x.device)
     block_t = triton.next_power_of_2(t)
     e_pad = triton.next_power_of_2(num_experts)
-    # As much of K per step as the product tile allows (all of Flint's 2048 at T=1): fewer dependent iterations.
-    block_k = max(8, min(triton.next_power_of_2(hidden), _PRODUCT_TILE // (block_t * _BLOCK_E)))
-    _router_kernel[(triton.cdiv(num_experts, _BLOCK_E),)](
-        x,
-        weight,
-        logits,
-        gemv_triton.counters(x.device),
-        out_w,
-        out_ids,
-        t,
-        hidden,
-        num_experts,
-        x.stride(0),
-        weight.stride(0),
-        float(scaling),
+    block_k = _block_k(t, hidden)
+    grid = (triton.cdiv(num_experts, _BLOCK_E),)
+    meta = dict(
         BLOCK_T=block_t,
         BLOCK_E=_BLOCK_E,
         BLOCK_K=block_k,
@@ -344,7 +504,60 @@ def sigmoid_topk(
         num_warps=4,
         **launch_options(x.device),
     )
-    return out_w, out_ids
+    counter = gemv_triton.counters(x.device)
+    if norm is None:
+        _router_kernel[grid](
+            x, weight, logits, counter, out_w, out_ids, t, hidden, num_experts, x.stride(0), weight.stride(0),
+            float(scaling), **meta,
+        )  # fmt: skip
+        return
+    residual, norm_weight, eps, normed, new_res = norm
+    _router_norm_kernel[grid](
+        x, residual, norm_weight, normed, new_res, weight, logits, counter, out_w, out_ids, t, hidden, num_experts,
+        x.stride(0), residual.stride(0), weight.stride(0), float(eps), float(scaling), **meta,
+    )  # fmt: skip
+
+
+def add_rms_norm_sigmoid_topk(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    router_weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool = True,
+    scaling: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(normed, new residual, top-k weights FP32, expert ids int64) as `add_rms_norm_sigmoid_topk_ref`; one launch
+    where `fused_norm_fits`, else Triton `add_rms_norm` then `sigmoid_topk` (each with its own fallbacks)."""
+    num_experts = router_weight.shape[0]
+    fused = (
+        x.dim() == 2
+        and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and residual.shape == x.shape
+        and residual.dtype == x.dtype
+        and norm_weight.shape == (x.shape[1],)
+        and router_weight.dim() == 2
+        and router_weight.shape[1] == x.shape[1]
+        and num_experts <= MAX_EXPERTS
+        and 0 < top_k <= min(MAX_TOP_K, num_experts)
+        and fused_norm_fits(x.shape[0], x.shape[1])
+    )
+    if not fused:
+        normed, new_res = rmsnorm_triton.add_rms_norm(x, residual, norm_weight, eps)
+        return normed, new_res, *sigmoid_topk(normed, router_weight, top_k, renormalize, scaling)
+    x, residual, norm_weight, router_weight = (
+        a if a.stride(-1) == 1 else a.contiguous() for a in (x, residual, norm_weight, router_weight)
+    )
+    t, hidden = x.shape
+    normed = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
+    new_res = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
+    out_w = torch.empty((t, top_k), dtype=torch.float32, device=x.device)
+    out_ids = torch.empty((t, top_k), dtype=torch.int64, device=x.device)
+    _small_batch(
+        x, router_weight, top_k, renormalize, scaling, out_w, out_ids, (residual, norm_weight, eps, normed, new_res)
+    )
+    return normed, new_res, out_w, out_ids
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flint_kernels import gemv_triton, router_triton
+from flint_kernels import gemv_triton, rmsnorm_triton, router_triton
 from flint_kernels.activation import silu_and_mul_ref
 from flint_kernels.activation_triton import silu_and_mul
-from flint_kernels.router import sigmoid_topk_ref
-from flint_kernels.router_triton import SMALL_BATCH, sigmoid_topk
+from flint_kernels.rmsnorm import add_rms_norm_ref
+from flint_kernels.router import add_rms_norm_sigmoid_topk_ref, sigmoid_topk_ref
+from flint_kernels.router_triton import SMALL_BATCH, add_rms_norm_sigmoid_topk, fused_norm_fits, sigmoid_topk
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -83,6 +84,22 @@ def _check_router(
     w = (_rand((experts, hidden), torch.float32, 3, device) * hidden**-0.5).to(w_dtype or x_dtype)
     weights, ids = sigmoid_topk(x, w, k, renorm, scaling)
     ref_w, ref_ids = sigmoid_topk_ref(x, w, k, renorm, scaling)
+    _check_topk(weights, ids, ref_w, ref_ids, x, w, renorm, scaling)
+
+
+def _check_topk(
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    ref_w: torch.Tensor,
+    ref_ids: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    renorm: bool,
+    scaling: float,
+) -> None:
+    """Top-k weights within 1e-5 (x scaling) of the reference's; ids equal except where x's true scores tie."""
+    t, k = ref_w.shape
+    device = x.device
     assert weights.shape == ref_w.shape == (t, k) and ids.shape == (t, k)
     assert weights.dtype == torch.float32 and ids.dtype == torch.int64
     # The logits sum in another order than the GEMM, so near-ties may swap: where ids differ, the true scores must
@@ -272,3 +289,218 @@ def test_router_tiles_fit_the_shared_memory_of_smaller_gpus() -> None:
                 assert min(cfg.block_t, cfg.block_e, cfg.block_k) >= 16 and cfg.num_stages >= 2
     a100 = rt.fit_shared_memory(rt.tiles_config(8192, 256), True, 166912)
     assert a100 == rt.TilesConfig(128, 128, 64, 8, 2)  # one stage fewer is enough there
+
+
+# ------------------------------------------------------------------------------- residual add + RMSNorm + router
+EPS = 1e-6
+
+
+def _norm_router_inputs(
+    t: int, hidden: int, experts: int, dtype: torch.dtype, device: str, seed: int = 50
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, residual, norm weight FP32, router weight FP32) as at a MoE layer: random, no zeros by construction."""
+    x = _rand((t, hidden), dtype, seed, device) * 3
+    res = _rand((t, hidden), dtype, seed + 1, device)
+    norm_w = _rand((hidden,), torch.float32, seed + 2, device) * 0.5 + 1
+    router_w = _rand((experts, hidden), torch.float32, seed + 3, device) * hidden**-0.5
+    return x, res, norm_w, router_w
+
+
+def _check_normed(normed: torch.Tensor, ref: torch.Tensor, new_res: torch.Tensor, norm_w: torch.Tensor) -> None:
+    """`normed` as the reference rounds it: where the bits differ, the FP32 value the reference rounds lies within
+    2^-20 of a rounding boundary of the dtype (our rstd may differ in its last bit: the variance sums in another
+    order), i.e. ours is as close to that value as the reference's, up to 2^-20 of it. In FP32 (no rounding after
+    the FP32 product) that is |ours - ref| <= 2^-20 |ref|, a few ulps; in FP16 / BF16 it allows a one-ulp flip at a
+    near-tie only (seen: ~1 in 2000 FP16 elements in the interpreter; a few in a million expected in BF16)."""
+    s32 = new_res.float()
+    pre = norm_w.float() * (s32 * torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + EPS))  # `rms_norm_ref` unrounded
+    assert normed.shape == ref.shape and normed.dtype == ref.dtype
+    assert not normed.isnan().any()
+    ours, theirs = (normed.float() - pre).abs(), (ref.float() - pre).abs()
+    assert (ours <= theirs + pre.abs() * 2.0**-20).all(), (ours - theirs).max().item()
+    if normed.dtype != torch.float32:  # (in FP32 a row whose rstd differs differs everywhere, by an ulp or two)
+        # Near-ties are rare (within 2^-20 of a boundary: ~2^-8 of FP16 values, ~2^-11 of BF16 ones), flips rarer.
+        assert (normed != ref).float().mean().item() <= 0.01
+
+
+def _check_norm_router(
+    t: int, hidden: int, experts: int, k: int, renorm: bool, scaling: float, dtype: torch.dtype, device: str
+) -> None:
+    x, res, norm_w, router_w = _norm_router_inputs(t, hidden, experts, dtype, device)
+    normed, new_res, weights, ids = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, k, renorm, scaling)
+    ref_normed, ref_res, ref_w, ref_ids = add_rms_norm_sigmoid_topk_ref(
+        x, res, norm_w, EPS, router_w, k, renorm, scaling
+    )
+    assert new_res.shape == (t, hidden) and new_res.dtype == dtype
+    assert torch.equal(new_res, ref_res)  # one add in the dtype: always bit-identical
+    _check_normed(normed, ref_normed, ref_res, norm_w)
+    _check_topk(weights, ids, ref_w, ref_ids, ref_normed, router_w, renorm, scaling)
+    again = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, k, renorm, scaling)
+    assert all(torch.equal(a, b) for a, b in zip(again, (normed, new_res, weights, ids)))
+    assert not gemv_triton.counters(x.device).any()
+
+
+def test_add_rms_norm_sigmoid_topk_ref_is_the_composition() -> None:
+    x, res, norm_w, router_w = _norm_router_inputs(3, 64, 16, torch.float32, "cpu")
+    normed, new_res, weights, ids = add_rms_norm_sigmoid_topk_ref(x, res, norm_w, EPS, router_w, 4, False, 2.0)
+    want_normed, want_res = add_rms_norm_ref(x, res, norm_w, EPS)
+    want_w, want_ids = sigmoid_topk_ref(want_normed, router_w, 4, False, 2.0)
+    for got, want in ((normed, want_normed), (new_res, want_res), (weights, want_w), (ids, want_ids)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("t", "hidden", "experts", "k", "renorm", "scaling", "fused"),
+    [
+        (1, 2048, 256, 6, True, 1.0, True),  # Flint's router
+        (3, 2048, 256, 6, False, 2.5, True),
+        (4, 2048, 256, 6, True, 1.0, True),  # 4 x 2048 is the whole product tile: the last one-launch batch
+        (5, 2048, 256, 6, True, 1.0, False),  # Triton add+RMSNorm, then the small-batch router
+        (1, 96, 16, 4, True, 1.0, True),  # hidden no power of two: masked K
+        (3, 96, 16, 1, False, 1.0, True),
+        (4, 96, 16, 4, True, 2.5, True),
+        (SMALL_BATCH + 1, 96, 16, 4, True, 1.0, False),  # add+RMSNorm, then the router tiles
+        (1, 200, 40, 8, True, 2.5, True),
+        (3, 200, 40, 6, True, 1.0, True),
+        (4, 200, 40, 6, False, 1.0, True),
+        (SMALL_BATCH, 200, 40, 6, True, 1.0, True),  # 16 x 256 fits one K step: still one launch
+        (SMALL_BATCH + 1, 200, 40, 6, True, 1.0, False),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_rms_norm_sigmoid_topk_interp(
+    poison: None,
+    monkeypatch: pytest.MonkeyPatch,
+    t: int,
+    hidden: int,
+    experts: int,
+    k: int,
+    renorm: bool,
+    scaling: float,
+    fused: bool,
+    dtype: torch.dtype,
+) -> None:
+    """Residual add + RMSNorm + router against the reference composition: residual bit-identical, normed as
+    `_check_normed`, top-k as the router tests; repeats bit-for-bit and leaves the arrival counters zero."""
+    if hidden > 1000:
+        # 16 experts a program (the interpreter pays per program) and a product tile 16 times larger, so the K
+        # steps and the one-launch limit stay those of the GPU (Flint's 256 programs run in the launch test).
+        monkeypatch.setattr(router_triton, "_BLOCK_E", 16)
+        monkeypatch.setattr(router_triton, "_PRODUCT_TILE", 16 * router_triton._PRODUCT_TILE)
+    assert fused_norm_fits(t, hidden) == fused
+    _check_norm_router(t, hidden, experts, k, renorm, scaling, dtype, "cpu")
+
+
+class _Launches:
+    """A Triton kernel that counts its launches (`kernel[grid](...)`)."""
+
+    def __init__(self, kernel: object) -> None:
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid: tuple[int, ...]) -> object:
+        self.count += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize(
+    ("t", "launches"),
+    [
+        (1, {"_router_norm_kernel": 1}),
+        (4, {"_router_norm_kernel": 1}),
+        (5, {"add_rms_norm": 1, "_router_kernel": 1}),
+        (SMALL_BATCH + 1, {"add_rms_norm": 1, "_router_tiles_kernel": 1}),
+    ],
+)
+def test_add_rms_norm_sigmoid_topk_launches_interp(
+    poison: None, monkeypatch: pytest.MonkeyPatch, t: int, launches: dict[str, int]
+) -> None:
+    """At Flint's hidden 2048 up to 4 tokens run one launch (the router with the norm prologue); above, Triton
+    add+RMSNorm and then the router, whose results are exactly that composition's."""
+    counted = {name: _Launches(getattr(router_triton, name)) for name in
+               ("_router_norm_kernel", "_router_kernel", "_router_tiles_kernel")}  # fmt: skip
+    for name, kernel in counted.items():
+        monkeypatch.setattr(router_triton, name, kernel)
+    norm_calls = []
+    real_add_rms_norm = rmsnorm_triton.add_rms_norm
+
+    def add_rms_norm(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
+        norm_calls.append(args)
+        return real_add_rms_norm(*args)
+
+    monkeypatch.setattr(rmsnorm_triton, "add_rms_norm", add_rms_norm)
+    x, res, norm_w, router_w = _norm_router_inputs(t, 2048, 16, torch.float32, "cpu")  # 16 experts: cheap here
+    out = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
+    got = {name: kernel.count for name, kernel in counted.items() if kernel.count} | (
+        {"add_rms_norm": len(norm_calls)} if norm_calls else {}
+    )
+    assert got == launches
+    if norm_calls:
+        normed, new_res = real_add_rms_norm(x, res, norm_w, EPS)
+        want = (normed, new_res, *sigmoid_topk(normed, router_w, 6))
+        assert all(torch.equal(a, b) for a, b in zip(out, want))
+    else:
+        ref = add_rms_norm_sigmoid_topk_ref(x, res, norm_w, EPS, router_w, 6)
+        assert torch.equal(out[1], ref[1]) and torch.equal(out[3], ref[3])
+        _check_normed(out[0], ref[0], ref[1], norm_w)
+
+
+def test_add_rms_norm_sigmoid_topk_strided_interp(poison: None) -> None:
+    """Rows of wider buffers (o_proj output and residual views with a row stride above hidden) in one launch."""
+    x_buf, res_buf, norm_w, router_w = _norm_router_inputs(3, 160, 16, torch.float16, "cpu")
+    x, res = x_buf[:, 16:112], res_buf[:, :96]
+    norm_w, router_w = norm_w[:96], router_w[:, :96].contiguous()
+    assert fused_norm_fits(3, 96) and x.stride(0) == res.stride(0) == 160
+    normed, new_res, weights, ids = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 4)
+    ref = add_rms_norm_sigmoid_topk_ref(x, res, norm_w, EPS, router_w, 4)
+    assert torch.equal(new_res, ref[1]) and new_res.is_contiguous() and normed.is_contiguous()
+    _check_normed(normed, ref[0], ref[1], norm_w)
+    _check_topk(weights, ids, ref[2], ref[3], ref[0], router_w, True, 1.0)
+
+
+def test_add_rms_norm_sigmoid_topk_fallbacks_interp(poison: None) -> None:
+    """What the Triton ops leave to the reference still gets the reference's results: top_k above MAX_TOP_K, a
+    residual of another dtype (PyTorch's promotion), an empty batch."""
+    x, res, norm_w, router_w = _norm_router_inputs(2, 64, 16, torch.float32, "cpu")
+    k = router_triton.MAX_TOP_K + 1
+    got = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, k)
+    want = add_rms_norm_sigmoid_topk_ref(x, res, norm_w, EPS, router_w, k)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[3], want[3])
+    _check_normed(got[0], want[0], want[1], norm_w)
+    half = x.half()
+    got = add_rms_norm_sigmoid_topk(half, res, norm_w, EPS, router_w, 4)
+    want = add_rms_norm_sigmoid_topk_ref(half, res, norm_w, EPS, router_w, 4)
+    assert got[0].dtype == got[1].dtype == torch.float32
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    _check_topk(got[2], got[3], want[2], want[3], want[0], router_w, True, 1.0)
+    empty = add_rms_norm_sigmoid_topk(x[:0], res[:0], norm_w, EPS, router_w, 4)
+    assert [tuple(a.shape) for a in empty] == [(0, 64), (0, 64), (0, 4), (0, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("t", [1, 2, 4, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_add_rms_norm_sigmoid_topk_gpu(poison: None, t: int, dtype: torch.dtype) -> None:
+    """Flint's shapes: one launch up to 4 tokens, the composition above; BF16 residual bit-identical, normed too
+    but for one-ulp flips at rounding near-ties (`_check_normed`)."""
+    assert fused_norm_fits(t, 2048) == (t <= 4)
+    _check_norm_router(t, 2048, 256, 6, True, 1.0, dtype, "cuda")
+    _check_norm_router(t, 2048, 256, 6, False, 2.5, dtype, "cuda")
+
+
+def test_router_norm_kernel_compiles_for_sm90() -> None:
+    """The one-launch kernel compiles for Hopper (sm_90, no GPU needed) at Flint's 4 tokens x 2048 with PDL, and
+    reads before the wait for the previous kernel only what no kernel writes: the plain router's early loads (its
+    weight row) plus as many for the FP32 norm weight (as long as that row); x and the residual come after it."""
+    from test_kernels_compile import _compile  # its AOT helper (a sibling test module)
+
+    pointers = {"x_ptr": "bf16", "res_ptr": "bf16", "norm_w_ptr": "fp32", "normed_ptr": "bf16",
+                "new_res_ptr": "bf16", "w_ptr": "fp32", "logits_ptr": "fp32", "cnt_ptr": "i32", "out_w_ptr": "fp32",
+                "out_ids_ptr": "i64"}  # fmt: skip
+    constexprs = dict(BLOCK_T=4, BLOCK_E=1, BLOCK_K=2048, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=256, ROWS=4,
+                      RENORMALIZE=True, PDL=True)  # fmt: skip
+    plain = {k: v for k, v in pointers.items() if k in router_triton._router_kernel.arg_names}
+    plain_loads, _ = _compile("flint_kernels.router_triton", "_router_kernel", plain, constexprs, 4, 1)
+    loads, waits = _compile("flint_kernels.router_triton", "_router_norm_kernel", pointers, constexprs, 4, 1)
+    assert waits == 1 and plain_loads > 0
+    assert loads == 2 * plain_loads
