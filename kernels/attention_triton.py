@@ -14,6 +14,10 @@ from the paged cache serves all of them (GQA 8: one read instead of eight):
   launch or graph replay: results do not depend on scheduling. A sequence without a query returns before
   arriving, in every split. With one split the kernel starts its running max at the sink and finishes the rows
   itself. Batches with more (sequence, KV head) pairs than counter slots fall back to a separate combine launch.
+  With QKV (`qkv_attention_triton`) the kernel reads the packed qkv rows before the Q/K norm: each program
+  normalises and rotates its GROUP query heads in registers, and the split holding the newest position writes that
+  token's normed, rotated key and its value to the cache (then a CTA barrier, so its own key loads see them; no
+  other split reads that position), which removes the separate Q/K-norm + RoPE + cache-write launch.
 * prefill / mixed: grid (query tiles over all sequences, num_kv_heads); a tile is BLOCK_Q consecutive queries of
   one sequence times GROUP heads (row r = query r // G_PAD, head r % G_PAD). Key tiles outside the union of the
   rows' causal/sliding ranges are never visited, and whole tiles every row sees entirely run without masks. A
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -133,6 +138,64 @@ def _attend_keys(
 
 
 @triton.jit
+def _mul_rn(a, b, PTX: tl.constexpr):
+    """a * b in FP32 that the compiler may not contract into an FMA with a following add (PTX mul.rn; the CPU
+    interpreter, which never contracts, multiplies plainly). The separate Q/K-norm kernel turns contraction off for
+    its whole launch instead, which the attention loop here should keep."""
+    if PTX:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True,
+                                         pack=1)  # fmt: skip
+    else:
+        return a * b
+
+
+@triton.jit
+def _norm_rope_heads(
+    row_ptr,
+    heads,
+    row_ok,
+    w_ptr,
+    cos_row,
+    sin_row,
+    eps,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_ROPE: tl.constexpr,
+    PTX_MUL: tl.constexpr,
+):
+    """Heads [R] of one packed qkv row: per-head RMSNorm (+ NeoX RoPE), in `qk_norm_rope_write_ref`'s roundings.
+
+    rotate_half pairs element d with d ± HEAD_DIM/2, so each head is also loaded at the partner offsets (the same
+    L1 lines) instead of shuffling registers: the partner's norm uses the same rstd and its own weight.
+    """
+    HALF: tl.constexpr = HEAD_DIM // 2
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    m = row_ok[:, None] & d_ok[None, :]
+    base = row_ptr + heads[:, None] * HEAD_DIM
+    x = tl.load(base + d[None, :], mask=m, other=0.0)
+    dt = x.dtype
+    a = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(a * a, axis=1) / HEAD_DIM + eps)[:, None]
+    w = tl.load(w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    # rms_norm_ref's association: w * (x * rstd), one rounding to the activation dtype.
+    n = (w * (a * rstd)).to(dt).to(tl.float32)
+    if HAS_ROPE:
+        pd = (d + HALF) % HEAD_DIM
+        ap = tl.load(base + pd[None, :], mask=m, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + pd, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        npart = (wp * (ap * rstd)).to(dt).to(tl.float32)
+        rot = tl.where((d < HALF)[None, :], -npart, npart)
+        cos = tl.load(cos_row + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        sin = tl.load(sin_row + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        # Each product and the sum round to the activation dtype, as PyTorch's x*cos + rotate_half(x)*sin does; the
+        # products are mul.rn so that no FMA contraction merges one into the sum (see `_mul_rn`).
+        c = _mul_rn(n, cos, PTX_MUL).to(dt).to(tl.float32)
+        return (c + _mul_rn(rot, sin, PTX_MUL).to(dt).to(tl.float32)).to(dt)
+    return n.to(dt)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,
     k_ptr,
@@ -146,6 +209,14 @@ def _decode_kernel(
     part_m_ptr,
     part_l_ptr,
     cnt_ptr,
+    qn_ptr,
+    kn_ptr,
+    cos_ptr,
+    sin_ptr,
+    slot_ptr,
+    stride_cos,
+    stride_sin,
+    eps,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -171,12 +242,17 @@ def _decode_kernel(
     FUSED_COMBINE: tl.constexpr,
     SPLIT_STEP: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    QKV: tl.constexpr,
+    HAS_ROPE: tl.constexpr,
+    PTX_MUL: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One (sequence, KV head, key split): all GROUP query heads of the sequence's single query against its keys.
 
     With several splits and FUSED_COMBINE the last split to arrive also merges them (see the module docstring);
-    without FUSED_COMBINE the partials are left for `_decode_combine_kernel`.
+    without FUSED_COMBINE the partials are left for `_decode_combine_kernel`. With QKV, q_ptr is the packed qkv
+    rows before the Q/K norm and RoPE: each program normalises (and rotates) its query heads itself, and the split
+    that holds the newest position writes the token's K and V to the cache before it reads its keys.
     """
     s_idx = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -195,7 +271,6 @@ def _decode_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     q_row = q_ptr + q0.to(tl.int64) * stride_qt
-    q = tl.load(q_row + heads[:, None] * stride_qh + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     q_pos = tl.zeros([G_PAD], dtype=tl.int32) + (ctx - 1)
 
     kv_hi = ctx
@@ -208,6 +283,34 @@ def _decode_kernel(
     per_split = tl.cdiv(n_tiles, NUM_SPLITS)
     begin = first_tile + split * per_split * BLOCK_N
     end = tl.minimum(begin + per_split * BLOCK_N, kv_hi)
+    if QKV:
+        NUM_KV_HEADS: tl.constexpr = NUM_HEADS // GROUP
+        cos_row = cos_ptr + q0.to(tl.int64) * stride_cos
+        sin_row = sin_ptr + q0.to(tl.int64) * stride_sin
+        q = _norm_rope_heads(q_row, heads, row_ok, qn_ptr, cos_row, sin_row, eps, HEAD_DIM, BLOCK_D, HAS_ROPE, PTX_MUL)
+        # The newest key and value: written by the split whose range holds position ctx - 1, before its reads.
+        one = tl.arange(0, 1)
+        kv_row = tl.zeros([1], dtype=tl.int32) + kvh
+        k_new = _norm_rope_heads(
+            q_row, NUM_HEADS + kv_row, one < 1, kn_ptr, cos_row, sin_row, eps, HEAD_DIM, BLOCK_D, HAS_ROPE, PTX_MUL
+        )
+        v_new = tl.load(q_row + (NUM_HEADS + NUM_KV_HEADS + kv_row)[:, None] * HEAD_DIM + d[None, :],
+                        mask=d_ok[None, :], other=0.0)  # fmt: skip
+        slot = tl.load(slot_ptr + q0).to(tl.int64)
+        # A vector compare: the CPU interpreter mis-types `vector & scalar-bool` masks.
+        newest = tl.zeros([1], dtype=tl.int32) + (ctx - 1)
+        owns = (newest.to(tl.int64) * 0 + slot >= 0) & (newest >= begin) & (newest < end)
+        blk = slot // CACHE_BLOCK
+        off = slot % CACHE_BLOCK
+        w_mask = owns[:, None] & d_ok[None, :]
+        k_dst = k_ptr + blk * stride_kb + off * stride_ko + kvh * stride_kh
+        tl.store(k_dst + d[None, :], k_new.to(k_ptr.dtype.element_ty), mask=w_mask)
+        v_dst = v_ptr + blk * stride_vb + off * stride_vo + kvh * stride_vh
+        tl.store(v_dst + d[None, :], v_new.to(v_ptr.dtype.element_ty), mask=w_mask)
+        # Makes the stores visible to this CTA's threads before they load the newest key's tile.
+        tl.debug_barrier()
+    else:
+        q = tl.load(q_row + heads[:, None] * stride_qh + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     acc = tl.zeros([G_PAD, BLOCK_D], dtype=tl.float32)
     if NUM_SPLITS == 1:
@@ -551,6 +654,18 @@ def _supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) ->
     )
 
 
+@dataclass(frozen=True)
+class PackedQKV:
+    """What the decode kernel needs to take the packed qkv rows (`qk_norm_rope_write`'s inputs) instead of q."""
+
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    eps: float
+    cos_sin: tuple[torch.Tensor, torch.Tensor] | None
+    slot_mapping: torch.Tensor
+    num_heads: int
+
+
 def paged_attention_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -562,11 +677,15 @@ def paged_attention_decode(
     window: int | None,
     num_splits: int | None = None,
     config: AttentionDecodeConfig | None = None,
+    packed: PackedQKV | None = None,
 ) -> torch.Tensor:
     """Decode path of `paged_attention` (each sequence has at most one query); `num_splits` overrides the heuristic,
-    `config` the launch parameters (`decode_config`)."""
-    t, hq, d = q.shape
+    `config` the launch parameters (`decode_config`). With `packed`, q is the packed qkv rows [T, (Hq + 2 Hkv) D]
+    and the launch also does `qk_norm_rope_write` (the caller checks `packed_supported`)."""
     hkv = k_cache.shape[2]
+    d = k_cache.shape[3]
+    t = q.shape[0]
+    hq = packed.num_heads if packed is not None else q.shape[1]
     group = hq // hkv
     num_seqs = len(meta.seq_lens)
     cfg = config or decode_config(meta.max_seq_len, window, num_seqs, q.device, k_cache.element_size())
@@ -578,6 +697,12 @@ def paged_attention_decode(
     if t == 0 or num_seqs == 0:
         return out
     block_d = triton.next_power_of_2(d)
+    if packed is not None:
+        cos, sin = packed.cos_sin if packed.cos_sin is not None else (q, q)  # dummies, never read without RoPE
+        qkv_args = (packed.q_norm, packed.k_norm, cos, sin, packed.slot_mapping, cos.stride(0), sin.stride(0))
+        eps, stride_qh = packed.eps, d
+    else:
+        qkv_args, eps, stride_qh = (q, q, q, q, q, 0, 0), 0.0, q.stride(1)
     # The last-arriving split merges unless the batch needs more counters than there are (then a second launch).
     fused = num_splits > 1 and num_seqs * hkv <= COUNTER_SLOTS
     cnt = counters(q.device) if fused else out
@@ -600,9 +725,11 @@ def paged_attention_decode(
         part_m,
         part_l,
         cnt,
+        *qkv_args,
+        eps,
         scale * LOG2E,
         q.stride(0),
-        q.stride(1),
+        stride_qh,
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -625,6 +752,9 @@ def paged_attention_decode(
         FUSED_COMBINE=fused,
         SPLIT_STEP=max(1, min(num_splits, cfg.merge_elems // (triton.next_power_of_2(group) * block_d))),
         DOT_PREC=_dot_precision(q.dtype),
+        QKV=packed is not None,
+        HAS_ROPE=packed is not None and packed.cos_sin is not None,
+        PTX_MUL=q.is_cuda,
         num_warps=cfg.num_warps,
         **_stages(cfg.num_stages),
         **launch_options(q.device),

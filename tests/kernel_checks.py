@@ -18,3 +18,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def poisoned_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Stands in for a kernel module's `_empty`: every allocated tensor starts as NaN, so unwritten elements show."""
     return torch.full(shape, math.nan, dtype=dtype, device=device)
+
+
+def poison_torch_empty(monkeypatch) -> None:
+    """Make `torch.empty` / `torch.empty_like` return NaN (floats) or -77 (ints), so unwritten elements show."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def fill(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            t.fill_(math.nan)
+        elif t.dtype != torch.bool:
+            t.fill_(-77)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_empty_like(*a, **k)))

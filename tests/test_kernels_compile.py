@@ -133,13 +133,15 @@ def test_router_tiles_compile_for_sm90(presplit: bool, e_pad: int) -> None:
     assert waits == 1
 
 
-@pytest.mark.parametrize("splits", [1, 8])
-def test_decode_attention_compiles_for_sm90(splits: int) -> None:
+@pytest.mark.parametrize(("splits", "qkv"), [(1, False), (8, False), (1, True), (8, True)])
+def test_decode_attention_compiles_for_sm90(splits: int, qkv: bool) -> None:
+    """Also with QKV (`qkv_attention`: Q/K norm, RoPE and the cache write in the launch; its mul.rn inline PTX)."""
     pointers = {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "bt_ptr": "i32", "qs_ptr": "i32", "sl_ptr": "i32",
                 "sink_ptr": "fp32", "out_ptr": "bf16", "part_acc_ptr": "fp32", "part_m_ptr": "fp32",
-                "part_l_ptr": "fp32", "cnt_ptr": "i32"}  # fmt: skip
+                "part_l_ptr": "fp32", "cnt_ptr": "i32", "qn_ptr": "fp32", "kn_ptr": "fp32", "cos_ptr": "bf16",
+                "sin_ptr": "bf16", "slot_ptr": "i64"}  # fmt: skip
     constexprs = dict(NUM_HEADS=32, GROUP=8, G_PAD=16, G_P2=8, WINDOW=513, CACHE_BLOCK=16, HEAD_DIM=128, BLOCK_D=128,
                       BLOCK_N=128, NUM_SPLITS=splits, FUSED_COMBINE=splits > 1, SPLIT_STEP=min(splits, 16),
-                      DOT_PREC="tf32", PDL=True)  # fmt: skip
+                      DOT_PREC="tf32", QKV=qkv, HAS_ROPE=qkv, PTX_MUL=qkv, PDL=True)  # fmt: skip
     loads, waits = _compile("flint_kernels.attention_triton", "_decode_kernel", pointers, constexprs, 4, 2)
     assert loads > 0 and waits == 1  # the batch metadata before waiting for the previous kernel
