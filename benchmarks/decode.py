@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from fast_path_accuracy import agreement, greedy, rel_err  # a sibling script: benchmarks/ is on sys.path
 from flint_kernels.dispatch import REFERENCE, select_kernels
+from flint_kernels.fast import fast_kernels, parse_ops
 
 from flint_engine.config import FlintConfig, preset
 from flint_engine.forward_batch import ForwardBatch
@@ -85,6 +86,20 @@ def timed(fn, dev: torch.device, reps: int, warmup: int = 2) -> float:
             fn()
             times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def ab_rounds(g, step, variant, batch, dev: torch.device, reps: int, rounds: int = 3) -> dict:
+    """Main graph vs the variant's, in alternating rounds (same process, same order each round): medians."""
+    step(variant, batch)
+    sync(dev)
+    gv = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gv):
+        step(variant, batch)
+    main_ms, var_ms = [], []
+    for _ in range(rounds):
+        main_ms.append(timed(g.replay, dev, reps))
+        var_ms.append(timed(gv.replay, dev, reps))
+    return {"ab_main_ms": [round(t, 4) for t in main_ms], "ab_variant_ms": [round(t, 4) for t in var_ms]}
 
 
 def copy_bandwidth(dev: torch.device) -> float:
@@ -233,6 +248,8 @@ def run_format(
     rep.data["notes"].append(f"{fmt}: built {wbytes / 1e9:.2f} GB of random weights in {time.monotonic() - t0:.1f} s")
     kernels = select_kernels(dev, weights.dtype, weights.dtype, args.kernels)
     fast = FlintModel(weights, kernels)
+    # The A/B variant: the same weights under another fused-op list, timed in alternation with the main one.
+    variant = FlintModel(weights, fast_kernels(REFERENCE, parse_ops(args.ab_ops))) if args.ab_ops else None
     plain = FlintModel(weights, REFERENCE)
     # --- correctness: fused path against the plain path on the same weights
     for b in args.check_batches:
@@ -276,6 +293,8 @@ def run_format(
                             step()
                         row["step_ms"] = round(timed(g.replay, dev, args.reps), 4)
                         row["cuda_graph"] = True
+                        if variant is not None:
+                            row.update(ab_rounds(g, step, variant, batch, dev, args.reps))
                     except Exception as exc:  # a non-capturable op: measure eagerly and say why
                         graph_error = f"{type(exc).__name__}: {str(exc)[:200]}"
                         torch.cuda.synchronize(dev)
@@ -347,6 +366,12 @@ def main() -> None:
         default=None,
         help="batches whose step is profiled by kernel (at the smallest context; default: the smallest batch)",
     )
+    ap.add_argument(
+        "--ab-ops",
+        default=None,
+        help="also time every graphed decode row with this fused-op list ($FLINT_FAST_OPS syntax, e.g."
+        " 'all,-qkv_attention'), alternating with the default list",
+    )
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting new measurements after this")
     ap.add_argument("--gpu-memory-gib", type=float, default=None, help="skip configs whose KV would not fit")
     ap.add_argument("--out", default=str(RESULTS / "decode.json"))
@@ -396,6 +421,12 @@ def main() -> None:
             f"{r['format']:>6} {r['batch']:>5} {r['context']:>6} {r['step_ms']:>8.3f} {r['floor_ms']:>8.3f}"
             f" {r['floor_fraction']:>8.2f} {r['tokens_per_s']:>9.0f} {r.get('kernels_per_step', ''):>7}"
         )
+    for r in rows:
+        if "ab_main_ms" in r:
+            print(
+                f"{r['format']:>6} b{r['batch']} ctx {r['context']} A/B rounds: default {r['ab_main_ms']} ms,"
+                f" --ab-ops {args.ab_ops!r} {r['ab_variant_ms']} ms"
+            )
     for r in rows:
         if "time_by_family_ms" in r:
             fams = ", ".join(f"{k} {v:.3f}" for k, v in r["time_by_family_ms"].items())

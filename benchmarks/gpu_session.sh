@@ -22,16 +22,16 @@ export PYTHONPATH=/tmp/pp:$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
 
-timeout 100 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 \
+timeout 130 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 \
     tests/test_kernels_gemv.py tests/test_kernels_moe.py tests/test_kernels_attention.py \
     tests/test_kernels_norm_rope.py tests/test_kernels_router_act.py tests/test_cuda_graphs.py \
-    tests/test_kernels_sampling.py > "$OUT/gpu_tests.txt" 2>&1
+    tests/test_kernels_sampling.py tests/test_kernels_qkv_attention.py > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.txt")"
 
 # The quick fast-vs-plain check here; the judgement of accuracy is fast_path_accuracy.py's (against FP32).
 timeout 230 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 8 32 --check-steps "$CHECK_STEPS" \
     --check-batches 1 --profile-batches 1 32 --gain 0.5 --deadline-s 190 --out "$OUT/decode.json" \
-    > "$OUT/decode.txt" 2>&1
+    --ab-ops "${AB_OPS:-all,-add_rms_norm_router}" > "$OUT/decode.txt" 2>&1
 sed -n '/^ *fmt *batch/,$p' "$OUT/decode.txt" | grep -v "at::native\|cublasLt" | head -60
 
 timeout 200 python3 benchmarks/fast_path_accuracy.py --steps 32 --bf16-layers 8 --nvfp4-layers 8 \

@@ -13,7 +13,10 @@ from flint_kernels.rope import rope_cos_sin
 
 from .forward_batch import ForwardBatch, fresh_sequences_batch
 from .kv_cache import KVCache
-from .weights import DenseMLPWeights, FlintWeights, MoEWeights, Projection
+from .weights import DenseMLPWeights, FlintWeights, LayerWeights, MoEWeights, Projection
+
+# The router's output: top-k weights (FP32) and expert ids, [T, k] each.
+Routing = tuple[torch.Tensor, torch.Tensor]
 
 
 class FlintModel:
@@ -56,8 +59,8 @@ class FlintModel:
             return (s.gate_up, s.down)
         return None
 
-    def _moe(self, x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
-        topk_w, topk_ids = self._route(x, w)
+    def _moe(self, x: torch.Tensor, w: MoEWeights, routing: Routing | None = None) -> torch.Tensor:
+        topk_w, topk_ids = routing if routing is not None else self._route(x, w)
         shared = self._shared(w)
         if shared is not None:
             # One op for routed + shared experts, so the fused path can run them in the same launches.
@@ -68,8 +71,35 @@ class FlintModel:
             out = out + self._dense_mlp(x, w.shared)
         return out
 
+    def _attn_add_norm(
+        self, o_in: torch.Tensor, lw: LayerWeights, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Routing | None]:
+        """The o projection, the residual add and the post-attention RMSNorm: (normed, new residual, routing).
+
+        Routing (the MoE router's weights and expert ids) comes back when the op table's router op does the add and
+        norm itself (one launch at decode); otherwise it is None and the MoE block routes.
+        """
+        k, c = self.kernels, self.config
+        if k.linear_add_rms_norm is not None and not isinstance(lw.o, tuple):
+            h, residual = k.linear_add_rms_norm(o_in, lw.o, residual, lw.post_norm, c.rms_norm_eps)
+            return h, residual, None
+        o = self._linear(o_in, lw.o)
+        if k.add_rms_norm_router is not None and isinstance(lw.mlp, MoEWeights):
+            h, residual, topk_w, topk_ids = k.add_rms_norm_router(
+                o, residual, lw.post_norm, c.rms_norm_eps, lw.mlp.router, c.num_experts_per_tok, c.norm_topk_prob,
+                c.routed_scaling_factor,
+            )  # fmt: skip
+            return h, residual, (topk_w, topk_ids)
+        h, residual = k.add_rms_norm(o, residual, lw.post_norm, c.rms_norm_eps)
+        return h, residual, None
+
     def _mlp_add_norm(
-        self, h: torch.Tensor, mlp: DenseMLPWeights | MoEWeights, residual: torch.Tensor, norm_w: torch.Tensor
+        self,
+        h: torch.Tensor,
+        mlp: DenseMLPWeights | MoEWeights,
+        residual: torch.Tensor,
+        norm_w: torch.Tensor,
+        routing: Routing | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The MLP block, the residual add and the next RMSNorm: (normed, new residual).
 
@@ -80,10 +110,10 @@ class FlintModel:
         if isinstance(mlp, MoEWeights):
             shared = self._shared(mlp)
             if k.moe_add_rms_norm is not None and (shared is not None or mlp.shared is None):
-                topk_w, topk_ids = self._route(h, mlp)
+                topk_w, topk_ids = routing if routing is not None else self._route(h, mlp)
                 wg, wd = mlp.experts_gate_up, mlp.experts_down
                 return k.moe_add_rms_norm(h, topk_w, topk_ids, wg, wd, shared, residual, norm_w, eps)
-            x = self._moe(h, mlp)
+            x = self._moe(h, mlp, routing)
         elif (
             k.linear_add_rms_norm is not None and not isinstance(mlp.gate_up, tuple) and not isinstance(mlp.down, tuple)
         ):
@@ -104,7 +134,7 @@ class FlintModel:
         h, residual = k.rms_norm(x, layers[0].input_norm, c.rms_norm_eps), x
         for i, lw in enumerate(layers):
             k_cache, v_cache, sliding = cache.layer(i)
-            q = k.qk_norm_rope_write(
+            qkv_args = (
                 self._linear(h, lw.qkv),
                 lw.q_norm,
                 lw.k_norm,
@@ -116,23 +146,20 @@ class FlintModel:
                 c.num_attention_heads,
                 c.num_key_value_heads,
             )
-            attn = k.attention(
-                q,
-                k_cache,
-                v_cache,
+            attn_args = (
                 batch.sliding_block_tables if sliding else batch.full_block_tables,
                 batch.attn,
                 lw.sinks,
                 c.head_dim**-0.5,
                 c.sliding_window if sliding else None,
             )
-            o_in = attn.reshape(attn.shape[0], -1)
-            if k.linear_add_rms_norm is not None and not isinstance(lw.o, tuple):
-                h, residual = k.linear_add_rms_norm(o_in, lw.o, residual, lw.post_norm, c.rms_norm_eps)
+            if k.qkv_attention is not None:
+                attn = k.qkv_attention(*qkv_args, *attn_args)
             else:
-                h, residual = k.add_rms_norm(self._linear(o_in, lw.o), residual, lw.post_norm, c.rms_norm_eps)
+                attn = k.attention(k.qk_norm_rope_write(*qkv_args), k_cache, v_cache, *attn_args)
+            h, residual, routing = self._attn_add_norm(attn.reshape(attn.shape[0], -1), lw, residual)
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.weights.final_norm
-            h, residual = self._mlp_add_norm(h, lw.mlp, residual, next_norm)
+            h, residual = self._mlp_add_norm(h, lw.mlp, residual, next_norm, routing)
         return h
 
     @torch.inference_mode()

@@ -42,6 +42,10 @@ class Kernels:
     # Optional fused ops: None means the model composes them from the ops above.
     linear_add_rms_norm: Callable | None = None
     moe_add_rms_norm: Callable | None = None
+    # qk_norm_rope_write then attention, from the packed qkv rows (decode: one launch).
+    qkv_attention: Callable | None = None
+    # add_rms_norm then the router on the normed rows: (normed, new residual, weights, ids).
+    add_rms_norm_router: Callable | None = None
     # Called once per router weight when a model is built, so the router op can keep data derived from it.
     prepare_router: Callable | None = None
 

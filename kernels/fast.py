@@ -15,6 +15,8 @@ from typing import Any
 from .dispatch import Kernels, with_ops
 from .linear import linear_add_rms_norm_ref
 from .moe import moe_add_rms_norm_ref
+from .qkv_attention import qkv_attention_ref
+from .router import add_rms_norm_sigmoid_topk_ref
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +31,28 @@ OPS = (
     "linear",
     "lm_head",
     "sample_top_k",
+    "add_rms_norm_router",
 )
 # Fused only when named in $FLINT_FAST_OPS or the op list: correct (CPU interpreter, H200 tests), but slower on the
-# H200 than the two launches each replaces (batch-1 step 2.46 vs 2.44 ms NVFP4, 3.12 vs 3.07 BF16; 2026-11-29): the
-# last tile's serial normalisation costs more than the norm kernel it removes.
-EXPERIMENTAL_OPS = ("linear_add_rms_norm", "moe_add_rms_norm")
+# H200 than the two launches each replaces. The add+RMSNorm epilogues (batch-1 step 2.46 vs 2.44 ms NVFP4, 3.12 vs
+# 3.07 BF16; 2026-11-29): the last tile's serial normalisation costs more than the norm kernel it removes.
+# qkv_attention (2026-11-30, same-call A/B): NVFP4 b1 2.356 vs 2.341 ms, b32 19.84 vs 19.68; BF16 b1 2.701 vs
+# 2.707, b32 17.86 vs 17.66: the norm, RoPE and cache write now sit on the attention's critical path, before its
+# first key tile, which costs more than the launch it removes.
+EXPERIMENTAL_OPS = ("linear_add_rms_norm", "moe_add_rms_norm", "qkv_attention")
+
+
+def parse_ops(spec: str) -> tuple[str, ...]:
+    """The fused ops a $FLINT_FAST_OPS-style list names: FLINT_FAST_OPS=attention,moe,... limits them (for
+    bisecting); "all" stands for OPS (every op but the experimental ones), so "all,qkv_attention" adds one and
+    "all,-add_rms_norm_router" drops one (names are applied left to right)."""
+    chosen: dict[str, None] = {}
+    for name in (o.strip() for o in spec.split(",") if o.strip()):
+        if name.startswith("-"):
+            chosen.pop(name[1:], None)
+        else:
+            chosen.update(dict.fromkeys(OPS if name == "all" else (name,)))
+    return tuple(chosen)
 
 
 def _guarded(name: str, fast: Callable, ref: Callable) -> Callable:
@@ -58,6 +77,8 @@ def _guarded(name: str, fast: Callable, ref: Callable) -> Callable:
 _composed: dict[str, Callable] = {
     "linear_add_rms_norm": linear_add_rms_norm_ref,
     "moe_add_rms_norm": moe_add_rms_norm_ref,
+    "qkv_attention": qkv_attention_ref,
+    "add_rms_norm_router": add_rms_norm_sigmoid_topk_ref,
 }
 
 
@@ -69,6 +90,7 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         gemv_triton,
         moe_triton,
         qk_norm_rope_triton,
+        qkv_attention_triton,
         rmsnorm_triton,
         router_triton,
         sampling_triton,
@@ -87,12 +109,11 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         "sample_top_k": sampling_triton.sample_top_k,
         "linear_add_rms_norm": gemv_triton.linear_add_rms_norm,
         "moe_add_rms_norm": moe_triton.moe_add_rms_norm,
+        "qkv_attention": qkv_attention_triton.qkv_attention,
+        "add_rms_norm_router": router_triton.add_rms_norm_sigmoid_topk,
     }
-    # FLINT_FAST_OPS=attention,moe,... limits the fused ops (for bisecting); default: all of them but the
-    # experimental ones; "all" stands for OPS, so FLINT_FAST_OPS=all,linear_add_rms_norm adds one.
     if ops is None:
-        names = [o.strip() for o in os.environ.get("FLINT_FAST_OPS", "all").split(",") if o.strip()]
-        ops = tuple(dict.fromkeys(op for name in names for op in (OPS if name == "all" else (name,))))
+        ops = parse_ops(os.environ.get("FLINT_FAST_OPS", "all"))
     unknown = set(ops) - set(fast)
     if unknown:
         raise ValueError(f"unknown fused ops {sorted(unknown)}; known: {', '.join(OPS + EXPERIMENTAL_OPS)}")

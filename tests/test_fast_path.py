@@ -9,6 +9,8 @@ from flint_kernels import fast
 from flint_kernels.dispatch import REFERENCE, with_ops
 
 from flint_engine.config import preset
+from flint_engine.forward_batch import ForwardBatch, fresh_sequences_batch
+from flint_engine.kv_cache import KVCache
 from flint_engine.model import FlintModel
 from flint_engine.weights import as_float32, random_weights
 
@@ -102,10 +104,16 @@ def test_fast_ops_env_selects_ops(monkeypatch) -> None:
     assert only.moe is not REFERENCE.moe and only.attention is REFERENCE.attention
     monkeypatch.delenv("FLINT_FAST_OPS")
     default = fast.fast_kernels(REFERENCE)  # the experimental ops are off by default
-    assert default.linear_add_rms_norm is None and default.moe_add_rms_norm is None
+    assert default.linear_add_rms_norm is None and default.moe_add_rms_norm is None and default.qkv_attention is None
+    assert default.add_rms_norm_router is not None
     monkeypatch.setenv("FLINT_FAST_OPS", "all,linear_add_rms_norm")
     k = fast.fast_kernels(REFERENCE)
     assert k.linear_add_rms_norm is not None and k.moe is not REFERENCE.moe
+    monkeypatch.setenv("FLINT_FAST_OPS", "all,-add_rms_norm_router,-moe")  # "-op" drops one (A/B runs)
+    k = fast.fast_kernels(REFERENCE)
+    assert k.add_rms_norm_router is None and k.moe is REFERENCE.moe and k.attention is not REFERENCE.attention
+    assert k.qkv_attention is None  # experimental: off unless named
+    assert fast.parse_ops("moe,-moe,router") == ("router",)
 
 
 @pytest.mark.parametrize("nvfp4", [False, True])
@@ -134,3 +142,44 @@ def test_float32_copy_evaluates_the_same_weights_without_bf16_rounding(nvfp4: bo
     gold = FlintModel(w32).forward_sequences(SEQS)
     assert all(g.dtype == torch.float32 for g in gold)
     assert 1e-5 < _rel(FlintModel(w).forward_sequences(SEQS), gold) < 6e-2  # BF16 rounding through 6 layers
+
+
+@pytest.mark.parametrize("op", ["qkv_attention", "add_rms_norm_router"])
+def test_decode_step_with_a_one_launch_op(op: str) -> None:
+    """A decode batch of three tokens through the model with one of the ops that do two ops' work in one launch at
+    decode (`qkv_attention`: Q/K norm, RoPE, the cache write and attention; `add_rms_norm_router`: the residual add,
+    the post-attention norm and the router): the same hidden states as the plain path, and the same keys and values
+    in the cache. The newest tokens' cache slots start as NaN, so a key or value not written would show."""
+    w = random_weights(CFG, torch.float32, seed=9)
+    seqs = [list(range(5, 30)), [3, 4, 5], list(range(100, 117))]
+    prefill, nblocks = fresh_sequences_batch(seqs, 16)
+    last = [b - 1 for b in prefill.query_start[1:]]
+    decode = ForwardBatch(
+        input_ids=prefill.input_ids[last],
+        positions=prefill.positions[last],
+        query_start=list(range(len(seqs) + 1)),
+        seq_lens=prefill.seq_lens,
+        full_block_tables=prefill.full_block_tables,
+        sliding_block_tables=prefill.sliding_block_tables,
+        full_slots=prefill.full_slots[last],
+        sliding_slots=prefill.sliding_slots[last],
+        logits_indices=torch.arange(len(seqs)),
+    )
+    outs, caches = [], []
+    for kernels in (REFERENCE, with_ops(REFERENCE, **{op: getattr(fast.fast_kernels(REFERENCE), op)})):
+        cache = KVCache(CFG, nblocks, nblocks, 16, torch.float32, "cpu")
+        FlintModel(w).forward(prefill, cache)  # every position's K/V, by the plain path
+        for i in range(len(CFG.layer_types)):
+            k_cache, v_cache, _ = cache.layer(i)
+            for c in (k_cache, v_cache):
+                c.view(-1, *c.shape[2:])[decode.full_slots] = float("nan")
+        outs.append(FlintModel(w, kernels).forward(decode, cache))
+        caches.append(cache)
+    assert ((outs[1] - outs[0]).norm() / outs[0].norm()).item() < 1e-5
+    for i in range(len(CFG.layer_types)):
+        (k0, v0, _), (k1, v1, _) = caches[0].layer(i), caches[1].layer(i)
+        assert not k1.isnan().any() and not v1.isnan().any()
+        # Layer 0's V is a copy of the same projection; later layers' inputs differ by the kernels' FP32 rounding.
+        assert torch.allclose(k1, k0, rtol=1e-5, atol=1e-5) and torch.allclose(v1, v0, rtol=1e-5, atol=1e-5)
+        if i == 0:
+            assert torch.equal(v1, v0)
