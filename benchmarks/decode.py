@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 from fast_path_accuracy import agreement, greedy, rel_err  # a sibling script: benchmarks/ is on sys.path
+from flint_kernels import tuning
 from flint_kernels.dispatch import REFERENCE, select_kernels
 from flint_kernels.fast import fast_kernels, parse_ops
 
@@ -88,13 +90,25 @@ def timed(fn, dev: torch.device, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def ab_rounds(g, step, variant, batch, dev: torch.device, reps: int, rounds: int = 3) -> dict:
-    """Main graph vs the variant's, in alternating rounds (same process, same order each round): medians."""
-    step(variant, batch)
-    sync(dev)
-    gv = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gv):
+def ab_rounds(
+    g, step, variant, batch, dev: torch.device, reps: int, tuning_file: str | None = None, rounds: int = 3
+) -> dict:
+    """Main graph vs the variant's (captured with `tuning_file` as the tuning table when given), in alternating
+    rounds (same process, same order each round): medians."""
+    saved = os.environ.get(tuning.ENV)
+    if tuning_file:
+        os.environ[tuning.ENV] = tuning_file  # read per launch: the variant's graph keeps the tiles it captured
+    try:
         step(variant, batch)
+        sync(dev)
+        gv = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gv):
+            step(variant, batch)
+    finally:
+        if saved is None:
+            os.environ.pop(tuning.ENV, None)
+        else:
+            os.environ[tuning.ENV] = saved
     main_ms, var_ms = [], []
     for _ in range(rounds):
         main_ms.append(timed(g.replay, dev, reps))
@@ -248,8 +262,12 @@ def run_format(
     rep.data["notes"].append(f"{fmt}: built {wbytes / 1e9:.2f} GB of random weights in {time.monotonic() - t0:.1f} s")
     kernels = select_kernels(dev, weights.dtype, weights.dtype, args.kernels)
     fast = FlintModel(weights, kernels)
-    # The A/B variant: the same weights under another fused-op list, timed in alternation with the main one.
-    variant = FlintModel(weights, fast_kernels(REFERENCE, parse_ops(args.ab_ops))) if args.ab_ops else None
+    # The A/B variant: the same weights under another fused-op list and/or tuning table, timed in alternation with
+    # the main one.
+    variant = None
+    if args.ab_ops or args.ab_tuning_file:
+        ops = parse_ops(args.ab_ops) if args.ab_ops else None
+        variant = FlintModel(weights, fast_kernels(REFERENCE, ops))
     plain = FlintModel(weights, REFERENCE)
     # --- correctness: fused path against the plain path on the same weights
     for b in args.check_batches:
@@ -294,7 +312,7 @@ def run_format(
                         row["step_ms"] = round(timed(g.replay, dev, args.reps), 4)
                         row["cuda_graph"] = True
                         if variant is not None:
-                            row.update(ab_rounds(g, step, variant, batch, dev, args.reps))
+                            row.update(ab_rounds(g, step, variant, batch, dev, args.reps, args.ab_tuning_file))
                     except Exception as exc:  # a non-capturable op: measure eagerly and say why
                         graph_error = f"{type(exc).__name__}: {str(exc)[:200]}"
                         torch.cuda.synchronize(dev)
@@ -372,6 +390,11 @@ def main() -> None:
         help="also time every graphed decode row with this fused-op list ($FLINT_FAST_OPS syntax, e.g."
         " 'all,-qkv_attention'), alternating with the default list",
     )
+    ap.add_argument(
+        "--ab-tuning-file",
+        default=None,
+        help="also time every graphed decode row with this tuning table (FLINT_TUNING_FILE) in the variant",
+    )
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting new measurements after this")
     ap.add_argument("--gpu-memory-gib", type=float, default=None, help="skip configs whose KV would not fit")
     ap.add_argument("--out", default=str(RESULTS / "decode.json"))
@@ -425,7 +448,7 @@ def main() -> None:
         if "ab_main_ms" in r:
             print(
                 f"{r['format']:>6} b{r['batch']} ctx {r['context']} A/B rounds: default {r['ab_main_ms']} ms,"
-                f" --ab-ops {args.ab_ops!r} {r['ab_variant_ms']} ms"
+                f" variant (--ab-ops {args.ab_ops!r}, --ab-tuning-file {args.ab_tuning_file!r}) {r['ab_variant_ms']} ms"
             )
     for r in rows:
         if "time_by_family_ms" in r:

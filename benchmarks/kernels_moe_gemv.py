@@ -329,6 +329,17 @@ def moe_candidates(t: int) -> dict:
         cands["dec fma i16 k512 w2"] = (dec, mc(1, 16, 512, 16, 512, False, 2, 1), regs)
         # NVFP4 on tensor cores decoded as packed BF16 pairs (FMA.BF16X2; BF16 weights ignore the flag).
         cands["dec dot i16 k128 packed"] = (dec, mc(16, 16, 128, 32, 128, True, 4, 3, packed=True), regs)
+        # BF16's decode path from 3 tokens is the dot tiles above; its down launch reads at ~55% of the copy rate
+        # at batch 32 (H200 profile, 2026-11-30), so wider/deeper down tiles and other gate_up tiles are timed too.
+        cands["dec dot i16 k128 / n64 k128"] = (dec, mc(16, 16, 128, 64, 128, True, 4, 3), regs)
+        cands["dec dot i16 k128 / n16 k256"] = (dec, mc(16, 16, 128, 16, 256, True, 4, 3), regs)
+        cands["dec dot i16 k128 / n32 k256"] = (dec, mc(16, 16, 128, 32, 256, True, 4, 3), regs)
+        cands["dec dot i16 k256 / n32 k256"] = (dec, mc(16, 16, 256, 32, 256, True, 4, 3), regs)
+        cands["dec dot i32 k128 / n64 k128"] = (dec, mc(16, 32, 128, 64, 128, True, 4, 3), regs)
+        cands["dec dot i16 k128 / n32 k128 s4"] = (dec, mc(16, 16, 128, 32, 128, True, 4, 4), regs)
+        cands["dec dot i16 k128 / n32 k128 w2"] = (dec, mc(16, 16, 128, 32, 128, True, 2, 3), regs)
+        cands["dec dot i16 k512 / n32 k512 s2"] = (dec, mc(16, 16, 512, 32, 512, True, 4, 2), regs)
+        cands["dec dot i32 k64 / n128 k64"] = (dec, mc(16, 32, 64, 128, 64, True, 4, 3), regs)
     # Small-group tiles at every T: above 64 tokens the groups are still small (6 * T / 256 pairs per expert).
     cands["grp m16 i32 k128"] = (grp, mc(16, 32, 128, 64, 128, True, 4, 3), regs)
     cands["grp m16 i64 k64"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3), regs)
