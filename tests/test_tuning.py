@@ -105,8 +105,10 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert gt.small_m_config(1, False, 2048, 150144, h200) == TileConfig(block_n=4, block_k=1024, **fma)  # lm_head
     assert gt.small_m_config(1, False, 1024, 2048, h200) == TileConfig(block_n=16, block_k=1024, **fma)  # shared down
     assert gt.small_m_config(1, True, 2048, 150144, h200) == TileConfig(block_n=8, block_k=1024, **fma)  # lm_head
-    for m, block_m in ((2, 16), (8, 16), (17, 32), (64, 64)):
-        assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(64, block_m, 128, True, 4, 3)
+    # NVFP4 at M = 2-32 in 32-column tiles (a 2026-11-30 sweep and whole-step A/B), 64 from 33 rows and for BF16.
+    for m, block_m, block_n in ((2, 16, 32), (8, 16, 32), (17, 32, 32), (32, 32, 32), (33, 64, 64), (64, 64, 64)):
+        assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(block_n, block_m, 128, True, 4, 3)
+        assert gt.small_m_config(m, False, 2048, 5120, h200) == TileConfig(64, block_m, 128, True, 4, 3)
     assert gt.large_m_config(True, h200) == TileConfig(128, 128, 64, True, 8, 3)
     fma_8x1024, fma_32x512 = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1), MoEConfig(1, 32, 512, 32, 512, False, 4, 1)
     # BF16 from 3 tokens: 32 gate/up and 64 down columns on tensor cores (a 2026-11-30 sweep and whole-step A/B).
@@ -144,7 +146,8 @@ RETUNED = ("small_m m=1 ", "attn decode b=1 ctx=1024 w=513", "attn decode b=1 ct
            "attn decode b=64 ctx=1024 w=513", "attn decode b=64 ctx=32768 w=513",
            "moe decode nv=True t=32", "moe decode nv=True t=64", "moe decode nv=False t=3",
            "moe decode nv=False t=4", "moe decode nv=False t=5", "moe decode nv=False t=8",
-           "moe decode nv=False t=6")  # fmt: skip
+           "moe decode nv=False t=6", "small_m m=2 nv=True", "small_m m=8 nv=True", "small_m m=16 nv=True",
+           "small_m m=17 nv=True", "small_m m=32 nv=True")  # fmt: skip
 
 
 KEPT = [c for c in CONFIG_CALLS if not c[0].startswith(RETUNED)]
@@ -155,8 +158,8 @@ def test_h200_table_keeps_the_h200_behaviour(
     gpu_named: Callable[[str], torch.device], name: str, call: Callable[[torch.device], object]
 ) -> None:
     """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
-    M = 1 GEMV tiles, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens and the BF16 ones
-    from 3 (RETUNED; their H200 values are checked above)."""
+    M = 1 GEMV tiles, NVFP4 at M = 2-32, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens
+    and the BF16 ones from 3 (RETUNED; their H200 values are checked above)."""
     assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
 
 
