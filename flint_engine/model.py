@@ -122,6 +122,10 @@ class FlintModel:
             x = self._dense_mlp(h, mlp)
         return k.add_rms_norm(x, residual, norm_w, eps)
 
+    def _mlp_out(self, h: torch.Tensor, mlp: DenseMLPWeights | MoEWeights, routing: Routing | None) -> torch.Tensor:
+        """The MLP block's output before the residual add (the next op does the add and the norm)."""
+        return self._moe(h, mlp, routing) if isinstance(mlp, MoEWeights) else self._dense_mlp(h, mlp)
+
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
@@ -130,12 +134,19 @@ class FlintModel:
         layers = self.weights.layers
         x = self._embed(batch.input_ids)
         cos_sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
-        # Each block ends with the residual add and the next norm (the next layer's input norm, or the final norm).
+        # Each block ends with the residual add and the next norm (the next layer's input norm, or the final norm),
+        # unless the op table's add_rms_norm_linear does the next input norm inside the qkv projection: then the
+        # block's MLP output stays `pending` until that projection.
         h, residual = k.rms_norm(x, layers[0].input_norm, c.rms_norm_eps), x
+        pending: torch.Tensor | None = None
         for i, lw in enumerate(layers):
             k_cache, v_cache, sliding = cache.layer(i)
+            if pending is not None:
+                qkv, residual = k.add_rms_norm_linear(pending, residual, lw.input_norm, c.rms_norm_eps, lw.qkv)
+            else:
+                qkv = self._linear(h, lw.qkv)
             qkv_args = (
-                self._linear(h, lw.qkv),
+                qkv,
                 lw.q_norm,
                 lw.k_norm,
                 c.rms_norm_eps,
@@ -158,8 +169,12 @@ class FlintModel:
             else:
                 attn = k.attention(k.qk_norm_rope_write(*qkv_args), k_cache, v_cache, *attn_args)
             h, residual, routing = self._attn_add_norm(attn.reshape(attn.shape[0], -1), lw, residual)
-            next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.weights.final_norm
-            h, residual = self._mlp_add_norm(h, lw.mlp, residual, next_norm, routing)
+            nxt = layers[i + 1] if i + 1 < len(layers) else None
+            if k.add_rms_norm_linear is not None and nxt is not None and not isinstance(nxt.qkv, tuple):
+                pending = self._mlp_out(h, lw.mlp, routing)
+            else:
+                next_norm = nxt.input_norm if nxt is not None else self.weights.final_norm
+                h, residual = self._mlp_add_norm(h, lw.mlp, residual, next_norm, routing)
         return h
 
     @torch.inference_mode()

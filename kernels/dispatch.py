@@ -46,6 +46,8 @@ class Kernels:
     qkv_attention: Callable | None = None
     # add_rms_norm then the router on the normed rows: (normed, new residual, weights, ids).
     add_rms_norm_router: Callable | None = None
+    # add_rms_norm then a projection of the normed rows: (projection, new residual).
+    add_rms_norm_linear: Callable | None = None
     # Called once per router weight when a model is built, so the router op can keep data derived from it.
     prepare_router: Callable | None = None
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .dispatch import Kernels, with_ops
-from .linear import linear_add_rms_norm_ref
+from .linear import add_rms_norm_linear_ref, linear_add_rms_norm_ref
 from .moe import moe_add_rms_norm_ref
 from .qkv_attention import qkv_attention_ref
 from .router import add_rms_norm_sigmoid_topk_ref
@@ -39,7 +39,10 @@ OPS = (
 # qkv_attention (2026-11-30, same-call A/B): NVFP4 b1 2.356 vs 2.341 ms, b32 19.84 vs 19.68; BF16 b1 2.701 vs
 # 2.707, b32 17.86 vs 17.66: the norm, RoPE and cache write now sit on the attention's critical path, before its
 # first key tile, which costs more than the launch it removes.
-EXPERIMENTAL_OPS = ("linear_add_rms_norm", "moe_add_rms_norm", "qkv_attention")
+# add_rms_norm_linear (the input norm as a prologue of the qkv GEMV at batch 1, every program normalising the row
+# itself, as the router does for the post-attention norm) is built and tested on the CPU interpreter but not yet
+# measured on a GPU.
+EXPERIMENTAL_OPS = ("linear_add_rms_norm", "moe_add_rms_norm", "qkv_attention", "add_rms_norm_linear")
 
 
 def parse_ops(spec: str) -> tuple[str, ...]:
@@ -79,6 +82,7 @@ _composed: dict[str, Callable] = {
     "moe_add_rms_norm": moe_add_rms_norm_ref,
     "qkv_attention": qkv_attention_ref,
     "add_rms_norm_router": add_rms_norm_sigmoid_topk_ref,
+    "add_rms_norm_linear": add_rms_norm_linear_ref,
 }
 
 
@@ -111,6 +115,7 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         "moe_add_rms_norm": moe_triton.moe_add_rms_norm,
         "qkv_attention": qkv_attention_triton.qkv_attention,
         "add_rms_norm_router": router_triton.add_rms_norm_sigmoid_topk,
+        "add_rms_norm_linear": gemv_triton.add_rms_norm_linear,
     }
     if ops is None:
         ops = parse_ops(os.environ.get("FLINT_FAST_OPS", "all"))

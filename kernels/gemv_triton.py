@@ -304,8 +304,23 @@ def fma_step(
             xr = tl.load(x_ptr + x_off[:, None] + kk[None, :])
         else:
             xr = tl.load(x_ptr + x_off[:, None] + kk[None, :], mask=(kk < k_end)[None, :], other=0.0)
-        part = wa.to(x_ptr.dtype.element_ty).to(tl.float32) * xr.to(tl.float32)
+        part = dense_fma_part(wa, xr)
     return part
+
+
+@triton.jit
+def dense_fma_part(w, xr):
+    """[BLOCK_N, BLOCK_K] FP32 products of a dense weight tile (rounded to x's dtype first, as the reference
+    materialises it) and the x row [1, BLOCK_K]."""
+    return w.to(xr.dtype).to(tl.float32) * xr.to(tl.float32)
+
+
+@triton.jit
+def nvfp4_x_offsets(k0, BLOCK_K: tl.constexpr):
+    """K offsets [G, 2, 8] of one NVFP4 step's x values, in the order of the weight words (value 16g + 8w + i)."""
+    G: tl.constexpr = BLOCK_K // 16
+    wd = tl.arange(0, 2)
+    return k0 + tl.arange(0, G)[:, None, None] * 16 + wd[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
 
 
 @triton.jit
@@ -325,13 +340,18 @@ def nvfp4_gemv_step(
     `words` / `sb` are the step's weight tiles from `fma_weights` (8 values per int32 word); x (times 2**64, so
     code * x products are exact FP32 normals) is split into the eight nibble planes by three register-level splits.
     """
-    G: tl.constexpr = BLOCK_K // 16
-    wd = tl.arange(0, 2)
-    kk = k0 + tl.arange(0, G)[:, None, None] * 16 + wd[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    kk = nvfp4_x_offsets(k0, BLOCK_K)
     if EVEN_K:
         xv = tl.load(x_ptr + x_off[:, None, None] + kk)
     else:
         xv = tl.load(x_ptr + x_off[:, None, None] + kk, mask=kk < k_end, other=0.0)
+    return nvfp4_gemv_dot(words, sb, xv, BLOCK_K)
+
+
+@triton.jit
+def nvfp4_gemv_dot(words, sb, xv, BLOCK_K: tl.constexpr):
+    """`nvfp4_gemv_step` on x values [G, 2, 8] already in registers (`nvfp4_x_offsets` order)."""
+    G: tl.constexpr = BLOCK_K // 16
     xv = xv.to(tl.float32) * 1.8446744073709552e19  # 2**64
     # [G, 2, 8] -> planes i = 0..7 (value 16g + 8w + i) paired as (i, i + 4) for e2m1_pair_bits.
     x_even, x_odd = tl.split(tl.reshape(xv, (G, 2, 4, 2)))
@@ -618,11 +638,14 @@ def _linear_kernel(
     BLOCK_K: tl.constexpr,
     NORM: tl.constexpr,
     N_PAD: tl.constexpr,
+    NORM_IN: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """out[m, n] = (sum_k x[m, k] W[n, k]) * global_scale[segment(n)], rounded once to out's dtype.
 
     NORM (M == 1): then also the residual add and RMSNorm of the whole row (see `_finish_row`).
+    NORM_IN (M == 1, FMA tiles): x is add+RMSNorm of x_ptr's row and res_ptr's row first (`_normed_row_matmul`;
+    program 0 stores the new residual to res_out_ptr).
     Nothing before `tile_matmul` reads memory: it waits for the previous grid (PDL) after its first weight loads."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -635,10 +658,16 @@ def _linear_kernel(
     x_off = ms.to(tl.int64) * stride_xm
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
-    acc = tile_matmul(
-        w_ptr, s_ptr, rows64, row_ok, x_ptr, x_off, m_ok, k_start, k_end, stride_wn, stride_sn,
-        NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, BLOCK_N, BLOCK_M, BLOCK_K, PDL,
-    )  # fmt: skip
+    if NORM_IN:
+        acc = _normed_row_matmul(
+            w_ptr, s_ptr, rows64, row_ok, x_ptr, res_ptr, nw_ptr, res_out_ptr, k_start, k_end, K, eps, stride_wn,
+            stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K, PDL,
+        )  # fmt: skip
+    else:
+        acc = tile_matmul(
+            w_ptr, s_ptr, rows64, row_ok, x_ptr, x_off, m_ok, k_start, k_end, stride_wn, stride_sn,
+            NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, BLOCK_N, BLOCK_M, BLOCK_K, PDL,
+        )  # fmt: skip
     store_ok = row_ok[:, None] & m_ok[None, :]
     if SPLIT_K > 1:
         tile = pid_m * tl.num_programs(0) + pid_n
@@ -655,6 +684,87 @@ def _linear_kernel(
                 _finish_row(out_ptr, res_ptr, nw_ptr, h_ptr, res_out_ptr, row_cnt_ptr, N, eps, N_PAD)
         else:
             _finish_row(out_ptr, res_ptr, nw_ptr, h_ptr, res_out_ptr, row_cnt_ptr, N, eps, N_PAD)
+
+
+@triton.jit
+def _row_rstd(x_ptr, res_ptr, res_out_ptr, K, eps, STORE: tl.constexpr, BLOCK: tl.constexpr):
+    """1 / RMS of s = round(residual + x) over the row of K values, in FP32 (`add_rms_norm_ref`'s order up to the
+    summation order); with STORE this program also writes s, the new residual, to res_out_ptr."""
+    tot = tl.zeros([BLOCK], dtype=tl.float32)
+    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+    for k0 in range(0, K, BLOCK):
+        kk = k0 + tl.arange(0, BLOCK)
+        ok = kk < K
+        d = tl.load(x_ptr + kk, mask=ok, other=0.0)
+        s = (tl.load(res_ptr + kk, mask=ok, other=0.0).to(tl.float32) + d.to(tl.float32)).to(d.dtype)
+        if STORE:
+            # A vector compare: the CPU interpreter mis-types `vector & scalar-bool` masks.
+            tl.store(res_out_ptr + kk, s, mask=ok & ((kk * 0 + first.to(tl.int32)) != 0))
+        s32 = s.to(tl.float32)
+        tot += s32 * s32
+    return tl.rsqrt(tl.sum(tot, axis=0) / K + eps)
+
+
+@triton.jit
+def _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk, ok):
+    """x values at offsets kk (any shape) of round(w * (s * rstd)), s = round(residual + x): the normed row."""
+    d = tl.load(x_ptr + kk, mask=ok, other=0.0)
+    s = (tl.load(res_ptr + kk, mask=ok, other=0.0).to(tl.float32) + d.to(tl.float32)).to(d.dtype)
+    w = tl.load(nw_ptr + kk, mask=ok, other=0.0).to(tl.float32)
+    return (w * (s.to(tl.float32) * rstd)).to(d.dtype)
+
+
+@triton.jit
+def _normed_step(wa, wb, x_ptr, res_ptr, nw_ptr, rstd, k0, k_end, NVFP4: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`fma_step` with x the normed row (`_normed_x`) instead of a row read as it is."""
+    if NVFP4:
+        kk = nvfp4_x_offsets(k0, BLOCK_K)
+        return nvfp4_gemv_dot(wa, wb, _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk, kk < k_end), BLOCK_K)
+    else:
+        kk = (k0 + tl.arange(0, BLOCK_K))[None, :]
+        return dense_fma_part(wa, _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk, kk < k_end))
+
+
+@triton.jit
+def _normed_row_matmul(
+    w_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    x_ptr,
+    res_ptr,
+    nw_ptr,
+    res_out_ptr,
+    k_start,
+    k_end,
+    K,
+    eps,
+    stride_wn,
+    stride_sn,
+    NVFP4: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """`tile_matmul`'s FMA path (M == 1) of the add+RMSNorm of one row: every program normalises the whole row
+    itself (its RMS needs all of K before any product), then multiplies its K range as `fma_step` does, reading the
+    row's pieces again (L1/L2). The first step's weights load before the PDL wait, as in `tile_matmul`."""
+    wa, wb = fma_weights(
+        w_ptr, s_ptr, rows, row_ok, k_start, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
+    )
+    pdl_entry(PDL)
+    rstd = _row_rstd(x_ptr, res_ptr, res_out_ptr, K, eps, True, 1024)
+    acc = _normed_step(wa, wb, x_ptr, res_ptr, nw_ptr, rstd, k_start, k_end, NVFP4, BLOCK_K)
+    for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+        wa, wb = fma_weights(
+            w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
+        )
+        acc += _normed_step(wa, wb, x_ptr, res_ptr, nw_ptr, rstd, k0, k_end, NVFP4, BLOCK_K)
+    acc = tl.sum(acc, axis=1, keep_dims=True)
+    if NVFP4:
+        acc = acc * 4.611686018427388e18  # 2**62 undoes the offset (exact)
+    return acc
 
 
 @triton.jit
@@ -819,10 +929,13 @@ def _matmul(
     config: TileConfig | None = None,
     split_k: int | None = None,
     norm: tuple | None = None,
+    norm_in: tuple | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ W^T through the Triton kernel; FP32 output or rounded once to x.dtype.
 
-    `norm` (M == 1 only): (residual, norm weight, eps, h out, new residual out), filled in the same launch."""
+    `norm` (M == 1 only): (residual, norm weight, eps, h out, new residual out), filled in the same launch.
+    `norm_in` (M == 1, FMA tiles): (residual, norm weight, eps, new residual out): the product is of the add+RMSNorm
+    of x and the residual, and the new residual is written in the same launch."""
     m, k = x.shape
     nv = isinstance(w, NVFP4Weight)
     n = w.shape[-2]
@@ -864,6 +977,11 @@ def _matmul(
         residual, norm_w, eps, h, new_res = norm
         # The row counter is the last slot: split-K tiles use slots from 0 (fewer than COUNTER_SLOTS, checked).
         row = (residual, norm_w, h, new_res, counters(x.device)[COUNTER_SLOTS - 1 :], float(eps))
+    elif norm_in is not None:
+        if m != 1 or cfg.use_dot:
+            raise ValueError("the add+RMSNorm prologue needs M == 1 and FMA tiles")
+        residual, norm_w, eps, new_res = norm_in
+        row = (residual, norm_w, out, new_res, out, float(eps))
     else:
         row = (out, out, out, out, out, 0.0)
     _linear_kernel[(n_tiles, m_tiles, split)](
@@ -871,7 +989,7 @@ def _matmul(
         m, n, k, x.stride(0), stride_wn, stride_sn, out.stride(0), *seg, per, *row,
         NVFP4=nv, USE_DOT=cfg.use_dot, PRECISION=precision_for(x.dtype), EVEN_K=k % cfg.block_k == 0,
         WORDS=decode_mode(cfg, x.dtype), SPLIT_K=split, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-        NORM=norm is not None, N_PAD=triton.next_power_of_2(n) if norm is not None else 1,
+        NORM=norm is not None, N_PAD=triton.next_power_of_2(n) if norm is not None else 1, NORM_IN=norm_in is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
     )  # fmt: skip
     return out
@@ -965,6 +1083,33 @@ def linear_add_rms_norm(
     new_res = _empty((1, n), x.dtype, x.device)
     _matmul(x, w, fp32_out=False, norm=(residual, norm_weight, eps, h, new_res))
     return h, new_res
+
+
+def add_rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: Weight
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`linear(add_rms_norm(x, residual, ...)[0], w)` -> (y, new residual); one launch at M == 1.
+
+    At M == 1 every program of the GEMV normalises the row itself before its products (`_normed_row_matmul`), so
+    the norm costs no launch of its own and no program waits for another; other shapes run the Triton add+RMSNorm
+    and linear kernels one after the other.
+    """
+    fused = (
+        x.shape[0] == 1
+        and supported(x, w, fp32_out=False)
+        and residual.shape == x.shape
+        and residual.dtype == x.dtype
+        and residual.is_contiguous()
+        and x.is_contiguous()
+        and norm_weight.shape == (x.shape[1],)
+        and norm_weight.is_contiguous()
+        and not small_m_config(1, isinstance(w, NVFP4Weight), x.shape[1], w.shape[-2], x.device).use_dot
+    )
+    if not fused:
+        normed, new_res = rmsnorm_triton.add_rms_norm(x, residual, norm_weight, eps)
+        return linear(normed, w), new_res
+    new_res = _empty(tuple(x.shape), x.dtype, x.device)
+    return _matmul(x, w, fp32_out=False, norm_in=(residual, norm_weight, eps, new_res)), new_res
 
 
 def lm_head(x: torch.Tensor, w: Weight) -> torch.Tensor:

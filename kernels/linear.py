@@ -125,3 +125,11 @@ def linear_add_rms_norm_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A projection followed by the residual add and RMSNorm: (normed, new residual), as the two ops in a row."""
     return add_rms_norm_ref(linear_ref(x, w), residual, norm_weight, eps)
+
+
+def add_rms_norm_linear_ref(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: Weight
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and RMSNorm followed by a projection: (projection of the normed rows, new residual)."""
+    normed, new_res = add_rms_norm_ref(x, residual, norm_weight, eps)
+    return linear_ref(normed, w), new_res

@@ -144,12 +144,14 @@ def test_float32_copy_evaluates_the_same_weights_without_bf16_rounding(nvfp4: bo
     assert 1e-5 < _rel(FlintModel(w).forward_sequences(SEQS), gold) < 6e-2  # BF16 rounding through 6 layers
 
 
-@pytest.mark.parametrize("op", ["qkv_attention", "add_rms_norm_router"])
+@pytest.mark.parametrize("op", ["qkv_attention", "add_rms_norm_router", "add_rms_norm_linear"])
 def test_decode_step_with_a_one_launch_op(op: str) -> None:
     """A decode batch of three tokens through the model with one of the ops that do two ops' work in one launch at
     decode (`qkv_attention`: Q/K norm, RoPE, the cache write and attention; `add_rms_norm_router`: the residual add,
-    the post-attention norm and the router): the same hidden states as the plain path, and the same keys and values
-    in the cache. The newest tokens' cache slots start as NaN, so a key or value not written would show."""
+    the post-attention norm and the router; `add_rms_norm_linear`: the residual add and the input norm inside the
+    qkv projection, one launch at one token, composed here at three): the same hidden states as the plain path, and
+    the same keys and values in the cache. The newest tokens' slots start as NaN, so a key or value not written
+    would show."""
     w = random_weights(CFG, torch.float32, seed=9)
     seqs = [list(range(5, 30)), [3, 4, 5], list(range(100, 117))]
     prefill, nblocks = fresh_sequences_batch(seqs, 16)
@@ -183,3 +185,32 @@ def test_decode_step_with_a_one_launch_op(op: str) -> None:
         assert torch.allclose(k1, k0, rtol=1e-5, atol=1e-5) and torch.allclose(v1, v0, rtol=1e-5, atol=1e-5)
         if i == 0:
             assert torch.equal(v1, v0)
+
+
+@pytest.mark.parametrize("nvfp4", [False, True])
+def test_one_token_decode_with_the_norm_inside_the_qkv_projection(nvfp4: bool) -> None:
+    """`add_rms_norm_linear` at one token (its one-launch path) through the model, every layer after the first:
+    the plain path's hidden state, dense and NVFP4 weights."""
+    w = random_weights(CFG, torch.float32, seed=11, nvfp4_linears=nvfp4)
+    seq = list(range(40, 60))
+    prefill, nblocks = fresh_sequences_batch([seq], 16)
+    decode = ForwardBatch(
+        input_ids=prefill.input_ids[-1:],
+        positions=prefill.positions[-1:],
+        query_start=[0, 1],
+        seq_lens=prefill.seq_lens,
+        full_block_tables=prefill.full_block_tables,
+        sliding_block_tables=prefill.sliding_block_tables,
+        full_slots=prefill.full_slots[-1:],
+        sliding_slots=prefill.sliding_slots[-1:],
+        logits_indices=torch.arange(1),
+    )
+    fused = with_ops(
+        REFERENCE, add_rms_norm_linear=fast.fast_kernels(REFERENCE, ("add_rms_norm_linear",)).add_rms_norm_linear
+    )
+    outs = []
+    for kernels in (REFERENCE, fused):
+        cache = KVCache(CFG, nblocks, nblocks, 16, torch.float32, "cpu")
+        FlintModel(w).forward(prefill, cache)
+        outs.append(FlintModel(w, kernels).forward(decode, cache))
+    assert ((outs[1] - outs[0]).norm() / outs[0].norm()).item() < 1e-5

@@ -68,12 +68,27 @@ def test_gemv_compiles_for_sm90(case: dict) -> None:
                 "nw_ptr": "fp32", "h_ptr": "bf16", "res_out_ptr": "bf16", "row_cnt_ptr": "i32"}  # fmt: skip
     # The add+RMSNorm epilogue exists for M == 1 (the FMA path) only.
     norm = {"NORM": case["BLOCK_M"] == 1, "N_PAD": 2048}
-    constexprs = {"WORDS": 0, **case, "PRECISION": "tf32", "EVEN_K": True, "SPLIT_K": 2, "PDL": True, **norm}
+    constexprs = {"WORDS": 0, **case, "PRECISION": "tf32", "EVEN_K": True, "SPLIT_K": 2, "PDL": True, **norm,
+                  "NORM_IN": False}  # fmt: skip
     loads, waits = _compile("flint_kernels.gemv_triton", "_linear_kernel", pointers, constexprs, warps, stages)
     assert waits >= 1
     # M == 1 (FMA): the first step's weights are requested before waiting for the previous kernel; with tensor
     # cores nothing is read before the wait.
     assert (loads > 0) == (case["BLOCK_M"] == 1), loads
+
+
+@pytest.mark.parametrize("nvfp4", [True, False])
+def test_gemv_with_the_norm_prologue_compiles_for_sm90(nvfp4: bool) -> None:
+    """M == 1 with the add+RMSNorm prologue (`add_rms_norm_linear`): the first weight step still loads before the
+    PDL wait; the row's norm after it."""
+    pointers = {"x_ptr": "bf16", "w_ptr": "u8" if nvfp4 else "bf16", "s_ptr": "u8" if nvfp4 else "bf16",
+                "gs_ptr": "fp32", "out_ptr": "bf16", "ws_ptr": "fp32", "cnt_ptr": "i32", "res_ptr": "bf16",
+                "nw_ptr": "fp32", "h_ptr": "bf16", "res_out_ptr": "bf16", "row_cnt_ptr": "i32"}  # fmt: skip
+    constexprs = dict(NVFP4=nvfp4, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=2048 if nvfp4 else 1024, WORDS=0,
+                      PRECISION="tf32", EVEN_K=True, SPLIT_K=1, NORM=False, N_PAD=1, NORM_IN=True,
+                      PDL=True)  # fmt: skip
+    loads, waits = _compile("flint_kernels.gemv_triton", "_linear_kernel", pointers, constexprs, 4, 1)
+    assert loads > 0 and waits >= 1
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])

@@ -16,7 +16,13 @@ import pytest
 import torch
 from flint_kernels import gemv_triton as gt
 from flint_kernels import nvfp4
-from flint_kernels.linear import NVFP4Weight, linear_add_rms_norm_ref, linear_fp32_out_ref, linear_ref
+from flint_kernels.linear import (
+    NVFP4Weight,
+    add_rms_norm_linear_ref,
+    linear_add_rms_norm_ref,
+    linear_fp32_out_ref,
+    linear_ref,
+)
 from kernel_checks import poisoned_empty, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
@@ -284,6 +290,44 @@ def test_linear_add_rms_norm_op_fp16_and_fallback() -> None:
     assert int(gt.counters(DEVICE).abs().sum()) == 0
 
 
+# ----------------------------------------------------------------------------------------- add+RMSNorm prologue
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
+@pytest.mark.parametrize(("k", "split_k"), [(192, 1), (192, 3), (1200, 1)])
+def test_add_rms_norm_linear_one_launch_fp32(fmt: str, k: int, split_k: int) -> None:
+    """M == 1: every program normalises the row before its products; K = 1200 spans two of the norm's 1024-wide
+    passes and ends in a partial step; split-K programs each take the whole row's RMS; N = 200 a ragged tile."""
+    g = gen(430 + split_k + k)
+    n = 200
+    x = random_x(1, k, torch.float32, g)
+    w = torch.randn(n, k, generator=g, device=DEVICE) / math.sqrt(k) if fmt == "dense" else random_nvfp4(n, k, g)
+    residual, norm_w = _norm_inputs(k, torch.float32, g)
+    want_y, want_res = add_rms_norm_linear_ref(x, residual, norm_w, 1e-6, w)
+    runs = []
+    for _ in range(2):
+        res = gt._empty((1, k), torch.float32, DEVICE)
+        y = gt._matmul(x, w, False, config=FMA, split_k=split_k, norm_in=(residual, norm_w, 1e-6, res))
+        assert rel_err(y, want_y) < 1e-5 and torch.equal(res, want_res)
+        runs.append(y)
+    assert torch.equal(runs[0], runs[1])
+    assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
+def test_add_rms_norm_linear_op_fp16_and_fallback() -> None:
+    """The op: one launch at M == 1 (fp16), the add+RMSNorm and linear kernels at M > 1; both as the reference."""
+    g = gen(440)
+    n, k = 96, 128
+    w = (torch.randn(n, k, generator=g, device=DEVICE) / math.sqrt(k)).half()
+    for m in (1, 3):
+        x = random_x(m, k, torch.float16, g)
+        residual = (torch.randn(m, k, generator=g, device=DEVICE) * 2).half()
+        norm_w = torch.rand(k, generator=g, device=DEVICE) + 0.5
+        y, res = gt.add_rms_norm_linear(x, residual, norm_w, 1e-6, w)
+        want_y, want_res = add_rms_norm_linear_ref(x, residual, norm_w, 1e-6, w)
+        assert rel_err(y, want_y) < 1e-3 and torch.equal(res, want_res), m
+    with pytest.raises(ValueError, match="prologue needs M == 1"):
+        gt._matmul(random_x(2, k, torch.float16, g), w, False, config=FMA, norm_in=(x, norm_w, 1e-6, x))
+
+
 # ----------------------------------------------------------------------------------------------- GPU (bf16)
 FLINT_SHAPES = [(5120, 2048), (2048, 4096), (2048, 1024), (12288, 2048), (150144, 2048)]
 
@@ -369,6 +413,31 @@ def test_gpu_cuda_graph_capture_and_determinism() -> None:
         assert torch.equal(y1, gt.linear(x1, w))  # split-K reduction order is fixed
         assert rel_err(y2, linear_fp32_out_ref(x2, wd)) < 1e-4
     assert int(gt.counters(DEVICE).abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_gpu_add_rms_norm_linear_qkv_projection(fmt: str) -> None:
+    """Flint's qkv projection (5120 x 2048) with the input add+RMSNorm as its prologue, M == 1, the installed tiles:
+    the residual bit-exact, the output as the two kernels' within BF16 rounding, repeatable."""
+    from flint_kernels import rmsnorm_triton
+
+    g = gen(450)
+    n, k = 5120, 2048
+    x = random_x(1, k, torch.bfloat16, g)
+    w = (torch.randn(n, k, generator=g, device=DEVICE) / math.sqrt(k)).bfloat16() if fmt == "bf16" else None
+    w = w if w is not None else quantized_nvfp4(n, k, g, (4096, 512, 512))
+    residual, norm_w = _norm_inputs(k, torch.bfloat16, g)
+    y, res = gt.add_rms_norm_linear(x, residual, norm_w, 1e-6, w)
+    want_y, want_res = add_rms_norm_linear_ref(x, residual, norm_w, 1e-6, w)
+    assert torch.equal(res, want_res) and rel_err(y, want_y) < 1e-2
+    normed, _ = rmsnorm_triton.add_rms_norm(x, residual, norm_w, 1e-6)
+    two = gt.linear(normed, w)
+    assert (y == two).float().mean().item() >= 0.99
+    for _ in range(3):
+        again = gt.add_rms_norm_linear(x, residual, norm_w, 1e-6, w)
+        assert torch.equal(again[0], y) and torch.equal(again[1], res)
 
 
 @pytest.mark.gpu
