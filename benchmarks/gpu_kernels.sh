@@ -2,7 +2,7 @@
 # The kernel microbenchmarks in one device call (one H200), results under $OUT; the acceptance runs are
 # benchmarks/gpu_session.sh. Run: bash benchmarks/gpu_kernels.sh (device `run`, carry [".whl"]).
 # Measured 2026-11-30: router ~35 s, dequantisation ~30 s, NVFP4 MoE decode sweep ~50 s, sampler ~40 s (its two
-# compiled variants take 15-27 s each); the GEMV sweep (M = 8-64, packed candidates included) is not timed yet.
+# compiled variants take 15-27 s each); the GEMV sweep (M = 2-64 with packed candidates) ~110 s.
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -22,7 +22,7 @@ timeout 120 python3 benchmarks/kernels_moe_gemv.py --only moe --formats nvfp4 --
     --out "$OUT/moe_decode_sweep.json" > "$OUT/moe.txt" 2>&1
 tail -8 "$OUT/moe.txt"
 
-timeout 150 python3 benchmarks/kernels_moe_gemv.py --only gemv --ms 8 32 64 --sweep \
+timeout 150 python3 benchmarks/kernels_moe_gemv.py --only gemv --ms 2 8 32 64 --sweep \
     --out "$OUT/gemv_sweep.json" > "$OUT/gemv.txt" 2>&1
 tail -12 "$OUT/gemv.txt"
 

@@ -10,7 +10,7 @@
 # kernel), the accuracy check against FP32 and on the trained demo model. Each step has its own time limit so a
 # slow one cannot starve the rest (540 s together). The kernel microbenchmarks (sampler, router, dequantisation)
 # are benchmarks/gpu_kernels.sh, a second call.
-# Measured 2026-11-30: tests ~80 s, decode.py ~170 s, accuracy ~190 s (demo model ~60 s, random model ~100 s).
+# Measured 2026-11-30 (sixth session): tests ~112 s, decode.py (with the A/B) and accuracy ~285 s together; 398 s in all.
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
 CHECK_STEPS=${CHECK_STEPS:-16}
