@@ -1,4 +1,4 @@
-"""What the Triton kernel tests share: the error measure, and output buffers poisoned with NaN."""
+"""What the Triton kernel tests share: the error measure, output buffers poisoned with NaN, a launch counter."""
 
 from __future__ import annotations
 
@@ -33,3 +33,15 @@ def poison_torch_empty(monkeypatch) -> None:
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_empty_like(*a, **k)))
+
+
+class LaunchSpy:
+    """Stands in for a Triton kernel and counts its launches (`kernel[grid](...)`)."""
+
+    def __init__(self, kernel: object) -> None:
+        self.kernel = kernel
+        self.launches = 0
+
+    def __getitem__(self, grid: tuple) -> object:
+        self.launches += 1
+        return self.kernel[grid]

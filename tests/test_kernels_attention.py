@@ -14,6 +14,7 @@ import torch
 from flint_kernels import attention_triton as at
 from flint_kernels.attention import AttnMeta, paged_attention_ref
 from flint_kernels.gemv_triton import counters
+from kernel_checks import LaunchSpy, poison_torch_empty
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -21,17 +22,7 @@ HAS_CUDA = torch.cuda.is_available()
 @pytest.fixture
 def poison(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every tensor the kernels allocate starts as NaN (floats) or -77 (ints), so unwritten elements show."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def fill(t: torch.Tensor) -> torch.Tensor:
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        elif t.dtype != torch.bool:
-            t.fill_(-77)
-        return t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_empty_like(*a, **k)))
+    poison_torch_empty(monkeypatch)
 
 
 class Case:
@@ -95,18 +86,6 @@ def _check(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
     assert out.shape == ref.shape and out.dtype == ref.dtype
     assert not out.isnan().any(), "unwritten or poisoned output elements"
     assert _rel_err(out, ref) < tol
-
-
-class LaunchSpy:
-    """Stands in for a Triton kernel and counts its launches (`kernel[grid](...)`)."""
-
-    def __init__(self, kernel: object) -> None:
-        self.kernel = kernel
-        self.launches = 0
-
-    def __getitem__(self, grid: tuple) -> object:
-        self.launches += 1
-        return self.kernel[grid]
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from flint_kernels.qk_norm_rope_triton import qk_norm_rope_write
 from flint_kernels.rmsnorm import add_rms_norm_ref, rms_norm_ref
 from flint_kernels.rmsnorm_triton import add_rms_norm, rms_norm
 from flint_kernels.rope import rope_cos_sin
+from kernel_checks import poison_torch_empty
 
 EPS = 1e-6
 HAS_CUDA = torch.cuda.is_available()
@@ -21,17 +22,7 @@ HAS_CUDA = torch.cuda.is_available()
 @pytest.fixture
 def poison(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every tensor the kernels allocate starts as NaN (floats) or -77 (ints), so unwritten elements show."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def fill(t: torch.Tensor) -> torch.Tensor:
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        elif t.dtype != torch.bool:
-            t.fill_(-77)
-        return t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_empty_like(*a, **k)))
+    poison_torch_empty(monkeypatch)
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -14,7 +14,7 @@ from flint_kernels.attention import AttnMeta
 from flint_kernels.qkv_attention import qkv_attention_ref
 from flint_kernels.qkv_attention_triton import qkv_attention
 from flint_kernels.rope import rope_cos_sin
-from kernel_checks import poison_torch_empty, rel_err
+from kernel_checks import LaunchSpy, poison_torch_empty, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
 EPS = 1e-6
@@ -77,18 +77,6 @@ class DecodeCase:
             self.qkv, self.q_norm, self.k_norm, EPS, self.cos_sin, k_cache, v_cache, self.slots, self.hq, self.hkv,
             self.table, self.meta, self.sinks, self.scale, self.window,
         )  # fmt: skip
-
-
-class LaunchSpy:
-    """Stands in for a Triton kernel and counts its launches."""
-
-    def __init__(self, kernel: object) -> None:
-        self.kernel = kernel
-        self.launches = 0
-
-    def __getitem__(self, grid: tuple) -> object:
-        self.launches += 1
-        return self.kernel[grid]
 
 
 def _check(case: DecodeCase, out_tol: float, cache_tol: float) -> None:

@@ -10,6 +10,7 @@ from flint_kernels.activation_triton import silu_and_mul
 from flint_kernels.rmsnorm import add_rms_norm_ref
 from flint_kernels.router import add_rms_norm_sigmoid_topk_ref, sigmoid_topk_ref
 from flint_kernels.router_triton import SMALL_BATCH, add_rms_norm_sigmoid_topk, fused_norm_fits, sigmoid_topk
+from kernel_checks import poison_torch_empty
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -17,17 +18,7 @@ HAS_CUDA = torch.cuda.is_available()
 @pytest.fixture
 def poison(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every tensor the kernels allocate starts as NaN (floats) or -77 (ints), so unwritten elements show."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def fill(t: torch.Tensor) -> torch.Tensor:
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        elif t.dtype != torch.bool:
-            t.fill_(-77)
-        return t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_empty_like(*a, **k)))
+    poison_torch_empty(monkeypatch)
 
 
 def _rand(shape: tuple[int, ...], dtype: torch.dtype, seed: int, device: str = "cpu") -> torch.Tensor:
