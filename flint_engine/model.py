@@ -173,6 +173,7 @@ class FlintModel:
             if k.add_rms_norm_linear is not None and nxt is not None and not isinstance(nxt.qkv, tuple):
                 pending = self._mlp_out(h, lw.mlp, routing)
             else:
+                pending = None
                 next_norm = nxt.input_norm if nxt is not None else self.weights.final_norm
                 h, residual = self._mlp_add_norm(h, lw.mlp, residual, next_norm, routing)
         return h

@@ -187,11 +187,15 @@ def test_decode_step_with_a_one_launch_op(op: str) -> None:
             assert torch.equal(v1, v0)
 
 
-@pytest.mark.parametrize("nvfp4", [False, True])
-def test_one_token_decode_with_the_norm_inside_the_qkv_projection(nvfp4: bool) -> None:
+@pytest.mark.parametrize(("nvfp4", "split_layer"), [(False, None), (True, None), (False, 3)])
+def test_one_token_decode_with_the_norm_inside_the_qkv_projection(nvfp4: bool, split_layer: int | None) -> None:
     """`add_rms_norm_linear` at one token (its one-launch path) through the model, every layer after the first:
-    the plain path's hidden state, dense and NVFP4 weights."""
+    the plain path's hidden state, dense and NVFP4 weights; also with one layer's qkv stored as separate parts (a
+    mixed-format checkpoint), whose input norm then runs as its own op again."""
     w = random_weights(CFG, torch.float32, seed=11, nvfp4_linears=nvfp4)
+    if split_layer is not None:
+        qkv = w.layers[split_layer].qkv
+        w.layers[split_layer].qkv = (qkv[:100].clone(), qkv[100:].clone())
     seq = list(range(40, 60))
     prefill, nblocks = fresh_sequences_batch([seq], 16)
     decode = ForwardBatch(
