@@ -52,6 +52,9 @@ def parse_ops(spec: str) -> tuple[str, ...]:
     chosen: dict[str, None] = {}
     for name in (o.strip() for o in spec.split(",") if o.strip()):
         if name.startswith("-"):
+            if name[1:] not in OPS + EXPERIMENTAL_OPS:
+                known = ", ".join(OPS + EXPERIMENTAL_OPS)
+                raise ValueError(f"unknown fused op {name[1:]!r} in {spec!r}; known: {known}")
             chosen.pop(name[1:], None)
         else:
             chosen.update(dict.fromkeys(OPS if name == "all" else (name,)))

@@ -114,6 +114,8 @@ def test_fast_ops_env_selects_ops(monkeypatch) -> None:
     assert k.add_rms_norm_router is None and k.moe is REFERENCE.moe and k.attention is not REFERENCE.attention
     assert k.qkv_attention is None  # experimental: off unless named
     assert fast.parse_ops("moe,-moe,router") == ("router",)
+    with pytest.raises(ValueError, match="unknown fused op 'qkv_atention'"):
+        fast.parse_ops("all,-qkv_atention")
 
 
 @pytest.mark.parametrize("nvfp4", [False, True])
