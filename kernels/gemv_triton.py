@@ -351,6 +351,25 @@ def nvfp4_gemv_step(
 @triton.jit
 def nvfp4_gemv_dot(words, sb, xv, BLOCK_K: tl.constexpr):
     """`nvfp4_gemv_step` on x values [G, 2, 8] already in registers (`nvfp4_x_offsets` order)."""
+    v0, v1, v2, v3, v4, v5, v6, v7 = nvfp4_value_planes(words)
+    x0, x1, x2, x3, x4, x5, x6, x7 = nvfp4_x_planes(xv, BLOCK_K)
+    part = nvfp4_planes_dot(v0, v1, v2, v3, v4, v5, v6, v7, x0, x1, x2, x3, x4, x5, x6, x7)
+    return part * e4m3_value(sb.to(tl.int32))
+
+
+@triton.jit
+def nvfp4_value_planes(words):
+    """The eight E2M1 values of each int32 word as FP32 planes [.., 2] (value 8w + i in plane i, times 2**-127)."""
+    v0, v4 = e2m1_pair_bits(words, 0)
+    v1, v5 = e2m1_pair_bits(words, 1)
+    v2, v6 = e2m1_pair_bits(words, 2)
+    v3, v7 = e2m1_pair_bits(words, 3)
+    return v0, v1, v2, v3, v4, v5, v6, v7
+
+
+@triton.jit
+def nvfp4_x_planes(xv, BLOCK_K: tl.constexpr):
+    """x [G, 2, 8] (times 2**64, so code * x products are exact FP32 normals) split into the eight planes [G, 2]."""
     G: tl.constexpr = BLOCK_K // 16
     xv = xv.to(tl.float32) * 1.8446744073709552e19  # 2**64
     # [G, 2, 8] -> planes i = 0..7 (value 16g + 8w + i) paired as (i, i + 4) for e2m1_pair_bits.
@@ -361,10 +380,12 @@ def nvfp4_gemv_dot(words, sb, xv, BLOCK_K: tl.constexpr):
     x1, x5 = tl.split(x_o15)
     x2, x6 = tl.split(x_e26)
     x3, x7 = tl.split(x_o37)
-    v0, v4 = e2m1_pair_bits(words, 0)
-    v1, v5 = e2m1_pair_bits(words, 1)
-    v2, v6 = e2m1_pair_bits(words, 2)
-    v3, v7 = e2m1_pair_bits(words, 3)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def nvfp4_planes_dot(v0, v1, v2, v3, v4, v5, v6, v7, x0, x1, x2, x3, x4, x5, x6, x7):
+    """[BLOCK_N, G] sums over each group's 16 values of code * x (times 2**-63), before the block scale."""
     # One FFMA chain per word: the eight code * x products are exact, only the running sum rounds.
     part = v0 * x0[None, :, :]
     part = part + v4 * x4[None, :, :]
@@ -374,7 +395,7 @@ def nvfp4_gemv_dot(words, sb, xv, BLOCK_K: tl.constexpr):
     part = part + v6 * x6[None, :, :]
     part = part + v3 * x3[None, :, :]
     part = part + v7 * x7[None, :, :]
-    return tl.sum(part, axis=2) * e4m3_value(sb.to(tl.int32))
+    return tl.sum(part, axis=2)
 
 
 @triton.jit
