@@ -340,6 +340,11 @@ def moe_candidates(t: int) -> dict:
         cands["dec dot i16 k128 / n32 k128 w2"] = (dec, mc(16, 16, 128, 32, 128, True, 2, 3), regs)
         cands["dec dot i16 k512 / n32 k512 s2"] = (dec, mc(16, 16, 512, 32, 512, True, 4, 2), regs)
         cands["dec dot i32 k64 / n128 k64"] = (dec, mc(16, 32, 64, 128, 64, True, 4, 3), regs)
+        # NVFP4 gate_up expert-major (each weight decoded once for two of an expert's pairs; the down launch per
+        # pair as in "dec fma i16 k512 w2"). BF16 weights ignore the flag. Tiles without register spills on sm_90.
+        cands["dec expert i16 k256 w2"] = (dec, mc(1, 16, 256, 16, 512, False, 2, 1, expert_major=True), regs)
+        cands["dec expert i16 k512 w4"] = (dec, mc(1, 16, 512, 16, 512, False, 4, 1, expert_major=True), regs)
+        cands["dec expert i8 k512 w2"] = (dec, mc(1, 8, 512, 16, 512, False, 2, 1, expert_major=True), regs)
     # Small-group tiles at every T: above 64 tokens the groups are still small (6 * T / 256 pairs per expert).
     cands["grp m16 i32 k128"] = (grp, mc(16, 32, 128, 64, 128, True, 4, 3), regs)
     cands["grp m16 i64 k64"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3), regs)

@@ -133,11 +133,12 @@ Best = tuple[str, float, object]  # (candidate name, us, MoEConfig)
 
 
 def _fields(config: object) -> dict:
-    """A config's fields for a table entry; decode flags added later (`packed`) only when set, so tables written
-    before they existed read the same."""
+    """A config's fields for a table entry; decode flags added later (`packed`, `expert_major`) only when set, so
+    tables written before they existed read the same."""
     out = dataclasses.asdict(config)
-    if not out.get("packed", True):
-        del out["packed"]
+    for flag in ("packed", "expert_major"):
+        if not out.get(flag, True):
+            del out[flag]
     return out
 
 

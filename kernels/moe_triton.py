@@ -10,7 +10,10 @@ program per (pair, H-tile) and reduces the k slots of a token in the same launch
 stores its weighted FP32 product to a workspace and the program that arrives last on the (token, H-tile) counter
 sums the k products in slot order and rounds once (gemv_triton's split-K semaphore with the slot as the split
 index). NVFP4 pairs use the FMA GEMV of `gemv_triton` (BLOCK_M = 1); BF16 pairs use tensor cores (16-row tiles,
-one real row), which measured faster.
+one real row), which measured faster. With `MoEConfig.expert_major` (NVFP4, shared expert apart; no table sets it
+yet) kernel 1 runs expert-major instead: one program per (I-tile, expert) finds the expert's pairs in the ids with a
+cumsum and decodes each weight once for two of them at a time (an odd last pair on the one-row path), which the
+sm_90 SASS puts at ~3.2 instructions per weight and token against ~5 per pair.
 
 Prefill: pairs are grouped by expert on the device (stable argsort, per-expert counts by scatter_add, cumsums and
 a searchsorted that maps each of a shape-bounded number of blocks to its expert and row range; blocks past the
@@ -39,7 +42,13 @@ from .gemv_triton import (
     choose_split_k,
     counters,
     decode_mode,
+    e4m3_value,
+    fma_weights,
     is_last,
+    nvfp4_planes_dot,
+    nvfp4_value_planes,
+    nvfp4_x_offsets,
+    nvfp4_x_planes,
     precision_for,
     segment_bounds,
     segment_scale,
@@ -185,14 +194,134 @@ def _moe_gate_up_kernel(
         store_ok = store_ok & is_last(arrived, SPLIT_K, BLOCK_I)[:, None]
     if GSCALE:
         acc = acc * segment_scale(gs_base, rows, row_ok, b1, b2, b3)[:, None]
-    xdt = x_ptr.dtype.element_ty
-    # The reference rounds gate and up to the activation dtype, then silu, then the product.
+    _silu_mul_store(acc, h_ptr, h_rows, stride_h, jj, store_ok, BLOCK_I, BLOCK_M)
+
+
+@triton.jit
+def _silu_mul_store(acc, h_ptr, h_rows, stride_h, jj, store_ok, BLOCK_I: tl.constexpr, BLOCK_M: tl.constexpr):
+    """h = round(round(silu(round(gate))) * round(up)) of the FP32 gate|up accumulator [2 BLOCK_I, BLOCK_M] (gate
+    rows first), stored to h rows `h_rows`, columns jj: the reference rounds gate and up to the activation dtype,
+    then silu, then the product."""
+    xdt = h_ptr.dtype.element_ty
     y = acc.to(xdt)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_I, BLOCK_M)), (1, 2, 0)))
     g32 = gate.to(tl.float32)
     act = (g32 / (1.0 + tl.exp(-g32))).to(xdt)
     h = (act.to(tl.float32) * up.to(tl.float32)).to(xdt)
     tl.store(h_ptr + h_rows[None, :] * stride_h + jj[:, None], h, mask=store_ok)
+
+
+@triton.jit
+def _expert_pairs(ids_ptr, e, c0, P, P_PAD: tl.constexpr):
+    """(pair c0, pair c0 + 1, count): the c0-th and next of the pairs routed to expert e (in pair order; 0 past the
+    last) and how many of the P pairs it has. Each program scans all the ids: P is decode-sized (a few hundred)."""
+    p = tl.arange(0, P_PAD)
+    match = (tl.load(ids_ptr + p, mask=p < P, other=-1) == e).to(tl.int32)
+    pos = tl.cumsum(match, axis=0) - 1  # each match's rank among the expert's pairs
+    first = tl.sum(tl.where((match > 0) & (pos == c0), p, 0), axis=0)
+    second = tl.sum(tl.where((match > 0) & (pos == c0 + 1), p, 0), axis=0)
+    return first.to(tl.int64), second.to(tl.int64), tl.sum(match, axis=0)
+
+
+@triton.jit
+def _two_rows_nvfp4(
+    w_base, s_base, rows, row_ok, x_ptr, xo0, xo1, H, stride_wn, stride_sn, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """`tile_matmul`'s NVFP4 FMA path for two x rows at once: each weight word's eight values are built once
+    (`nvfp4_value_planes`) and multiplied into both rows, in the same order as for one row (so each result is the
+    one-row kernel's, bit for bit). Returns two FP32 [BLOCK_N, 1]."""
+    G: tl.constexpr = BLOCK_K // 16
+    acc0 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        words, sb = fma_weights(
+            w_base, s_base, rows, row_ok, k0, H, stride_wn, stride_sn, True, EVEN_K, BLOCK_N, BLOCK_K
+        )
+        kk = nvfp4_x_offsets(k0, BLOCK_K)
+        if EVEN_K:
+            xa = tl.load(x_ptr + xo0 + kk)
+            xb = tl.load(x_ptr + xo1 + kk)
+        else:
+            xa = tl.load(x_ptr + xo0 + kk, mask=kk < H, other=0.0)
+            xb = tl.load(x_ptr + xo1 + kk, mask=kk < H, other=0.0)
+        v0, v1, v2, v3, v4, v5, v6, v7 = nvfp4_value_planes(words)
+        sc = e4m3_value(sb.to(tl.int32))
+        a0, a1, a2, a3, a4, a5, a6, a7 = nvfp4_x_planes(xa, BLOCK_K)
+        acc0 += nvfp4_planes_dot(v0, v1, v2, v3, v4, v5, v6, v7, a0, a1, a2, a3, a4, a5, a6, a7) * sc
+        b0, b1, b2, b3, b4, b5, b6, b7 = nvfp4_x_planes(xb, BLOCK_K)
+        acc1 += nvfp4_planes_dot(v0, v1, v2, v3, v4, v5, v6, v7, b0, b1, b2, b3, b4, b5, b6, b7) * sc
+    # 2**62 undoes the offset (exact), as in tile_matmul.
+    out0 = tl.sum(acc0, axis=1, keep_dims=True) * 4.611686018427388e18
+    return out0, tl.sum(acc1, axis=1, keep_dims=True) * 4.611686018427388e18
+
+
+@triton.jit
+def _moe_gate_up_expert_kernel(
+    x_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    h_ptr,
+    P,
+    H,
+    INTER,
+    TOPK,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_h,
+    seg1,
+    seg2,
+    seg3,
+    EVEN_K: tl.constexpr,
+    P_PAD: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """`_moe_gate_up_kernel`'s decode path (NVFP4, no shared expert) expert-major: program (I-tile, expert e) finds
+    e's pairs in the router's ids itself and computes their h rows two at a time, each weight decoded once for both
+    (a last odd pair on the one-row path); an expert without pairs returns at once. Bit for bit the per-pair
+    kernel's h."""
+    pid_i = tl.program_id(0)
+    e = tl.program_id(1)
+    pdl_entry(PDL)  # the ids are the router's, the previous kernel's
+    p0, p1, count = _expert_pairs(ids_ptr, e, 0, P, P_PAD)
+    if count == 0:
+        return
+    r2 = tl.arange(0, 2 * BLOCK_I)
+    j = pid_i * BLOCK_I + (r2 % BLOCK_I)
+    rows = (j + (r2 >= BLOCK_I).to(tl.int32) * INTER).to(tl.int64)  # gate rows j then up rows INTER + j
+    row_ok = j < INTER
+    e64 = e.to(tl.int64)
+    w_base = w_ptr + e64 * stride_we
+    s_base = s_ptr + e64 * stride_se
+    scale = segment_scale(gs_ptr + e64 * stride_gse, rows, row_ok, seg1, seg2, seg3)[:, None]
+    jj = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
+    one = tl.zeros((1,), dtype=tl.int64)
+    col_ok = (jj < INTER)[:, None] & (one == 0)[None, :]
+    for c0 in range(0, count, 2):
+        if c0 > 0:
+            p0, p1, count = _expert_pairs(ids_ptr, e, c0, P, P_PAD)
+        xo0 = (p0 // TOPK) * stride_xt
+        if c0 + 1 < count:
+            acc0, acc1 = _two_rows_nvfp4(
+                w_base, s_base, rows, row_ok, x_ptr, xo0, (p1 // TOPK) * stride_xt, H, stride_wn, stride_sn, EVEN_K,
+                2 * BLOCK_I, BLOCK_K,
+            )  # fmt: skip
+            _silu_mul_store(acc0 * scale, h_ptr, one + p0, stride_h, jj, col_ok, BLOCK_I, 1)
+            _silu_mul_store(acc1 * scale, h_ptr, one + p1, stride_h, jj, col_ok, BLOCK_I, 1)
+        else:
+            acc0 = tile_matmul(
+                w_base, s_base, rows, row_ok, x_ptr, one + xo0, one == 0, 0, H, stride_wn, stride_sn,
+                True, False, "tf32", EVEN_K, 0, 2 * BLOCK_I, 1, BLOCK_K, False,
+            )  # fmt: skip
+            _silu_mul_store(acc0 * scale, h_ptr, one + p0, stride_h, jj, col_ok, BLOCK_I, 1)
 
 
 @triton.jit
@@ -636,16 +765,24 @@ def _routed(
     ws_elems = gu_tiles * rows_grid * split * 2 * cfg.gu_block_i * cfg.block_m if split > 1 else 1
     ws = _empty((ws_elems,), torch.float32, x.device)
     mode = decode_mode(cfg, x.dtype)
-    _moe_gate_up_kernel[(gu_tiles, rows_grid, split)](
-        x, ids, order, meta, q13, s13, g13, h, ws, cnt,
-        hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0), *seg13, per,
-        *sh13, n_shared_rows, max(parts, 1), shared_inter,
-        NVFP4=nv13, GSCALE=gsc13, GROUPED=not decode, SHARED=shared is not None,
-        EVEN_K=hidden % cfg.gu_block_k == 0, WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split,
-        BLOCK_I=cfg.gu_block_i, BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **launch_options(x.device),
-    )  # fmt: skip
+    if decode and cfg.expert_major and nv13 and gsc13 and shared is None and not cfg.use_dot:
+        # Expert-major gate_up (`_moe_gate_up_expert_kernel`); h keeps the per-pair layout the down launch reads.
+        _moe_gate_up_expert_kernel[(gu_tiles, num_experts)](
+            x, ids, q13, s13, g13, h, p, hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0),
+            *seg13, EVEN_K=hidden % cfg.gu_block_k == 0, P_PAD=triton.next_power_of_2(p), BLOCK_I=cfg.gu_block_i,
+            BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps, num_stages=1, **launch_options(x.device),
+        )  # fmt: skip
+    else:
+        _moe_gate_up_kernel[(gu_tiles, rows_grid, split)](
+            x, ids, order, meta, q13, s13, g13, h, ws, cnt,
+            hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0), *seg13, per,
+            *sh13, n_shared_rows, max(parts, 1), shared_inter,
+            NVFP4=nv13, GSCALE=gsc13, GROUPED=not decode, SHARED=shared is not None,
+            EVEN_K=hidden % cfg.gu_block_k == 0, WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split,
+            BLOCK_I=cfg.gu_block_i, BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+            **launch_options(x.device),
+        )  # fmt: skip
     even_dn = inter % cfg.dn_block_k == 0 and shared_inter % cfg.dn_block_k == 0
     if decode:
         n_shared_tokens = 0 if shared is None else t

@@ -91,6 +91,15 @@ def test_gemv_with_the_norm_prologue_compiles_for_sm90(nvfp4: bool) -> None:
     assert loads > 0 and waits >= 1
 
 
+def test_moe_expert_major_gate_up_compiles_for_sm90() -> None:
+    """The expert-major NVFP4 gate_up (`MoEConfig.expert_major`) at the sweep's spill-free tiles: nothing is read
+    before the PDL wait (the expert's pairs come from the router's ids, the previous kernel's output)."""
+    pointers = {"x_ptr": "bf16", "ids_ptr": "i64", "w_ptr": "u8", "s_ptr": "u8", "gs_ptr": "fp32", "h_ptr": "bf16"}
+    constexprs = dict(EVEN_K=True, P_PAD=256, BLOCK_I=16, BLOCK_K=256, PDL=True)
+    loads, waits = _compile("flint_kernels.moe_triton", "_moe_gate_up_expert_kernel", pointers, constexprs, 2, 1)
+    assert loads == 0 and waits == 1
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
 @pytest.mark.parametrize("kernel", ["_moe_gate_up_kernel", "_moe_down_kernel"])
 def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) -> None:

@@ -7,6 +7,7 @@ tests check bfloat16 at Flint's expert shapes (< 1e-2), CUDA-graph capture and r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -17,7 +18,7 @@ from flint_kernels import moe_triton as mt
 from flint_kernels import nvfp4
 from flint_kernels.linear import NVFP4Weight
 from flint_kernels.moe import moe_add_rms_norm_ref, moe_ref
-from kernel_checks import poisoned_empty, rel_err
+from kernel_checks import LaunchSpy, poisoned_empty, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -108,6 +109,35 @@ def test_decode_nvfp4_fp32(t: int, split_k: int) -> None:
     w2 = random_nvfp4(e, h, i, g, (h,))
     out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA, split_k=split_k)
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
+
+
+EXPERT_MAJOR = dataclasses.replace(DECODE_FMA, gu_block_i=32, gu_block_k=64, expert_major=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("h", [128, 160])
+def test_decode_nvfp4_expert_major(dtype: torch.dtype, h: int) -> None:
+    """Gate_up expert-major: each (I-tile, expert) program finds its pairs and decodes each weight once for two of
+    them at a time. Experts with 0, 1, 2, 3 and 5 pairs (odd counts end on the one-row path), a ragged I tile (48
+    of 64) and H = 160 (a partial K step): the per-pair kernels' output with the same tiles bit for bit, and the
+    reference's."""
+    g = gen(30 + h)
+    t, e, i, k = 5, 8, 48, 3
+    ids = torch.tensor([[0, 1, 2], [0, 2, 3], [0, 3, 4], [0, 2, 6], [0, 3, 6]], device=DEVICE)
+    tw = torch.rand(t, k, generator=g, device=DEVICE)
+    tw = (tw / tw.sum(-1, keepdim=True)).float()
+    x = torch.randn(t, h, generator=g, device=DEVICE).to(dtype)
+    w13 = random_nvfp4(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4(e, h, i, g, (h,))
+    same_tiles = dataclasses.replace(EXPERT_MAJOR, expert_major=False)
+    per_pair = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=same_tiles, split_k=1)
+    spy = LaunchSpy(mt._moe_gate_up_expert_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mt, "_moe_gate_up_expert_kernel", spy)
+        out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=EXPERT_MAJOR)
+    assert spy.launches == 1
+    assert torch.equal(out, per_pair)
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < (1e-5 if dtype == torch.float32 else 1e-3)
 
 
 def test_decode_quantized_default_config() -> None:
@@ -402,6 +432,22 @@ def flint_moe_inputs(t: int, fmt: str, g: torch.Generator) -> tuple:
         return x, tw, ids, w13, w2, dense_shared(h, 1024, torch.bfloat16, g)
     w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
     return x, tw, ids, w13, w2, nvfp4_shared(h, 1024, g)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("t", [8, 32, 64])
+def test_gpu_nvfp4_expert_major_flint_shapes(t: int) -> None:
+    """Flint's NVFP4 experts, BF16 tokens: gate_up expert-major gives the per-pair kernels' output bit for bit."""
+    g = gen(700 + t)
+    x, tw, ids, w13, w2, _ = flint_moe_inputs(t, "nvfp4", g)
+    per_pair = mt.MoEConfig(1, 16, 512, 16, 512, False, 2, 1)
+    want = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=per_pair, split_k=1)
+    got = mt.fused_moe(
+        x, tw, ids, w13, w2, decode_max_tokens=64, config=dataclasses.replace(per_pair, expert_major=True)
+    )
+    assert torch.equal(got, want)
+    assert rel_err(got, moe_ref(x, tw, ids, w13, w2)) < 1e-2
 
 
 @pytest.mark.gpu
