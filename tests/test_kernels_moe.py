@@ -114,8 +114,7 @@ def test_decode_nvfp4_fp32(t: int, split_k: int) -> None:
 EXPERT_MAJOR = dataclasses.replace(DECODE_FMA, gu_block_i=32, gu_block_k=64, expert_major=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("h", [128, 160])
+@pytest.mark.parametrize(("dtype", "h"), [(torch.float32, 160), (torch.float16, 128)])
 def test_decode_nvfp4_expert_major(dtype: torch.dtype, h: int) -> None:
     """Gate_up expert-major: each (I-tile, expert) program finds its pairs and decodes each weight once for two of
     them at a time. Experts with 0, 1, 2, 3 and 5 pairs (odd counts end on the one-row path), a ragged I tile (48
