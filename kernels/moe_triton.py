@@ -753,20 +753,23 @@ def _routed(
     dn_tiles = triton.cdiv(hidden, cfg.dn_block_n)
     if decode and t * dn_tiles > COUNTER_SLOTS:
         raise ValueError(f"{t} tokens are too many for the decode path's slot counters; use the grouped path")
+    # Expert-major gate_up (`_moe_gate_up_expert_kernel`): no K split, so no workspace.
+    expert_major = decode and cfg.expert_major and nv13 and gsc13 and shared is None and not cfg.use_dot
     if decode:
         order, meta, rows_grid = ids, ids, n_shared_rows + p
-        split, per = choose_split_k(gu_tiles * rows_grid, hidden, cfg.gu_block_k, x.device)
+        split, per = (
+            (1, hidden) if expert_major else choose_split_k(gu_tiles * rows_grid, hidden, cfg.gu_block_k, x.device)
+        )
     else:
         order, meta, rows_grid = _align(ids, num_experts, cfg.block_m)
         split, per = 1, triton.cdiv(hidden, cfg.gu_block_k) * cfg.gu_block_k
-    if split_k is not None:
+    if split_k is not None and not expert_major:
         per = triton.cdiv(triton.cdiv(hidden, split_k), cfg.gu_block_k) * cfg.gu_block_k
         split = triton.cdiv(hidden, per)
     ws_elems = gu_tiles * rows_grid * split * 2 * cfg.gu_block_i * cfg.block_m if split > 1 else 1
     ws = _empty((ws_elems,), torch.float32, x.device)
     mode = decode_mode(cfg, x.dtype)
-    if decode and cfg.expert_major and nv13 and gsc13 and shared is None and not cfg.use_dot:
-        # Expert-major gate_up (`_moe_gate_up_expert_kernel`); h keeps the per-pair layout the down launch reads.
+    if expert_major:  # h keeps the per-pair layout the down launch reads
         _moe_gate_up_expert_kernel[(gu_tiles, num_experts)](
             x, ids, q13, s13, g13, h, p, hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0),
             *seg13, EVEN_K=hidden % cfg.gu_block_k == 0, P_PAD=triton.next_power_of_2(p), BLOCK_I=cfg.gu_block_i,

@@ -169,3 +169,19 @@ def test_decode_attention_compiles_for_sm90(splits: int, qkv: bool) -> None:
                       DOT_PREC="tf32", QKV=qkv, HAS_ROPE=qkv, PTX_MUL=qkv, PDL=True)  # fmt: skip
     loads, waits = _compile("flint_kernels.attention_triton", "_decode_kernel", pointers, constexprs, 4, 2)
     assert loads > 0 and waits == 1  # the batch metadata before waiting for the previous kernel
+
+
+def test_router_norm_kernel_compiles_for_sm90() -> None:
+    """The one-launch kernel compiles for Hopper (sm_90, no GPU needed) at Flint's 4 tokens x 2048 with PDL, and
+    reads before the wait for the previous kernel only what no kernel writes: the plain router's early loads (its
+    weight row) plus as many for the FP32 norm weight (as long as that row); x and the residual come after it."""
+    pointers = {"x_ptr": "bf16", "res_ptr": "bf16", "norm_w_ptr": "fp32", "normed_ptr": "bf16",
+                "new_res_ptr": "bf16", "w_ptr": "fp32", "logits_ptr": "fp32", "cnt_ptr": "i32", "out_w_ptr": "fp32",
+                "out_ids_ptr": "i64"}  # fmt: skip
+    constexprs = dict(BLOCK_T=4, BLOCK_E=1, BLOCK_K=2048, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=256, ROWS=4,
+                      RENORMALIZE=True, PDL=True)  # fmt: skip
+    plain = {k: v for k, v in pointers.items() if k not in ("res_ptr", "norm_w_ptr", "normed_ptr", "new_res_ptr")}
+    plain_loads, _ = _compile("flint_kernels.router_triton", "_router_kernel", plain, constexprs, 4, 1)
+    loads, waits = _compile("flint_kernels.router_triton", "_router_norm_kernel", pointers, constexprs, 4, 1)
+    assert waits == 1 and plain_loads > 0
+    assert loads == 2 * plain_loads

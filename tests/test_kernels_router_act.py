@@ -477,21 +477,3 @@ def test_add_rms_norm_sigmoid_topk_gpu(poison: None, t: int, dtype: torch.dtype)
     assert fused_norm_fits(t, 2048) == (t <= 4)
     _check_norm_router(t, 2048, 256, 6, True, 1.0, dtype, "cuda")
     _check_norm_router(t, 2048, 256, 6, False, 2.5, dtype, "cuda")
-
-
-def test_router_norm_kernel_compiles_for_sm90() -> None:
-    """The one-launch kernel compiles for Hopper (sm_90, no GPU needed) at Flint's 4 tokens x 2048 with PDL, and
-    reads before the wait for the previous kernel only what no kernel writes: the plain router's early loads (its
-    weight row) plus as many for the FP32 norm weight (as long as that row); x and the residual come after it."""
-    from test_kernels_compile import _compile  # its AOT helper (a sibling test module)
-
-    pointers = {"x_ptr": "bf16", "res_ptr": "bf16", "norm_w_ptr": "fp32", "normed_ptr": "bf16",
-                "new_res_ptr": "bf16", "w_ptr": "fp32", "logits_ptr": "fp32", "cnt_ptr": "i32", "out_w_ptr": "fp32",
-                "out_ids_ptr": "i64"}  # fmt: skip
-    constexprs = dict(BLOCK_T=4, BLOCK_E=1, BLOCK_K=2048, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=256, ROWS=4,
-                      RENORMALIZE=True, PDL=True)  # fmt: skip
-    plain = {k: v for k, v in pointers.items() if k in router_triton._router_kernel.arg_names}
-    plain_loads, _ = _compile("flint_kernels.router_triton", "_router_kernel", plain, constexprs, 4, 1)
-    loads, waits = _compile("flint_kernels.router_triton", "_router_norm_kernel", pointers, constexprs, 4, 1)
-    assert waits == 1 and plain_loads > 0
-    assert loads == 2 * plain_loads
