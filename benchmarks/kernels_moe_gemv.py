@@ -261,7 +261,9 @@ def routing(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / w.sum(-1, keepdim=True)).float(), ids
 
 
-def moe_rows(ts: list[int], sweep: bool, formats: tuple[str, ...] = ("bf16", "nvfp4")) -> list[dict]:
+def moe_rows(
+    ts: list[int], sweep: bool, formats: tuple[str, ...] = ("bf16", "nvfp4"), match: tuple[str, ...] = ()
+) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(1)
     rows = []
     for fmt in formats:
@@ -271,7 +273,7 @@ def moe_rows(ts: list[int], sweep: bool, formats: tuple[str, ...] = ("bf16", "nv
         stacks = [(w13, w2)] + [moe_weights(fmt, gen)[:2] for _ in range(ncopies - 1)]
         for t in ts:
             try:
-                row = moe_row(fmt, t, stacks, per_expert, sweep, gen)
+                row = moe_row(fmt, t, stacks, per_expert, sweep, gen, match)
             except Exception as e:  # keep timing the other rows; the failure is reported
                 row = {"op": "moe", "fmt": fmt, "T": t, "rel_err": math.inf, "error": f"{type(e).__name__}: {e}"[:300]}
             rows.append(row)
@@ -281,8 +283,10 @@ def moe_rows(ts: list[int], sweep: bool, formats: tuple[str, ...] = ("bf16", "nv
     return rows
 
 
-def moe_row(fmt: str, t: int, stacks: list, per_expert: float, sweep: bool, gen: torch.Generator) -> dict:
-    """Check and time one (format, T)."""
+def moe_row(
+    fmt: str, t: int, stacks: list, per_expert: float, sweep: bool, gen: torch.Generator, match: tuple[str, ...] = ()
+) -> dict:
+    """Check and time one (format, T); the sweep times the candidates whose name holds one of `match` (all if none)."""
     from flint_kernels import moe_triton as mt
     from flint_kernels.moe import moe_ref
 
@@ -303,7 +307,7 @@ def moe_row(fmt: str, t: int, stacks: list, per_expert: float, sweep: bool, gen:
     if t <= 64 or fmt == "bf16":
         row["torch_ref_ms"] = time_eager(lambda: moe_ref(x, tw, ids, w13, w2))
     if sweep:
-        row["sweep"] = moe_sweep(x, tw, ids, stacks, moved, t)
+        row["sweep"] = moe_sweep(x, tw, ids, stacks, moved, t, match)
     return row
 
 
@@ -345,6 +349,13 @@ def moe_candidates(t: int) -> dict:
         cands["dec expert i16 k256 w2"] = (dec, mc(1, 16, 256, 16, 512, False, 2, 1, expert_major=True), regs)
         cands["dec expert i16 k512 w4"] = (dec, mc(1, 16, 512, 16, 512, False, 4, 1, expert_major=True), regs)
         cands["dec expert i8 k512 w2"] = (dec, mc(1, 8, 512, 16, 512, False, 2, 1, expert_major=True), regs)
+        # Expert-major on tensor cores: the grouped launches over blocks found in the unsorted ids (no sort launches;
+        # each expert's weights read once per tile for all its pairs, against once per pair on the decode path).
+        em = {"expert_major": True}
+        cands["dec dot expert i32 k128 / n64 k128"] = (dec, mc(16, 32, 128, 64, 128, True, 4, 3, **em), regs)
+        cands["dec dot expert i16 k128 / n32 k128"] = (dec, mc(16, 16, 128, 32, 128, True, 4, 3, **em), regs)
+        cands["dec dot expert i64 k64 / n128 k64"] = (dec, mc(16, 64, 64, 128, 64, True, 4, 3, **em), regs)
+        cands["dec dot expert i32 k256 / n64 k256"] = (dec, mc(16, 32, 256, 64, 256, True, 4, 3, **em), regs)
     # Small-group tiles at every T: above 64 tokens the groups are still small (6 * T / 256 pairs per expert).
     cands["grp m16 i32 k128"] = (grp, mc(16, 32, 128, 64, 128, True, 4, 3), regs)
     cands["grp m16 i64 k64"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3), regs)
@@ -364,7 +375,7 @@ def moe_candidates(t: int) -> dict:
     return cands
 
 
-def moe_sweep(x, tw, ids, stacks, moved: float, t: int) -> dict:
+def moe_sweep(x, tw, ids, stacks, moved: float, t: int, match: tuple[str, ...] = ()) -> dict:
     """Alternative MoE paths and tiles (us per call), to pick the decode/grouped crossover and the tiles.
 
     A configuration whose result is off `moe_ref` (rel. error >= 1e-2) is reported as such, not timed."""
@@ -374,6 +385,8 @@ def moe_sweep(x, tw, ids, stacks, moved: float, t: int) -> dict:
     y_ref = moe_ref(x, tw, ids, stacks[0][0], stacks[0][1])
     out = {}
     for name, (dmt, c, dq) in moe_candidates(t).items():
+        if match and not any(m in name for m in match):
+            continue
         try:
             calls = [lambda s=s, c=c, d=dmt, q=dq: mt.fused_moe(x, tw, ids, s[0], s[1], decode_max_tokens=d, config=c,
                                                                  dequant_min_tokens=q)
@@ -498,6 +511,7 @@ def main() -> int:
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 8, 32, 64, 256, 1024, 8192], help="GEMV rows")
     ap.add_argument("--ts", type=int, nargs="+", default=[1, 8, 32, 64, 8192], help="MoE tokens")
     ap.add_argument("--formats", nargs="+", choices=("bf16", "nvfp4"), default=["bf16", "nvfp4"], help="MoE weights")
+    ap.add_argument("--match", nargs="+", default=[], help="sweep only MoE candidates whose name holds one of these")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernels_moe_gemv.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -513,7 +527,7 @@ def main() -> int:
         result["gemv"] = gemv_rows(args.ms, args.sweep)
         failures += [r for r in result["gemv"] if not r["rel_err"] < 1e-2]
     if args.only in (None, "moe"):
-        result["moe"] = moe_rows(args.ts, args.sweep, tuple(args.formats))
+        result["moe"] = moe_rows(args.ts, args.sweep, tuple(args.formats), tuple(args.match))
         failures += [r for r in result["moe"] if not r["rel_err"] < 1e-2]
     if args.only == "shared":
         result["moe_shared_us"] = shared_rows([1, 2, 4, 8])

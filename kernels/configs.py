@@ -42,8 +42,9 @@ class MoEConfig:
     num_stages: int
     words: bool = False  # tensor-core NVFP4 from int32 nibble planes (Triton 3.6 fails to compile it)
     packed: bool = False  # tensor-core NVFP4 as packed BF16 pairs scaled by FMA.BF16X2 (BF16 x; PTX, sm_80+)
-    # NVFP4 decode path with FMA tiles and the shared expert apart: gate_up expert-major, one program per (I-tile,
-    # expert), each weight decoded once for two of the expert's pairs at a time.
+    # Decode path, shared expert apart. FMA tiles (NVFP4): gate_up expert-major, one program per (I-tile, expert),
+    # each weight decoded once for two of the expert's pairs at a time. Tensor-core tiles (BF16 or NVFP4): both
+    # launches grouped by expert without sorting (blocks of BLOCK_M pairs found in the ids), then the slot reduce.
     expert_major: bool = False
 
 

@@ -13,7 +13,11 @@ index). NVFP4 pairs use the FMA GEMV of `gemv_triton` (BLOCK_M = 1); BF16 pairs 
 one real row), which measured faster. With `MoEConfig.expert_major` (NVFP4, shared expert apart; no table sets it
 yet) kernel 1 runs expert-major instead: one program per (I-tile, expert) finds the expert's pairs in the ids with a
 cumsum and decodes each weight once for two of them at a time (an odd last pair on the one-row path), which the
-sm_90 SASS puts at ~3.2 instructions per weight and token against ~5 per pair.
+sm_90 SASS puts at ~3.2 instructions per weight and token against ~5 per pair. Expert-major tiles on tensor cores
+(`use_dot`, shared expert apart) run the prefill's grouped launches below instead, their blocks found in the
+unsorted ids (program (tile, expert, chunk) ranks the expert's pairs with a cumsum; empty blocks return at once), so
+each expert's weights are read once per tile for all its pairs, with no sort launches; the sum over slots is the
+reduce launch.
 
 Prefill: pairs are grouped by expert on the device (stable argsort, per-expert counts by scatter_add, cumsums and
 a searchsorted that maps each of a shape-bounded number of blocks to its expert and row range; blocks past the
@@ -90,6 +94,22 @@ def _pair_rows(ids_ptr, order_ptr, meta_ptr, pid_r, GROUPED: tl.constexpr, BLOCK
 
 
 @triton.jit
+def _expert_rows(ids_ptr, pid_r, n_pairs, chunks, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, pair indices [BLOCK_M], valid mask, any valid) of program row `pid_r` of the unsorted grouped
+    launch: chunk pid_r % chunks of expert pid_r // chunks, i.e. that expert's pairs ranked chunk * BLOCK_M onward
+    (in pair order), found by scanning the n_pairs ids (decode-sized) with a cumsum."""
+    e = pid_r // chunks
+    p = tl.arange(0, P_PAD)
+    match = (tl.load(ids_ptr + p, mask=p < n_pairs, other=-1) == e).to(tl.int32)
+    rank = tl.cumsum(match, axis=0) - 1
+    r = (pid_r % chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    hit = (match[:, None] > 0) & (rank[:, None] == r[None, :])
+    pairs = tl.sum(tl.where(hit, p[:, None], 0), axis=0)
+    m_ok = r < tl.sum(match, axis=0)
+    return e.to(tl.int64), pairs.to(tl.int64), m_ok, (pid_r % chunks) * BLOCK_M < tl.sum(match, axis=0)
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,
     ids_ptr,
@@ -126,9 +146,12 @@ def _moe_gate_up_kernel(
     n_shared_rows,
     shared_parts,
     shared_inter,
+    n_pairs,
+    chunks,
     NVFP4: tl.constexpr,
     GSCALE: tl.constexpr,
     GROUPED: tl.constexpr,
+    EXPERT: tl.constexpr,
     SHARED: tl.constexpr,
     EVEN_K: tl.constexpr,
     WORDS: tl.constexpr,
@@ -138,9 +161,13 @@ def _moe_gate_up_kernel(
     BLOCK_I: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    P_PAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """h[p, j] = round(round(silu(gate_pj)) * up_pj) for the pairs of this program and BLOCK_I columns j.
+
+    EXPERT (with GROUPED): program rows are (expert, chunk) blocks found in the unsorted ids (`_expert_rows`); a
+    block without pairs returns at once.
 
     SHARED (decode only): program rows below `n_shared_rows` are the shared expert, cut into `shared_parts`
     INTER-wide parts per token (row v: token v // parts, columns (v % parts) * INTER...), writing h rows v; the
@@ -155,7 +182,12 @@ def _moe_gate_up_kernel(
     # (Waiting again there is a no-op.) The ids a shared program reads below are not used.
     if pair_row >= 0:
         pdl_entry(PDL)
-    e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
+    if EXPERT:
+        e, pairs, m_ok, any_ok = _expert_rows(ids_ptr, pid_r, n_pairs, chunks, P_PAD, BLOCK_M)
+        if not any_ok:
+            return
+    else:
+        e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
     x_off = (pairs // TOPK) * stride_xt
     h_rows = pairs + n_shared_rows if SHARED else pairs
     w_base = w_ptr + e * stride_we
@@ -366,9 +398,12 @@ def _moe_down_kernel(
     res_out_ptr,
     row_cnt_ptr,
     eps,
+    n_pairs,
+    chunks,
     NVFP4: tl.constexpr,
     GSCALE: tl.constexpr,
     GROUPED: tl.constexpr,
+    EXPERT: tl.constexpr,
     SHARED: tl.constexpr,
     EVEN_K: tl.constexpr,
     WORDS: tl.constexpr,
@@ -381,9 +416,11 @@ def _moe_down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    P_PAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y = round(h[p] @ w2[e]^T * scale). GROUPED: store y[p]. Else reduce the token's TOPK slots into out[t].
+    EXPERT (with GROUPED): the blocks come from the unsorted ids, as in `_moe_gate_up_kernel`.
 
     SHARED (decode only): program rows below `n_shared_tokens` are each token's shared expert (its h is the
     contiguous `shared_inter` columns at h row token * shared_parts), arriving as slot TOPK with weight 1; the last
@@ -397,7 +434,12 @@ def _moe_down_kernel(
     pid_n = tl.program_id(0)
     pid_r = tl.program_id(1)
     pair_row = pid_r - n_shared_tokens if SHARED else pid_r
-    e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
+    if EXPERT:
+        e, pairs, m_ok, any_ok = _expert_rows(ids_ptr, pid_r, n_pairs, chunks, P_PAD, BLOCK_M)
+        if not any_ok:
+            return
+    else:
+        e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
     h_off = (pairs + n_shared_tokens * shared_parts) * stride_h if SHARED else pairs * stride_h
     w_base = w_ptr + e * stride_we
     s_base = s_ptr + e * stride_se
@@ -711,6 +753,17 @@ def _paths(
     return decode, fold, nv and not decode and t >= dequant_min_tokens
 
 
+def _unsorted_grouped(cfg: MoEConfig, shared: SharedExpert | None) -> bool:
+    """Whether decode-sized batches take the grouped launches with blocks found in the unsorted ids: tiles on
+    tensor cores marked expert-major, the shared expert not folded in."""
+    return cfg.expert_major and cfg.use_dot and shared is None
+
+
+def _p_pad(pairs: int, unsorted: bool) -> int:
+    """The ids scan's width (a power of two) for the unsorted grouped launches; 1 (unused) otherwise."""
+    return triton.next_power_of_2(pairs) if unsorted else 1
+
+
 def _routed(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -751,15 +804,22 @@ def _routed(
     cnt = counters(x.device)
     gu_tiles = triton.cdiv(inter, cfg.gu_block_i)
     dn_tiles = triton.cdiv(hidden, cfg.dn_block_n)
-    if decode and t * dn_tiles > COUNTER_SLOTS:
-        raise ValueError(f"{t} tokens are too many for the decode path's slot counters; use the grouped path")
     # Expert-major gate_up (`_moe_gate_up_expert_kernel`): no K split, so no workspace.
     expert_major = decode and cfg.expert_major and nv13 and gsc13 and shared is None and not cfg.use_dot
+    # Expert-major on tensor cores: the grouped launches with blocks found in the unsorted ids (no sort launches).
+    unsorted = decode and _unsorted_grouped(cfg, shared)
+    decode = decode and not unsorted
+    if decode and t * dn_tiles > COUNTER_SLOTS:
+        raise ValueError(f"{t} tokens are too many for the decode path's slot counters; use the grouped path")
+    chunks = triton.cdiv(t, cfg.block_m)  # a token's k ids are distinct, so an expert has at most t pairs
     if decode:
         order, meta, rows_grid = ids, ids, n_shared_rows + p
         split, per = (
             (1, hidden) if expert_major else choose_split_k(gu_tiles * rows_grid, hidden, cfg.gu_block_k, x.device)
         )
+    elif unsorted:
+        order, meta, rows_grid = ids, ids, num_experts * chunks
+        split, per = 1, triton.cdiv(hidden, cfg.gu_block_k) * cfg.gu_block_k
     else:
         order, meta, rows_grid = _align(ids, num_experts, cfg.block_m)
         split, per = 1, triton.cdiv(hidden, cfg.gu_block_k) * cfg.gu_block_k
@@ -779,10 +839,11 @@ def _routed(
         _moe_gate_up_kernel[(gu_tiles, rows_grid, split)](
             x, ids, order, meta, q13, s13, g13, h, ws, cnt,
             hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0), *seg13, per,
-            *sh13, n_shared_rows, max(parts, 1), shared_inter,
-            NVFP4=nv13, GSCALE=gsc13, GROUPED=not decode, SHARED=shared is not None,
+            *sh13, n_shared_rows, max(parts, 1), shared_inter, p, chunks,
+            NVFP4=nv13, GSCALE=gsc13, GROUPED=not decode, EXPERT=unsorted, SHARED=shared is not None,
             EVEN_K=hidden % cfg.gu_block_k == 0, WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, SPLIT_K=split,
-            BLOCK_I=cfg.gu_block_i, BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps,
+            BLOCK_I=cfg.gu_block_i, BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, P_PAD=_p_pad(p, unsorted),
+            num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
             **launch_options(x.device),
         )  # fmt: skip
@@ -800,11 +861,12 @@ def _routed(
         _moe_down_kernel[(dn_tiles, n_shared_tokens + p)](
             h, ids, order, meta, tw, q2, s2, g2, out, ws, cnt,
             hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, out.stride(0), *seg2,
-            *sh2, n_shared_tokens, max(parts, 1), shared_inter, *row,
-            NVFP4=nv2, GSCALE=gsc2, GROUPED=False, SHARED=shared is not None, EVEN_K=even_dn, WORDS=mode,
-            USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots, NORM=norm is not None,
+            *sh2, n_shared_tokens, max(parts, 1), shared_inter, *row, p, chunks,
+            NVFP4=nv2, GSCALE=gsc2, GROUPED=False, EXPERT=False, SHARED=shared is not None, EVEN_K=even_dn,
+            WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots, NORM=norm is not None,
             N_PAD=triton.next_power_of_2(hidden) if norm is not None else 1, BLOCK_N=cfg.dn_block_n,
-            BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, P_PAD=1, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
             **launch_options(x.device),
         )  # fmt: skip
         return out
@@ -812,10 +874,11 @@ def _routed(
     _moe_down_kernel[(dn_tiles, rows_grid)](
         h, ids, order, meta, tw, q2, s2, g2, y, y, cnt,
         hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, y.stride(0), *seg2,
-        *_no_shared(out), 0, 1, 0, *_no_norm(out),
-        NVFP4=nv2, GSCALE=gsc2, GROUPED=True, SHARED=False, EVEN_K=even_dn, WORDS=mode,
+        *_no_shared(out), 0, 1, 0, *_no_norm(out), p, chunks,
+        NVFP4=nv2, GSCALE=gsc2, GROUPED=True, EXPERT=unsorted, SHARED=False, EVEN_K=even_dn, WORDS=mode,
         USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=topk, NORM=False, N_PAD=1, BLOCK_N=cfg.dn_block_n,
-        BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, P_PAD=_p_pad(p, unsorted), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
         **launch_options(x.device),
     )  # fmt: skip
     block_h = min(1024, triton.next_power_of_2(hidden))
@@ -847,16 +910,18 @@ def moe_add_rms_norm(
     t, hidden = topk_ids.shape[0], x.shape[1]
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
     decode, fold, _ = _paths(x, t, w13, w2, shared)
+    cfg = decode_config(nv, t, x.device)
     fits = (
         decode
         and t > 0
         and (shared is None or fold)
+        and not _unsorted_grouped(cfg, shared if fold else None)
         and hidden <= NORM_MAX_N
         and residual.shape == (t, hidden)
         and residual.dtype == x.dtype
         and residual.is_contiguous()
         and norm_weight.is_contiguous()
-        and t * (triton.cdiv(hidden, decode_config(nv, t, x.device).dn_block_n) + 1) <= COUNTER_SLOTS
+        and t * (triton.cdiv(hidden, cfg.dn_block_n) + 1) <= COUNTER_SLOTS
     )
     if not fits:
         return rmsnorm_triton.add_rms_norm(moe(x, topk_weights, topk_ids, w13, w2, shared), residual, norm_weight, eps)

@@ -111,20 +111,25 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
         assert gt.small_m_config(m, False, 2048, 5120, h200) == TileConfig(64, block_m, 128, True, 4, 3)
     assert gt.large_m_config(True, h200) == TileConfig(128, 128, 64, True, 8, 3)
     fma_8x1024, fma_32x512 = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1), MoEConfig(1, 32, 512, 32, 512, False, 4, 1)
-    # BF16 from 3 tokens: 32 gate/up and 64 down columns on tensor cores (a 2026-11-30 sweep and whole-step A/B).
+    # BF16 3-8 tokens: 32 gate/up and 64 down columns on tensor cores (a 2026-11-30 sweep and whole-step A/B);
+    # from 9 (shared expert apart) expert-major on tensor cores, up to 64 tokens (the same day's sweep and A/B).
     dot_32 = MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
-    assert [mt.decode_config(False, t, h200) for t in (1, 2, 3, 32)] == [fma_8x1024, fma_8x1024, dot_32, dot_32]
+    dot_expert = MoEConfig(16, 64, 64, 128, 64, True, 4, 3, expert_major=True)
+    bf16_decode = [mt.decode_config(False, t, h200) for t in (1, 2, 3, 8, 9, 32, 64)]
+    assert bf16_decode == [fma_8x1024, fma_8x1024, dot_32, dot_32, dot_expert, dot_expert, dot_expert]
     assert [mt.decode_config(True, t, h200) for t in (1, 4, 5, 16)] == [fma_8x1024, fma_8x1024, fma_32x512, fma_32x512]
-    # From 17 tokens (shared expert apart) 16-column tiles in 2 warps: a whole-step A/B at batch 32 favoured them.
+    # NVFP4 17-32 tokens (shared expert apart) 16-column tiles in 2 warps: a whole-step A/B at batch 32 favoured
+    # them; from 33 the gate_up expert-major in 16 x 256 tiles (b64 -7.5% in a whole-step A/B, 2026-11-30).
     fma_16x512_w2 = MoEConfig(1, 16, 512, 16, 512, False, 2, 1)
-    assert [mt.decode_config(True, t, h200) for t in (17, 32, 64)] == [fma_16x512_w2] * 3
+    fma_expert = MoEConfig(1, 16, 256, 16, 512, False, 2, 1, expert_major=True)
+    assert [mt.decode_config(True, t, h200) for t in (17, 32, 33, 64)] == [fma_16x512_w2] * 2 + [fma_expert] * 2
     assert mt.grouped_config(16, False, h200) == MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     assert mt.grouped_config(30, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
     # NVFP4 in registers: re-measured tiles (64 rows, 4 warps from 13 pairs per expert).
     assert mt.grouped_config(12, True, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
     assert mt.grouped_config(48, True, h200) == MoEConfig(64, 64, 64, 64, 64, True, 4, 3)
     assert mt.grouped_config(192, False, h200) == MoEConfig(128, 64, 64, 128, 64, True, 8, 3)
-    assert mt.paths_config(False, h200) == MoEPaths(decode_max_tokens=32, shared_fold_max_tokens=8)
+    assert mt.paths_config(False, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8)
     assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=16)
     assert at.decode_config(32768, None, 1, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
     assert at.decode_config(1024, 513, 1, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
@@ -147,7 +152,8 @@ RETUNED = ("small_m m=1 ", "attn decode b=1 ctx=1024 w=513", "attn decode b=1 ct
            "moe decode nv=True t=32", "moe decode nv=True t=64", "moe decode nv=False t=3",
            "moe decode nv=False t=4", "moe decode nv=False t=5", "moe decode nv=False t=8",
            "moe decode nv=False t=6", "small_m m=2 nv=True", "small_m m=8 nv=True", "small_m m=16 nv=True",
-           "small_m m=17 nv=True", "small_m m=32 nv=True")  # fmt: skip
+           "small_m m=17 nv=True", "small_m m=32 nv=True", "moe decode nv=False t=32", "moe decode nv=False t=64",
+           "paths nv=False")  # fmt: skip
 
 
 KEPT = [c for c in CONFIG_CALLS if not c[0].startswith(RETUNED)]
@@ -158,8 +164,8 @@ def test_h200_table_keeps_the_h200_behaviour(
     gpu_named: Callable[[str], torch.device], name: str, call: Callable[[torch.device], object]
 ) -> None:
     """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
-    M = 1 GEMV tiles, NVFP4 at M = 2-32, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens
-    and the BF16 ones from 3 (RETUNED; their H200 values are checked above)."""
+    M = 1 GEMV tiles, NVFP4 at M = 2-32, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
+    the BF16 ones from 3 and BF16's decode-path limit (RETUNED; their H200 values are checked above)."""
     assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
 
 
@@ -362,9 +368,12 @@ def test_tune_sets_the_nvfp4_copy_threshold_from_a_sweep_that_timed_both(tune: M
 def _as_swept_2026_11_29(shipped: MoEConfig, nvfp4: bool, tokens: int) -> MoEConfig:
     """The shipped MoE decode tiles as the recorded 2026-11-29 sweeps chose them: the BF16 tiles from 3 tokens have
     since moved to 32 / 64 columns after a 2026-11-30 sweep with more candidates (moe_decode_bf16_h200.json), which
-    those recorded rows do not hold."""
+    those recorded rows do not hold, and from 9 tokens (shared expert apart) to expert-major tiles of 64 / 128
+    columns in K steps of 64 (moe_decode_expert_major_h200.json)."""
     if not nvfp4 and tokens >= 3:
-        return dataclasses.replace(shipped, gu_block_i=16, dn_block_n=32)
+        return dataclasses.replace(
+            shipped, gu_block_i=16, gu_block_k=128, dn_block_n=32, dn_block_k=128, expert_major=False
+        )
     return shipped
 
 
@@ -398,7 +407,7 @@ def test_tune_rewrites_from_its_h200_sweeps_the_table_it_wrote_there(
     assert gt.small_m_config(1, True, 4096, 2048, dev).block_k == 2048
     assert gt.small_m_config(1, True, 1024, 2048, dev) == TileConfig(8, 1, 1024, False, 4, 1)
     assert gt.small_m_config(20, True, 2048, 12288, dev) == TileConfig(64, 32, 128, True, 4, 3)  # BLOCK_M follows M
-    # MoE: the path limits and the BF16 decode tiles agree with the shipped table.
+    # MoE: the path limits (BF16's decode limit was 32 then) and the BF16 decode tiles agree with the shipped table.
     assert mt.paths_config(False, dev) == MoEPaths(32, 8) and mt.paths_config(True, dev) == MoEPaths(64, 16)
     shipped = tuning.load(H200_TABLE).ops["moe.decode"]
     for t in range(1, 33):
