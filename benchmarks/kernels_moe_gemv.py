@@ -356,6 +356,12 @@ def moe_candidates(t: int) -> dict:
         cands["dec dot expert i16 k128 / n32 k128"] = (dec, mc(16, 16, 128, 32, 128, True, 4, 3, **em), regs)
         cands["dec dot expert i64 k64 / n128 k64"] = (dec, mc(16, 64, 64, 128, 64, True, 4, 3, **em), regs)
         cands["dec dot expert i32 k256 / n64 k256"] = (dec, mc(16, 32, 256, 64, 256, True, 4, 3, **em), regs)
+        cands["dec dot expert i64 k64 / n128 k64 s4"] = (dec, mc(16, 64, 64, 128, 64, True, 4, 4, **em), regs)
+        cands["dec dot expert i64 k64 / n64 k64"] = (dec, mc(16, 64, 64, 64, 64, True, 4, 3, **em), regs)
+        cands["dec dot expert i64 k128 / n128 k128"] = (dec, mc(16, 64, 128, 128, 128, True, 4, 3, **em), regs)
+        cands["dec dot expert i128 k64 / n128 k64 w8"] = (dec, mc(16, 128, 64, 128, 64, True, 8, 3, **em), regs)
+        cands["dec dot expert i64 k64 / n256 k64 w8"] = (dec, mc(16, 64, 64, 256, 64, True, 8, 3, **em), regs)
+        cands["dec dot expert i64 k64 / n128 k64 w2"] = (dec, mc(16, 64, 64, 128, 64, True, 2, 3, **em), regs)
     # Small-group tiles at every T: above 64 tokens the groups are still small (6 * T / 256 pairs per expert).
     cands["grp m16 i32 k128"] = (grp, mc(16, 32, 128, 64, 128, True, 4, 3), regs)
     cands["grp m16 i64 k64"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3), regs)

@@ -112,9 +112,9 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert gt.large_m_config(True, h200) == TileConfig(128, 128, 64, True, 8, 3)
     fma_8x1024, fma_32x512 = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1), MoEConfig(1, 32, 512, 32, 512, False, 4, 1)
     # BF16 3-8 tokens: 32 gate/up and 64 down columns on tensor cores (a 2026-11-30 sweep and whole-step A/B);
-    # from 9 (shared expert apart) expert-major on tensor cores, up to 64 tokens (the same day's sweep and A/B).
+    # from 9 (shared expert apart) expert-major on tensor cores, up to 64 tokens (the same day's sweeps and A/Bs).
     dot_32 = MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
-    dot_expert = MoEConfig(16, 64, 64, 128, 64, True, 4, 3, expert_major=True)
+    dot_expert = MoEConfig(16, 64, 128, 128, 128, True, 4, 3, expert_major=True)
     bf16_decode = [mt.decode_config(False, t, h200) for t in (1, 2, 3, 8, 9, 32, 64)]
     assert bf16_decode == [fma_8x1024, fma_8x1024, dot_32, dot_32, dot_expert, dot_expert, dot_expert]
     assert [mt.decode_config(True, t, h200) for t in (1, 4, 5, 16)] == [fma_8x1024, fma_8x1024, fma_32x512, fma_32x512]
@@ -369,7 +369,7 @@ def _as_swept_2026_11_29(shipped: MoEConfig, nvfp4: bool, tokens: int) -> MoECon
     """The shipped MoE decode tiles as the recorded 2026-11-29 sweeps chose them: the BF16 tiles from 3 tokens have
     since moved to 32 / 64 columns after a 2026-11-30 sweep with more candidates (moe_decode_bf16_h200.json), which
     those recorded rows do not hold, and from 9 tokens (shared expert apart) to expert-major tiles of 64 / 128
-    columns in K steps of 64 (moe_decode_expert_major_h200.json)."""
+    columns in K steps of 128 (moe_decode_expert_major_h200.json, moe_decode_expert_major_tiles_h200.json)."""
     if not nvfp4 and tokens >= 3:
         return dataclasses.replace(
             shipped, gu_block_i=16, gu_block_k=128, dn_block_n=32, dn_block_k=128, expert_major=False
