@@ -10,6 +10,7 @@ run eagerly.
 
     python benchmarks/kernels_moe_gemv.py            # table + benchmarks/results/kernels_moe_gemv.json
     python benchmarks/kernels_moe_gemv.py --sweep    # also time alternative tile configurations
+    python benchmarks/kernels_moe_gemv.py --only moe --sweep --match "dot expert"   # only the candidates named so
     python benchmarks/kernels_moe_gemv.py --only shared   # routed + shared expert: folded vs apart, decode tiles
 """
 
