@@ -36,7 +36,7 @@ def candidates(tokens: int) -> dict:
     """Tile configurations timed at `tokens` (name -> (TilesConfig or None for the default, pre-split))."""
     from flint_kernels import router_triton as rt
 
-    tc = rt.TilesConfig
+    tc = rt.RouterTilesConfig
     out: dict = {"default": (None, False), "default presplit": (None, True)}
     if tokens >= 1024:
         for bt, be, bk, w, st in ((64, 256, 64, 8, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (64, 64, 64, 4, 4)):
@@ -47,6 +47,10 @@ def candidates(tokens: int) -> dict:
             bt = max(16, min(64, 1 << (tokens - 1).bit_length()))
             for pre in (False, True):
                 out[f"t{bt} e{be} k{bk} s{st}{' presplit' if pre else ''}"] = (tc(bt, be, bk, 4, st), pre)
+        # K split over programs (split_k 1: none, the tiles before 2026-11-30's seventh session; 0: automatic).
+        bt = max(16, min(64, 1 << (tokens - 1).bit_length()))
+        for be, bk, sk in ((16, 128, 1), (16, 128, 4), (16, 128, 8), (16, 64, 16), (32, 128, 8), (64, 64, 0)):
+            out[f"t{bt} e{be} k{bk} splitk{sk} presplit"] = (tc(bt, be, bk, 4, 3, sk), True)
     return out
 
 

@@ -86,3 +86,17 @@ class AttentionPrefillConfig:
     max_block_m: int = field(default=64, metadata=POW2)  # the largest row tile (queries x heads)
     num_warps: int = field(default=8, metadata=POW2)  # for row tiles of 128 or more; smaller tiles take 4
     num_stages: int | None = 3  # pipeline depth; None: Triton's default
+
+
+@dataclass(frozen=True)
+class RouterTilesConfig:
+    """Launch parameters of the many-token router kernel (`router_triton`, above its small-batch limit)."""
+
+    block_t: int = field(metadata=POW2)  # tokens per tile (>= 16: tensor cores)
+    block_e: int = field(metadata=POW2)  # experts a tile; below the padded expert count the top-k runs in the last
+    block_k: int = field(metadata=POW2)  # tile to arrive
+    num_warps: int = field(metadata=POW2)
+    num_stages: int
+    # K splits (each a program of its own, the last arrival adds the partial logits); 0: as many as fill the GPU
+    # for one token block (`gemv_triton.choose_split_k`), none for several.
+    split_k: int = 0

@@ -13,7 +13,10 @@ That kernel is for decode-sized batches: every program reads all the tokens' act
 at a few dozen tokens. Above SMALL_BATCH tokens `_router_tiles_kernel` runs instead (large decode batches and
 prefill, where the reference's FP32 SIMT GEMM and torch.topk took 15 ms of an 8K prefill on the H200): a grid of
 (BLOCK_T tokens, BLOCK_E experts) tiles on tensor cores, the top-k done in the same launch, by the tile itself when
-it holds every expert, else by the last tile of the token block to arrive (a counter per token block).
+it holds every expert, else by the last tile of the token block to arrive (a counter per token block). One token
+block (decode batches of 17-64 tokens) makes only 16 tiles for Flint's 256 experts, so there K is also split over
+programs: each stores its partial logits to its own plane and the last arrival adds the planes in split order
+(deterministic) before the top-k.
 
 Residual add + RMSNorm prologue (`add_rms_norm_sigmoid_topk`): at decode the router's input is the post-attention
 norm of o_proj's output plus the residual. Where one K step of the small-batch program covers every token's whole
@@ -43,13 +46,14 @@ from __future__ import annotations
 
 import functools
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
-from . import gemv_triton, rmsnorm_triton
+from . import gemv_triton, rmsnorm_triton, tuning
+from .configs import RouterTilesConfig
 from .pdl import launch_options, pdl_entry
 from .router import sigmoid_topk_ref
 
@@ -122,19 +126,20 @@ def _topk_from_logits(
     K_PAD: tl.constexpr,
     E_PAD: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
     """Top-k of the FP32 logits rows r0..r0+ROWS that other programs stored (read from L2 with .cg, not a stale L1
-    line; the caller has acquired their release on its arrival counter)."""
+    line; the caller has acquired their release on its arrival counter). SPLITS > 1: the logits are the sum of that
+    many K-split partial planes [T, E], added in split order."""
     r = r0 + tl.arange(0, ROWS)
     r_ok = r < num_tokens
     ee = tl.arange(0, E_PAD)
     ee_ok = ee < num_experts
-    logits = tl.load(
-        logits_ptr + r[:, None] * num_experts + ee[None, :],
-        mask=r_ok[:, None] & ee_ok[None, :],
-        other=0.0,
-        cache_modifier=".cg",
-    )
+    ptrs = logits_ptr + r[:, None] * num_experts + ee[None, :]
+    ok = r_ok[:, None] & ee_ok[None, :]
+    logits = tl.load(ptrs, mask=ok, other=0.0, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLITS):
+        logits += tl.load(ptrs + s * num_tokens * num_experts, mask=ok, other=0.0, cache_modifier=".cg")
     top_w, top_i = _topk_rows(logits, ee, ee_ok, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE)
     _store_topk(top_w, top_i, r, r_ok, out_w_ptr, out_ids_ptr, TOP_K, K_PAD)
 
@@ -259,7 +264,7 @@ def _router_program(
         for t0 in range(0, num_tokens, ROWS):
             _topk_from_logits(
                 logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD,
-                E_PAD, RENORMALIZE,
+                E_PAD, RENORMALIZE, 1,
             )  # fmt: skip
         tl.atomic_xchg(cnt_ptr, 0)
 
@@ -384,6 +389,7 @@ def _router_tiles_kernel(
     stride_x,
     stride_w,
     scaling,
+    k_per_split,
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -395,12 +401,16 @@ def _router_tiles_kernel(
     SPLIT: tl.constexpr,
     PRESPLIT: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """FP32 logits of BLOCK_T tokens x BLOCK_E experts on tensor cores, then top-k weights (FP32) and expert ids
-    (int64) of the tokens: here when BLOCK_E covers every expert, else in the token block's last tile to arrive."""
+    (int64) of the tokens: here when BLOCK_E covers every expert and K is not split, else in the token block's last
+    tile to arrive. SPLIT_K > 1: program (t, e, s) sums K from s * k_per_split and stores its partial logits to plane
+    s; the last arrival adds the planes in split order, so the result does not depend on scheduling."""
     pid_t = tl.program_id(0)
     pid_e = tl.program_id(1)
+    pid_k = tl.program_id(2)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     kk = tl.arange(0, BLOCK_K)
@@ -412,21 +422,25 @@ def _router_tiles_kernel(
     plane = num_experts.to(tl.int64) * hidden
     pdl_entry(PDL)
     acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, tl.minimum(hidden, k_start + k_per_split), BLOCK_K):
         acc = _tiles_step(x_rows, w_rows, s_rows, plane, t_ok, e_ok, k0, kk, hidden, acc, SPLIT, PRESPLIT, EVEN_K)
-    if BLOCK_E >= E_PAD:  # the tile holds every expert of its tokens
+    if BLOCK_E >= E_PAD and SPLIT_K == 1:  # the tile holds every expert of its tokens, all of K
         top_w, top_i = _topk_rows(acc, e, e_ok, scaling, BLOCK_T, TOP_K, K_PAD, E_PAD, RENORMALIZE)
         _store_topk(top_w, top_i, t, t_ok, out_w_ptr, out_ids_ptr, TOP_K, K_PAD)
     else:
-        tl.store(logits_ptr + t[:, None] * num_experts + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
+        split_plane = pid_k.to(tl.int64) * num_tokens * num_experts
+        tl.store(
+            logits_ptr + split_plane + t[:, None] * num_experts + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :]
+        )
         # As in `_router_kernel`: barrier, then release/acquire on the token block's counter.
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel")
-        if arrived == tl.num_programs(1) - 1:
+        if arrived == tl.num_programs(1) * SPLIT_K - 1:
             for r0 in range(0, BLOCK_T, ROWS):
                 _topk_from_logits(
                     logits_ptr, pid_t * BLOCK_T + r0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr,
-                    ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE,
+                    ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE, SPLIT_K,
                 )  # fmt: skip
             tl.atomic_xchg(cnt_ptr + pid_t, 0)
 
@@ -560,36 +574,29 @@ def add_rms_norm_sigmoid_topk(
     return normed, new_res, out_w, out_ids
 
 
-@dataclass(frozen=True)
-class TilesConfig:
-    """Launch parameters of the many-token router kernel."""
-
-    block_t: int  # tokens per tile (>= 16: tensor cores)
-    block_e: int  # experts per tile; below the padded expert count the top-k runs in the last tile to arrive
-    block_k: int
-    num_warps: int
-    num_stages: int
-
-
 def tiles_config(
     tokens: int, num_experts: int, device: torch.device | None = None, presplit: bool = True
-) -> TilesConfig:
+) -> RouterTilesConfig:
     """The fastest candidates of benchmarks/kernels_router.py on the H200 (2026-11-30, pre-split weights): 128 x 128
     tiles from 4096 tokens (T = 8192: 71 us), 64 x 64 from 1024 (T = 2048: 39 us), else one token block of 16-64
     against 16 experts a tile with long K steps (T = 512: 31 us, T = 32: 20 us). Narrower expert blocks only where
-    the expert count is smaller. On a GPU with less shared memory than the H200 the tiles shrink to fit
-    (`fit_shared_memory`)."""
+    the expert count is smaller. K is split over programs for one token block (`RouterTilesConfig.split_k`). A
+    device's tuning table may replace any of it (op "router.tiles", shape tokens, experts); on a GPU with less
+    shared memory than the H200 the tiles then shrink to fit (`fit_shared_memory`)."""
     e_pad = triton.next_power_of_2(num_experts)
     if tokens >= 4096:
-        cfg = TilesConfig(128, min(e_pad, 128), 64, 8, 3)
+        cfg = RouterTilesConfig(128, min(e_pad, 128), 64, 8, 3, 1)
     elif tokens >= 1024:
-        cfg = TilesConfig(64, min(e_pad, 64), 64, 4, 4)
+        cfg = RouterTilesConfig(64, min(e_pad, 64), 64, 4, 4, 1)
     else:
-        cfg = TilesConfig(max(16, min(64, triton.next_power_of_2(tokens))), 16, 128, 4, 3)
+        # One token block (decode batches) splits K 4 ways (H200: 16.2 us at T = 32 against 21.0 unsplit, 17.9 in 8).
+        split_k = 4 if tokens <= 64 else 1
+        cfg = RouterTilesConfig(max(16, min(64, triton.next_power_of_2(tokens))), 16, 128, 4, 3, split_k)
+    cfg = tuning.tuned("router.tiles", cfg, device, tokens=tokens, experts=num_experts)
     return fit_shared_memory(cfg, presplit, shared_memory_limit(device))
 
 
-def shared_memory_bytes(cfg: TilesConfig, presplit: bool) -> int:
+def shared_memory_bytes(cfg: RouterTilesConfig, presplit: bool) -> int:
     """Estimated shared memory of a launch: each pipeline stage holds the x tile and the weight tile(s) (three BF16
     parts, or the FP32 weight plus one BF16 operand at a time when split in the kernel), plus scratch. Within 3% of
     what Triton 3.6 asked for on the H200 for the configurations that overflowed there."""
@@ -601,7 +608,7 @@ def shared_memory_bytes(cfg: TilesConfig, presplit: bool) -> int:
     return cfg.num_stages * per_stage + extra + 8192
 
 
-def fit_shared_memory(cfg: TilesConfig, presplit: bool, limit: int) -> TilesConfig:
+def fit_shared_memory(cfg: RouterTilesConfig, presplit: bool, limit: int) -> RouterTilesConfig:
     """`cfg`, or the nearest smaller configuration whose estimate fits `limit` bytes: fewer pipeline stages (down to
     2) first, then narrower token, expert and K blocks (down to 16)."""
     while shared_memory_bytes(cfg, presplit) > limit:
@@ -676,7 +683,7 @@ def _tiles(
     scaling: float,
     out_w: torch.Tensor,
     out_ids: torch.Tensor,
-    config: TilesConfig | None = None,
+    config: RouterTilesConfig | None = None,
     split: torch.Tensor | None = None,
 ) -> None:
     t, hidden = x.shape
@@ -685,14 +692,16 @@ def _tiles(
     split_bf16 = x.dtype == torch.bfloat16
     presplit = split_bf16 and split is not None
     cfg = config or tiles_config(t, num_experts, x.device, presplit)
-    one_pass = cfg.block_e >= e_pad
     token_blocks = triton.cdiv(t, cfg.block_t)
+    expert_tiles = triton.cdiv(num_experts, cfg.block_e)
+    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(hidden)))
+    split_k, per = _k_split(cfg.split_k, token_blocks, expert_tiles, hidden, block_k, x.device)
+    one_pass = cfg.block_e >= e_pad and split_k == 1
     if not one_pass and token_blocks > gemv_triton.COUNTER_SLOTS:
         raise ValueError(f"router: {t} tokens need more arrival counters than {gemv_triton.COUNTER_SLOTS}")
-    # Logits go through memory only when a token block's experts are split over several tiles.
-    logits = out_w if one_pass else torch.empty((t, num_experts), dtype=torch.float32, device=x.device)
-    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(hidden)))
-    _router_tiles_kernel[(token_blocks, triton.cdiv(num_experts, cfg.block_e))](
+    # Logits go through memory only when a token block's experts or K are split over several tiles.
+    logits = out_w if one_pass else torch.empty((split_k, t, num_experts), dtype=torch.float32, device=x.device)
+    _router_tiles_kernel[(token_blocks, expert_tiles, split_k)](
         x,
         weight,
         split if split is not None else weight,
@@ -706,6 +715,7 @@ def _tiles(
         x.stride(0),
         weight.stride(0),
         float(scaling),
+        per,
         BLOCK_T=cfg.block_t,
         BLOCK_E=cfg.block_e,
         BLOCK_K=block_k,
@@ -717,7 +727,22 @@ def _tiles(
         SPLIT=split_bf16,
         PRESPLIT=presplit,
         RENORMALIZE=renormalize,
+        SPLIT_K=split_k,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(x.device),
     )
+
+
+def _k_split(
+    asked: int, token_blocks: int, expert_tiles: int, hidden: int, block_k: int, device: torch.device
+) -> tuple[int, int]:
+    """(K splits, K per split, a multiple of block_k) of a tiles launch: `asked` if set (0: automatic), else for one
+    token block (decode-sized batches, whose 16 tiles leave most of a GPU idle) as `gemv_triton.choose_split_k`."""
+    whole = triton.cdiv(hidden, block_k) * block_k
+    if asked == 1 or (asked == 0 and token_blocks > 1):
+        return 1, whole
+    if asked == 0:
+        return gemv_triton.choose_split_k(token_blocks * expert_tiles, hidden, block_k, device)
+    per = triton.cdiv(triton.cdiv(hidden, block_k), asked) * block_k
+    return triton.cdiv(hidden, per), per

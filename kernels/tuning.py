@@ -46,7 +46,14 @@ from typing import Any, TypeVar
 
 import torch
 
-from .configs import AttentionDecodeConfig, AttentionPrefillConfig, MoEConfig, MoEPaths, TileConfig
+from .configs import (
+    AttentionDecodeConfig,
+    AttentionPrefillConfig,
+    MoEConfig,
+    MoEPaths,
+    RouterTilesConfig,
+    TileConfig,
+)
 
 TABLES = Path(__file__).resolve().parent / "tuning"
 ENV = "FLINT_TUNING_FILE"
@@ -73,6 +80,8 @@ OPS: dict[str, Op] = {
     # elem_bytes: the cache's element size (tiles tuned in BF16 can overflow shared memory in FP32).
     "attention.decode": Op(AttentionDecodeConfig, {"seqs": int, "context": int, "sliding": bool, "elem_bytes": int}),
     "attention.prefill": Op(AttentionPrefillConfig, {"tokens": int, "sliding": bool, "elem_bytes": int}),
+    # The many-token router (router_triton's tensor-core tiles, above its small-batch limit).
+    "router.tiles": Op(RouterTilesConfig, {"tokens": int, "experts": int}),
 }
 TESTS = ("min", "max", "multiple")
 MEMO_LIMIT = 4096

@@ -100,6 +100,50 @@ def test_moe_expert_major_gate_up_compiles_for_sm90() -> None:
     assert loads == 0 and waits == 1
 
 
+@pytest.mark.parametrize("kernel", ["_moe_gate_up_kernel", "_moe_down_kernel"])
+def test_moe_expert_major_tensor_cores_compile_for_sm90(kernel: str) -> None:
+    """The grouped launches over blocks found in the unsorted ids (`MoEConfig.expert_major` with tensor-core tiles)
+    at the H200's BF16 tiles: the ids scan (cumsum, a [P_PAD, BLOCK_M] match) compiles, and nothing is read before
+    the PDL wait (the blocks come from the router's ids)."""
+    import inspect
+
+    from flint_kernels import moe_triton
+
+    pointers = {
+        "x_ptr": "bf16",
+        "h_ptr": "bf16",
+        "ids_ptr": "i64",
+        "order_ptr": "i64",
+        "meta_ptr": "i64",
+        "tw_ptr": "fp32",
+        "w_ptr": "bf16",
+        "s_ptr": "bf16",
+        "gs_ptr": "bf16",
+        "sw_ptr": "bf16",
+        "ss_ptr": "bf16",
+        "sgs_ptr": "bf16",
+        "out_ptr": "bf16",
+        "ws_ptr": "fp32",
+        "cnt_ptr": "i32",
+        "res_ptr": "bf16",
+        "nw_ptr": "fp32",
+        "hn_ptr": "bf16",
+        "res_out_ptr": "bf16",
+        "row_cnt_ptr": "i32",
+    }
+    constexprs = {"NVFP4": False, "GSCALE": False, "GROUPED": True, "EXPERT": True, "P_PAD": 256, "SHARED": False,
+                  "EVEN_K": True, "WORDS": False, "USE_DOT": True, "PRECISION": "tf32", "BLOCK_M": 16,
+                  "BLOCK_K": 128, "PDL": True}  # fmt: skip
+    if kernel == "_moe_gate_up_kernel":
+        constexprs.update(SPLIT_K=1, BLOCK_I=64)
+    else:
+        constexprs.update(TOPK=6, NSLOTS=6, BLOCK_N=128, NORM=False, N_PAD=1)
+    names = inspect.signature(getattr(moe_triton, kernel).fn).parameters
+    pointers = {k: v for k, v in pointers.items() if k in names}
+    loads, waits = _compile("flint_kernels.moe_triton", kernel, pointers, constexprs, 4, 3)
+    assert loads == 0 and waits >= 1
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
 @pytest.mark.parametrize("kernel", ["_moe_gate_up_kernel", "_moe_down_kernel"])
 def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) -> None:
@@ -115,8 +159,8 @@ def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) 
         tiles = dict(USE_DOT=False, BLOCK_M=1, BLOCK_K=512)
     else:
         tiles = dict(USE_DOT=True, BLOCK_M=16, BLOCK_K=128)
-    constexprs = {"NVFP4": nv, "GROUPED": False, "SHARED": True, "EVEN_K": True, "WORDS": False,
-                  "PRECISION": "tf32", "PDL": True, **tiles}  # fmt: skip
+    constexprs = {"NVFP4": nv, "GROUPED": False, "EXPERT": False, "P_PAD": 1, "SHARED": True, "EVEN_K": True,
+                  "WORDS": False, "PRECISION": "tf32", "PDL": True, **tiles}  # fmt: skip
     if kernel == "_moe_gate_up_kernel":
         constexprs.update(SPLIT_K=2, BLOCK_I=16)
     else:
@@ -144,15 +188,19 @@ def test_router_compiles_for_sm90() -> None:
 
 
 @pytest.mark.parametrize(
-    ("presplit", "e_pad"), [(True, 256), (False, 256), (True, 128)], ids=["presplit", "split-in-kernel", "one-pass"]
+    ("presplit", "e_pad", "split_k"),
+    [(True, 256, 1), (False, 256, 1), (True, 128, 1), (True, 256, 8)],
+    ids=["presplit", "split-in-kernel", "one-pass", "split-k"],
 )
-def test_router_tiles_compile_for_sm90(presplit: bool, e_pad: int) -> None:
+def test_router_tiles_compile_for_sm90(presplit: bool, e_pad: int, split_k: int) -> None:
     """The many-token router at its 8K-prefill tiles (128 x 128): BF16 MMAs from pre-split or in-kernel-split
-    weights, top-k in the last tile to arrive (Flint's 256 experts) or in the tile itself (128 experts)."""
+    weights, top-k in the last tile to arrive (Flint's 256 experts) or in the tile itself (128 experts); and at
+    batch 32 with K split 8 ways (32 x 16 tiles)."""
     pointers = {"x_ptr": "bf16", "w_ptr": "fp32", "split_ptr": "bf16", "logits_ptr": "fp32", "cnt_ptr": "i32",
                 "out_w_ptr": "fp32", "out_ids_ptr": "i64"}  # fmt: skip
-    constexprs = dict(BLOCK_T=128, BLOCK_E=128, BLOCK_K=64, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=e_pad, ROWS=16,
-                      SPLIT=True, PRESPLIT=presplit, RENORMALIZE=True, PDL=True)  # fmt: skip
+    tiles = dict(BLOCK_T=128, BLOCK_E=128, BLOCK_K=64) if split_k == 1 else dict(BLOCK_T=32, BLOCK_E=16, BLOCK_K=128)
+    constexprs = dict(**tiles, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=e_pad, ROWS=16, SPLIT=True, PRESPLIT=presplit,
+                      RENORMALIZE=True, SPLIT_K=split_k, PDL=True)  # fmt: skip
     _, waits = _compile("flint_kernels.router_triton", "_router_tiles_kernel", pointers, constexprs, 8, 3)
     assert waits == 1
 

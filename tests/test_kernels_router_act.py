@@ -192,6 +192,29 @@ def test_sigmoid_topk_tiles_interp(poison: None, t: int, hidden: int, experts: i
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 
 
+@pytest.mark.parametrize(("hidden", "split_k", "splits"), [(512, 0, 2), (80, 3, 3)])
+def test_sigmoid_topk_tiles_split_k_interp(poison: None, hidden: int, split_k: int, splits: int) -> None:
+    """Decode-sized batches above SMALL_BATCH split K over programs (automatically: 20 tokens, 4 K steps give 2
+    splits; or as configured, here with a partial last K step); the last arrival adds the partial logits in split
+    order and takes the top-k: the reference's result, repeated bit for bit, counters left zero."""
+    t, experts, k = 20, 256, 6
+    x = _rand((t, hidden), torch.float32, 23)
+    w = _rand((experts, hidden), torch.float32, 24) * hidden**-0.5
+    cfg = router_triton.RouterTilesConfig(32, 16, 128 if split_k == 0 else 32, 4, 2, split_k)
+    assert router_triton._k_split(cfg.split_k, 1, 16, hidden, cfg.block_k, x.device)[0] == splits
+    outs = []
+    for _ in range(2):
+        out_w = torch.empty(t, k)
+        out_ids = torch.empty(t, k, dtype=torch.int64)
+        router_triton._tiles(x, w, k, True, 1.0, out_w, out_ids, cfg)
+        outs.append((out_w, out_ids))
+    ref_w, ref_ids = sigmoid_topk_ref(x, w, k)
+    assert torch.equal(outs[0][1], ref_ids)
+    assert (outs[0][0] - ref_w).abs().max().item() < 1e-5
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert not gemv_triton.counters(x.device).any()
+
+
 def triton_next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
@@ -264,11 +287,11 @@ def test_router_tiles_fit_the_shared_memory_of_smaller_gpus() -> None:
     until the estimate fits, instead of failing at launch and dropping the router to the reference for good."""
     rt = router_triton
     h200 = rt.H200_SHARED_MEMORY
-    assert rt.tiles_config(8192, 256) == rt.TilesConfig(128, 128, 64, 8, 3)
-    assert rt.tiles_config(2048, 256) == rt.TilesConfig(64, 64, 64, 4, 4)
-    assert rt.tiles_config(32, 256) == rt.TilesConfig(32, 16, 128, 4, 3)
-    for cfg, presplit, asked in ((rt.TilesConfig(64, 256, 64, 8, 3), False, 258048),
-                                 (rt.TilesConfig(64, 256, 64, 8, 3), True, 323584)):  # fmt: skip
+    assert rt.tiles_config(8192, 256) == rt.RouterTilesConfig(128, 128, 64, 8, 3, 1)
+    assert rt.tiles_config(2048, 256) == rt.RouterTilesConfig(64, 64, 64, 4, 4, 1)
+    assert rt.tiles_config(32, 256) == rt.RouterTilesConfig(32, 16, 128, 4, 3, 4)
+    for cfg, presplit, asked in ((rt.RouterTilesConfig(64, 256, 64, 8, 3), False, 258048),
+                                 (rt.RouterTilesConfig(64, 256, 64, 8, 3), True, 323584)):  # fmt: skip
         est = rt.shared_memory_bytes(cfg, presplit)
         assert est > h200 and abs(est - asked) <= 0.03 * asked
     for limit in (166912, 101376, 49152):
@@ -279,7 +302,7 @@ def test_router_tiles_fit_the_shared_memory_of_smaller_gpus() -> None:
                 assert rt.shared_memory_bytes(cfg, presplit) <= limit, (limit, tokens, presplit)
                 assert min(cfg.block_t, cfg.block_e, cfg.block_k) >= 16 and cfg.num_stages >= 2
     a100 = rt.fit_shared_memory(rt.tiles_config(8192, 256), True, 166912)
-    assert a100 == rt.TilesConfig(128, 128, 64, 8, 2)  # one stage fewer is enough there
+    assert a100 == rt.RouterTilesConfig(128, 128, 64, 8, 2, 1)  # one stage fewer is enough there
 
 
 # ------------------------------------------------------------------------------- residual add + RMSNorm + router

@@ -21,6 +21,7 @@ import torch
 from flint_kernels import attention_triton as at
 from flint_kernels import gemv_triton as gt
 from flint_kernels import moe_triton as mt
+from flint_kernels import router_triton as rt
 from flint_kernels import tuning
 from flint_kernels.configs import AttentionDecodeConfig, AttentionPrefillConfig, MoEConfig, MoEPaths, TileConfig
 from flint_kernels.linear import linear_ref
@@ -167,6 +168,15 @@ def test_h200_table_keeps_the_h200_behaviour(
     M = 1 GEMV tiles, NVFP4 at M = 2-32, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
     the BF16 ones from 3 and BF16's decode-path limit (RETUNED; their H200 values are checked above)."""
     assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("tokens", [17, 32, 33, 64, 65, 512, 1024, 4096, 8192])
+def test_h200_router_tiles_are_the_code_defaults(gpu_named: Callable[[str], torch.device], tokens: int) -> None:
+    """The router's tiles (kernels_router.py on the H200, K split 4 ways for one token block after a whole-step
+    A/B) are both the code's portable defaults and the H200 table's entries for Flint's 256 experts."""
+    default = rt.tiles_config(tokens, 256, None)
+    assert tuning.tuned("router.tiles", default, gpu_named("NVIDIA H200"), tokens=tokens, experts=256) == default
+    assert default.split_k == (4 if tokens <= 64 else 1)
 
 
 # ------------------------------------------------------------------------------------------------- picking a table
@@ -396,7 +406,9 @@ def test_tune_rewrites_from_its_h200_sweeps_the_table_it_wrote_there(
     )
     written = tune.write_table(second, path)
     assert path.read_text() == TUNED.read_text()
-    assert tuning.load(path).ops.keys() == written.keys() - {"device"} == set(tuning.OPS) - {"gemv.large_m"}
+    # tune.py does not sweep the large-M GEMM or the router's tiles (benchmarks/kernels_router.py times those).
+    untuned = {"gemv.large_m", "router.tiles"}
+    assert tuning.load(path).ops.keys() == written.keys() - {"device"} == set(tuning.OPS) - untuned
 
     monkeypatch.setenv(tuning.ENV, str(path))
     dev = gpu_named("NVIDIA H200")
