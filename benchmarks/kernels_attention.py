@@ -1,6 +1,7 @@
 """Triton kernels vs their PyTorch references on CUDA at Flint's shapes: correctness first, then median times.
 
     python benchmarks/kernels_attention.py [--quick]
+    python benchmarks/kernels_attention.py --sweep [--sweep-parts decode]   # launch parameters instead
 
 Covers paged attention (decode at batch 1/8/32/64 x context 1K/32K, full and sliding layers; an 8K prefill chunk),
 QK-norm+RoPE+KV-write, RMSNorm, add+RMSNorm, SiLU-and-mul and the router. Times are medians of
@@ -314,20 +315,26 @@ def sweep_prefill(b: Bench, dtype: torch.dtype) -> list[dict]:
 
 
 def sweep_decode(b: Bench, dtype: torch.dtype) -> list[dict]:
-    """Time decode attention over its launch parameters (keys per tile, stages, keys per split) at four shapes."""
+    """Time decode attention over its launch parameters (keys per tile, stages, keys per split) at seven shapes."""
     from dataclasses import asdict, replace
 
     from flint_kernels import attention_triton as at
     from flint_kernels.attention import paged_attention_ref
 
     found: list[dict] = []
-    for batch, ctx, window in ((1, 32768, None), (32, 32768, None), (8, 1024, None), (1, 4096, WINDOW)):
+    # Batch 32-64 at 1K: the whole-step profile has these at 26 us a layer (2026-11-30), ~40% of the KV bytes'
+    # copy time, where fewer splits (more keys each) may pay.
+    shapes = ((1, 32768, None), (32, 32768, None), (8, 1024, None), (1, 4096, WINDOW), (32, 1024, None),
+              (32, 1024, WINDOW), (64, 1024, WINDOW))  # fmt: skip
+    for batch, ctx, window in shapes:
         q, k, v, table, meta, sinks = _paged_case([ctx] * batch, [1] * batch, window, dtype, seed=2)
         args = (q, k, v, table, meta, sinks, D**-0.5, window)
         ref = paged_attention_ref(*args)
         base = at.decode_config(ctx, window, batch, q.device)  # what this device runs now
         cands = [replace(base, block_n=bn, num_stages=st) for bn in (32, 64, 128) for st in (2, 3)]
         cands += [replace(base, num_stages=None, min_keys_per_split=mk) for mk in (128, 512)]
+        if batch >= 32 and ctx <= 1024:
+            cands += [replace(base, min_keys_per_split=mk) for mk in (512, 1024)]
         for cfg in cands:
             splits = at.decode_num_splits(ctx, window, batch, HKV, q.device, cfg)
             row = {
@@ -358,9 +365,10 @@ def sweep_router(b: Bench, dtype: torch.dtype) -> list[dict]:
     return found
 
 
-def sweep(b: Bench, dtype: torch.dtype) -> list[dict]:
-    """Time the attention and router kernels over their launch parameters."""
-    return sweep_prefill(b, dtype) + sweep_decode(b, dtype) + sweep_router(b, dtype)
+def sweep(b: Bench, dtype: torch.dtype, parts: tuple[str, ...] = ("prefill", "decode", "router")) -> list[dict]:
+    """Time the attention and router kernels over their launch parameters (the named parts)."""
+    runs = {"prefill": sweep_prefill, "decode": sweep_decode, "router": sweep_router}
+    return [row for part in parts for row in runs[part](b, dtype)]
 
 
 def main() -> None:
@@ -368,6 +376,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="skip the largest shapes and shorten the timing loops")
     ap.add_argument("--only", choices=["attention", "small"], default=None)
     ap.add_argument("--sweep", action="store_true", help="time the kernels' launch parameters instead")
+    ap.add_argument("--sweep-parts", nargs="+", choices=["prefill", "decode", "router"],
+                    default=["prefill", "decode", "router"], help="with --sweep: which kernels")  # fmt: skip
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("kernels_attention: no CUDA GPU here; the Triton kernels are only benchmarked on CUDA. Nothing was run.")
@@ -379,7 +389,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  {dtype}")
     if args.sweep:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        rows = sweep(b, dtype)
+        rows = sweep(b, dtype, tuple(args.sweep_parts))
         (RESULTS / "kernels_attention_sweep.json").write_text(json.dumps(rows, indent=2) + "\n")
         for kind in sorted({r["kind"] for r in rows}):
             for shape in sorted({r["shape"] for r in rows if r["kind"] == kind}):
