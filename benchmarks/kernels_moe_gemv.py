@@ -363,6 +363,10 @@ def moe_candidates(t: int) -> dict:
         cands["dec dot expert i128 k64 / n128 k64 w8"] = (dec, mc(16, 128, 64, 128, 64, True, 8, 3, **em), regs)
         cands["dec dot expert i64 k64 / n256 k64 w8"] = (dec, mc(16, 64, 64, 256, 64, True, 8, 3, **em), regs)
         cands["dec dot expert i64 k64 / n128 k64 w2"] = (dec, mc(16, 64, 64, 128, 64, True, 2, 3, **em), regs)
+        # The installed BF16 tiles with each token's slots summed in the down launch (no reduce launch).
+        cands["dec dot expert i64 k128 / n128 k128 slots"] = (
+            dec, mc(16, 64, 128, 128, 128, True, 4, 3, expert_major=True, slots_in_down=True), regs
+        )  # fmt: skip
     # Small-group tiles at every T: above 64 tokens the groups are still small (6 * T / 256 pairs per expert).
     cands["grp m16 i32 k128"] = (grp, mc(16, 32, 128, 64, 128, True, 4, 3), regs)
     cands["grp m16 i64 k64"] = (grp, mc(16, 64, 64, 128, 64, True, 4, 3), regs)

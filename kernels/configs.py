@@ -46,6 +46,9 @@ class MoEConfig:
     # each weight decoded once for two of the expert's pairs at a time. Tensor-core tiles (BF16 or NVFP4): both
     # launches grouped by expert without sorting (blocks of BLOCK_M pairs found in the ids), then the slot reduce.
     expert_major: bool = False
+    # With expert_major on tensor cores: the down launch also sums each token's slots (a counter per token and
+    # output tile, the last arrival adds), so the separate slot-reduce launch goes.
+    slots_in_down: bool = False
 
 
 @dataclass(frozen=True)

@@ -404,6 +404,7 @@ def _moe_down_kernel(
     GSCALE: tl.constexpr,
     GROUPED: tl.constexpr,
     EXPERT: tl.constexpr,
+    SLOTS_HERE: tl.constexpr,
     SHARED: tl.constexpr,
     EVEN_K: tl.constexpr,
     WORDS: tl.constexpr,
@@ -420,7 +421,8 @@ def _moe_down_kernel(
     PDL: tl.constexpr,
 ):
     """y = round(h[p] @ w2[e]^T * scale). GROUPED: store y[p]. Else reduce the token's TOPK slots into out[t].
-    EXPERT (with GROUPED): the blocks come from the unsorted ids, as in `_moe_gate_up_kernel`.
+    EXPERT (with GROUPED): the blocks come from the unsorted ids, as in `_moe_gate_up_kernel`; with SLOTS_HERE too,
+    the token's slots are reduced into out[t] in this launch (`_reduce_slots`) instead of by `_moe_reduce_kernel`.
 
     SHARED (decode only): program rows below `n_shared_tokens` are each token's shared expert (its h is the
     contiguous `shared_inter` columns at h row token * shared_parts), arriving as slot TOPK with weight 1; the last
@@ -473,7 +475,9 @@ def _moe_down_kernel(
     xdt = h_ptr.dtype.element_ty
     y = acc.to(xdt)
     store_ok = row_ok[:, None] & m_ok[None, :]
-    if GROUPED:
+    if GROUPED and SLOTS_HERE:
+        _reduce_slots(y, pairs, m_ok, rows, row_ok, tw_ptr, ws_ptr, cnt_ptr, out_ptr, stride_out, pid_n, TOPK, BLOCK_N)
+    elif GROUPED:
         tl.store(out_ptr + pairs[None, :] * stride_out + rows[:, None], y, mask=store_ok)
     else:
         # The NSLOTS programs of one (token, H-tile) meet on one counter; the last sums in slot order.
@@ -503,6 +507,38 @@ def _moe_down_kernel(
                 _finish_row(
                     out_ptr + ro, res_ptr + ro, nw_ptr, hn_ptr + ro, res_out_ptr + ro, row_cnt_ptr + t, H, eps, N_PAD
                 )
+
+
+@triton.jit
+def _reduce_slots(
+    y, pairs, m_ok, rows, row_ok, tw_ptr, ws_ptr, cnt_ptr, out_ptr, stride_out, pid_n, TOPK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """out[t, rows] = round(sum over s in slot order of FP32(y[t*TOPK + s]) * w[t, s]) for the tokens t of this
+    block's pairs, in the down launch: each pair stores its weighted FP32 product to its slot of the (token, H-tile)
+    workspace, then arrives on that tile's counter (CTA barrier, acq_rel increments, one a pair); where a pair's
+    arrival is the token's last, this program sums the TOPK products in slot order, stores the row tile and resets
+    the counter. A block's pairs belong to distinct tokens (a token's experts are distinct), so each counter is
+    incremented at most once per program. The sums are `_moe_reduce_kernel`'s (products stored, then added)."""
+    t = pairs // TOPK
+    tile = t * tl.num_programs(0) + pid_n  # [BLOCK_M] (token, H-tile) counters
+    slot_rows = tile * TOPK + pairs % TOPK
+    weight = tl.load(tw_ptr + pairs, mask=m_ok, other=0.0).to(tl.float32)
+    ok = row_ok[:, None] & m_ok[None, :]
+    cols = tl.arange(0, BLOCK_N)[:, None]
+    tl.store(ws_ptr + slot_rows[None, :].to(tl.int64) * BLOCK_N + cols, y.to(tl.float32) * weight[None, :], mask=ok)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr + tile, 1, mask=m_ok, sem="acq_rel")
+    last = m_ok & (arrived == TOPK - 1)
+    if tl.sum(last.to(tl.int32), axis=0) > 0:
+        total = tl.zeros(y.shape, dtype=tl.float32)
+        rows_ok = row_ok[:, None] & last[None, :]
+        for s in range(TOPK):
+            part = ws_ptr + (tile * TOPK + s)[None, :].to(tl.int64) * BLOCK_N + cols
+            total += tl.load(part, mask=rows_ok, other=0.0, cache_modifier=".cg")
+        out_ptrs = out_ptr + t[None, :].to(tl.int64) * stride_out + rows[:, None]
+        tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=rows_ok)
+        tl.atomic_xchg(cnt_ptr + tile, 0, mask=last)
 
 
 @triton.jit
@@ -862,25 +898,32 @@ def _routed(
             h, ids, order, meta, tw, q2, s2, g2, out, ws, cnt,
             hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, out.stride(0), *seg2,
             *sh2, n_shared_tokens, max(parts, 1), shared_inter, *row, p, chunks,
-            NVFP4=nv2, GSCALE=gsc2, GROUPED=False, EXPERT=False, SHARED=shared is not None, EVEN_K=even_dn,
-            WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots, NORM=norm is not None,
-            N_PAD=triton.next_power_of_2(hidden) if norm is not None else 1, BLOCK_N=cfg.dn_block_n,
-            BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, P_PAD=1, num_warps=cfg.num_warps,
+            NVFP4=nv2, GSCALE=gsc2, GROUPED=False, EXPERT=False, SLOTS_HERE=False, SHARED=shared is not None,
+            EVEN_K=even_dn, WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots,
+            NORM=norm is not None, N_PAD=triton.next_power_of_2(hidden) if norm is not None else 1,
+            BLOCK_N=cfg.dn_block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, P_PAD=1, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
             **launch_options(x.device),
         )  # fmt: skip
         return out
-    y = _empty((p, hidden), x.dtype, x.device)
+    # Unsorted blocks with `slots_in_down`: the down launch reduces each token's slots into out itself.
+    slots_here = unsorted and cfg.slots_in_down and t * dn_tiles <= COUNTER_SLOTS
+    if slots_here:
+        y, ws = out, _empty((t * dn_tiles * topk * cfg.dn_block_n,), torch.float32, x.device)
+    else:
+        y = ws = _empty((p, hidden), x.dtype, x.device)
     _moe_down_kernel[(dn_tiles, rows_grid)](
-        h, ids, order, meta, tw, q2, s2, g2, y, y, cnt,
+        h, ids, order, meta, tw, q2, s2, g2, y, ws, cnt,
         hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, y.stride(0), *seg2,
         *_no_shared(out), 0, 1, 0, *_no_norm(out), p, chunks,
-        NVFP4=nv2, GSCALE=gsc2, GROUPED=True, EXPERT=unsorted, SHARED=False, EVEN_K=even_dn, WORDS=mode,
-        USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=topk, NORM=False, N_PAD=1, BLOCK_N=cfg.dn_block_n,
-        BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, P_PAD=_p_pad(p, unsorted), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        NVFP4=nv2, GSCALE=gsc2, GROUPED=True, EXPERT=unsorted, SLOTS_HERE=slots_here, SHARED=False, EVEN_K=even_dn,
+        WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=topk, NORM=False, N_PAD=1,
+        BLOCK_N=cfg.dn_block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, P_PAD=_p_pad(p, unsorted),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_options(x.device),
     )  # fmt: skip
+    if slots_here:
+        return out
     block_h = min(1024, triton.next_power_of_2(hidden))
     _moe_reduce_kernel[(t, triton.cdiv(hidden, block_h))](
         y, tw, out, hidden, y.stride(0), out.stride(0), TOPK=topk, BLOCK_H=block_h, num_warps=4,

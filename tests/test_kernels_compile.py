@@ -100,8 +100,12 @@ def test_moe_expert_major_gate_up_compiles_for_sm90() -> None:
     assert loads == 0 and waits == 1
 
 
-@pytest.mark.parametrize("kernel", ["_moe_gate_up_kernel", "_moe_down_kernel"])
-def test_moe_expert_major_tensor_cores_compile_for_sm90(kernel: str) -> None:
+@pytest.mark.parametrize(
+    ("kernel", "slots_here"),
+    [("_moe_gate_up_kernel", False), ("_moe_down_kernel", False), ("_moe_down_kernel", True)],
+    ids=["gate_up", "down", "down-slots"],
+)
+def test_moe_expert_major_tensor_cores_compile_for_sm90(kernel: str, slots_here: bool) -> None:
     """The grouped launches over blocks found in the unsorted ids (`MoEConfig.expert_major` with tensor-core tiles)
     at the H200's BF16 tiles: the ids scan (cumsum, a [P_PAD, BLOCK_M] match) compiles, and nothing is read before
     the PDL wait (the blocks come from the router's ids)."""
@@ -137,7 +141,7 @@ def test_moe_expert_major_tensor_cores_compile_for_sm90(kernel: str) -> None:
     if kernel == "_moe_gate_up_kernel":
         constexprs.update(SPLIT_K=1, BLOCK_I=64)
     else:
-        constexprs.update(TOPK=6, NSLOTS=6, BLOCK_N=128, NORM=False, N_PAD=1)
+        constexprs.update(TOPK=6, NSLOTS=6, BLOCK_N=128, NORM=False, N_PAD=1, SLOTS_HERE=slots_here)
     names = inspect.signature(getattr(moe_triton, kernel).fn).parameters
     pointers = {k: v for k, v in pointers.items() if k in names}
     loads, waits = _compile("flint_kernels.moe_triton", kernel, pointers, constexprs, 4, 3)
@@ -161,6 +165,8 @@ def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) 
         tiles = dict(USE_DOT=True, BLOCK_M=16, BLOCK_K=128)
     constexprs = {"NVFP4": nv, "GROUPED": False, "EXPERT": False, "P_PAD": 1, "SHARED": True, "EVEN_K": True,
                   "WORDS": False, "PRECISION": "tf32", "PDL": True, **tiles}  # fmt: skip
+    if kernel == "_moe_down_kernel":
+        constexprs["SLOTS_HERE"] = False
     if kernel == "_moe_gate_up_kernel":
         constexprs.update(SPLIT_K=2, BLOCK_I=16)
     else:

@@ -140,13 +140,17 @@ def test_decode_nvfp4_expert_major(dtype: torch.dtype, h: int) -> None:
 
 
 UNSORTED = dataclasses.replace(DECODE_DOT, expert_major=True)
+UNSORTED_SLOTS = dataclasses.replace(UNSORTED, slots_in_down=True)
 
 
+@pytest.mark.parametrize("slots_in_down", [False, True], ids=["reduce-launch", "slots-in-down"])
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
-def test_decode_expert_major_on_tensor_cores(fmt: str) -> None:
+def test_decode_expert_major_on_tensor_cores(fmt: str, slots_in_down: bool) -> None:
     """Expert-major tensor-core tiles at decode size: the grouped launches with blocks found in the unsorted ids,
     no sort launch. Expert 0 has all 20 tokens (two 16-pair chunks), others 0-some; a ragged I tile (48 of 32-col
-    tiles) and a partial K step (H = 80): the sorted grouped path's output bit for bit, and the reference's."""
+    tiles) and a partial K step (H = 80): the sorted grouped path's output bit for bit, and the reference's. With
+    `slots_in_down` the down launch sums each token's slots itself (no reduce launch), counters left zero."""
+    config = UNSORTED_SLOTS if slots_in_down else UNSORTED
     g = gen(40 if fmt == "dense" else 41)
     t, e, h, i, k = 20, 8, 80, 48, 3
     rest = torch.stack([torch.randperm(e - 2, generator=g)[: k - 1] + 1 for _ in range(t)]).to(DEVICE)
@@ -164,8 +168,9 @@ def test_decode_expert_major_on_tensor_cores(fmt: str) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mt, "_align", lambda *a: sorts.append(a) or align(*a))
         mp.setattr(mt, "_moe_reduce_kernel", reduce)
-        out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=UNSORTED)
-    assert sorts == [] and reduce.launches == 1
+        out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=config)
+    assert sorts == [] and reduce.launches == (0 if slots_in_down else 1)
+    assert not gt.counters(x.device).any()
     assert torch.equal(out, sorted_grouped)
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < (1e-5 if fmt == "dense" else 1e-3)
 
@@ -488,7 +493,9 @@ def test_gpu_nvfp4_expert_major_flint_shapes(t: int) -> None:
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 def test_gpu_expert_major_tensor_cores_flint_shapes(t: int, fmt: str) -> None:
     """Flint's experts at decode sizes, expert-major on tensor cores (blocks from the unsorted ids): the sorted
-    grouped launches' output bit for bit (the same kernels and tiles), and the reference's."""
+    grouped launches' output bit for bit (the same kernels and tiles), and the reference's. With the slots summed in
+    the down launch (`slots_in_down`) the same sums up to FMA contraction (the reduce launch may fuse its multiply
+    and add; the down launch stores the products first), counters left zero."""
     g = gen(720 + t)
     x, tw, ids, w13, w2, _ = flint_moe_inputs(t, fmt, g)
     tiles = mt.MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
@@ -496,6 +503,10 @@ def test_gpu_expert_major_tensor_cores_flint_shapes(t: int, fmt: str) -> None:
     got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=dataclasses.replace(tiles, expert_major=True))
     assert torch.equal(got, want)
     assert rel_err(got, moe_ref(x, tw, ids, w13, w2)) < 1e-2
+    slots = dataclasses.replace(tiles, expert_major=True, slots_in_down=True)
+    here = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=slots)
+    assert rel_err(here, want) < 1e-3
+    assert not gt.counters(x.device).any()
 
 
 @pytest.mark.gpu
