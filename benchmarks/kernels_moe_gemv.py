@@ -11,7 +11,7 @@ run eagerly.
     python benchmarks/kernels_moe_gemv.py            # table + benchmarks/results/kernels_moe_gemv.json
     python benchmarks/kernels_moe_gemv.py --sweep    # also time alternative tile configurations
     python benchmarks/kernels_moe_gemv.py --only moe --sweep --match "dot expert"   # only the candidates named so
-    python benchmarks/kernels_moe_gemv.py --only shared   # routed + shared expert: folded vs apart, decode tiles
+    python benchmarks/kernels_moe_gemv.py --only shared --ts 1 8 32   # routed + shared expert: folded vs apart
 """
 
 from __future__ import annotations
@@ -433,7 +433,10 @@ def shared_tiles() -> dict:
         "fma i16 k512 / n16 k512": mc(1, 16, 512, 16, 512, False, 4, 1),
         "fma i32 k512 / n32 k512": mc(1, 32, 512, 32, 512, False, 4, 1),
         "dot i16 k128 / n32 k128": mc(16, 16, 128, 32, 128, True, 4, 3),
-    }
+        # Expert-major blocks with the slots summed in the down launch: the shared expert as blocks of 16 tokens.
+        "dot expert i64 k128 / n128 k128 slots": mc(16, 64, 128, 128, 128, True, 4, 3, expert_major=True,
+                                                    slots_in_down=True),
+    }  # fmt: skip
 
 
 def shared_rows(ts: list[int]) -> list[dict]:
@@ -541,7 +544,7 @@ def main() -> int:
         result["moe"] = moe_rows(args.ts, args.sweep, tuple(args.formats), tuple(args.match))
         failures += [r for r in result["moe"] if not r["rel_err"] < 1e-2]
     if args.only == "shared":
-        result["moe_shared_us"] = shared_rows([1, 2, 4, 8])
+        result["moe_shared_us"] = shared_rows([t for t in args.ts if t <= 64])
         failures += [r for r in result["moe_shared_us"] if any(str(v).startswith(("rel", "err")) for v in r.values())]
     result["seconds"] = time.time() - start
     print_table(result.get("gemv", []) + result.get("moe", []))

@@ -169,27 +169,34 @@ def _moe_gate_up_kernel(
     EXPERT (with GROUPED): program rows are (expert, chunk) blocks found in the unsorted ids (`_expert_rows`); a
     block without pairs returns at once.
 
-    SHARED (decode only): program rows below `n_shared_rows` are the shared expert, cut into `shared_parts`
-    INTER-wide parts per token (row v: token v // parts, columns (v % parts) * INTER...), writing h rows v; the
-    routed pairs follow, pair p writing h row n_shared_rows + p, so each token's shared h is one contiguous row.
+    SHARED (decode sizes): the shared expert, cut into `shared_parts` INTER-wide parts per token, writes h rows
+    token * parts + part (so each token's shared h is one contiguous row) and the routed pair p h row T * parts + p.
+    Per-pair decode: program rows below `n_shared_rows` (= T * parts) are the shared expert, row v being token
+    v // parts, part v % parts. EXPERT: the first parts * chunks rows are, row v being part v // chunks of the
+    BLOCK_M tokens of chunk v % chunks; the expert blocks follow.
     """
     pid_i = tl.program_id(0)
     pid_r = tl.program_id(1)
     pid_k = tl.program_id(2)
-    pair_row = pid_r - n_shared_rows if SHARED else pid_r
+    n_tokens = n_pairs // TOPK
+    if EXPERT:
+        pair_row = pid_r - shared_parts * chunks if SHARED else pid_r
+    else:
+        pair_row = pid_r - n_shared_rows if SHARED else pid_r
     # Routed programs need the router's expert ids (the previous kernel's) first, so they wait for the previous grid
     # (PDL) here; shared-expert programs use none of them and wait in `tile_matmul`, after their first weight loads.
     # (Waiting again there is a no-op.) The ids a shared program reads below are not used.
     if pair_row >= 0:
         pdl_entry(PDL)
     if EXPERT:
-        e, pairs, m_ok, any_ok = _expert_rows(ids_ptr, pid_r, n_pairs, chunks, P_PAD, BLOCK_M)
-        if not any_ok:
-            return
+        e, pairs, m_ok, any_ok = _expert_rows(ids_ptr, tl.maximum(pair_row, 0), n_pairs, chunks, P_PAD, BLOCK_M)
+        if pair_row >= 0:  # noqa: SIM102 (Triton returns early only from a plain if)
+            if not any_ok:
+                return
     else:
         e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
     x_off = (pairs // TOPK) * stride_xt
-    h_rows = pairs + n_shared_rows if SHARED else pairs
+    h_rows = pairs + n_tokens * shared_parts if SHARED else pairs
     w_base = w_ptr + e * stride_we
     s_base = s_ptr + e * stride_se
     gs_base = gs_ptr + e * stride_gse
@@ -199,10 +206,17 @@ def _moe_gate_up_kernel(
     b1, b2, b3 = seg1, seg2, seg3
     if SHARED:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton compiles them apart)
         if pair_row < 0:
-            x_off = tl.zeros((BLOCK_M,), dtype=tl.int64) + (pid_r // shared_parts).to(tl.int64) * stride_xt
-            h_rows = tl.zeros((BLOCK_M,), dtype=tl.int64) + pid_r
+            if EXPERT:
+                toks = (pid_r % chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
+                m_ok = toks < n_tokens
+                x_off = toks.to(tl.int64) * stride_xt
+                h_rows = toks.to(tl.int64) * shared_parts + pid_r // chunks
+                col0 = (pid_r // chunks) * INTER
+            else:
+                x_off = tl.zeros((BLOCK_M,), dtype=tl.int64) + (pid_r // shared_parts).to(tl.int64) * stride_xt
+                h_rows = tl.zeros((BLOCK_M,), dtype=tl.int64) + pid_r
+                col0 = (pid_r % shared_parts) * INTER
             w_base, s_base, gs_base = sw_ptr, ss_ptr, sgs_ptr
-            col0 = (pid_r % shared_parts) * INTER
             up_off = shared_inter
             wn, sn = stride_swn, stride_ssn
             b1, b2, b3 = sseg1, sseg2, sseg3
@@ -435,14 +449,19 @@ def _moe_down_kernel(
         pdl_entry(PDL)
     pid_n = tl.program_id(0)
     pid_r = tl.program_id(1)
-    pair_row = pid_r - n_shared_tokens if SHARED else pid_r
+    n_tokens = n_pairs // TOPK
     if EXPERT:
-        e, pairs, m_ok, any_ok = _expert_rows(ids_ptr, pid_r, n_pairs, chunks, P_PAD, BLOCK_M)
-        if not any_ok:
-            return
+        pair_row = pid_r - chunks if SHARED else pid_r
+    else:
+        pair_row = pid_r - n_shared_tokens if SHARED else pid_r
+    if EXPERT:
+        e, pairs, m_ok, any_ok = _expert_rows(ids_ptr, tl.maximum(pair_row, 0), n_pairs, chunks, P_PAD, BLOCK_M)
+        if pair_row >= 0:  # noqa: SIM102 (Triton returns early only from a plain if)
+            if not any_ok:
+                return
     else:
         e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
-    h_off = (pairs + n_shared_tokens * shared_parts) * stride_h if SHARED else pairs * stride_h
+    h_off = (pairs + n_tokens * shared_parts) * stride_h if SHARED else pairs * stride_h
     w_base = w_ptr + e * stride_we
     s_base = s_ptr + e * stride_se
     gs_base = gs_ptr + e * stride_gse
@@ -453,16 +472,28 @@ def _moe_down_kernel(
     slot = tl.maximum(pair_row, 0) % TOPK
     if not GROUPED:
         weight = tl.load(tw_ptr + tl.maximum(pair_row, 0)).to(tl.float32)
+    if SLOTS_HERE:  # per column: token, slot and routing weight of the block's pairs
+        t_cols = pairs // TOPK
+        slot_cols = pairs % TOPK
+        w_cols = tl.load(tw_ptr + pairs, mask=m_ok, other=0.0).to(tl.float32)
     if SHARED:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton compiles them apart)
         if pair_row < 0:
-            h_off = tl.zeros((BLOCK_M,), dtype=tl.int64) + (pid_r * shared_parts).to(tl.int64) * stride_h
+            if EXPERT:  # the shared expert for the BLOCK_M tokens of chunk pid_r, arriving as slot TOPK
+                toks = (pid_r * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+                m_ok = toks < n_tokens
+                h_off = toks * shared_parts * stride_h
+                t_cols = toks
+                slot_cols = toks * 0 + TOPK
+                w_cols = tl.full((BLOCK_M,), 1.0, tl.float32)
+            else:
+                h_off = tl.zeros((BLOCK_M,), dtype=tl.int64) + (pid_r * shared_parts).to(tl.int64) * stride_h
+                t = pid_r
+                slot = pid_r * 0 + TOPK
+                weight = weight * 0.0 + 1.0
             w_base, s_base, gs_base = sw_ptr, ss_ptr, sgs_ptr
             k_len = shared_inter
             wn, sn = stride_swn, stride_ssn
             b1, b2, b3 = sseg1, sseg2, sseg3
-            t = pid_r
-            slot = pid_r * 0 + TOPK
-            weight = weight * 0.0 + 1.0
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < H
     acc = tile_matmul(
@@ -476,7 +507,10 @@ def _moe_down_kernel(
     y = acc.to(xdt)
     store_ok = row_ok[:, None] & m_ok[None, :]
     if GROUPED and SLOTS_HERE:
-        _reduce_slots(y, pairs, m_ok, rows, row_ok, tw_ptr, ws_ptr, cnt_ptr, out_ptr, stride_out, pid_n, TOPK, BLOCK_N)
+        _reduce_slots(
+            y, t_cols, slot_cols, w_cols, m_ok, rows, row_ok, ws_ptr, cnt_ptr, out_ptr, stride_out, pid_n, TOPK,
+            NSLOTS, SHARED, BLOCK_N,
+        )  # fmt: skip
     elif GROUPED:
         tl.store(out_ptr + pairs[None, :] * stride_out + rows[:, None], y, mask=store_ok)
     else:
@@ -511,33 +545,37 @@ def _moe_down_kernel(
 
 @triton.jit
 def _reduce_slots(
-    y, pairs, m_ok, rows, row_ok, tw_ptr, ws_ptr, cnt_ptr, out_ptr, stride_out, pid_n, TOPK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    y, t, slot, weight, m_ok, rows, row_ok, ws_ptr, cnt_ptr, out_ptr, stride_out, pid_n, TOPK: tl.constexpr,
+    NSLOTS: tl.constexpr, SHARED: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """out[t, rows] = round(sum over s in slot order of FP32(y[t*TOPK + s]) * w[t, s]) for the tokens t of this
-    block's pairs, in the down launch: each pair stores its weighted FP32 product to its slot of the (token, H-tile)
-    workspace, then arrives on that tile's counter (CTA barrier, acq_rel increments, one a pair); where a pair's
-    arrival is the token's last, this program sums the TOPK products in slot order, stores the row tile and resets
-    the counter. A block's pairs belong to distinct tokens (a token's experts are distinct), so each counter is
-    incremented at most once per program. The sums are `_moe_reduce_kernel`'s (products stored, then added)."""
-    t = pairs // TOPK
+    """out[t, rows] = round(sum over s < TOPK in slot order of FP32(y_s) * w_s) for the tokens t of this block's
+    columns, in the down launch; with SHARED the shared expert's y arrives as slot TOPK (weight 1) and is added to
+    the rounded sum, rounding again (the reference's BF16 add). Each column stores its weighted FP32 product to its
+    slot of the (token, H-tile) workspace, then arrives on that tile's counter (CTA barrier, acq_rel increments,
+    one a column); where a column's arrival is the token's last (NSLOTS in all), this program adds the products in
+    slot order, stores the row tile and resets the counter. A block's columns belong to distinct tokens (a token's
+    experts are distinct; the shared block holds each token once), so a counter is incremented at most once per
+    program. The sums are `_moe_reduce_kernel`'s (products stored, then added)."""
     tile = t * tl.num_programs(0) + pid_n  # [BLOCK_M] (token, H-tile) counters
-    slot_rows = tile * TOPK + pairs % TOPK
-    weight = tl.load(tw_ptr + pairs, mask=m_ok, other=0.0).to(tl.float32)
     ok = row_ok[:, None] & m_ok[None, :]
     cols = tl.arange(0, BLOCK_N)[:, None]
-    tl.store(ws_ptr + slot_rows[None, :].to(tl.int64) * BLOCK_N + cols, y.to(tl.float32) * weight[None, :], mask=ok)
+    slot_ptrs = ws_ptr + (tile * NSLOTS + slot)[None, :].to(tl.int64) * BLOCK_N + cols
+    tl.store(slot_ptrs, y.to(tl.float32) * weight[None, :], mask=ok)
     tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr + tile, 1, mask=m_ok, sem="acq_rel")
-    last = m_ok & (arrived == TOPK - 1)
+    last = m_ok & (arrived == NSLOTS - 1)
     if tl.sum(last.to(tl.int32), axis=0) > 0:
-        total = tl.zeros(y.shape, dtype=tl.float32)
+        xdt = out_ptr.dtype.element_ty
         rows_ok = row_ok[:, None] & last[None, :]
+        base = ws_ptr + (tile * NSLOTS)[None, :].to(tl.int64) * BLOCK_N + cols
+        total = tl.zeros(y.shape, dtype=tl.float32)
         for s in range(TOPK):
-            part = ws_ptr + (tile * TOPK + s)[None, :].to(tl.int64) * BLOCK_N + cols
-            total += tl.load(part, mask=rows_ok, other=0.0, cache_modifier=".cg")
-        out_ptrs = out_ptr + t[None, :].to(tl.int64) * stride_out + rows[:, None]
-        tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=rows_ok)
+            total += tl.load(base + s * BLOCK_N, mask=rows_ok, other=0.0, cache_modifier=".cg")
+        res = total.to(xdt)
+        if SHARED:
+            extra = tl.load(base + TOPK * BLOCK_N, mask=rows_ok, other=0.0, cache_modifier=".cg")
+            res = (res.to(tl.float32) + extra).to(xdt)
+        tl.store(out_ptr + t[None, :].to(tl.int64) * stride_out + rows[:, None], res, mask=rows_ok)
         tl.atomic_xchg(cnt_ptr + tile, 0, mask=last)
 
 
@@ -744,7 +782,7 @@ def fused_moe(
     `dequant_min_tokens` tokens NVFP4 experts are dequantised to x's dtype for the call (default: `paths_config`).
     """
     t = topk_ids.shape[0]
-    decode, fold, copies = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens, dequant_min_tokens)
+    decode, fold, copies = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens, dequant_min_tokens, config)
     if copies:
         w13, w2 = (_dequantized(w, x.dtype) for w in (w13, w2))
     if shared is not None and not fold:
@@ -773,9 +811,12 @@ def _paths(
     decode_max_tokens: int | None = None,
     fold_max_tokens: int | None = None,
     dequant_min_tokens: int | None = None,
+    config: MoEConfig | None = None,
 ) -> tuple[bool, bool, bool]:
     """(decode path, shared expert folded into its launches, NVFP4 experts run from copies in x's dtype) for T
-    tokens; None limits: `paths_config`'s."""
+    tokens; None limits: `paths_config`'s. Decode-sized batches on expert-major tensor-core tiles that sum the slots
+    in the down launch (`config`, else `decode_config`) fold a foldable shared expert at any size: it runs there as
+    blocks of BLOCK_M tokens, its weights read once a block, not once a token."""
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
     limits = paths_config(nv, x.device)
     if decode_max_tokens is None:
@@ -785,14 +826,17 @@ def _paths(
     if dequant_min_tokens is None:
         dequant_min_tokens = limits.dequant_min_tokens
     decode = t <= decode_max_tokens
-    fold = shared is not None and decode and 0 < t <= fold_max_tokens and foldable(shared, x, w13, w2)
+    fold = shared is not None and decode and t > 0 and foldable(shared, x, w13, w2)
+    if fold and t > fold_max_tokens:
+        cfg = config or decode_config(nv, t, x.device)
+        fold = _unsorted_grouped(cfg, shared)
     return decode, fold, nv and not decode and t >= dequant_min_tokens
 
 
 def _unsorted_grouped(cfg: MoEConfig, shared: SharedExpert | None) -> bool:
     """Whether decode-sized batches take the grouped launches with blocks found in the unsorted ids: tiles on
-    tensor cores marked expert-major, the shared expert not folded in."""
-    return cfg.expert_major and cfg.use_dot and shared is None
+    tensor cores marked expert-major; a folded shared expert needs the slots summed in the down launch."""
+    return cfg.expert_major and cfg.use_dot and (shared is None or cfg.slots_in_down)
 
 
 def _p_pad(pairs: int, unsorted: bool) -> int:
@@ -853,8 +897,8 @@ def _routed(
         split, per = (
             (1, hidden) if expert_major else choose_split_k(gu_tiles * rows_grid, hidden, cfg.gu_block_k, x.device)
         )
-    elif unsorted:
-        order, meta, rows_grid = ids, ids, num_experts * chunks
+    elif unsorted:  # the shared expert's blocks (parts x chunks) first, then the experts'
+        order, meta, rows_grid = ids, ids, num_experts * chunks + parts * chunks
         split, per = 1, triton.cdiv(hidden, cfg.gu_block_k) * cfg.gu_block_k
     else:
         order, meta, rows_grid = _align(ids, num_experts, cfg.block_m)
@@ -906,18 +950,24 @@ def _routed(
             **launch_options(x.device),
         )  # fmt: skip
         return out
-    # Unsorted blocks with `slots_in_down`: the down launch reduces each token's slots into out itself.
-    slots_here = unsorted and cfg.slots_in_down and t * dn_tiles <= COUNTER_SLOTS
+    # Unsorted blocks with `slots_in_down`: the down launch reduces each token's slots (and adds the folded shared
+    # expert, one block of rows a chunk of tokens, slot topk) into out itself.
+    slots_here = unsorted and cfg.slots_in_down
     if slots_here:
-        y, ws = out, _empty((t * dn_tiles * topk * cfg.dn_block_n,), torch.float32, x.device)
+        if t * dn_tiles > COUNTER_SLOTS:
+            raise ValueError(f"{t} tokens are too many for the down launch's slot counters")
+        nslots = topk + (shared is not None)
+        y, ws = out, _empty((t * dn_tiles * nslots * cfg.dn_block_n,), torch.float32, x.device)
+        dn_rows, dn_shared = num_experts * chunks + (chunks if shared is not None else 0), sh2
     else:
-        y = ws = _empty((p, hidden), x.dtype, x.device)
-    _moe_down_kernel[(dn_tiles, rows_grid)](
+        nslots, y = topk, _empty((p, hidden), x.dtype, x.device)
+        ws, dn_rows, dn_shared = y, rows_grid, _no_shared(out)
+    _moe_down_kernel[(dn_tiles, dn_rows)](
         h, ids, order, meta, tw, q2, s2, g2, y, ws, cnt,
         hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, y.stride(0), *seg2,
-        *_no_shared(out), 0, 1, 0, *_no_norm(out), p, chunks,
-        NVFP4=nv2, GSCALE=gsc2, GROUPED=True, EXPERT=unsorted, SLOTS_HERE=slots_here, SHARED=False, EVEN_K=even_dn,
-        WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=topk, NORM=False, N_PAD=1,
+        *dn_shared, t if shared is not None else 0, max(parts, 1), shared_inter, *_no_norm(out), p, chunks,
+        NVFP4=nv2, GSCALE=gsc2, GROUPED=True, EXPERT=unsorted, SLOTS_HERE=slots_here, SHARED=shared is not None,
+        EVEN_K=even_dn, WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots, NORM=False, N_PAD=1,
         BLOCK_N=cfg.dn_block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, P_PAD=_p_pad(p, unsorted),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_options(x.device),
