@@ -17,7 +17,9 @@ sm_90 SASS puts at ~3.2 instructions per weight and token against ~5 per pair. E
 (`use_dot`, shared expert apart) run the prefill's grouped launches below instead, their blocks found in the
 unsorted ids (program (tile, expert, chunk) ranks the expert's pairs with a cumsum; empty blocks return at once), so
 each expert's weights are read once per tile for all its pairs, with no sort launches; the sum over slots is the
-reduce launch.
+reduce launch, or with `MoEConfig.slots_in_down` the down launch itself (a counter per token and output tile, the
+last arrival adds the slots in order), which then also folds the shared expert in at any decode size: its blocks of
+BLOCK_M tokens come first in both launches and arrive as one more slot, added after the routed sum is rounded.
 
 Prefill: pairs are grouped by expert on the device (stable argsort, per-expert counts by scatter_add, cumsums and
 a searchsorted that maps each of a shape-bounded number of blocks to its expert and row range; blocks past the
