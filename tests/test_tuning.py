@@ -480,3 +480,51 @@ def test_tune_refuses_a_table_the_kernels_would_refuse(tune: ModuleType) -> None
     rows[0]["ms"] = 1e-6  # fastest, so it is chosen
     with pytest.raises(tuning.TuningError, match="48 is not a power of two"):
         tune.make_table("NVIDIA H200", "src", attention=rows)
+
+
+# ------------------------------------------------------------------------------------- benchmarks/tuning_variant.py
+@pytest.fixture
+def tuning_variant(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import tuning_variant as module
+
+    yield module
+    sys.modules.pop("tuning_variant", None)
+
+
+def test_tuning_variant_sets_fields_of_the_matching_entries(
+    tuning_variant: ModuleType, tmp_path: Path, gpu_named: Callable[[str], torch.device]
+) -> None:
+    """The A/B helper changes only the named entry's fields; the result loads and the config function sees it."""
+    out = tmp_path / "variant.json"
+    argv = ["--op", "moe.decode", "--when", '{"nvfp4": false}', "--set", "slots_in_down=true", "gu_block_k=64"]
+    assert tuning_variant.main([*argv, "--out", str(out)]) == 0
+    shipped, variant = json.loads(H200_TABLE.read_text()), json.loads(out.read_text())
+    changed = [i for i, (a, b) in enumerate(zip(shipped["moe.decode"], variant["moe.decode"])) if a != b]
+    assert len(changed) == 1 and variant["moe.decode"][changed[0]]["when"] == {"nvfp4": False}
+    assert {k: v for k, v in variant.items() if k != "moe.decode"} == {
+        k: v for k, v in shipped.items() if k != "moe.decode"
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(tuning.ENV, str(out))
+        cfg = mt.decode_config(False, 32, gpu_named("NVIDIA H200"))
+    assert cfg.slots_in_down and cfg.gu_block_k == 64 and cfg.expert_major
+
+
+@pytest.mark.parametrize(
+    ("when", "sets", "why"),
+    [
+        ('{"nvfp4": "no"}', ["slots_in_down=true"], "no moe.decode entry"),
+        ('{"nvfp4": false}', ["slots_in_down"], "expected field=value"),
+        ('{"nvfp4": false}', ["slots_in_down=yes"], "not JSON"),
+        ('{"nvfp4": false}', ["no_such_field=1"], "does not load"),
+        ('{"nvfp4": false}', ["block_m=3"], "does not load"),
+    ],
+)
+def test_tuning_variant_refuses_what_it_cannot_apply(
+    tuning_variant: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture, when: str, sets: list[str], why: str
+) -> None:
+    out = tmp_path / "variant.json"
+    assert tuning_variant.main(["--op", "moe.decode", "--when", when, "--set", *sets, "--out", str(out)]) == 2
+    assert why in capsys.readouterr().err
+    assert not out.exists()
