@@ -51,6 +51,10 @@ def candidates(tokens: int) -> dict:
         bt = max(16, min(64, 1 << (tokens - 1).bit_length()))
         for be, bk, sk in ((16, 128, 1), (16, 128, 4), (16, 128, 8), (16, 64, 16), (32, 128, 8), (64, 64, 0)):
             out[f"t{bt} e{be} k{bk} splitk{sk} presplit"] = (tc(bt, be, bk, 4, 3, sk), True)
+        # 16-token blocks: more programs, and one top-k program per 16 tokens instead of one for the whole batch.
+        if bt > 16:
+            for sk in (2, 4):
+                out[f"t16 e16 k128 splitk{sk} presplit"] = (tc(16, 16, 128, 4, 3, sk), True)
     return out
 
 

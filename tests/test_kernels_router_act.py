@@ -192,16 +192,18 @@ def test_sigmoid_topk_tiles_interp(poison: None, t: int, hidden: int, experts: i
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 
 
-@pytest.mark.parametrize(("hidden", "split_k", "splits"), [(512, 0, 2), (80, 3, 3)])
-def test_sigmoid_topk_tiles_split_k_interp(poison: None, hidden: int, split_k: int, splits: int) -> None:
+@pytest.mark.parametrize(("hidden", "split_k", "splits", "block_t"), [(512, 0, 2, 32), (80, 3, 3, 32), (80, 3, 3, 16)])
+def test_sigmoid_topk_tiles_split_k_interp(poison: None, hidden: int, split_k: int, splits: int, block_t: int) -> None:
     """Decode-sized batches above SMALL_BATCH split K over programs (automatically: 20 tokens, 4 K steps give 2
-    splits; or as configured, here with a partial last K step); the last arrival adds the partial logits in split
-    order and takes the top-k: the reference's result, repeated bit for bit, counters left zero."""
+    splits; or as configured, here with a partial last K step, in one or two token blocks); the last arrival of a
+    token block adds the partial logits in split order and takes the top-k: the reference's result, repeated bit
+    for bit, counters left zero."""
     t, experts, k = 20, 256, 6
     x = _rand((t, hidden), torch.float32, 23)
     w = _rand((experts, hidden), torch.float32, 24) * hidden**-0.5
-    cfg = router_triton.RouterTilesConfig(32, 16, 128 if split_k == 0 else 32, 4, 2, split_k)
-    assert router_triton._k_split(cfg.split_k, 1, 16, hidden, cfg.block_k, x.device)[0] == splits
+    cfg = router_triton.RouterTilesConfig(block_t, 16, 128 if split_k == 0 else 32, 4, 2, split_k)
+    blocks = -(-t // block_t)
+    assert router_triton._k_split(cfg.split_k, blocks, 16, hidden, cfg.block_k, x.device)[0] == splits
     outs = []
     for _ in range(2):
         out_w = torch.empty(t, k)
