@@ -96,8 +96,9 @@ class RouterTilesConfig:
     """Launch parameters of the many-token router kernel (`router_triton`, above its small-batch limit)."""
 
     block_t: int = field(metadata=POW2)  # tokens per tile (>= 16: tensor cores)
-    block_e: int = field(metadata=POW2)  # experts a tile; below the padded expert count the top-k runs in the last
-    block_k: int = field(metadata=POW2)  # tile to arrive
+    # Experts per tile; below the padded expert count the top-k runs in the token block's last tile to arrive.
+    block_e: int = field(metadata=POW2)
+    block_k: int = field(metadata=POW2)
     num_warps: int = field(metadata=POW2)
     num_stages: int
     # K splits (each a program of its own, the last arrival adds the partial logits); 0: as many as fill the GPU
