@@ -96,19 +96,25 @@ def _pair_rows(ids_ptr, order_ptr, meta_ptr, pid_r, GROUPED: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _expert_rows(ids_ptr, pid_r, n_pairs, chunks, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
-    """(expert, pair indices [BLOCK_M], valid mask, any valid) of program row `pid_r` of the unsorted grouped
-    launch: chunk pid_r % chunks of expert pid_r // chunks, i.e. that expert's pairs ranked chunk * BLOCK_M onward
-    (in pair order), found by scanning the n_pairs ids (decode-sized) with a cumsum."""
-    e = pid_r // chunks
+def _ranked_pairs(ids_ptr, e, first, n_pairs, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(pair indices [BLOCK_M], count): the pairs routed to expert e ranked first .. first + BLOCK_M - 1 in pair
+    order (0 past the last) and how many of the n_pairs it has, by scanning the ids (decode-sized) with a cumsum."""
     p = tl.arange(0, P_PAD)
     match = (tl.load(ids_ptr + p, mask=p < n_pairs, other=-1) == e).to(tl.int32)
     rank = tl.cumsum(match, axis=0) - 1
-    r = (pid_r % chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    r = first + tl.arange(0, BLOCK_M)
     hit = (match[:, None] > 0) & (rank[:, None] == r[None, :])
-    pairs = tl.sum(tl.where(hit, p[:, None], 0), axis=0)
-    m_ok = r < tl.sum(match, axis=0)
-    return e.to(tl.int64), pairs.to(tl.int64), m_ok, (pid_r % chunks) * BLOCK_M < tl.sum(match, axis=0)
+    return tl.sum(tl.where(hit, p[:, None], 0), axis=0).to(tl.int64), tl.sum(match, axis=0)
+
+
+@triton.jit
+def _expert_rows(ids_ptr, pid_r, n_pairs, chunks, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, pair indices [BLOCK_M], valid mask, any valid) of program row `pid_r` of the unsorted grouped
+    launch: chunk pid_r % chunks of expert pid_r // chunks, i.e. that expert's pairs ranked chunk * BLOCK_M onward."""
+    e = pid_r // chunks
+    first = (pid_r % chunks) * BLOCK_M
+    pairs, count = _ranked_pairs(ids_ptr, e, first, n_pairs, P_PAD, BLOCK_M)
+    return e.to(tl.int64), pairs, first + tl.arange(0, BLOCK_M) < count, first < count
 
 
 @triton.jit
@@ -262,13 +268,10 @@ def _silu_mul_store(acc, h_ptr, h_rows, stride_h, jj, store_ok, BLOCK_I: tl.cons
 @triton.jit
 def _expert_pairs(ids_ptr, e, c0, P, P_PAD: tl.constexpr):
     """(pair c0, pair c0 + 1, count): the c0-th and next of the pairs routed to expert e (in pair order; 0 past the
-    last) and how many of the P pairs it has. Each program scans all the ids: P is decode-sized (a few hundred)."""
-    p = tl.arange(0, P_PAD)
-    match = (tl.load(ids_ptr + p, mask=p < P, other=-1) == e).to(tl.int32)
-    pos = tl.cumsum(match, axis=0) - 1  # each match's rank among the expert's pairs
-    first = tl.sum(tl.where((match > 0) & (pos == c0), p, 0), axis=0)
-    second = tl.sum(tl.where((match > 0) & (pos == c0 + 1), p, 0), axis=0)
-    return first.to(tl.int64), second.to(tl.int64), tl.sum(match, axis=0)
+    last) and how many of the P pairs it has (`_ranked_pairs` for two)."""
+    pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 2)
+    two = tl.arange(0, 2)
+    return tl.sum(tl.where(two == 0, pairs, 0), axis=0), tl.sum(tl.where(two == 1, pairs, 0), axis=0), count
 
 
 @triton.jit
