@@ -280,8 +280,9 @@ def _two_rows_nvfp4(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """`tile_matmul`'s NVFP4 FMA path for two x rows at once: each weight word's eight values are built once
-    (`nvfp4_value_planes`) and multiplied into both rows, in the same order as for one row (so each result is the
-    one-row kernel's, bit for bit). Returns two FP32 [BLOCK_N, 1]."""
+    (`nvfp4_value_planes`) and multiplied into both rows, in the same order as for one row (the interpreter gives the
+    one-row kernel's result bit for bit; on a GPU the compiler may order the final in-register sums differently).
+    Returns two FP32 [BLOCK_N, 1]."""
     G: tl.constexpr = BLOCK_K // 16
     acc0 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
@@ -337,8 +338,8 @@ def _moe_gate_up_expert_kernel(
 ):
     """`_moe_gate_up_kernel`'s decode path (NVFP4, no shared expert) expert-major: program (I-tile, expert e) finds
     e's pairs in the router's ids itself and computes their h rows two at a time, each weight decoded once for both
-    (a last odd pair on the one-row path); an expert without pairs returns at once. Bit for bit the per-pair
-    kernel's h."""
+    (a last odd pair on the one-row path); an expert without pairs returns at once. The per-pair
+    kernel's h (bit for bit in the interpreter; on the H200 a few roundings differ, see `_two_rows_nvfp4`)."""
     pid_i = tl.program_id(0)
     e = tl.program_id(1)
     pdl_entry(PDL)  # the ids are the router's, the previous kernel's
