@@ -578,9 +578,10 @@ def tiles_config(
     tokens: int, num_experts: int, device: torch.device | None = None, presplit: bool = True
 ) -> RouterTilesConfig:
     """The fastest candidates of benchmarks/kernels_router.py on the H200 (2026-11-30, pre-split weights): 128 x 128
-    tiles from 4096 tokens (T = 8192: 71 us), 64 x 64 from 1024 (T = 2048: 39 us), else one token block of 16-64
-    against 16 experts a tile with long K steps (T = 512: 31 us, T = 32: 20 us). Narrower expert blocks only where
-    the expert count is smaller. K is split over programs for one token block (`RouterTilesConfig.split_k`). A
+    tiles from 4096 tokens (T = 8192: 71 us), 64 x 64 from 1024 (T = 2048: 39 us), else token blocks of 16-64
+    against 16 experts a tile with long K steps (T = 512: 31 us). Up to 64 tokens (decode batches) the blocks are 16
+    tokens and K is split 4 ways over programs (`RouterTilesConfig.split_k`): T = 32 in 10.7 us, against 16.2 in one
+    32-token block and 21.0 unsplit. Narrower expert blocks only where the expert count is smaller. A
     device's tuning table may replace any of it (op "router.tiles", shape tokens, experts); on a GPU with less
     shared memory than the H200 the tiles then shrink to fit (`fit_shared_memory`)."""
     e_pad = triton.next_power_of_2(num_experts)
@@ -589,9 +590,12 @@ def tiles_config(
     elif tokens >= 1024:
         cfg = RouterTilesConfig(64, min(e_pad, 64), 64, 4, 4, 1)
     else:
-        # One token block (decode batches) splits K 4 ways (H200: 16.2 us at T = 32 against 21.0 unsplit, 17.9 in 8).
-        split_k = 4 if tokens <= 64 else 1
-        cfg = RouterTilesConfig(max(16, min(64, triton.next_power_of_2(tokens))), 16, 128, 4, 3, split_k)
+        # Decode batches: more programs from 16-token blocks and 4 K splits (H200, T = 32: 10.7 us; 4 splits of one
+        # 32-token block 16.2, 8 splits 17.9). Longer prefill chunks fill the GPU with token blocks alone.
+        if tokens <= 64:
+            cfg = RouterTilesConfig(16, 16, 128, 4, 3, 4)
+        else:
+            cfg = RouterTilesConfig(max(16, min(64, triton.next_power_of_2(tokens))), 16, 128, 4, 3, 1)
     cfg = tuning.tuned("router.tiles", cfg, device, tokens=tokens, experts=num_experts)
     return fit_shared_memory(cfg, presplit, shared_memory_limit(device))
 

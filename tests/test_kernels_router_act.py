@@ -291,7 +291,8 @@ def test_router_tiles_fit_the_shared_memory_of_smaller_gpus() -> None:
     h200 = rt.H200_SHARED_MEMORY
     assert rt.tiles_config(8192, 256) == rt.RouterTilesConfig(128, 128, 64, 8, 3, 1)
     assert rt.tiles_config(2048, 256) == rt.RouterTilesConfig(64, 64, 64, 4, 4, 1)
-    assert rt.tiles_config(32, 256) == rt.RouterTilesConfig(32, 16, 128, 4, 3, 4)
+    assert rt.tiles_config(32, 256) == rt.tiles_config(64, 256) == rt.RouterTilesConfig(16, 16, 128, 4, 3, 4)
+    assert rt.tiles_config(65, 256) == rt.RouterTilesConfig(64, 16, 128, 4, 3, 1)
     for cfg, presplit, asked in ((rt.RouterTilesConfig(64, 256, 64, 8, 3), False, 258048),
                                  (rt.RouterTilesConfig(64, 256, 64, 8, 3), True, 323584)):  # fmt: skip
         est = rt.shared_memory_bytes(cfg, presplit)
