@@ -111,14 +111,17 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
         assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(block_n, block_m, 128, True, 4, 3)
         assert gt.small_m_config(m, False, 2048, 5120, h200) == TileConfig(64, block_m, 128, True, 4, 3)
     assert gt.large_m_config(True, h200) == TileConfig(128, 128, 64, True, 8, 3)
-    fma_8x1024, fma_32x512 = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1), MoEConfig(1, 32, 512, 32, 512, False, 4, 1)
+    fma_8x1024 = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
     # BF16 3-8 tokens: 32 gate/up and 64 down columns on tensor cores (a 2026-11-30 sweep and whole-step A/B);
     # from 9 (shared expert apart) expert-major on tensor cores, up to 64 tokens (the same day's sweeps and A/Bs).
     dot_32 = MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     dot_expert = MoEConfig(16, 64, 128, 128, 128, True, 4, 3, expert_major=True)
     bf16_decode = [mt.decode_config(False, t, h200) for t in (1, 2, 3, 8, 9, 32, 64)]
     assert bf16_decode == [fma_8x1024, fma_8x1024, dot_32, dot_32, dot_expert, dot_expert, dot_expert]
-    assert [mt.decode_config(True, t, h200) for t in (1, 4, 5, 16)] == [fma_8x1024, fma_8x1024, fma_32x512, fma_32x512]
+    # NVFP4 5-16 tokens (shared expert folded) in 16-column tiles, 4 warps (b8 -7.5%, b16 -10% in a whole-step A/B;
+    # 2 warps lost, 2026-11-30).
+    fma_16x512 = MoEConfig(1, 16, 512, 16, 512, False, 4, 1)
+    assert [mt.decode_config(True, t, h200) for t in (1, 4, 5, 16)] == [fma_8x1024, fma_8x1024, fma_16x512, fma_16x512]
     # NVFP4 17-32 tokens (shared expert apart) 16-column tiles in 2 warps: a whole-step A/B at batch 32 favoured
     # them; from 33 the gate_up expert-major in 16 x 256 tiles (b64 -7.5% in a whole-step A/B, 2026-11-30).
     fma_16x512_w2 = MoEConfig(1, 16, 512, 16, 512, False, 2, 1)
@@ -134,6 +137,11 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=16)
     assert at.decode_config(32768, None, 1, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
     assert at.decode_config(1024, 513, 1, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
+    # From 12 sequences: one split in sliding layers, 512 keys a split at least in full ones (a 2026-11-30 sweep and
+    # whole-step A/Bs, BF16 b32 -3.3%, b16 -1.9%; at 8 sequences BF16 was slower).
+    assert at.decode_config(1024, 513, 12, h200) == AttentionDecodeConfig(128, 4, None, 1024, 64, 16384)
+    assert at.decode_config(1024, None, 64, h200) == AttentionDecodeConfig(128, 4, 2, 512, 64, 16384)
+    assert at.decode_config(1024, 513, 11, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
     assert at.prefill_config(8192, 513, h200) == AttentionPrefillConfig(64, 64, 8, 3)
     # Each of those came from an entry of the table, not from the code's defaults.
     assert tuning.lookup("gemv.small_m", h200, m=1, n=2048, k=4096, nvfp4=True).config["block_k"] == 2048
@@ -154,7 +162,8 @@ RETUNED = ("small_m m=1 ", "attn decode b=1 ctx=1024 w=513", "attn decode b=1 ct
            "moe decode nv=False t=4", "moe decode nv=False t=5", "moe decode nv=False t=8",
            "moe decode nv=False t=6", "small_m m=2 nv=True", "small_m m=8 nv=True", "small_m m=16 nv=True",
            "small_m m=17 nv=True", "small_m m=32 nv=True", "moe decode nv=False t=32", "moe decode nv=False t=64",
-           "paths nv=False")  # fmt: skip
+           "paths nv=False", "moe decode nv=True t=5", "moe decode nv=True t=8", "attn decode b=64 ctx=1024 w=None",
+           "attn decode b=64 ctx=32768 w=None")  # fmt: skip
 
 
 KEPT = [c for c in CONFIG_CALLS if not c[0].startswith(RETUNED)]
@@ -166,7 +175,8 @@ def test_h200_table_keeps_the_h200_behaviour(
 ) -> None:
     """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
     M = 1 GEMV tiles, NVFP4 at M = 2-32, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
-    the BF16 ones from 3 and BF16's decode-path limit (RETUNED; their H200 values are checked above)."""
+    the BF16 ones from 3, NVFP4's at 5-16 tokens, full layers' decode splits from 12 sequences and BF16's
+    decode-path limit (RETUNED; their H200 values are checked above)."""
     assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
 
 
@@ -379,7 +389,10 @@ def _as_swept_2026_11_29(shipped: MoEConfig, nvfp4: bool, tokens: int) -> MoECon
     """The shipped MoE decode tiles as the recorded 2026-11-29 sweeps chose them: the BF16 tiles from 3 tokens have
     since moved to 32 / 64 columns after a 2026-11-30 sweep with more candidates (moe_decode_bf16_h200.json), which
     those recorded rows do not hold, and from 9 tokens (shared expert apart) to expert-major tiles of 64 / 128
-    columns in K steps of 128 (moe_decode_expert_major_h200.json, moe_decode_expert_major_tiles_h200.json)."""
+    columns in K steps of 128 (moe_decode_expert_major_h200.json, moe_decode_expert_major_tiles_h200.json). NVFP4
+    at 5-16 tokens moved from 32- to 16-column tiles after a whole-step A/B (decode_h200_nvfp4_i16_ab.json)."""
+    if nvfp4 and 5 <= tokens <= 16:
+        return dataclasses.replace(shipped, gu_block_i=32, dn_block_n=32)
     if not nvfp4 and tokens >= 3:
         return dataclasses.replace(
             shipped, gu_block_i=16, gu_block_k=128, dn_block_n=32, dn_block_k=128, expert_major=False
