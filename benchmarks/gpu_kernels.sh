@@ -13,6 +13,10 @@ ln -sfn "$PWD/kernels" /tmp/pp/flint_kernels  # the device's python3 has torch/t
 export PYTHONPATH=/tmp/pp:$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
+# The prefill MoE's grouping of pairs by expert: three Triton launches against the PyTorch reference's ~25.
+timeout 60 python3 benchmarks/kernels_moe_align.py --out "$OUT/kernels_moe_align.json" > "$OUT/moe_align.txt" 2>&1
+grep -v "^wrote" "$OUT/moe_align.txt"
+
 # Routed + shared expert at batch 9-64: apart (the H200 default) against folded into the expert-major launches with
 # the slots summed in the down launch (`slots_in_down`, row "folded dot expert ... slots").
 timeout 120 python3 benchmarks/kernels_moe_gemv.py --only shared --ts 9 16 32 64 --out "$OUT/moe_shared.json" \

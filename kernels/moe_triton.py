@@ -10,8 +10,8 @@ program per (pair, H-tile) and reduces the k slots of a token in the same launch
 stores its weighted FP32 product to a workspace and the program that arrives last on the (token, H-tile) counter
 sums the k products in slot order and rounds once (gemv_triton's split-K semaphore with the slot as the split
 index). NVFP4 pairs use the FMA GEMV of `gemv_triton` (BLOCK_M = 1); BF16 pairs use tensor cores (16-row tiles,
-one real row), which measured faster. With `MoEConfig.expert_major` (NVFP4, shared expert apart; no table sets it
-yet) kernel 1 runs expert-major instead: one program per (I-tile, expert) finds the expert's pairs in the ids with a
+one real row), which measured faster. With `MoEConfig.expert_major` (NVFP4, shared expert apart; the H200 table
+from 33 tokens) kernel 1 runs expert-major instead: one program per (I-tile, expert) finds the expert's pairs in the ids with a
 cumsum and decodes each weight once for two of them at a time (an odd last pair on the one-row path), which the
 sm_90 SASS puts at ~3.2 instructions per weight and token against ~5 per pair. Expert-major tiles on tensor cores
 (`use_dot`, shared expert apart) run the prefill's grouped launches below instead, their blocks found in the
@@ -19,11 +19,13 @@ unsorted ids (program (tile, expert, chunk) ranks the expert's pairs with a cums
 each expert's weights are read once per tile for all its pairs, with no sort launches; the sum over slots is the
 reduce launch, or with `MoEConfig.slots_in_down` the down launch itself (a counter per token and output tile, the
 last arrival adds the slots in order), which then also folds the shared expert in at any decode size: its blocks of
-BLOCK_M tokens come first in both launches and arrive as one more slot, added after the routed sum is rounded.
+BLOCK_M tokens come first in both launches and arrive as one more slot, added after the routed sum is rounded. (On
+the H200 that measured slower than the reduce launch with the shared expert apart, BF16 b32 16.0 vs 13.7 ms, so no
+table sets it.)
 
-Prefill: pairs are grouped by expert on the device (stable argsort, per-expert counts by scatter_add, cumsums and
-a searchsorted that maps each of a shape-bounded number of blocks to its expert and row range; blocks past the
-real total do nothing), so no host sync happens. A grouped GEMM with tl.dot computes each block of up to BLOCK_M
+Prefill: pairs are grouped by expert on the device (`moe_align_triton`: counts, each expert's rows and a
+shape-bounded number of blocks, each mapped to its expert and row range; blocks past the real total do nothing), so
+no host sync happens. A grouped GEMM with tl.dot computes each block of up to BLOCK_M
 pairs of one expert against that expert's weight tile (NVFP4 decoded in registers), with the SiLU-and-mul epilogue
 for gate|up and the rounded expert output y [T*k, H] for down; a last kernel sums each token's k slots in slot
 order. Every result is independent of scheduling, so both paths are deterministic and CUDA-graph capturable.
@@ -64,6 +66,7 @@ from .gemv_triton import (
 )
 from .linear import NVFP4Weight, Weight
 from .moe import SharedExpert, moe_add_rms_norm_ref, moe_ref
+from .moe_align_triton import align
 from .pdl import launch_options, pdl_entry
 
 # Portable defaults of `paths_config` (the H200's measured crossovers; its table records them).
@@ -675,31 +678,6 @@ def _weight_args(w: Weight | ScaledWeight, like: torch.Tensor) -> tuple:
     return (w, w, like, w.stride(0), w.stride(1), 0, 0, 0, (n, n, n), False, False)
 
 
-def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Pairs sorted by expert and per-block (expert, first sorted row, rows); blocks beyond the total get rows 0.
-
-    Everything stays on the device; the block count is the shape bound cdiv(P, BLOCK_M) + min(E, P).
-    """
-    flat = topk_ids.reshape(-1).to(torch.int64)
-    p = flat.numel()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    nblocks = (counts + block_m - 1) // block_m
-    block_end = torch.cumsum(nblocks, 0)
-    row_start = torch.cumsum(counts, 0) - counts
-    max_blocks = triton.cdiv(p, block_m) + min(num_experts, p)
-    b = torch.arange(max_blocks, device=flat.device)
-    e = torch.searchsorted(block_end, b, right=True)
-    valid = e < num_experts
-    e = e.clamp(max=num_experts - 1)
-    j = b - (block_end[e] - nblocks[e])
-    row0 = row_start[e] + j * block_m
-    nrows = torch.where(valid, (counts[e] - j * block_m).clamp(0, block_m), torch.zeros_like(e))
-    meta = torch.stack((e, row0, nrows), dim=1).to(torch.int32).contiguous()
-    return order, meta, max_blocks
-
-
 def supported(x: torch.Tensor, w13: Weight, w2: Weight) -> bool:
     """Whether the Triton path covers these inputs (otherwise `moe_ref` runs)."""
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
@@ -907,7 +885,7 @@ def _routed(
         order, meta, rows_grid = ids, ids, num_experts * chunks + parts * chunks
         split, per = 1, triton.cdiv(hidden, cfg.gu_block_k) * cfg.gu_block_k
     else:
-        order, meta, rows_grid = _align(ids, num_experts, cfg.block_m)
+        order, meta, rows_grid = align(ids, num_experts, cfg.block_m)
         split, per = 1, triton.cdiv(hidden, cfg.gu_block_k) * cfg.gu_block_k
     if split_k is not None and not expert_major:
         per = triton.cdiv(triton.cdiv(hidden, split_k), cfg.gu_block_k) * cfg.gu_block_k

@@ -164,9 +164,9 @@ def test_decode_expert_major_on_tensor_cores(fmt: str, slots_in_down: bool) -> N
         x = x.half()
         w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
     sorted_grouped = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, config=DECODE_DOT, dequant_min_tokens=10**9)
-    sorts, align, reduce = [], mt._align, LaunchSpy(mt._moe_reduce_kernel)
+    sorts, align, reduce = [], mt.align, LaunchSpy(mt._moe_reduce_kernel)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mt, "_align", lambda *a: sorts.append(a) or align(*a))
+        mp.setattr(mt, "align", lambda *a: sorts.append(a) or align(*a))
         mp.setattr(mt, "_moe_reduce_kernel", reduce)
         out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=config)
     assert sorts == [] and reduce.launches == (0 if slots_in_down else 1)
@@ -406,20 +406,6 @@ def test_grouped_nvfp4_from_dequantised_copies(dtype: torch.dtype) -> None:
     assert mt._dequantized(dense.data, dtype) is dense.data  # a dense weight stays as it is
     # The engine's default threshold sends short prefills through the registers path.
     assert mt.paths_config(True, x.device).dequant_min_tokens > 64
-
-
-def test_align_blocks_cover_every_pair_once() -> None:
-    g = gen(50)
-    _, ids = routing(37, 16, 4, g)
-    order, meta, nblocks = mt._align(ids, 16, 16)
-    meta = meta.cpu()
-    rows = []
-    for e, row0, n in meta.tolist():
-        rows += [(e, int(order[r])) for r in range(row0, row0 + n)]
-    flat = ids.reshape(-1).cpu()
-    assert sorted(p for _, p in rows) == list(range(flat.numel()))
-    assert all(flat[p] == e for e, p in rows)
-    assert nblocks == meta.shape[0] and int((meta[:, 2] > 0).sum()) <= nblocks
 
 
 # ----------------------------------------------------------------------------------------------- both paths
