@@ -4,31 +4,32 @@ Per (token, slot) pair p = t * k + s with expert e: gate|up = x[t] @ w13[e]^T (F
 global scale, each rounded to x.dtype), h = round(round(silu(gate)) * up), y = round(h @ w2[e]^T * scale), and
 out[t] = round(sum over s in slot order of FP32(y) * topk_weights[t, s]). The shared expert stays separate.
 
-Decode (T <= 32 BF16 / 64 NVFP4, the crossovers measured on an H200): no sorting at all. Kernel 1 runs one program
-per (pair, I-tile[, K split]) and fuses SiLU-and-mul into its epilogue, writing h [T*k, I]; kernel 2 runs one
-program per (pair, H-tile) and reduces the k slots of a token in the same launch, deterministically: each slot
-stores its weighted FP32 product to a workspace and the program that arrives last on the (token, H-tile) counter
-sums the k products in slot order and rounds once (gemv_triton's split-K semaphore with the slot as the split
-index). NVFP4 pairs use the FMA GEMV of `gemv_triton` (BLOCK_M = 1); BF16 pairs use tensor cores (16-row tiles,
-one real row), which measured faster. With `MoEConfig.expert_major` (NVFP4, shared expert apart; the H200 table
-from 33 tokens) kernel 1 runs expert-major instead: one program per (I-tile, expert) finds the expert's pairs in the ids with a
-cumsum and decodes each weight once for two of them at a time (an odd last pair on the one-row path), which the
-sm_90 SASS puts at ~3.2 instructions per weight and token against ~5 per pair. Expert-major tiles on tensor cores
-(`use_dot`, shared expert apart) run the prefill's grouped launches below instead, their blocks found in the
-unsorted ids (program (tile, expert, chunk) ranks the expert's pairs with a cumsum; empty blocks return at once), so
-each expert's weights are read once per tile for all its pairs, with no sort launches; the sum over slots is the
-reduce launch, or with `MoEConfig.slots_in_down` the down launch itself (a counter per token and output tile, the
-last arrival adds the slots in order), which then also folds the shared expert in at any decode size: its blocks of
-BLOCK_M tokens come first in both launches and arrive as one more slot, added after the routed sum is rounded. (On
-the H200 that measured slower than the reduce launch with the shared expert apart, BF16 b32 16.0 vs 13.7 ms, so no
-table sets it.)
+Decode (up to `MoEPaths.decode_max_tokens`, 32-64 tokens from the H200's crossovers): no sorting at all. Kernel 1
+runs one program per (pair, I-tile[, K split]) and fuses SiLU-and-mul into its epilogue, writing h [T*k, I]; kernel
+2 runs one program per (pair, H-tile) and reduces the k slots of a token in the same launch, deterministically: each
+slot stores its weighted FP32 product to a workspace and the program that arrives last on the (token, H-tile)
+counter sums the k products in slot order and rounds once (gemv_triton's split-K semaphore with the slot as the
+split index). NVFP4 pairs use the FMA GEMV of `gemv_triton` (BLOCK_M = 1); BF16 pairs use tensor cores (16-row
+tiles, one real row), which measured faster. With `MoEConfig.expert_major` (NVFP4, shared expert apart; the H200
+table from 33 tokens) kernel 1 runs expert-major instead: one program per (I-tile, expert) finds the expert's pairs
+in the ids with a cumsum and decodes each weight once for two of them at a time (an odd last pair on the one-row
+path), which the sm_90 SASS puts at ~3.2 instructions per weight and token against ~5 per pair. Expert-major tiles
+on tensor cores (`use_dot`, shared expert apart) run the prefill's grouped launches below instead, their blocks
+found in the unsorted ids (program (tile, expert, chunk) ranks the expert's pairs with a cumsum; empty blocks return
+at once), so each expert's weights are read once per tile for all its pairs, with no sort launches; the sum over
+slots is the reduce launch, or with `MoEConfig.slots_in_down` the down launch itself (a counter per token and output
+tile, the last arrival adds the slots in order), which then also folds the shared expert in at any decode size: its
+blocks of BLOCK_M tokens come first in both launches and arrive as one more slot, added after the routed sum is
+rounded. (On the H200 that measured slower than the reduce launch with the shared expert apart, BF16 b32 16.0 vs
+13.7 ms, so no table sets it.)
 
 Prefill: pairs are grouped by expert on the device (`moe_align_triton`: counts, each expert's rows and a
 shape-bounded number of blocks, each mapped to its expert and row range; blocks past the real total do nothing), so
-no host sync happens. A grouped GEMM with tl.dot computes each block of up to BLOCK_M
-pairs of one expert against that expert's weight tile (NVFP4 decoded in registers), with the SiLU-and-mul epilogue
-for gate|up and the rounded expert output y [T*k, H] for down; a last kernel sums each token's k slots in slot
-order. Every result is independent of scheduling, so both paths are deterministic and CUDA-graph capturable.
+no host sync happens. A grouped GEMM with tl.dot computes each block of up to BLOCK_M pairs of one expert against
+that expert's weight tile (NVFP4 decoded in registers), with the SiLU-and-mul epilogue for gate|up and the rounded
+expert output y [T*k, H] for down; a last kernel sums each token's k slots in slot order and adds the shared
+expert's output (run apart) in x's dtype. Every result is independent of scheduling, so both paths are
+deterministic and CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -590,9 +591,11 @@ def _reduce_slots(
 
 @triton.jit
 def _moe_reduce_kernel(
-    y_ptr, tw_ptr, out_ptr, H, stride_y, stride_out, TOPK: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr
-):
-    """out[t] = round(sum_s FP32(y[t*TOPK + s]) * w[t, s]), slots added in order."""
+    y_ptr, tw_ptr, out_ptr, add_ptr, H, stride_y, stride_out, stride_add, TOPK: tl.constexpr, BLOCK_H: tl.constexpr,
+    ADD: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """out[t] = round(sum_s FP32(y[t*TOPK + s]) * w[t, s]), slots added in order; with ADD (the shared expert's
+    output) round(FP32(that) + FP32(add[t])), the reference's add in out's dtype."""
     pdl_entry(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -601,7 +604,11 @@ def _moe_reduce_kernel(
     for s in range(TOPK):
         y = tl.load(y_ptr + (t * TOPK + s) * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
         total += y * tl.load(tw_ptr + t * TOPK + s).to(tl.float32)
-    tl.store(out_ptr + t * stride_out + cols, total.to(out_ptr.dtype.element_ty), mask=ok)
+    res = total.to(out_ptr.dtype.element_ty)
+    if ADD:
+        extra = tl.load(add_ptr + t * stride_add + cols, mask=ok, other=0.0).to(tl.float32)
+        res = (res.to(tl.float32) + extra).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + t * stride_out + cols, res, mask=ok)
 
 
 # ------------------------------------------------------------------------------------------------- host side
@@ -770,7 +777,9 @@ def fused_moe(
     if copies:
         w13, w2 = (_dequantized(w, x.dtype) for w in (w13, w2))
     if shared is not None and not fold:
-        return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, None) + shared_expert(x, shared)
+        # The shared expert first, so the routed path's slot-reduce launch (when it has one) adds it too.
+        extra = shared_expert(x, shared)
+        return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, None, add=extra)
     return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared)
 
 
@@ -839,10 +848,13 @@ def _routed(
     split_k: int | None,
     shared: SharedExpert | None,
     norm: tuple | None = None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The launches of `fused_moe`; `shared` (decode path only) is already known to be foldable.
 
-    `norm` (decode path only): (residual, norm weight, eps, h out, new residual out), filled by the down launch."""
+    `norm` (decode path only): (residual, norm weight, eps, h out, new residual out), filled by the down launch.
+    `add` [T, H] (the shared expert run apart) is added to the result in x's dtype: by the slot-reduce launch where
+    the path has one, else as a separate add."""
     t, topk = topk_ids.shape
     hidden = x.shape[1]
     num_experts = w13.shape[0]
@@ -853,6 +865,7 @@ def _routed(
     x = x if x.stride(-1) == 1 else x.contiguous()
     ids = topk_ids.contiguous()
     tw = topk_weights.contiguous()
+    add = add if add is None or add.stride(-1) == 1 else add.contiguous()
     p = t * topk
     parts = 0 if shared is None else shared[1].shape[-1] // inter
     n_shared_rows = parts * t
@@ -933,7 +946,7 @@ def _routed(
             num_stages=cfg.num_stages,
             **launch_options(x.device),
         )  # fmt: skip
-        return out
+        return out if add is None else out + add
     # Unsorted blocks with `slots_in_down`: the down launch reduces each token's slots (and adds the folded shared
     # expert, one block of rows a chunk of tokens, slot topk) into out itself.
     slots_here = unsorted and cfg.slots_in_down
@@ -957,10 +970,11 @@ def _routed(
         **launch_options(x.device),
     )  # fmt: skip
     if slots_here:
-        return out
+        return out if add is None else out + add
     block_h = min(1024, triton.next_power_of_2(hidden))
     _moe_reduce_kernel[(t, triton.cdiv(hidden, block_h))](
-        y, tw, out, hidden, y.stride(0), out.stride(0), TOPK=topk, BLOCK_H=block_h, num_warps=4,
+        y, tw, out, out if add is None else add, hidden, y.stride(0), out.stride(0),
+        0 if add is None else add.stride(0), TOPK=topk, BLOCK_H=block_h, ADD=add is not None, num_warps=4,
         **launch_options(x.device),
     )  # fmt: skip
     return out

@@ -213,6 +213,15 @@ def test_router_tiles_compile_for_sm90(presplit: bool, e_pad: int, split_k: int)
     assert waits == 1
 
 
+@pytest.mark.parametrize("add", [False, True], ids=["routed", "plus-shared"])
+def test_moe_reduce_compiles_for_sm90(add: bool) -> None:
+    """The slot reduce, also adding the shared expert's output (run apart) after rounding the routed sum."""
+    pointers = {"y_ptr": "bf16", "tw_ptr": "fp32", "out_ptr": "bf16", "add_ptr": "bf16"}
+    constexprs = dict(TOPK=6, BLOCK_H=1024, ADD=add, PDL=True)
+    _, waits = _compile("flint_kernels.moe_triton", "_moe_reduce_kernel", pointers, constexprs, 4, 1)
+    assert waits == 1
+
+
 @pytest.mark.parametrize("kernel", ["_count_kernel", "_blocks_kernel", "_scatter_kernel"])
 def test_moe_align_compiles_for_sm90(kernel: str) -> None:
     """The prefill MoE's grouping launches (int32 atomics, the block table's binary search) with PDL."""

@@ -299,6 +299,28 @@ def test_shared_expert_not_folded_runs_apart(case: str) -> None:
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("config", [GROUPED, UNSORTED], ids=["grouped", "expert-major"])
+def test_shared_expert_apart_added_by_the_reduce_launch(dtype: torch.dtype, config: mt.MoEConfig) -> None:
+    """With the shared expert apart, the slot-reduce launch adds its output: the same bits as adding it after the
+    routed sum (the reference's add in x's dtype), and no separate add."""
+    g = gen(225)
+    e, h, i, k, t = 6, 64, 32, 2, 20
+    x = torch.randn(t, h, generator=g, device=DEVICE).to(dtype)
+    tw, ids = routing(t, e, k, g)
+    w13, w2 = dense_experts(e, h, i, dtype, g)
+    shared = dense_shared(h, 2 * i, dtype, g)
+    dmt = 0 if config is GROUPED else 64
+    reduce = LaunchSpy(mt._moe_reduce_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mt, "_moe_reduce_kernel", reduce)
+        out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt, config=config, shared=shared, fold_max_tokens=0)
+    assert reduce.launches == 1
+    routed = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt, config=config)
+    assert torch.equal(out, routed + mt.shared_expert(x, shared))
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < (1e-5 if dtype == torch.float32 else 1e-3)
+
+
 def test_moe_op_with_shared_expert_default_config() -> None:
     g = gen(230)
     e, h, i, k = 8, 128, 64, 3
