@@ -383,6 +383,14 @@ def moe_candidates(t: int) -> dict:
         # NVFP4 experts copied to BF16 for the call, then the BF16 grouped GEMM (the same as the rows above for BF16).
         cands["grp dq m128 k64 w8"] = (grp, mc(128, 64, 64, 128, 64, True, 8, 3), 0)
         cands["grp dq m64 k64 w8"] = (grp, mc(64, 64, 64, 128, 64, True, 8, 3), 0)
+    if t >= 2048:
+        # Prefill-sized groups (8K tokens: 192 pairs an expert). The installed m128 k64 w8 tiles ran gate_up at ~340
+        # and down at ~245 TFLOP/s in the 8K profile (2026-11-30): wider weight tiles, deeper pipelines.
+        cands["grp m128 i128 k64 w8"] = (grp, mc(128, 128, 64, 128, 64, True, 8, 3), regs)
+        cands["grp m64 i128 k64 w8"] = (grp, mc(64, 128, 64, 128, 64, True, 8, 3), regs)
+        cands["grp m128 k64 / n256 k64 w8"] = (grp, mc(128, 64, 64, 256, 64, True, 8, 3), regs)
+        cands["grp m128 k64 w8 s4"] = (grp, mc(128, 64, 64, 128, 64, True, 8, 4), regs)
+        cands["grp m128 i128 k64 / n256 k64 w8 s4"] = (grp, mc(128, 128, 64, 256, 64, True, 8, 4), regs)
     return cands
 
 
