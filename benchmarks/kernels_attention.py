@@ -335,6 +335,9 @@ def sweep_decode(b: Bench, dtype: torch.dtype) -> list[dict]:
         cands += [replace(base, num_stages=None, min_keys_per_split=mk) for mk in (128, 512)]
         if batch >= 32 and ctx <= 1024:
             cands += [replace(base, min_keys_per_split=mk) for mk in (512, 1024)]
+        # Key tiles requested into L2 before the PDL wait (in a graph of back-to-back launches they overlap the
+        # previous launch's tail; the whole-step A/B is the real test).
+        cands += [replace(base, prefetch=n) for n in (1, 2)]
         for cfg in cands:
             splits = at.decode_num_splits(ctx, window, batch, HKV, q.device, cfg)
             row = {

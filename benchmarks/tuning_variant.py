@@ -4,8 +4,9 @@
         --out /tmp/variant.json
 
 Copies the table (default: the H200's shipped one), changes the config fields named by --set (values as JSON) in
-every entry of --op whose conditions equal --when, checks that the result loads (`flint_kernels.tuning`), and
-writes it. An entry that does not exist, a field the op's config lacks or a value of the wrong type is an error.
+every entry of --op whose conditions equal --when (`--when all`: every entry of the op), checks that the result
+loads (`flint_kernels.tuning`), and writes it. An entry that does not exist, a field the op's config lacks or a
+value of the wrong type is an error.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 H200_TABLE = ROOT / "kernels" / "tuning" / "nvidia-h200.json"
 
 
-def make_variant(table: dict, op: str, when: dict, changes: dict) -> tuple[dict, int]:
-    """A copy of `table` with `changes` applied to the config of each `op` entry whose "when" equals `when`, and how
-    many entries changed."""
+def make_variant(table: dict, op: str, when: dict | None, changes: dict) -> tuple[dict, int]:
+    """A copy of `table` with `changes` applied to the config of each `op` entry whose "when" equals `when` (None:
+    every entry), and how many entries changed."""
     out = json.loads(json.dumps(table))
     hits = 0
     for entry in out.get(op, []):
-        if entry.get("when", {}) == when:
+        if when is None or entry.get("when", {}) == when:
             entry["config"].update(changes)
             entry["source"] = f"variant of: {entry.get('source', '')}"
             hits += 1
@@ -50,21 +51,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", type=Path, default=H200_TABLE, help="the table to start from")
     ap.add_argument("--op", required=True, help='e.g. "moe.decode"')
-    ap.add_argument("--when", required=True, help="the entry's conditions as JSON, e.g. '{\"nvfp4\": false}'")
+    ap.add_argument("--when", required=True, help="the entry's conditions as JSON, e.g. '{\"nvfp4\": false}', or all")
     ap.add_argument("--set", nargs="+", required=True, metavar="FIELD=VALUE", help="config fields, values as JSON")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     from flint_kernels import tuning
 
     try:
-        when = json.loads(args.when)
+        when = None if args.when == "all" else json.loads(args.when)
         changes = parse_set(args.set)
     except (ValueError, json.JSONDecodeError) as e:
         print(f"tuning_variant: {e}", file=sys.stderr)
         return 2
     variant, hits = make_variant(json.loads(args.table.read_text()), args.op, when, changes)
     if hits == 0:
-        print(f"tuning_variant: no {args.op} entry in {args.table} has when == {when}", file=sys.stderr)
+        which = "entry" if when is None else f"entry with when == {when}"
+        print(f"tuning_variant: {args.table} has no {args.op} {which}", file=sys.stderr)
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(variant, indent=2) + "\n")

@@ -68,6 +68,36 @@ def _stages(n: int | None) -> dict:
 
 
 @triton.jit
+def _tile_rows(bt_row_ptr, pos, kv_lo, kv_hi, CACHE_BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    """(cache block int64, offset in it int64, live) of key positions `pos`; without MASKED every position is live."""
+    if MASKED:
+        live = (pos >= kv_lo) & (pos < kv_hi)
+        # Only live positions read the block table: entries behind a sliding window may be -1.
+        blk = tl.load(bt_row_ptr + pos // CACHE_BLOCK, mask=live, other=-1)
+        live = live & (blk >= 0)
+    else:
+        blk = tl.load(bt_row_ptr + pos // CACHE_BLOCK)
+        live = pos >= 0
+    return blk.to(tl.int64), (pos % CACHE_BLOCK).to(tl.int64), live
+
+
+@triton.jit
+def _scores_step(m_i, l_i, q, k, pos, live, q_pos, qk_scale, WINDOW: tl.constexpr, DOT_PREC: tl.constexpr,
+                 MASKED: tl.constexpr):  # fmt: skip
+    """One key tile's online-softmax step before P @ V: (p, alpha, new running max, new running sum)."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+    if MASKED:
+        allowed = live[None, :] & (pos[None, :] <= q_pos[:, None])
+        if WINDOW > 0:
+            allowed = allowed & (pos[None, :] > q_pos[:, None] - WINDOW)
+        s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
 def _attend_keys(
     acc,
     m_i,
@@ -106,35 +136,43 @@ def _attend_keys(
     d_ok = (d < HEAD_DIM)[None, :]
     for start in range(tile_begin, tile_end, BLOCK_N):
         pos = start + offs_n
-        if MASKED:
-            live = (pos >= kv_lo) & (pos < kv_hi)
-            # Only live positions read the block table: entries behind a sliding window may be -1.
-            blk = tl.load(bt_row_ptr + pos // CACHE_BLOCK, mask=live, other=-1)
-            live = live & (blk >= 0)
-            kv_mask = live[:, None] & d_ok
-        else:
-            blk = tl.load(bt_row_ptr + pos // CACHE_BLOCK)
-            kv_mask = d_ok
-        blk64 = blk.to(tl.int64)
-        within = (pos % CACHE_BLOCK).to(tl.int64)
+        blk64, within, live = _tile_rows(bt_row_ptr, pos, kv_lo, kv_hi, CACHE_BLOCK, MASKED)
+        kv_mask = live[:, None] & d_ok if MASKED else d_ok
         k_rows = blk64 * stride_kb + within * stride_ko + k_head_off
         k = tl.load(k_ptr + k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
-        if MASKED:
-            allowed = live[None, :] & (pos[None, :] <= q_pos[:, None])
-            if WINDOW > 0:
-                allowed = allowed & (pos[None, :] > q_pos[:, None] - WINDOW)
-            s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = _scores_step(m_i, l_i, q, k, pos, live, q_pos, qk_scale, WINDOW, DOT_PREC, MASKED)
         v_rows = blk64 * stride_vb + within * stride_vo + v_head_off
         v = tl.load(v_ptr + v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         # The reference rounds the probabilities to the value dtype before P @ V.
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
     return acc, m_i, l_i
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask for the 128-byte lines at `ptrs` in L2 (PTX prefetch; no registers, no result)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _prefetch_tiles(k_ptr, v_ptr, bt_row_ptr, k_head_off, v_head_off, stride_kb, stride_ko, stride_vb, stride_vo, kv_lo,
+                    kv_hi, begin, end, CACHE_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                    LINES: tl.constexpr, LINE_ELEMS: tl.constexpr, TILES: tl.constexpr):  # fmt: skip
+    """L2 prefetch of the keys and values of the first TILES key tiles of [begin, end): one request per 128-byte
+    line (LINE_ELEMS elements; LINES a row, padded to a power of two) of each live row, which is contiguous."""
+    line = tl.arange(0, LINES) * LINE_ELEMS
+    line = tl.where(line < HEAD_DIM, line, 0)
+    for t in tl.static_range(TILES):
+        pos = begin + t * BLOCK_N + tl.arange(0, BLOCK_N)
+        blk64, within, live = _tile_rows(bt_row_ptr, pos, kv_lo, kv_hi, CACHE_BLOCK, True)
+        live = live & (pos < end)
+        k_rows = tl.where(live, blk64 * stride_kb + within * stride_ko + k_head_off, 0)
+        v_rows = tl.where(live, blk64 * stride_vb + within * stride_vo + v_head_off, 0)
+        # Dead rows point at the cache's first line: harmless, and no branch per row.
+        _prefetch_l2(k_ptr + k_rows[:, None] + line[None, :])
+        _prefetch_l2(v_ptr + v_rows[:, None] + line[None, :])
 
 
 @triton.jit
@@ -245,6 +283,9 @@ def _decode_kernel(
     QKV: tl.constexpr,
     HAS_ROPE: tl.constexpr,
     PTX_MUL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    LINES: tl.constexpr,
+    LINE_ELEMS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One (sequence, KV head, key split): all GROUP query heads of the sequence's single query against its keys.
@@ -253,6 +294,11 @@ def _decode_kernel(
     without FUSED_COMBINE the partials are left for `_decode_combine_kernel`. With QKV, q_ptr is the packed qkv
     rows before the Q/K norm and RoPE: each program normalises (and rotates) its query heads itself, and the split
     that holds the newest position writes the token's K and V to the cache before it reads its keys.
+
+    With PREFETCH > 0 the split's first PREFETCH key tiles (keys and values) are requested into L2 before waiting
+    for the previous grid (PDL), so their DRAM latency overlaps that kernel's tail; the loads proper come after the
+    wait, as without. (A hint only: L2 is where the GPU's writes meet, so the newest position, written this step,
+    is read as written.)
     """
     s_idx = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -262,17 +308,8 @@ def _decode_kernel(
     q0 = tl.load(qs_ptr + s_idx)
     n_q = tl.load(qs_ptr + s_idx + 1) - q0
     ctx = tl.load(sl_ptr + s_idx)
-    pdl_entry(PDL)
-    if n_q == 0:
-        return
-    rows = tl.arange(0, G_PAD)
-    row_ok = rows < GROUP
-    heads = kvh * GROUP + rows
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q_row = q_ptr + q0.to(tl.int64) * stride_qt
-    q_pos = tl.zeros([G_PAD], dtype=tl.int32) + (ctx - 1)
-
     kv_hi = ctx
     if WINDOW > 0:
         kv_lo = tl.maximum(ctx - WINDOW, 0)
@@ -283,6 +320,20 @@ def _decode_kernel(
     per_split = tl.cdiv(n_tiles, NUM_SPLITS)
     begin = first_tile + split * per_split * BLOCK_N
     end = tl.minimum(begin + per_split * BLOCK_N, kv_hi)
+    bt_row = bt_ptr + s_idx.to(tl.int64) * stride_bt
+    if PREFETCH > 0:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton compiles them apart)
+        if n_q > 0:
+            _prefetch_tiles(k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh, stride_kb, stride_ko, stride_vb,
+                            stride_vo, kv_lo, kv_hi, begin, end, CACHE_BLOCK, HEAD_DIM, BLOCK_N, LINES, LINE_ELEMS,
+                            PREFETCH)  # fmt: skip
+    pdl_entry(PDL)
+    if n_q == 0:
+        return
+    rows = tl.arange(0, G_PAD)
+    row_ok = rows < GROUP
+    heads = kvh * GROUP + rows
+    q_row = q_ptr + q0.to(tl.int64) * stride_qt
+    q_pos = tl.zeros([G_PAD], dtype=tl.int32) + (ctx - 1)
     if QKV:
         NUM_KV_HEADS: tl.constexpr = NUM_HEADS // GROUP
         cos_row = cos_ptr + q0.to(tl.int64) * stride_cos
@@ -328,7 +379,7 @@ def _decode_kernel(
         q_pos,
         k_ptr,
         v_ptr,
-        bt_ptr + s_idx.to(tl.int64) * stride_bt,
+        bt_row,
         kvh * stride_kh,
         kvh * stride_vh,
         stride_kb,
@@ -755,6 +806,10 @@ def paged_attention_decode(
         QKV=packed is not None,
         HAS_ROPE=packed is not None and packed.cos_sin is not None,
         PTX_MUL=q.is_cuda,
+        # The interpreter has no PTX: the prefetch (a hint, no effect on results) runs on GPUs only.
+        PREFETCH=cfg.prefetch if q.is_cuda else 0,
+        LINES=triton.next_power_of_2(triton.cdiv(d * k_cache.element_size(), 128)),
+        LINE_ELEMS=max(1, 128 // k_cache.element_size()),
         num_warps=cfg.num_warps,
         **_stages(cfg.num_stages),
         **launch_options(q.device),

@@ -80,6 +80,8 @@ class AttentionDecodeConfig:
     # Elements of the [heads, splits, D] FP32 chunk the last-arriving split loads per merge step: more loads in
     # flight, more registers (32K spilled on the H200).
     merge_elems: int = field(default=16384, metadata=POW2)
+    # Key tiles of each split requested into L2 before waiting for the previous kernel (PDL); 0: none.
+    prefetch: int = 0
 
 
 @dataclass(frozen=True)

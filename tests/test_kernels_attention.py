@@ -9,6 +9,8 @@ repeated calls are bit-identical and that the two-launch fallback runs only when
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from flint_kernels import attention_triton as at
@@ -267,6 +269,24 @@ def test_prefill_mixed_gpu(poison: None, hq: int, hkv: int, d: int, window: int 
     seqs = [(3000, 1000), (777, 777), (2000, 1), (600, 77), (5, 1), (1500, 1)]
     case = Case(seqs, hq, hkv, d, window, dtype, device="cuda")
     _check(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize(("batch", "max_ctx"), [(1, 1000), (8, 5000), (32, 1000)])
+@pytest.mark.parametrize("window", [513, None])
+@pytest.mark.parametrize("prefetch", [1, 4])
+def test_decode_prefetch_is_bit_identical_gpu(poison: None, batch: int, max_ctx: int, window: int | None,
+                                              prefetch: int) -> None:  # fmt: skip
+    """Key tiles requested into L2 before the PDL wait change nothing but timing: the same bits as without."""
+    g = torch.Generator().manual_seed(batch + max_ctx)
+    ctxs = torch.randint(1, max_ctx + 1, (batch,), generator=g).tolist()
+    case = Case([(c, 1) for c in ctxs], 32, 4, 128, window, dtype=torch.bfloat16, device="cuda")
+    base = at.decode_config(case.meta.max_seq_len, window, batch, case.q.device)
+    plain = at.paged_attention_decode(*case.args(), config=dataclasses.replace(base, prefetch=0))
+    early = at.paged_attention_decode(*case.args(), config=dataclasses.replace(base, prefetch=prefetch))
+    assert torch.equal(early, plain)
+    _check(early, case.ref(), BF16_TOL)
 
 
 @pytest.mark.gpu

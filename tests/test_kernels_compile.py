@@ -17,8 +17,8 @@ def _compile(
     """Compile `kernel` in a fresh process (the interpreter, set for CPU test runs, replaces @triton.jit functions).
 
     Arguments not named in `pointers` or `constexprs` are i32 scalars, except names ending in "eps"/"scale" (fp32).
-    Returns how many global loads the PTX issues before its first `griddepcontrol.wait`, and how many wait
-    instructions it has (0 without PDL).
+    Returns how many global loads (and L2 prefetches) the PTX issues before its first `griddepcontrol.wait`, and how
+    many wait instructions it has (0 without PDL).
     """
     code = f"""
 import triton
@@ -36,7 +36,7 @@ k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={{"num_warps":
 lines = k.asm["ptx"].splitlines()
 waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
 first = waits[0] if waits else len(lines)
-print(sum("ld.global" in line for line in lines[:first]), len(waits))
+print(sum("ld.global" in line or "prefetch.global" in line for line in lines[:first]), len(waits))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -239,18 +239,25 @@ def test_moe_align_compiles_for_sm90(kernel: str) -> None:
     assert waits == 1
 
 
-@pytest.mark.parametrize(("splits", "qkv"), [(1, False), (8, False), (1, True), (8, True)])
-def test_decode_attention_compiles_for_sm90(splits: int, qkv: bool) -> None:
-    """Also with QKV (`qkv_attention`: Q/K norm, RoPE and the cache write in the launch; its mul.rn inline PTX)."""
+@pytest.mark.parametrize(
+    ("splits", "qkv", "prefetch"),
+    [(1, False, 0), (8, False, 0), (1, True, 0), (8, True, 0), (8, False, 2), (1, True, 1)],
+)
+def test_decode_attention_compiles_for_sm90(splits: int, qkv: bool, prefetch: int) -> None:
+    """Also with QKV (`qkv_attention`: Q/K norm, RoPE and the cache write in the launch; its mul.rn inline PTX),
+    and with key tiles requested into L2 before the PDL wait (PREFETCH: the block table and L2 prefetches first)."""
     pointers = {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "bt_ptr": "i32", "qs_ptr": "i32", "sl_ptr": "i32",
                 "sink_ptr": "fp32", "out_ptr": "bf16", "part_acc_ptr": "fp32", "part_m_ptr": "fp32",
                 "part_l_ptr": "fp32", "cnt_ptr": "i32", "qn_ptr": "fp32", "kn_ptr": "fp32", "cos_ptr": "bf16",
                 "sin_ptr": "bf16", "slot_ptr": "i64"}  # fmt: skip
     constexprs = dict(NUM_HEADS=32, GROUP=8, G_PAD=16, G_P2=8, WINDOW=513, CACHE_BLOCK=16, HEAD_DIM=128, BLOCK_D=128,
                       BLOCK_N=128, NUM_SPLITS=splits, FUSED_COMBINE=splits > 1, SPLIT_STEP=min(splits, 16),
-                      DOT_PREC="tf32", QKV=qkv, HAS_ROPE=qkv, PTX_MUL=qkv, PDL=True)  # fmt: skip
+                      DOT_PREC="tf32", QKV=qkv, HAS_ROPE=qkv, PTX_MUL=qkv, PREFETCH=prefetch, LINES=2, LINE_ELEMS=64,
+                      PDL=True)  # fmt: skip
     loads, waits = _compile("flint_kernels.attention_triton", "_decode_kernel", pointers, constexprs, 4, 2)
-    assert loads > 0 and waits == 1  # the batch metadata before waiting for the previous kernel
+    # The batch metadata (3 loads) before waiting for the previous kernel; with PREFETCH the block table and the
+    # tiles' L2 prefetches too.
+    assert waits == 1 and (loads > 3 if prefetch else loads == 3), loads
 
 
 def test_router_norm_kernel_compiles_for_sm90() -> None:

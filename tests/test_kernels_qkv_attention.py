@@ -7,6 +7,8 @@ write (or wrote to the wrong slot) shows in both the output and the cache compar
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from flint_kernels import attention_triton as at
@@ -188,3 +190,21 @@ def test_qkv_attention_matches_two_launches_gpu(window: int | None, rope: bool) 
     written = ~k2.isnan()
     assert (case.k_cache[written] == k2[written]).float().mean().item() >= 0.999
     assert torch.equal(case.v_cache[written], v2[written])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("window", [513, None])
+def test_qkv_attention_with_prefetch_gpu(monkeypatch: pytest.MonkeyPatch, window: int | None) -> None:
+    """Key tiles requested into L2 before the PDL wait, the newest key written by the launch itself: the same
+    output and cache bits as without the prefetch (BF16, Flint's shapes, batch 8)."""
+    ctxs = [1000, 3, 513, 514, 77, 4000, 20, 900]
+    plain = DecodeCase(ctxs, 32, 4, 128, window, True, torch.bfloat16, "cuda")
+    early = DecodeCase(ctxs, 32, 4, 128, window, True, torch.bfloat16, "cuda")
+    out_plain = plain.run(qkv_attention, plain.k_cache, plain.v_cache)
+    config = at.decode_config
+    monkeypatch.setattr(at, "decode_config", lambda *a, **k: dataclasses.replace(config(*a, **k), prefetch=2))
+    out_early = early.run(qkv_attention, early.k_cache, early.v_cache)
+    assert torch.equal(out_early, out_plain)
+    assert torch.equal(early.k_cache.nan_to_num(7.0), plain.k_cache.nan_to_num(7.0))
+    assert torch.equal(early.v_cache.nan_to_num(7.0), plain.v_cache.nan_to_num(7.0))

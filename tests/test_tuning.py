@@ -524,6 +524,25 @@ def test_tuning_variant_sets_fields_of_the_matching_entries(
     assert cfg.slots_in_down and cfg.gu_block_k == 64 and cfg.expert_major
 
 
+def test_tuning_variant_sets_a_field_of_every_entry(
+    tuning_variant: ModuleType, tmp_path: Path, gpu_named: Callable[[str], torch.device]
+) -> None:
+    """`--when all`: every entry of the op (here the decode attention's L2 prefetch), the other ops untouched."""
+    out = tmp_path / "variant.json"
+    argv = ["--op", "attention.decode", "--when", "all", "--set", "prefetch=1", "--out", str(out)]
+    assert tuning_variant.main(argv) == 0
+    shipped, variant = json.loads(H200_TABLE.read_text()), json.loads(out.read_text())
+    assert len(variant["attention.decode"]) == len(shipped["attention.decode"]) > 1
+    assert all(e["config"]["prefetch"] == 1 for e in variant["attention.decode"])
+    assert {k: v for k, v in variant.items() if k != "attention.decode"} == {
+        k: v for k, v in shipped.items() if k != "attention.decode"
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(tuning.ENV, str(out))
+        h200 = gpu_named("NVIDIA H200")
+        assert at.decode_config(1024, 513, 1, h200).prefetch == at.decode_config(32768, None, 32, h200).prefetch == 1
+
+
 @pytest.mark.parametrize(
     ("when", "sets", "why"),
     [
