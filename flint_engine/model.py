@@ -29,7 +29,8 @@ class FlintModel:
         if kernels.prepare_router is not None:
             for layer in weights.layers:
                 if isinstance(layer.mlp, MoEWeights):
-                    kernels.prepare_router(layer.mlp.router)
+                    mlp = layer.mlp
+                    kernels.prepare_router(mlp.router, (mlp.experts_gate_up, mlp.experts_down))
 
     # ------------------------------------------------------------------ building blocks
     def _linear(self, x: torch.Tensor, w: Projection) -> torch.Tensor:

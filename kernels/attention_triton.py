@@ -53,6 +53,7 @@ from . import tuning
 from .attention import AttnMeta, paged_attention_ref
 from .configs import AttentionDecodeConfig, AttentionPrefillConfig
 from .gemv_triton import COUNTER_SLOTS, counters
+from .l2_prefetch import prefetch_lines
 from .pdl import launch_options, pdl_entry
 
 LOG2E = math.log2(math.e)
@@ -149,14 +150,6 @@ def _attend_keys(
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """Ask for the 128-byte lines at `ptrs` in L2 (PTX prefetch; no registers, no result)."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
 def _prefetch_tiles(k_ptr, v_ptr, bt_row_ptr, k_head_off, v_head_off, stride_kb, stride_ko, stride_vb, stride_vo, kv_lo,
                     kv_hi, begin, end, CACHE_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                     LINES: tl.constexpr, LINE_ELEMS: tl.constexpr, TILES: tl.constexpr):  # fmt: skip
@@ -171,8 +164,8 @@ def _prefetch_tiles(k_ptr, v_ptr, bt_row_ptr, k_head_off, v_head_off, stride_kb,
         k_rows = tl.where(live, blk64 * stride_kb + within * stride_ko + k_head_off, 0)
         v_rows = tl.where(live, blk64 * stride_vb + within * stride_vo + v_head_off, 0)
         # Dead rows point at the cache's first line: harmless, and no branch per row.
-        _prefetch_l2(k_ptr + k_rows[:, None] + line[None, :])
-        _prefetch_l2(v_ptr + v_rows[:, None] + line[None, :])
+        prefetch_lines(k_ptr + k_rows[:, None] + line[None, :])
+        prefetch_lines(v_ptr + v_rows[:, None] + line[None, :])
 
 
 @triton.jit
