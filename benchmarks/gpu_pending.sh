@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The fast-path options built without a GPU and not yet judged, in one device call (one H200), results under $OUT:
+# their GPU tests, then a whole-step A/B of each against the shipped table (benchmarks/decode.py --ab-tuning-file,
+# variant tables written by benchmarks/tuning_variant.py), then the prefill that the Triton MoE grouping and the
+# shared expert's add in the slot reduce changed. Run: bash benchmarks/gpu_pending.sh (device `run`, carry [".whl"]).
+# Variants (written under variants/, relative, so the result JSON names no machine path):
+#   attention_prefetch  every decode attention entry with prefetch=1 (each split's first key tile into L2 before
+#                       the PDL wait)
+#   expert_prefetch     the router's top-k program prefetches the chosen experts into L2: NVFP4 up to 4 tokens,
+#                       BF16 1 (36 MB a token)
+set -u
+OUT=${OUT:-/tmp/flint-gpu}
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+mkdir -p "$OUT" /tmp/pp variants
+ln -sfn "$PWD/kernels" /tmp/pp/flint_kernels  # the device's python3 has torch/triton; the project runs from source
+export PYTHONPATH=/tmp/pp:$PWD:/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+
+python3 benchmarks/tuning_variant.py --op attention.decode --when all --set prefetch=1 \
+    --out variants/attention_prefetch.json
+python3 benchmarks/tuning_variant.py --op moe.paths --when '{"nvfp4": true}' --set l2_prefetch_max_tokens=4 \
+    --out variants/nvfp4_prefetch.json
+python3 benchmarks/tuning_variant.py --table variants/nvfp4_prefetch.json --op moe.paths --when '{"nvfp4": false}' \
+    --set l2_prefetch_max_tokens=1 --out variants/expert_prefetch.json
+
+timeout 120 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 8 tests/test_kernels_moe_align.py \
+    tests/test_l2_prefetch.py tests/test_kernels_attention.py tests/test_kernels_qkv_attention.py \
+    tests/test_kernels_moe.py -k "prefetch or align or shared" > "$OUT/gpu_tests.txt" 2>&1
+echo "gpu tests: $(tail -1 "$OUT/gpu_tests.txt")"
+
+timeout 60 python3 benchmarks/kernels_moe_align.py --out "$OUT/kernels_moe_align.json" > "$OUT/moe_align.txt" 2>&1
+grep -v "^wrote" "$OUT/moe_align.txt"
+
+for v in attention_prefetch expert_prefetch; do
+    timeout 150 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 4 32 --contexts 1024 --prefill 0 \
+        --check-batches --gain 0.5 --profile-batches --reps 20 --ab-tuning-file "variants/$v.json" \
+        --out "$OUT/decode_${v}_ab.json" > "$OUT/decode_$v.txt" 2>&1
+    grep "A/B rounds" "$OUT/decode_$v.txt" | sort -u
+done
+
+# 8K prefill, profiled by kernel: the MoE grouping (three launches a layer instead of ~25) and the shared add.
+timeout 150 python3 benchmarks/decode.py --formats bf16 nvfp4 --batches 1 --contexts 1024 --prefill 8192 \
+    --check-batches --gain 0.5 --profile-batches --reps 10 --out "$OUT/prefill.json" > "$OUT/prefill.txt" 2>&1
+grep -A8 "prefill 8192" "$OUT/prefill.txt"
