@@ -8,6 +8,9 @@
 #                       the PDL wait)
 #   expert_prefetch     the router's top-k program prefetches the chosen experts into L2: NVFP4 up to 4 tokens,
 #                       BF16 1 (36 MB a token)
+# and, under the attention prefetch, the one-launch qkv_attention op against the two launches (--ab-ops).
+# Not yet run: expected ~400 s from the steps' sizes in gpu_session.sh; the time boxes add up to more than the
+# 600 s of one call, so if a step hangs, rerun the tail in a second call.
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -37,6 +40,13 @@ for v in attention_prefetch expert_prefetch; do
         --out "$OUT/decode_${v}_ab.json" > "$OUT/decode_$v.txt" 2>&1
     grep "A/B rounds" "$OUT/decode_$v.txt" | sort -u
 done
+
+# The one-launch Q/K norm + RoPE + cache write + attention (`qkv_attention`, slower before: its norm ran before the
+# first key tile) against the two launches, both with the attention prefetch (key tiles in flight during the norm).
+FLINT_TUNING_FILE=variants/attention_prefetch.json timeout 100 python3 benchmarks/decode.py --formats nvfp4 bf16 \
+    --batches 1 --contexts 1024 --prefill 0 --check-batches --gain 0.5 --profile-batches --reps 20 \
+    --ab-ops all,qkv_attention --out "$OUT/decode_qkv_attention_prefetch_ab.json" > "$OUT/decode_qkv.txt" 2>&1
+grep "A/B rounds" "$OUT/decode_qkv.txt" | sort -u
 
 # 8K prefill, profiled by kernel: the MoE grouping (three launches a layer instead of ~25) and the shared add.
 timeout 150 python3 benchmarks/decode.py --formats bf16 nvfp4 --batches 1 --contexts 1024 --prefill 8192 \
