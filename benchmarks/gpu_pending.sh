@@ -8,7 +8,8 @@
 #                       the PDL wait)
 #   expert_prefetch     the router's top-k program prefetches the chosen experts into L2: NVFP4 up to 4 tokens,
 #                       BF16 1 (36 MB a token)
-# and, under the attention prefetch, the one-launch qkv_attention op against the two launches (--ab-ops).
+# and, under the attention prefetch, the one-launch qkv_attention op against the two launches (--ab-ops); the
+# sampler's chunk kernel cut in levels (benchmarks/sampler.py).
 # Not yet run: expected ~400 s from the steps' sizes in gpu_session.sh; the time boxes add up to more than the
 # 600 s of one call, so if a step hangs, rerun the tail in a second call.
 set -u
@@ -28,7 +29,8 @@ python3 benchmarks/tuning_variant.py --table variants/nvfp4_prefetch.json --op m
 
 timeout 120 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 8 tests/test_kernels_moe_align.py \
     tests/test_l2_prefetch.py tests/test_kernels_attention.py tests/test_kernels_qkv_attention.py \
-    tests/test_kernels_moe.py -k "prefetch or align or shared" > "$OUT/gpu_tests.txt" 2>&1
+    tests/test_kernels_moe.py tests/test_kernels_sampling.py -k "prefetch or align or shared or sample_top_k_gpu" \
+    > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.txt")"
 
 timeout 60 python3 benchmarks/kernels_moe_align.py --out "$OUT/kernels_moe_align.json" > "$OUT/moe_align.txt" 2>&1
@@ -47,6 +49,11 @@ FLINT_TUNING_FILE=variants/attention_prefetch.json timeout 100 python3 benchmark
     --batches 1 --contexts 1024 --prefill 0 --check-batches --gain 0.5 --profile-batches --reps 20 \
     --ab-ops all,qkv_attention --out "$OUT/decode_qkv_attention_prefetch_ab.json" > "$OUT/decode_qkv.txt" 2>&1
 grep "A/B rounds" "$OUT/decode_qkv.txt" | sort -u
+
+# The sampler's chunk top-k through sorted rows cut to their best (two launches, as before; GPU tests above).
+timeout 100 python3 benchmarks/sampler.py --device cuda --chunks 4096 > "$OUT/sampler.txt" 2>&1
+cp benchmarks/results/sampler_cuda.json "$OUT/" 2>/dev/null
+tail -6 "$OUT/sampler.txt"
 
 # 8K prefill, profiled by kernel: the MoE grouping (three launches a layer instead of ~25) and the shared add.
 timeout 150 python3 benchmarks/decode.py --formats bf16 nvfp4 --batches 1 --contexts 1024 --prefill 8192 \

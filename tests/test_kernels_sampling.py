@@ -53,6 +53,16 @@ def test_sample_top_k_interp(small_chunks: None, n: int, vocab: int, k_max: int)
     _check(n, vocab, k_max, seed=vocab + k_max, device="cpu")
 
 
+@pytest.mark.parametrize(("chunk", "k_max", "levels"), [(1024, 20, 2), (1024, 64, 1), (256, 128, 0)], ids=str)
+def test_chunk_cut_in_levels_interp(monkeypatch: pytest.MonkeyPatch, chunk: int, k_max: int, levels: int) -> None:
+    """The chunk's best keys found through sorted rows cut to their best (twice as for Flint's 4096-key chunks, once,
+    or not at all): the same tokens as the reference."""
+    monkeypatch.setattr(sampling_triton, "CHUNK", chunk)
+    kc = sampling_triton.MIN_KC if k_max <= sampling_triton.MIN_KC else sampling_triton.MAX_K
+    assert sampling_triton.chunk_levels(chunk, kc)[1] == levels
+    _check(2, chunk + 77, k_max, seed=chunk + k_max, device="cpu")
+
+
 def test_ties_and_banned_tokens_interp(small_chunks: None) -> None:
     """Greedy takes the first of equal maxima (torch.argmax's rule); a -inf logit is never drawn."""
     vocab = 600
