@@ -291,3 +291,13 @@ def test_router_norm_kernel_compiles_for_sm90() -> None:
     loads, waits = _compile("flint_kernels.router_triton", "_router_norm_kernel", pointers, constexprs, 4, 1)
     assert waits == 1 and plain_loads > 0
     assert loads == 2 * plain_loads
+
+
+@pytest.mark.parametrize("kc", [32, 128])
+def test_sampler_chunk_kernel_compiles_for_sm90(kc: int) -> None:
+    """The sampler's chunk top-k at Flint's 4096-key chunks, cut in two levels of sorted rows (`chunk_levels`)."""
+    sub, levels, final = {32: (128, 2, 256), 128: (512, 2, 256)}[kc]
+    pointers = {"logits_ptr": "fp32", "temp_ptr": "fp32", "cand_ptr": "i64"}
+    constexprs = dict(BLOCK=4096, KC=kc, SUB=sub, LEVELS=levels, FINAL=final)
+    loads, waits = _compile("flint_kernels.sampling_triton", "_chunk_top_kernel", pointers, constexprs, 4, 1)
+    assert loads > 0 and waits == 0  # the sampler launches without PDL
