@@ -52,9 +52,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import gemv_triton, rmsnorm_triton, tuning
+from . import gemv_triton, moe_triton, rmsnorm_triton, tuning
 from .configs import RouterTilesConfig
 from .l2_prefetch import CHUNK_BYTES, ExpertRegions, expert_regions, prefetch_experts
+from .linear import NVFP4Weight
 from .pdl import launch_options, pdl_entry
 from .router import sigmoid_topk_ref
 
@@ -542,7 +543,8 @@ def _small_batch(
         ROWS=max(1, min(block_t, _SCORE_TILE // e_pad)),
         RENORMALIZE=renormalize,
         PF_REGIONS=0 if regions is None else regions.regions,
-        PF_IDS=triton.next_power_of_2(t * top_k),
+        # Without the prefetch these stay fixed, so they add no compiled variants.
+        PF_IDS=1 if regions is None else triton.next_power_of_2(t * top_k),
         PF_CHUNKS=1 if regions is None else regions.chunks,
         PF_CHUNK=CHUNK_BYTES,
         num_warps=4,
@@ -696,8 +698,6 @@ def prepare(weight: torch.Tensor, experts: tuple | None = None) -> None:
 
 
 def _prepare_prefetch(weight: torch.Tensor, experts: tuple) -> None:
-    from .linear import NVFP4Weight
-
     regions = expert_regions(*experts)
     key = id(weight)
     if regions is None:
@@ -710,12 +710,10 @@ def _prepare_prefetch(weight: torch.Tensor, experts: tuple) -> None:
 def prefetch_for(weight: torch.Tensor, tokens: int) -> ExpertRegions | None:
     """The expert regions `prepare` registered for this router weight, if a batch of `tokens` prefetches them: up
     to the device table's `MoEPaths.l2_prefetch_max_tokens` (read per call, so a variant table for an A/B applies)."""
-    from .moe_triton import paths_config
-
     hit = _prefetch.get(id(weight))
     if hit is None or hit[0]() is not weight:
         return None
-    return hit[1] if tokens <= paths_config(hit[2], weight.device).l2_prefetch_max_tokens else None
+    return hit[1] if tokens <= moe_triton.paths_config(hit[2], weight.device).l2_prefetch_max_tokens else None
 
 
 def _split_of(weight: torch.Tensor) -> torch.Tensor | None:
