@@ -29,8 +29,7 @@ class FlintModel:
         if kernels.prepare_router is not None:
             for layer in weights.layers:
                 if isinstance(layer.mlp, MoEWeights):
-                    mlp = layer.mlp
-                    kernels.prepare_router(mlp.router, (mlp.experts_gate_up, mlp.experts_down))
+                    kernels.prepare_router(layer.mlp.router)
 
     # ------------------------------------------------------------------ building blocks
     def _linear(self, x: torch.Tensor, w: Projection) -> torch.Tensor:

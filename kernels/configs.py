@@ -66,9 +66,6 @@ class MoEPaths:
     # the MMAs. H200, T = 8192: 2.84 ms in registers vs ~0.55 + 1.17 ms. Costs a transient copy of one layer's
     # experts (1.6 GB for Flint), which the engine's activation reserve counts.
     dequant_min_tokens: int = DEQUANT_MIN_TOKENS
-    # Up to this many tokens the router's top-k program asks L2 for the chosen experts' weights, so the MoE launches
-    # after it read them from L2 (`l2_prefetch`); 0: never. A batch's experts must fit L2 (BF16 Flint: 36 MB a token).
-    l2_prefetch_max_tokens: int = 0
 
 
 @dataclass(frozen=True)

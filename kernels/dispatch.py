@@ -48,8 +48,7 @@ class Kernels:
     add_rms_norm_router: Callable | None = None
     # add_rms_norm then a projection of the normed rows: (projection, new residual).
     add_rms_norm_linear: Callable | None = None
-    # Called once per router weight when a model is built, with the layer's expert stacks (gate|up, down), so the
-    # router op can keep data derived from them.
+    # Called once per router weight when a model is built, so the router op can keep data derived from it.
     prepare_router: Callable | None = None
 
 

@@ -52,10 +52,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import gemv_triton, moe_triton, rmsnorm_triton, tuning
+from . import gemv_triton, rmsnorm_triton, tuning
 from .configs import RouterTilesConfig
-from .l2_prefetch import CHUNK_BYTES, ExpertRegions, expert_regions, prefetch_experts
-from .linear import NVFP4Weight
 from .pdl import launch_options, pdl_entry
 from .router import sigmoid_topk_ref
 
@@ -71,9 +69,6 @@ _SCORE_TILE = 4096
 H200_SHARED_MEMORY = 232448
 # Pre-split BF16 parts of FP32 router weights (`prepare`), by id of the weight tensor.
 _splits: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
-# Expert weights the top-k program may prefetch into L2 (`prepare`), by id of the router weight: (ref, regions,
-# NVFP4 experts).
-_prefetch: dict[int, tuple[weakref.ref, ExpertRegions, bool]] = {}
 
 
 @triton.jit
@@ -215,7 +210,6 @@ def _router_program(
     new_res_ptr,
     stride_res,
     eps,
-    pf_ptr,
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -226,15 +220,10 @@ def _router_program(
     ROWS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
     PROLOGUE: tl.constexpr,
-    PF_REGIONS: tl.constexpr,
-    PF_IDS: tl.constexpr,
-    PF_CHUNKS: tl.constexpr,
-    PF_CHUNK: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """FP32 logits of all tokens for BLOCK_E experts (one pass over their weight rows); the last program to finish
-    turns all the logits into top-k weights (FP32) and expert ids (int64), and with PF_REGIONS > 0 asks L2 for the
-    chosen experts' weights (`l2_prefetch.prefetch_experts`, regions at pf_ptr) for the MoE launches that follow.
+    turns all the logits into top-k weights (FP32) and expert ids (int64).
 
     The first K step's weight rows (all of K for Flint at T = 1) are loaded before waiting for the previous grid
     (PDL; weights are never written by a kernel). With PROLOGUE (one K step covers the row) the router's input is
@@ -277,9 +266,6 @@ def _router_program(
                 logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD,
                 E_PAD, RENORMALIZE, 1,
             )  # fmt: skip
-        if PF_REGIONS > 0:
-            tl.debug_barrier()  # this CTA's id stores, read back by its other threads
-            prefetch_experts(out_ids_ptr, num_tokens * TOP_K, pf_ptr, PF_REGIONS, PF_IDS, PF_CHUNKS, PF_CHUNK)
         tl.atomic_xchg(cnt_ptr, 0)
 
 
@@ -298,7 +284,6 @@ def _router_kernel(
     stride_x,
     stride_w,
     scaling,
-    pf_ptr,
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -308,17 +293,13 @@ def _router_kernel(
     E_PAD: tl.constexpr,
     ROWS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
-    PF_REGIONS: tl.constexpr,
-    PF_IDS: tl.constexpr,
-    PF_CHUNKS: tl.constexpr,
-    PF_CHUNK: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Router of x [T, H] for BLOCK_E experts a program, top-k in the last program to arrive (`_router_program`)."""
     _router_program(
         x_ptr, w_ptr, logits_ptr, cnt_ptr, out_w_ptr, out_ids_ptr, num_tokens, hidden, num_experts, stride_x,
-        stride_w, scaling, x_ptr, x_ptr, x_ptr, x_ptr, 0, 0.0, pf_ptr, BLOCK_T, BLOCK_E, BLOCK_K, EVEN_K, TOP_K,
-        K_PAD, E_PAD, ROWS, RENORMALIZE, False, PF_REGIONS, PF_IDS, PF_CHUNKS, PF_CHUNK, PDL,
+        stride_w, scaling, x_ptr, x_ptr, x_ptr, x_ptr, 0, 0.0, BLOCK_T, BLOCK_E, BLOCK_K, EVEN_K, TOP_K, K_PAD,
+        E_PAD, ROWS, RENORMALIZE, False, PDL,
     )  # fmt: skip
 
 
@@ -342,7 +323,6 @@ def _router_norm_kernel(
     stride_w,
     eps,
     scaling,
-    pf_ptr,
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -352,18 +332,14 @@ def _router_norm_kernel(
     E_PAD: tl.constexpr,
     ROWS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
-    PF_REGIONS: tl.constexpr,
-    PF_IDS: tl.constexpr,
-    PF_CHUNKS: tl.constexpr,
-    PF_CHUNK: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """`_router_kernel` of add+RMSNorm(x, residual) (the PROLOGUE of `_router_program`); stores normed and the new
     residual [T, H] too. BLOCK_K must cover `hidden`."""
     _router_program(
         x_ptr, w_ptr, logits_ptr, cnt_ptr, out_w_ptr, out_ids_ptr, num_tokens, hidden, num_experts, stride_x,
-        stride_w, scaling, res_ptr, norm_w_ptr, normed_ptr, new_res_ptr, stride_res, eps, pf_ptr, BLOCK_T, BLOCK_E,
-        BLOCK_K, EVEN_K, TOP_K, K_PAD, E_PAD, ROWS, RENORMALIZE, True, PF_REGIONS, PF_IDS, PF_CHUNKS, PF_CHUNK, PDL,
+        stride_w, scaling, res_ptr, norm_w_ptr, normed_ptr, new_res_ptr, stride_res, eps, BLOCK_T, BLOCK_E,
+        BLOCK_K, EVEN_K, TOP_K, K_PAD, E_PAD, ROWS, RENORMALIZE, True, PDL,
     )  # fmt: skip
 
 
@@ -521,12 +497,9 @@ def _small_batch(
     norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch `_router_kernel` (1..SMALL_BATCH tokens, unit strides on H), or with `norm` = (residual, norm weight,
-    eps, normed out, new residual out) `_router_norm_kernel` (the caller has checked `fused_norm_fits`). The top-k
-    program prefetches the chosen experts' weights into L2 where `prepare` registered them for this weight and the
-    batch is small enough (`prefetch_for`)."""
+    eps, normed out, new residual out) `_router_norm_kernel` (the caller has checked `fused_norm_fits`)."""
     t, hidden = x.shape
     num_experts = weight.shape[0]
-    regions = prefetch_for(weight, t) if x.is_cuda else None
     logits = torch.empty((t, num_experts), dtype=torch.float32, device=x.device)
     block_t = triton.next_power_of_2(t)
     e_pad = triton.next_power_of_2(num_experts)
@@ -542,26 +515,20 @@ def _small_batch(
         E_PAD=e_pad,
         ROWS=max(1, min(block_t, _SCORE_TILE // e_pad)),
         RENORMALIZE=renormalize,
-        PF_REGIONS=0 if regions is None else regions.regions,
-        # Without the prefetch these stay fixed, so they add no compiled variants.
-        PF_IDS=1 if regions is None else triton.next_power_of_2(t * top_k),
-        PF_CHUNKS=1 if regions is None else regions.chunks,
-        PF_CHUNK=CHUNK_BYTES,
         num_warps=4,
         **launch_options(x.device),
     )
     counter = gemv_triton.counters(x.device)
-    pf = logits if regions is None else regions.table
     if norm is None:
         _router_kernel[grid](
             x, weight, logits, counter, out_w, out_ids, t, hidden, num_experts, x.stride(0), weight.stride(0),
-            float(scaling), pf, **meta,
+            float(scaling), **meta,
         )  # fmt: skip
         return
     residual, norm_weight, eps, normed, new_res = norm
     _router_norm_kernel[grid](
         x, residual, norm_weight, normed, new_res, weight, logits, counter, out_w, out_ids, t, hidden, num_experts,
-        x.stride(0), residual.stride(0), weight.stride(0), float(eps), float(scaling), pf, **meta,
+        x.stride(0), residual.stride(0), weight.stride(0), float(eps), float(scaling), **meta,
     )  # fmt: skip
 
 
@@ -678,42 +645,18 @@ def shared_memory_limit(device: torch.device | None) -> int:
     return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def prepare(weight: torch.Tensor, experts: tuple | None = None) -> None:
+def prepare(weight: torch.Tensor) -> None:
     """Make the three-part BF16 split of an FP32 router weight once and keep it while the weight lives (3 MB
     for Flint's 256 x 2048, 141 MB over its 47 MoE layers), so the many-token kernel loads BF16 parts instead of
     splitting the FP32 weight in every tile (8K prefill, H200: 71 vs 109 us a layer). Without it the kernel
-    splits in registers, with the same result.
-
-    `experts` (the layer's gate|up and down expert stacks, on a GPU): kept so that small batches' top-k program can
-    ask L2 for the chosen experts' weights where the device's table allows it (`prefetch_for`)."""
-    if weight.dim() != 2:
+    splits in registers, with the same result."""
+    if weight.dtype != torch.float32 or weight.dim() != 2:
         return
     key = id(weight)
-    if experts is not None:
-        _prepare_prefetch(weight, experts)
-    if weight.dtype != torch.float32 or _split_of(weight) is not None:
+    if _split_of(weight) is not None:
         return
     # The entry goes when the weight does (CPython runs the callback at once, before the id can be reused).
     _splits[key] = (weakref.ref(weight, lambda _ref, key=key: _splits.pop(key, None)), split_weight(weight))
-
-
-def _prepare_prefetch(weight: torch.Tensor, experts: tuple) -> None:
-    regions = expert_regions(*experts)
-    key = id(weight)
-    if regions is None:
-        _prefetch.pop(key, None)
-        return
-    nvfp4 = any(isinstance(w, NVFP4Weight) for w in experts)
-    _prefetch[key] = (weakref.ref(weight, lambda _ref, key=key: _prefetch.pop(key, None)), regions, nvfp4)
-
-
-def prefetch_for(weight: torch.Tensor, tokens: int) -> ExpertRegions | None:
-    """The expert regions `prepare` registered for this router weight, if a batch of `tokens` prefetches them: up
-    to the device table's `MoEPaths.l2_prefetch_max_tokens` (read per call, so a variant table for an A/B applies)."""
-    hit = _prefetch.get(id(weight))
-    if hit is None or hit[0]() is not weight:
-        return None
-    return hit[1] if tokens <= moe_triton.paths_config(hit[2], weight.device).l2_prefetch_max_tokens else None
 
 
 def _split_of(weight: torch.Tensor) -> torch.Tensor | None:

@@ -186,15 +186,11 @@ def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) 
         assert waits >= 2
 
 
-# The router kernels without the experts' L2 prefetch (`l2_prefetch.prefetch_experts`).
-NO_PREFETCH = dict(PF_REGIONS=0, PF_IDS=8, PF_CHUNKS=1, PF_CHUNK=65536)
-
-
 def test_router_compiles_for_sm90() -> None:
     pointers = {"x_ptr": "bf16", "w_ptr": "fp32", "logits_ptr": "fp32", "cnt_ptr": "i32", "out_w_ptr": "fp32",
-                "out_ids_ptr": "i64", "pf_ptr": "i64"}  # fmt: skip
+                "out_ids_ptr": "i64"}  # fmt: skip
     constexprs = dict(BLOCK_T=1, BLOCK_E=1, BLOCK_K=2048, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=256, ROWS=1,
-                      RENORMALIZE=True, PDL=True, **NO_PREFETCH)  # fmt: skip
+                      RENORMALIZE=True, PDL=True)  # fmt: skip
     loads, waits = _compile("flint_kernels.router_triton", "_router_kernel", pointers, constexprs, 4, 1)
     assert loads > 0 and waits == 1  # the router's weights before waiting for the previous kernel
 
@@ -264,28 +260,15 @@ def test_decode_attention_compiles_for_sm90(splits: int, qkv: bool, prefetch: in
     assert waits == 1 and (loads > 3 if prefetch else loads == 3), loads
 
 
-@pytest.mark.parametrize("regions", [2, 4], ids=["bf16-experts", "nvfp4-experts"])
-def test_router_with_expert_prefetch_compiles_for_sm90(regions: int) -> None:
-    """The top-k program's bulk L2 prefetch of the chosen experts (`l2_prefetch.prefetch_experts`) at batch 1."""
-    pointers = {"x_ptr": "bf16", "res_ptr": "bf16", "norm_w_ptr": "fp32", "normed_ptr": "bf16", "new_res_ptr": "bf16",
-                "w_ptr": "fp32", "logits_ptr": "fp32", "cnt_ptr": "i32", "out_w_ptr": "fp32", "out_ids_ptr": "i64",
-                "pf_ptr": "i64"}  # fmt: skip
-    constexprs = dict(BLOCK_T=1, BLOCK_E=1, BLOCK_K=2048, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=256, ROWS=1,
-                      RENORMALIZE=True, PF_REGIONS=regions, PF_IDS=8, PF_CHUNKS=64 if regions == 2 else 16,
-                      PF_CHUNK=65536, PDL=True)  # fmt: skip
-    loads, waits = _compile("flint_kernels.router_triton", "_router_norm_kernel", pointers, constexprs, 4, 1)
-    assert loads > 0 and waits == 1
-
-
 def test_router_norm_kernel_compiles_for_sm90() -> None:
     """The one-launch kernel compiles for Hopper (sm_90, no GPU needed) at Flint's 4 tokens x 2048 with PDL, and
     reads before the wait for the previous kernel only what no kernel writes: the plain router's early loads (its
     weight row) plus as many for the FP32 norm weight (as long as that row); x and the residual come after it."""
     pointers = {"x_ptr": "bf16", "res_ptr": "bf16", "norm_w_ptr": "fp32", "normed_ptr": "bf16",
                 "new_res_ptr": "bf16", "w_ptr": "fp32", "logits_ptr": "fp32", "cnt_ptr": "i32", "out_w_ptr": "fp32",
-                "out_ids_ptr": "i64", "pf_ptr": "i64"}  # fmt: skip
+                "out_ids_ptr": "i64"}  # fmt: skip
     constexprs = dict(BLOCK_T=4, BLOCK_E=1, BLOCK_K=2048, EVEN_K=True, TOP_K=6, K_PAD=8, E_PAD=256, ROWS=4,
-                      RENORMALIZE=True, PDL=True, **NO_PREFETCH)  # fmt: skip
+                      RENORMALIZE=True, PDL=True)  # fmt: skip
     plain = {k: v for k, v in pointers.items() if k not in ("res_ptr", "norm_w_ptr", "normed_ptr", "new_res_ptr")}
     plain_loads, _ = _compile("flint_kernels.router_triton", "_router_kernel", plain, constexprs, 4, 1)
     loads, waits = _compile("flint_kernels.router_triton", "_router_norm_kernel", pointers, constexprs, 4, 1)
