@@ -13,6 +13,7 @@ benchmarks/results/kernels_attention.json. Needs a CUDA GPU: without one it runs
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import sys
@@ -302,13 +303,12 @@ def sweep_prefill(b: Bench, dtype: torch.dtype) -> list[dict]:
         shape = f"{'full' if window is None else 'sliding'} 8K"
         for bm in (64, 128):
             for bn in (64, 128):
-                for warps in (4, 8):
-                    for stages in (2, 3):
-                        if bm < 128 and warps == 8:
-                            continue  # row tiles under 128 always take 4 warps
-                        cfg = AttentionPrefillConfig(block_n=bn, max_block_m=bm, num_warps=warps, num_stages=stages)
-                        row = {"kind": "prefill", "shape": shape, "sliding": window is not None, "config": asdict(cfg)}
-                        _timed(b, found, row, lambda args=args, c=cfg: at.paged_attention_prefill(*args, config=c), ref)
+                for warps, stages, longest in itertools.product((4, 8), (2, 3), (False, True)):
+                    if bm < 128 and warps == 8:
+                        continue  # row tiles under 128 always take 4 warps
+                    cfg = AttentionPrefillConfig(bn, bm, warps, stages, longest_first=longest)
+                    row = {"kind": "prefill", "shape": shape, "sliding": window is not None, "config": asdict(cfg)}
+                    _timed(b, found, row, lambda args=args, c=cfg: at.paged_attention_prefill(*args, config=c), ref)
         del q, k, v, table, ref
         torch.cuda.empty_cache()
     return found

@@ -543,10 +543,14 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr,
 ):
     """One tile of BLOCK_Q queries x GROUP heads of one sequence against its causal (and windowed) keys."""
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
-    pid = tl.program_id(0)
+    if LONGEST_FIRST:
+        pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid = tl.program_id(0)
     kvh = tl.program_id(1)
     # Sequence s owns programs [qs[s] // BLOCK_Q + s, qs[s+1] // BLOCK_Q + s + 1): enough for its query tiles,
     # and the bound is monotonic, so the owner is the last s whose first program is <= pid.
@@ -886,6 +890,7 @@ def paged_attention_prefill(
         BLOCK_D=triton.next_power_of_2(d),
         BLOCK_N=cfg.block_n,
         DOT_PREC=_dot_precision(q.dtype),
+        LONGEST_FIRST=cfg.longest_first,
         num_warps=cfg.num_warps if block_m >= 128 else 4,
         **_stages(cfg.num_stages),
     )

@@ -92,6 +92,9 @@ class AttentionPrefillConfig:
     max_block_m: int = field(default=64, metadata=POW2)  # the largest row tile (queries x heads)
     num_warps: int = field(default=8, metadata=POW2)  # for row tiles of 128 or more; smaller tiles take 4
     num_stages: int | None = 3  # pipeline depth; None: Triton's default
+    # Launch the query tiles last-first: in a causal chunk the last tiles see the most keys, so the grid's tail is
+    # then the short tiles instead of the longest ones.
+    longest_first: bool = False
 
 
 @dataclass(frozen=True)

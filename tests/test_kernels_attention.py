@@ -190,6 +190,17 @@ def test_prefill_tile_sizes_interp(poison: None, block_m: int) -> None:
     _check(at.paged_attention_prefill(*case.args(), block_m=block_m), case.ref(), FP32_TOL)
 
 
+@pytest.mark.parametrize("window", [7, None])
+def test_prefill_longest_first_interp(poison: None, window: int | None) -> None:
+    """Query tiles launched last-first: each program does the same work, so the same bits."""
+    case = Case(MIXED, 8, 4, 32, window, block_size=4)
+    cfg = at.prefill_config(case.meta.max_query_len, window, case.q.device)
+    plain = at.paged_attention_prefill(*case.args(), block_m=16, config=dataclasses.replace(cfg, longest_first=False))
+    late = at.paged_attention_prefill(*case.args(), block_m=16, config=dataclasses.replace(cfg, longest_first=True))
+    assert torch.equal(late, plain)
+    _check(late, case.ref(), FP32_TOL)
+
+
 def test_prefill_window_513_interp(poison: None) -> None:
     """A chunk whose queries straddle the window edge, with freed blocks behind it."""
     case = Case([(700, 40), (530, 20), (10, 10)], 8, 1, 16, 513, block_size=32)
@@ -269,6 +280,19 @@ def test_prefill_mixed_gpu(poison: None, hq: int, hkv: int, d: int, window: int 
     seqs = [(3000, 1000), (777, 777), (2000, 1), (600, 77), (5, 1), (1500, 1)]
     case = Case(seqs, hq, hkv, d, window, dtype, device="cuda")
     _check(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("window", [513, None])
+def test_prefill_longest_first_gpu(poison: None, window: int | None) -> None:
+    seqs = [(3000, 1000), (2048, 2048), (600, 77), (5, 1)]
+    case = Case(seqs, 32, 4, 128, window, torch.bfloat16, device="cuda")
+    cfg = at.prefill_config(case.meta.max_query_len, window, case.q.device)
+    plain = at.paged_attention_prefill(*case.args(), config=dataclasses.replace(cfg, longest_first=False))
+    late = at.paged_attention_prefill(*case.args(), config=dataclasses.replace(cfg, longest_first=True))
+    assert torch.equal(late, plain)
+    _check(late, case.ref(), BF16_TOL)
 
 
 @pytest.mark.gpu

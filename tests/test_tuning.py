@@ -142,7 +142,10 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert at.decode_config(1024, 513, 12, h200) == AttentionDecodeConfig(128, 4, None, 1024, 64, 16384)
     assert at.decode_config(1024, None, 64, h200) == AttentionDecodeConfig(128, 4, 2, 512, 64, 16384)
     assert at.decode_config(1024, 513, 11, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
-    assert at.prefill_config(8192, 513, h200) == AttentionPrefillConfig(64, 64, 8, 3)
+    # Prefill (a 2026-12-01 sweep at 8K): query tiles last-first everywhere; 128 x 128 tiles in full layers at 8K.
+    assert at.prefill_config(8192, 513, h200) == AttentionPrefillConfig(64, 64, 4, 2, longest_first=True)
+    assert at.prefill_config(8192, None, h200) == AttentionPrefillConfig(128, 128, 8, 3, longest_first=True)
+    assert at.prefill_config(2048, None, h200) == AttentionPrefillConfig(64, 64, 8, 3, longest_first=True)
     # Each of those came from an entry of the table, not from the code's defaults.
     assert tuning.lookup("gemv.small_m", h200, m=1, n=2048, k=4096, nvfp4=True).config["block_k"] == 2048
     assert (
@@ -163,7 +166,7 @@ RETUNED = ("small_m m=1 ", "attn decode b=1 ctx=1024 w=513", "attn decode b=1 ct
            "moe decode nv=False t=6", "small_m m=2 nv=True", "small_m m=8 nv=True", "small_m m=16 nv=True",
            "small_m m=17 nv=True", "small_m m=32 nv=True", "moe decode nv=False t=32", "moe decode nv=False t=64",
            "paths nv=False", "moe decode nv=True t=5", "moe decode nv=True t=8", "attn decode b=64 ctx=1024 w=None",
-           "attn decode b=64 ctx=32768 w=None")  # fmt: skip
+           "attn decode b=64 ctx=32768 w=None", "attn prefill")  # fmt: skip
 
 
 KEPT = [c for c in CONFIG_CALLS if not c[0].startswith(RETUNED)]
@@ -176,7 +179,7 @@ def test_h200_table_keeps_the_h200_behaviour(
     """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
     M = 1 GEMV tiles, NVFP4 at M = 2-32, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
     the BF16 ones from 3, NVFP4's at 5-16 tokens, full layers' decode splits from 12 sequences and BF16's
-    decode-path limit (RETUNED; their H200 values are checked above)."""
+    decode-path limit and the prefill attention tiles (RETUNED; their H200 values are checked above)."""
     assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
 
 
