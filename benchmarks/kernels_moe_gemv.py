@@ -386,11 +386,24 @@ def moe_candidates(t: int) -> dict:
     if t >= 2048:
         # Prefill-sized groups (8K tokens: 192 pairs an expert). The installed m128 k64 w8 tiles ran gate_up at ~340
         # and down at ~245 TFLOP/s in the 8K profile (2026-11-30): wider weight tiles, deeper pipelines.
-        cands["grp m128 i128 k64 w8"] = (grp, mc(128, 128, 64, 128, 64, True, 8, 3), regs)
-        cands["grp m64 i128 k64 w8"] = (grp, mc(64, 128, 64, 128, 64, True, 8, 3), regs)
-        cands["grp m128 k64 / n256 k64 w8"] = (grp, mc(128, 64, 64, 256, 64, True, 8, 3), regs)
-        cands["grp m128 k64 w8 s4"] = (grp, mc(128, 64, 64, 128, 64, True, 8, 4), regs)
-        cands["grp m128 i128 k64 / n256 k64 w8 s4"] = (grp, mc(128, 128, 64, 256, 64, True, 8, 4), regs)
+        # Random routing gives ~192 +- 14 pairs an expert at 8K: 128-row blocks pad each expert to 256 rows (a third
+        # of the MMAs wasted), 64-row blocks to ~200, so 64-row tiles with wider weight tiles are timed too.
+        # Each also as "grp dq": NVFP4 from the layer's BF16 copy (the path NVFP4 takes from dequant_min_tokens).
+        prefill = {
+            "m128 i128 k64 w8": mc(128, 128, 64, 128, 64, True, 8, 3),
+            "m64 i128 k64 w8": mc(64, 128, 64, 128, 64, True, 8, 3),
+            "m128 k64 / n256 k64 w8": mc(128, 64, 64, 256, 64, True, 8, 3),
+            "m128 k64 w8 s4": mc(128, 64, 64, 128, 64, True, 8, 4),
+            "m128 i128 k64 / n256 k64 w8 s4": mc(128, 128, 64, 256, 64, True, 8, 4),
+            "m64 i128 k64 / n256 k64 w8": mc(64, 128, 64, 256, 64, True, 8, 3),
+            "m64 i128 k64 w8 s4": mc(64, 128, 64, 128, 64, True, 8, 4),
+            "m64 i64 k64 / n128 k64 w4 s4": mc(64, 64, 64, 128, 64, True, 4, 4),
+            "m64 i128 k64 / n128 k64 w4": mc(64, 128, 64, 128, 64, True, 4, 3),
+            "m64 i64 k128 / n128 k128 w4": mc(64, 64, 128, 128, 128, True, 4, 3),
+        }
+        for name, c in prefill.items():
+            cands[f"grp {name}"] = (grp, c, regs)
+            cands[f"grp dq {name}"] = (grp, c, 0)
     return cands
 
 
