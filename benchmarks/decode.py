@@ -149,22 +149,30 @@ def decode_batch(cfg: FlintConfig, b: int, ctx: int, bs: int, dev: torch.device,
     )
 
 
-def prefill_batch(ids: list[int], bs: int, dev: torch.device) -> ForwardBatch:
+def prefill_batches(ids: list[int], bs: int, dev: torch.device, chunk: int = 0) -> list[ForwardBatch]:
+    """One prompt's prefill as the engine's chunked prefill runs it: consecutive chunks of `chunk` tokens (0: one),
+    each attending to the cache the earlier ones wrote, both pools in consecutive blocks; logits of each last row."""
     n = len(ids)
-    nb = -(-n // bs)
-    table = torch.arange(nb, dtype=torch.int32, device=dev)[None]
-    slots = torch.arange(n, dtype=torch.int64, device=dev)
-    return ForwardBatch(
-        torch.tensor(ids, device=dev),
-        torch.arange(n, device=dev),
-        [0, n],
-        [n],
-        table,
-        table,
-        slots,
-        slots,
-        torch.tensor([n - 1], device=dev),
-    )
+    chunk = chunk or n
+    table = torch.arange(-(-n // bs), dtype=torch.int32, device=dev)[None]
+    batches = []
+    for start in range(0, n, chunk):
+        end = min(n, start + chunk)
+        slots = torch.arange(start, end, dtype=torch.int64, device=dev)
+        batches.append(
+            ForwardBatch(
+                torch.tensor(ids[start:end], device=dev),
+                torch.arange(start, end, device=dev),
+                [0, end - start],
+                [end],
+                table,
+                table,
+                slots,
+                slots,
+                torch.tensor([end - start - 1], device=dev),
+            )
+        )
+    return batches
 
 
 def step_bytes(cfg: FlintConfig, w: FlintWeights, b: int, ctx: int) -> float:
@@ -332,20 +340,25 @@ def run_format(
                     row["plain_path_step_ms"] = round(plain_ms, 3)
                 rep.add("rows", row)
         cache = None  # free the decode cache before the prefill's
-    # --- prefill of one long prompt (eager: it is compute-bound)
-    if args.prefill and rep.time_left() > 0:
+    # --- prefill of one long prompt (eager: it is compute-bound), whole and in the engine's chunks
+    for chunk in args.prefill_chunks if args.prefill else []:
+        if rep.time_left() <= 0:
+            break
         ids = torch.randint(0, cfg.vocab_size, (args.prefill,), generator=gen).tolist()
-        pb = prefill_batch(ids, bs, dev)
+        batches = prefill_batches(ids, bs, dev, chunk)
         pcache = KVCache(cfg, -(-args.prefill // bs), -(-args.prefill // bs), bs, weights.dtype, dev)
 
-        def prefill() -> torch.Tensor:
-            return fast.compute_logits(fast.forward(pb, pcache)[-1:])
+        def prefill(batches: list[ForwardBatch] = batches, pcache: KVCache = pcache) -> torch.Tensor:
+            for b in batches[:-1]:
+                fast.forward(b, pcache)
+            return fast.compute_logits(fast.forward(batches[-1], pcache)[-1:])
 
         ms = timed(prefill, dev, 3, warmup=1)
         flops = 2 * cfg.active_parameter_count() * args.prefill
         row = {
             "format": fmt,
             "prefill_tokens": args.prefill,
+            "prefill_chunk": min(chunk, args.prefill) if chunk else args.prefill,
             "prefill_ms": round(ms, 2),
             "kernels": kernels.name,
             "linear_TFLOPs": round(flops / (ms / 1e3) / 1e12, 1),
@@ -354,6 +367,7 @@ def run_format(
             n, families, by_name = count_kernels(prefill, dev)
             row.update(prefill_kernels=n, prefill_time_by_family_ms=families, prefill_kernels_by_name=by_name[:30])
         rep.add("rows", row)
+        del batches, pcache
 
 
 def main() -> None:
@@ -364,6 +378,14 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 32768])
     ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument(
+        "--prefill-chunks",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="time the prefill in chunks of these many tokens, each a row (0: the whole prompt in one forward; the"
+        " engine's default, --max-num-batched-tokens, is 2048)",
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--kernels", default="auto", choices=["auto", "reference", "fast"])
     ap.add_argument("--no-graphs", action="store_true")
@@ -458,7 +480,12 @@ def main() -> None:
                 print(f"    {k['count']:>4} x {k['mean_us']:>7.2f} us = {k['total_ms']:.3f} ms  {k['name']}")
     for r in rep.data["rows"]:
         if "prefill_ms" in r:
-            print(f"{r['format']:>6} prefill {r['prefill_tokens']} tokens: {r['prefill_ms']:.1f} ms")
+            chunks = (
+                ""
+                if r.get("prefill_chunk", r["prefill_tokens"]) >= r["prefill_tokens"]
+                else (f" in chunks of {r['prefill_chunk']}")
+            )
+            print(f"{r['format']:>6} prefill {r['prefill_tokens']} tokens{chunks}: {r['prefill_ms']:.1f} ms")
             if "prefill_time_by_family_ms" in r:
                 fams = ", ".join(f"{k} {v:.1f}" for k, v in r["prefill_time_by_family_ms"].items())
                 print(f"{'':>6}   {r['prefill_kernels']} kernels; GPU ms by family: {fams}")
