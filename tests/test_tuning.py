@@ -129,6 +129,9 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert [mt.decode_config(True, t, h200) for t in (17, 32, 33, 64)] == [fma_16x512_w2] * 2 + [fma_expert] * 2
     assert mt.grouped_config(16, False, h200) == MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     assert mt.grouped_config(30, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
+    # 2048-token prefill chunks (48 pairs an expert): 64-row tiles, 8 warps (a 2026-12-01 sweep, 600 vs 624 us).
+    assert mt.grouped_config(48, False, h200) == MoEConfig(64, 64, 64, 128, 64, True, 8, 3)
+    assert mt.grouped_config(39.9, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
     # NVFP4 in registers: re-measured tiles (64 rows, 4 warps from 13 pairs per expert).
     assert mt.grouped_config(12, True, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
     assert mt.grouped_config(48, True, h200) == MoEConfig(64, 64, 64, 64, 64, True, 4, 3)
@@ -166,7 +169,7 @@ RETUNED = ("small_m m=1 ", "attn decode b=1 ctx=1024 w=513", "attn decode b=1 ct
            "moe decode nv=False t=6", "small_m m=2 nv=True", "small_m m=8 nv=True", "small_m m=16 nv=True",
            "small_m m=17 nv=True", "small_m m=32 nv=True", "moe decode nv=False t=32", "moe decode nv=False t=64",
            "paths nv=False", "moe decode nv=True t=5", "moe decode nv=True t=8", "attn decode b=64 ctx=1024 w=None",
-           "attn decode b=64 ctx=32768 w=None", "attn prefill")  # fmt: skip
+           "attn decode b=64 ctx=32768 w=None", "attn prefill", "moe grouped ppe=48")  # fmt: skip
 
 
 KEPT = [c for c in CONFIG_CALLS if not c[0].startswith(RETUNED)]
@@ -179,7 +182,8 @@ def test_h200_table_keeps_the_h200_behaviour(
     """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
     M = 1 GEMV tiles, NVFP4 at M = 2-32, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
     the BF16 ones from 3, NVFP4's at 5-16 tokens, full layers' decode splits from 12 sequences and BF16's
-    decode-path limit and the prefill attention tiles (RETUNED; their H200 values are checked above)."""
+    decode-path limit, the prefill attention tiles and BF16's grouped tiles at 40-48 pairs an expert (RETUNED; their
+    H200 values are checked above)."""
     assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
 
 
