@@ -46,3 +46,6 @@ tail -12 "$OUT/gemv.txt"
 timeout 100 python3 benchmarks/sampler.py --device cuda --chunks 4096 > "$OUT/sampler.txt" 2>&1
 cp benchmarks/results/sampler_cuda.json "$OUT/" 2>/dev/null
 tail -6 "$OUT/sampler.txt"
+
+# The device returns at most 8 files from $OUT: everything goes back as one archive (tar -xzf results.tgz).
+(cd "$OUT" && tar -czf /tmp/flint-results.tgz . && find . -mindepth 1 -delete && mv /tmp/flint-results.tgz results.tgz)
