@@ -20,6 +20,9 @@ class ServeSettings(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_num_seqs: int | None = Field(default=None, ge=1, description="default 64 on GPU, 16 on CPU")
     max_num_batched_tokens: int = Field(default=2048, ge=16)
+    idle_prefill_tokens: int | None = Field(
+        default=None, ge=16, description="tokens of a prefill-only step; default 8192 on the fused GPU path"
+    )
     max_model_len: int | None = Field(default=None, ge=16)
     kv_cache_memory: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float = Field(default=0.90, ge=0.05, le=0.99)
@@ -82,6 +85,7 @@ class ServeSettings(BaseModel):
             block_size=self.block_size,
             max_num_seqs=self.seqs(gpu),
             max_num_batched_tokens=self.max_num_batched_tokens,
+            idle_prefill_tokens=self.idle_prefill_tokens,
             max_model_len=self.max_model_len,
             kv_cache_memory=self.kv_cache_memory,
             gpu_memory_utilization=self.gpu_memory_utilization,

@@ -16,6 +16,7 @@ from .checkpoint.hf_writer import write_hf
 from .checkpoint.random_tensors import random_provider
 from .checkpoint.tensor_plan import TensorSpec
 from .config import PRESETS, ConfigError, FlintConfig, describe, preset
+from .engine_config import IDLE_PREFILL_TOKENS_GPU
 
 log = logging.getLogger("flint")
 
@@ -153,6 +154,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     config = preset(args.preset)
     total = int(args.gpu_memory_gib * 2**30)
+    step_tokens = max(args.max_num_batched_tokens, args.idle_prefill_tokens)  # the largest step the engine runs
     rows = []
     # The fused path keeps each MoE router weight also as three BF16 parts (router_triton.prepare).
     router_parts = split_nbytes(config.num_experts, config.hidden_size) * len(config.moe_layers)
@@ -164,14 +166,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             total,
             args.gpu_memory_utilization,
             args.max_num_seqs,
-            args.max_num_batched_tokens,
+            step_tokens,
             nvfp4_experts=fmt == "nvfp4",
         )
-        plan = plan_kv_cache(config, budget, args.block_size, args.max_num_seqs, args.max_num_batched_tokens)
+        plan = plan_kv_cache(config, budget, args.block_size, args.max_num_seqs, step_tokens)
         rows.append((fmt, weight_bytes, plan))
     print(
         f"{describe(config)}\nGPU memory {args.gpu_memory_gib} GiB, utilization {args.gpu_memory_utilization},"
-        f" max_num_seqs {args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens}"
+        f" max_num_seqs {args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens},"
+        f" idle_prefill_tokens {args.idle_prefill_tokens}"
     )
     print(
         f"{'weights':>8} {'weight GB':>10} {'KV GiB':>8} {'full blocks':>12} {'context tokens':>15}"
@@ -233,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--runtime-overhead-gib", type=float, default=1.0, help="CUDA context and allocator slack")
     cap.add_argument("--max-num-seqs", type=int, default=64)
     cap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    cap.add_argument(
+        "--idle-prefill-tokens",
+        type=int,
+        default=IDLE_PREFILL_TOKENS_GPU,
+        help="token budget of prefill-only steps (the engine's default on the fused GPU path)",
+    )
     cap.add_argument("--block-size", type=int, default=16)
     cap.set_defaults(func=cmd_capacity)
 

@@ -87,8 +87,11 @@ class LLMEngine:
         self.max_model_len = min(
             ec.max_model_len or self.config.max_position_embeddings, self.config.max_position_embeddings
         )
+        fused_on_gpu = model.device.type == "cuda" and model.kernels.name != "reference"
+        # The largest step: prefill-only steps may take more tokens than max_num_batched_tokens (EngineConfig).
+        self.prefill_tokens = ec.prefill_tokens(fused_on_gpu)
         self.plan = kv_plan or plan_kv_cache(
-            self.config, self._kv_budget(), ec.block_size, ec.max_num_seqs, ec.max_num_batched_tokens
+            self.config, self._kv_budget(), ec.block_size, ec.max_num_seqs, self.prefill_tokens
         )
         self.cache = KVCache(
             self.config,
@@ -105,7 +108,7 @@ class LLMEngine:
             ec.block_size,
             ec.enable_prefix_caching,
         )
-        self.scheduler = Scheduler(self.kv, ec.max_num_seqs, ec.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.kv, ec.max_num_seqs, ec.max_num_batched_tokens, self.prefill_tokens)
         self.runner = ModelRunner(model, self.cache, self.kv)
         self.metrics = EngineMetrics()
         self.requests: dict[str, Request] = {}
@@ -118,9 +121,9 @@ class LLMEngine:
             self.max_model_len, self.plan.token_capacity if self.config.full_layers else self.max_model_len
         )
         log.info("%s; longest admissible context %d tokens", self.plan.describe(), self.max_context)
-        fused_on_gpu = model.device.type == "cuda" and model.kernels.name != "reference"
+        log.info("step budget: %d tokens, %d in prefill-only steps", ec.max_num_batched_tokens, self.prefill_tokens)
         if fused_on_gpu and ec.prefill_warmup:
-            warm_up_prefill(model, self.cache, ec.max_num_batched_tokens, ec.max_num_seqs)
+            warm_up_prefill(model, self.cache, self.prefill_tokens, ec.max_num_seqs, (ec.max_num_batched_tokens,))
         if fused_on_gpu and ec.cuda_graphs:
             self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
 
@@ -154,7 +157,7 @@ class LLMEngine:
                 total,
                 ec.gpu_memory_utilization,
                 ec.max_num_seqs,
-                ec.max_num_batched_tokens,
+                self.prefill_tokens,
                 self.model.weights.has_nvfp4_experts(),
             )
         return 512 * 2**20

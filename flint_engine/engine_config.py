@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
+# Prefill-only steps on the fused GPU path. H200, BF16, an 8K prompt: 127.9 ms in one chunk against 206.4 ms in
+# 2048-token chunks (docs/performance.md, ninth session): at 48 pairs an expert the grouped MoE runs at ~125 TFLOP/s,
+# at 192 at ~280. The plain PyTorch path stays at max_num_batched_tokens (its attention materialises the scores).
+IDLE_PREFILL_TOKENS_GPU = 8192
+
 
 @dataclass
 class EngineConfig:
@@ -15,6 +20,11 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # Token budget of a step in which no running request has generated a token yet (prefill-only steps): a long
+    # prompt alone runs in fewer, larger chunks, while requests that are decoding keep max_num_batched_tokens'
+    # shorter steps (their inter-token latency). None: IDLE_PREFILL_TOKENS_GPU on the fused GPU path, else
+    # max_num_batched_tokens; never below max_num_batched_tokens.
+    idle_prefill_tokens: int | None = None
     max_model_len: int | None = None  # default: the checkpoint's context length
     kv_cache_memory: int | None = None  # bytes; default: a share of free GPU memory, or 512 MiB on CPU
     gpu_memory_utilization: float = 0.90
@@ -31,6 +41,8 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.idle_prefill_tokens is not None and self.idle_prefill_tokens < 1:
+            raise ValueError(f"idle_prefill_tokens must be >= 1, got {self.idle_prefill_tokens}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:
             raise ValueError(f"gpu_memory_utilization must be in [0.05, 0.99], got {self.gpu_memory_utilization}")
         if self.dtype not in ("auto", "bfloat16", "bf16", "float32", "fp32"):
@@ -39,6 +51,13 @@ class EngineConfig:
             raise ValueError(f"kernels must be auto, reference or fast, got {self.kernels!r}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
+
+    def prefill_tokens(self, fused_gpu: bool) -> int:
+        """The token budget of prefill-only steps (`idle_prefill_tokens` resolved for the model's path)."""
+        want = self.idle_prefill_tokens
+        if want is None:
+            want = IDLE_PREFILL_TOKENS_GPU if fused_gpu else 0
+        return max(self.max_num_batched_tokens, want)
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

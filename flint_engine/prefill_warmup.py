@@ -29,9 +29,10 @@ MIXED_DECODE_ROWS = (1, 4, 8)
 DECODE_CONTEXT = 100
 
 
-def warmup_batches(max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
-    """(prefill length, decode rows) of each warm-up batch within the scheduler's token and sequence budgets."""
-    shapes = [(n, 0) for n in sorted({*PREFILL_LENGTHS, max_tokens}) if n <= max_tokens]
+def warmup_batches(max_tokens: int, max_seqs: int, budgets: tuple[int, ...] = ()) -> list[tuple[int, int]]:
+    """(prefill length, decode rows) of each warm-up batch within the scheduler's token and sequence budgets; the
+    largest step (`max_tokens`) and each smaller step budget (`budgets`) are run as prefills of their own."""
+    shapes = [(n, 0) for n in sorted({*PREFILL_LENGTHS, *budgets, max_tokens}) if n <= max_tokens]
     for rows in MIXED_DECODE_ROWS:
         n = min(64, max_tokens - rows)
         if n >= 2 and rows + 1 <= max_seqs:
@@ -64,13 +65,15 @@ def scratch_batch(prefill: int, decode_rows: int, block_size: int, device: torch
 
 
 @torch.inference_mode()
-def warm_up_prefill(model: FlintModel, cache: KVCache, max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
+def warm_up_prefill(
+    model: FlintModel, cache: KVCache, max_tokens: int, max_seqs: int, budgets: tuple[int, ...] = ()
+) -> list[tuple[int, int]]:
     """Run every warm-up batch once (forward and logits), then the sampling op on the last logits once per top-k
     variant the sampling kernels compile (`sampling_triton`); returns the (prefill, decode rows) shapes run."""
     from flint_kernels.sampling_triton import TOP_K_VARIANTS
 
     start = time.monotonic()
-    shapes = warmup_batches(max_tokens, max_seqs)
+    shapes = warmup_batches(max_tokens, max_seqs, budgets)
     logits = None
     for prefill, rows in shapes:
         batch = scratch_batch(prefill, rows, cache.block_size, model.device)

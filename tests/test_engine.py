@@ -50,7 +50,7 @@ def window513(tmp_path_factory: pytest.TempPathFactory):
 def make_engine(ck, full_blocks: int | None = None, **kw) -> LLMEngine:
     """An engine on the checkpoint; `full_blocks` shrinks the full-attention pool to force memory pressure."""
     ec = EngineConfig(**{"kv_cache_memory": 32 * 2**20, "max_num_batched_tokens": 64, **kw})
-    plan = plan_kv_cache(ck.config, ec.kv_cache_memory, ec.block_size, ec.max_num_seqs, ec.max_num_batched_tokens)
+    plan = plan_kv_cache(ck.config, ec.kv_cache_memory, ec.block_size, ec.max_num_seqs, ec.prefill_tokens(False))
     if full_blocks is not None:
         plan = dataclasses.replace(plan, num_full_blocks=full_blocks)
     return LLMEngine(FlintModel(ck.weights), ck.tokenizer, ec, ck.generation_defaults, kv_plan=plan)
@@ -93,6 +93,58 @@ def test_concurrent_greedy_equals_alone_and_full_forward(window513, chunk: int) 
         assert r.output_token_ids == reference_greedy(model, p, m)
         assert r.finish_reason == "length"
     assert engine.kv.all_free()
+
+
+def _step_tokens(engine: LLMEngine) -> list[int]:
+    """Record the tokens each engine step schedules."""
+    sizes: list[int] = []
+    schedule = engine.scheduler.schedule
+
+    def recording():
+        out = schedule()
+        sizes.append(out.num_tokens)
+        return out
+
+    engine.scheduler.schedule = recording  # type: ignore[method-assign]
+    return sizes
+
+
+def test_prefill_only_steps_take_the_idle_budget_and_decoding_steps_the_small_one(window513) -> None:
+    """A long prompt alone runs in idle_prefill_tokens chunks; once a request is generating, every step keeps to
+    max_num_batched_tokens (its inter-token gaps); the tokens are the reference's either way."""
+    ck = window513
+    gen = random.Random(7)
+    long = [gen.randrange(ck.config.vocab_size) for _ in range(600)]
+    short = [gen.randrange(ck.config.vocab_size) for _ in range(5)]
+    engine = make_engine(ck, max_num_batched_tokens=16, idle_prefill_tokens=256)
+    assert engine.prefill_tokens == 256 and engine.scheduler.idle_prefill_tokens == 256
+    sizes = _step_tokens(engine)
+    alone = engine.generate([long], SamplingParams(max_tokens=3, **GREEDY))[0]
+    assert sizes == [256, 256, 88, 1, 1]  # 600 prompt tokens in idle chunks, then the two decode steps
+    assert alone.output_token_ids == reference_greedy(engine.model, long, 3)
+
+    engine = make_engine(ck, max_num_batched_tokens=16, idle_prefill_tokens=256)
+    sizes = _step_tokens(engine)
+    first = engine.add_request("decoding", short, SamplingParams(max_tokens=60, **GREEDY))
+    engine.step()  # the short prompt's prefill: it generates from here on
+    second = engine.add_request("long", long, SamplingParams(max_tokens=3, **GREEDY))
+    while engine.has_unfinished():
+        engine.step()
+    assert sizes[0] == 5 and max(sizes[1:]) <= 16  # the long prompt's chunks shrink beside a decoding request
+    assert first.output_token_ids == reference_greedy(engine.model, short, 60)
+    assert second.output_token_ids == reference_greedy(engine.model, long, 3)
+    assert engine.kv.all_free()
+
+
+def test_idle_prefill_budget_resolution() -> None:
+    """None: 8192 on the fused GPU path, max_num_batched_tokens elsewhere; never below max_num_batched_tokens."""
+    assert EngineConfig().prefill_tokens(fused_gpu=True) == 8192
+    assert EngineConfig().prefill_tokens(fused_gpu=False) == 2048
+    assert EngineConfig(max_num_batched_tokens=16384).prefill_tokens(fused_gpu=True) == 16384
+    assert EngineConfig(idle_prefill_tokens=4096).prefill_tokens(fused_gpu=False) == 4096
+    assert EngineConfig(idle_prefill_tokens=1000).prefill_tokens(fused_gpu=True) == 2048
+    with pytest.raises(ValueError, match="idle_prefill_tokens"):
+        EngineConfig(idle_prefill_tokens=0)
 
 
 def test_window_edge_with_small_window(window7) -> None:

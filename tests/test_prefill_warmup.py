@@ -26,6 +26,10 @@ def test_shapes_stay_within_the_scheduler_budgets() -> None:
     assert all(n + rows <= 2048 for n, rows in shapes)
     small = warmup_batches(16, 1)
     assert small == [(2, 0), (3, 0), (8, 0), (16, 0)]  # no room for a second sequence, nothing over 16 tokens
+    # Prefill-only steps of 8192 tokens beside 2048-token steps: both budgets run as prefills of their own.
+    both = warmup_batches(8192, 64, (2048,))
+    assert (2048, 0) in both and (8192, 0) in both and (4097, 0) in both
+    assert warmup_batches(2048, 64, (8192,)) == shapes  # nothing above the largest step
 
 
 def _filled_cache(model: FlintModel, blocks: int) -> KVCache:

@@ -54,6 +54,9 @@ def test_serve_config_yaml_is_valid() -> None:
     cfg = Path(__file__).resolve().parents[1] / "deployments" / "serve_config.yaml"
     settings = ServeSettings(**load_settings_file(str(cfg)))
     assert settings.model_name == "flint" and settings.routing == "prefix_affinity"
+    tuned = ServeSettings(max_num_batched_tokens=512, idle_prefill_tokens=4096)
+    ec = tuned.engine_config(gpu=False)
+    assert (ec.max_num_batched_tokens, ec.idle_prefill_tokens, ec.prefill_tokens(False)) == (512, 4096, 4096)
 
 
 def test_bad_random_model_spec() -> None:
