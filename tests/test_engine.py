@@ -156,13 +156,15 @@ def test_window_edge_with_small_window(window7) -> None:
         assert r.output_token_ids == reference_greedy(engine.model, p, 10)
 
 
-def test_preempted_request_resumes_with_same_output(window7) -> None:
+@pytest.mark.parametrize("idle", [None, 256])
+def test_preempted_request_resumes_with_same_output(window7, idle: int | None) -> None:
+    """Also with prefill-only steps of 256 tokens (all six prompts in one step, then preemptions while decoding)."""
     ck = window7
     gen = random.Random(3)
     prompts = [[gen.randrange(ck.config.vocab_size) for _ in range(30)] for _ in range(6)]
     params = SamplingParams(max_tokens=40, **GREEDY)
     # A cache too small for all six at once forces preemptions.
-    tight = make_engine(ck, full_blocks=20, max_num_seqs=6)  # 320 tokens of context for 6 x 70
+    tight = make_engine(ck, full_blocks=20, max_num_seqs=6, idle_prefill_tokens=idle)  # 320 tokens for 6 x 70
     roomy = make_engine(ck)
     got = tight.generate(prompts, params)
     want = roomy.generate(prompts, params)
@@ -172,9 +174,10 @@ def test_preempted_request_resumes_with_same_output(window7) -> None:
     assert tight.kv.all_free()
 
 
-def test_no_block_leak_after_random_requests_aborts_and_preemptions(window7) -> None:
+@pytest.mark.parametrize("idle", [None, 96])
+def test_no_block_leak_after_random_requests_aborts_and_preemptions(window7, idle: int | None) -> None:
     ck = window7
-    engine = make_engine(ck, full_blocks=24, max_num_seqs=16, max_num_batched_tokens=32)
+    engine = make_engine(ck, full_blocks=24, max_num_seqs=16, max_num_batched_tokens=32, idle_prefill_tokens=idle)
     rng = random.Random(0)
     live: list[str] = []
     added = 0
