@@ -480,11 +480,7 @@ def main() -> None:
                 print(f"    {k['count']:>4} x {k['mean_us']:>7.2f} us = {k['total_ms']:.3f} ms  {k['name']}")
     for r in rep.data["rows"]:
         if "prefill_ms" in r:
-            chunks = (
-                ""
-                if r.get("prefill_chunk", r["prefill_tokens"]) >= r["prefill_tokens"]
-                else (f" in chunks of {r['prefill_chunk']}")
-            )
+            chunks = f" in chunks of {r['prefill_chunk']}" if r["prefill_chunk"] < r["prefill_tokens"] else ""
             print(f"{r['format']:>6} prefill {r['prefill_tokens']} tokens{chunks}: {r['prefill_ms']:.1f} ms")
             if "prefill_time_by_family_ms" in r:
                 fams = ", ".join(f"{k} {v:.1f}" for k, v in r["prefill_time_by_family_ms"].items())

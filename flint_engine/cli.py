@@ -16,7 +16,7 @@ from .checkpoint.hf_writer import write_hf
 from .checkpoint.random_tensors import random_provider
 from .checkpoint.tensor_plan import TensorSpec
 from .config import PRESETS, ConfigError, FlintConfig, describe, preset
-from .engine_config import IDLE_PREFILL_TOKENS_GPU
+from .engine_config import IDLE_PREFILL_TOKENS_GPU, EngineConfig
 
 log = logging.getLogger("flint")
 
@@ -154,7 +154,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     config = preset(args.preset)
     total = int(args.gpu_memory_gib * 2**30)
-    step_tokens = max(args.max_num_batched_tokens, args.idle_prefill_tokens)  # the largest step the engine runs
+    # The largest step the engine runs (prefill-only steps on the fused GPU path), by the engine's own rule.
+    budgets = EngineConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens, idle_prefill_tokens=args.idle_prefill_tokens
+    )
+    step_tokens = budgets.prefill_tokens(fused_gpu=True)
     rows = []
     # The fused path keeps each MoE router weight also as three BF16 parts (router_triton.prepare).
     router_parts = split_nbytes(config.num_experts, config.hidden_size) * len(config.moe_layers)
