@@ -244,7 +244,6 @@ class LLMEngine:
                     outputs.append(out)
                 self._update_gauges()
                 return outputs
-            now = time.monotonic()
             with self.metrics.lock:
                 self.metrics.computed_tokens += sched.num_tokens
             for ch in sched.chunks:
@@ -254,6 +253,9 @@ class LLMEngine:
             if logits is not None:
                 reqs = [sched.chunks[i].request for i in rows]
                 result = sample(logits, [self._sampling_row(r) for r in reqs], self.model.kernels.sample_top_k)
+                # Stamped once the tokens are on the host: on a GPU `execute` only queues the step's kernels, and
+                # an earlier stamp would leave the step's GPU time out of TTFT and the inter-token latency.
+                now = time.monotonic()
                 for j, req in enumerate(reqs):
                     lp = None
                     if result.logprobs is not None and req.params.logprobs is not None:

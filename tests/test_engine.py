@@ -432,3 +432,28 @@ def test_activation_reserve_counts_the_expert_copy_of_long_prefills() -> None:
     # BF16 experts are never copied: nothing extra to keep free.
     bf16 = activation_reserve(cfg, 8, DEQUANT_MIN_TOKENS, nvfp4_experts=False)
     assert bf16 - short == 96 * 1024
+
+
+def test_token_times_are_stamped_once_the_tokens_are_on_the_host(window7, monkeypatch) -> None:
+    """On a GPU the model step only queues kernels; the sampler's copy of the tokens to the host waits for them. The
+    first-token and inter-token times (TTFT, ITL metrics) must be taken after that copy, not before it."""
+    import time
+
+    from flint_engine import engine as engine_module
+
+    done: list[float] = []
+    real = engine_module.sample
+
+    def sample_then_note(*args, **kwargs):
+        result = real(*args, **kwargs)
+        time.sleep(0.002)  # stands for the wait for the GPU inside the copy
+        done.append(time.monotonic())
+        return result
+
+    monkeypatch.setattr(engine_module, "sample", sample_then_note)
+    engine = make_engine(window7)
+    req = engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=3, **GREEDY))
+    engine.step()
+    assert req.first_token_time is not None and req.first_token_time >= done[0]
+    engine.step()
+    assert req.last_token_time >= done[1] > req.first_token_time
