@@ -18,6 +18,7 @@ from .json_mode import JsonPrefix
 from .kv_cache import KVCache
 from .kv_cache_manager import KVCacheManager
 from .kv_cache_plan import KVCachePlan, gpu_kv_budget, plan_kv_cache
+from .late_compiles import WATCH as LATE_COMPILES
 from .metrics import EngineMetrics
 from .model import FlintModel
 from .model_runner import ModelRunner
@@ -126,6 +127,8 @@ class LLMEngine:
             warm_up_prefill(model, self.cache, self.prefill_tokens, ec.max_num_seqs, (ec.max_num_batched_tokens,))
         if fused_on_gpu and ec.cuda_graphs:
             self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
+        # From here on a Triton compile is a stall inside some request's step: logged and counted.
+        self.watches_compiles = fused_on_gpu and LATE_COMPILES.arm()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -403,6 +406,7 @@ class LLMEngine:
             m.num_preemptions = self.scheduler.num_preemptions
             m.prefix_cache_queries = self.kv.prefix_queries
             m.prefix_cache_hits = self.kv.prefix_hits
+            m.late_kernel_compiles = LATE_COMPILES.count if self.watches_compiles else 0
             if stepped:
                 m.steps += 1
                 m.last_step_time = time.monotonic()

@@ -120,6 +120,7 @@ class EngineMetrics:
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.late_kernel_compiles = 0
         self.finished: dict[str, int] = {r: 0 for r in FINISH_REASONS}
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
@@ -163,6 +164,7 @@ class EngineMetrics:
                 "num_preemptions_total": self.num_preemptions,
                 "prefix_cache_queries_total": self.prefix_cache_queries,
                 "prefix_cache_hits_total": self.prefix_cache_hits,
+                "late_kernel_compiles_total": self.late_kernel_compiles,
                 "request_success_total": dict(self.finished),
                 "time_to_first_token_seconds": _hist(self.ttft),
                 "inter_token_latency_seconds": _hist(self.itl),

@@ -19,6 +19,7 @@ COUNTERS = {
     "num_preemptions": "Requests preempted (recomputed later) for lack of KV blocks.",
     "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
     "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
+    "late_kernel_compiles": "Triton kernels compiled after the warm-up (each one stalls a step; see the log).",
 }
 HISTOGRAMS = {
     "time_to_first_token_seconds": "Time from arrival to the first generated token.",

@@ -1,0 +1,86 @@
+"""Triton kernel specialisations first met after the warm-up, while serving.
+
+Each one stalls the step that meets it: a compile (seconds) or at best a load from Triton's disk cache. The warm-up
+(`prefill_warmup`, CUDA-graph capture) is meant to leave none, so every one is logged as a warning that names the
+kernel and its specialisation, and counted (`flint:late_kernel_compiles` in /metrics). Triton calls its JIT cache
+hook on every in-process cache miss, before compiling; the hook is process-wide, so the watch is too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LateCompile:
+    kernel: str
+    specialisation: str  # launch options and arguments, as Triton prints them
+    key: str  # Triton's cache key: each argument's type and specialisation (alignment, == 1), the constexprs
+    at: float  # time.monotonic()
+
+
+@dataclass
+class LateCompileWatch:
+    events: list[LateCompile] = field(default_factory=list)
+    armed: bool = False
+    _previous: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def count(self) -> int:
+        return len(self.events)
+
+    def hook(self, **kwargs: Any) -> bool | None:
+        """Triton's `jit_cache_hook`: record the miss, then defer to any hook installed before ours."""
+        if not kwargs.get("is_manual_warmup", False):
+            fn = kwargs.get("fn")
+            name = getattr(fn, "name", None) or str(fn)
+            spec = str(kwargs.get("repr", ""))
+            with self._lock:
+                self.events.append(
+                    LateCompile(name.rsplit(".", 1)[-1], spec, str(kwargs.get("key", "")), time.monotonic())
+                )
+            log.warning(
+                "Triton compiles %s after the warm-up (this step stalls; the warm-up misses this shape): %s",
+                name,
+                spec[:400],
+            )
+            log.debug("Triton cache key of %s: %s", name, kwargs.get("key"))
+        return self._previous(**kwargs) if self._previous is not None else None
+
+    def arm(self) -> bool:
+        """Start watching (idempotent); False when this Triton has no JIT cache hook (before 3.4)."""
+        knobs = _runtime_knobs()
+        if knobs is None:
+            return False
+        if not self.armed:
+            self._previous = knobs.jit_cache_hook
+            knobs.jit_cache_hook = self.hook
+            self.armed = True
+        return True
+
+    def disarm(self) -> None:
+        knobs = _runtime_knobs()
+        if self.armed and knobs is not None:
+            knobs.jit_cache_hook = self._previous
+        self.armed = False
+        self._previous = None
+
+
+def _runtime_knobs() -> Any:
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    runtime = getattr(knobs, "runtime", None)
+    return runtime if hasattr(runtime, "jit_cache_hook") else None
+
+
+# One per process: Triton's hook is process-wide.
+WATCH = LateCompileWatch()
