@@ -110,6 +110,18 @@ def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return t.pin_memory().to(dev, non_blocking=True)
 
 
+def _staged(columns: list[list[float | int]], dtype: torch.dtype) -> torch.Tensor:
+    """Per-row parameters as the rows of one host tensor, each row padded to 16 bytes: every parameter then starts
+    16-byte aligned on the device, whatever the batch size. Triton specialises a kernel on its pointers' alignment,
+    so an unaligned parameter (a column of an [N, 3] tensor is a contiguous view when N is 1) would compile a new
+    variant of the sampling kernels in the middle of serving."""
+    n = len(columns[0])
+    per_16 = 16 // torch.empty((), dtype=dtype).element_size()
+    out = torch.zeros((len(columns), -(-n // per_16) * per_16), dtype=dtype)
+    out[:, :n] = torch.tensor(columns, dtype=dtype)
+    return out
+
+
 def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sample_top_k_ref) -> SampleResult:
     """logits FP32 [N, V] (modified in place) -> one token per row.
 
@@ -135,10 +147,10 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sampl
         # Greedy rows ride along with top_k 1: the op returns their first argmax.
         temps_list = temps_host.tolist()
         top_k = [r.top_k if t != 0.0 else 1 for r, t in zip(rows, temps_list)]
-        floats = torch.tensor([[t, r.top_p, r.min_p] for t, r in zip(temps_list, rows)], dtype=torch.float32)
-        ints = torch.tensor([[k, r.seed, r.step] for k, r in zip(top_k, rows)], dtype=torch.int64)
-        temps, top_p, min_p = _to_device(floats, dev).unbind(1)
-        top_k_t, seeds, steps = _to_device(ints, dev).unbind(1)
+        floats = _staged([temps_list, [r.top_p for r in rows], [r.min_p for r in rows]], torch.float32)
+        ints = _staged([top_k, [r.seed for r in rows], [r.step for r in rows]], torch.int64)
+        temps, top_p, min_p = _to_device(floats, dev)[:, :n]
+        top_k_t, seeds, steps = _to_device(ints, dev)[:, :n]
         tokens = draw(logits, temps, top_k_t, top_p, min_p, seeds, steps, max(top_k))
     else:
         tokens = torch.argmax(logits, dim=-1)

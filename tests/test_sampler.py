@@ -71,3 +71,26 @@ def test_temperature_zero_in_fp32_is_greedy() -> None:
     got = sample(logits.clone(), rows).token_ids
     assert got[:2] == [int(logits[0].argmax()), int(logits[1].argmax())]
     assert got[2] == sample(logits[2:].clone(), rows[2:]).token_ids[0]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_sampling_op_gets_16_byte_aligned_parameters(n: int) -> None:
+    """Triton specialises on pointer alignment: a misaligned parameter (a contiguous view of a column, as at N = 1)
+    would compile a new kernel variant while serving. Every parameter reaches the op aligned, with its values."""
+    from flint_kernels.sampling import sample_top_k_ref
+
+    seen: list[torch.Tensor] = []
+
+    def recording(logits: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        seen.extend(params[:-1])
+        return sample_top_k_ref(logits, *params)
+
+    rows = [SamplingRow(0.5 + i, 0.9, 5 + i, 0.01 * i, 100 + i, 7 * i) for i in range(n)]
+    logits = torch.randn(n, 64, generator=torch.Generator().manual_seed(n))
+    expected = sample(logits.clone(), rows).token_ids
+    assert sample(logits.clone(), rows, recording).token_ids == expected
+    temps, top_k, top_p, min_p, seeds, steps = seen
+    assert all(t.data_ptr() % 16 == 0 and t.is_contiguous() and t.shape == (n,) for t in seen)
+    assert temps.tolist() == pytest.approx([0.5 + i for i in range(n)]) and top_k.tolist() == [5 + i for i in range(n)]
+    assert top_p.tolist() == pytest.approx([0.9] * n) and min_p.tolist() == pytest.approx([0.01 * i for i in range(n)])
+    assert seeds.tolist() == [100 + i for i in range(n)] and steps.tolist() == [7 * i for i in range(n)]
