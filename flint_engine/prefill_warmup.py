@@ -21,11 +21,15 @@ from .model import FlintModel
 log = logging.getLogger(__name__)
 
 # Prefill lengths that cross the kernels' switches: 1 vs many rows, multiples of 16 or not, the MoE shared-expert
-# fold (<= 16) and decode path (<= 64), the GEMV's tensor-core small-M tiles (<= 64) and the large-M paths, the
+# fold (<= 16) and decode path (<= 64), the expert-major MoE's ids-scan widths (pairs padded to 64 / 128 / 256 /
+# 512 from 9 / 11 / 22 / 43 tokens), the GEMV's tensor-core small-M tiles (<= 64) and the large-M paths, the
 # router's tile sizes (from 1024 and from 4096 tokens) and the NVFP4 MoE's expert copies (from 4096).
-PREFILL_LENGTHS = (2, 3, 8, 16, 17, 32, 33, 64, 65, 128, 257, 1024, 1025, 4097)
-# Decode rows riding along a prefill chunk (mixed steps), and their context length.
+PREFILL_LENGTHS = (2, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128, 257, 1024, 1025, 4097)
+# Decode rows riding along a prefill chunk (mixed steps), and their context length. The chunk lengths give the
+# prefill attention's three row-tile sizes (16, 32, 64 rows: the chunk's longest query times the 8 query heads a
+# KV head serves, capped at 64): a request's last chunk is often a few tokens beside many decode rows.
 MIXED_DECODE_ROWS = (1, 4, 8)
+MIXED_CHUNKS = (2, 3, 64)
 DECODE_CONTEXT = 100
 
 
@@ -34,9 +38,10 @@ def warmup_batches(max_tokens: int, max_seqs: int, budgets: tuple[int, ...] = ()
     largest step (`max_tokens`) and each smaller step budget (`budgets`) are run as prefills of their own."""
     shapes = [(n, 0) for n in sorted({*PREFILL_LENGTHS, *budgets, max_tokens}) if n <= max_tokens]
     for rows in MIXED_DECODE_ROWS:
-        n = min(64, max_tokens - rows)
-        if n >= 2 and rows + 1 <= max_seqs:
-            shapes.append((n, rows))
+        for chunk in MIXED_CHUNKS:
+            n = min(chunk, max_tokens - rows)
+            if n >= 2 and rows + 1 <= max_seqs and (n, rows) not in shapes:
+                shapes.append((n, rows))
     return shapes
 
 

@@ -511,7 +511,9 @@ def _decode_combine_kernel(
     tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-@triton.jit
+# The sequence count and the block-table width change with every mixed batch: specialising on them (== 1, multiple
+# of 16) would compile new variants while serving, for index arithmetic that gains nothing from it.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _prefill_kernel(
     q_ptr,
     k_ptr,

@@ -25,7 +25,8 @@ _BLOCK = 1024  # pairs per program of the count and scatter launches
 _CHUNK = 1024  # blocks per step of the block-table program
 
 
-@triton.jit
+# The pair and block counts change with every batch: not specialised on, so no batch compiles a new variant.
+@triton.jit(do_not_specialize=["P"])
 def _count_kernel(ids_ptr, counts_ptr, P, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """counts[e] += pairs routed to e (counts zeroed by the caller)."""
     pdl_entry(PDL)
@@ -35,7 +36,7 @@ def _count_kernel(ids_ptr, counts_ptr, P, BLOCK: tl.constexpr, PDL: tl.constexpr
     tl.atomic_add(counts_ptr + e, 1, mask=ok, sem="relaxed")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_blocks"])
 def _blocks_kernel(
     counts_ptr, cursor_ptr, scratch_ptr, meta_ptr, E, n_blocks, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr,
     STEPS: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
@@ -78,7 +79,7 @@ def _blocks_kernel(
         tl.store(meta_ptr + b * 3 + 2, rows, mask=b_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def _scatter_kernel(ids_ptr, cursor_ptr, order_ptr, P, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """order[next row of e's range] = p for every pair p routed to e."""
     pdl_entry(PDL)

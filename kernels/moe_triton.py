@@ -121,7 +121,10 @@ def _expert_rows(ids_ptr, pid_r, n_pairs, chunks, P_PAD: tl.constexpr, BLOCK_M: 
     return e.to(tl.int64), pairs, first + tl.arange(0, BLOCK_M) < count, first < count
 
 
-@triton.jit
+# Counts that change with every batch (pairs, chunks, shared rows) are not specialised on (== 1, multiple of 16):
+# each new class would compile a variant while serving (flint_engine/late_compiles.py), for loop bounds and masks
+# that gain nothing from it.
+@triton.jit(do_not_specialize=["n_shared_rows", "n_pairs", "chunks"])
 def _moe_gate_up_kernel(
     x_ptr,
     ids_ptr,
@@ -312,7 +315,7 @@ def _two_rows_nvfp4(
     return out0, tl.sum(acc1, axis=1, keep_dims=True) * 4.611686018427388e18
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def _moe_gate_up_expert_kernel(
     x_ptr,
     ids_ptr,
@@ -380,7 +383,7 @@ def _moe_gate_up_expert_kernel(
             _silu_mul_store(acc0 * scale, h_ptr, one + p0, stride_h, jj, col_ok, BLOCK_I, 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_shared_tokens", "n_pairs", "chunks"])
 def _moe_down_kernel(
     h_ptr,
     ids_ptr,

@@ -23,9 +23,12 @@ def test_shapes_stay_within_the_scheduler_budgets() -> None:
     assert (2048, 0) in shapes and (1024, 0) in shapes and (1025, 0) in shapes and (17, 0) in shapes
     assert (4097, 0) not in shapes and (4097, 0) in warmup_batches(8192, 256)  # the router's and MoE's 4096 switches
     assert {rows for _, rows in shapes if rows} == {1, 4, 8}
+    # Mixed steps in each of the prefill attention's row-tile sizes (a last chunk of 2, 3 or >= 5 tokens).
+    assert {n for n, rows in shapes if rows} == {2, 3, 64}
+    assert (9, 0) in shapes  # the expert-major MoE's narrowest ids scan (54 pairs, padded to 64)
     assert all(n + rows <= 2048 for n, rows in shapes)
     small = warmup_batches(16, 1)
-    assert small == [(2, 0), (3, 0), (8, 0), (16, 0)]  # no room for a second sequence, nothing over 16 tokens
+    assert small == [(2, 0), (3, 0), (8, 0), (9, 0), (16, 0)]  # no room for a second sequence, nothing over 16 tokens
     # Prefill-only steps of 8192 tokens beside 2048-token steps: both budgets run as prefills of their own.
     both = warmup_batches(8192, 64, (2048,))
     assert (2048, 0) in both and (8192, 0) in both and (4097, 0) in both
@@ -62,7 +65,7 @@ def test_warm_up_writes_nothing_fused_path() -> None:
     cache = _filled_cache(model, 2)
     before = _snapshot(cache)
     shapes = warm_up_prefill(model, cache, max_tokens=17, max_seqs=2)
-    assert shapes == [(2, 0), (3, 0), (8, 0), (16, 0), (17, 0), (16, 1)]
+    assert shapes == [(2, 0), (3, 0), (8, 0), (9, 0), (16, 0), (17, 0), (2, 1), (3, 1), (16, 1)]
     assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(cache)))
 
 
