@@ -279,7 +279,7 @@ def run_format(
     plain = FlintModel(weights, REFERENCE)
     # --- correctness: fused path against the plain path on the same weights
     for b in args.check_batches:
-        if kernels.name == "reference" or rep.time_left() < 0:
+        if kernels.name == "reference" or args.check_steps <= 0 or rep.time_left() < 0:
             break
         rep.add("checks", {"format": fmt, **check_fast_vs_plain(fast, plain, cfg, dev, args.check_steps, b, bs)})
     # --- the KV cache for the largest decode configuration that fits next to the weights
@@ -389,7 +389,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--kernels", default="auto", choices=["auto", "reference", "fast"])
     ap.add_argument("--no-graphs", action="store_true")
-    ap.add_argument("--check-steps", type=int, default=32)
+    ap.add_argument("--check-steps", type=int, default=32, help="greedy steps of the fused-vs-plain check (0: none)")
     ap.add_argument("--check-batches", type=int, nargs="*", default=[1, 8])
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument(

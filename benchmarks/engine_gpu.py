@@ -30,6 +30,7 @@ from flint_kernels.sampling import sample_top_k_ref
 
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
+from flint_engine.late_compiles import WATCH as LATE_COMPILES
 from flint_engine.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
@@ -68,39 +69,127 @@ def run(engine: LLMEngine, concurrency: int, prompt_len: int, max_tokens: int, t
     }
 
 
-def long_prompt(engine: LLMEngine, prompt_len: int) -> dict:
+def _steps_until_first_token(engine: LLMEngine, req, decoding=None) -> tuple[list[float], list[float]]:
+    """Step until `req` has its first token: each step's wall ms, and `decoding`'s token times meanwhile."""
+    step_ms, stamps = [], [time.perf_counter()]
+    while not req.output_token_ids:
+        n = len(decoding.output_token_ids) if decoding is not None else 0
+        t = time.perf_counter()
+        engine.step()  # returns once the step's tokens are on the host
+        step_ms.append(round((time.perf_counter() - t) * 1e3, 2))
+        if decoding is not None and len(decoding.output_token_ids) > n:
+            stamps.append(time.perf_counter())
+    return step_ms, stamps
+
+
+def long_prompt(engine: LLMEngine, prompt_len: int, profile: bool = False) -> dict:
     """A long prompt's time to first token alone (prefill-only steps, `idle_prefill_tokens`), then beside a request
-    that is decoding: that request's gaps between tokens while the prompt is prefilled (`max_num_batched_tokens`)."""
+    that is decoding: that request's gaps between tokens while the prompt is prefilled (`max_num_batched_tokens`).
+    Each phase lists its steps' wall times and the Triton kernels first compiled in it (a stall the warm-up missed).
+    Every prompt is a fresh permutation, so the prefix cache serves none of it."""
     rng = random.Random(prompt_len)
     vocab = engine.config.vocab_size
     prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
     greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    engine.generate([prompt], greedy)  # first-use compiles out of the timing
-    [alone] = engine.generate([prompt[::-1]], greedy)
+    compiles = LATE_COMPILES.count
+    engine.generate([prompt], greedy)  # first use of the prompt's shapes
+    warm_compiles = [e.kernel for e in LATE_COMPILES.events[compiles:]]
+    compiles = LATE_COMPILES.count
+    alone = engine.add_request("alone", prompt[::-1], greedy)
+    alone_steps, _ = _steps_until_first_token(engine, alone)
+    while engine.has_unfinished():
+        engine.step()
+    alone_compiles = [e.kernel for e in LATE_COMPILES.events[compiles:]]
     endless = SamplingParams(max_tokens=engine.max_context - 64, ignore_eos=True)
     decoding = engine.add_request("decoding", prompt[:64], endless)
     while len(decoding.output_token_ids) < 4:
         engine.step()
+    compiles = LATE_COMPILES.count
     beside = engine.add_request("long", prompt[1:] + prompt[:1], greedy)
-    stamps = [time.perf_counter()]
-    while not beside.output_token_ids:
-        n = len(decoding.output_token_ids)
-        engine.step()
-        if len(decoding.output_token_ids) > n:
-            stamps.append(time.perf_counter())
+    beside_steps, stamps = _steps_until_first_token(engine, beside, decoding)
+    beside_compiles = [e.kernel for e in LATE_COMPILES.events[compiles:]]
     engine.abort("decoding")
     while engine.has_unfinished():
         engine.step()
     gaps = [(b - a) * 1e3 for a, b in itertools.pairwise(stamps)]
-    return {
+    row = {
         "prompt_len": prompt_len,
         "max_num_batched_tokens": engine.engine_config.max_num_batched_tokens,
         "prefill_tokens": engine.prefill_tokens,
         "ttft_alone_ms": round((alone.first_token_time - alone.arrival_time) * 1e3, 1),
+        "alone_step_ms": alone_steps,
         "ttft_beside_decoding_ms": round((beside.first_token_time - beside.arrival_time) * 1e3, 1),
+        "beside_step_ms": beside_steps,
         "decoding_gap_max_ms": round(max(gaps), 1) if gaps else None,
         "decoding_gap_median_ms": round(statistics.median(gaps), 1) if gaps else None,
+        "late_compiles": {"first_prompt": warm_compiles, "alone": alone_compiles, "beside": beside_compiles},
     }
+    if profile and torch.cuda.is_available():
+        from decode import count_kernels  # a sibling script: benchmarks/ is on sys.path
+
+        shift = iter(range(2, prompt_len))
+
+        def one_prompt() -> None:
+            k = next(shift)
+            engine.generate([prompt[k:] + prompt[:k]], greedy)
+
+        n, families, by_name = count_kernels(one_prompt, torch.device("cuda"))
+        row.update(alone_kernels=n, alone_time_by_family_ms=families, alone_kernels_by_name=by_name[:20])
+    return row
+
+
+def churn(engine: LLMEngine, n_requests: int, seed: int = 0) -> dict:
+    """Serving-like traffic in one process: requests of mixed prompt lengths (mostly short, some up to a few
+    thousand tokens), lengths and sampling settings arrive while others decode, so steps mix prefill chunks of any
+    size with decode rows of any count. Reports the slowest steps and every Triton kernel first compiled meanwhile
+    (each such compile stalls every running request; the warm-up should leave none)."""
+    rng = random.Random(seed)
+    vocab = engine.config.vocab_size
+    cap = engine.engine_config.max_num_seqs
+    longest = max(1, engine.max_context - 48)  # room for the longest output below
+    compiles = LATE_COMPILES.count
+    step_ms: list[float] = []
+    added = 0
+    while added < n_requests or engine.has_unfinished():
+        if added < n_requests and len(engine.scheduler.running) + len(engine.scheduler.waiting) < cap:
+            for _ in range(rng.choice((0, 0, 1, 1, 2, 5))):
+                if added == n_requests:
+                    break
+                plen = rng.randint(1, 64) if rng.random() < 0.6 else rng.randint(65, 3000)
+                plen = min(plen, longest)
+                greedy = rng.random() < 0.3
+                params = SamplingParams(
+                    max_tokens=rng.randint(1, 48),
+                    temperature=0.0 if greedy else rng.choice((0.7, 1.0)),
+                    top_k=rng.choice((20, 20, 50, 1)),
+                    ignore_eos=True,
+                    seed=added,
+                )
+                engine.add_request(f"churn-{added}", [rng.randrange(vocab) for _ in range(plen)], params)
+                added += 1
+        t = time.perf_counter()
+        engine.step()
+        step_ms.append((time.perf_counter() - t) * 1e3)
+    late = LATE_COMPILES.events[compiles:]
+    return {
+        "requests": n_requests,
+        "steps": len(step_ms),
+        "step_ms_median": round(statistics.median(step_ms), 2),
+        "step_ms_p99": round(sorted(step_ms)[int(0.99 * (len(step_ms) - 1))], 2),
+        "step_ms_max": round(max(step_ms), 2),
+        "late_compiles": [{"kernel": e.kernel, "key": e.key[:1500]} for e in late],
+    }
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command that repeats this run (flags as typed: lists spaced, switches bare, unset options left out)."""
+    parts = ["python benchmarks/engine_gpu.py"]
+    for k, v in vars(args).items():
+        flag = "--" + k.replace("_", "-")
+        if k == "out" or v is None or v is False:
+            continue
+        parts.append(flag if v is True else f"{flag} {' '.join(map(str, v)) if isinstance(v, list) else v}")
+    return " ".join(parts)
 
 
 def main() -> None:
@@ -116,6 +205,8 @@ def main() -> None:
     ap.add_argument(
         "--long-prompt", type=int, default=0, help="also time a prompt this long alone and beside a decoding request"
     )
+    ap.add_argument("--churn", type=int, default=0, help="also run this many requests of serving-like mixed traffic")
+    ap.add_argument("--profile-long", action="store_true", help="kernels of the long prompt alone, by family (GPU)")
     ap.add_argument("--no-sampling-rows", action="store_true", help="only the start-up and the long prompt")
     ap.add_argument("--out", type=Path, default=RESULTS / "engine_gpu.json")
     args = ap.parse_args()
@@ -135,9 +226,10 @@ def main() -> None:
     startup = time.perf_counter() - t0
     fast = engine.model.kernels
     rows = []
-    long_row = long_prompt(engine, args.long_prompt) if args.long_prompt else None
+    long_row = long_prompt(engine, args.long_prompt, args.profile_long) if args.long_prompt else None
     if long_row:
         print(json.dumps(long_row), flush=True)
+    churn_row = churn(engine, args.churn) if args.churn else None
     for op_name, kernels in (("triton", fast), ("reference", dataclasses.replace(fast, sample_top_k=sample_top_k_ref))):
         engine.model.kernels = kernels
         for c in [] if args.no_sampling_rows else args.concurrency:
@@ -152,12 +244,13 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "model": args.model,
-        "command": "python benchmarks/engine_gpu.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+        "command": command_line(args),
         "startup_s": round(startup, 1),
         "startup_log": rec.lines,
         "rows": rows,
         "long_prompt": long_row,
+        "churn": churn_row,
+        "late_compiles": [{"kernel": e.kernel, "specialisation": e.specialisation[:300]} for e in LATE_COMPILES.events],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
@@ -175,6 +268,18 @@ def main() -> None:
             f" decoding request {long_row['ttft_beside_decoding_ms']} ms; its gaps meanwhile max"
             f" {long_row['decoding_gap_max_ms']} ms, median {long_row['decoding_gap_median_ms']} ms"
         )
+        print(f"  steps alone (ms): {long_row['alone_step_ms']}; beside: {long_row['beside_step_ms']}")
+        if "alone_time_by_family_ms" in long_row:
+            fams = ", ".join(f"{k} {v:.1f}" for k, v in long_row["alone_time_by_family_ms"].items())
+            print(f"  alone, GPU ms by family ({long_row['alone_kernels']} kernels): {fams}")
+    if churn_row:
+        print(
+            f"churn: {churn_row['requests']} requests in {churn_row['steps']} steps, step ms median"
+            f" {churn_row['step_ms_median']}, p99 {churn_row['step_ms_p99']}, max {churn_row['step_ms_max']};"
+            f" {len(churn_row['late_compiles'])} kernels compiled meanwhile"
+        )
+    late = [e.kernel for e in LATE_COMPILES.events]
+    print(f"Triton kernels compiled after the warm-up: {len(late)} {sorted(set(late))}")
     print(f"wrote {args.out}")
 
 
