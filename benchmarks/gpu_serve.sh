@@ -4,7 +4,11 @@
 # Ray's wheel is larger than one call may carry, so it travels in two halves (../shared/tools/ray-on-device.sh):
 #   call 1 (carry [".rayA"]):  mkdir -p /tmp/stash && cp .rayA/* /tmp/stash/ && ...   (benchmarks/gpu_session.sh)
 #   call 2 (carry [".rayB"]):  bash benchmarks/gpu_serve.sh
-# .rayB also holds the wheels the GPU image lacks (gguf, openai and their needs).
+# .rayB also holds the wheels the GPU image lacks (gguf, openai and their needs); after the script above:
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux2014_x86_64 -d .rayB openai httpx2 httpcore2 truststore distro jiter sniffio
+#   cp .whl/gguf-*.whl .rayB/
+# (On 2026-12-01 .rayB had openai without httpx2: serve_smoke.py failed to import, serve_load.py ran.)
 #
 # flint-serve with one replica of the full-size model (random NVFP4 weights built on the GPU; MODEL=random:full for
 # BF16) through the router: serve_smoke.py (openai client; the replica must report a CUDA device), serve_load.py.
@@ -35,6 +39,9 @@ timeout 60 python3 benchmarks/serve_smoke.py --expect-device cuda --out "$OUT/se
 timeout 150 python3 benchmarks/serve_load.py --concurrency 1 8 32 --rates --requests 48 \
   --out "$OUT/serve_load_gpu.json" > "$OUT/serve_load.txt" 2>&1
 tail -8 "$OUT/serve_load.txt"
+# Any Triton kernel compiled after the warm-up stalled the requests of its step (flint_engine/late_compiles.py).
+curl -s http://127.0.0.1:8000/metrics | grep -E '^(ray_)?flint[:_]late_kernel_compiles' | head -4
+grep -h "after the warm-up" "$OUT/serve.log" /tmp/ray/session_latest/logs/*.log 2> /dev/null | cut -c1-300 | head -4
 kill -INT -- -$server 2> /dev/null
 wait $server
 echo "flint-serve exited with $?"

@@ -138,7 +138,11 @@ class FlintReplica:
         asyncio.get_running_loop().call_later(seconds, self.engine.paused.clear)
 
     async def __del__(self) -> None:
-        self._export_task.cancel()
+        # Also after a failed __init__ (a missing module, a bad checkpoint): whatever was set up is torn down, and
+        # the failure's own traceback stays the last word in the log.
+        task = getattr(self, "_export_task", None)
+        if task is not None:
+            task.cancel()
         with contextlib.suppress(Exception):
             self.hub.drop.remote(self.replica_id)
         with contextlib.suppress(Exception):

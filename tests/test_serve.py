@@ -289,3 +289,16 @@ def test_overload_sheds_with_503(cluster: ServeCluster) -> None:
     fast = [e for c, e in zip(codes, elapsed) if c == 503]
     assert max(fast) < 5.0  # shed at once, not after queueing
     assert set(codes) <= {200, 503}
+
+
+def test_replica_teardown_after_a_failed_start() -> None:
+    """A replica whose __init__ failed before its metrics task existed tears down quietly (Ray calls __del__), so
+    the start failure's traceback is not followed by an unrelated AttributeError."""
+    import asyncio
+
+    from flint_serve.replica import FlintReplica
+
+    replica = object.__new__(FlintReplica)
+    replica.replica_id = "r"
+    asyncio.run(replica.__del__())
+    assert not hasattr(replica, "_export_task")
