@@ -49,6 +49,7 @@ KNOWN_METRICS = {
             "request_success_total",
             "prefix_cache_queries_total",
             "prefix_cache_hits_total",
+            "late_kernel_compiles_total",
             "gpu_memory_used_bytes",
         )
     ),
@@ -73,6 +74,7 @@ EXPECTED_ALERTS = {
     "FlintServeTTFTHigh",
     "FlintServeKVCacheNearFull",
     "FlintServePreemptionsRising",
+    "FlintServeKernelCompiledWhileServing",
 }
 
 
