@@ -681,6 +681,30 @@ def test_weights_from_object_store(tmp_path: Path) -> None:
     assert one(build("nvfp4"), "ConfigMap", "flint-model-source")["data"]["MODEL_URI"] == ""
 
 
+def test_triton_cache_component(tmp_path: Path) -> None:
+    """The shared kernel cache: a ReadWriteMany PVC mounted writable in the GPU pods, Triton pointed at it."""
+    docs = build_with_components(tmp_path, "nvfp4", ["triton-cache"])
+    assert _validate_core(docs) >= 8
+    check_rayservice_schema(rayservice(docs))
+    pvc = one(docs, "PersistentVolumeClaim", "flint-triton-cache")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    spec = gpu_group(rayservice(docs))["template"]["spec"]
+    container = spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TRITON_CACHE_DIR"] == "/triton-cache"
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/triton-cache"]
+    assert not mount.get("readOnly")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] == "flint-triton-cache"
+    _check_pod_security("triton-cache gpu", spec)
+    # Without the component the cache stays in the pod's own emptyDir.
+    base_env = {
+        e["name"]: e.get("value")
+        for e in gpu_group(rayservice(build("nvfp4")))["template"]["spec"]["containers"][0]["env"]
+    }
+    assert base_env["TRITON_CACHE_DIR"] == "/home/ray/.cache/triton"
+
+
 def test_storage_job_is_hardened() -> None:
     docs = _kustomize(str(K8S / "storage"))
     job = one(docs, "Job")
