@@ -232,6 +232,7 @@ def test_dashboard_variables_and_metrics() -> None:
         "ray_flint_kv_cache_usage_perc",
         "ray_flint_num_preemptions_total",
         "ray_flint_prefix_cache_hits_total",
+        "ray_flint_late_kernel_compiles_total",  # kernels compiled while serving
         "ray_serve_deployment_replica_healthy",  # replicas and their health
         "ray_flint_gpu_memory_used_bytes",  # per-replica GPU memory
     ):
