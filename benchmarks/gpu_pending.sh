@@ -3,13 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# Pending since 2026-12-01 (tenth session). The ninth session's idle prefill budget was run once (2026-12-01, tenth
-# session's first call): TTFT alone 229.7 ms with steps of 2048, 53.9 ms with 8192 (below decode.py's 127.9 ms
-# one-chunk prefill: to be explained), and beside a decoding request a 4.9 s gap in the run on a cold Triton cache
-# (a kernel compiled after the warm-up). Now: the late-compile watch (flint_engine/late_compiles.py) names any kernel
-# Triton compiles after the warm-up, `engine_gpu.py` lists each step's wall time and, with --profile-long, the
-# prompt's kernels by family, and with --churn N serving-like mixed traffic. Both run on a cold Triton cache (what
-# a fresh replica meets).
+# State after the tenth session (2026-12-01): the idle prefill budget and the late-compile fixes are judged
+# (docs/performance.md, "Serving without compile stalls"). This call re-runs those checks on a cold Triton cache
+# (the late-compile tests; per format an 8K prompt alone and beside a decoding request, then 200 requests of
+# serving-like traffic: every kernel Triton compiles after the warm-up is listed, there should be none), then the
+# next open question below.
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -35,6 +33,15 @@ done
 timeout 150 python3 benchmarks/decode.py --formats bf16 --batches 1 32 --contexts 1024 --prefill 8192 \
     --check-steps 0 --reps 20 --deadline-s 120 --out "$OUT/decode_bf16.json" > "$OUT/decode_bf16.txt" 2>&1
 tail -6 "$OUT/decode_bf16.txt"
+
+# Next question (not yet run): do NVFP4 experts from BF16 copies beat decoding in registers at the 2048-token steps
+# the engine now runs beside decoding requests? On 2026-11-29 at T = 2048: copies 1.42 ms (copy ~0.69 + GEMM),
+# registers 1.23; since then the copies run at ~3.8 TB/s and the BF16 GEMM at 2048 takes ~0.60 ms. If "grp dq"
+# wins, lower moe.paths dequant_min_tokens for NVFP4 in the H200 table (the activation reserve follows it).
+timeout 200 python3 benchmarks/kernels_moe_gemv.py --only moe --formats nvfp4 --ts 1024 2048 3072 --sweep \
+    --match "grp m32 i64 k64" "grp m64 k64 w4" "grp m64 k64 w8" "grp dq m64 k64 w8" "grp dq m128 k64 w8" \
+    --out "$OUT/moe_nvfp4_copies_vs_registers.json" > "$OUT/moe_nvfp4_copies_vs_registers.txt" 2>&1
+tail -12 "$OUT/moe_nvfp4_copies_vs_registers.txt"
 
 # The device returns at most 8 files from $OUT: everything goes back as one archive (tar -xzf results.tgz).
 (cd "$OUT" && tar -czf /tmp/flint-results.tgz . && find . -mindepth 1 -delete && mv /tmp/flint-results.tgz results.tgz)
