@@ -71,7 +71,7 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
 
 def test_serving_meets_no_kernel_variant_the_warm_up_did_not_run(launches: dict[str, Any]) -> None:
     cfg = preset("tiny").replace(
-        num_hidden_layers=3, layer_types=(FULL, SLIDING, SLIDING), mlp_only_layers=(0,), sliding_window=7
+        num_hidden_layers=2, layer_types=(FULL, SLIDING), mlp_only_layers=(0,), sliding_window=7
     )
     model = FlintModel(random_weights(cfg, torch.float32, seed=3), fast.fast_kernels(REFERENCE))
     ec = EngineConfig(kv_cache_memory=8 * 2**20, max_num_batched_tokens=16, max_num_seqs=6, max_model_len=96)
