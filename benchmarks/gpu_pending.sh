@@ -7,7 +7,9 @@
 # (docs/performance.md, "Serving without compile stalls"). This call re-runs those checks on a cold Triton cache
 # (the late-compile tests; per format an 8K prompt alone and beside a decoding request, then 200 requests of
 # serving-like traffic: every kernel Triton compiles after the warm-up is listed, there should be none), then the
-# next open question below.
+# next open question below. Also due (its own call, `bash benchmarks/gpu_session.sh`): the MoE and prefill
+# attention kernels' GPU tests, not re-run since those kernels stopped specialising on batch counts (the engine,
+# the churn and decode.py ran on them, with unchanged speed).
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl

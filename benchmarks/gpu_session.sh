@@ -26,7 +26,8 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 timeout 130 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 \
     tests/test_kernels_gemv.py tests/test_kernels_moe.py tests/test_kernels_attention.py \
     tests/test_kernels_norm_rope.py tests/test_kernels_router_act.py tests/test_cuda_graphs.py \
-    tests/test_kernels_sampling.py tests/test_kernels_qkv_attention.py tests/test_kernels_moe_align.py > "$OUT/gpu_tests.txt" 2>&1
+    tests/test_kernels_sampling.py tests/test_kernels_qkv_attention.py tests/test_kernels_moe_align.py \
+    tests/test_late_compiles.py > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.txt")"
 
 # The A/B variant: another fused-op list ($AB_OPS) or, when $AB_TUNING_FILE names one, another tuning table.
