@@ -138,6 +138,10 @@ def long_prompt(engine: LLMEngine, prompt_len: int, profile: bool = False) -> di
     return row
 
 
+def _percentile(values: list[float], q: float) -> float | None:
+    return round(sorted(values)[int(q * (len(values) - 1))], 2) if values else None
+
+
 def churn(engine: LLMEngine, n_requests: int, seed: int = 0) -> dict:
     """Serving-like traffic in one process: requests of mixed prompt lengths (mostly short, some up to a few
     thousand tokens), lengths and sampling settings arrive while others decode, so steps mix prefill chunks of any
@@ -149,6 +153,8 @@ def churn(engine: LLMEngine, n_requests: int, seed: int = 0) -> dict:
     longest = max(1, engine.max_context - 48)  # room for the longest output below
     compiles = LATE_COMPILES.count
     step_ms: list[float] = []
+    arrivals: dict[str, float] = {}
+    token_times: dict[str, list[float]] = {}  # when each request's tokens reached the host
     added = 0
     while added < n_requests or engine.has_unfinished():
         if added < n_requests and len(engine.scheduler.running) + len(engine.scheduler.waiting) < cap:
@@ -165,18 +171,28 @@ def churn(engine: LLMEngine, n_requests: int, seed: int = 0) -> dict:
                     ignore_eos=True,
                     seed=added,
                 )
-                engine.add_request(f"churn-{added}", [rng.randrange(vocab) for _ in range(plen)], params)
+                rid = f"churn-{added}"
+                engine.add_request(rid, [rng.randrange(vocab) for _ in range(plen)], params)
+                arrivals[rid] = time.perf_counter()
                 added += 1
         t = time.perf_counter()
-        engine.step()
-        step_ms.append((time.perf_counter() - t) * 1e3)
+        outputs = engine.step()
+        now = time.perf_counter()
+        step_ms.append((now - t) * 1e3)
+        for out in outputs:
+            if out.new_token_ids:
+                token_times.setdefault(out.request_id, []).append(now)
     late = LATE_COMPILES.events[compiles:]
+    ttft = [(times[0] - arrivals[rid]) * 1e3 for rid, times in token_times.items()]
+    itl = [(b - a) * 1e3 for times in token_times.values() for a, b in itertools.pairwise(times)]
     return {
         "requests": n_requests,
         "steps": len(step_ms),
         "step_ms_median": round(statistics.median(step_ms), 2),
-        "step_ms_p99": round(sorted(step_ms)[int(0.99 * (len(step_ms) - 1))], 2),
+        "step_ms_p99": _percentile(step_ms, 0.99),
         "step_ms_max": round(max(step_ms), 2),
+        "ttft_ms_p50_p99": [_percentile(ttft, 0.5), _percentile(ttft, 0.99)],
+        "itl_ms_p50_p99": [_percentile(itl, 0.5), _percentile(itl, 0.99)],
         "late_compiles": [{"kernel": e.kernel, "key": e.key[:1500]} for e in late],
     }
 
@@ -273,10 +289,12 @@ def main() -> None:
             fams = ", ".join(f"{k} {v:.1f}" for k, v in long_row["alone_time_by_family_ms"].items())
             print(f"  alone, GPU ms by family ({long_row['alone_kernels']} kernels): {fams}")
     if churn_row:
+        c = churn_row
+        ttft, itl = c["ttft_ms_p50_p99"], c["itl_ms_p50_p99"]
         print(
-            f"churn: {churn_row['requests']} requests in {churn_row['steps']} steps, step ms median"
-            f" {churn_row['step_ms_median']}, p99 {churn_row['step_ms_p99']}, max {churn_row['step_ms_max']};"
-            f" {len(churn_row['late_compiles'])} kernels compiled meanwhile"
+            f"churn: {c['requests']} requests in {c['steps']} steps, step ms median {c['step_ms_median']}, p99"
+            f" {c['step_ms_p99']}, max {c['step_ms_max']}; TTFT ms p50/p99 {ttft[0]}/{ttft[1]}, ITL ms p50/p99"
+            f" {itl[0]}/{itl[1]}; {len(c['late_compiles'])} kernels compiled meanwhile"
         )
     late = [e.kernel for e in LATE_COMPILES.events]
     print(f"Triton kernels compiled after the warm-up: {len(late)} {sorted(set(late))}")

@@ -27,6 +27,8 @@ def test_long_prompt_and_churn_rows(tmp_path: Path) -> None:
     assert long["ttft_alone_ms"] >= long["alone_step_ms"][-1]  # stamped after the last step's tokens
     churn = data["churn"]
     assert churn["requests"] == 12 and churn["steps"] > 12 and churn["step_ms_max"] >= churn["step_ms_median"] > 0
+    ttft, itl = churn["ttft_ms_p50_p99"], churn["itl_ms_p50_p99"]
+    assert 0 < ttft[0] <= ttft[1] and 0 < itl[0] <= itl[1]  # request-level times, from the tokens' arrival
     assert churn["late_compiles"] == [] and data["late_compiles"] == []  # CPU: the reference path, no Triton
     assert data["command"].startswith("python benchmarks/engine_gpu.py --model random:tiny")
     assert "--churn 12" in data["command"] and "None" not in data["command"] and "False" not in data["command"]
