@@ -93,13 +93,13 @@ def long_prompt(engine: LLMEngine, prompt_len: int, profile: bool = False) -> di
     greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     compiles = LATE_COMPILES.count
     engine.generate([prompt], greedy)  # first use of the prompt's shapes
-    warm_compiles = [e.kernel for e in LATE_COMPILES.events[compiles:]]
+    warm_compiles = [e.kernel for e in LATE_COMPILES.since(compiles)]
     compiles = LATE_COMPILES.count
     alone = engine.add_request("alone", prompt[::-1], greedy)
     alone_steps, _ = _steps_until_first_token(engine, alone)
     while engine.has_unfinished():
         engine.step()
-    alone_compiles = [e.kernel for e in LATE_COMPILES.events[compiles:]]
+    alone_compiles = [e.kernel for e in LATE_COMPILES.since(compiles)]
     endless = SamplingParams(max_tokens=engine.max_context - 64, ignore_eos=True)
     decoding = engine.add_request("decoding", prompt[:64], endless)
     while len(decoding.output_token_ids) < 4:
@@ -107,7 +107,7 @@ def long_prompt(engine: LLMEngine, prompt_len: int, profile: bool = False) -> di
     compiles = LATE_COMPILES.count
     beside = engine.add_request("long", prompt[1:] + prompt[:1], greedy)
     beside_steps, stamps = _steps_until_first_token(engine, beside, decoding)
-    beside_compiles = [e.kernel for e in LATE_COMPILES.events[compiles:]]
+    beside_compiles = [e.kernel for e in LATE_COMPILES.since(compiles)]
     engine.abort("decoding")
     while engine.has_unfinished():
         engine.step()
@@ -182,7 +182,7 @@ def churn(engine: LLMEngine, n_requests: int, seed: int = 0) -> dict:
         for out in outputs:
             if out.new_token_ids:
                 token_times.setdefault(out.request_id, []).append(now)
-    late = LATE_COMPILES.events[compiles:]
+    late = LATE_COMPILES.since(compiles)
     ttft = [(times[0] - arrivals[rid]) * 1e3 for rid, times in token_times.items()]
     itl = [(b - a) * 1e3 for times in token_times.values() for a, b in itertools.pairwise(times)]
     return {

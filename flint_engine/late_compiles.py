@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,6 @@ class LateCompile:
     kernel: str
     specialisation: str  # launch options and arguments, as Triton prints them
     key: str  # Triton's cache key: each argument's type and specialisation (alignment, == 1), the constexprs
-    at: float  # time.monotonic()
 
 
 @dataclass
@@ -36,6 +34,10 @@ class LateCompileWatch:
     def count(self) -> int:
         return len(self.events)
 
+    def since(self, count: int) -> list[LateCompile]:
+        """The events after the first `count` (take `count` before a phase, read the phase's compiles after it)."""
+        return self.events[count:]
+
     def hook(self, **kwargs: Any) -> bool | None:
         """Triton's `jit_cache_hook`: record the miss, then defer to any hook installed before ours."""
         if not kwargs.get("is_manual_warmup", False):
@@ -43,9 +45,7 @@ class LateCompileWatch:
             name = getattr(fn, "name", None) or str(fn)
             spec = str(kwargs.get("repr", ""))
             with self._lock:
-                self.events.append(
-                    LateCompile(name.rsplit(".", 1)[-1], spec, str(kwargs.get("key", "")), time.monotonic())
-                )
+                self.events.append(LateCompile(name.rsplit(".", 1)[-1], spec, str(kwargs.get("key", ""))))
             log.warning(
                 "Triton compiles %s after the warm-up (this step stalls; the warm-up misses this shape): %s",
                 name,
