@@ -32,6 +32,7 @@ class ServeSettings(BaseModel):
     kernels: Literal["auto", "reference", "fast"] = "auto"
     cuda_graphs: bool = True
     prefill_warmup: bool = True
+    precompile_kernels: bool = Field(default=True, description="compile the GPU's kernel manifest in parallel at start")
 
     # replicas and autoscaling (one engine per GPU, TP=1)
     num_replicas: int | None = Field(default=None, ge=1, description="fixed count; disables autoscaling")
@@ -94,6 +95,7 @@ class ServeSettings(BaseModel):
             kernels=self.kernels,
             cuda_graphs=self.cuda_graphs,
             prefill_warmup=self.prefill_warmup,
+            precompile_kernels=self.precompile_kernels,
         )
 
     def replica_options(self, gpu: bool) -> dict[str, Any]:

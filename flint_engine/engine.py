@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from flint_kernels import precompile
 from flint_kernels.dispatch import select_kernels
 
 from .config import FlintConfig
@@ -123,10 +124,18 @@ class LLMEngine:
         )
         log.info("%s; longest admissible context %d tokens", self.plan.describe(), self.max_context)
         log.info("step budget: %d tokens, %d in prefill-only steps", ec.max_num_batched_tokens, self.prefill_tokens)
-        if fused_on_gpu and ec.prefill_warmup:
-            warm_up_prefill(model, self.cache, self.prefill_tokens, ec.max_num_seqs, (ec.max_num_batched_tokens,))
-        if fused_on_gpu and ec.cuda_graphs:
-            self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
+        self.precompile_report: precompile.Report | None = None
+        if fused_on_gpu and ec.precompile_kernels:
+            self.precompile_report = precompile.run(model.device, model.weights.kernel_profile())
+        # What the warm-up compiles itself (a manifest would list it: benchmarks/cold_start.py --record).
+        with precompile.Recorder() as compiled:
+            if fused_on_gpu and ec.prefill_warmup:
+                warm_up_prefill(model, self.cache, self.prefill_tokens, ec.max_num_seqs, (ec.max_num_batched_tokens,))
+            if fused_on_gpu and ec.cuda_graphs:
+                self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
+        self.warmup_compiles = compiled.entries
+        if fused_on_gpu:
+            log.info("the warm-up compiled %d Triton kernel variants the manifest did not list", len(compiled.entries))
         # From here on a Triton compile is a stall inside some request's step: logged and counted.
         self.watches_compiles = fused_on_gpu and LATE_COMPILES.arm()
 

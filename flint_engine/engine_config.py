@@ -33,6 +33,9 @@ class EngineConfig:
     kernels: str = "auto"  # auto | reference | fast
     cuda_graphs: bool = True
     prefill_warmup: bool = True  # on the fused GPU path: compile prefill kernels at start, not in the first requests
+    # On the fused GPU path: compile the kernels the shipped manifest lists for this GPU and model in parallel
+    # before the warm-up (flint_kernels.precompile); off: the warm-up compiles them one by one.
+    precompile_kernels: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -1,0 +1,159 @@
+"""Engine start-up on an empty Triton cache, with and without the parallel precompile of the kernel manifest.
+
+Each start runs in its own process with its own `TRITON_CACHE_DIR`, so "cold" means what it does on a fresh
+machine: every kernel the warm-up meets is compiled. Per model:
+
+- `serial`: cold, no manifest (`precompile_kernels=False`): the warm-up compiles kernel by kernel. With
+  `--record FILE` the variants it compiled are written into the manifest FILE under the model's profile (the
+  shipped one for a GPU is `kernels/precompile/<device key>.json`).
+- `parallel`: cold, with the manifest (`--manifest`, default: the one `--record` wrote, else the shipped one).
+- `warm`: the same Triton cache again (what k8s/components/triton-cache gives a replica after the first).
+
+    python benchmarks/cold_start.py --models random:full random:full:nvfp4 --record kernels/precompile/nvidia-h200.json
+
+Prints a table and writes benchmarks/results/cold_start.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def child(args: argparse.Namespace) -> None:
+    """One engine start in this process; prints one JSON line."""
+    import torch
+    import triton
+
+    from flint_engine.engine import LLMEngine
+    from flint_engine.engine_config import EngineConfig
+    from flint_engine.sampling_params import SamplingParams
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            if re.search(r"in \d+(\.\d+)? s|precompiled|warm-up compiled", msg):
+                lines.append(msg)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger().addHandler(Keep())
+    cfg = EngineConfig(
+        model=args.child,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        precompile_kernels=not args.no_precompile,
+    )
+    t0 = time.perf_counter()
+    engine = LLMEngine.from_checkpoint(cfg, progress=False)
+    startup = time.perf_counter() - t0
+    # A request through the engine after the start: the precompiled kernels run (and nothing compiles late).
+    t1 = time.perf_counter()
+    engine.generate([[1, 2, 3, 4, 5, 6, 7, 8]], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    first_request = time.perf_counter() - t1
+    profile = engine.model.weights.kernel_profile()
+    if args.record_to:
+        Path(args.record_to).write_text(json.dumps([{"kernel": e.kernel, "spec": e.spec} for e in
+                                                    engine.warmup_compiles]))  # fmt: skip
+    report = engine.precompile_report
+    row = {
+        "model": args.child,
+        "profile": profile,
+        "startup_s": round(startup, 1),
+        "first_request_s": round(first_request, 2),
+        "warmup_compiles": len(engine.warmup_compiles),
+        "precompile": None if report is None else dataclasses.asdict(report),
+        "log": lines,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "triton": triton.__version__,
+    }
+    print("ROW " + json.dumps(row), flush=True)
+
+
+def start(model: str, cache: Path, manifest: Path | None, precompile: bool, record_to: Path | None,
+          settings: list[str], timeout: float) -> dict:  # fmt: skip
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
+    if manifest is not None:
+        env["FLINT_PRECOMPILE_FILE"] = str(manifest)
+    cmd = [sys.executable, __file__, "--child", model, *settings]
+    if not precompile:
+        cmd.append("--no-precompile")
+    if record_to is not None:
+        cmd += ["--record-to", str(record_to)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    rows = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+    if proc.returncode != 0 or not rows:
+        tail = (proc.stderr or proc.stdout)[-3000:]
+        raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{tail}")
+    return {**json.loads(rows[-1]), "process_wall_s": round(wall, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["random:full", "random:full:nvfp4"])
+    ap.add_argument("--record", type=Path, help="write the serial start's kernels into this manifest")
+    ap.add_argument("--manifest", type=Path, help="the manifest of the parallel starts (default: --record's)")
+    ap.add_argument("--skip-serial", action="store_true", help="no serial start (needs a manifest)")
+    ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
+    ap.add_argument("--max-num-seqs", type=int, default=128, help="also the largest decode graph (k8s NVFP4: 128)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per start")
+    ap.add_argument("--out", type=Path, default=RESULTS / "cold_start.json")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--no-precompile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--record-to", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    from flint_kernels import precompile
+
+    manifest = args.manifest or args.record
+    if args.skip_serial and manifest is None and precompile.manifest_path() is None:
+        ap.error("--skip-serial needs a manifest (--manifest, or a shipped one for this GPU)")
+    from results_file import write_results
+
+    command = shlex.join(["python", "benchmarks/cold_start.py", *sys.argv[1:]])
+    rows: list[dict] = []
+    settings = ["--max-num-seqs", str(args.max_num_seqs)]
+    if args.max_model_len:
+        settings += ["--max-model-len", str(args.max_model_len)]
+    with tempfile.TemporaryDirectory(prefix="flint-cold-") as tmp:
+        for i, model in enumerate(args.models):
+            kinds = [] if args.skip_serial else ["serial"]
+            kinds += ["parallel", "warm"]
+            for kind in kinds:
+                cache = Path(tmp) / f"cache-{i}-{'serial' if kind == 'serial' else 'parallel'}"
+                record_to = Path(tmp) / f"record-{i}.json" if kind == "serial" and args.record else None
+                row = start(model, cache, manifest, kind != "serial", record_to, settings, args.timeout)
+                row["start"] = kind
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "log"}), flush=True)
+                write_results(args.out, command, rows)  # after each start: a time-out keeps what ran
+                if record_to is not None:
+                    entries = [precompile.Entry(e["kernel"], e["spec"]) for e in json.loads(record_to.read_text())]
+                    n = precompile.save(args.record, row["profile"], entries, row["device"], row["triton"])
+                    print(f"recorded {n} kernel variants of {model} into {args.record}", flush=True)
+    print(f"\n{'model':>20} {'start':>9} {'start-up s':>10} {'precompile':>24} {'warm-up compiles':>16}")
+    for r in rows:
+        p = r["precompile"]
+        pre = "-" if p is None else f"{p['compiled']}/{p['listed']} in {p['seconds']} s"
+        print(f"{r['model']:>20} {r['start']:>9} {r['startup_s']:>10} {pre:>24} {r['warmup_compiles']:>16}")
+
+
+if __name__ == "__main__":
+    main()

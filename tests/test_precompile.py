@@ -1,0 +1,184 @@
+"""The kernel manifest: recording Triton's specialisations, saving them portably, compiling them in parallel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from flint_kernels import precompile
+from triton import knobs
+
+from flint_engine.random_model import load_random_model
+
+HAS_CUDA = torch.cuda.is_available()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spec(name: str, key: str, params: list[str], libdevice: str = "/opt/somewhere/libdevice.10.bc") -> dict:
+    """A specialisation record shaped like Triton's `serialize_specialization_data`."""
+    return {
+        "name": name,
+        "signature": dict.fromkeys(params, "*bf16"),
+        "constant_keys": [],
+        "constant_vals": [],
+        "attrs_keys": [],
+        "attrs_vals": [],
+        "options": {"num_warps": 4, "num_stages": 3, "extern_libs": [["libdevice", libdevice]]},
+        "key": key,
+    }
+
+
+def _kernel_body() -> None:
+    """Stands in for the Python function under a @triton.jit."""
+
+
+def test_save_merges_recordings_and_keeps_no_machine_paths(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    a = precompile.Entry("flint_kernels.x._a_kernel", _spec("flint_kernels.x._a_kernel", "k1", ["x_ptr"]))
+    b = precompile.Entry("flint_kernels.x._b_kernel", _spec("flint_kernels.x._b_kernel", "k2", ["y_ptr"]))
+    assert precompile.save(path, "bf16-model", [a, a], "GPU X") == 1  # the same variant twice: one entry
+    assert precompile.save(path, "bf16-model", [b], "GPU X") == 2  # a second recording adds to the profile
+    assert precompile.save(path, "nvfp4-model", [b], "GPU X") == 1
+    text = path.read_text()
+    assert "/opt/somewhere" not in text and "extern_libs" not in text
+    assert [e.kernel for e in precompile.load(path, "bf16-model")] == [a.kernel, b.kernel]
+    assert [e.key for e in precompile.load(path, "nvfp4-model")] == ["k2"]
+    assert precompile.load(path, "another-model") == []
+    raw = json.loads(text)
+    assert raw["format"] == precompile.FORMAT and raw["device"] == "GPU X" and raw["triton"]
+    assert precompile.load(path, "bf16-model")[0].spec["options"] == {"num_warps": 4, "num_stages": 3}
+
+
+def test_load_rejects_a_file_that_is_not_a_manifest(tmp_path: Path) -> None:
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"gemv.small_m": []}))
+    with pytest.raises(ValueError, match="not a Flint kernel manifest"):
+        precompile.load(path, "any")
+
+
+def test_manifest_path_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(precompile.ENV, str(tmp_path / "m.json"))
+    assert precompile.manifest_path("cpu") == tmp_path / "m.json"
+    monkeypatch.setenv(precompile.ENV, "")
+    assert precompile.manifest_path("cpu") is None  # empty: turned off
+    monkeypatch.delenv(precompile.ENV)
+    assert precompile.manifest_path("cpu") is None  # no manifest ships for the CPU
+    assert (precompile.MANIFESTS / "nvidia-h200.json").is_file()
+
+
+def test_stale_entries_are_skipped_and_counted_not_raised() -> None:
+    gone = precompile.Entry("flint_kernels.rmsnorm_triton._no_such_kernel", _spec("x", "k", ["a"]))
+    no_module = precompile.Entry("flint_kernels.no_such_module._k", _spec("y", "k", ["a"]))
+    report = precompile.precompile([gone, no_module], torch.device("cpu"))
+    assert (report.listed, report.failed, report.compiled) == (2, 2, 0)
+    assert "_no_such_kernel" in report.errors[0] and "no_such_module" in report.errors[1]
+    assert "2 skipped" in report.describe()
+
+
+def test_recorder_lists_launch_compiles_and_chains_the_previous_hook() -> None:
+    seen: list[str] = []
+    before = knobs.runtime.jit_cache_hook
+
+    def earlier(**kwargs) -> None:
+        seen.append(kwargs["key"])
+
+    knobs.runtime.jit_cache_hook = earlier
+    try:
+        spec = _spec(f"{__name__}._kernel_body", "key-1", ["x_ptr"])
+        info = SimpleNamespace(jit_function=SimpleNamespace(fn=_kernel_body))
+        with precompile.Recorder() as rec:
+            assert knobs.runtime.jit_cache_hook == rec._hook
+            # Triton's own calls: keyword arguments only; a manual warm-up (preload) is not a launch.
+            for manual in (False, True):
+                knobs.runtime.jit_cache_hook(
+                    key=f"key-{int(manual)}", repr="r", fn=info, compile={"specialization_data": json.dumps(spec)},
+                    is_manual_warmup=manual, already_compiled=False,
+                )  # fmt: skip
+        assert knobs.runtime.jit_cache_hook == earlier  # restored on exit
+        assert seen == ["key-0", "key-1"]
+        assert [(e.kernel, e.key) for e in rec.entries] == [(f"{__name__}._kernel_body", "key-1")]
+    finally:
+        knobs.runtime.jit_cache_hook = before
+
+
+def test_kernel_profile_names_the_weight_format() -> None:
+    bf16, _, _ = load_random_model("random:tiny", torch.float32, torch.device("cpu"))
+    bf16_again, _, _ = load_random_model("random:tiny:seed=3", torch.float32, torch.device("cpu"))
+    nvfp4, _, _ = load_random_model("random:tiny:nvfp4", torch.float32, torch.device("cpu"))
+    assert bf16.kernel_profile() == bf16_again.kernel_profile()  # the values do not matter, the layout does
+    assert bf16.kernel_profile() != nvfp4.kernel_profile()
+    assert "expertsf4" in nvfp4.kernel_profile() and "expertsbf" in bf16.kernel_profile()
+    assert bf16.kernel_profile().startswith("float32-v")
+
+
+def test_shipped_manifests_match_the_kernels() -> None:
+    """Every entry names a kernel that exists with the parameters it was recorded with (else: record again)."""
+    # Outside Triton's interpreter, where @triton.jit gives the JITFunction the manifest names.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "import json, sys\n"
+        "from flint_kernels import precompile\n"
+        "bad, counts = [], {}\n"
+        "for path in sorted(precompile.MANIFESTS.glob('*.json')):\n"
+        "    for profile in json.loads(path.read_text())['profiles']:\n"
+        "        entries = precompile.load(path, profile)\n"
+        "        counts[f'{path.name}:{profile}'] = len(entries)\n"
+        "        for e in entries:\n"
+        "            try:\n"
+        "                precompile.check(e)\n"
+        "            except Exception as exc:\n"
+        "                bad.append(f'{path.name}: {e.kernel}: {exc}')\n"
+        "print(json.dumps({'bad': bad, 'counts': counts}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["bad"] == [], "stale manifest entries; record again on the GPU (benchmarks/cold_start.py --record)"
+    assert len(result["counts"]) >= 2 and min(result["counts"].values()) >= 20, result["counts"]
+    text = "\n".join(p.read_text() for p in precompile.MANIFESTS.glob("*.json"))
+    assert "extern_libs" not in text and "/tmp/" not in text and "/home/" not in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_precompiled_kernel_is_what_the_launch_uses() -> None:
+    """A launch recorded, dropped from the in-process cache, precompiled from its entry: the launch then compiles
+    nothing and computes the reference's result."""
+    from flint_kernels.rmsnorm import rms_norm_ref
+    from flint_kernels.rmsnorm_triton import rms_norm
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(3, 1536, device=dev, generator=g).to(torch.bfloat16)
+    w = torch.rand(1536, device=dev, generator=g) + 0.5
+    with precompile.Recorder() as first:
+        rms_norm(x, w, 1e-6)
+    torch.cuda.synchronize()
+    entries = first.entries
+    # A width no other test uses, so this process had not compiled it yet.
+    assert [e.kernel for e in entries] == ["flint_kernels.rmsnorm_triton._rms_norm_kernel"]
+    index = torch.cuda.current_device()
+    for e in entries:
+        fn = precompile.check(e)
+        del fn.device_caches[index][0][e.key]
+    report = precompile.precompile(entries, dev, workers=2)
+    assert (report.compiled, report.failed) == (len(entries), 0), report.errors
+    with precompile.Recorder() as second:
+        out = rms_norm(x, w, 1e-6)
+    torch.cuda.synchronize()
+    assert second.entries == []
+    ref = rms_norm_ref(x, w, 1e-6)
+    torch.testing.assert_close(out.float(), ref.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_serving_settings_reach_the_engine() -> None:
+    from flint_serve.settings import ServeSettings
+
+    assert ServeSettings().engine_config(gpu=True).precompile_kernels is True
+    assert ServeSettings(precompile_kernels=False).engine_config(gpu=True).precompile_kernels is False
