@@ -6,7 +6,8 @@ machine: every kernel the warm-up meets is compiled. Per model:
 - `serial`: cold, no manifest (`precompile_kernels=False`): the warm-up compiles kernel by kernel. With
   `--record FILE` the variants it compiled are written into the manifest FILE under the model's profile (the
   shipped one for a GPU is `kernels/precompile/<device key>.json`).
-- `parallel`: cold, with the manifest (`--manifest`, default: the one `--record` wrote, else the shipped one).
+- `parallel`: cold, with the manifest (`--manifest`, default: the one `--record` wrote, else the shipped one),
+  compiled in worker processes or on threads (`--mode`).
 - `warm`: the same Triton cache again (what k8s/components/triton-cache gives a replica after the first).
 
     python benchmarks/cold_start.py --models random:full random:full:nvfp4 --record kernels/precompile/nvidia-h200.json
@@ -65,17 +66,26 @@ def child(args: argparse.Namespace) -> None:
     engine.generate([[1, 2, 3, 4, 5, 6, 7, 8]], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     first_request = time.perf_counter() - t1
     profile = engine.model.weights.kernel_profile()
-    if args.record_to:
-        Path(args.record_to).write_text(json.dumps([{"kernel": e.kernel, "spec": e.spec} for e in
-                                                    engine.warmup_compiles]))  # fmt: skip
     report = engine.precompile_report
+    if args.record_to and report is None:  # what the warm-up compiled, for the manifest
+        recorded = [{"kernel": e.kernel, "spec": e.spec} for e in engine.warmup_compiles]
+        Path(args.record_to).write_text(json.dumps(recorded))
+    elif args.record_to:  # each precompiled entry's time in a worker
+        times = [{"kernel": k, "key": key, "seconds": s} for (k, key), s in report.compile_seconds.items()]
+        Path(args.record_to).write_text(json.dumps(times))
+    summary = None
+    if report is not None:
+        summary = {k: v for k, v in dataclasses.asdict(report).items() if k != "compile_seconds"}
+        slowest = sorted(report.compile_seconds.items(), key=lambda kv: -kv[1])[:6]
+        summary["slowest_compiles_s"] = [[k.rsplit(".", 1)[-1], round(s, 1)] for (k, _), s in slowest]
+        summary["compile_seconds_total"] = round(sum(report.compile_seconds.values()), 1)
     row = {
         "model": args.child,
         "profile": profile,
         "startup_s": round(startup, 1),
         "first_request_s": round(first_request, 2),
         "warmup_compiles": len(engine.warmup_compiles),
-        "precompile": None if report is None else dataclasses.asdict(report),
+        "precompile": summary,
         "log": lines,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "triton": triton.__version__,
@@ -84,8 +94,10 @@ def child(args: argparse.Namespace) -> None:
 
 
 def start(model: str, cache: Path, manifest: Path | None, precompile: bool, record_to: Path | None,
-          settings: list[str], timeout: float) -> dict:  # fmt: skip
+          settings: list[str], timeout: float, mode: str | None) -> dict:  # fmt: skip
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
+    if mode:
+        env["FLINT_PRECOMPILE_MODE"] = mode
     if manifest is not None:
         env["FLINT_PRECOMPILE_FILE"] = str(manifest)
     cmd = [sys.executable, __file__, "--child", model, *settings]
@@ -109,6 +121,9 @@ def main() -> None:
     ap.add_argument("--record", type=Path, help="write the serial start's kernels into this manifest")
     ap.add_argument("--manifest", type=Path, help="the manifest of the parallel starts (default: --record's)")
     ap.add_argument("--skip-serial", action="store_true", help="no serial start (needs a manifest)")
+    ap.add_argument("--mode", choices=["processes", "threads"], help="how to precompile (default: the engine's)")
+    ap.add_argument("--save-times", action="store_true", help="write the workers' compile times into the manifest")
+    ap.add_argument("--no-warm", action="store_true", help="no start on the filled cache")
     ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     ap.add_argument("--max-num-seqs", type=int, default=128, help="also the largest decode graph (k8s NVFP4: 128)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per start")
@@ -135,16 +150,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="flint-cold-") as tmp:
         for i, model in enumerate(args.models):
             kinds = [] if args.skip_serial else ["serial"]
-            kinds += ["parallel", "warm"]
+            kinds += ["parallel"] if args.no_warm else ["parallel", "warm"]
             for kind in kinds:
                 cache = Path(tmp) / f"cache-{i}-{'serial' if kind == 'serial' else 'parallel'}"
-                record_to = Path(tmp) / f"record-{i}.json" if kind == "serial" and args.record else None
-                row = start(model, cache, manifest, kind != "serial", record_to, settings, args.timeout)
+                timing = kind == "parallel" and args.save_times
+                recording = (kind == "serial" and args.record is not None) or timing
+                record_to = Path(tmp) / f"record-{i}-{kind}.json" if recording else None
+                row = start(model, cache, manifest, kind != "serial", record_to, settings, args.timeout, args.mode)
                 row["start"] = kind
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "log"}), flush=True)
                 write_results(args.out, command, rows)  # after each start: a time-out keeps what ran
-                if record_to is not None:
+                if timing and record_to is not None and row["precompile"]:
+                    target = manifest or precompile.manifest_path()
+                    assert target is not None
+                    times = {(t["kernel"], t["key"]): t["seconds"] for t in json.loads(record_to.read_text())}
+                    known = precompile.load(target, row["profile"])
+                    timed = [dataclasses.replace(e, seconds=times[(e.kernel, e.key)]) for e in known
+                             if (e.kernel, e.key) in times]  # fmt: skip
+                    precompile.save(target, row["profile"], timed, row["device"], row["triton"])
+                    print(f"saved the compile times of {len(timed)} kernel variants into {target}", flush=True)
+                elif kind == "serial" and record_to is not None:
                     entries = [precompile.Entry(e["kernel"], e["spec"]) for e in json.loads(record_to.read_text())]
                     n = precompile.save(args.record, row["profile"], entries, row["device"], row["triton"])
                     print(f"recorded {n} kernel variants of {model} into {args.record}", flush=True)

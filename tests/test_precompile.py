@@ -81,6 +81,19 @@ def test_stale_entries_are_skipped_and_counted_not_raised() -> None:
     assert "2 skipped" in report.describe()
 
 
+def test_worker_processes_report_each_failure_and_exit() -> None:
+    bad = [precompile.Entry(f"flint_kernels.no_such_module._k{i}", _spec("x", f"k{i}", ["a"])) for i in range(3)]
+    errors, times = precompile._compile_in_processes(bad, workers=2, device_index=0)
+    assert times == {}
+    assert sorted(e.split(":")[0] for e in errors) == [e.kernel for e in bad]
+    assert all("ModuleNotFoundError" in e for e in errors)
+
+
+def test_an_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="processes"):
+        precompile.precompile([], torch.device("cpu"), mode="fork")
+
+
 def test_recorder_lists_launch_compiles_and_chains_the_previous_hook() -> None:
     seen: list[str] = []
     before = knobs.runtime.jit_cache_hook
@@ -147,7 +160,8 @@ def test_shipped_manifests_match_the_kernels() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_precompiled_kernel_is_what_the_launch_uses() -> None:
+@pytest.mark.parametrize(("mode", "width"), [("threads", 1536), ("processes", 1664)])
+def test_precompiled_kernel_is_what_the_launch_uses(mode: str, width: int) -> None:
     """A launch recorded, dropped from the in-process cache, precompiled from its entry: the launch then compiles
     nothing and computes the reference's result."""
     from flint_kernels.rmsnorm import rms_norm_ref
@@ -155,20 +169,25 @@ def test_precompiled_kernel_is_what_the_launch_uses() -> None:
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
-    x = torch.randn(3, 1536, device=dev, generator=g).to(torch.bfloat16)
-    w = torch.rand(1536, device=dev, generator=g) + 0.5
+    x = torch.randn(3, width, device=dev, generator=g).to(torch.bfloat16)
+    w = torch.rand(width, device=dev, generator=g) + 0.5
+    # Forget this process's compiled variants of the kernel, so the first launch meets Triton's JIT cache hook.
+    index = torch.cuda.current_device()
+    kernel = precompile._resolve("flint_kernels.rmsnorm_triton._rms_norm_kernel")
+    if index in kernel.device_caches:
+        kernel.device_caches[index][0].clear()
     with precompile.Recorder() as first:
         rms_norm(x, w, 1e-6)
     torch.cuda.synchronize()
     entries = first.entries
-    # A width no other test uses, so this process had not compiled it yet.
     assert [e.kernel for e in entries] == ["flint_kernels.rmsnorm_triton._rms_norm_kernel"]
-    index = torch.cuda.current_device()
     for e in entries:
         fn = precompile.check(e)
         del fn.device_caches[index][0][e.key]
-    report = precompile.precompile(entries, dev, workers=2)
+    report = precompile.precompile(entries, dev, workers=2, mode=mode)
     assert (report.compiled, report.failed) == (len(entries), 0), report.errors
+    if mode == "processes":
+        assert list(report.compile_seconds) == [(e.kernel, e.key) for e in entries]
     with precompile.Recorder() as second:
         out = rms_norm(x, w, 1e-6)
     torch.cuda.synchronize()
