@@ -162,6 +162,8 @@ class LLMEngine:
             return ec.kv_cache_memory
         dev = self.model.device
         if dev.type == "cuda":
+            from flint_kernels.moe_triton import paths_config
+
             free, total = torch.cuda.mem_get_info(dev)
             return gpu_kv_budget(
                 self.config,
@@ -171,6 +173,7 @@ class LLMEngine:
                 ec.max_num_seqs,
                 self.prefill_tokens,
                 self.model.weights.has_nvfp4_experts(),
+                paths_config(True, dev).dequant_min_tokens,  # the GPU's table may start the copies earlier
             )
         return 512 * 2**20
 

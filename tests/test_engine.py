@@ -432,6 +432,9 @@ def test_activation_reserve_counts_the_expert_copy_of_long_prefills() -> None:
     # BF16 experts are never copied: nothing extra to keep free.
     bf16 = activation_reserve(cfg, 8, DEQUANT_MIN_TOKENS, nvfp4_experts=False)
     assert bf16 - short == 96 * 1024
+    # A GPU whose table starts the copies earlier (the H200's: 3072 tokens) reserves from there.
+    early = activation_reserve(cfg, 8, 3072, dequant_min_tokens=3072)
+    assert early - activation_reserve(cfg, 8, 3072) == copy
 
 
 def test_token_times_are_stamped_once_the_tokens_are_on_the_host(window7, monkeypatch) -> None:

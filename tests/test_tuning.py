@@ -137,7 +137,8 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert mt.grouped_config(48, True, h200) == MoEConfig(64, 64, 64, 64, 64, True, 4, 3)
     assert mt.grouped_config(192, False, h200) == MoEConfig(128, 64, 64, 128, 64, True, 8, 3)
     assert mt.paths_config(False, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8)
-    assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=16)
+    assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=16,
+                                                   dequant_min_tokens=3072)  # fmt: skip
     assert at.decode_config(32768, None, 1, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
     assert at.decode_config(1024, 513, 1, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
     # From 12 sequences: one split in sliding layers, 512 keys a split at least in full ones (a 2026-11-30 sweep and
@@ -169,7 +170,7 @@ RETUNED = ("small_m m=1 ", "attn decode b=1 ctx=1024 w=513", "attn decode b=1 ct
            "moe decode nv=False t=6", "small_m m=2 nv=True", "small_m m=8 nv=True", "small_m m=16 nv=True",
            "small_m m=17 nv=True", "small_m m=32 nv=True", "moe decode nv=False t=32", "moe decode nv=False t=64",
            "paths nv=False", "moe decode nv=True t=5", "moe decode nv=True t=8", "attn decode b=64 ctx=1024 w=None",
-           "attn decode b=64 ctx=32768 w=None", "attn prefill", "moe grouped ppe=48")  # fmt: skip
+           "attn decode b=64 ctx=32768 w=None", "attn prefill", "moe grouped ppe=48", "paths nv=True")  # fmt: skip
 
 
 KEPT = [c for c in CONFIG_CALLS if not c[0].startswith(RETUNED)]
@@ -182,8 +183,8 @@ def test_h200_table_keeps_the_h200_behaviour(
     """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
     M = 1 GEMV tiles, NVFP4 at M = 2-32, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
     the BF16 ones from 3, NVFP4's at 5-16 tokens, full layers' decode splits from 12 sequences and BF16's
-    decode-path limit, the prefill attention tiles and BF16's grouped tiles at 40-48 pairs an expert (RETUNED; their
-    H200 values are checked above)."""
+    decode-path limit, the prefill attention tiles, BF16's grouped tiles at 40-48 pairs an expert and NVFP4's copies
+    from 3072 tokens (RETUNED; their H200 values are checked above)."""
     assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
 
 
