@@ -29,8 +29,8 @@ from .sampling import sample_top_k_ref
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Largest top_k drawn here (candidates per chunk, a power of two); larger ones take the reference's `topk`.
 MAX_K = 128
-# Candidates kept per chunk: MIN_KC for top_k up to it (Flint's default 20), else MAX_K. Two variants only: each
-# compiles in ~15 s on an H200 (sorting networks), and the engine's start-up warm-up compiles both.
+# Candidates kept per chunk: MIN_KC for top_k up to it (Flint's default 20), else MAX_K. Two variants only: sorting
+# networks compile slowly (each kernel 5-13 s on the H200's host), and the engine's start-up warm-up compiles both.
 MIN_KC = 32
 # The largest top_k of each compiled variant (what a warm-up calls the op with).
 TOP_K_VARIANTS = (MIN_KC, MAX_K)
@@ -121,12 +121,25 @@ def _draw_kernel(
     out_ptr,
     n_cand,
     P: tl.constexpr,
+    KC: tl.constexpr,
+    SUB: tl.constexpr,
+    LEVELS: tl.constexpr,
+    FINAL: tl.constexpr,
 ):
-    """out[row] = the Gumbel-max draw among the row's top-k / top-p / min-p candidates (or the best one if greedy)."""
+    """out[row] = the Gumbel-max draw among the row's top-k / top-p / min-p candidates (or the best one if greedy).
+
+    top_k <= KC, so only the best KC candidates matter: cut in rows as in `_chunk_top_kernel` (SUB, LEVELS) before
+    the sort of the FINAL keys left. One bitonic sort of all P candidates (8192 for KC = 128 at Flint's vocabulary)
+    took 35-42 s to compile on the H200's host, the start-up's longest compile; the cut keeps the same keys."""
     row = tl.program_id(0).to(tl.int64)
-    rank = tl.arange(0, P)
-    keys = tl.load(cand_ptr + row * n_cand + rank, mask=rank < n_cand, other=_INT64_MIN)
+    offs = tl.arange(0, P)
+    keys = tl.load(cand_ptr + row * n_cand + offs, mask=offs < n_cand, other=_INT64_MIN)
+    if LEVELS >= 1:
+        keys = _best_of_rows(keys, P // SUB, SUB, KC)
+    if LEVELS >= 2:
+        keys = _best_of_rows(keys, P // SUB * KC // SUB, SUB, KC)
     keys = tl.sort(keys, descending=True)
+    rank = tl.arange(0, FINAL)
     hi = (keys >> 32).to(tl.int32)
     vals = tl.where(hi >= 0, hi, hi ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
     ids = 0x7FFFFFFF - (keys & 0x7FFFFFFF)
@@ -196,8 +209,10 @@ def sample_top_k(
         logits, temperature, cand, vocab, logits.stride(0), n_chunks, BLOCK=block, KC=kc, SUB=sub, LEVELS=levels,
         FINAL=final,
     )  # fmt: skip
+    p = triton.next_power_of_2(n_chunks * kc)
+    sub, levels, final = chunk_levels(p, kc)
     _draw_kernel[(n,)](
         cand, temperature, top_k, top_p, min_p, seeds, steps, out, n_chunks * kc,
-        P=triton.next_power_of_2(n_chunks * kc),
+        P=p, KC=kc, SUB=sub, LEVELS=levels, FINAL=final,
     )  # fmt: skip
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 from flint_kernels import sampling_triton
 from flint_kernels.sampling import sample_top_k_ref
 from flint_kernels.sampling_triton import sample_top_k
@@ -61,6 +62,16 @@ def test_chunk_cut_in_levels_interp(monkeypatch: pytest.MonkeyPatch, chunk: int,
     kc = sampling_triton.MIN_KC if k_max <= sampling_triton.MIN_KC else sampling_triton.MAX_K
     assert sampling_triton.chunk_levels(chunk, kc)[1] == levels
     _check(2, chunk + 77, k_max, seed=chunk + k_max, device="cpu")
+
+
+@pytest.mark.parametrize("k_max", [20, 128])
+def test_draw_cuts_the_candidates_in_levels_interp(monkeypatch: pytest.MonkeyPatch, k_max: int) -> None:
+    """The draw keeps the best KC of the chunks' candidates through sorted rows cut to their best, twice as for
+    Flint's 37 chunks of 32 or 128 candidates, before its sort: the same tokens as the reference."""
+    monkeypatch.setattr(sampling_triton, "CHUNK", 128)  # 18 chunks of a 2200-token vocabulary
+    kc = sampling_triton.MIN_KC if k_max <= sampling_triton.MIN_KC else sampling_triton.MAX_K
+    assert sampling_triton.chunk_levels(triton.next_power_of_2(18 * kc), kc)[1] == 2
+    _check(2, 2200, k_max, seed=k_max, device="cpu")
 
 
 def test_ties_and_banned_tokens_interp(small_chunks: None) -> None:
