@@ -19,7 +19,8 @@ value turns the manifest off. Entries are grouped by profile (the model's shapes
 caller names), so one file serves every model that runs on that GPU.
 
 Schema: {"format": 1, "triton": "<version it was recorded with>", "device": "<torch device name>",
-"profiles": {"<profile>": [{"kernel": "<module>.<qualname>", "spec": {<Triton's specialisation record>}}, ...]}}.
+"profiles": {"<profile>": [{"kernel": "<module>.<qualname>", "seconds": <its compile time in a worker, optional>,
+"spec": {<Triton's specialisation record>}}, ...]}}.
 """
 
 from __future__ import annotations
@@ -242,11 +243,12 @@ def precompile(
 
 
 def _compile_in_processes(
-    entries: list[Entry], workers: int, device_index: int
+    entries: list[Entry], workers: int, device_index: int, deadline_s: float = 900.0
 ) -> tuple[list[str], dict[tuple[str, str], float]]:
     """Compile `entries` into Triton's disk cache in `workers` child processes, in their order.
 
-    Returns the errors and each compiled entry's time, keyed by (kernel, key).
+    Returns the errors and each compiled entry's time, keyed by (kernel, key). Workers still busy after
+    `deadline_s` are killed (a stuck compile must not hold up the start; the warm-up compiles what is left).
 
     Each child (`python -m flint_kernels.precompile --worker`) takes one entry at a time from a shared queue, so a
     long compile does not hold up the others. A child that dies loses its current entry, nothing else.
@@ -260,11 +262,15 @@ def _compile_in_processes(
     ids = [v for v in visible.split(",") if v.strip()] if visible else []
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=ids[device_index] if device_index < len(ids) else str(device_index))
 
+    procs: list[subprocess.Popen] = []
+
     def drive() -> None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "flint_kernels.precompile", "--worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         )  # fmt: skip
+        with lock:
+            procs.append(proc)
         assert proc.stdin is not None and proc.stdout is not None
         try:
             while True:
@@ -296,8 +302,17 @@ def _compile_in_processes(
     threads = [threading.Thread(target=drive, daemon=True) for _ in range(min(workers, len(entries)))]
     for t in threads:
         t.start()
+    end = time.monotonic() + deadline_s
     for t in threads:
-        t.join()
+        t.join(max(0.0, end - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        with lock:
+            errors.append(f"workers still compiling after {deadline_s:.0f} s: stopped")
+            queue.clear()
+            for proc in procs:
+                proc.kill()
+        for t in threads:
+            t.join()
     return errors, times
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -87,6 +88,19 @@ def test_worker_processes_report_each_failure_and_exit() -> None:
     assert times == {}
     assert sorted(e.split(":")[0] for e in errors) == [e.kernel for e in bad]
     assert all("ModuleNotFoundError" in e for e in errors)
+
+
+def test_a_stuck_worker_is_stopped_at_the_deadline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A compile that never ends must not hold up the engine's start: the worker is killed, the entry reported."""
+    stuck = tmp_path / "python"
+    stuck.write_text("#!/bin/sh\nexec sleep 60\n")
+    stuck.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stuck))
+    entry = precompile.Entry("flint_kernels.rmsnorm_triton._rms_norm_kernel", _spec("x", "k", ["a"]))
+    start = time.monotonic()
+    errors, times = precompile._compile_in_processes([entry, entry], workers=2, device_index=0, deadline_s=1.0)
+    assert time.monotonic() - start < 30
+    assert times == {} and any("still compiling after 1 s" in e for e in errors)
 
 
 def test_an_unknown_mode_is_refused() -> None:
