@@ -123,14 +123,7 @@ def save(path: Path | str, profile: str, entries: list[Entry], device_name: str,
         old = unique.get((e.kernel, e.key))
         unique[(e.kernel, e.key)] = e if e.seconds is not None or old is None else Entry(e.kernel, e.spec, old.seconds)
     raw.update({"format": FORMAT, "triton": triton_version or triton.__version__, "device": device_name})
-    raw["profiles"][profile] = [
-        {
-            "kernel": e.kernel,
-            **({} if e.seconds is None else {"seconds": round(e.seconds, 2)}),
-            "spec": _portable(e.spec),
-        }
-        for (_, _), e in sorted(unique.items(), key=lambda kv: kv[0])
-    ]
+    raw["profiles"][profile] = [_record(e) for _, e in sorted(unique.items(), key=lambda kv: kv[0])]
     raw["profiles"] = dict(sorted(raw["profiles"].items()))
     # One entry per line: a re-recorded manifest diffs by kernel.
     lines = [f'{{"format": {FORMAT}, "triton": {json.dumps(raw["triton"])}, "device": {json.dumps(device_name)},']
