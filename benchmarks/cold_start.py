@@ -40,6 +40,7 @@ def child(args: argparse.Namespace) -> None:
 
     from flint_engine.engine import LLMEngine
     from flint_engine.engine_config import EngineConfig
+    from flint_engine.late_compiles import WATCH
     from flint_engine.sampling_params import SamplingParams
 
     lines: list[str] = []
@@ -85,6 +86,7 @@ def child(args: argparse.Namespace) -> None:
         "startup_s": round(startup, 1),
         "first_request_s": round(first_request, 2),
         "warmup_compiles": len(engine.warmup_compiles),
+        "late_compiles": WATCH.count,  # kernels the first request compiled (a fused GPU engine watches)
         "precompile": summary,
         "log": lines,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
