@@ -345,10 +345,33 @@ def run(device: torch.device, profile: str) -> Report | None:
     return report
 
 
-def _default_workers() -> int:
-    """One compile per usable CPU, at most 16 (each holds a Triton/LLVM pipeline in memory)."""
+def _default_workers(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """One compile per usable CPU, at most 16 (each holds a Triton/LLVM pipeline in memory).
+
+    Usable: the CPUs this process may run on, capped by a container's CPU quota (a k8s pod's CPU limit shows in the
+    cgroup, not in the affinity mask, which lists the whole node)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _cgroup_cpus(cgroup)
+    if quota is not None:
+        usable = min(usable, quota)
     return max(1, min(16, usable))
+
+
+def _cgroup_cpus(root: Path) -> int | None:
+    """CPUs allowed by the cgroup's quota (v2 `cpu.max`, else v1 `cpu.cfs_quota_us`), None without a quota."""
+    try:
+        v2 = root / "cpu.max"
+        if v2.is_file():
+            quota, period = v2.read_text().split()[:2]
+            return None if quota == "max" else max(1, -(-int(quota) // int(period)))
+        v1 = root / "cpu" / "cpu.cfs_quota_us"
+        if v1.is_file():
+            quota_us = int(v1.read_text())
+            period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+            return None if quota_us <= 0 else max(1, -(-quota_us // period_us))
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _failed(report: Report, entry: Entry, exc: BaseException) -> None:

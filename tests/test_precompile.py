@@ -103,6 +103,25 @@ def test_a_stuck_worker_is_stopped_at_the_deadline(monkeypatch: pytest.MonkeyPat
     assert times == {} and any("still compiling after 1 s" in e for e in errors)
 
 
+def test_workers_follow_the_container_cpu_limit(tmp_path: Path) -> None:
+    """A k8s pod's CPU limit is a cgroup quota (the affinity mask lists the node's CPUs): 8 CPUs, 8 workers."""
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("750000 100000\n")  # 7.5 CPUs: 8 workers
+    assert precompile._cgroup_cpus(v2) == 8
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert precompile._cgroup_cpus(v2) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("200000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert precompile._cgroup_cpus(v1) == 2
+    assert precompile._default_workers(v1) == min(2, len(os.sched_getaffinity(0)))
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert precompile._cgroup_cpus(v1) is None
+    assert precompile._cgroup_cpus(tmp_path / "none") is None
+
+
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="processes"):
         precompile.precompile([], torch.device("cpu"), mode="fork")
