@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from flint_kernels.jit_cache_hook import runtime_knobs
+
 log = logging.getLogger(__name__)
 
 
@@ -56,7 +58,7 @@ class LateCompileWatch:
 
     def arm(self) -> bool:
         """Start watching (idempotent); False when this Triton has no JIT cache hook (before 3.4)."""
-        knobs = _runtime_knobs()
+        knobs = runtime_knobs()
         if knobs is None:
             return False
         if not self.armed:
@@ -66,20 +68,11 @@ class LateCompileWatch:
         return True
 
     def disarm(self) -> None:
-        knobs = _runtime_knobs()
+        knobs = runtime_knobs()
         if self.armed and knobs is not None:
             knobs.jit_cache_hook = self._previous
         self.armed = False
         self._previous = None
-
-
-def _runtime_knobs() -> Any:
-    try:
-        from triton import knobs
-    except ImportError:
-        return None
-    runtime = getattr(knobs, "runtime", None)
-    return runtime if hasattr(runtime, "jit_cache_hook") else None
 
 
 # One per process: Triton's hook is process-wide.

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from . import tuning
+from .jit_cache_hook import runtime_knobs
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class Report:
     def describe(self) -> str:
         return (
             f"precompiled {self.compiled} of {self.listed} listed Triton kernels in {self.seconds:.1f} s with"
-            f" {self.workers} {self.mode or 'workers'} ({self.present} already compiled, {self.failed} skipped)"
+            f" {self.workers} {self.mode} ({self.present} already compiled, {self.failed} skipped)"
         )
 
 
@@ -405,12 +406,8 @@ class Recorder:
         return self._previous(**kwargs) if self._previous is not None else None
 
     def __enter__(self) -> Recorder:
-        try:
-            from triton import knobs
-        except ImportError:
-            return self
-        runtime = getattr(knobs, "runtime", None)
-        if hasattr(runtime, "jit_cache_hook"):
+        runtime = runtime_knobs()
+        if runtime is not None:
             self._knobs = runtime
             self._previous = runtime.jit_cache_hook
             runtime.jit_cache_hook = self._hook
