@@ -89,37 +89,10 @@ class FlintWeights:
         return any(isinstance(w, NVFP4Weight) for w in _linears(self))
 
     def kernel_profile(self) -> str:
-        """Names what the Triton kernel variants depend on: the shapes, the activation dtype, which weights are NVFP4.
+        """What the Triton kernel variants depend on (`flint_engine.kernel_profile`)."""
+        from .kernel_profile import of_weights
 
-        Models with the same profile compile the same kernels (`flint_kernels.precompile` groups by it).
-        """
-        c = self.config
-
-        def kind(w: object) -> str:
-            parts = w if isinstance(w, tuple) else (w,)
-            return "f4" if any(isinstance(p, NVFP4Weight) for p in parts) else "bf"
-
-        first_moe = next((layer for layer in self.layers if isinstance(layer.mlp, MoEWeights)), None)
-        first_dense = next((layer for layer in self.layers if isinstance(layer.mlp, DenseMLPWeights)), None)
-        kinds = [f"head{kind(self.lm_head)}", f"emb{kind(self.embed)}"]
-        for name, layer in (("moe", first_moe), ("dense", first_dense)):
-            if layer is None:
-                continue
-            kinds += [f"{name}.qkv{kind(layer.qkv)}", f"{name}.o{kind(layer.o)}"]
-            mlp = layer.mlp
-            if isinstance(mlp, MoEWeights):
-                kinds.append(f"experts{kind(mlp.experts_gate_up)}")
-                if mlp.shared is not None:
-                    kinds.append(f"shared{kind(mlp.shared.gate_up)}")
-            else:
-                kinds.append(f"mlp{kind(mlp.gate_up)}")
-        dtype = str(self.dtype).removeprefix("torch.")
-        shape = (
-            f"v{c.vocab_size}-h{c.hidden_size}-q{c.num_attention_heads}kv{c.num_key_value_heads}d{c.head_dim}"
-            f"-i{c.intermediate_size}-e{c.num_experts}x{c.moe_intermediate_size}k{c.num_experts_per_tok}"
-            f"-s{c.shared_expert_intermediate_size}-w{c.sliding_window}"
-        )
-        return f"{dtype}-{shape}-{'.'.join(kinds)}"
+        return of_weights(self)
 
     def has_nvfp4_experts(self) -> bool:
         """Whether any MoE layer's routed experts are NVFP4 (long prefills then copy them to BF16 for a step)."""

@@ -10,16 +10,18 @@ from typing import Any
 
 import torch
 
+from .. import kernel_profile as _kernel_profile
 from ..config import FlintConfig
 from ..weights import FlintWeights
 from .assemble import assemble_weights
 from .errors import CheckpointError
 from .gguf_source import GGUFSource
 from .hf_source import HFSource
+from .tensor_plan import checkpoint_plan
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "LoadedCheckpoint", "load_checkpoint", "open_source"]
+__all__ = ["CheckpointError", "LoadedCheckpoint", "kernel_profile", "load_checkpoint", "open_source"]
 
 # Flint's recommended sampling (its generation_config): temperature 1.0, top_p 0.95, top_k 20.
 FLINT_GENERATION_DEFAULTS = {"temperature": 1.0, "top_p": 0.95, "top_k": 20}
@@ -45,6 +47,12 @@ def open_source(path: str | os.PathLike[str]) -> GGUFSource | HFSource:
     if not p.exists():
         raise CheckpointError("no such file or directory", path=str(p))
     return GGUFSource(p)
+
+
+def kernel_profile(src: GGUFSource | HFSource, dtype: torch.dtype) -> str:
+    """The kernel profile (`flint_engine.kernel_profile`) the checkpoint's weights will have, from its header alone."""
+    specs = {spec.key: spec for spec in checkpoint_plan(src.config)}
+    return _kernel_profile.of_checkpoint(src.config, dtype, lambda key: src.is_nvfp4(specs[key]))
 
 
 def _tokenizer_and_generation(src: GGUFSource | HFSource) -> tuple[Any | None, dict[str, Any]]:
@@ -75,8 +83,10 @@ def load_checkpoint(
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    source: GGUFSource | HFSource | None = None,
 ) -> LoadedCheckpoint:
-    src = open_source(path)
+    """Load the checkpoint at `path` (`source`: the same, already opened with `open_source`)."""
+    src = source or open_source(path)
     weights = assemble_weights(src, dtype=dtype, device=device, progress=progress)
     tokenizer, gen = _tokenizer_and_generation(src)
     if tokenizer is not None and tokenizer.vocab_size > src.config.vocab_size:

@@ -153,6 +153,11 @@ class GGUFSource:
         t = self.tensors.get(spec.gguf)
         return int(t.n_bytes) if t is not None else 0
 
+    def is_nvfp4(self, spec: TensorSpec) -> bool:
+        """Whether the tensor is stored as NVFP4 (from the header; nothing is read)."""
+        t = self.tensors.get(spec.gguf)
+        return t is not None and t.tensor_type == GGMLQuantizationType.NVFP4
+
     def _get(self, name: str) -> ReaderTensor:
         t = self.tensors.get(name)
         if t is None:

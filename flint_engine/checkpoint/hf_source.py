@@ -83,6 +83,10 @@ class HFSource:
                 f"shape {list(shape)} does not match the expected {list(expected)}", tensor=name, path=self._where[name]
             )
 
+    def is_nvfp4(self, spec: TensorSpec) -> bool:
+        """Safetensors checkpoints hold float tensors only (NVFP4 comes as GGUF)."""
+        return False
+
     def nbytes(self, spec: TensorSpec) -> int:
         n = 1
         for d in spec.shape:
