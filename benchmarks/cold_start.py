@@ -9,6 +9,10 @@ machine: every kernel the warm-up meets is compiled. Per model:
 - `parallel`: cold, with the manifest (`--manifest`, default: the one `--record` wrote, else the shipped one),
   compiled in worker processes or on threads (`--mode`).
 - `warm`: the same Triton cache again (what k8s/components/triton-cache gives a replica after the first).
+- `after-load` (`--after-load`, for a checkpoint file): cold, with the manifest, but compiled only once the weights
+  are loaded, as before the engine started the precompile from the checkpoint's header; `parallel` overlaps them.
+
+A full-size checkpoint to start from: `flint make-checkpoint --preset full --format nvfp4 --device cuda --out F`.
 
     python benchmarks/cold_start.py --models random:full random:full:nvfp4 --record kernels/precompile/nvidia-h200.json
 
@@ -48,11 +52,15 @@ def child(args: argparse.Namespace) -> None:
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             msg = record.getMessage()
-            if re.search(r"in \d+(\.\d+)? s|precompiled|warm-up compiled", msg):
+            if re.search(r"in \d+(\.\d+)? s|precompiled|warm-up compiled|after it", msg):
                 lines.append(msg)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger().addHandler(Keep())
+    if args.precompile_after_load:  # no start before the load: the engine compiles after it
+        from flint_kernels import precompile
+
+        precompile.start = lambda device, profile: None
     cfg = EngineConfig(
         model=args.child,
         max_model_len=args.max_model_len,
@@ -96,7 +104,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def start(model: str, cache: Path, manifest: Path | None, precompile: bool, record_to: Path | None,
-          settings: list[str], timeout: float, mode: str | None) -> dict:  # fmt: skip
+          settings: list[str], timeout: float, mode: str | None, after_load: bool = False) -> dict:  # fmt: skip
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
     if mode:
         env["FLINT_PRECOMPILE_MODE"] = mode
@@ -105,6 +113,8 @@ def start(model: str, cache: Path, manifest: Path | None, precompile: bool, reco
     cmd = [sys.executable, __file__, "--child", model, *settings]
     if not precompile:
         cmd.append("--no-precompile")
+    if after_load:
+        cmd.append("--precompile-after-load")
     if record_to is not None:
         cmd += ["--record-to", str(record_to)]
     t0 = time.perf_counter()
@@ -126,6 +136,7 @@ def main() -> None:
     ap.add_argument("--mode", choices=["processes", "threads"], help="how to precompile (default: the engine's)")
     ap.add_argument("--save-times", action="store_true", help="write the workers' compile times into the manifest")
     ap.add_argument("--no-warm", action="store_true", help="no start on the filled cache")
+    ap.add_argument("--after-load", action="store_true", help="also a cold start that compiles after the load")
     ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     ap.add_argument("--max-num-seqs", type=int, default=128, help="also the largest decode graph (k8s NVFP4: 128)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per start")
@@ -133,6 +144,7 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--no-precompile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--record-to", help=argparse.SUPPRESS)
+    ap.add_argument("--precompile-after-load", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args)
@@ -152,13 +164,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="flint-cold-") as tmp:
         for i, model in enumerate(args.models):
             kinds = [] if args.skip_serial else ["serial"]
+            kinds += ["after-load"] if args.after_load else []
             kinds += ["parallel"] if args.no_warm else ["parallel", "warm"]
             for kind in kinds:
-                cache = Path(tmp) / f"cache-{i}-{'serial' if kind == 'serial' else 'parallel'}"
+                cache = Path(tmp) / f"cache-{i}-{kind if kind in ('serial', 'after-load') else 'parallel'}"
                 timing = kind == "parallel" and args.save_times
                 recording = (kind == "serial" and args.record is not None) or timing
                 record_to = Path(tmp) / f"record-{i}-{kind}.json" if recording else None
-                row = start(model, cache, manifest, kind != "serial", record_to, settings, args.timeout, args.mode)
+                row = start(model, cache, manifest, kind != "serial", record_to, settings, args.timeout, args.mode,
+                            after_load=kind == "after-load")  # fmt: skip
                 row["start"] = kind
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "log"}), flush=True)

@@ -80,7 +80,9 @@ class LLMEngine:
         engine_config: EngineConfig,
         generation_defaults: dict[str, Any] | None = None,
         kv_plan: KVCachePlan | None = None,
+        precompiling: precompile.Pending | None = None,
     ) -> None:
+        """`precompiling`: the kernel precompile `from_checkpoint` started while the weights loaded."""
         self.model = model
         self.config: FlintConfig = model.config
         self.tokenizer = tokenizer
@@ -126,7 +128,9 @@ class LLMEngine:
         log.info("step budget: %d tokens, %d in prefill-only steps", ec.max_num_batched_tokens, self.prefill_tokens)
         self.precompile_report: precompile.Report | None = None
         if fused_on_gpu and ec.precompile_kernels:
-            self.precompile_report = precompile.run(model.device, model.weights.kernel_profile())
+            self.precompile_report = self._precompile(precompiling)
+        elif precompiling is not None:
+            precompiling.cancel()
         # What the warm-up compiles itself (a manifest would list it: benchmarks/cold_start.py --record).
         with precompile.Recorder() as compiled:
             if fused_on_gpu and ec.prefill_warmup:
@@ -139,10 +143,26 @@ class LLMEngine:
         # From here on a Triton compile is a stall inside some request's step: logged and counted.
         self.watches_compiles = fused_on_gpu and LATE_COMPILES.arm()
 
+    def _precompile(self, precompiling: precompile.Pending | None) -> precompile.Report | None:
+        """Compile the manifest's kernels for this model, or finish the compile started during the load."""
+        profile = self.model.weights.kernel_profile()
+        if precompiling is not None:
+            t0 = time.monotonic()
+            report = precompiling.wait()
+            log.info("the kernel precompile begun with the load ended %.1f s after it", time.monotonic() - t0)
+            if precompiling.profile == profile:
+                return report
+            log.warning(
+                "the checkpoint header gave kernel profile %s but the weights have %s: compiling for the weights",
+                precompiling.profile,
+                profile,
+            )
+        return precompile.run(self.model.device, profile)
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_checkpoint(cls, engine_config: EngineConfig, progress: bool = True) -> LLMEngine:
-        from .checkpoint import load_checkpoint
+        from .checkpoint import kernel_profile, load_checkpoint, open_source
         from .default_model import default_checkpoint_path
         from .random_model import is_random_spec, load_random_model
 
@@ -153,8 +173,21 @@ class LLMEngine:
             weights, tokenizer, defaults = load_random_model(engine_config.model, dtype, device)  # type: ignore[arg-type]
             return cls(FlintModel(weights, kernels), tokenizer, engine_config, defaults)
         path = engine_config.model or str(default_checkpoint_path())
-        ck = load_checkpoint(path, dtype=dtype, device=device, progress=progress)
-        return cls(FlintModel(ck.weights, kernels), ck.tokenizer, engine_config, ck.generation_defaults)
+        src = open_source(path)
+        precompiling = None
+        if device.type == "cuda" and kernels.name != "reference" and engine_config.precompile_kernels:
+            # The kernels depend on the weights' format, not their values: compile them while the weights load.
+            precompiling = precompile.start(device, kernel_profile(src, dtype))
+        try:
+            t0 = time.monotonic()
+            ck = load_checkpoint(path, dtype=dtype, device=device, progress=progress, source=src)
+            log.info("loaded %s (%s) in %.1f s", path, ck.format, time.monotonic() - t0)
+            model = FlintModel(ck.weights, kernels)
+            return cls(model, ck.tokenizer, engine_config, ck.generation_defaults, precompiling=precompiling)
+        except BaseException:
+            if precompiling is not None:  # a failed start leaves no compile workers behind
+                precompiling.cancel()
+            raise
 
     def _kv_budget(self) -> int:
         ec = self.engine_config

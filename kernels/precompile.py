@@ -183,11 +183,16 @@ def _cached(fn: Any, device_index: int, key: str) -> Any:
 
 
 def precompile(
-    entries: list[Entry], device: torch.device, workers: int | None = None, mode: str | None = None
+    entries: list[Entry],
+    device: torch.device,
+    workers: int | None = None,
+    mode: str | None = None,
+    stop: threading.Event | None = None,
 ) -> Report:
     """Compile `entries` for `device` in parallel; every failure is counted and skipped, never raised.
 
-    `mode`: "processes" or "threads" (default: `$FLINT_PRECOMPILE_MODE`, else "processes")."""
+    `mode`: "processes" or "threads" (default: `$FLINT_PRECOMPILE_MODE`, else "processes"). `stop`, once set, ends
+    the worker processes' part early and skips the rest (the start it served has failed)."""
     import triton
 
     mode = mode or os.environ.get(MODE_ENV) or "processes"
@@ -212,10 +217,15 @@ def precompile(
         if mode == "processes" and missing:
             t0 = time.monotonic()
             # Their failures are not final: what they could not compile, the in-process pass below compiles.
-            errors, report.compile_seconds = _compile_in_processes([e for _, e in missing], report.workers, index)
+            errors, report.compile_seconds = _compile_in_processes(
+                [e for _, e in missing], report.workers, index, stop=stop
+            )
             for error in errors[:5]:
                 log.debug("precompile worker: %s", error)
             report.process_seconds = time.monotonic() - t0
+        if stop is not None and stop.is_set():
+            report.seconds = time.monotonic() - start
+            return report
         submitted: list[tuple[Any, Entry]] = []
         # In-process: compiles (threads) or loads what the workers left in Triton's disk cache (processes).
         with torch.cuda.device(index), ThreadPoolExecutor(report.workers, thread_name_prefix="triton") as pool:
@@ -237,12 +247,17 @@ def precompile(
 
 
 def _compile_in_processes(
-    entries: list[Entry], workers: int, device_index: int, deadline_s: float = 900.0
+    entries: list[Entry],
+    workers: int,
+    device_index: int,
+    deadline_s: float = 900.0,
+    stop: threading.Event | None = None,
 ) -> tuple[list[str], dict[tuple[str, str], float]]:
     """Compile `entries` into Triton's disk cache in `workers` child processes, in their order.
 
     Returns the errors and each compiled entry's time, keyed by (kernel, key). Workers still busy after
-    `deadline_s` are killed (a stuck compile must not hold up the start; the warm-up compiles what is left).
+    `deadline_s` are killed (a stuck compile must not hold up the start; the warm-up compiles what is left), and so
+    are all of them once `stop` is set.
 
     Each child (`python -m flint_kernels.precompile --worker`) takes one entry at a time from a shared queue, so a
     long compile does not hold up the others. A child that dies loses its current entry, nothing else.
@@ -298,10 +313,13 @@ def _compile_in_processes(
         t.start()
     end = time.monotonic() + deadline_s
     for t in threads:
-        t.join(max(0.0, end - time.monotonic()))
+        while t.is_alive() and time.monotonic() < end and not (stop is not None and stop.is_set()):
+            t.join(min(0.25, max(0.0, end - time.monotonic())))
     if any(t.is_alive() for t in threads):
+        stopped = stop is not None and stop.is_set()
         with lock:
-            errors.append(f"workers still compiling after {deadline_s:.0f} s: stopped")
+            errors.append("stopped: the start was cancelled" if stopped else
+                          f"workers still compiling after {deadline_s:.0f} s: stopped")  # fmt: skip
             queue.clear()
             for proc in procs:
                 proc.kill()
@@ -327,7 +345,7 @@ def _worker() -> None:
         sys.stdout.flush()
 
 
-def run(device: torch.device, profile: str) -> Report | None:
+def run(device: torch.device, profile: str, stop: threading.Event | None = None) -> Report | None:
     """Compile in parallel what the manifest for `device` lists for `profile` (None: no usable manifest here)."""
     path = manifest_path(device)
     if path is None:
@@ -338,12 +356,50 @@ def run(device: torch.device, profile: str) -> Report | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("kernel manifest %s unreadable (%s): the warm-up compiles its kernels one by one", path, exc)
         return None
-    report = precompile(entries, device)
+    report = precompile(entries, device, stop=stop)
     listed = "" if entries else ": not listed, the warm-up compiles its kernels one by one"
     log.info("%s (%s, profile %s%s)", report.describe(), path.name, profile, listed)
     for error in report.errors:
         log.info("precompile skipped %s", error)
     return report
+
+
+class Pending:
+    """`run` on a background thread (`start`), so that the compile overlaps the checkpoint's load.
+
+    The compile needs only the model's profile, which the checkpoint's header gives; the load needs the disk and
+    the GPU's copy engines more than the CPUs that compile."""
+
+    def __init__(self, device: torch.device, profile: str) -> None:
+        if device.type == "cuda" and device.index is None:  # the thread's current device is not the caller's
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.profile = profile
+        self._stop = threading.Event()
+        self._report: Report | None = None
+        self._thread = threading.Thread(target=self._run, name="flint-precompile", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._report = run(self.device, self.profile, self._stop)
+        except Exception:  # a speed-up must not fail the start: the warm-up compiles what is missing
+            log.warning("kernel precompile failed: the warm-up compiles its kernels one by one", exc_info=True)
+
+    def wait(self) -> Report | None:
+        """The report once the compile is done (None: no manifest, or it failed)."""
+        self._thread.join()
+        return self._report
+
+    def cancel(self) -> None:
+        """Stop the worker processes and wait for the thread (the start this served has failed)."""
+        self._stop.set()
+        self._thread.join()
+
+
+def start(device: torch.device, profile: str) -> Pending:
+    """Begin `run(device, profile)` in the background; `Pending.wait` gives its report."""
+    return Pending(device, profile)
 
 
 def _default_workers(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,8 +15,6 @@ import pytest
 import torch
 from flint_kernels import precompile
 from triton import knobs
-
-from flint_engine.random_model import load_random_model
 
 HAS_CUDA = torch.cuda.is_available()
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +102,51 @@ def test_a_stuck_worker_is_stopped_at_the_deadline(monkeypatch: pytest.MonkeyPat
     assert times == {} and any("still compiling after 1 s" in e for e in errors)
 
 
+def test_a_cancelled_start_stops_its_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A start that fails while the precompile runs (a bad checkpoint) kills the workers at once."""
+    stuck = tmp_path / "python"
+    stuck.write_text("#!/bin/sh\nexec sleep 60\n")
+    stuck.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stuck))
+    entry = precompile.Entry("flint_kernels.rmsnorm_triton._rms_norm_kernel", _spec("x", "k", ["a"]))
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    start = time.monotonic()
+    errors, times = precompile._compile_in_processes([entry, entry], workers=2, device_index=0, stop=stop)
+    assert time.monotonic() - start < 30
+    assert times == {} and any("cancelled" in e for e in errors)
+
+
+def test_pending_gives_the_report_of_its_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`start` runs the precompile on a thread; `wait` returns its report, `cancel` sets its stop event."""
+    started, stops = threading.Event(), []
+
+    def fake_run(device: torch.device, profile: str, stop: threading.Event | None = None) -> precompile.Report:
+        started.set()
+        stops.append(stop)
+        if profile == "slow":  # holds until cancelled (or 5 s)
+            assert stop is not None
+            stop.wait(5.0)
+        return precompile.Report(listed=3, compiled=3)
+
+    monkeypatch.setattr(precompile, "run", fake_run)
+    pending = precompile.start(torch.device("cpu"), "fast")
+    assert pending.profile == "fast" and pending.wait().compiled == 3
+    slow = precompile.start(torch.device("cpu"), "slow")
+    assert started.wait(5.0)
+    t0 = time.monotonic()
+    slow.cancel()
+    assert time.monotonic() - t0 < 4.0 and stops[-1].is_set()
+
+
+def test_a_failing_precompile_does_not_fail_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(precompile, "run", broken)
+    assert precompile.start(torch.device("cpu"), "p").wait() is None
+
+
 def test_workers_follow_the_container_cpu_limit(tmp_path: Path) -> None:
     """A k8s pod's CPU limit is a cgroup quota (the affinity mask lists the node's CPUs): 8 CPUs, 8 workers."""
     v2 = tmp_path / "v2"
@@ -151,16 +195,6 @@ def test_recorder_lists_launch_compiles_and_chains_the_previous_hook() -> None:
         assert [(e.kernel, e.key) for e in rec.entries] == [(f"{__name__}._kernel_body", "key-1")]
     finally:
         knobs.runtime.jit_cache_hook = before
-
-
-def test_kernel_profile_names_the_weight_format() -> None:
-    bf16, _, _ = load_random_model("random:tiny", torch.float32, torch.device("cpu"))
-    bf16_again, _, _ = load_random_model("random:tiny:seed=3", torch.float32, torch.device("cpu"))
-    nvfp4, _, _ = load_random_model("random:tiny:nvfp4", torch.float32, torch.device("cpu"))
-    assert bf16.kernel_profile() == bf16_again.kernel_profile()  # the values do not matter, the layout does
-    assert bf16.kernel_profile() != nvfp4.kernel_profile()
-    assert "expertsf4" in nvfp4.kernel_profile() and "expertsbf" in bf16.kernel_profile()
-    assert bf16.kernel_profile().startswith("float32-v")
 
 
 def test_shipped_manifests_match_the_kernels() -> None:
@@ -227,6 +261,38 @@ def test_precompiled_kernel_is_what_the_launch_uses(mode: str, width: int) -> No
     assert second.entries == []
     ref = rms_norm_ref(x, w, 1e-6)
     torch.testing.assert_close(out.float(), ref.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_the_engine_precompiles_while_the_checkpoint_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a checkpoint on the GPU, the precompile starts from the header before the load, and the engine takes
+    its report (the header's profile is the loaded weights' one)."""
+    from flint_engine.checkpoint.gguf_writer import write_gguf
+    from flint_engine.checkpoint.random_tensors import random_provider
+    from flint_engine.config import preset
+    from flint_engine.engine import LLMEngine
+    from flint_engine.engine_config import EngineConfig
+
+    config = preset("tiny")
+    path = tmp_path / "m.gguf"
+    write_gguf(path, config, random_provider(config, 1, nvfp4_values=True), fmt="nvfp4", progress=False)
+    started: list[precompile.Pending] = []
+    real_start = precompile.start
+
+    def recording_start(device: torch.device, profile: str) -> precompile.Pending:
+        started.append(real_start(device, profile))
+        return started[-1]
+
+    monkeypatch.setattr(precompile, "start", recording_start)
+    engine = LLMEngine.from_checkpoint(
+        EngineConfig(
+            model=str(path), device="cuda", max_num_seqs=2, max_model_len=256, cuda_graphs=False, prefill_warmup=False
+        ),
+        progress=False,
+    )
+    assert len(started) == 1 and started[0].profile == engine.model.weights.kernel_profile()
+    assert engine.precompile_report is started[0].wait()
 
 
 def test_serving_settings_reach_the_engine() -> None:
