@@ -69,7 +69,9 @@ def cmd_make_checkpoint(args: argparse.Namespace) -> int:
         return 2
     tokenizer = _default_tokenizer(config)
     config = _with_special_ids(config, tokenizer)
-    provider = random_provider(config, seed=args.seed, nvfp4_values=args.nvfp4_values or args.format == "nvfp4")
+    provider = random_provider(
+        config, seed=args.seed, nvfp4_values=args.nvfp4_values or args.format == "nvfp4", device=args.device
+    )
     if args.format == "hf":
         write_hf(
             args.out,
@@ -219,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         choices=["all", "experts"],
         help="which linears become NVFP4: all (official file) or routed experts only",
+    )
+    mk.add_argument(
+        "--device",
+        default="cpu",
+        help="draw the values on this device (cuda: the full-size model in about a minute; other values than cpu's)",
     )
     mk.add_argument("--meta-only", action="store_true", help="report parameter count and file size, write nothing")
     mk.add_argument("--quiet", action="store_true")

@@ -1,6 +1,7 @@
 """Deterministic random checkpoint tensors, generated one at a time (no whole model in memory).
 
-Every tensor depends only on (seed, tensor key), so any format written from the same seed holds the same values.
+Every tensor depends only on (seed, tensor key, device), so any format written from the same seed (on the same kind of
+device: CPU and CUDA generators draw different numbers) holds the same values.
 With `nvfp4_values` the linear weights are drawn in the NVFP4 domain (codes, UE4M3 scales, power-of-two global
 scale), so BF16 files of them are exact and an NVFP4 file of the same seed is the same model bit for bit.
 """
@@ -25,14 +26,27 @@ def nvfp4_encodable(spec: TensorSpec) -> bool:
 
 
 def random_provider(
-    config: FlintConfig, seed: int = 0, nvfp4_values: bool = False, gain: float = 1.0
+    config: FlintConfig,
+    seed: int = 0,
+    nvfp4_values: bool = False,
+    gain: float = 1.0,
+    device: str | torch.device = "cpu",
 ) -> TensorProvider:
+    """Tensors drawn on `device` (a GPU makes the full-size model's 40B values in seconds) and returned on the CPU."""
+    device = torch.device(device)
+
     def make(spec: TensorSpec) -> Weight:
-        gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(spec.key.encode())) % 2**63)
+        w = _make(spec)
+        if isinstance(w, NVFP4Weight):
+            return NVFP4Weight(w.qweight.cpu(), w.scales.cpu(), w.global_scale.cpu(), w.segments)
+        return w.cpu()
+
+    def _make(spec: TensorSpec) -> Weight:
+        gen = torch.Generator(device).manual_seed((seed * 1_000_003 + zlib.crc32(spec.key.encode())) % 2**63)
         shape = spec.shape
 
         def randn(scale: float, mean: float = 0.0) -> torch.Tensor:
-            return torch.randn(shape, generator=gen) * scale + mean
+            return torch.randn(shape, generator=gen, device=device) * scale + mean
 
         if spec.role in (LINEAR, EXPERTS):
             w = randn(gain / fan_in(spec) ** 0.5)
