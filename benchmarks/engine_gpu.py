@@ -4,6 +4,10 @@ greedy and sampled, with the Triton sampling op and with its PyTorch reference s
 
     python benchmarks/engine_gpu.py [--model random:full:nvfp4] [--max-tokens 128] [--concurrency 1 8]
     python benchmarks/engine_gpu.py --long-prompt 8192 --no-sampling-rows [--idle-prefill-tokens 2048]
+    python benchmarks/engine_gpu.py --host-profile 1 8 --no-sampling-rows
+
+The host-profile rows: decode steps under cProfile (greedy and sampled), the wall time of a step against the GPU time
+of its graph replay and sampling (CUDA events), and the host functions that take the difference.
 
 The long-prompt row: an 8K prompt's time to first token alone (prefill-only steps take `idle_prefill_tokens`) and
 beside a decoding request, whose inter-token gaps meanwhile show what `max_num_batched_tokens` costs it.
@@ -138,6 +142,69 @@ def long_prompt(engine: LLMEngine, prompt_len: int, profile: bool = False) -> di
     return row
 
 
+def host_profile(engine: LLMEngine, concurrency: int, temperature: float, steps: int = 200, top: int = 25) -> dict:
+    """Decode steps of `concurrency` requests: wall ms per step, the GPU time of its decode graph alone, and the host
+    functions by time (cProfile, on further steps; its own overhead inflates the host times)."""
+    import cProfile
+    import pstats
+
+    rng = random.Random(concurrency)
+    vocab = engine.config.vocab_size
+    params = SamplingParams(max_tokens=2 * steps + 40, temperature=temperature, ignore_eos=True, seed=1)
+    for i in range(concurrency):
+        engine.add_request(f"host-{concurrency}-{temperature}-{i}", [rng.randrange(vocab) for _ in range(64)], params)
+    while any(not r.output_token_ids for r in engine.requests.values()):
+        engine.step()  # prefill, out of the timing
+    for _ in range(10):
+        engine.step()
+    walls = []
+    for _ in range(steps):  # wall time per step, nothing profiled
+        t = time.perf_counter()
+        engine.step()
+        walls.append((time.perf_counter() - t) * 1e3)
+    prof = cProfile.Profile()
+    for _ in range(steps):
+        prof.enable()
+        engine.step()
+        prof.disable()
+    # The GPU time of the step's forward alone: its decode graph replayed back to back.
+    graphs, replay_ms = engine.runner.graphs, None
+    if graphs is not None:
+        b = min(x for x in graphs.batch_buckets if x >= concurrency)
+        ctx = min(x for x in graphs.context_buckets if x >= 64 + 3 * steps + 60)
+        g = graphs.graphs[(b, ctx)].graph
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        g.replay()
+        start.record()
+        for _ in range(50):
+            g.replay()
+        end.record()
+        end.synchronize()
+        replay_ms = start.elapsed_time(end) / 50
+    for rid in list(engine.requests):
+        engine.abort(rid)
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, name), (_, calls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({
+            "function": f"{Path(file).name}:{line}:{name}",
+            "calls_per_step": round(calls / steps, 2),
+            "self_us_per_step": round(tottime / steps * 1e6, 1),
+            "cumulative_us_per_step": round(cumtime / steps * 1e6, 1),
+        })  # fmt: skip
+    rows.sort(key=lambda r: -r["self_us_per_step"])
+    return {
+        "concurrency": concurrency,
+        "temperature": temperature,
+        "steps": steps,
+        "wall_ms_per_step_median": round(statistics.median(walls), 3),
+        "graph_replay_gpu_ms": None if replay_ms is None else round(replay_ms, 3),
+        "profiled_us_per_step": round(sum(r["self_us_per_step"] for r in rows), 1),
+        "top_self": rows[:top],
+        "top_cumulative": sorted(rows, key=lambda r: -r["cumulative_us_per_step"])[:top],
+    }
+
+
 def _percentile(values: list[float], q: float) -> float | None:
     return round(sorted(values)[int(q * (len(values) - 1))], 2) if values else None
 
@@ -224,6 +291,7 @@ def main() -> None:
     ap.add_argument("--churn", type=int, default=0, help="also run this many requests of serving-like mixed traffic")
     ap.add_argument("--profile-long", action="store_true", help="kernels of the long prompt alone, by family (GPU)")
     ap.add_argument("--no-sampling-rows", action="store_true", help="only the start-up and the long prompt")
+    ap.add_argument("--host-profile", type=int, nargs="*", default=[], help="profile decode steps at these batches")
     ap.add_argument("--out", type=Path, default=RESULTS / "engine_gpu.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -246,6 +314,7 @@ def main() -> None:
     if long_row:
         print(json.dumps(long_row), flush=True)
     churn_row = churn(engine, args.churn) if args.churn else None
+    host_rows = [host_profile(engine, c, temp) for c in args.host_profile for temp in (0.0, 1.0)]
     for op_name, kernels in (("triton", fast), ("reference", dataclasses.replace(fast, sample_top_k=sample_top_k_ref))):
         engine.model.kernels = kernels
         for c in [] if args.no_sampling_rows else args.concurrency:
@@ -266,6 +335,7 @@ def main() -> None:
         "rows": rows,
         "long_prompt": long_row,
         "churn": churn_row,
+        "host_profile": host_rows,
         "late_compiles": [{"kernel": e.kernel, "specialisation": e.specialisation[:300]} for e in LATE_COMPILES.events],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -296,6 +366,14 @@ def main() -> None:
             f" {c['step_ms_p99']}, max {c['step_ms_max']}; TTFT ms p50/p99 {ttft[0]}/{ttft[1]}, ITL ms p50/p99"
             f" {itl[0]}/{itl[1]}; {len(c['late_compiles'])} kernels compiled meanwhile"
         )
+    for h in host_rows:
+        print(
+            f"host profile, {h['concurrency']} requests, temperature {h['temperature']}: wall"
+            f" {h['wall_ms_per_step_median']} ms a step, its decode graph alone {h['graph_replay_gpu_ms']} ms on the"
+            f" GPU; host time under cProfile {h['profiled_us_per_step']} us a step, top self:"
+        )
+        for r in h["top_self"][:14]:
+            print(f"  {r['self_us_per_step']:>8} us  {r['calls_per_step']:>6}x  {r['function']}")
     late = [e.kernel for e in LATE_COMPILES.events]
     print(f"Triton kernels compiled after the warm-up: {len(late)} {sorted(set(late))}")
     print(f"wrote {args.out}")
