@@ -18,6 +18,7 @@ from flint_kernels.attention import AttnMeta
 
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
+from .kv_cache_manager import NO_BLOCK
 from .model import FlintModel
 
 log = logging.getLogger(__name__)
@@ -27,10 +28,40 @@ CONTEXT_BUCKETS = (1024, 4096, 16384, 65536, 262144)
 
 
 @dataclass
+class DecodeRows:
+    """One decode step's inputs as host values, one entry per sequence (what `DecodeGraphs.run_rows` copies in).
+
+    `tables_key` names the block tables' contents (`SeqBlocks` serial and version per sequence): the tables, which
+    change only every block_size tokens, are copied only when it changes."""
+
+    input_ids: list[int]
+    positions: list[int]
+    full_slots: list[int]
+    sliding_slots: list[int]
+    seq_lens: list[int]
+    full_tables: list[list[int]]
+    sliding_tables: list[list[int]]
+    tables_key: tuple
+
+
+@dataclass
+class _Staging:
+    """Host buffers of one graph's per-step inputs (pinned on a GPU), copied in with one transfer each."""
+
+    rows: torch.Tensor  # int64 [4, padded b]: input ids, positions, full slots, sliding slots
+    lens: torch.Tensor  # int32 [b]: context lengths
+    copied: torch.cuda.Event | None  # the last copy out of them (the host must not refill them before it ran)
+    tables_key: tuple | None = None  # what the graph's static block tables hold
+
+
+@dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
     batch: ForwardBatch
     logits: torch.Tensor
+    # int64 [4, padded b] whose rows back the batch's input_ids, positions, full_slots and sliding_slots
+    inputs: torch.Tensor
+    staging: _Staging | None = None
 
 
 class DecodeGraphs:
@@ -50,18 +81,27 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.pool = None
 
-    def _static_batch(self, b: int, ctx: int) -> ForwardBatch:
+    def static_inputs(self, b: int) -> torch.Tensor:
+        """The int64 [4, padded b] buffer behind a graph's input ids, positions and slots (`_static_batch`): one
+        copy fills all four. Rows are padded to 16 bytes, so each starts as aligned as a buffer of its own (Triton
+        specialises kernels on pointer alignment)."""
+        inputs = torch.zeros((4, -(-b // 2) * 2), dtype=torch.int64, device=self.device)
+        inputs[2:].fill_(-1)
+        return inputs
+
+    def _static_batch(self, b: int, ctx: int, inputs: torch.Tensor | None = None) -> ForwardBatch:
         dev = self.device
+        inputs = self.static_inputs(b) if inputs is None else inputs
         table = torch.full((b, self.max_blocks), self.scratch_block, dtype=torch.int32, device=dev)
         batch = ForwardBatch(
-            input_ids=torch.zeros(b, dtype=torch.int64, device=dev),
-            positions=torch.zeros(b, dtype=torch.int64, device=dev),
+            input_ids=inputs[0, :b],
+            positions=inputs[1, :b],
             query_start=list(range(b + 1)),
             seq_lens=[1] * b,
             full_block_tables=table,
             sliding_block_tables=table.clone(),
-            full_slots=torch.full((b,), -1, dtype=torch.int64, device=dev),
-            sliding_slots=torch.full((b,), -1, dtype=torch.int64, device=dev),
+            full_slots=inputs[2, :b],
+            sliding_slots=inputs[3, :b],
             logits_indices=torch.arange(b, device=dev),
         )
         # Kernels size their work from max_seq_len (a host int): capture for the bucket's upper bound.
@@ -76,14 +116,15 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         for ctx in reversed(self.context_buckets):
             for b in reversed(self.batch_buckets):  # largest first so smaller graphs reuse its memory
-                batch = self._static_batch(b, ctx)
+                inputs = self.static_inputs(b)
+                batch = self._static_batch(b, ctx, inputs)
                 for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
                     self.model.compute_logits(self.model.forward(batch, self.cache))
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=self.pool):
                     logits = self.model.compute_logits(self.model.forward(batch, self.cache))
-                self.graphs[(b, ctx)] = _Graph(g, batch, logits)
+                self.graphs[(b, ctx)] = _Graph(g, batch, logits, inputs)
         torch.cuda.synchronize()
         log.info(
             "captured %d decode graphs (batch <= %d, context <= %d) in %.1f s",
@@ -114,13 +155,67 @@ class DecodeGraphs:
             and max(batch.seq_lens) <= self.context_buckets[-1]
         )
 
+    def covers_rows(self, rows: DecodeRows) -> bool:
+        return 0 < len(rows.seq_lens) <= self.batch_buckets[-1] and max(rows.seq_lens) <= self.context_buckets[-1]
+
+    def _graph_for(self, n: int, longest: int) -> tuple[_Graph, int]:
+        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, n)]
+        ctx = self.context_buckets[bisect.bisect_left(self.context_buckets, longest)]
+        return self.graphs[(b, ctx)], b
+
+    def _staging(self, g: _Graph, b: int) -> _Staging:
+        cuda = self.device.type == "cuda"
+        rows = torch.zeros(tuple(g.inputs.shape), dtype=torch.int64, pin_memory=cuda)
+        rows[2:].fill_(-1)
+        lens = torch.ones(b, dtype=torch.int32, pin_memory=cuda)
+        g.staging = _Staging(rows, lens, torch.cuda.Event() if cuda else None)
+        return g.staging
+
+    @torch.inference_mode()
+    def run_rows(self, rows: DecodeRows) -> torch.Tensor:
+        """FP32 logits [num_seqs, V] for a decode step given as host values: the per-step inputs go in with two
+        host-to-device copies (and the block tables only when `rows.tables_key` changed), then the replay.
+
+        The same result as `run` on the equivalent `ForwardBatch`, which copies each input on its own."""
+        n = len(rows.input_ids)
+        g, b = self._graph_for(n, max(rows.seq_lens))
+        st = g.staging or self._staging(g, b)
+        if st.copied is not None:
+            st.copied.synchronize()  # the previous step's copies have read the host buffers (at once, normally)
+        host = st.rows.numpy()
+        host[0, :n] = rows.input_ids
+        host[1, :n] = rows.positions
+        host[2, :n] = rows.full_slots
+        host[3, :n] = rows.sliding_slots
+        host[2:, n:] = -1  # padding rows write nowhere
+        lens = st.lens.numpy()
+        lens[:n] = rows.seq_lens
+        lens[n:] = 1
+        g.inputs.copy_(st.rows, non_blocking=True)
+        g.batch.attn.seq_lens_t.copy_(st.lens, non_blocking=True)
+        if st.tables_key != rows.tables_key:
+            self._copy_tables(g.batch, rows.full_tables, rows.sliding_tables)
+            st.tables_key = rows.tables_key
+        if st.copied is not None:
+            st.copied.record()
+        g.graph.replay()
+        return g.logits[:n]
+
+    @staticmethod
+    def _copy_tables(s: ForwardBatch, full: list[list[int]], sliding: list[list[int]]) -> None:
+        for rows, static in ((full, s.full_block_tables), (sliding, s.sliding_block_tables)):
+            width = max((len(r) for r in rows), default=0)
+            if width:
+                padded = [r + [NO_BLOCK] * (width - len(r)) for r in rows]
+                static[: len(rows), :width].copy_(torch.tensor(padded, dtype=torch.int32))
+
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """FP32 logits [num_seqs, V] for a decode batch (one token per sequence)."""
         n = batch.num_seqs
-        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, n)]
-        ctx = self.context_buckets[bisect.bisect_left(self.context_buckets, max(batch.seq_lens))]
-        g = self.graphs[(b, ctx)]
+        g, _ = self._graph_for(n, max(batch.seq_lens))
+        if g.staging is not None:
+            g.staging.tables_key = None  # the tables written below are not the ones `run_rows` last wrote
         s = g.batch
         s.input_ids[:n].copy_(batch.input_ids)
         s.positions[:n].copy_(batch.positions)

@@ -297,7 +297,7 @@ class LLMEngine:
             for ch in sched.chunks:
                 req = ch.request
                 req.num_computed_tokens += ch.num_tokens
-                self.kv.computed(req.request_id, req.all_token_ids, req.num_computed_tokens)
+                self.kv.computed(req.request_id, req.tokens, req.num_computed_tokens)
             if logits is not None:
                 reqs = [sched.chunks[i].request for i in rows]
                 result = sample(logits, [self._sampling_row(r) for r in reqs], self.model.kernels.sample_top_k)

@@ -9,6 +9,8 @@ window are released at once (they stay cached until evicted).
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .block_pool import BlockPool
@@ -17,11 +19,19 @@ from .config import FlintConfig
 NO_BLOCK = -1
 
 
+_SERIALS = itertools.count(1)
+
+
 @dataclass
 class SeqBlocks:
     full: list[int] = field(default_factory=list)
     sliding: list[int] = field(default_factory=list)  # NO_BLOCK where the window has moved on
     hashes: list[int] = field(default_factory=list)  # content hash of each completely computed block
+    released: int = 0  # sliding entries below this index are NO_BLOCK (the window has passed them)
+    # (serial, version) names the tables' contents: a new sequence gets a new serial, and every change to either
+    # table bumps the version, so a consumer that copies tables (the decode graphs) can tell when to copy again.
+    serial: int = field(default_factory=lambda: next(_SERIALS))
+    version: int = 0
 
 
 class KVCacheManager:
@@ -45,7 +55,7 @@ class KVCacheManager:
         self.prefix_hits = 0  # tokens found
 
     # ------------------------------------------------------------------ hashing and lookup
-    def block_hashes(self, token_ids: list[int], num_blocks: int) -> list[int]:
+    def block_hashes(self, token_ids: Sequence[int], num_blocks: int) -> list[int]:
         bs, out, parent = self.block_size, [], 0
         for i in range(num_blocks):
             parent = hash((parent, *token_ids[i * bs : (i + 1) * bs]))
@@ -138,14 +148,16 @@ class KVCacheManager:
             raise RuntimeError("allocate() called without a successful can_allocate()")
         if full_need:
             seq.full.extend(self.full.allocate(full_need))
+            seq.version += 1
         if self.has_sliding:
             for b in self._window_blocks(num_computed, num_computed + num_new):
                 while len(seq.sliding) <= b:
                     seq.sliding.append(NO_BLOCK)
                 if seq.sliding[b] == NO_BLOCK:
                     seq.sliding[b] = self.sliding.allocate(1)[0]
+                    seq.version += 1
 
-    def computed(self, seq_id: str, token_ids: list[int], num_computed: int) -> None:
+    def computed(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None:
         """After a step: register newly completed blocks and release sliding blocks behind the window."""
         seq = self.seqs[seq_id]
         complete = num_computed // self.block_size
@@ -161,10 +173,13 @@ class KVCacheManager:
                         self.sliding.register(seq.sliding[i], parent)
         if self.has_sliding:
             first_needed = max(0, num_computed - (self.window - 1)) // self.block_size
-            for b in range(min(first_needed, len(seq.sliding))):
+            upto = min(first_needed, len(seq.sliding))
+            for b in range(seq.released, upto):  # only what the window passed since the last step
                 if seq.sliding[b] != NO_BLOCK:
                     self.sliding.release(seq.sliding[b])
                     seq.sliding[b] = NO_BLOCK
+                    seq.version += 1
+            seq.released = max(seq.released, upto)
 
     def free(self, seq_id: str) -> None:
         seq = self.seqs.pop(seq_id, None)
@@ -180,6 +195,11 @@ class KVCacheManager:
     def tables(self, seq_id: str) -> tuple[list[int], list[int]]:
         seq = self.seqs[seq_id]
         return seq.full, seq.sliding
+
+    def tables_version(self, seq_id: str) -> tuple[int, int]:
+        """Changes whenever `tables(seq_id)` would return other contents (a new sequence, a block added or released)."""
+        seq = self.seqs[seq_id]
+        return seq.serial, seq.version
 
     # ------------------------------------------------------------------ accounting
     def usage(self, full_block_bytes: int, sliding_block_bytes: int) -> float:

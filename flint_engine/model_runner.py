@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from .cuda_graphs import DecodeGraphs
+from .cuda_graphs import DecodeGraphs, DecodeRows
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .kv_cache_manager import NO_BLOCK, KVCacheManager
@@ -57,7 +57,7 @@ class ModelRunner:
         for i, ch in enumerate(chunks):
             req = ch.request
             c, n = req.num_computed_tokens, ch.num_tokens
-            tokens = req.all_token_ids
+            tokens = req.tokens
             ids.extend(tokens[c : c + n])
             pos.extend(range(c, c + n))
             full, sliding = self.kv.tables(req.request_id)
@@ -92,8 +92,37 @@ class ModelRunner:
         )
         return batch, sample_rows
 
+    def decode_rows(self, chunks: list[ScheduledChunk]) -> DecodeRows | None:
+        """The step's inputs as host values when every chunk is one sequence's next token (else None): what the
+        decode graphs take without building a `ForwardBatch` (whose device tensors cost a transfer each)."""
+        bs = self.block_size
+        rows = DecodeRows([], [], [], [], [], [], [], ())
+        key = []
+        for ch in chunks:
+            req = ch.request
+            c = req.num_computed_tokens
+            if ch.num_tokens != 1 or c + 1 != req.num_tokens:
+                return None
+            rows.input_ids.append(req.tokens[c])
+            rows.positions.append(c)
+            full, sliding = self.kv.tables(req.request_id)
+            blk, off = divmod(c, bs)
+            rows.full_slots.append(full[blk] * bs + off if full else -1)
+            sb = sliding[blk] if blk < len(sliding) else NO_BLOCK
+            rows.sliding_slots.append(sb * bs + off if sb != NO_BLOCK else -1)
+            rows.seq_lens.append(c + 1)
+            rows.full_tables.append(full)
+            rows.sliding_tables.append(sliding)
+            key.append(self.kv.tables_version(req.request_id))
+        rows.tables_key = tuple(key)
+        return rows
+
     def execute(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor | None, list[int]]:
         """FP32 logits [len(sample_rows), V] and which chunks they belong to."""
+        if self.graphs is not None:
+            rows = self.decode_rows(chunks)
+            if rows is not None and self.graphs.covers_rows(rows):
+                return self.graphs.run_rows(rows), list(range(len(chunks)))
         batch, sample_rows = self.build_batch(chunks)
         if self.graphs is not None and self.graphs.covers(batch):
             return self.graphs.run(batch), sample_rows

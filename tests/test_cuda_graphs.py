@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from flint_kernels import fast
-from flint_kernels.dispatch import REFERENCE
+from flint_kernels.dispatch import REFERENCE, select_kernels
 
-from flint_engine.config import preset
+from flint_engine.config import FULL, SLIDING, preset
 from flint_engine.cuda_graphs import DecodeGraphs, _Graph
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
@@ -29,19 +30,22 @@ class ReplayOnCPU(DecodeGraphs):
     def capture(self) -> None:
         for ctx in self.context_buckets:
             for b in self.batch_buckets:
-                batch = self._static_batch(b, ctx)
+                inputs = self.static_inputs(b)
+                batch = self._static_batch(b, ctx, inputs)
                 logits = self.model.compute_logits(self.model.forward(batch, self.cache))
 
                 def replay(batch=batch, out=logits) -> None:
                     out.copy_(self.model.compute_logits(self.model.forward(batch, self.cache)))
 
-                self.graphs[(b, ctx)] = _Graph(SimpleNamespace(replay=replay), batch, logits)  # type: ignore[arg-type]
+                graph = SimpleNamespace(replay=replay)
+                self.graphs[(b, ctx)] = _Graph(graph, batch, logits, inputs)  # type: ignore[arg-type]
 
 
 def test_graph_runner_decodes_like_eager() -> None:
     cfg = preset("tiny").replace(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=256
-    )
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+        num_hidden_layers=3, layer_types=(SLIDING, FULL, SLIDING), mlp_only_layers=(0,),
+    )  # fmt: skip
     w = random_weights(cfg, torch.float32, seed=7)
     model = FlintModel(w, fast.fast_kernels(REFERENCE))
     prompts = [list(range(3, 3 + n)) for n in (5, 11, 2)]
@@ -54,10 +58,39 @@ def test_graph_runner_decodes_like_eager() -> None:
     assert graphs.batch_buckets == (1, 2, 4) and graphs.context_buckets == (64,)
     assert graphs.self_check() < 1e-6
     engine.runner.graphs = graphs
-    used = []
-    original = graphs.run
-    graphs.run = lambda batch: used.append(batch.num_seqs) or original(batch)  # type: ignore[method-assign]
+    used, table_copies = [], []
+    original, copy_tables = graphs.run_rows, graphs._copy_tables
+    graphs.run_rows = lambda rows: used.append(len(rows.seq_lens)) or original(rows)  # type: ignore[method-assign]
+    graphs._copy_tables = lambda *a: table_copies.append(1) or copy_tables(*a)  # type: ignore[method-assign]
     replayed = [r.output_token_ids for r in engine.generate(prompts, params)]
     assert replayed == eager
     assert used and max(used) == 3  # three sequences decoded through the 4-row bucket with one padding row
+    # The block tables go in when a sequence joins, leaves or grows a block, not every step.
+    assert 0 < len(table_copies) < len(used)
     assert engine.kv.all_free()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graph_decoding_equals_eager_on_the_gpu() -> None:
+    """Real CUDA graphs fed by `run_rows` (two copies a step, the block tables only when they change) give the eager
+    fused path's tokens, across block boundaries, sequences joining and leaving, and the sliding window moving."""
+    dev = torch.device("cuda")
+    cfg = preset("tiny").replace(sliding_window=21, max_position_embeddings=512)
+    w = random_weights(cfg, torch.bfloat16, dev, seed=11)
+    model = FlintModel(w, select_kernels(dev, torch.bfloat16, torch.bfloat16, "fast"))
+    prompts = [list(range(3, 3 + n)) for n in (5, 31, 2, 17)]
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in (60, 25, 47, 9)]
+
+    def run(graphs: bool) -> list[list[int]]:
+        ec = EngineConfig(
+            device="cuda", kv_cache_memory=64 * 2**20, max_num_seqs=4, max_model_len=256, cuda_graphs=graphs,
+            prefill_warmup=False, block_size=16,
+        )  # fmt: skip
+        engine = LLMEngine(model, None, ec)
+        assert (engine.runner.graphs is not None) == graphs
+        out = [r.output_token_ids for r in engine.generate(prompts, params)]
+        assert engine.kv.all_free()
+        return out
+
+    assert run(True) == run(False)
