@@ -142,7 +142,9 @@ def long_prompt(engine: LLMEngine, prompt_len: int, profile: bool = False) -> di
     return row
 
 
-def host_profile(engine: LLMEngine, concurrency: int, temperature: float, steps: int = 200, top: int = 25) -> dict:
+def host_profile(
+    engine: LLMEngine, concurrency: int, temperature: float, prompt_len: int = 64, steps: int = 200, top: int = 25
+) -> dict:
     """Decode steps of `concurrency` requests: wall ms per step, the GPU time of its decode graph alone, and the host
     functions by time (cProfile, on further steps; its own overhead inflates the host times)."""
     import cProfile
@@ -152,7 +154,8 @@ def host_profile(engine: LLMEngine, concurrency: int, temperature: float, steps:
     vocab = engine.config.vocab_size
     params = SamplingParams(max_tokens=2 * steps + 40, temperature=temperature, ignore_eos=True, seed=1)
     for i in range(concurrency):
-        engine.add_request(f"host-{concurrency}-{temperature}-{i}", [rng.randrange(vocab) for _ in range(64)], params)
+        prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
+        engine.add_request(f"host-{concurrency}-{temperature}-{i}", prompt, params)
     while any(not r.output_token_ids for r in engine.requests.values()):
         engine.step()  # prefill, out of the timing
     for _ in range(10):
@@ -171,7 +174,7 @@ def host_profile(engine: LLMEngine, concurrency: int, temperature: float, steps:
     graphs, replay_ms = engine.runner.graphs, None
     if graphs is not None:
         b = min(x for x in graphs.batch_buckets if x >= concurrency)
-        ctx = min(x for x in graphs.context_buckets if x >= 64 + 3 * steps + 60)
+        ctx = min(x for x in graphs.context_buckets if x >= prompt_len + 2 * steps + 11)
         g = graphs.graphs[(b, ctx)].graph
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         g.replay()
@@ -196,6 +199,7 @@ def host_profile(engine: LLMEngine, concurrency: int, temperature: float, steps:
     return {
         "concurrency": concurrency,
         "temperature": temperature,
+        "prompt_len": prompt_len,
         "steps": steps,
         "wall_ms_per_step_median": round(statistics.median(walls), 3),
         "graph_replay_gpu_ms": None if replay_ms is None else round(replay_ms, 3),
@@ -292,6 +296,7 @@ def main() -> None:
     ap.add_argument("--profile-long", action="store_true", help="kernels of the long prompt alone, by family (GPU)")
     ap.add_argument("--no-sampling-rows", action="store_true", help="only the start-up and the long prompt")
     ap.add_argument("--host-profile", type=int, nargs="*", default=[], help="profile decode steps at these batches")
+    ap.add_argument("--host-profile-prompt", type=int, nargs="+", default=[64], help="the host-profile prompt lengths")
     ap.add_argument("--out", type=Path, default=RESULTS / "engine_gpu.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -314,7 +319,12 @@ def main() -> None:
     if long_row:
         print(json.dumps(long_row), flush=True)
     churn_row = churn(engine, args.churn) if args.churn else None
-    host_rows = [host_profile(engine, c, temp) for c in args.host_profile for temp in (0.0, 1.0)]
+    host_rows = [
+        host_profile(engine, c, temp, p)
+        for p in args.host_profile_prompt
+        for c in args.host_profile
+        for temp in (0.0, 1.0)
+    ]
     for op_name, kernels in (("triton", fast), ("reference", dataclasses.replace(fast, sample_top_k=sample_top_k_ref))):
         engine.model.kernels = kernels
         for c in [] if args.no_sampling_rows else args.concurrency:
@@ -368,7 +378,8 @@ def main() -> None:
         )
     for h in host_rows:
         print(
-            f"host profile, {h['concurrency']} requests, temperature {h['temperature']}: wall"
+            f"host profile, {h['concurrency']} requests of {h['prompt_len']} prompt tokens, temperature"
+            f" {h['temperature']}: wall"
             f" {h['wall_ms_per_step_median']} ms a step, its decode graph alone {h['graph_replay_gpu_ms']} ms on the"
             f" GPU; host time under cProfile {h['profiled_us_per_step']} us a step, top self:"
         )
