@@ -48,7 +48,7 @@ def _check(n: int, vocab: int, k_max: int, seed: int, device: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "n,vocab,k_max", [(1, 97, 20), (6, 1000, 20), (5, 2049, 64), (3, 700, 128), (4, 300, 1)], ids=str
+    "n,vocab,k_max", [(1, 97, 20), (6, 1000, 20), (2, 2049, 64), (3, 700, 128), (4, 300, 1)], ids=str
 )
 def test_sample_top_k_interp(small_chunks: None, n: int, vocab: int, k_max: int) -> None:
     _check(n, vocab, k_max, seed=vocab + k_max, device="cpu")
