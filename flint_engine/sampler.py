@@ -8,6 +8,8 @@ Returned logprobs are those of the raw model distribution (before penalties, tem
 
 from __future__ import annotations
 
+import threading
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -110,16 +112,43 @@ def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return t.pin_memory().to(dev, non_blocking=True)
 
 
-def _staged(columns: list[list[float | int]], dtype: torch.dtype) -> torch.Tensor:
-    """Per-row parameters as the rows of one host tensor, each row padded to 16 bytes: every parameter then starts
-    16-byte aligned on the device, whatever the batch size. Triton specialises a kernel on its pointers' alignment,
-    so an unaligned parameter (a column of an [N, 3] tensor is a contiguous view when N is 1) would compile a new
-    variant of the sampling kernels in the middle of serving."""
+def _staged(columns: list[list[float | int]], dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    """Per-row parameters as the rows of one tensor on `dev`, each row padded to 16 bytes: every parameter then
+    starts 16-byte aligned on the device, whatever the batch size. Triton specialises a kernel on its pointers'
+    alignment, so an unaligned parameter (a column of an [N, 3] tensor is a contiguous view when N is 1) would
+    compile a new variant of the sampling kernels in the middle of serving. To a GPU they go through a pinned host
+    buffer that is kept for the next step of that shape (allocating and pinning one every step cost more than the
+    copy)."""
     n = len(columns[0])
     per_16 = 16 // torch.empty((), dtype=dtype).element_size()
-    out = torch.zeros((len(columns), -(-n // per_16) * per_16), dtype=dtype)
-    out[:, :n] = torch.tensor(columns, dtype=dtype)
+    shape = (len(columns), -(-n // per_16) * per_16)
+    if dev.type != "cuda":
+        out = torch.zeros(shape, dtype=dtype)
+        out[:, :n] = torch.tensor(columns, dtype=dtype)
+        return out.to(dev)
+    host, copied = _pinned(dtype, shape, dev)
+    copied.synchronize()  # the last copy out of this buffer has run (at once: each step ends with a sync)
+    values = host.numpy()
+    values[:, :n] = columns
+    values[:, n:] = 0
+    out = torch.empty(shape, dtype=dtype, device=dev)
+    out.copy_(host, non_blocking=True)
+    copied.record()
     return out
+
+
+_PINNED: dict[tuple[torch.dtype, tuple[int, int], int], tuple[torch.Tensor, torch.cuda.Event]] = {}
+_PINNED_LOCK = threading.Lock()
+
+
+def _pinned(dtype: torch.dtype, shape: tuple[int, int], dev: torch.device) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """A pinned host buffer of `shape` for copies to `dev` and the event of its last copy."""
+    key = (dtype, shape, dev.index if dev.index is not None else torch.cuda.current_device())
+    with _PINNED_LOCK:
+        entry = _PINNED.get(key)
+        if entry is None:
+            entry = _PINNED[key] = (torch.zeros(shape, dtype=dtype, pin_memory=True), torch.cuda.Event())
+        return entry
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sample_top_k_ref) -> SampleResult:
@@ -136,8 +165,8 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sampl
     # Which rows sample, and their parameters, are decided on the host from `rows`: no device round trip before
     # the one that returns the tokens (each sync would stall the queue of small sampling kernels on a GPU).
     # A temperature that is 0 in FP32 (also a tiny positive one) means greedy, as the division would.
-    temps_host = torch.tensor([r.temperature for r in rows], dtype=torch.float32)
-    picked_idx = torch.nonzero(temps_host != 0.0).flatten().tolist()
+    temps_list = array("f", [r.temperature for r in rows]).tolist()
+    picked_idx = [i for i, t in enumerate(temps_list) if t != 0.0]
     picked = [rows[i] for i in picked_idx]
     # A constrained row walks every token in score order, so it needs the full perturbed scores.
     constrained = any(r.allowed is not None for r in picked)
@@ -145,12 +174,11 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sampl
         tokens = torch.argmax(logits, dim=-1)
     elif not constrained and all(0 < r.top_k < vocab for r in picked):
         # Greedy rows ride along with top_k 1: the op returns their first argmax.
-        temps_list = temps_host.tolist()
         top_k = [r.top_k if t != 0.0 else 1 for r, t in zip(rows, temps_list)]
-        floats = _staged([temps_list, [r.top_p for r in rows], [r.min_p for r in rows]], torch.float32)
-        ints = _staged([top_k, [r.seed for r in rows], [r.step for r in rows]], torch.int64)
-        temps, top_p, min_p = _to_device(floats, dev)[:, :n]
-        top_k_t, seeds, steps = _to_device(ints, dev)[:, :n]
+        floats = _staged([temps_list, [r.top_p for r in rows], [r.min_p for r in rows]], torch.float32, dev)
+        ints = _staged([top_k, [r.seed for r in rows], [r.step for r in rows]], torch.int64, dev)
+        temps, top_p, min_p = floats[:, :n]
+        top_k_t, seeds, steps = ints[:, :n]
         tokens = draw(logits, temps, top_k_t, top_p, min_p, seeds, steps, max(top_k))
     else:
         tokens = torch.argmax(logits, dim=-1)
