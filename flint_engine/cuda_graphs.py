@@ -18,7 +18,6 @@ from flint_kernels.attention import AttnMeta
 
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
-from .kv_cache_manager import NO_BLOCK
 from .model import FlintModel
 
 log = logging.getLogger(__name__)
@@ -194,7 +193,9 @@ class DecodeGraphs:
         g.inputs.copy_(st.rows, non_blocking=True)
         g.batch.attn.seq_lens_t.copy_(st.lens, non_blocking=True)
         if st.tables_key != rows.tables_key:
-            self._copy_tables(g.batch, rows.full_tables, rows.sliding_tables)
+            old = st.tables_key or ()
+            changed = [i for i, key in enumerate(rows.tables_key) if i >= len(old) or old[i] != key]
+            self._copy_tables(g.batch, changed, rows.full_tables, rows.sliding_tables)
             st.tables_key = rows.tables_key
         if st.copied is not None:
             st.copied.record()
@@ -202,12 +203,13 @@ class DecodeGraphs:
         return g.logits[:n]
 
     @staticmethod
-    def _copy_tables(s: ForwardBatch, full: list[list[int]], sliding: list[list[int]]) -> None:
-        for rows, static in ((full, s.full_block_tables), (sliding, s.sliding_block_tables)):
-            width = max((len(r) for r in rows), default=0)
-            if width:
-                padded = [r + [NO_BLOCK] * (width - len(r)) for r in rows]
-                static[: len(rows), :width].copy_(torch.tensor(padded, dtype=torch.int32))
+    def _copy_tables(s: ForwardBatch, changed: list[int], full: list[list[int]], sliding: list[list[int]]) -> None:
+        """Rows `changed` of the block tables (a row's entries past its length are never read: a sequence's kernels
+        read the blocks of its positions only)."""
+        for i in changed:
+            for table, static in ((full[i], s.full_block_tables), (sliding[i], s.sliding_block_tables)):
+                if table:
+                    static[i, : len(table)].copy_(torch.tensor(table, dtype=torch.int32))
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> torch.Tensor:
