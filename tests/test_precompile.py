@@ -89,26 +89,28 @@ def test_worker_processes_report_each_failure_and_exit() -> None:
     assert all("ModuleNotFoundError" in e for e in errors)
 
 
-def test_a_stuck_worker_is_stopped_at_the_deadline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A compile that never ends must not hold up the engine's start: the worker is killed, the entry reported."""
+@pytest.fixture
+def stuck_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> precompile.Entry:
+    """Workers that never answer (their "python" sleeps), and an entry to give them."""
     stuck = tmp_path / "python"
     stuck.write_text("#!/bin/sh\nexec sleep 60\n")
     stuck.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(stuck))
-    entry = precompile.Entry("flint_kernels.rmsnorm_triton._rms_norm_kernel", _spec("x", "k", ["a"]))
+    return precompile.Entry("flint_kernels.rmsnorm_triton._rms_norm_kernel", _spec("x", "k", ["a"]))
+
+
+def test_a_stuck_worker_is_stopped_at_the_deadline(stuck_worker: precompile.Entry) -> None:
+    """A compile that never ends must not hold up the engine's start: the worker is killed, the entry reported."""
+    entry = stuck_worker
     start = time.monotonic()
     errors, times = precompile._compile_in_processes([entry, entry], workers=2, device_index=0, deadline_s=1.0)
     assert time.monotonic() - start < 30
     assert times == {} and any("still compiling after 1 s" in e for e in errors)
 
 
-def test_a_cancelled_start_stops_its_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_cancelled_start_stops_its_workers(stuck_worker: precompile.Entry) -> None:
     """A start that fails while the precompile runs (a bad checkpoint) kills the workers at once."""
-    stuck = tmp_path / "python"
-    stuck.write_text("#!/bin/sh\nexec sleep 60\n")
-    stuck.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(stuck))
-    entry = precompile.Entry("flint_kernels.rmsnorm_triton._rms_norm_kernel", _spec("x", "k", ["a"]))
+    entry = stuck_worker
     stop = threading.Event()
     threading.Timer(0.5, stop.set).start()
     start = time.monotonic()
