@@ -160,11 +160,12 @@ def host_profile(
         engine.step()  # prefill, out of the timing
     for _ in range(10):
         engine.step()
-    walls = []
+    walls, ahead0 = [], engine.steps_ahead
     for _ in range(steps):  # wall time per step, nothing profiled
         t = time.perf_counter()
         engine.step()
         walls.append((time.perf_counter() - t) * 1e3)
+    ahead = engine.steps_ahead - ahead0
     prof = cProfile.Profile()
     for _ in range(steps):
         prof.enable()
@@ -202,6 +203,7 @@ def host_profile(
         "prompt_len": prompt_len,
         "steps": steps,
         "wall_ms_per_step_median": round(statistics.median(walls), 3),
+        "steps_launched_ahead": ahead,  # of the timed steps (EngineConfig.async_decode)
         "graph_replay_gpu_ms": None if replay_ms is None else round(replay_ms, 3),
         "profiled_us_per_step": round(sum(r["self_us_per_step"] for r in rows), 1),
         "top_self": rows[:top],
@@ -295,6 +297,7 @@ def main() -> None:
     ap.add_argument("--churn", type=int, default=0, help="also run this many requests of serving-like mixed traffic")
     ap.add_argument("--profile-long", action="store_true", help="kernels of the long prompt alone, by family (GPU)")
     ap.add_argument("--no-sampling-rows", action="store_true", help="only the start-up and the long prompt")
+    ap.add_argument("--async-decode", action="store_true", help="EngineConfig.async_decode (next step launched ahead)")
     ap.add_argument("--host-profile", type=int, nargs="*", default=[], help="profile decode steps at these batches")
     ap.add_argument("--host-profile-prompt", type=int, nargs="+", default=[64], help="the host-profile prompt lengths")
     ap.add_argument("--out", type=Path, default=RESULTS / "engine_gpu.json")
@@ -310,6 +313,7 @@ def main() -> None:
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
         idle_prefill_tokens=args.idle_prefill_tokens,
+        async_decode=args.async_decode,
     )
     engine = LLMEngine.from_checkpoint(cfg, progress=False)
     startup = time.perf_counter() - t0
@@ -380,7 +384,8 @@ def main() -> None:
         print(
             f"host profile, {h['concurrency']} requests of {h['prompt_len']} prompt tokens, temperature"
             f" {h['temperature']}: wall"
-            f" {h['wall_ms_per_step_median']} ms a step, its decode graph alone {h['graph_replay_gpu_ms']} ms on the"
+            f" {h['wall_ms_per_step_median']} ms a step ({h['steps_launched_ahead']} of {h['steps']} launched ahead),"
+            f" its decode graph alone {h['graph_replay_gpu_ms']} ms on the"
             f" GPU; host time under cProfile {h['profiled_us_per_step']} us a step, top self:"
         )
         for r in h["top_self"][:14]:

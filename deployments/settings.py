@@ -33,6 +33,7 @@ class ServeSettings(BaseModel):
     cuda_graphs: bool = True
     prefill_warmup: bool = True
     precompile_kernels: bool = Field(default=True, description="compile the GPU's kernel manifest in parallel at start")
+    async_decode: bool = Field(default=False, description="launch a decode step before the last one's tokens are read")
 
     # replicas and autoscaling (one engine per GPU, TP=1)
     num_replicas: int | None = Field(default=None, ge=1, description="fixed count; disables autoscaling")
@@ -96,6 +97,7 @@ class ServeSettings(BaseModel):
             cuda_graphs=self.cuda_graphs,
             prefill_warmup=self.prefill_warmup,
             precompile_kernels=self.precompile_kernels,
+            async_decode=self.async_decode,
         )
 
     def replica_options(self, gpu: bool) -> dict[str, Any]:

@@ -171,9 +171,11 @@ class DecodeGraphs:
         return g.staging
 
     @torch.inference_mode()
-    def run_rows(self, rows: DecodeRows) -> torch.Tensor:
+    def run_rows(self, rows: DecodeRows, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """FP32 logits [num_seqs, V] for a decode step given as host values: the per-step inputs go in with two
         host-to-device copies (and the block tables only when `rows.tables_key` changed), then the replay.
+        `input_ids` (on the device: the previous step's sampled tokens, not yet read back) replace
+        `rows.input_ids`.
 
         The same result as `run` on the equivalent `ForwardBatch`, which copies each input on its own."""
         n = len(rows.input_ids)
@@ -191,6 +193,8 @@ class DecodeGraphs:
         lens[:n] = rows.seq_lens
         lens[n:] = 1
         g.inputs.copy_(st.rows, non_blocking=True)
+        if input_ids is not None:
+            g.inputs[0, :n].copy_(input_ids)
         g.batch.attn.seq_lens_t.copy_(st.lens, non_blocking=True)
         if st.tables_key != rows.tables_key:
             old = st.tables_key or ()

@@ -25,9 +25,9 @@ from .model import FlintModel
 from .model_runner import ModelRunner
 from .prefill_warmup import warm_up_prefill
 from .request import Request
-from .sampler import SamplingRow, sample
+from .sampler import SampleResult, SamplingRow, draw_tokens, is_plain, sample
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import ScheduledChunk, Scheduler
 from .stop_strings import StopStringText
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,17 @@ class RequestOutput:
     # per new token: (token id, logprob, [(alt id, alt logprob), ...])
     new_logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
     error: str | None = None
+
+
+@dataclass
+class _Launched:
+    """A step whose GPU work is queued: its chunks, the requests of its sampled rows, and their tokens, on the device
+    and not read yet (`tokens`) or already on the host (`result`, when sampling needed the host)."""
+
+    chunks: list[ScheduledChunk]
+    reqs: list[Request]
+    tokens: torch.Tensor | None = None
+    result: SampleResult | None = None
 
 
 @dataclass
@@ -117,6 +128,9 @@ class LLMEngine:
         self.metrics = EngineMetrics()
         self.requests: dict[str, Request] = {}
         self.text: dict[str, _TextState] = {}
+        # With `async_decode`: the decode step launched behind the one being read (its tokens not read yet).
+        self._ahead: _Launched | None = None
+        self.steps_ahead = 0  # steps launched that way (for tests and benchmarks)
         eos = set(self.config.eos_token_id)
         if tokenizer is not None:
             eos |= set(getattr(tokenizer, "eos_token_ids", ()) or ())
@@ -274,50 +288,130 @@ class LLMEngine:
         return out
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._ahead is not None
 
     # ------------------------------------------------------------------ stepping
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler.schedule()
-        outputs: list[RequestOutput] = []
-        if sched.chunks:
-            try:
-                logits, rows = self.runner.execute(sched.chunks)
-            except Exception as exc:  # a failed step must not lose the requests in it
-                log.exception("model step failed; failing %d requests", len(sched.chunks))
-                for ch in sched.chunks:
-                    out = self._finish(ch.request, "error", None, [], "")
-                    out.error = f"internal error during generation: {type(exc).__name__}"
-                    outputs.append(out)
+        """Run one step: schedule it (or take the decode step already launched behind the last one), launch its
+        forward and sampling, then read its tokens and turn them into outputs.
+
+        With `EngineConfig.async_decode`, before reading a decode step's tokens the engine launches the next decode
+        step on the same requests, fed with those tokens on the device, so the GPU does not wait while the host
+        appends tokens, detokenises and schedules. A request that finishes meanwhile (a stop token or string, an
+        abort) has its row of that next step dropped."""
+        launched, self._ahead = self._ahead, None
+        if launched is None:
+            sched = self.scheduler.schedule()
+            if not sched.chunks:
                 self._update_gauges()
-                return outputs
-            with self.metrics.lock:
-                self.metrics.computed_tokens += sched.num_tokens
-            for ch in sched.chunks:
-                req = ch.request
-                req.num_computed_tokens += ch.num_tokens
-                self.kv.computed(req.request_id, req.tokens, req.num_computed_tokens)
-            if logits is not None:
-                reqs = [sched.chunks[i].request for i in rows]
-                result = sample(logits, [self._sampling_row(r) for r in reqs], self.model.kernels.sample_top_k)
-                # Stamped once the tokens are on the host: on a GPU `execute` only queues the step's kernels, and
-                # an earlier stamp would leave the step's GPU time out of TTFT and the inter-token latency.
-                now = time.monotonic()
-                for j, req in enumerate(reqs):
-                    lp = None
-                    if result.logprobs is not None and req.params.logprobs is not None:
-                        lp = (result.logprobs[j], result.top_logprobs[j] if result.top_logprobs else [])
-                    out = self._append_token(req, result.token_ids[j], lp, now)
-                    if out is not None:
-                        outputs.append(out)
+                return []
+            try:
+                launched = self._launch(sched.chunks)
+            except Exception as exc:  # a failed step must not lose the requests in it
+                return self._fail(sched.chunks, exc)
+        if self.engine_config.async_decode:
+            self._ahead = self._launch_ahead(launched)
+        outputs = self._collect(launched)
         self._update_gauges()
         return outputs
 
-    def _sampling_row(self, req: Request) -> SamplingRow:
+    def _fail(self, chunks: list[ScheduledChunk], exc: Exception) -> list[RequestOutput]:
+        log.exception("model step failed; failing %d requests", len(chunks))
+        outputs = []
+        for ch in chunks:
+            out = self._finish(ch.request, "error", None, [], "")
+            out.error = f"internal error during generation: {type(exc).__name__}"
+            outputs.append(out)
+        self._update_gauges()
+        return outputs
+
+    def _launch(self, chunks: list[ScheduledChunk]) -> _Launched:
+        logits, rows = self.runner.execute(chunks)
+        launched = _Launched(chunks, [chunks[i].request for i in rows])
+        if logits is not None:
+            srows = [self._sampling_row(r) for r in launched.reqs]
+            draw = self.model.kernels.sample_top_k
+            if all(is_plain(r, logits.shape[-1]) for r in srows):
+                launched.tokens = draw_tokens(logits, srows, draw)  # read in `_collect`
+            else:
+                launched.result = sample(logits, srows, draw)
+        return launched
+
+    def _launch_ahead(self, prev: _Launched) -> _Launched | None:
+        """The decode step after `prev` (in flight) on the same requests, launched before `prev`'s tokens are read,
+        or None where that is not possible: `prev` is not a plain decode step of every running request on graphs,
+        a request would end with `prev` by its length, one needs the host to sample or to rewrite its token (JSON
+        mode), requests are waiting for admission, or blocks are short (then the regular schedule decides,
+        preempting if it must)."""
+        if prev.tokens is None or len(prev.reqs) != len(prev.chunks) or self.scheduler.waiting:
+            return None
+        if len(prev.chunks) != len(self.scheduler.running):  # every running request, none finished since
+            return None
+        rows = []
+        for ch in prev.chunks:
+            req = ch.request
+            if req.is_finished or ch.num_tokens != 1 or req.num_computed_tokens + 1 != req.num_tokens:
+                return None
+            if req.params.json_mode:  # the host may replace the token that ends the reasoning
+                return None
+            if len(req.output_token_ids) + 1 >= req.params.max_tokens or req.num_tokens + 1 >= self.max_model_len:
+                return None
+            row = self._sampling_row(req, ahead=1)
+            if not is_plain(row, self.config.vocab_size):
+                return None
+            rows.append(row)
+        for ch in prev.chunks:  # blocks for the next position (kept if this gives up: the next step needs them too)
+            req = ch.request
+            if not self.kv.can_allocate(req.request_id, req.num_computed_tokens + 1, 1):
+                return None
+            self.kv.allocate(req.request_id, req.num_computed_tokens + 1, 1)
+        try:
+            logits = self.runner.execute_ahead(prev.chunks, prev.tokens)
+            if logits is None:
+                return None
+            tokens = draw_tokens(logits, rows, self.model.kernels.sample_top_k)
+        except Exception:  # the regular path recomputes this step; it reports a persistent failure itself
+            log.exception("launching a decode step ahead failed; continuing one step at a time")
+            return None
+        self.steps_ahead += 1
+        return _Launched([ScheduledChunk(ch.request, 1) for ch in prev.chunks], list(prev.reqs), tokens)
+
+    def _collect(self, launched: _Launched) -> list[RequestOutput]:
+        """Read the step's tokens (waiting for the GPU) and turn them into outputs; rows of requests that finished
+        after the step was launched are dropped."""
+        if launched.result is not None:
+            token_ids = launched.result.token_ids
+        else:
+            token_ids = launched.tokens.tolist() if launched.tokens is not None else []
+        # Stamped once the tokens are on the host: on a GPU `execute` only queues the step's kernels, and an earlier
+        # stamp would leave the step's GPU time out of TTFT and the inter-token latency.
+        now = time.monotonic()
+        live = [ch for ch in launched.chunks if not ch.request.is_finished]
+        with self.metrics.lock:
+            self.metrics.computed_tokens += sum(ch.num_tokens for ch in live)
+        for ch in live:
+            req = ch.request
+            req.num_computed_tokens += ch.num_tokens
+            self.kv.computed(req.request_id, req.tokens, req.num_computed_tokens)
+        outputs = []
+        result = launched.result
+        for j, req in enumerate(launched.reqs):
+            if req.is_finished:
+                continue
+            lp = None
+            if result is not None and result.logprobs is not None and req.params.logprobs is not None:
+                lp = (result.logprobs[j], result.top_logprobs[j] if result.top_logprobs else [])
+            out = self._append_token(req, token_ids[j], lp, now)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _sampling_row(self, req: Request, ahead: int = 0) -> SamplingRow:
+        """The request's sampling row for its next token (`ahead` = 1: the one after, its next not yet read)."""
         t, p, k, m = req.params.effective()
         banned: tuple[int, ...] = ()
-        if len(req.output_token_ids) < req.params.min_tokens:
+        if len(req.output_token_ids) + ahead < req.params.min_tokens:
             banned = tuple(
                 sorted(set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else req.eos_token_ids))
             )
@@ -329,7 +423,7 @@ class LLMEngine:
             top_k=k,
             min_p=m,
             seed=req.seed,
-            step=len(req.output_token_ids),
+            step=len(req.output_token_ids) + ahead,
             presence_penalty=req.params.presence_penalty,
             frequency_penalty=req.params.frequency_penalty,
             repetition_penalty=req.params.repetition_penalty,

@@ -36,6 +36,9 @@ class EngineConfig:
     # On the fused GPU path: compile the kernels the shipped manifest lists for this GPU and model in parallel
     # before the warm-up (flint_kernels.precompile); off: the warm-up compiles them one by one.
     precompile_kernels: bool = True
+    # Decode on CUDA graphs: launch the next step before reading this one's tokens (they feed it on the device), so
+    # the host's work between steps overlaps the GPU's. Off until measured on the GPU (LLMEngine.step).
+    async_decode: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -92,18 +92,21 @@ class ModelRunner:
         )
         return batch, sample_rows
 
-    def decode_rows(self, chunks: list[ScheduledChunk]) -> DecodeRows | None:
+    def decode_rows(self, chunks: list[ScheduledChunk], ahead: int = 0) -> DecodeRows | None:
         """The step's inputs as host values when every chunk is one sequence's next token (else None): what the
-        decode graphs take without building a `ForwardBatch` (whose device tensors cost a transfer each)."""
+        decode graphs take without building a `ForwardBatch` (whose device tensors cost a transfer each).
+
+        `ahead` = 1: the step after the one in flight, whose sampled tokens (this step's inputs, placeholders here)
+        are not on the host yet."""
         bs = self.block_size
         rows = DecodeRows([], [], [], [], [], [], [], ())
         key = []
         for ch in chunks:
             req = ch.request
-            c = req.num_computed_tokens
-            if ch.num_tokens != 1 or c + 1 != req.num_tokens:
+            c = req.num_computed_tokens + ahead
+            if ch.num_tokens != 1 or c + 1 != req.num_tokens + ahead:
                 return None
-            rows.input_ids.append(req.tokens[c])
+            rows.input_ids.append(req.tokens[c] if not ahead else 0)
             rows.positions.append(c)
             full, sliding = self.kv.tables(req.request_id)
             blk, off = divmod(c, bs)
@@ -116,6 +119,16 @@ class ModelRunner:
             key.append(self.kv.tables_version(req.request_id))
         rows.tables_key = tuple(key)
         return rows
+
+    def execute_ahead(self, chunks: list[ScheduledChunk], input_ids: torch.Tensor) -> torch.Tensor | None:
+        """FP32 logits of the decode step after the one in flight, on a CUDA graph, its inputs the in-flight step's
+        sampled tokens `input_ids` (on the device); None (nothing launched) where the graphs do not cover it."""
+        if self.graphs is None:
+            return None
+        rows = self.decode_rows(chunks, ahead=1)
+        if rows is None or not self.graphs.covers_rows(rows):
+            return None
+        return self.graphs.run_rows(rows, input_ids)
 
     def execute(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor | None, list[int]]:
         """FP32 logits [len(sample_rows), V] and which chunks they belong to."""

@@ -151,6 +151,37 @@ def _pinned(dtype: torch.dtype, shape: tuple[int, int], dev: torch.device) -> tu
         return entry
 
 
+def is_plain(row: SamplingRow, vocab: int) -> bool:
+    """Whether the row's token is a function of the logits on the device alone: no penalties, bans, constraint or
+    logprobs, and greedy or top-k sampling (so `draw_tokens` serves it without reading anything back)."""
+    return (
+        row.allowed is None
+        and row.logprobs is None
+        and not row.banned_ids
+        and not row.presence_penalty
+        and not row.frequency_penalty
+        and row.repetition_penalty == 1.0
+        and (array("f", [row.temperature])[0] == 0.0 or 0 < row.top_k < vocab)
+    )
+
+
+def draw_tokens(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sample_top_k_ref) -> torch.Tensor:
+    """The tokens of rows that are all `is_plain`, left on the logits' device (no host sync): what `sample` returns
+    for them, for a caller that reads them later."""
+    n = logits.shape[0]
+    temps = array("f", [r.temperature for r in rows]).tolist()
+    if not any(t != 0.0 for t in temps):
+        return torch.argmax(logits, dim=-1)
+    # Greedy rows ride along with top_k 1: the op returns their first argmax.
+    top_k = [r.top_k if t != 0.0 else 1 for r, t in zip(rows, temps)]
+    dev = logits.device
+    floats = _staged([temps, [r.top_p for r in rows], [r.min_p for r in rows]], torch.float32, dev)
+    ints = _staged([top_k, [r.seed for r in rows], [r.step for r in rows]], torch.int64, dev)
+    temp_t, top_p, min_p = floats[:, :n]
+    top_k_t, seeds, steps = ints[:, :n]
+    return draw(logits, temp_t, top_k_t, top_p, min_p, seeds, steps, max(top_k))
+
+
 def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sample_top_k_ref) -> SampleResult:
     """logits FP32 [N, V] (modified in place) -> one token per row.
 
@@ -170,16 +201,8 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sampl
     picked = [rows[i] for i in picked_idx]
     # A constrained row walks every token in score order, so it needs the full perturbed scores.
     constrained = any(r.allowed is not None for r in picked)
-    if not picked:
-        tokens = torch.argmax(logits, dim=-1)
-    elif not constrained and all(0 < r.top_k < vocab for r in picked):
-        # Greedy rows ride along with top_k 1: the op returns their first argmax.
-        top_k = [r.top_k if t != 0.0 else 1 for r, t in zip(rows, temps_list)]
-        floats = _staged([temps_list, [r.top_p for r in rows], [r.min_p for r in rows]], torch.float32, dev)
-        ints = _staged([top_k, [r.seed for r in rows], [r.step for r in rows]], torch.int64, dev)
-        temps, top_p, min_p = floats[:, :n]
-        top_k_t, seeds, steps = ints[:, :n]
-        tokens = draw(logits, temps, top_k_t, top_p, min_p, seeds, steps, max(top_k))
+    if not picked or (not constrained and all(0 < r.top_k < vocab for r in picked)):
+        tokens = draw_tokens(logits, rows, draw)  # penalties and bans are in the logits already
     else:
         tokens = torch.argmax(logits, dim=-1)
         floats = _to_device(torch.tensor([[r.temperature, r.top_p, r.min_p] for r in picked], dtype=torch.float32), dev)

@@ -74,7 +74,8 @@ def test_graph_runner_decodes_like_eager() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_decoding_equals_eager_on_the_gpu() -> None:
     """Real CUDA graphs fed by `run_rows` (two copies a step, the block tables only when they change) give the eager
-    fused path's tokens, across block boundaries, sequences joining and leaving, and the sliding window moving."""
+    fused path's tokens, across block boundaries, sequences joining and leaving, and the sliding window moving; and
+    so does `async_decode`, where each step's input tokens come from the step before on the device."""
     dev = torch.device("cuda")
     cfg = preset("tiny").replace(sliding_window=21, max_position_embeddings=512)
     w = random_weights(cfg, torch.bfloat16, dev, seed=11)
@@ -82,15 +83,17 @@ def test_graph_decoding_equals_eager_on_the_gpu() -> None:
     prompts = [list(range(3, 3 + n)) for n in (5, 31, 2, 17)]
     params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in (60, 25, 47, 9)]
 
-    def run(graphs: bool) -> list[list[int]]:
+    def run(graphs: bool, async_decode: bool = False) -> list[list[int]]:
         ec = EngineConfig(
             device="cuda", kv_cache_memory=64 * 2**20, max_num_seqs=4, max_model_len=256, cuda_graphs=graphs,
-            prefill_warmup=False, block_size=16,
+            prefill_warmup=False, block_size=16, async_decode=async_decode,
         )  # fmt: skip
         engine = LLMEngine(model, None, ec)
         assert (engine.runner.graphs is not None) == graphs
         out = [r.output_token_ids for r in engine.generate(prompts, params)]
-        assert engine.kv.all_free()
+        assert engine.kv.all_free() and (engine.steps_ahead > 0) == async_decode
         return out
 
-    assert run(True) == run(False)
+    eager = run(False)
+    assert run(True) == eager
+    assert run(True, async_decode=True) == eager  # each step launched before the last one's tokens are read

@@ -445,15 +445,20 @@ def test_token_times_are_stamped_once_the_tokens_are_on_the_host(window7, monkey
     from flint_engine import engine as engine_module
 
     done: list[float] = []
-    real = engine_module.sample
+    real = engine_module.draw_tokens
 
-    def sample_then_note(*args, **kwargs):
-        result = real(*args, **kwargs)
-        time.sleep(0.002)  # stands for the wait for the GPU inside the copy
-        done.append(time.monotonic())
-        return result
+    class DeviceTokens:
+        """The sampled tokens as they stay on the device until the engine reads them."""
 
-    monkeypatch.setattr(engine_module, "sample", sample_then_note)
+        def __init__(self, tokens) -> None:
+            self.tokens = tokens
+
+        def tolist(self) -> list[int]:
+            time.sleep(0.002)  # stands for the wait for the GPU inside the copy
+            done.append(time.monotonic())
+            return self.tokens.tolist()
+
+    monkeypatch.setattr(engine_module, "draw_tokens", lambda *a, **k: DeviceTokens(real(*a, **k)))
     engine = make_engine(window7)
     req = engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=3, **GREEDY))
     engine.step()

@@ -1,0 +1,130 @@
+"""`async_decode`: the engine launches the next decode step before reading this one's tokens. Checked on CPU through
+decode "graphs" whose replay reruns the reference model on the graphs' static buffers (what a CUDA graph reads), so
+everything the engine does around them is real: the same tokens and finish reasons as one step at a time, rows of
+requests that stop or are aborted meanwhile dropped, requests arriving meanwhile admitted, no block leaked."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from flint_kernels.attention import AttnMeta
+
+from flint_engine.config import preset
+from flint_engine.cuda_graphs import DecodeGraphs, _Graph
+from flint_engine.engine import LLMEngine
+from flint_engine.engine_config import EngineConfig
+from flint_engine.forward_batch import ForwardBatch
+from flint_engine.model import FlintModel
+from flint_engine.sampling_params import SamplingParams
+from flint_engine.weights import random_weights
+
+
+class HostReplay(DecodeGraphs):
+    """Replay = the reference model on the real rows of the static buffers (their count read from the slots, since
+    padding rows write nowhere), with the host-side lengths the reference attention needs rebuilt from them."""
+
+    def capture(self) -> None:
+        vocab = self.model.config.vocab_size
+        for ctx in self.context_buckets:
+            for b in self.batch_buckets:
+                inputs = self.static_inputs(b)
+                batch = self._static_batch(b, ctx, inputs)
+                logits = torch.zeros(b, vocab)
+
+                def replay(s: ForwardBatch = batch, out: torch.Tensor = logits) -> None:
+                    n = int((s.full_slots >= 0).sum())
+                    lens = s.attn.seq_lens_t[:n].tolist()
+                    real = ForwardBatch(
+                        input_ids=s.input_ids[:n], positions=s.positions[:n], query_start=list(range(n + 1)),
+                        seq_lens=lens, full_block_tables=s.full_block_tables[:n],
+                        sliding_block_tables=s.sliding_block_tables[:n], full_slots=s.full_slots[:n],
+                        sliding_slots=s.sliding_slots[:n], logits_indices=torch.arange(n),
+                    )  # fmt: skip
+                    real.attn = AttnMeta.build(real.query_start, lens, "cpu")
+                    out[:n] = self.model.compute_logits(self.model.forward(real, self.cache))
+
+                graph = SimpleNamespace(replay=replay)
+                self.graphs[(b, ctx)] = _Graph(graph, batch, logits, inputs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def model() -> FlintModel:
+    return FlintModel(random_weights(preset("tiny"), torch.float32, seed=21))  # window 7: it moves as we decode
+
+
+def engine_on(model: FlintModel, async_decode: bool, graphs: bool = True) -> LLMEngine:
+    ec = EngineConfig(
+        kv_cache_memory=8 * 2**20, max_num_seqs=4, max_num_batched_tokens=64, block_size=4, cuda_graphs=False,
+        async_decode=async_decode,
+    )  # fmt: skip
+    engine = LLMEngine(model, None, ec)
+    if graphs:
+        replay = HostReplay(model, engine.cache, max_batch=4, max_context=128)
+        replay.capture()
+        engine.runner.graphs = replay
+    return engine
+
+
+PROMPTS = [[5, 9, 2, 7, 1], [3] * 9, [11, 4], [8, 8, 1, 6, 2, 9, 4]]
+
+
+def params(stop_token: int | None = None) -> list[SamplingParams]:
+    return [
+        SamplingParams(max_tokens=21, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=17, temperature=0.9, top_k=5, seed=3, ignore_eos=True),
+        SamplingParams(max_tokens=19, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_token or 0]),
+        SamplingParams(max_tokens=12, temperature=0.7, top_k=9, seed=5, min_tokens=6, ignore_eos=True),
+    ]
+
+
+def outputs(engine: LLMEngine, ps: list[SamplingParams]) -> list[tuple[list[int], str | None]]:
+    reqs = engine.generate(PROMPTS, ps)
+    assert engine.kv.all_free()
+    return [(r.output_token_ids, r.finish_reason) for r in reqs]
+
+
+def test_async_decode_gives_the_same_tokens(model: FlintModel) -> None:
+    free_run = outputs(engine_on(model, False, graphs=False), params())
+    stop = free_run[2][0][6]  # request 2 then stops at its 7th token, the others go on
+    want = outputs(engine_on(model, False, graphs=False), params(stop))
+    assert want[2][1] == "stop" and len(want[2][0]) <= 7
+    assert outputs(engine_on(model, False), params(stop)) == want  # graphs, one step at a time
+    ahead = engine_on(model, True)
+    assert outputs(ahead, params(stop)) == want
+    assert ahead.steps_ahead > 10
+
+
+def test_aborts_and_arrivals_while_a_step_is_ahead(model: FlintModel) -> None:
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    want = {r.request_id: r.output_token_ids for r in _run(engine_on(model, False, graphs=False), greedy)}
+    engine = engine_on(model, True)
+    got = {r.request_id: r.output_token_ids for r in _run(engine, greedy)}
+    assert got["a"] == want["a"] and got["late"] == want["late"]
+    assert got["b"] == want["b"][: len(got["b"])] and len(got["b"]) < 16  # nothing after the abort
+    assert engine.steps_ahead > 5 and engine.kv.all_free()
+
+
+def _run(engine: LLMEngine, greedy: SamplingParams) -> list:
+    """Two requests; b aborted after its 4th token (with a step ahead in flight when async); a third arrives."""
+    reqs = [engine.add_request("a", PROMPTS[0], greedy), engine.add_request("b", PROMPTS[1], greedy)]
+    aborted = added = False
+    while engine.has_unfinished():
+        engine.step()
+        if not aborted and len(reqs[1].output_token_ids) >= 4:
+            if engine.engine_config.async_decode:
+                assert engine._ahead is not None  # the abort lands while the next step is in flight
+            engine.abort("b")
+            aborted = True
+        if aborted and not added and len(reqs[0].output_token_ids) >= 8:
+            reqs.append(engine.add_request("late", PROMPTS[2], greedy))
+            added = True
+    return reqs
+
+
+def test_the_serving_setting_reaches_the_engine() -> None:
+    from flint_serve.settings import ServeSettings
+
+    assert ServeSettings().engine_config(gpu=True).async_decode is False
+    assert ServeSettings(async_decode=True).engine_config(gpu=True).async_decode is True
