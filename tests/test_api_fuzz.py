@@ -55,7 +55,7 @@ FIELDS = [
     "messages.0.content",
     "tools.0.function.parameters",
 ]
-EXAMPLES = int(os.environ.get("FLINT_FUZZ_EXAMPLES", "600"))
+EXAMPLES = int(os.environ.get("FLINT_FUZZ_EXAMPLES", "300"))
 
 json_leaf = st.one_of(
     st.none(),

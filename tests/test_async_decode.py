@@ -1,52 +1,20 @@
 """`async_decode`: the engine launches the next decode step before reading this one's tokens. Checked on CPU through
-decode "graphs" whose replay reruns the reference model on the graphs' static buffers (what a CUDA graph reads), so
+decode "graphs" whose replay reruns the reference model on the graphs' static buffers (`tests/graph_replay.py`), so
 everything the engine does around them is real: the same tokens and finish reasons as one step at a time, rows of
 requests that stop or are aborted meanwhile dropped, requests arriving meanwhile admitted, no block leaked."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
-from flint_kernels.attention import AttnMeta
+from graph_replay import HostReplay
 
 from flint_engine.config import preset
-from flint_engine.cuda_graphs import DecodeGraphs, _Graph
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
-from flint_engine.forward_batch import ForwardBatch
 from flint_engine.model import FlintModel
 from flint_engine.sampling_params import SamplingParams
 from flint_engine.weights import random_weights
-
-
-class HostReplay(DecodeGraphs):
-    """Replay = the reference model on the real rows of the static buffers (their count read from the slots, since
-    padding rows write nowhere), with the host-side lengths the reference attention needs rebuilt from them."""
-
-    def capture(self) -> None:
-        vocab = self.model.config.vocab_size
-        for ctx in self.context_buckets:
-            for b in self.batch_buckets:
-                inputs = self.static_inputs(b)
-                batch = self._static_batch(b, ctx, inputs)
-                logits = torch.zeros(b, vocab)
-
-                def replay(s: ForwardBatch = batch, out: torch.Tensor = logits) -> None:
-                    n = int((s.full_slots >= 0).sum())
-                    lens = s.attn.seq_lens_t[:n].tolist()
-                    real = ForwardBatch(
-                        input_ids=s.input_ids[:n], positions=s.positions[:n], query_start=list(range(n + 1)),
-                        seq_lens=lens, full_block_tables=s.full_block_tables[:n],
-                        sliding_block_tables=s.sliding_block_tables[:n], full_slots=s.full_slots[:n],
-                        sliding_slots=s.sliding_slots[:n], logits_indices=torch.arange(n),
-                    )  # fmt: skip
-                    real.attn = AttnMeta.build(real.query_start, lens, "cpu")
-                    out[:n] = self.model.compute_logits(self.model.forward(real, self.cache))
-
-                graph = SimpleNamespace(replay=replay)
-                self.graphs[(b, ctx)] = _Graph(graph, batch, logits, inputs)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

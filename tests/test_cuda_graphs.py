@@ -1,44 +1,24 @@
-"""The decode-graph runner's bookkeeping (static buffers, buckets, padding rows), checked on CPU.
+"""The decode-graph runner's bookkeeping (static buffers, buckets, padding rows, the per-step copies), checked on CPU.
 
-CUDA graphs need a GPU, so the "graph" here replays the same model call on the same static buffers; what is tested
-is everything around the capture: copying each step into the buffers, bucket choice, padding rows that must not
-write, and results identical to eager decoding. The fused kernels run in Triton's interpreter (float32), because
-the reference attention reads host-side lengths that a replayed graph cannot update.
+CUDA graphs need a GPU, so the "graph" here (`tests/graph_replay.py`) reruns the reference model on whatever the
+static buffers hold; what is tested is everything around the capture: copying each step into the buffers, bucket
+choice, padding rows that must not write, block tables copied only when they change, and results identical to
+eager decoding. On a GPU, the last test runs real graphs.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
-from flint_kernels import fast
-from flint_kernels.dispatch import REFERENCE, select_kernels
+from flint_kernels.dispatch import select_kernels
+from graph_replay import HostReplay
 
 from flint_engine.config import FULL, SLIDING, preset
-from flint_engine.cuda_graphs import DecodeGraphs, _Graph
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
 from flint_engine.model import FlintModel
 from flint_engine.sampling_params import SamplingParams
 from flint_engine.weights import random_weights
-
-
-class ReplayOnCPU(DecodeGraphs):
-    """Capture = remember the call on the static batch; replay = run it again on whatever the buffers hold."""
-
-    def capture(self) -> None:
-        for ctx in self.context_buckets:
-            for b in self.batch_buckets:
-                inputs = self.static_inputs(b)
-                batch = self._static_batch(b, ctx, inputs)
-                logits = self.model.compute_logits(self.model.forward(batch, self.cache))
-
-                def replay(batch=batch, out=logits) -> None:
-                    out.copy_(self.model.compute_logits(self.model.forward(batch, self.cache)))
-
-                graph = SimpleNamespace(replay=replay)
-                self.graphs[(b, ctx)] = _Graph(graph, batch, logits, inputs)  # type: ignore[arg-type]
 
 
 def test_graph_runner_decodes_like_eager() -> None:
@@ -47,13 +27,13 @@ def test_graph_runner_decodes_like_eager() -> None:
         num_hidden_layers=3, layer_types=(SLIDING, FULL, SLIDING), mlp_only_layers=(0,),
     )  # fmt: skip
     w = random_weights(cfg, torch.float32, seed=7)
-    model = FlintModel(w, fast.fast_kernels(REFERENCE))
+    model = FlintModel(w)
     prompts = [list(range(3, 3 + n)) for n in (5, 11, 2)]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     ec = EngineConfig(kv_cache_memory=4 * 2**20, max_num_seqs=4, max_num_batched_tokens=32, cuda_graphs=False)
     eager = [r.output_token_ids for r in LLMEngine(model, None, ec).generate(prompts, params)]
     engine = LLMEngine(model, None, ec)
-    graphs = ReplayOnCPU(model, engine.cache, max_batch=4, max_context=64)
+    graphs = HostReplay(model, engine.cache, max_batch=4, max_context=64)
     graphs.capture()
     assert graphs.batch_buckets == (1, 2, 4) and graphs.context_buckets == (64,)
     assert graphs.self_check() < 1e-6

@@ -182,9 +182,9 @@ def test_no_block_leak_after_random_requests_aborts_and_preemptions(window7, idl
     live: list[str] = []
     added = 0
     finished = 0
-    while added < 1000 or engine.has_unfinished():
+    while added < 600 or engine.has_unfinished():
         for _ in range(rng.randint(0, 4)):
-            if added >= 1000:
+            if added >= 600:
                 break
             prompt = [rng.randrange(ck.config.vocab_size) for _ in range(rng.randint(1, 40))]
             sp = SamplingParams(max_tokens=rng.randint(1, 12), temperature=rng.choice([0.0, 0.8]), seed=added)
@@ -200,7 +200,7 @@ def test_no_block_leak_after_random_requests_aborts_and_preemptions(window7, idl
             if out.finished:
                 finished += 1
     assert engine.scheduler.num_preemptions > 0
-    assert finished > 500
+    assert finished > 300
     assert engine.kv.all_free()
     assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
 

@@ -8,13 +8,17 @@ import torch
 from flint_kernels import fast
 from flint_kernels.dispatch import REFERENCE, with_ops
 
-from flint_engine.config import preset
+from flint_engine.config import FULL, SLIDING, preset
 from flint_engine.forward_batch import ForwardBatch, fresh_sequences_batch
 from flint_engine.kv_cache import KVCache
 from flint_engine.model import FlintModel
 from flint_engine.weights import as_float32, random_weights
 
-CFG = preset("tiny").replace(hidden_size=128, num_attention_heads=8, num_key_value_heads=1, head_dim=32)
+# Three layers: a dense one and two MoE ones, sliding and full attention (the interpreter runs every op slowly).
+CFG = preset("tiny").replace(
+    hidden_size=128, num_attention_heads=8, num_key_value_heads=1, head_dim=32,
+    num_hidden_layers=3, layer_types=(SLIDING, FULL, SLIDING), mlp_only_layers=(0,),
+)  # fmt: skip
 SEQS = [list(range(5, 30)), [3, 4, 5], list(range(100, 109))]
 
 
@@ -117,8 +121,9 @@ def test_fast_ops_env_selects_ops(monkeypatch) -> None:
         fast.parse_ops("all,-qkv_atention")
 
 
-@pytest.mark.parametrize("nvfp4", [False, True])
-@pytest.mark.parametrize("seqs", [[[11]], [[11], [12], [13]]], ids=["one-token", "three-tokens"])
+@pytest.mark.parametrize(
+    ("nvfp4", "seqs"), [(True, [[11]]), (False, [[11], [12], [13]])], ids=["one-token-nvfp4", "three-tokens-dense"]
+)
 def test_norm_epilogues_in_the_model(nvfp4: bool, seqs: list[list[int]]) -> None:
     """Every op fused plus the experimental ones that end in the residual add and the next norm: the o projection
     and dense down (one token, M == 1) and the MoE's down launch (decode-sized batches)."""
@@ -142,7 +147,7 @@ def test_float32_copy_evaluates_the_same_weights_without_bf16_rounding(nvfp4: bo
         assert qkv32.dtype == torch.float32 and torch.equal(qkv32, qkv.float())
     gold = FlintModel(w32).forward_sequences(SEQS)
     assert all(g.dtype == torch.float32 for g in gold)
-    assert 1e-5 < _rel(FlintModel(w).forward_sequences(SEQS), gold) < 6e-2  # BF16 rounding through 6 layers
+    assert 1e-5 < _rel(FlintModel(w).forward_sequences(SEQS), gold) < 6e-2  # BF16 rounding through 3 layers
 
 
 @pytest.mark.parametrize("op", ["qkv_attention", "add_rms_norm_router", "add_rms_norm_linear"])
@@ -188,7 +193,7 @@ def test_decode_step_with_a_one_launch_op(op: str) -> None:
             assert torch.equal(v1, v0)
 
 
-@pytest.mark.parametrize(("nvfp4", "split_layer"), [(False, None), (True, None), (False, 3)])
+@pytest.mark.parametrize(("nvfp4", "split_layer"), [(False, None), (True, None), (False, 2)])
 def test_one_token_decode_with_the_norm_inside_the_qkv_projection(nvfp4: bool, split_layer: int | None) -> None:
     """`add_rms_norm_linear` at one token (its one-launch path) through the model, every layer after the first:
     the plain path's hidden state, dense and NVFP4 weights; also with one layer's qkv stored as separate parts (a

@@ -247,7 +247,7 @@ def test_expert_major_slots_in_down_folds_shared_expert(fmt: str) -> None:
     assert not gt.counters(x.device).any()
 
 
-@pytest.mark.parametrize("t", [1, 3])
+@pytest.mark.parametrize("t", [1, 2])
 def test_decode_folds_shared_expert_nvfp4_fp32(t: int) -> None:
     g = gen(210 + t)
     e, h, i, k = 6, 128, 32, 4
@@ -332,7 +332,7 @@ def test_moe_op_with_shared_expert_default_config() -> None:
 
 
 # ------------------------------------------------------------------------------------- add+RMSNorm epilogue
-@pytest.mark.parametrize("fmt,t,with_shared", [("dense", 1, True), ("dense", 5, False), ("nvfp4", 3, True)])
+@pytest.mark.parametrize("fmt,t,with_shared", [("dense", 1, True), ("dense", 5, False), ("nvfp4", 2, True)])
 def test_moe_add_rms_norm_in_the_down_launch_fp32(fmt: str, t: int, with_shared: bool) -> None:
     """Each token's last down tile adds the residual and normalises the row (dense H = 200 at T = 5: a ragged last
     tile of the tensor-core down tiles)."""

@@ -48,7 +48,7 @@ def _check(n: int, vocab: int, k_max: int, seed: int, device: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "n,vocab,k_max", [(1, 97, 20), (6, 1000, 20), (2, 2049, 64), (3, 700, 128), (4, 300, 1)], ids=str
+    "n,vocab,k_max", [(1, 97, 20), (3, 1000, 20), (1, 2049, 64), (3, 700, 128), (4, 300, 1)], ids=str
 )
 def test_sample_top_k_interp(small_chunks: None, n: int, vocab: int, k_max: int) -> None:
     _check(n, vocab, k_max, seed=vocab + k_max, device="cpu")
@@ -71,7 +71,7 @@ def test_draw_cuts_the_candidates_in_levels_interp(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(sampling_triton, "CHUNK", 128)  # 18 chunks of a 2200-token vocabulary
     kc = sampling_triton.MIN_KC if k_max <= sampling_triton.MIN_KC else sampling_triton.MAX_K
     assert sampling_triton.chunk_levels(triton.next_power_of_2(18 * kc), kc)[1] == 2
-    _check(2, 2200, k_max, seed=k_max, device="cpu")
+    _check(1, 2200, k_max, seed=k_max, device="cpu")
 
 
 def test_ties_and_banned_tokens_interp(small_chunks: None) -> None:

@@ -98,8 +98,8 @@ def test_serving_meets_no_kernel_variant_the_warm_up_did_not_run(launches: dict[
     launches["phase"] = "serving"
     rng = random.Random(7)
     added = steps = 0
-    while added < 10 or engine.has_unfinished():
-        if added < 10 and len(engine.scheduler.running) + len(engine.scheduler.waiting) < ec.max_num_seqs:
+    while added < 6 or engine.has_unfinished():
+        if added < 6 and len(engine.scheduler.running) + len(engine.scheduler.waiting) < ec.max_num_seqs:
             for _ in range(rng.choice((0, 1, 1, 3))):
                 plen = rng.randint(1, 10) if rng.random() < 0.6 else rng.randint(11, 40)
                 params = SamplingParams(
