@@ -3,7 +3,8 @@
 Without it a cold start compiles each kernel variant when the warm-up first launches it, one after another (about
 a second each; ~2 minutes for the full-size model on an H200). A manifest lists those variants as Triton's own
 specialisation records (what `JITFunction.preload` takes), recorded from a start-up on the same kind of GPU. Before
-its warm-up the engine compiles them in parallel, and the warm-up then finds every listed kernel compiled. Two ways
+its warm-up the engine compiles them in parallel, and the warm-up then finds every listed kernel compiled; from a
+checkpoint file the compile starts from the file's header while the weights load (`start`). Two ways
 (`FLINT_PRECOMPILE_MODE`): `processes` (default) runs worker processes that compile into Triton's disk cache, then
 loads the results in-process; `threads` compiles on a thread pool under Triton's `AsyncCompileMode`, where the
 Python front end of each compile holds the GIL (on an H200 host, 76 kernels took 49 s on 16 threads against ~110 s
