@@ -19,6 +19,7 @@ from flint_kernels.attention import AttnMeta
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .model import FlintModel
+from .staging_buffer import StagingBuffer
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +46,10 @@ class DecodeRows:
 
 @dataclass
 class _Staging:
-    """Host buffers of one graph's per-step inputs (pinned on a GPU), copied in with one transfer each."""
+    """Host buffers of one graph's per-step inputs, copied in with one transfer each."""
 
-    rows: torch.Tensor  # int64 [4, padded b]: input ids, positions, full slots, sliding slots
-    lens: torch.Tensor  # int32 [b]: context lengths
-    copied: torch.cuda.Event | None  # the last copy out of them (the host must not refill them before it ran)
+    rows: StagingBuffer  # int64 [4, padded b]: input ids, positions, full slots, sliding slots
+    lens: StagingBuffer  # int32 [b]: context lengths
     tables_key: tuple | None = None  # what the graph's static block tables hold
 
 
@@ -147,13 +147,6 @@ class DecodeGraphs:
             worst = max(worst, ((replay - eager).norm() / eager.norm().clamp_min(1e-30)).item())
         return worst
 
-    def covers(self, batch: ForwardBatch) -> bool:
-        return (
-            batch.is_decode
-            and batch.num_seqs <= self.batch_buckets[-1]
-            and max(batch.seq_lens) <= self.context_buckets[-1]
-        )
-
     def covers_rows(self, rows: DecodeRows) -> bool:
         return 0 < len(rows.seq_lens) <= self.batch_buckets[-1] and max(rows.seq_lens) <= self.context_buckets[-1]
 
@@ -163,11 +156,8 @@ class DecodeGraphs:
         return self.graphs[(b, ctx)], b
 
     def _staging(self, g: _Graph, b: int) -> _Staging:
-        cuda = self.device.type == "cuda"
-        rows = torch.zeros(tuple(g.inputs.shape), dtype=torch.int64, pin_memory=cuda)
-        rows[2:].fill_(-1)
-        lens = torch.ones(b, dtype=torch.int32, pin_memory=cuda)
-        g.staging = _Staging(rows, lens, torch.cuda.Event() if cuda else None)
+        rows = StagingBuffer(tuple(g.inputs.shape), torch.int64, self.device)
+        g.staging = _Staging(rows, StagingBuffer((b,), torch.int32, self.device))
         return g.staging
 
     @torch.inference_mode()
@@ -181,28 +171,24 @@ class DecodeGraphs:
         n = len(rows.input_ids)
         g, b = self._graph_for(n, max(rows.seq_lens))
         st = g.staging or self._staging(g, b)
-        if st.copied is not None:
-            st.copied.synchronize()  # the previous step's copies have read the host buffers (at once, normally)
-        host = st.rows.numpy()
+        host = st.rows.values()
         host[0, :n] = rows.input_ids
         host[1, :n] = rows.positions
         host[2, :n] = rows.full_slots
         host[3, :n] = rows.sliding_slots
         host[2:, n:] = -1  # padding rows write nowhere
-        lens = st.lens.numpy()
+        lens = st.lens.values()
         lens[:n] = rows.seq_lens
         lens[n:] = 1
-        g.inputs.copy_(st.rows, non_blocking=True)
+        st.rows.copy_to(g.inputs)
         if input_ids is not None:
             g.inputs[0, :n].copy_(input_ids)
-        g.batch.attn.seq_lens_t.copy_(st.lens, non_blocking=True)
+        st.lens.copy_to(g.batch.attn.seq_lens_t)
         if st.tables_key != rows.tables_key:
             old = st.tables_key or ()
             changed = [i for i, key in enumerate(rows.tables_key) if i >= len(old) or old[i] != key]
             self._copy_tables(g.batch, changed, rows.full_tables, rows.sliding_tables)
             st.tables_key = rows.tables_key
-        if st.copied is not None:
-            st.copied.record()
         g.graph.replay()
         return g.logits[:n]
 

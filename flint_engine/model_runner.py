@@ -41,9 +41,15 @@ class ModelRunner:
         else:
             self.graphs = graphs
 
+    def _slots(self, full: list[int], sliding: list[int], pos: int) -> tuple[int, int]:
+        """Where position `pos`'s K/V go in the full and the sliding pool (-1: nowhere)."""
+        bs = self.block_size
+        blk, off = divmod(pos, bs)
+        sb = sliding[blk] if blk < len(sliding) else NO_BLOCK
+        return (full[blk] * bs + off if full else -1), (sb * bs + off if sb != NO_BLOCK else -1)
+
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, list[int]]:
         """The batch, and the indices (into `chunks`) of the sequences whose last token is sampled this step."""
-        bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
         starts = [0]
@@ -62,10 +68,9 @@ class ModelRunner:
             pos.extend(range(c, c + n))
             full, sliding = self.kv.tables(req.request_id)
             for p in range(c, c + n):
-                blk, off = divmod(p, bs)
-                full_slots.append(full[blk] * bs + off if full else -1)
-                sb = sliding[blk] if blk < len(sliding) else NO_BLOCK
-                sliding_slots.append(sb * bs + off if sb != NO_BLOCK else -1)
+                fs, ss = self._slots(full, sliding, p)
+                full_slots.append(fs)
+                sliding_slots.append(ss)
             full_tables.append(full)
             sliding_tables.append(sliding)
             seq_lens.append(c + n)
@@ -92,53 +97,56 @@ class ModelRunner:
         )
         return batch, sample_rows
 
-    def decode_rows(self, chunks: list[ScheduledChunk], ahead: int = 0) -> DecodeRows | None:
-        """The step's inputs as host values when every chunk is one sequence's next token (else None): what the
-        decode graphs take without building a `ForwardBatch` (whose device tensors cost a transfer each).
+    def decode_rows(self, chunks: list[ScheduledChunk], ahead: int = 0) -> tuple[DecodeRows, list[int]] | None:
+        """The step's inputs as host values when every chunk is one token (else None), and the chunks whose token
+        is their sequence's last (sampled): what the decode graphs take without building a `ForwardBatch` (whose
+        device tensors cost a transfer each).
 
-        `ahead` = 1: the step after the one in flight, whose sampled tokens (this step's inputs, placeholders here)
-        are not on the host yet."""
-        bs = self.block_size
+        `ahead` = 1: the step after the one in flight, every chunk a sequence's next token, whose inputs (the
+        in-flight step's sampled tokens) are not on the host yet (placeholders here)."""
         rows = DecodeRows([], [], [], [], [], [], [], ())
-        key = []
-        for ch in chunks:
+        sampled, key = [], []
+        for i, ch in enumerate(chunks):
             req = ch.request
             c = req.num_computed_tokens + ahead
-            if ch.num_tokens != 1 or c + 1 != req.num_tokens + ahead:
+            if ch.num_tokens != 1 or (ahead and c != req.num_tokens):
                 return None
-            rows.input_ids.append(req.tokens[c] if not ahead else 0)
+            if c + 1 == req.num_tokens + ahead:
+                sampled.append(i)
+            rows.input_ids.append(0 if ahead else req.tokens[c])
             rows.positions.append(c)
             full, sliding = self.kv.tables(req.request_id)
-            blk, off = divmod(c, bs)
-            rows.full_slots.append(full[blk] * bs + off if full else -1)
-            sb = sliding[blk] if blk < len(sliding) else NO_BLOCK
-            rows.sliding_slots.append(sb * bs + off if sb != NO_BLOCK else -1)
+            fs, ss = self._slots(full, sliding, c)
+            rows.full_slots.append(fs)
+            rows.sliding_slots.append(ss)
             rows.seq_lens.append(c + 1)
             rows.full_tables.append(full)
             rows.sliding_tables.append(sliding)
             key.append(self.kv.tables_version(req.request_id))
         rows.tables_key = tuple(key)
-        return rows
+        return rows, sampled
 
     def execute_ahead(self, chunks: list[ScheduledChunk], input_ids: torch.Tensor) -> torch.Tensor | None:
         """FP32 logits of the decode step after the one in flight, on a CUDA graph, its inputs the in-flight step's
         sampled tokens `input_ids` (on the device); None (nothing launched) where the graphs do not cover it."""
         if self.graphs is None:
             return None
-        rows = self.decode_rows(chunks, ahead=1)
-        if rows is None or not self.graphs.covers_rows(rows):
+        decode = self.decode_rows(chunks, ahead=1)
+        if decode is None or not self.graphs.covers_rows(decode[0]):
             return None
-        return self.graphs.run_rows(rows, input_ids)
+        return self.graphs.run_rows(decode[0], input_ids)
 
     def execute(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor | None, list[int]]:
         """FP32 logits [len(sample_rows), V] and which chunks they belong to."""
         if self.graphs is not None:
-            rows = self.decode_rows(chunks)
-            if rows is not None and self.graphs.covers_rows(rows):
-                return self.graphs.run_rows(rows), list(range(len(chunks)))
+            decode = self.decode_rows(chunks)
+            if decode is not None and self.graphs.covers_rows(decode[0]):
+                rows, sampled = decode
+                logits = self.graphs.run_rows(rows)  # a row for every chunk: keep the sampled ones'
+                if not sampled:
+                    return None, sampled
+                return (logits if len(sampled) == len(chunks) else logits[sampled]), sampled
         batch, sample_rows = self.build_batch(chunks)
-        if self.graphs is not None and self.graphs.covers(batch):
-            return self.graphs.run(batch), sample_rows
         hidden = self.model.forward(batch, self.cache)
         if not sample_rows:
             return None, sample_rows

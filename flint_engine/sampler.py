@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from flint_kernels.sampling import keep_sorted, sample_top_k_ref, uniform_noise
 
+from .staging_buffer import StagingBuffer
+
 
 @dataclass
 class SamplingRow:
@@ -126,29 +128,25 @@ def _staged(columns: list[list[float | int]], dtype: torch.dtype, dev: torch.dev
         out = torch.zeros(shape, dtype=dtype)
         out[:, :n] = torch.tensor(columns, dtype=dtype)
         return out.to(dev)
-    host, copied = _pinned(dtype, shape, dev)
-    copied.synchronize()  # the last copy out of this buffer has run (at once: each step ends with a sync)
-    values = host.numpy()
+    buffer = _staging_buffer(dtype, shape, dev)
+    values = buffer.values()
     values[:, :n] = columns
     values[:, n:] = 0
-    out = torch.empty(shape, dtype=dtype, device=dev)
-    out.copy_(host, non_blocking=True)
-    copied.record()
-    return out
+    return buffer.copy_to(torch.empty(shape, dtype=dtype, device=dev))
 
 
-_PINNED: dict[tuple[torch.dtype, tuple[int, int], int], tuple[torch.Tensor, torch.cuda.Event]] = {}
-_PINNED_LOCK = threading.Lock()
+_BUFFERS: dict[tuple[torch.dtype, tuple[int, int], int], StagingBuffer] = {}
+_BUFFERS_LOCK = threading.Lock()
 
 
-def _pinned(dtype: torch.dtype, shape: tuple[int, int], dev: torch.device) -> tuple[torch.Tensor, torch.cuda.Event]:
-    """A pinned host buffer of `shape` for copies to `dev` and the event of its last copy."""
+def _staging_buffer(dtype: torch.dtype, shape: tuple[int, int], dev: torch.device) -> StagingBuffer:
+    """The staging buffer kept for parameters of this shape on `dev`."""
     key = (dtype, shape, dev.index if dev.index is not None else torch.cuda.current_device())
-    with _PINNED_LOCK:
-        entry = _PINNED.get(key)
-        if entry is None:
-            entry = _PINNED[key] = (torch.zeros(shape, dtype=dtype, pin_memory=True), torch.cuda.Event())
-        return entry
+    with _BUFFERS_LOCK:
+        buffer = _BUFFERS.get(key)
+        if buffer is None:
+            buffer = _BUFFERS[key] = StagingBuffer(shape, dtype, dev)
+        return buffer
 
 
 def is_plain(row: SamplingRow, vocab: int) -> bool:

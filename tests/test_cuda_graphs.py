@@ -50,6 +50,38 @@ def test_graph_runner_decodes_like_eager() -> None:
     assert engine.kv.all_free()
 
 
+def test_single_token_steps_with_a_prompt_chunk_go_through_the_graphs() -> None:
+    """A step of one token per sequence is not always all decode: with a small budget a prompt's chunk can be one
+    token that is not its last. Such steps run on the graphs too, and only the sampled rows' logits come back."""
+    model = FlintModel(random_weights(preset("tiny"), torch.float32, seed=2))
+    prompts = [[(7 * i + 3 * j) % 300 for j in range(n)] for i, n in enumerate((3, 9, 6, 12))]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+    def run(graphs: bool) -> tuple[list[list[int]], list[tuple[int, int]]]:
+        ec = EngineConfig(kv_cache_memory=8 * 2**20, max_num_seqs=4, max_num_batched_tokens=3, cuda_graphs=False)
+        engine = LLMEngine(model, None, ec)
+        shapes: list[tuple[int, int]] = []  # (chunks, sampled) of each step on the graphs
+        if graphs:
+            replay = HostReplay(model, engine.cache, max_batch=4, max_context=64)
+            replay.capture()
+            engine.runner.graphs = replay
+            decode_rows = engine.runner.decode_rows
+
+            def spy(chunks: list, ahead: int = 0) -> tuple | None:
+                out = decode_rows(chunks, ahead)
+                if out is not None:
+                    shapes.append((len(chunks), len(out[1])))
+                return out
+
+            engine.runner.decode_rows = spy  # type: ignore[method-assign]
+        return [r.output_token_ids for r in engine.generate(prompts, params)], shapes
+
+    want, _ = run(False)
+    got, shapes = run(True)
+    assert got == want
+    assert any(sampled < chunks for chunks, sampled in shapes)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_decoding_equals_eager_on_the_gpu() -> None:
