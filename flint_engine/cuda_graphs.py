@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from flint_kernels.attention import AttnMeta
@@ -51,6 +51,9 @@ class _Staging:
     rows: StagingBuffer  # int64 [4, padded b]: input ids, positions, full slots, sliding slots
     lens: StagingBuffer  # int32 [b]: context lengths
     tables_key: tuple | None = None  # what the graph's static block tables hold
+    # (full, sliding) entries of each row copied so far: a sequence's tables only grow at the end (entries the
+    # window passes become NO_BLOCK on the host, but no kernel reads them), so a grown row copies its new tail
+    table_lens: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -185,21 +188,34 @@ class DecodeGraphs:
             g.inputs[0, :n].copy_(input_ids)
         st.lens.copy_to(g.batch.attn.seq_lens_t)
         if st.tables_key != rows.tables_key:
-            old = st.tables_key or ()
-            changed = [i for i, key in enumerate(rows.tables_key) if i >= len(old) or old[i] != key]
-            self._copy_tables(g.batch, changed, rows.full_tables, rows.sliding_tables)
-            st.tables_key = rows.tables_key
+            self._copy_tables(g.batch, st, rows)
         g.graph.replay()
         return g.logits[:n]
 
-    @staticmethod
-    def _copy_tables(s: ForwardBatch, changed: list[int], full: list[list[int]], sliding: list[list[int]]) -> None:
-        """Rows `changed` of the block tables (a row's entries past its length are never read: a sequence's kernels
-        read the blocks of its positions only)."""
-        for i in changed:
-            for table, static in ((full[i], s.full_block_tables), (sliding[i], s.sliding_block_tables)):
-                if table:
-                    static[i, : len(table)].copy_(torch.tensor(table, dtype=torch.int32))
+    def _copy_tables(self, s: ForwardBatch, st: _Staging, rows: DecodeRows) -> None:
+        """Copy what changed in the block tables since `st.tables_key`: a new sequence's rows whole, a grown one's
+        new entries. From pinned memory, so the copies queue behind the GPU's work instead of waiting for it (a
+        copy from pageable memory waits for the stream, which stalls a step launched ahead)."""
+        old = st.tables_key or ()
+        if len(st.table_lens) < len(rows.tables_key):
+            st.table_lens.extend([(0, 0)] * (len(rows.tables_key) - len(st.table_lens)))
+        for i, key in enumerate(rows.tables_key):
+            if i < len(old) and old[i] == key:
+                continue
+            grown = i < len(old) and old[i][0] == key[0]  # same sequence (serial), a newer version
+            starts = st.table_lens[i] if grown else (0, 0)
+            tables = (rows.full_tables[i], rows.sliding_tables[i])
+            for table, start, static in zip(tables, starts, (s.full_block_tables, s.sliding_block_tables)):
+                if len(table) > start:
+                    static[i, start : len(table)].copy_(self._host_ints(table[start:]), non_blocking=True)
+            st.table_lens[i] = (len(tables[0]), len(tables[1]))
+        st.tables_key = rows.tables_key
+
+    def _host_ints(self, values: list[int]) -> torch.Tensor:
+        """int32 host tensor of `values`, pinned when the graphs are on a GPU (PyTorch's caching host allocator keeps
+        the memory until the copy out of it has run)."""
+        t = torch.tensor(values, dtype=torch.int32)
+        return t.pin_memory() if self.device.type == "cuda" else t
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> torch.Tensor:

@@ -29,6 +29,7 @@ from .sampler import SampleResult, SamplingRow, draw_tokens, is_plain, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
 from .stop_strings import StopStringText
+from .token_readback import TokenReadback
 
 log = logging.getLogger(__name__)
 _offline_ids = itertools.count()
@@ -70,7 +71,7 @@ class _Launched:
 
     chunks: list[ScheduledChunk]
     reqs: list[Request]
-    tokens: torch.Tensor | None = None
+    tokens: TokenReadback | None = None
     result: SampleResult | None = None
 
 
@@ -333,7 +334,7 @@ class LLMEngine:
             srows = [self._sampling_row(r) for r in launched.reqs]
             draw = self.model.kernels.sample_top_k
             if all(is_plain(r, logits.shape[-1]) for r in srows):
-                launched.tokens = draw_tokens(logits, srows, draw)  # read in `_collect`
+                launched.tokens = TokenReadback(draw_tokens(logits, srows, draw))  # read in `_collect`
             else:
                 launched.result = sample(logits, srows, draw)
         return launched
@@ -367,10 +368,10 @@ class LLMEngine:
                 return None
             self.kv.allocate(req.request_id, req.num_computed_tokens + 1, 1)
         try:
-            logits = self.runner.execute_ahead(prev.chunks, prev.tokens)
+            logits = self.runner.execute_ahead(prev.chunks, prev.tokens.device)
             if logits is None:
                 return None
-            tokens = draw_tokens(logits, rows, self.model.kernels.sample_top_k)
+            tokens = TokenReadback(draw_tokens(logits, rows, self.model.kernels.sample_top_k))
         except Exception:  # the regular path recomputes this step; it reports a persistent failure itself
             log.exception("launching a decode step ahead failed; continuing one step at a time")
             return None

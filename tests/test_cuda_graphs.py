@@ -14,6 +14,7 @@ from flint_kernels.dispatch import select_kernels
 from graph_replay import HostReplay
 
 from flint_engine.config import FULL, SLIDING, preset
+from flint_engine.cuda_graphs import DecodeRows
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
 from flint_engine.model import FlintModel
@@ -48,6 +49,37 @@ def test_graph_runner_decodes_like_eager() -> None:
     # The block tables go in when a sequence joins, leaves or grows a block, not every step.
     assert 0 < len(table_copies) < len(used)
     assert engine.kv.all_free()
+
+
+def test_a_grown_sequence_copies_only_its_new_table_entries() -> None:
+    """A sequence's tables only grow at their end, so a new block costs a copy of the new entries, not of the whole
+    row (a 32K-token row has 2048); a new sequence in the row copies it whole."""
+    model = FlintModel(random_weights(preset("tiny"), torch.float32, seed=3))
+    engine = LLMEngine(model, None, EngineConfig(kv_cache_memory=4 * 2**20, max_num_seqs=2, cuda_graphs=False))
+    graphs = HostReplay(model, engine.cache, max_batch=1, max_context=64)
+    graphs.capture()
+    bs = engine.cache.block_size
+    copied: list[list[int]] = []
+    host_ints = graphs._host_ints
+    graphs._host_ints = lambda values: copied.append(list(values)) or host_ints(values)  # type: ignore[method-assign]
+
+    def step(full: list[int], sliding: list[int], key: tuple[int, int]) -> None:
+        pos = len(full) * bs - 1
+        slot = lambda table: table[-1] * bs + bs - 1  # noqa: E731
+        rows = DecodeRows([5], [pos], [slot(full)], [slot(sliding)], [pos + 1], [full], [sliding], (key,))
+        graphs.run_rows(rows)
+
+    step([3, 4], [5, 6], (7, 0))
+    assert copied == [[3, 4], [5, 6]]
+    step([3, 4, 9], [-1, 6, 10], (7, 1))  # one block more; the window passed block 0
+    assert copied[2:] == [[9], [10]]
+    tables = graphs.graphs[(1, 64)].batch
+    assert tables.full_block_tables[0, :3].tolist() == [3, 4, 9]
+    assert tables.sliding_block_tables[0, 1:3].tolist() == [6, 10]
+    step([3, 4, 9], [-1, 6, 10], (7, 1))  # unchanged: nothing copied
+    assert len(copied) == 4
+    step([3, 4, 9], [-1, 6, 10], (8, 0))  # another sequence in the row: whole rows
+    assert copied[4:] == [[3, 4, 9], [-1, 6, 10]]
 
 
 def test_single_token_steps_with_a_prompt_chunk_go_through_the_graphs() -> None:

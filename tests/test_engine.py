@@ -442,23 +442,17 @@ def test_token_times_are_stamped_once_the_tokens_are_on_the_host(window7, monkey
     first-token and inter-token times (TTFT, ITL metrics) must be taken after that copy, not before it."""
     import time
 
-    from flint_engine import engine as engine_module
+    from flint_engine.token_readback import TokenReadback
 
     done: list[float] = []
-    real = engine_module.draw_tokens
+    real = TokenReadback.tolist
 
-    class DeviceTokens:
-        """The sampled tokens as they stay on the device until the engine reads them."""
+    def tolist(self: TokenReadback) -> list[int]:
+        time.sleep(0.002)  # stands for the wait for the GPU before the tokens are on the host
+        done.append(time.monotonic())
+        return real(self)
 
-        def __init__(self, tokens) -> None:
-            self.tokens = tokens
-
-        def tolist(self) -> list[int]:
-            time.sleep(0.002)  # stands for the wait for the GPU inside the copy
-            done.append(time.monotonic())
-            return self.tokens.tolist()
-
-    monkeypatch.setattr(engine_module, "draw_tokens", lambda *a, **k: DeviceTokens(real(*a, **k)))
+    monkeypatch.setattr(TokenReadback, "tolist", tolist)
     engine = make_engine(window7)
     req = engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=3, **GREEDY))
     engine.step()
