@@ -297,7 +297,12 @@ def main() -> None:
     ap.add_argument("--churn", type=int, default=0, help="also run this many requests of serving-like mixed traffic")
     ap.add_argument("--profile-long", action="store_true", help="kernels of the long prompt alone, by family (GPU)")
     ap.add_argument("--no-sampling-rows", action="store_true", help="only the start-up and the long prompt")
-    ap.add_argument("--async-decode", action="store_true", help="EngineConfig.async_decode (next step launched ahead)")
+    ap.add_argument(
+        "--async-decode",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="EngineConfig.async_decode (next step launched ahead; the default)",
+    )
     ap.add_argument("--host-profile", type=int, nargs="*", default=[], help="profile decode steps at these batches")
     ap.add_argument("--host-profile-prompt", type=int, nargs="+", default=[64], help="the host-profile prompt lengths")
     ap.add_argument("--out", type=Path, default=RESULTS / "engine_gpu.json")

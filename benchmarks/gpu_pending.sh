@@ -3,12 +3,13 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twelfth session (2026-12-01): `EngineConfig.async_decode` (off by default) launches each decode
-# step before reading the previous one's tokens, which feed it on the device, so the host's work between steps
-# (0.2-0.3 ms for one short request, ~1.5 ms for eight of 32K tokens after that session's host-path changes) overlaps
-# the GPU. Checked on CPU (tests/test_async_decode.py); here: its GPU test (real CUDA graphs, the same tokens as
-# eager) and the wall time per step with and without it. If it wins, turn it on by default (EngineConfig,
-# ServeSettings, docs/deploy.md's knob table).
+# State in the thirteenth session (2026-12-01): `EngineConfig.async_decode` (off by default) launches each decode
+# step before reading the previous one's tokens. Its first GPU run (that session) showed no gain: the tokens' read
+# (`.tolist()` of a device tensor) queued its copy behind the step launched ahead and waited for it too, and the
+# block tables went in from pageable memory (a copy that waits for the stream). Now the tokens come back through
+# pinned memory and an event, the staging buffers take turns, and the tables copy from pinned memory (a grown row
+# only its new entries). Here: the GPU tests (real CUDA graphs, async included) and the wall time per step with and
+# without async decode. If it wins, turn it on by default (EngineConfig, ServeSettings, docs/deploy.md's knobs).
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -24,7 +25,7 @@ echo "tests: $(tail -1 "$OUT/tests.txt")"
 grep -E "^E |FAILED" "$OUT/tests.txt" | head -6
 # Decode steps through the whole engine, NVFP4, 1 and 8 requests of 64 and 32K prompt tokens, greedy and sampled.
 for mode in sync async; do
-    flag=""; [ $mode = async ] && flag="--async-decode"
+    flag="--async-decode"; [ $mode = sync ] && flag="--no-async-decode"
     timeout 240 python3 benchmarks/engine_gpu.py --host-profile 1 8 --host-profile-prompt 64 32768 --no-sampling-rows \
         --max-model-len 40000 $flag --out "$OUT/engine_host_$mode.json" > "$OUT/engine_host_$mode.txt" 2>&1
     echo "== $mode"; grep -E "^host profile|^start-up|Error" "$OUT/engine_host_$mode.txt" | cut -c1-220

@@ -33,7 +33,7 @@ class ServeSettings(BaseModel):
     cuda_graphs: bool = True
     prefill_warmup: bool = True
     precompile_kernels: bool = Field(default=True, description="compile the GPU's kernel manifest in parallel at start")
-    async_decode: bool = Field(default=False, description="launch a decode step before the last one's tokens are read")
+    async_decode: bool = Field(default=True, description="launch a decode step before the last one's tokens are read")
 
     # replicas and autoscaling (one engine per GPU, TP=1)
     num_replicas: int | None = Field(default=None, ge=1, description="fixed count; disables autoscaling")

@@ -345,7 +345,9 @@ class LLMEngine:
         a request would end with `prev` by its length, one needs the host to sample or to rewrite its token (JSON
         mode), requests are waiting for admission, or blocks are short (then the regular schedule decides,
         preempting if it must)."""
-        if prev.tokens is None or len(prev.reqs) != len(prev.chunks) or self.scheduler.waiting:
+        if self.runner.graphs is None or prev.tokens is None or len(prev.reqs) != len(prev.chunks):
+            return None
+        if self.scheduler.waiting:
             return None
         if len(prev.chunks) != len(self.scheduler.running):  # every running request, none finished since
             return None

@@ -94,5 +94,5 @@ def _run(engine: LLMEngine, greedy: SamplingParams) -> list:
 def test_the_serving_setting_reaches_the_engine() -> None:
     from flint_serve.settings import ServeSettings
 
-    assert ServeSettings().engine_config(gpu=True).async_decode is False
-    assert ServeSettings(async_decode=True).engine_config(gpu=True).async_decode is True
+    assert ServeSettings().engine_config(gpu=True).async_decode is True
+    assert ServeSettings(async_decode=False).engine_config(gpu=True).async_decode is False

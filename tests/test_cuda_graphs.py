@@ -41,7 +41,7 @@ def test_graph_runner_decodes_like_eager() -> None:
     engine.runner.graphs = graphs
     used, table_copies = [], []
     original, copy_tables = graphs.run_rows, graphs._copy_tables
-    graphs.run_rows = lambda rows: used.append(len(rows.seq_lens)) or original(rows)  # type: ignore[method-assign]
+    graphs.run_rows = lambda rows, *a: used.append(len(rows.seq_lens)) or original(rows, *a)  # type: ignore[method-assign]
     graphs._copy_tables = lambda *a: table_copies.append(1) or copy_tables(*a)  # type: ignore[method-assign]
     replayed = [r.output_token_ids for r in engine.generate(prompts, params)]
     assert replayed == eager
