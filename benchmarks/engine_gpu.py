@@ -305,6 +305,7 @@ def main() -> None:
     )
     ap.add_argument("--host-profile", type=int, nargs="*", default=[], help="profile decode steps at these batches")
     ap.add_argument("--host-profile-prompt", type=int, nargs="+", default=[64], help="the host-profile prompt lengths")
+    ap.add_argument("--host-profile-steps", type=int, default=200, help="steps timed (and as many profiled) per case")
     ap.add_argument("--out", type=Path, default=RESULTS / "engine_gpu.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -329,7 +330,7 @@ def main() -> None:
         print(json.dumps(long_row), flush=True)
     churn_row = churn(engine, args.churn) if args.churn else None
     host_rows = [
-        host_profile(engine, c, temp, p)
+        host_profile(engine, c, temp, p, steps=args.host_profile_steps)
         for p in args.host_profile_prompt
         for c in args.host_profile
         for temp in (0.0, 1.0)
