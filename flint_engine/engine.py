@@ -343,11 +343,12 @@ class LLMEngine:
         """The decode step after `prev` (in flight) on the same requests, launched before `prev`'s tokens are read,
         or None where that is not possible: `prev` is not a plain decode step of every running request on graphs,
         a request would end with `prev` by its length, one needs the host to sample or to rewrite its token (JSON
-        mode), requests are waiting for admission, or blocks are short (then the regular schedule decides,
-        preempting if it must)."""
+        mode), a request waits for admission and a sequence slot is free, or blocks are short (then the regular
+        schedule decides, preempting if it must). With every slot taken, requests that wait (a saturated server) do
+        not stop it: one that would take the slot of a request stopping in `prev` is admitted a step later."""
         if self.runner.graphs is None or prev.tokens is None or len(prev.reqs) != len(prev.chunks):
             return None
-        if self.scheduler.waiting:
+        if self.scheduler.has_free_seat():
             return None
         if len(prev.chunks) != len(self.scheduler.running):  # every running request, none finished since
             return None

@@ -52,6 +52,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_free_seat(self) -> bool:
+        """Whether a waiting request could be admitted by the next schedule (a sequence slot is free; the KV
+        blocks are checked when it is)."""
+        return bool(self.waiting) and len(self.running) < self.max_num_seqs
+
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.running.remove(req)
         self.kv.free(req.request_id)

@@ -22,10 +22,10 @@ def model() -> FlintModel:
     return FlintModel(random_weights(preset("tiny"), torch.float32, seed=21))  # window 7: it moves as we decode
 
 
-def engine_on(model: FlintModel, async_decode: bool, graphs: bool = True) -> LLMEngine:
+def engine_on(model: FlintModel, async_decode: bool, graphs: bool = True, max_num_seqs: int = 4) -> LLMEngine:
     ec = EngineConfig(
-        kv_cache_memory=8 * 2**20, max_num_seqs=4, max_num_batched_tokens=64, block_size=4, cuda_graphs=False,
-        async_decode=async_decode,
+        kv_cache_memory=8 * 2**20, max_num_seqs=max_num_seqs, max_num_batched_tokens=64, block_size=4,
+        cuda_graphs=False, async_decode=async_decode,
     )  # fmt: skip
     engine = LLMEngine(model, None, ec)
     if graphs:
@@ -62,6 +62,26 @@ def test_async_decode_gives_the_same_tokens(model: FlintModel) -> None:
     ahead = engine_on(model, True)
     assert outputs(ahead, params(stop)) == want
     assert ahead.steps_ahead > 10
+
+
+def test_a_full_server_still_launches_ahead(model: FlintModel) -> None:
+    """With every sequence slot taken, requests waiting for one (a saturated server) do not stop the steps ahead;
+    each is admitted when a slot frees, and the tokens are those of one step at a time."""
+    ps = params()
+    want = outputs(engine_on(model, False, graphs=False, max_num_seqs=2), ps)
+    engine = engine_on(model, True, max_num_seqs=2)
+    seen_waiting_ahead = []
+    step = engine.step
+
+    def watched() -> list:
+        out = step()
+        if engine.scheduler.waiting and engine._ahead is not None:
+            seen_waiting_ahead.append(len(engine.scheduler.waiting))
+        return out
+
+    engine.step = watched  # type: ignore[method-assign]
+    assert outputs(engine, ps) == want
+    assert seen_waiting_ahead  # steps went ahead while requests waited for a slot
 
 
 def test_aborts_and_arrivals_while_a_step_is_ahead(model: FlintModel) -> None:
