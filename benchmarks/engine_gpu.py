@@ -211,6 +211,15 @@ def host_profile(
     }
 
 
+def _host_line(h: dict) -> str:
+    return (
+        f"host profile, {h['concurrency']} requests of {h['prompt_len']} prompt tokens, temperature"
+        f" {h['temperature']}: wall {h['wall_ms_per_step_median']} ms a step ({h['steps_launched_ahead']} of"
+        f" {h['steps']} launched ahead), its decode graph alone {h['graph_replay_gpu_ms']} ms on the GPU; host time"
+        f" under cProfile {h['profiled_us_per_step']} us a step"
+    )
+
+
 def _percentile(values: list[float], q: float) -> float | None:
     return round(sorted(values)[int(q * (len(values) - 1))], 2) if values else None
 
@@ -329,12 +338,13 @@ def main() -> None:
     if long_row:
         print(json.dumps(long_row), flush=True)
     churn_row = churn(engine, args.churn) if args.churn else None
-    host_rows = [
-        host_profile(engine, c, temp, p, steps=args.host_profile_steps)
-        for p in args.host_profile_prompt
-        for c in args.host_profile
-        for temp in (0.0, 1.0)
-    ]
+    host_rows = []
+    for p in args.host_profile_prompt:
+        for c in args.host_profile:
+            for temp in (0.0, 1.0):
+                h = host_profile(engine, c, temp, p, steps=args.host_profile_steps)
+                host_rows.append(h)
+                print(_host_line(h), flush=True)  # as each case ends: a run cut short still reports its cases
     for op_name, kernels in (("triton", fast), ("reference", dataclasses.replace(fast, sample_top_k=sample_top_k_ref))):
         engine.model.kernels = kernels
         for c in [] if args.no_sampling_rows else args.concurrency:
@@ -387,13 +397,7 @@ def main() -> None:
             f" {itl[0]}/{itl[1]}; {len(c['late_compiles'])} kernels compiled meanwhile"
         )
     for h in host_rows:
-        print(
-            f"host profile, {h['concurrency']} requests of {h['prompt_len']} prompt tokens, temperature"
-            f" {h['temperature']}: wall"
-            f" {h['wall_ms_per_step_median']} ms a step ({h['steps_launched_ahead']} of {h['steps']} launched ahead),"
-            f" its decode graph alone {h['graph_replay_gpu_ms']} ms on the"
-            f" GPU; host time under cProfile {h['profiled_us_per_step']} us a step, top self:"
-        )
+        print(_host_line(h) + ", top self:")
         for r in h["top_self"][:14]:
             print(f"  {r['self_us_per_step']:>8} us  {r['calls_per_step']:>6}x  {r['function']}")
     late = [e.kernel for e in LATE_COMPILES.events]

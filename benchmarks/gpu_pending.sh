@@ -36,7 +36,7 @@ for mode in sync async; do
     timeout 280 python3 benchmarks/engine_gpu.py --host-profile $batches --host-profile-prompt ${HOST_PROMPTS:-64 32768} \
         --host-profile-steps "${HOST_STEPS:-200}" --max-num-seqs "$(( largest > 8 ? largest : 8 ))" --no-sampling-rows \
         --max-model-len "${MAX_MODEL_LEN:-40000}" $flag --out "$OUT/engine_host_$mode.json" > "$OUT/engine_host_$mode.txt" 2>&1
-    echo "== $mode"; grep -E "^host profile|^start-up|Error" "$OUT/engine_host_$mode.txt" | cut -c1-220
+    echo "== $mode"; grep -E "^host profile.*a step$|^start-up|Error" "$OUT/engine_host_$mode.txt" | cut -c1-220
 done
 
 # The device returns at most 8 files from $OUT: everything goes back as one archive (tar -xzf results.tgz).

@@ -15,7 +15,8 @@ def test_long_prompt_and_churn_rows(tmp_path: Path) -> None:
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "engine_gpu.py"), "--model", "random:tiny", "--max-model-len",
         "512", "--max-num-seqs", "4", "--max-num-batched-tokens", "32", "--idle-prefill-tokens", "128",
-        "--long-prompt", "150", "--churn", "12", "--no-sampling-rows", "--out", str(out),
+        "--long-prompt", "150", "--churn", "12", "--no-sampling-rows", "--host-profile", "2", "--host-profile-prompt",
+        "8", "--host-profile-steps", "5", "--out", str(out),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -33,3 +34,8 @@ def test_long_prompt_and_churn_rows(tmp_path: Path) -> None:
     assert data["command"].startswith("python benchmarks/engine_gpu.py --model random:tiny")
     assert "--churn 12" in data["command"] and "None" not in data["command"] and "False" not in data["command"]
     assert "churn: 12 requests" in proc.stdout
+    greedy, _ = data["host_profile"]  # two requests of 8 prompt tokens, 5 steps timed, greedy then sampled
+    assert [h["temperature"] for h in data["host_profile"]] == [0.0, 1.0]
+    assert greedy["steps"] == 5 and greedy["wall_ms_per_step_median"] > 0 and greedy["top_self"]
+    assert greedy["steps_launched_ahead"] == 0 and greedy["graph_replay_gpu_ms"] is None  # CPU: no graphs
+    assert proc.stdout.count("host profile, 2 requests of 8 prompt tokens") == 4  # as each case ends, and at the end
