@@ -51,7 +51,7 @@ class LateCompileWatch:
             log.warning(
                 "Triton compiles %s after the warm-up (this step stalls; the warm-up misses this shape): %s",
                 name,
-                spec[:400],
+                " ".join(spec.split())[:2000],  # one line: Triton's repr spans several, the argument types last
             )
             log.debug("Triton cache key of %s: %s", name, kwargs.get("key"))
         return self._previous(**kwargs) if self._previous is not None else None
