@@ -340,38 +340,43 @@ class LLMEngine:
         return launched
 
     def _launch_ahead(self, prev: _Launched) -> _Launched | None:
-        """The decode step after `prev` (in flight) on the same requests, launched before `prev`'s tokens are read,
-        or None where that is not possible: `prev` is not a plain decode step of every running request on graphs,
-        a request would end with `prev` by its length, one needs the host to sample or to rewrite its token (JSON
-        mode), a request waits for admission and a sequence slot is free, or blocks are short (then the regular
-        schedule decides, preempting if it must). With every slot taken, requests that wait (a saturated server) do
-        not stop it: one that would take the slot of a request stopping in `prev` is admitted a step later."""
+        """The decode step after `prev` (in flight) on its requests, launched before `prev`'s tokens are read, or
+        None where that is not possible: `prev` is not a plain decode step of every running request on graphs, one
+        needs the host to sample or to rewrite its token (JSON mode), a request waits for admission and a sequence
+        slot is free, or blocks are short (then the regular schedule decides, preempting if it must). Requests that
+        end with `prev` by their length are left out of it. With every slot taken, requests that wait (a saturated
+        server) do not stop it: one that would take the slot of a request stopping in `prev` is admitted a step
+        later."""
         if self.runner.graphs is None or prev.tokens is None or len(prev.reqs) != len(prev.chunks):
             return None
         if self.scheduler.has_free_seat():
             return None
         if len(prev.chunks) != len(self.scheduler.running):  # every running request, none finished since
             return None
-        rows = []
-        for ch in prev.chunks:
+        keep, rows = [], []
+        for i, ch in enumerate(prev.chunks):
             req = ch.request
             if req.is_finished or ch.num_tokens != 1 or req.num_computed_tokens + 1 != req.num_tokens:
                 return None
             if req.params.json_mode:  # the host may replace the token that ends the reasoning
                 return None
             if len(req.output_token_ids) + 1 >= req.params.max_tokens or req.num_tokens + 1 >= self.max_model_len:
-                return None
+                continue  # ends with `prev`'s token
             row = self._sampling_row(req, ahead=1)
             if not is_plain(row, self.config.vocab_size):
                 return None
+            keep.append(i)
             rows.append(row)
-        for ch in prev.chunks:  # blocks for the next position (kept if this gives up: the next step needs them too)
+        if not keep:
+            return None
+        chunks = [prev.chunks[i] for i in keep]
+        for ch in chunks:  # blocks for the next position (kept if this gives up: the next step needs them too)
             req = ch.request
             if not self.kv.can_allocate(req.request_id, req.num_computed_tokens + 1, 1):
                 return None
             self.kv.allocate(req.request_id, req.num_computed_tokens + 1, 1)
         try:
-            logits = self.runner.execute_ahead(prev.chunks, prev.tokens.device)
+            logits = self.runner.execute_ahead(chunks, prev.tokens.device_rows(keep))
             if logits is None:
                 return None
             tokens = TokenReadback(draw_tokens(logits, rows, self.model.kernels.sample_top_k))
@@ -379,7 +384,7 @@ class LLMEngine:
             log.exception("launching a decode step ahead failed; continuing one step at a time")
             return None
         self.steps_ahead += 1
-        return _Launched([ScheduledChunk(ch.request, 1) for ch in prev.chunks], list(prev.reqs), tokens)
+        return _Launched([ScheduledChunk(ch.request, 1) for ch in chunks], [ch.request for ch in chunks], tokens)
 
     def _collect(self, launched: _Launched) -> list[RequestOutput]:
         """Read the step's tokens (waiting for the GPU) and turn them into outputs; rows of requests that finished

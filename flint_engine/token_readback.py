@@ -21,6 +21,15 @@ class TokenReadback:
         else:
             self._host = tokens
 
+    def device_rows(self, rows: list[int]) -> torch.Tensor:
+        """The device tokens of `rows` (ascending), without waiting for the device (the index goes over pinned)."""
+        if len(rows) == self.device.shape[0]:
+            return self.device
+        index = torch.tensor(rows, dtype=torch.int64)
+        if self.device.is_cuda:
+            index = index.pin_memory().to(self.device.device, non_blocking=True)
+        return self.device.index_select(0, index)
+
     def tolist(self) -> list[int]:
         """The tokens, once their step has run (waits for it, not for steps queued after it)."""
         if self._ready is not None:

@@ -64,6 +64,26 @@ def test_async_decode_gives_the_same_tokens(model: FlintModel) -> None:
     assert ahead.steps_ahead > 10
 
 
+def test_a_request_ending_by_length_leaves_the_others_ahead(model: FlintModel) -> None:
+    """A request whose next token is its last (max_tokens) is left out of the step launched ahead; the others' rows
+    go ahead without it, their input tokens picked from the device."""
+    ps = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (4, 9, 14, 20)]
+    want = outputs(engine_on(model, False, graphs=False), ps)
+    engine = engine_on(model, True)
+    widths: list[tuple[int, int]] = []  # (rows in flight, rows launched ahead of them)
+    launch_ahead = engine._launch_ahead
+
+    def spy(prev):  # type: ignore[no-untyped-def]
+        ahead = launch_ahead(prev)
+        if ahead is not None:
+            widths.append((len(prev.chunks), len(ahead.chunks)))
+        return ahead
+
+    engine._launch_ahead = spy  # type: ignore[method-assign]
+    assert outputs(engine, ps) == want
+    assert {(4, 3), (3, 2), (2, 1)} <= set(widths)  # each shorter request's last step: the others went ahead
+
+
 def test_a_full_server_still_launches_ahead(model: FlintModel) -> None:
     """With every sequence slot taken, requests waiting for one (a saturated server) do not stop the steps ahead;
     each is admitted when a slot frees, and the tokens are those of one step at a time."""
