@@ -366,7 +366,7 @@ def main() -> None:
         "long_prompt": long_row,
         "churn": churn_row,
         "host_profile": host_rows,
-        "late_compiles": [{"kernel": e.kernel, "specialisation": e.specialisation[:300]} for e in LATE_COMPILES.events],
+        "late_compiles": [{"kernel": e.kernel, "specialisation": e.specialisation} for e in LATE_COMPILES.events],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))

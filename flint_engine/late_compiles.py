@@ -8,6 +8,7 @@ hook on every in-process cache miss, before compiling; the hook is process-wide,
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -18,10 +19,30 @@ from flint_kernels.jit_cache_hook import runtime_knobs
 log = logging.getLogger(__name__)
 
 
+def describe(specialization_data: str) -> str:
+    """One line naming what makes a kernel variant: its constexpr values, the arguments Triton specialised (divisible
+    by 16, equal to 1) and the launch options. Triton's own `repr` does not show them (3.6 and 3.9 print the first
+    argument with an empty type)."""
+    try:
+        d = json.loads(specialization_data)
+        names = list(d["signature"])
+        consts = ", ".join(f"{names[k[0]]}={v}" for k, v in zip(d["constant_keys"], d["constant_vals"]) if len(k) == 1)
+        attrs = ", ".join(
+            f"{names[k[0]]}:{'/'.join(f'{a}={v}' for a, v in vals)}"
+            for k, vals in zip(d["attrs_keys"], d["attrs_vals"])
+            if len(k) == 1 and vals
+        )
+        opts = d.get("options", {})
+        launch = ", ".join(f"{o}={opts[o]}" for o in ("num_warps", "num_stages", "launch_pdl") if o in opts)
+        return f"{consts}; specialised {attrs or 'nothing'}; {launch}"
+    except (ValueError, KeyError, IndexError, TypeError):  # another Triton's record: show it as it is
+        return " ".join(str(specialization_data).split())[:2000]
+
+
 @dataclass
 class LateCompile:
     kernel: str
-    specialisation: str  # launch options and arguments, as Triton prints them
+    specialisation: str  # constexprs, specialised arguments and launch options (`describe`)
     key: str  # Triton's cache key: each argument's type and specialisation (alignment, == 1), the constexprs
 
 
@@ -45,13 +66,12 @@ class LateCompileWatch:
         if not kwargs.get("is_manual_warmup", False):
             fn = kwargs.get("fn")
             name = getattr(fn, "name", None) or str(fn)
-            spec = str(kwargs.get("repr", ""))
+            data = (kwargs.get("compile") or {}).get("specialization_data")
+            spec = describe(data) if data else str(kwargs.get("repr", ""))
             with self._lock:
                 self.events.append(LateCompile(name.rsplit(".", 1)[-1], spec, str(kwargs.get("key", ""))))
             log.warning(
-                "Triton compiles %s after the warm-up (this step stalls; the warm-up misses this shape): %s",
-                name,
-                " ".join(spec.split())[:2000],  # one line: Triton's repr spans several, the argument types last
+                "Triton compiles %s after the warm-up (this step stalls; the warm-up misses this shape): %s", name, spec
             )
             log.debug("Triton cache key of %s: %s", name, kwargs.get("key"))
         return self._previous(**kwargs) if self._previous is not None else None

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from triton import knobs
 
-from flint_engine.late_compiles import LateCompileWatch
+from flint_engine.late_compiles import LateCompileWatch, describe
 
 HAS_CUDA = torch.cuda.is_available()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -48,6 +51,21 @@ def test_arm_installs_the_hook_and_chains_the_previous_one(watch: LateCompileWat
     assert "_moe_gate_up_kernel" in caplog.text and "after the warm-up" in caplog.text
     watch.disarm()
     assert knobs.runtime.jit_cache_hook is earlier
+
+
+def test_the_warning_names_the_variant(watch: LateCompileWatch, caplog) -> None:
+    """The line names the constexprs, the specialised arguments and the launch options, from Triton's
+    specialisation record (here one the H200 manifest holds); a record it cannot read is shown as it is."""
+    manifest = json.loads((ROOT / "kernels" / "precompile" / "nvidia-h200.json").read_text())
+    entry = next(e for p in manifest["profiles"].values() for e in p if e["kernel"].endswith("_silu_and_mul_kernel"))
+    assert watch.arm()
+    fn = SimpleNamespace(name=entry["kernel"])
+    with caplog.at_level(logging.WARNING, logger="flint_engine.late_compiles"):
+        watch.hook(key="k", repr="x(a: ())", fn=fn, compile={"specialization_data": json.dumps(entry["spec"])})
+    said = watch.events[0].specialisation
+    assert said.startswith("BLOCK=") and "PDL=True" in said and "num_warps=" in said, said
+    assert "gate_up_ptr:tt.divisibility=16" in said and said in caplog.text
+    assert describe('{"signature": 3}') == '{"signature": 3}'
 
 
 def test_engine_counts_late_compiles_in_its_metrics() -> None:
