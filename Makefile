@@ -21,7 +21,7 @@ serve: venv
 
 # The venv's bin/ on PATH: tests call tools pip installs there (hadolint, shellcheck, flint, flint-serve).
 test: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not gpu" $(ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not gpu" -n 2 --dist loadgroup $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -69,6 +69,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     status = config.stash.get(_EXIT_STATUS, None)
     if status is None or os.environ.get("FLINT_TEST_NORMAL_EXIT") == "1":
         return
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: it still reports to the controller after this
+        return
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

@@ -15,6 +15,9 @@ import pytest
 import ray
 from serve_fixtures import ServeCluster, serving, wait_for
 
+# `make test` runs the suite on two pytest-xdist workers: the modules that start a Ray cluster share one, in turn.
+pytestmark = pytest.mark.xdist_group("ray_cluster")
+
 MSG = [{"role": "user", "content": "Tell me a long story about rivers."}]
 BASE = dict(
     device="cpu",

@@ -18,6 +18,9 @@ import pytest
 from conftest import require
 from serve_fixtures import ServeCluster, serving, wait_for
 
+# `make test` runs the suite on two pytest-xdist workers: the modules that start a Ray cluster share one, in turn.
+pytestmark = pytest.mark.xdist_group("ray_cluster")
+
 MSG = [{"role": "user", "content": "Hello, who are you?"}]
 ROOT = Path(__file__).resolve().parents[1]
 
