@@ -19,7 +19,7 @@ from flint_kernels.attention import AttnMeta
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .model import FlintModel
-from .staging_buffer import StagingBuffer
+from .staging_buffer import StagingBuffer, host_for
 
 log = logging.getLogger(__name__)
 
@@ -207,15 +207,10 @@ class DecodeGraphs:
             tables = (rows.full_tables[i], rows.sliding_tables[i])
             for table, start, static in zip(tables, starts, (s.full_block_tables, s.sliding_block_tables)):
                 if len(table) > start:
-                    static[i, start : len(table)].copy_(self._host_ints(table[start:]), non_blocking=True)
+                    host = host_for(torch.tensor(table[start:], dtype=torch.int32), self.device)
+                    static[i, start : len(table)].copy_(host, non_blocking=True)
             st.table_lens[i] = (len(tables[0]), len(tables[1]))
         st.tables_key = rows.tables_key
-
-    def _host_ints(self, values: list[int]) -> torch.Tensor:
-        """int32 host tensor of `values`, pinned when the graphs are on a GPU (PyTorch's caching host allocator keeps
-        the memory until the copy out of it has run)."""
-        t = torch.tensor(values, dtype=torch.int32)
-        return t.pin_memory() if self.device.type == "cuda" else t
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> torch.Tensor:

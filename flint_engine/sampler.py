@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from flint_kernels.sampling import keep_sorted, sample_top_k_ref, uniform_noise
 
-from .staging_buffer import StagingBuffer
+from .staging_buffer import StagingBuffer, to_device
 
 
 @dataclass
@@ -105,13 +105,6 @@ def draw_full(
         sub = sub.masked_fill(~truncation_mask(sub, top_k, top_p, min_p), float("-inf"))
     perturbed = sub - torch.log(-torch.log(uniform_noise(seeds, steps, sub.shape[-1])))
     return torch.argmax(perturbed, dim=-1), perturbed
-
-
-def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """A small host tensor on `dev`; to a GPU through pinned memory, so the copy does not wait for the stream."""
-    if dev.type != "cuda":
-        return t.to(dev)
-    return t.pin_memory().to(dev, non_blocking=True)
 
 
 def _staged(columns: list[list[float | int]], dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
@@ -203,11 +196,11 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sampl
         tokens = draw_tokens(logits, rows, draw)  # penalties and bans are in the logits already
     else:
         tokens = torch.argmax(logits, dim=-1)
-        floats = _to_device(torch.tensor([[r.temperature, r.top_p, r.min_p] for r in picked], dtype=torch.float32), dev)
-        ints = _to_device(torch.tensor([[r.top_k, r.seed, r.step] for r in picked], dtype=torch.int64), dev)
+        floats = to_device(torch.tensor([[r.temperature, r.top_p, r.min_p] for r in picked], dtype=torch.float32), dev)
+        ints = to_device(torch.tensor([[r.top_k, r.seed, r.step] for r in picked], dtype=torch.int64), dev)
         temps, top_p, min_p = floats.unbind(1)
         top_k_t, seeds, steps = ints.unbind(1)
-        idx = _to_device(torch.tensor(picked_idx), dev) if len(picked_idx) < n else slice(None)
+        idx = to_device(torch.tensor(picked_idx), dev) if len(picked_idx) < n else slice(None)
         sub = logits[idx] / temps[:, None]
         truncate = any(r.top_k > 0 or r.top_p < 1.0 or r.min_p > 0 for r in picked)
         tokens[idx], perturbed = draw_full(sub, top_k_t, top_p, min_p, seeds, steps, truncate=truncate)

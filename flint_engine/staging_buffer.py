@@ -33,3 +33,15 @@ class StagingBuffer:
         if event is not None:
             event.record()
         return dst
+
+
+def host_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor `t` ready for a copy to `device` that does not wait for the stream: pinned for a GPU (PyTorch's
+    caching host allocator keeps the memory until the copy out of it has run)."""
+    return t.pin_memory() if device.type == "cuda" else t
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on `device`, through pinned memory to a GPU (a copy from pageable memory would wait for
+    every step queued before it)."""
+    return host_for(t, device).to(device, non_blocking=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .staging_buffer import to_device
+
 
 class TokenReadback:
     def __init__(self, tokens: torch.Tensor) -> None:
@@ -25,10 +27,7 @@ class TokenReadback:
         """The device tokens of `rows` (ascending), without waiting for the device (the index goes over pinned)."""
         if len(rows) == self.device.shape[0]:
             return self.device
-        index = torch.tensor(rows, dtype=torch.int64)
-        if self.device.is_cuda:
-            index = index.pin_memory().to(self.device.device, non_blocking=True)
-        return self.device.index_select(0, index)
+        return self.device.index_select(0, to_device(torch.tensor(rows, dtype=torch.int64), self.device.device))
 
     def tolist(self) -> list[int]:
         """The tokens, once their step has run (waits for it, not for steps queued after it)."""

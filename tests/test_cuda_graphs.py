@@ -13,6 +13,7 @@ import torch
 from flint_kernels.dispatch import select_kernels
 from graph_replay import HostReplay
 
+from flint_engine import cuda_graphs
 from flint_engine.config import FULL, SLIDING, preset
 from flint_engine.cuda_graphs import DecodeRows
 from flint_engine.engine import LLMEngine
@@ -51,7 +52,7 @@ def test_graph_runner_decodes_like_eager() -> None:
     assert engine.kv.all_free()
 
 
-def test_a_grown_sequence_copies_only_its_new_table_entries() -> None:
+def test_a_grown_sequence_copies_only_its_new_table_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     """A sequence's tables only grow at their end, so a new block costs a copy of the new entries, not of the whole
     row (a 32K-token row has 2048); a new sequence in the row copies it whole."""
     model = FlintModel(random_weights(preset("tiny"), torch.float32, seed=3))
@@ -60,8 +61,8 @@ def test_a_grown_sequence_copies_only_its_new_table_entries() -> None:
     graphs.capture()
     bs = engine.cache.block_size
     copied: list[list[int]] = []
-    host_ints = graphs._host_ints
-    graphs._host_ints = lambda values: copied.append(list(values)) or host_ints(values)  # type: ignore[method-assign]
+    real_host_for = cuda_graphs.host_for
+    monkeypatch.setattr(cuda_graphs, "host_for", lambda t, dev: copied.append(t.tolist()) or real_host_for(t, dev))
 
     def step(full: list[int], sliding: list[int], key: tuple[int, int]) -> None:
         pos = len(full) * bs - 1
