@@ -30,6 +30,12 @@ PREFILL_LENGTHS = (2, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128, 257, 1024, 1025, 409
 # KV head serves, capped at 64): a request's last chunk is often a few tokens beside many decode rows.
 MIXED_DECODE_ROWS = (1, 4, 8)
 MIXED_CHUNKS = (2, 3, 64)
+# Mixed steps with many decode rows: the lm_head multiplies one row a sequence, so its row count (decode rows + 1)
+# must meet each small-M tile class (17-32, 33-64 rows) off a multiple of 16 too, which no prefill length or decode
+# graph gives (H200, thirteenth session: the NVFP4 lm_head compiled for 33-64 rows while serving 64 requests). The
+# decode attention takes other tiles from 12 sequences as well. One short chunk each.
+MIXED_MANY_ROWS = (16, 32)
+MIXED_MANY_CHUNK = 2
 DECODE_CONTEXT = 100
 
 
@@ -42,6 +48,10 @@ def warmup_batches(max_tokens: int, max_seqs: int, budgets: tuple[int, ...] = ()
             n = min(chunk, max_tokens - rows)
             if n >= 2 and rows + 1 <= max_seqs and (n, rows) not in shapes:
                 shapes.append((n, rows))
+    for rows in MIXED_MANY_ROWS:
+        n = min(MIXED_MANY_CHUNK, max_tokens - rows)
+        if n >= 2 and rows + 1 <= max_seqs and (n, rows) not in shapes:
+            shapes.append((n, rows))
     return shapes
 
 

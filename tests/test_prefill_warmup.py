@@ -22,7 +22,10 @@ def test_shapes_stay_within_the_scheduler_budgets() -> None:
     shapes = warmup_batches(2048, 64)
     assert (2048, 0) in shapes and (1024, 0) in shapes and (1025, 0) in shapes and (17, 0) in shapes
     assert (4097, 0) not in shapes and (4097, 0) in warmup_batches(8192, 256)  # the router's and MoE's 4096 switches
-    assert {rows for _, rows in shapes if rows} == {1, 4, 8}
+    assert {rows for _, rows in shapes if rows} == {1, 4, 8, 16, 32}
+    # The lm_head's rows (one a sequence) meet the 17-32 and 33-64 row tiles off a multiple of 16.
+    assert {rows + 1 for _, rows in shapes if rows > 8} == {17, 33}
+    assert {rows for _, rows in warmup_batches(2048, 20) if rows} == {1, 4, 8, 16}  # within the sequence budget
     # Mixed steps in each of the prefill attention's row-tile sizes (a last chunk of 2, 3 or >= 5 tokens).
     assert {n for n, rows in shapes if rows} == {2, 3, 64}
     assert (9, 0) in shapes  # the expert-major MoE's narrowest ids scan (54 pairs, padded to 64)
