@@ -3,13 +3,13 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the thirteenth session (2026-12-01): `async_decode` is on by default (judged: 12-14% less wall time a
-# step at 1 and 8 requests). Built after that, on CPU only: requests ending by their length are left out of the step
-# launched ahead (their rows picked out on the device), and a saturated server keeps launching ahead. Here: the GPU
-# tests (real CUDA graphs: sequences that end by length exercise the device-side row pick), then the engine's wall
-# time per step at 1-64 requests with and without async decode, and any kernel compiled after the warm-up (that
-# session's last call saw a `_linear_kernel` variant at --max-num-seqs 64 whose shape its log did not show; the
-# warning now names the variant). Through the server: `benchmarks/gpu_serve.sh` (two calls).
+# State after the fourteenth session (2026-12-02): nothing built without a GPU is waiting. That session judged the
+# thirteenth's scheduling (length-ending requests left out of the step ahead, a saturated server launching ahead:
+# 609 vs 526 output tok/s at concurrency 32 through the server) and measured async decode at 1-64 requests (11-14%
+# less a step at 32-64); its warm-up change (mixed steps with 16 and 32 decode rows) left 0 kernels compiled after the
+# warm-up at 64 requests. The defaults re-run that: the GPU tests of the graphs and the sampler, then the engine's
+# wall time per step at 1-64 requests with and without async decode, and any late compile (named by its variant).
+# Through the server: `benchmarks/gpu_serve.sh` (two calls).
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
