@@ -102,7 +102,12 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert gt.small_m_config(1, True, 1024, 2048, h200) == TileConfig(block_n=8, block_k=1024, **fma)
     assert gt.small_m_config(1, True, 3072, 2048, h200) == TileConfig(block_n=8, block_k=1024, **fma)
     # M = 1: the shapes re-measured by benchmarks/tune.py and then as a whole decode step (see the entries' source).
-    assert gt.small_m_config(1, False, 2048, 5120, h200) == TileConfig(block_n=4, block_k=1024, **fma)  # qkv
+    assert gt.small_m_config(1, False, 2048, 5120, h200) == TileConfig(block_n=4, block_k=2048, **fma)  # qkv
+    # BF16 o projection and dense MLP: each program's K (or 2048 of it) in one step, before the PDL wait (2026-12-02).
+    assert gt.small_m_config(1, False, 4096, 2048, h200) == TileConfig(block_n=4, block_k=4096, **fma)  # o
+    assert gt.small_m_config(1, False, 2048, 12288, h200) == TileConfig(block_n=8, block_k=2048, **fma)
+    assert gt.small_m_config(1, False, 6144, 2048, h200) == TileConfig(block_n=8, block_k=2048, **fma)
+    assert gt.small_m_config(1, False, 3072, 2048, h200) == TileConfig(block_n=8, block_k=1024, **fma)
     assert gt.small_m_config(1, False, 2048, 150144, h200) == TileConfig(block_n=4, block_k=1024, **fma)  # lm_head
     assert gt.small_m_config(1, False, 1024, 2048, h200) == TileConfig(block_n=16, block_k=1024, **fma)  # shared down
     assert gt.small_m_config(1, True, 2048, 150144, h200) == TileConfig(block_n=8, block_k=1024, **fma)  # lm_head
