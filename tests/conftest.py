@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -23,6 +26,21 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture
+def benchmark_script(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], ModuleType]]:
+    """Import a script of benchmarks/ as a module (its sibling scripts importable as when it runs); dropped after."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    names: list[str] = []
+
+    def load(name: str) -> ModuleType:
+        names.append(name)
+        return importlib.import_module(name)
+
+    yield load
+    for name in names:
+        sys.modules.pop(name, None)
 
 
 def require(condition: bool, reason: str) -> None:

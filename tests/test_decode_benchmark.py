@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -15,17 +13,11 @@ from flint_engine.kv_cache import KVCache
 from flint_engine.model import FlintModel
 from flint_engine.weights import random_weights
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture
-def decode(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """benchmarks/decode.py as a module (its sibling scripts importable as when it runs)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import decode as module
-
-    yield module
-    sys.modules.pop("decode", None)
+def decode(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
+    """benchmarks/decode.py as a module."""
+    return benchmark_script("decode")
 
 
 @pytest.mark.parametrize("chunk", [16, 24, 69])

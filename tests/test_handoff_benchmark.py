@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 import torch
 import triton
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture
-def handoff(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import handoff as module
-
-    yield module
-    sys.modules.pop("handoff", None)
+def handoff(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
+    """benchmarks/handoff.py as a module."""
+    return benchmark_script("handoff")
 
 
 @pytest.mark.parametrize("phases, programs", [(5, 4), (6, 3)])

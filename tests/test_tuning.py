@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import re
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -363,13 +362,9 @@ def test_conditions_bounds_multiples_and_order(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------- benchmarks/tune.py
 @pytest.fixture
-def tune(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """benchmarks/tune.py as a module (its sibling scripts importable as when it runs)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import tune as module
-
-    yield module
-    sys.modules.pop("tune", None)
+def tune(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
+    """benchmarks/tune.py as a module."""
+    return benchmark_script("tune")
 
 
 SWEEPS = RESULTS / "tuning_nvidia-h200_sweeps.json"  # the raw times of benchmarks/tune.py's first H200 run
@@ -510,12 +505,9 @@ def test_tune_refuses_a_table_the_kernels_would_refuse(tune: ModuleType) -> None
 
 # ------------------------------------------------------------------------------------- benchmarks/tuning_variant.py
 @pytest.fixture
-def tuning_variant(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import tuning_variant as module
-
-    yield module
-    sys.modules.pop("tuning_variant", None)
+def tuning_variant(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
+    """benchmarks/tuning_variant.py as a module."""
+    return benchmark_script("tuning_variant")
 
 
 def test_tuning_variant_sets_fields_of_the_matching_entries(
