@@ -40,8 +40,8 @@ VARIANTS = ("launches", "launches+pdl", "one launch")
 
 
 @triton.jit
-def _phase_body(w_ptr, x_ptr, y_ptr, p, c, G, CHUNK: tl.constexpr, XB: tl.constexpr, PDL: tl.constexpr):
-    """Phase p, program c: y[c] = sum(w chunk) * mean(x) + c (x: the previous phase's G values)."""
+def _phase_weights(w_ptr, p, c, G, CHUNK: tl.constexpr, PDL: tl.constexpr):
+    """Program c of phase p: its weight chunk, loaded before waiting for the previous grid (PDL)."""
     offs = tl.arange(0, CHUNK)
     w = tl.load(w_ptr + (p * G + c).to(tl.int64) * CHUNK + offs)
     if PDL:
@@ -52,6 +52,7 @@ def _phase_body(w_ptr, x_ptr, y_ptr, p, c, G, CHUNK: tl.constexpr, XB: tl.conste
 
 @triton.jit
 def _finish(w, x_ptr, y_ptr, c, G, XB: tl.constexpr):
+    """y[c] = sum(w) * 1e-4 + mean(x) / 2 + 1 (x: the previous phase's G values)."""
     xo = tl.arange(0, XB)
     x = tl.load(x_ptr + xo, mask=xo < G, other=0.0, cache_modifier=".cg")
     tl.store(y_ptr + c, tl.sum(w.to(tl.float32), axis=0) * 1e-4 + tl.sum(x, axis=0) / G * 0.5 + 1.0)
@@ -60,7 +61,7 @@ def _finish(w, x_ptr, y_ptr, c, G, XB: tl.constexpr):
 @triton.jit
 def _launch_kernel(w_ptr, x_ptr, y_ptr, p, G, CHUNK: tl.constexpr, XB: tl.constexpr, PDL: tl.constexpr):
     c = tl.program_id(0)
-    w = _phase_body(w_ptr, x_ptr, y_ptr, p, c, G, CHUNK, XB, PDL)
+    w = _phase_weights(w_ptr, p, c, G, CHUNK, PDL)
     _finish(w, x_ptr, y_ptr, c, G, XB)
 
 
@@ -70,7 +71,7 @@ def _one_launch_kernel(w_ptr, buf_ptr, cnt_ptr, L, G, CHUNK: tl.constexpr, XB: t
     t = tl.atomic_add(cnt_ptr, 1, sem="relaxed")
     p = t // G
     c = t % G
-    w = _phase_body(w_ptr, buf_ptr, buf_ptr, p, c, G, CHUNK, XB, False)
+    w = _phase_weights(w_ptr, p, c, G, CHUNK, False)
     seen = G
     if p > 0:
         while tl.load(cnt_ptr + 1 + p, volatile=True) < G:

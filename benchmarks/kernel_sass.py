@@ -58,19 +58,22 @@ def _moe(args: argparse.Namespace, kernel: str) -> tuple[str, str, dict, dict]:
     return "flint_kernels.moe_triton", kernel, pointers, constexprs
 
 
-def compile_sm90(module: str, kernel: str, pointers: dict, constexprs: dict, warps: int) -> tuple[bytes, str]:
-    """(cubin, PTX) of `kernel` compiled for sm_90; other arguments are i32 scalars ("eps": fp32)."""
+def compile_sm90(
+    module: str, kernel: str, pointers: dict, constexprs: dict, warps: int, stages: int = 1
+) -> tuple[bytes, str]:
+    """(cubin, PTX) of `kernel` compiled for sm_90 (outside Triton's interpreter). Arguments not named in `pointers`
+    (those the kernel has) or `constexprs` are i32 scalars, except names ending in "eps"/"scale"/"scaling" (fp32)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     fn = getattr(importlib.import_module(module), kernel)
     names = fn.arg_names
-    sig = {n: "fp32" if n.endswith("eps") else "i32" for n in names}
+    sig = {n: "fp32" if n.endswith(("eps", "scale", "scaling")) else "i32" for n in names}
     sig.update({n: "*" + t for n, t in pointers.items() if n in names})
     sig.update({n: "constexpr" for n in constexprs})
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     return k.asm["cubin"], k.asm["ptx"]
 
 

@@ -43,13 +43,10 @@ def warmup_batches(max_tokens: int, max_seqs: int, budgets: tuple[int, ...] = ()
     """(prefill length, decode rows) of each warm-up batch within the scheduler's token and sequence budgets; the
     largest step (`max_tokens`) and each smaller step budget (`budgets`) are run as prefills of their own."""
     shapes = [(n, 0) for n in sorted({*PREFILL_LENGTHS, *budgets, max_tokens}) if n <= max_tokens]
-    for rows in MIXED_DECODE_ROWS:
-        for chunk in MIXED_CHUNKS:
-            n = min(chunk, max_tokens - rows)
-            if n >= 2 and rows + 1 <= max_seqs and (n, rows) not in shapes:
-                shapes.append((n, rows))
-    for rows in MIXED_MANY_ROWS:
-        n = min(MIXED_MANY_CHUNK, max_tokens - rows)
+    mixed = [(chunk, rows) for rows in MIXED_DECODE_ROWS for chunk in MIXED_CHUNKS]
+    mixed += [(MIXED_MANY_CHUNK, rows) for rows in MIXED_MANY_ROWS]
+    for chunk, rows in mixed:
+        n = min(chunk, max_tokens - rows)
         if n >= 2 and rows + 1 <= max_seqs and (n, rows) not in shapes:
             shapes.append((n, rows))
     return shapes

@@ -7,33 +7,26 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _compile(
     module: str, kernel: str, pointers: dict[str, str], constexprs: dict, warps: int, stages: int
 ) -> tuple[int, int]:
-    """Compile `kernel` in a fresh process (the interpreter, set for CPU test runs, replaces @triton.jit functions).
-
-    Arguments not named in `pointers` or `constexprs` are i32 scalars, except names ending in "eps"/"scale" (fp32).
-    Returns how many global loads (and L2 prefetches) the PTX issues before its first `griddepcontrol.wait`, and how
-    many wait instructions it has (0 without PDL).
+    """Compile `kernel` for sm_90 (benchmarks/kernel_sass.py's `compile_sm90`) in a fresh process: the interpreter,
+    set for CPU test runs, replaces @triton.jit functions. Returns how many global loads (and L2 prefetches) the
+    PTX issues before its first `griddepcontrol.wait`, and how many wait instructions it has (0 without PDL).
     """
     code = f"""
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import importlib
-fn = getattr(importlib.import_module({module!r}), {kernel!r})
-names = fn.arg_names
-pointers, constexprs = {pointers!r}, {constexprs!r}
-sig = {{n: "fp32" if n.endswith(("eps", "scale", "scaling")) else "i32" for n in names}}
-sig.update({{n: "*" + t for n, t in pointers.items()}})
-sig.update({{n: "constexpr" for n in constexprs}})
-src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in constexprs.items()}})
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={{"num_warps": {warps}, "num_stages": {stages}}})
-lines = k.asm["ptx"].splitlines()
+import sys
+sys.path.insert(0, {str(BENCHMARKS)!r})
+from kernel_sass import compile_sm90
+_, ptx = compile_sm90({module!r}, {kernel!r}, {pointers!r}, {constexprs!r}, {warps}, {stages})
+lines = ptx.splitlines()
 waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
 first = waits[0] if waits else len(lines)
 print(sum("ld.global" in line or "prefetch.global" in line for line in lines[:first]), len(waits))
