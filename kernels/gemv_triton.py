@@ -66,6 +66,20 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 WORDS_SUPPORTED = _INTERPRET or tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 9)
 
 
+def groups_aligned(qweight: torch.Tensor) -> bool:
+    """Whether the NVFP4 FMA path can read `qweight` (codes, two a byte) as int64 groups of 16 values: its start and
+    every row (and expert) stride on 8 bytes."""
+    return qweight.data_ptr() % 8 == 0 and all(st % 8 == 0 for st in qweight.stride()[:-1])
+
+
+def rows_aligned(x: torch.Tensor) -> torch.Tensor:
+    """x (rows of unit stride), or a contiguous copy when a BF16 row would not start on an 8-byte boundary: the
+    NVFP4 FMA path reads BF16 activations four at a time (`nvfp4_x8`)."""
+    if x.dtype == torch.bfloat16 and (x.data_ptr() % 8 or (x.dim() > 1 and x.stride(0) % 4)):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+    return x
+
+
 # ----------------------------------------------------------------------------------------------- device helpers
 
 
@@ -197,10 +211,11 @@ def nvfp4_packed_dot_step(
     """
     G: tl.constexpr = BLOCK_K // 16
     xdt = x_ptr.dtype.element_ty
-    words, sb = fma_weights(
+    groups, scale = fma_weights(
         w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, True, EVEN_K, BLOCK_N, BLOCK_K
-    )  # [BLOCK_N, G, 2] int32, [BLOCK_N, G] scale bytes
-    sc = e4m3_value(sb.to(tl.int32)) * 1.8446744073709552e19  # 2**64: weights times 2**-62 (exact)
+    )  # [BLOCK_N, G] int64 groups, [BLOCK_N, G] FP32 block scales
+    words = tl.join(groups.to(tl.int32), (groups >> 32).to(tl.int32))  # [BLOCK_N, G, 2]: values 8w .. 8w + 7
+    sc = scale * 1.8446744073709552e19  # 2**64: weights times 2**-62 (exact)
     if EMULATE:
         sc3 = sc[:, :, None]
         l0, h0 = e2m1_pair_bits(words, 0)
@@ -255,23 +270,24 @@ def fma_weights(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """The raw weight tiles of one M == 1 (FMA) step at k0 < k_end (callers never launch an empty K range):
-    NVFP4 (int32 words [BLOCK_N, G, 2], scale bytes [BLOCK_N, G]); dense (W [BLOCK_N, BLOCK_K], 0)."""
+    """The weight tiles of one M == 1 (FMA) step at k0 < k_end (callers never launch an empty K range): NVFP4
+    (int64 groups [BLOCK_N, G] of 16 codes, FP32 block scales [BLOCK_N, G]); dense (W [BLOCK_N, BLOCK_K], 0)."""
     if NVFP4:
         G: tl.constexpr = BLOCK_K // 16
         offs_g = k0 // 16 + tl.arange(0, G)
-        wd = tl.arange(0, 2)
-        w32 = w_ptr.to(tl.pointer_type(tl.int32))
-        word_ptrs = w32 + rows[:, None, None] * (stride_wn // 4) + (offs_g * 2)[None, :, None] + wd[None, None, :]
+        # One int64 a group of 16 values, so a thread holds whole groups: the sum over a group needs no lane
+        # shuffle and the scale byte meets its group in the same thread.
+        w64 = w_ptr.to(tl.pointer_type(tl.int64))
+        group_ptrs = w64 + rows[:, None] * (stride_wn // 8) + offs_g[None, :]
         s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
         if EVEN_K:
-            words = tl.load(word_ptrs, mask=row_ok[:, None, None], other=0)
+            groups = tl.load(group_ptrs, mask=row_ok[:, None], other=0)
             sb = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
         else:
             g_ok = offs_g < k_end // 16
-            words = tl.load(word_ptrs, mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
+            groups = tl.load(group_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
             sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
-        return words, sb
+        return groups, e4m3_value(sb.to(tl.int32))
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         w_mask = row_ok[:, None]
@@ -316,17 +332,63 @@ def dense_fma_part(w, xr):
 
 
 @triton.jit
-def nvfp4_x_offsets(k0, BLOCK_K: tl.constexpr):
-    """K offsets [G, 2, 8] of one NVFP4 step's x values, in the order of the weight words (value 16g + 8w + i)."""
-    G: tl.constexpr = BLOCK_K // 16
-    wd = tl.arange(0, 2)
-    return k0 + tl.arange(0, G)[:, None, None] * 16 + wd[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+def nvfp4_x8(x_ptr, x_off, offs_g, BASE: tl.constexpr, k_end, EVEN_K: tl.constexpr):
+    """x values 16g + BASE + i (i = 0..7) of each group g in offs_g as eight FP32 planes, times 2**64 (so code * x
+    products are exact FP32 normals), in the layout the weights' groups use.
+
+    BF16 x is read four values an int64 (two loads a plane set; `rows_aligned` makes rows start on 8 bytes) and
+    widened by bit moves; other dtypes one value a load. A thread reads its own groups' x: reading them contiguously
+    and redistributing through shared memory would add a barrier after the PDL wait."""
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        x64 = x_ptr.to(tl.pointer_type(tl.int64)) + x_off // 4 + offs_g * 4 + BASE // 4
+        if EVEN_K:
+            q0 = tl.load(x64)
+            q1 = tl.load(x64 + 1)
+        else:
+            ok = offs_g < k_end // 16
+            q0 = tl.load(x64, mask=ok, other=0)
+            q1 = tl.load(x64 + 1, mask=ok, other=0)
+        w0 = q0.to(tl.int32)
+        w1 = (q0 >> 32).to(tl.int32)
+        w2 = q1.to(tl.int32)
+        w3 = (q1 >> 32).to(tl.int32)
+        x0 = (w0 << 16).to(tl.float32, bitcast=True)
+        x1 = (w0 & -65536).to(tl.float32, bitcast=True)
+        x2 = (w1 << 16).to(tl.float32, bitcast=True)
+        x3 = (w1 & -65536).to(tl.float32, bitcast=True)
+        x4 = (w2 << 16).to(tl.float32, bitcast=True)
+        x5 = (w2 & -65536).to(tl.float32, bitcast=True)
+        x6 = (w3 << 16).to(tl.float32, bitcast=True)
+        x7 = (w3 & -65536).to(tl.float32, bitcast=True)
+    else:
+        xs = x_ptr + x_off + offs_g * 16 + BASE
+        if EVEN_K:
+            x0 = tl.load(xs + 0).to(tl.float32)
+            x1 = tl.load(xs + 1).to(tl.float32)
+            x2 = tl.load(xs + 2).to(tl.float32)
+            x3 = tl.load(xs + 3).to(tl.float32)
+            x4 = tl.load(xs + 4).to(tl.float32)
+            x5 = tl.load(xs + 5).to(tl.float32)
+            x6 = tl.load(xs + 6).to(tl.float32)
+            x7 = tl.load(xs + 7).to(tl.float32)
+        else:
+            ok = offs_g < k_end // 16
+            x0 = tl.load(xs + 0, mask=ok, other=0.0).to(tl.float32)
+            x1 = tl.load(xs + 1, mask=ok, other=0.0).to(tl.float32)
+            x2 = tl.load(xs + 2, mask=ok, other=0.0).to(tl.float32)
+            x3 = tl.load(xs + 3, mask=ok, other=0.0).to(tl.float32)
+            x4 = tl.load(xs + 4, mask=ok, other=0.0).to(tl.float32)
+            x5 = tl.load(xs + 5, mask=ok, other=0.0).to(tl.float32)
+            x6 = tl.load(xs + 6, mask=ok, other=0.0).to(tl.float32)
+            x7 = tl.load(xs + 7, mask=ok, other=0.0).to(tl.float32)
+    c = 1.8446744073709552e19  # 2**64
+    return x0 * c, x1 * c, x2 * c, x3 * c, x4 * c, x5 * c, x6 * c, x7 * c
 
 
 @triton.jit
 def nvfp4_gemv_step(
-    words,
-    sb,
+    groups,
+    scale,
     x_ptr,
     x_off,
     k0,
@@ -337,65 +399,39 @@ def nvfp4_gemv_step(
 ):
     """[BLOCK_N, G] partial sums (times 2**-62) of one BLOCK_K step of an NVFP4 GEMV for the single row x_off.
 
-    `words` / `sb` are the step's weight tiles from `fma_weights` (8 values per int32 word); x (times 2**64, so
-    code * x products are exact FP32 normals) is split into the eight nibble planes by three register-level splits.
-    """
-    kk = nvfp4_x_offsets(k0, BLOCK_K)
-    if EVEN_K:
-        xv = tl.load(x_ptr + x_off[:, None, None] + kk)
-    else:
-        xv = tl.load(x_ptr + x_off[:, None, None] + kk, mask=kk < k_end, other=0.0)
-    return nvfp4_gemv_dot(words, sb, xv, BLOCK_K)
+    `groups` / `scale` are the step's weight tiles from `fma_weights` (16 values per int64 group)."""
+    offs_g = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+    a0, a1, a2, a3, a4, a5, a6, a7 = nvfp4_x8(x_ptr, x_off, offs_g, 0, k_end, EVEN_K)
+    b0, b1, b2, b3, b4, b5, b6, b7 = nvfp4_x8(x_ptr, x_off, offs_g, 8, k_end, EVEN_K)
+    return nvfp4_group_dot(groups, scale, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7)
 
 
 @triton.jit
-def nvfp4_gemv_dot(words, sb, xv, BLOCK_K: tl.constexpr):
-    """`nvfp4_gemv_step` on x values [G, 2, 8] already in registers (`nvfp4_x_offsets` order)."""
-    v0, v1, v2, v3, v4, v5, v6, v7 = nvfp4_value_planes(words)
-    x0, x1, x2, x3, x4, x5, x6, x7 = nvfp4_x_planes(xv, BLOCK_K)
-    part = nvfp4_planes_dot(v0, v1, v2, v3, v4, v5, v6, v7, x0, x1, x2, x3, x4, x5, x6, x7)
-    return part * e4m3_value(sb.to(tl.int32))
+def nvfp4_group_dot(groups, scale, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
+    """[BLOCK_N, G] block-scaled sums (times 2**-62) of int64 groups [BLOCK_N, G] against x planes [G] (values
+    16g + i in a_i, 16g + 8 + i in b_i, times 2**64): one FFMA chain a word, the two words added, the scale."""
+    part = nvfp4_word_dot(groups.to(tl.int32), a0, a1, a2, a3, a4, a5, a6, a7)
+    part = part + nvfp4_word_dot((groups >> 32).to(tl.int32), b0, b1, b2, b3, b4, b5, b6, b7)
+    return part * scale
 
 
 @triton.jit
-def nvfp4_value_planes(words):
-    """The eight E2M1 values of each int32 word as FP32 planes [.., 2] (value 8w + i in plane i, times 2**-127)."""
-    v0, v4 = e2m1_pair_bits(words, 0)
-    v1, v5 = e2m1_pair_bits(words, 1)
-    v2, v6 = e2m1_pair_bits(words, 2)
-    v3, v7 = e2m1_pair_bits(words, 3)
-    return v0, v1, v2, v3, v4, v5, v6, v7
-
-
-@triton.jit
-def nvfp4_x_planes(xv, BLOCK_K: tl.constexpr):
-    """x [G, 2, 8] (times 2**64, so code * x products are exact FP32 normals) split into the eight planes [G, 2]."""
-    G: tl.constexpr = BLOCK_K // 16
-    xv = xv.to(tl.float32) * 1.8446744073709552e19  # 2**64
-    # [G, 2, 8] -> planes i = 0..7 (value 16g + 8w + i) paired as (i, i + 4) for e2m1_pair_bits.
-    x_even, x_odd = tl.split(tl.reshape(xv, (G, 2, 4, 2)))
-    x_e04, x_e26 = tl.split(tl.reshape(x_even, (G, 2, 2, 2)))
-    x_o15, x_o37 = tl.split(tl.reshape(x_odd, (G, 2, 2, 2)))
-    x0, x4 = tl.split(x_e04)
-    x1, x5 = tl.split(x_o15)
-    x2, x6 = tl.split(x_e26)
-    x3, x7 = tl.split(x_o37)
-    return x0, x1, x2, x3, x4, x5, x6, x7
-
-
-@triton.jit
-def nvfp4_planes_dot(v0, v1, v2, v3, v4, v5, v6, v7, x0, x1, x2, x3, x4, x5, x6, x7):
-    """[BLOCK_N, G] sums over each group's 16 values of code * x (times 2**-63), before the block scale."""
-    # One FFMA chain per word: the eight code * x products are exact, only the running sum rounds.
-    part = v0 * x0[None, :, :]
-    part = part + v4 * x4[None, :, :]
-    part = part + v1 * x1[None, :, :]
-    part = part + v5 * x5[None, :, :]
-    part = part + v2 * x2[None, :, :]
-    part = part + v6 * x6[None, :, :]
-    part = part + v3 * x3[None, :, :]
-    part = part + v7 * x7[None, :, :]
-    return tl.sum(part, axis=2)
+def nvfp4_word_dot(word, x0, x1, x2, x3, x4, x5, x6, x7):
+    """Sum over a word's eight values of code * x (times 2**-63, before the block scale), word [BLOCK_N, G] int32
+    and x planes [G]: one FFMA chain, the products exact, only the running sum rounds."""
+    v0, v4 = e2m1_pair_bits(word, 0)
+    v1, v5 = e2m1_pair_bits(word, 1)
+    v2, v6 = e2m1_pair_bits(word, 2)
+    v3, v7 = e2m1_pair_bits(word, 3)
+    part = v0 * x0[None, :]
+    part = part + v4 * x4[None, :]
+    part = part + v1 * x1[None, :]
+    part = part + v5 * x5[None, :]
+    part = part + v2 * x2[None, :]
+    part = part + v6 * x6[None, :]
+    part = part + v3 * x3[None, :]
+    part = part + v7 * x7[None, :]
+    return part
 
 
 @triton.jit
@@ -736,11 +772,31 @@ def _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk, ok):
 
 
 @triton.jit
+def _normed_x8(x_ptr, res_ptr, nw_ptr, rstd, offs_g, BASE: tl.constexpr, k_end):
+    """`nvfp4_x8` of the normed row: values 16g + BASE + i as eight FP32 planes times 2**64."""
+    kk = offs_g * 16 + BASE
+    ok = offs_g < k_end // 16
+    c = 1.8446744073709552e19  # 2**64
+    return (
+        _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk + 0, ok).to(tl.float32) * c,
+        _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk + 1, ok).to(tl.float32) * c,
+        _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk + 2, ok).to(tl.float32) * c,
+        _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk + 3, ok).to(tl.float32) * c,
+        _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk + 4, ok).to(tl.float32) * c,
+        _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk + 5, ok).to(tl.float32) * c,
+        _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk + 6, ok).to(tl.float32) * c,
+        _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk + 7, ok).to(tl.float32) * c,
+    )
+
+
+@triton.jit
 def _normed_step(wa, wb, x_ptr, res_ptr, nw_ptr, rstd, k0, k_end, NVFP4: tl.constexpr, BLOCK_K: tl.constexpr):
     """`fma_step` with x the normed row (`_normed_x`) instead of a row read as it is."""
     if NVFP4:
-        kk = nvfp4_x_offsets(k0, BLOCK_K)
-        return nvfp4_gemv_dot(wa, wb, _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk, kk < k_end), BLOCK_K)
+        offs_g = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _normed_x8(x_ptr, res_ptr, nw_ptr, rstd, offs_g, 0, k_end)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _normed_x8(x_ptr, res_ptr, nw_ptr, rstd, offs_g, 8, k_end)
+        return nvfp4_group_dot(wa, wb, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7)
     else:
         kk = (k0 + tl.arange(0, BLOCK_K))[None, :]
         return dense_fma_part(wa, _normed_x(x_ptr, res_ptr, nw_ptr, rstd, kk, kk < k_end))
@@ -961,6 +1017,8 @@ def _matmul(
     nv = isinstance(w, NVFP4Weight)
     n = w.shape[-2]
     x = x if x.stride(-1) == 1 else x.contiguous()
+    if nv:
+        x = rows_aligned(x)
     if nv and config is None and m >= DEQUANT_MIN_M and n > 0 and k > 0:
         return dequant_matmul(x, w, fp32_out)
     out = _empty((m, n), torch.float32 if fp32_out else x.dtype, x.device)
@@ -1059,7 +1117,7 @@ def supported(x: torch.Tensor, w: Weight, fp32_out: bool) -> bool:
             and w.qweight.stride(1) == 1
             and w.scales.stride(1) == 1
             and w.qweight.device == x.device
-            and w.qweight.data_ptr() % 4 == 0  # the M == 1 path reads int32 words
+            and groups_aligned(w.qweight)
         )
     if w.dim() != 2 or w.shape[1] != x.shape[1] or w.stride(1) != 1 or w.device != x.device:
         return False

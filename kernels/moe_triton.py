@@ -51,13 +51,10 @@ from .gemv_triton import (
     choose_split_k,
     counters,
     decode_mode,
-    e4m3_value,
     fma_weights,
     is_last,
-    nvfp4_planes_dot,
-    nvfp4_value_planes,
-    nvfp4_x_offsets,
-    nvfp4_x_planes,
+    nvfp4_group_dot,
+    nvfp4_x8,
     precision_for,
     segment_bounds,
     segment_scale,
@@ -286,30 +283,26 @@ def _two_rows_nvfp4(
     w_base, s_base, rows, row_ok, x_ptr, xo0, xo1, H, stride_wn, stride_sn, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """`tile_matmul`'s NVFP4 FMA path for two x rows at once: each weight word's eight values are built once
-    (`nvfp4_value_planes`) and multiplied into both rows, in the same order as for one row (the interpreter gives the
+    """`tile_matmul`'s NVFP4 FMA path for two x rows at once: each weight group's sixteen values are built once
+    and multiplied into both rows, in the same order as for one row (the interpreter gives the
     one-row kernel's result bit for bit; on a GPU the compiler may order the final in-register sums differently).
     Returns two FP32 [BLOCK_N, 1]."""
     G: tl.constexpr = BLOCK_K // 16
     acc0 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
-        words, sb = fma_weights(
+        groups, sc = fma_weights(
             w_base, s_base, rows, row_ok, k0, H, stride_wn, stride_sn, True, EVEN_K, BLOCK_N, BLOCK_K
         )
-        kk = nvfp4_x_offsets(k0, BLOCK_K)
-        if EVEN_K:
-            xa = tl.load(x_ptr + xo0 + kk)
-            xb = tl.load(x_ptr + xo1 + kk)
-        else:
-            xa = tl.load(x_ptr + xo0 + kk, mask=kk < H, other=0.0)
-            xb = tl.load(x_ptr + xo1 + kk, mask=kk < H, other=0.0)
-        v0, v1, v2, v3, v4, v5, v6, v7 = nvfp4_value_planes(words)
-        sc = e4m3_value(sb.to(tl.int32))
-        a0, a1, a2, a3, a4, a5, a6, a7 = nvfp4_x_planes(xa, BLOCK_K)
-        acc0 += nvfp4_planes_dot(v0, v1, v2, v3, v4, v5, v6, v7, a0, a1, a2, a3, a4, a5, a6, a7) * sc
-        b0, b1, b2, b3, b4, b5, b6, b7 = nvfp4_x_planes(xb, BLOCK_K)
-        acc1 += nvfp4_planes_dot(v0, v1, v2, v3, v4, v5, v6, v7, b0, b1, b2, b3, b4, b5, b6, b7) * sc
+        offs_g = k0 // 16 + tl.arange(0, G)
+        a0, a1, a2, a3, a4, a5, a6, a7 = nvfp4_x8(x_ptr, xo0, offs_g, 0, H, EVEN_K)
+        a8, a9, a10, a11, a12, a13, a14, a15 = nvfp4_x8(x_ptr, xo0, offs_g, 8, H, EVEN_K)
+        b0, b1, b2, b3, b4, b5, b6, b7 = nvfp4_x8(x_ptr, xo1, offs_g, 0, H, EVEN_K)
+        b8, b9, b10, b11, b12, b13, b14, b15 = nvfp4_x8(x_ptr, xo1, offs_g, 8, H, EVEN_K)
+        # The two calls build the same codes from the same groups: the compiler keeps one copy (common
+        # subexpressions), so each weight value is decoded once for both rows.
+        acc0 += nvfp4_group_dot(groups, sc, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15)
+        acc1 += nvfp4_group_dot(groups, sc, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15)
     # 2**62 undoes the offset (exact), as in tile_matmul.
     out0 = tl.sum(acc0, axis=1, keep_dims=True) * 4.611686018427388e18
     return out0, tl.sum(acc1, axis=1, keep_dims=True) * 4.611686018427388e18
@@ -700,7 +693,7 @@ def supported(x: torch.Tensor, w13: Weight, w2: Weight) -> bool:
                 return False
             if w.qweight.stride(2) != 1 or w.scales.stride(2) != 1 or w.qweight.device != x.device:
                 return False
-            if w.qweight.data_ptr() % 4:  # the FMA path reads int32 words
+            if not gemv_triton.groups_aligned(w.qweight):  # the FMA path reads int64 groups
                 return False
         elif w.dim() != 3 or w.stride(2) != 1 or w.device != x.device:
             return False
@@ -743,7 +736,7 @@ def foldable(shared: SharedExpert, x: torch.Tensor, w13: Weight, w2: Weight) -> 
                 return False
             if w.qweight.stride(1) != 1 or w.scales.stride(1) != 1 or w.qweight.device != x.device:
                 return False
-            if w.qweight.data_ptr() % 4:
+            if not gemv_triton.groups_aligned(w.qweight):
                 return False
         elif w.dim() != 2 or w.stride(1) != 1 or w.device != x.device or w.dtype != like.dtype:  # type: ignore[union-attr]
             return False
@@ -865,7 +858,7 @@ def _routed(
     out = _empty((t, hidden), x.dtype, x.device)
     if t == 0:
         return out
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    x = gemv_triton.rows_aligned(x if x.stride(-1) == 1 else x.contiguous())
     ids = topk_ids.contiguous()
     tw = topk_weights.contiguous()
     add = add if add is None or add.stride(-1) == 1 else add.contiguous()

@@ -194,6 +194,39 @@ def test_nvfp4_m1_takes_k_in_steps_of_2048_where_it_divides() -> None:
         assert rel_err(gt.linear(x, w), linear_ref(x, w)) < 1e-5
 
 
+def test_nvfp4_fma_path_reads_bf16_x_four_at_a_time() -> None:
+    """M == 1 NVFP4 with BF16 x: the FMA path widens x from int64 loads (bit moves only, so the interpreter runs
+    it exactly; FP32 logits keep BF16 out of the interpreter's arithmetic). A row that does not start on 8 bytes
+    is copied first (`rows_aligned`), with the same result."""
+    g = gen(41)
+    for k, config in ((2048, None), (320, FMA)):  # the H200 tiles (whole groups of 2048); a ragged K tail
+        w = random_nvfp4(40, k, g, segments=(24, 16))
+        x = random_x(1, k, torch.bfloat16, g)
+        want = linear_fp32_out_ref(x, w)
+        assert rel_err(gt._matmul(x, w, fp32_out=True, config=config), want) < 1e-5
+        buf = torch.empty(k + 1, dtype=torch.bfloat16, device=DEVICE)
+        buf[1:] = x[0]
+        shifted = buf[1:].view(1, k)
+        assert shifted.data_ptr() % 8 and gt.rows_aligned(shifted).data_ptr() % 8 == 0
+        assert torch.equal(gt.rows_aligned(shifted), x)
+        assert torch.equal(gt._matmul(shifted, w, fp32_out=True, config=config), gt._matmul(x, w, True, config))
+    assert gt.rows_aligned(x) is x
+
+
+def test_nvfp4_weights_not_on_8_bytes_fall_back() -> None:
+    """The FMA path reads each group of 16 codes as one int64: a code tensor whose start or row stride is not a
+    multiple of 8 bytes goes to the reference instead."""
+    g = gen(43)
+    w = random_nvfp4(16, 64, g)
+    x = random_x(1, 64, torch.float32, g)
+    assert gt.supported(x, w, False) and gt.groups_aligned(w.qweight)
+    wide = torch.zeros(16, 36, dtype=torch.uint8, device=DEVICE)  # rows 36 bytes apart
+    wide[:, :32] = w.qweight
+    odd = NVFP4Weight(wide[:, :32], w.scales, w.global_scale, w.segments)
+    assert not gt.groups_aligned(odd.qweight) and not gt.supported(x, odd, False)
+    assert rel_err(gt.linear(x, odd), linear_ref(x, w)) < 1e-6
+
+
 def test_nvfp4_dequant_then_matmul_path() -> None:
     """Prefill-sized M: one exact dequantisation, FP32 matmul, global scale on the FP32 result, one rounding."""
     g = gen(21)
