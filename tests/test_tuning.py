@@ -122,9 +122,10 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     dot_expert = MoEConfig(16, 64, 128, 128, 128, True, 4, 3, expert_major=True)
     bf16_decode = [mt.decode_config(False, t, h200) for t in (1, 2, 3, 8, 9, 32, 64)]
     assert bf16_decode == [fma_8x1024, fma_8x1024, dot_32, dot_32, dot_expert, dot_expert, dot_expert]
-    # NVFP4 5-16 tokens (shared expert folded) in 16-column tiles, 4 warps (b8 -7.5%, b16 -10% in a whole-step A/B;
-    # 2 warps lost, 2026-11-30).
-    fma_16x512 = MoEConfig(1, 16, 512, 16, 512, False, 4, 1)
+    # NVFP4 5-16 tokens (shared expert folded): gate_up in 16-column tiles, 4 warps (b8 -7.5%, b16 -10% in a
+    # whole-step A/B; 2 warps lost, 2026-11-30); down in 32-column tiles since the FMA path reads int64 groups (b8
+    # -12%, b16 -15%, 2026-12-02).
+    fma_16x512 = MoEConfig(1, 16, 512, 32, 512, False, 4, 1)
     assert [mt.decode_config(True, t, h200) for t in (1, 4, 5, 16)] == [fma_8x1024, fma_8x1024, fma_16x512, fma_16x512]
     # NVFP4 17-32 tokens (shared expert apart) 16-column tiles in 2 warps: a whole-step A/B at batch 32 favoured
     # them; from 33 the gate_up expert-major in 16 x 256 tiles (b64 -7.5% in a whole-step A/B, 2026-11-30).
