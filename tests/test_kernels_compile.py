@@ -277,3 +277,30 @@ def test_sampler_chunk_kernel_compiles_for_sm90(kc: int) -> None:
     constexprs = dict(BLOCK=4096, KC=kc, SUB=sub, LEVELS=levels, FINAL=final)
     loads, waits = _compile("flint_kernels.sampling_triton", "_chunk_top_kernel", pointers, constexprs, 4, 1)
     assert loads > 0 and waits == 0  # the sampler launches without PDL
+
+
+@pytest.mark.parametrize("chosen", [None, "0"])
+def test_fp_fusion_stays_on_unless_the_user_chose(chosen: str | None) -> None:
+    """Importing flint_kernels keeps Triton's multiply-add fusion on (Triton 3.10 turns its default off), and the
+    NVFP4 GEMV's products then compile to FFMA; a user's own TRITON_DEFAULT_FP_FUSION is left alone."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION")}
+    if chosen is not None:
+        env["TRITON_DEFAULT_FP_FUSION"] = chosen
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(BENCHMARKS)!r})
+import flint_kernels
+from kernel_sass import compile_sm90
+ptx = compile_sm90("flint_kernels.gemv_triton", "_linear_kernel",
+    {{"x_ptr": "bf16", "w_ptr": "u8", "s_ptr": "u8", "gs_ptr": "fp32", "out_ptr": "bf16", "ws_ptr": "fp32",
+      "cnt_ptr": "i32", "res_ptr": "bf16", "nw_ptr": "fp32", "h_ptr": "bf16", "res_out_ptr": "bf16",
+      "row_cnt_ptr": "i32"}},
+    dict(NVFP4=True, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=256, WORDS=0, PRECISION="tf32", EVEN_K=True,
+         SPLIT_K=1, NORM=False, N_PAD=1, NORM_IN=False, PDL=True), 4)[1]
+print(os.environ["TRITON_DEFAULT_FP_FUSION"], sum("fma.rn.f32" in line for line in ptx.splitlines()))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    value, fmas = r.stdout.split()[-2:]
+    assert value == (chosen or "1")
+    assert (int(fmas) > 0) == (value == "1"), fmas
