@@ -3,13 +3,13 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the fourteenth session (2026-12-02): nothing built without a GPU is waiting. That session judged the
-# thirteenth's scheduling (length-ending requests left out of the step ahead, a saturated server launching ahead:
-# 609 vs 526 output tok/s at concurrency 32 through the server) and measured async decode at 1-64 requests (11-14%
-# less a step at 32-64); its warm-up change (mixed steps with 16 and 32 decode rows) left 0 kernels compiled after the
-# warm-up at 64 requests. The defaults re-run that: the GPU tests of the graphs and the sampler, then the engine's
-# wall time per step at 1-64 requests with and without async decode, and any late compile (named by its variant).
-# Through the server: `benchmarks/gpu_serve.sh` (two calls).
+# State after the fifteenth session (2026-12-02): the NVFP4 FMA path reads whole int64 groups (b32 18.3 -> 13.9 ms),
+# which made the expert-major gate_up from 17 tokens 15% slower than the per-pair path; whether the table's
+# expert-major from 33 tokens still wins at 33-64 was not measured (no device time left). First step below: that
+# whole-step A/B (the >= 33 entry as per-pair 16 x 512 tiles in 2 warps, the 17-32 tokens config), b33-64. Then, as
+# before: the GPU tests of the graphs and the sampler, and the engine's wall time per step at 1-64 requests with and
+# without async decode, with any late compile named (SKIP_HOST=1 leaves that out). Through the server:
+# `benchmarks/gpu_serve.sh` (two calls).
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -19,6 +19,14 @@ ln -sfn "$PWD/deployments" /tmp/pp/flint_serve
 export PYTHONPATH=/tmp/pp:$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
+python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_min": 33}' \
+    --set expert_major=false gu_block_k=512 --out /tmp/per_pair_from_33.json > /dev/null
+timeout 240 python3 benchmarks/decode.py --formats nvfp4 --batches 33 48 64 --contexts 1024 --prefill 0 --reps 30 \
+    --check-steps 0 --ab-tuning-file /tmp/per_pair_from_33.json --profile-batches 64 \
+    --out "$OUT/decode_nvfp4_per_pair_from_33_ab.json" > "$OUT/decode_ab.txt" 2>&1
+echo "== NVFP4 MoE >= 33 tokens: expert-major (default) vs per-pair (variant)"
+grep "A/B rounds\|Error" "$OUT/decode_ab.txt"
+[ "${SKIP_HOST:-0}" = 1 ] && SKIP_TESTS=1
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
     timeout 200 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_cuda_graphs.py \
         tests/test_sampler.py tests/test_kernels_sampling.py > "$OUT/tests.txt" 2>&1
@@ -32,6 +40,7 @@ fi
 batches=${HOST_BATCHES:-1 8 32 64}
 largest=$(echo "$batches" | tr ' ' '\n' | sort -n | tail -1)
 for mode in sync async; do
+    [ "${SKIP_HOST:-0}" = 1 ] && break
     flag="--async-decode"; [ $mode = sync ] && flag="--no-async-decode"
     # shellcheck disable=SC2086
     timeout 280 python3 benchmarks/engine_gpu.py --host-profile $batches --host-profile-prompt ${HOST_PROMPTS:-1024} \
