@@ -6,8 +6,8 @@
 # State after the fifteenth session (2026-12-02): the NVFP4 FMA path reads whole int64 groups (b32 18.3 -> 13.9 ms),
 # which made the expert-major gate_up from 17 tokens 15% slower than the per-pair path; whether the table's
 # expert-major from 33 tokens still wins at 33-64 was not measured (no device time left). First step below: that
-# whole-step A/B (the >= 33 entry as per-pair 16 x 512 tiles in 2 warps, the 17-32 tokens config), b33-64. Then, as
-# before: the GPU tests of the graphs and the sampler, and the engine's wall time per step at 1-64 requests with and
+# whole-step A/B (the >= 33 entry as per-pair 16 x 512 tiles in 2 warps, the 17-32 tokens config), b33-64. Second:
+# NVFP4 GEMVs of 2-8 rows on the FMA path against the tensor-core tiles (below). Then, as before: the GPU tests of the graphs and the sampler, and the engine's wall time per step at 1-64 requests with and
 # without async decode, with any late compile named (SKIP_HOST=1 leaves that out). Through the server:
 # `benchmarks/gpu_serve.sh` (two calls).
 set -u
@@ -26,6 +26,27 @@ timeout 240 python3 benchmarks/decode.py --formats nvfp4 --batches 33 48 64 --co
     --out "$OUT/decode_nvfp4_per_pair_from_33_ab.json" > "$OUT/decode_ab.txt" 2>&1
 echo "== NVFP4 MoE >= 33 tokens: expert-major (default) vs per-pair (variant)"
 grep "A/B rounds\|Error" "$OUT/decode_ab.txt"
+# NVFP4 GEMVs of 2-8 rows on the FMA path (each weight decoded once for every row; built in the fifteenth session,
+# sm_90 SASS 3.1-4.8 instructions a weight value and row against the tensor-core tiles' decode) against the table's
+# tensor-core tiles, whole step at b2-b8; its GPU test first.
+timeout 120 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_kernels_gemv.py \
+    -k several_rows > "$OUT/tests_rows.txt" 2>&1
+echo "several-rows FMA tests: $(tail -1 "$OUT/tests_rows.txt")"
+python3 - <<'PY'
+import json
+t = json.load(open("kernels/tuning/nvidia-h200.json"))
+ops = t["gemv.small_m"]
+at = next(i for i, e in enumerate(ops) if e["when"].get("m_min") == 2)
+for lo, hi, bm in ((2, 2, 2), (3, 4, 4), (5, 8, 8)):
+    cfg = {"block_n": 8, "block_m": bm, "block_k": 1024, "use_dot": False, "num_warps": 4, "num_stages": 1}
+    ops.insert(at, {"when": {"m_min": lo, "m_max": hi, "nvfp4": True}, "config": cfg, "source": "variant"})
+    at += 1
+json.dump(t, open("/tmp/fma_rows.json", "w"))
+PY
+timeout 200 python3 benchmarks/decode.py --formats nvfp4 --batches 2 4 8 --contexts 1024 --prefill 0 --reps 30 \
+    --check-steps 0 --ab-tuning-file /tmp/fma_rows.json --out "$OUT/decode_nvfp4_fma_rows_ab.json" > "$OUT/decode_ab2.txt" 2>&1
+echo "== NVFP4 GEMV at 2-8 rows: tensor cores (default) vs FMA rows (variant)"
+grep "A/B rounds\|Error" "$OUT/decode_ab2.txt"
 [ "${SKIP_HOST:-0}" = 1 ] && SKIP_TESTS=1
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
     timeout 200 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_cuda_graphs.py \

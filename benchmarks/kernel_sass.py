@@ -9,6 +9,7 @@ program has more than one step, is counted apart). It is a proxy to compare vari
 
     python benchmarks/kernel_sass.py linear --nvfp4 --block-n 8 --block-k 2048
     python benchmarks/kernel_sass.py moe-down --nvfp4 --block-n 16 --block-k 512 --warps 2
+    python benchmarks/kernel_sass.py linear --nvfp4 --block-n 8 --block-k 2048 --block-m 8   # FMA, 8 rows of x
 
 Writes benchmarks/results/kernel_sass.json (or --out).
 """
@@ -34,7 +35,7 @@ def _linear(args: argparse.Namespace) -> tuple[str, str, dict, dict]:
     pointers = {"x_ptr": "bf16", "w_ptr": "u8" if nv else "bf16", "s_ptr": "u8" if nv else "bf16",
                 "gs_ptr": "fp32", "out_ptr": "bf16", "ws_ptr": "fp32", "cnt_ptr": "i32", "res_ptr": "bf16",
                 "nw_ptr": "fp32", "h_ptr": "bf16", "res_out_ptr": "bf16", "row_cnt_ptr": "i32"}  # fmt: skip
-    constexprs = dict(NVFP4=nv, USE_DOT=False, BLOCK_M=1, BLOCK_N=args.block_n, BLOCK_K=args.block_k,
+    constexprs = dict(NVFP4=nv, USE_DOT=False, BLOCK_M=args.block_m, BLOCK_N=args.block_n, BLOCK_K=args.block_k,
                       WORDS=args.words, PRECISION="tf32", EVEN_K=True, SPLIT_K=1, NORM=False, N_PAD=1,
                       NORM_IN=False, PDL=True)  # fmt: skip
     return "flint_kernels.gemv_triton", "_linear_kernel", pointers, constexprs
@@ -136,6 +137,7 @@ def main() -> None:
     ap.add_argument("--nvfp4", action="store_true", help="NVFP4 weights (default BF16)")
     ap.add_argument("--block-n", type=int, default=8, help="rows a program (the MoE gate_up's BLOCK_I)")
     ap.add_argument("--block-k", type=int, default=1024)
+    ap.add_argument("--block-m", type=int, default=1, help="x rows a program (linear's FMA path: 1, or a few rows)")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--words", type=int, default=0, help="the kernels' WORDS (decode mode)")
     ap.add_argument("--out", type=Path, default=RESULTS / "kernel_sass.json")

@@ -325,6 +325,35 @@ def fma_step(
 
 
 @triton.jit
+def fma_rows_step(
+    wa,
+    wb,
+    x_ptr,
+    x_off,
+    x_ok,
+    k0,
+    k_end,
+    NVFP4: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """`fma_step` for BLOCK_M rows of x on the same weight tiles: FP32 [BLOCK_N, BLOCK_M] sums of one K step
+    (NVFP4 times 2**-62). The rows' decodes are the same operations on the same tiles, which the compiler merges,
+    so each weight value is decoded once; padding rows (not x_ok) read row 0 and are never stored."""
+    cols = tl.arange(0, BLOCK_M)
+    first = tl.sum(tl.where(cols == 0, x_off, 0), axis=0)
+    offs = tl.where(x_ok, x_off, first)
+    out = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        xo = tl.sum(tl.where(cols == m, offs, 0), axis=0, keep_dims=True)
+        row = tl.sum(fma_step(wa, wb, x_ptr, xo, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K), axis=1)
+        out = tl.where(cols[None, :] == m, row[:, None], out)
+    return out
+
+
+@triton.jit
 def dense_fma_part(w, xr):
     """[BLOCK_N, BLOCK_K] FP32 products of a dense weight tile (rounded to x's dtype first, as the reference
     materialises it) and the x row [1, BLOCK_K]."""
@@ -532,9 +561,11 @@ def tile_matmul(
     first step's weight loads on the FMA path, so those weights (never written by a kernel) stream while the
     previous kernel finishes. (Also loading each next step's weights a step ahead was slower: H200, 2026-11-29.)
 
-    USE_DOT: tensor cores. Otherwise BLOCK_M == 1: FP32 products summed elementwise in registers and reduced
-    over K once at the end, so the loop has no cross-lane work. A dense weight is rounded to x's dtype first, as
-    the reference materialises it; decoded NVFP4 values are exact in any of the activation dtypes.
+    USE_DOT: tensor cores. Otherwise FMA: with BLOCK_M == 1 FP32 products summed elementwise in registers and
+    reduced over K once at the end, so the loop has no cross-lane work; with a few rows (`fma_rows_step`) each
+    weight tile is decoded once and multiplied into every row, each row reduced per K step. A dense weight is
+    rounded to x's dtype first, as the reference materialises it; decoded NVFP4 values are exact in any of the
+    activation dtypes.
     EVEN_K: every K step is whole (K and the split are multiples of BLOCK_K), so loads need no K mask and stay
     vectorised (a K mask of unknown alignment turns them into scalar loads).
     WORDS, the tensor-core NVFP4 decode (`decode_mode`): 0 byte planes joined back into K order; 1 (BLOCK_K >= 128)
@@ -548,13 +579,21 @@ def tile_matmul(
             w_ptr, s_ptr, rows, row_ok, k_start, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
         )
         pdl_entry(PDL)
-        acc = fma_step(wa, wb, x_ptr, x_off, k_start, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K)
-        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
-            wa, wb = fma_weights(
-                w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
-            )
-            acc += fma_step(wa, wb, x_ptr, x_off, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K)
-        acc = tl.sum(acc, axis=1, keep_dims=True)
+        if BLOCK_M == 1:
+            acc = fma_step(wa, wb, x_ptr, x_off, k_start, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K)
+            for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+                wa, wb = fma_weights(
+                    w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
+                )
+                acc += fma_step(wa, wb, x_ptr, x_off, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K)
+            acc = tl.sum(acc, axis=1, keep_dims=True)
+        else:
+            acc = fma_rows_step(wa, wb, x_ptr, x_off, x_ok, k_start, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_M, BLOCK_K)
+            for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+                wa, wb = fma_weights(
+                    w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
+                )
+                acc += fma_rows_step(wa, wb, x_ptr, x_off, x_ok, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_M, BLOCK_K)
         if NVFP4:
             acc = acc * 4.611686018427388e18  # 2**62 undoes the offset (exact)
         return acc

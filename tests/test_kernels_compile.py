@@ -43,6 +43,7 @@ GEMV_CASES = [
     dict(NVFP4=True, USE_DOT=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
     dict(NVFP4=True, USE_DOT=True, BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, WORDS=2),
     dict(NVFP4=True, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=1),
+    dict(NVFP4=True, USE_DOT=False, BLOCK_M=4, BLOCK_N=8, BLOCK_K=2048, num_warps=4, num_stages=1),
     dict(NVFP4=False, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=1),
 ]
 
@@ -50,7 +51,10 @@ GEMV_CASES = [
 @pytest.mark.parametrize(
     "case",
     GEMV_CASES,
-    ids=lambda c: f"{'nvfp4' if c['NVFP4'] else 'bf16'}-m{c['BLOCK_M']}{'-packed' if c.get('WORDS') == 2 else ''}",
+    ids=lambda c: (
+        f"{'nvfp4' if c['NVFP4'] else 'bf16'}-m{c['BLOCK_M']}{'-fma' if not c['USE_DOT'] else ''}"
+        f"{'-packed' if c.get('WORDS') == 2 else ''}"
+    ),
 )
 def test_gemv_compiles_for_sm90(case: dict) -> None:
     case = dict(case)
@@ -60,14 +64,14 @@ def test_gemv_compiles_for_sm90(case: dict) -> None:
                 "gs_ptr": "fp32", "out_ptr": "bf16", "ws_ptr": "fp32", "cnt_ptr": "i32", "res_ptr": "bf16",
                 "nw_ptr": "fp32", "h_ptr": "bf16", "res_out_ptr": "bf16", "row_cnt_ptr": "i32"}  # fmt: skip
     # The add+RMSNorm epilogue exists for M == 1 (the FMA path) only.
-    norm = {"NORM": case["BLOCK_M"] == 1, "N_PAD": 2048}
+    norm = {"NORM": case["BLOCK_M"] == 1 and not case["USE_DOT"], "N_PAD": 2048}
     constexprs = {"WORDS": 0, **case, "PRECISION": "tf32", "EVEN_K": True, "SPLIT_K": 2, "PDL": True, **norm,
                   "NORM_IN": False}  # fmt: skip
     loads, waits = _compile("flint_kernels.gemv_triton", "_linear_kernel", pointers, constexprs, warps, stages)
     assert waits >= 1
-    # M == 1 (FMA): the first step's weights are requested before waiting for the previous kernel; with tensor
-    # cores nothing is read before the wait.
-    assert (loads > 0) == (case["BLOCK_M"] == 1), loads
+    # FMA tiles (one row or a few): the first step's weights are requested before waiting for the previous kernel;
+    # with tensor cores nothing is read before the wait.
+    assert (loads > 0) == (not case["USE_DOT"]), loads
 
 
 @pytest.mark.parametrize("nvfp4", [True, False])

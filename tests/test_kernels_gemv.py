@@ -213,6 +213,26 @@ def test_nvfp4_fma_path_reads_bf16_x_four_at_a_time() -> None:
     assert gt.rows_aligned(x) is x
 
 
+@pytest.mark.parametrize("m, block_m, split_k", [(2, 2, 1), (3, 4, 2), (8, 8, 1), (11, 8, 2)])
+def test_fma_tiles_with_several_rows(m: int, block_m: int, split_k: int) -> None:
+    """The FMA path with BLOCK_M > 1 (a table may pick it for M = 2-8): each weight tile decoded once for all the
+    program's rows; padding rows (M not a multiple of BLOCK_M: 3 of 4, 11 of 16) are computed from row 0 and never
+    stored. NVFP4 in FP32 and FP16, BF16 x with FP32 logits, and a dense weight, against the references."""
+    g = gen(50 + m)
+    k = 320  # a ragged K tail after the 256-wide steps
+    cfg = gt.TileConfig(block_n=8, block_m=block_m, block_k=256, use_dot=False, num_warps=4, num_stages=1)
+    w = random_nvfp4(40, k, g, segments=(24, 16))
+    x = random_x(m, k, torch.float32, g)
+    assert rel_err(gt._matmul(x, w, fp32_out=True, config=cfg, split_k=split_k), linear_fp32_out_ref(x, w)) < 1e-5
+    assert rel_err(gt._matmul(x, w, fp32_out=False, config=cfg, split_k=split_k), linear_ref(x, w)) < 1e-5
+    x16 = random_x(m, k, torch.float16, g)
+    assert rel_err(gt._matmul(x16, w, fp32_out=False, config=cfg, split_k=split_k), linear_ref(x16, w)) < 1e-3
+    xb = random_x(m, k, torch.bfloat16, g)
+    assert rel_err(gt._matmul(xb, w, fp32_out=True, config=cfg, split_k=split_k), linear_fp32_out_ref(xb, w)) < 1e-5
+    dense = torch.randn(40, k, generator=g, device=DEVICE) / math.sqrt(k)
+    assert rel_err(gt._matmul(x, dense, fp32_out=False, config=cfg, split_k=split_k), linear_ref(x, dense)) < 1e-5
+
+
 def test_nvfp4_weights_not_on_8_bytes_fall_back() -> None:
     """The FMA path reads each group of 16 codes as one int64: a code tensor whose start or row stride is not a
     multiple of 8 bytes goes to the reference instead."""
@@ -376,6 +396,22 @@ def test_gpu_bf16_dense(m: int, n: int, k: int) -> None:
     ref = linear_fp32_out_ref(x, w)
     assert rel_err(gt.linear(x, w), ref) < 1e-2
     assert rel_err(gt.lm_head(x, w), ref) < 1e-4
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m, block_m", [(2, 2), (3, 4), (8, 8)])
+@pytest.mark.parametrize("n,k", FLINT_SHAPES)
+def test_gpu_bf16_nvfp4_fma_tiles_with_several_rows(m: int, block_m: int, n: int, k: int) -> None:
+    """The FMA path with a few rows of BF16 x (not in the H200 table yet; an A/B candidate) at Flint's shapes."""
+    g = gen(3 * m + n)
+    w = random_nvfp4(n, k, g, segments=(n - 1024, 512, 512) if n == 5120 else None)
+    w = NVFP4Weight(w.qweight, (w.scales & 0x3F) | 0x20, w.global_scale / math.sqrt(k), w.segments)
+    x = random_x(m, k, torch.bfloat16, g)
+    exact = linear_fp32_out_ref(x, w.dequantize(torch.bfloat16)) * w.column_scale()
+    cfg = gt.TileConfig(block_n=8, block_m=block_m, block_k=1024, use_dot=False, num_warps=4, num_stages=1)
+    assert rel_err(gt._matmul(x, w, fp32_out=True, config=cfg), exact) < 1e-4
+    assert rel_err(gt._matmul(x, w, fp32_out=False, config=cfg), exact) < 1e-2
 
 
 @pytest.mark.gpu
