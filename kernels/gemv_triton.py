@@ -341,15 +341,19 @@ def fma_rows_step(
 ):
     """`fma_step` for BLOCK_M rows of x on the same weight tiles: FP32 [BLOCK_N, BLOCK_M] sums of one K step
     (NVFP4 times 2**-62). The rows' decodes are the same operations on the same tiles, which the compiler merges,
-    so each weight value is decoded once; padding rows (not x_ok) read row 0 and are never stored."""
-    cols = tl.arange(0, BLOCK_M)
-    first = tl.sum(tl.where(cols == 0, x_off, 0), axis=0)
-    offs = tl.where(x_ok, x_off, first)
-    out = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for m in tl.static_range(BLOCK_M):
-        xo = tl.sum(tl.where(cols == m, offs, 0), axis=0, keep_dims=True)
-        row = tl.sum(fma_step(wa, wb, x_ptr, xo, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K), axis=1)
-        out = tl.where(cols[None, :] == m, row[:, None], out)
+    so each weight value is decoded once; padding rows (not x_ok) read row 0 and are never stored. BLOCK_M == 1:
+    `fma_step`'s unreduced partials (the caller reduces over K once, after its last step)."""
+    if BLOCK_M == 1:
+        out = fma_step(wa, wb, x_ptr, x_off, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K)
+    else:
+        cols = tl.arange(0, BLOCK_M)
+        first = tl.sum(tl.where(cols == 0, x_off, 0), axis=0)
+        offs = tl.where(x_ok, x_off, first)
+        out = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for m in tl.static_range(BLOCK_M):
+            xo = tl.sum(tl.where(cols == m, offs, 0), axis=0, keep_dims=True)
+            row = tl.sum(fma_step(wa, wb, x_ptr, xo, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K), axis=1)
+            out = tl.where(cols[None, :] == m, row[:, None], out)
     return out
 
 
@@ -579,21 +583,14 @@ def tile_matmul(
             w_ptr, s_ptr, rows, row_ok, k_start, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
         )
         pdl_entry(PDL)
-        if BLOCK_M == 1:
-            acc = fma_step(wa, wb, x_ptr, x_off, k_start, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K)
-            for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
-                wa, wb = fma_weights(
-                    w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
-                )
-                acc += fma_step(wa, wb, x_ptr, x_off, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_K)
+        acc = fma_rows_step(wa, wb, x_ptr, x_off, x_ok, k_start, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_M, BLOCK_K)
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+            wa, wb = fma_weights(
+                w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
+            )
+            acc += fma_rows_step(wa, wb, x_ptr, x_off, x_ok, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_M, BLOCK_K)
+        if BLOCK_M == 1:  # one reduction over K at the end
             acc = tl.sum(acc, axis=1, keep_dims=True)
-        else:
-            acc = fma_rows_step(wa, wb, x_ptr, x_off, x_ok, k_start, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_M, BLOCK_K)
-            for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
-                wa, wb = fma_weights(
-                    w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, NVFP4, EVEN_K, BLOCK_N, BLOCK_K
-                )
-                acc += fma_rows_step(wa, wb, x_ptr, x_off, x_ok, k0, k_end, NVFP4, EVEN_K, BLOCK_N, BLOCK_M, BLOCK_K)
         if NVFP4:
             acc = acc * 4.611686018427388e18  # 2**62 undoes the offset (exact)
         return acc
