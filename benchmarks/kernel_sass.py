@@ -5,7 +5,8 @@ what they execute after the wait is on the step's critical path, and for NVFP4 i
 one configuration with the installed Triton (ptxas and nvdisasm ship with it), disassembles it and prints: registers
 and spills, the instructions before and after the first PDL wait (`ACQBULK`), the opcodes after it, and the
 instructions of one K step after the wait per weight value a thread handles (the K loop's body, which runs only when a
-program has more than one step, is counted apart). It is a proxy to compare variants offline; time them on a GPU.
+program has more than one step, is counted apart, with its own opcodes and count per weight value). It is a proxy
+to compare variants offline; time them on a GPU.
 
     python benchmarks/kernel_sass.py linear --nvfp4 --block-n 8 --block-k 2048
     python benchmarks/kernel_sass.py moe-down --nvfp4 --block-n 16 --block-k 512 --warps 2
@@ -128,6 +129,8 @@ def profile(code: list[tuple[int, str]]) -> dict:
         "after_wait_one_step": len(after),
         "loop_body": len(in_loop),
         "after_wait_opcodes": dict(Counter(opcode(op) for op in after).most_common(16)),
+        # A program with several K steps runs the body once a step after the first: its steady state.
+        "loop_body_opcodes": dict(Counter(opcode(code[i][1]) for i in sorted(in_loop)).most_common(16)),
     }
 
 
@@ -155,13 +158,17 @@ def main() -> None:
     rows_a_step = args.block_n * (2 if args.kernel == "moe-gate-up" else 1)
     values = rows_a_step * args.block_k / (32 * args.warps)  # weight values a thread handles in one K step
     row["after_wait_per_value"] = round(row["after_wait_one_step"] / values, 2)
+    row["loop_body_per_value"] = round(row["loop_body"] / values, 2)
     print(
         f"{kernel} {'nvfp4' if args.nvfp4 else 'bf16'} {args.block_n} x {args.block_k}, {args.warps} warps: "
         f"{row.get('REG', '?')} registers, {row.get('LOCAL', 0)} B local; {row['instructions']} instructions, "
         f"{row['before_wait']} before the wait, {row['after_wait_one_step']} after it in one K step "
         f"({row['after_wait_per_value']} a weight value, {values:.0f} values a thread), loop body {row['loop_body']}"
+        f" ({row['loop_body_per_value']} a weight value)"
     )
     print("after the wait:", ", ".join(f"{k} {v}" for k, v in row["after_wait_opcodes"].items()))
+    if row["loop_body_opcodes"]:
+        print("loop body:", ", ".join(f"{k} {v}" for k, v in row["loop_body_opcodes"].items()))
     from results_file import write_results
 
     write_results(args.out, " ".join(["python", "benchmarks/kernel_sass.py", *sys.argv[1:]]), [row], target="sm_90")

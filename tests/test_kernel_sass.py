@@ -27,6 +27,7 @@ def test_profile_splits_at_the_wait_and_counts_the_loop_apart(kernel_sass: Modul
     p = kernel_sass.profile(code)
     assert (p["instructions"], p["before_wait"], p["loop_body"], p["after_wait_one_step"]) == (7, 1, 3, 3)
     assert p["after_wait_opcodes"] == {"ACQBULK": 1, "SHFL": 1, "EXIT": 1}
+    assert p["loop_body_opcodes"] == {"FFMA": 1, "IADD3": 1, "BRA": 1}
 
 
 def test_an_nvfp4_gemv_loads_its_weights_before_the_wait_and_decodes_after(tmp_path: Path) -> None:
@@ -40,6 +41,7 @@ def test_an_nvfp4_gemv_loads_its_weights_before_the_wait_and_decodes_after(tmp_p
     assert row["kernel"] == "_linear_kernel" and row["NVFP4"] and row["BLOCK_K"] == 1024
     assert 0 < row["before_wait"] < row["instructions"] and row["REG"] > 0
     assert row["loop_body"] > 0  # K beyond one step runs a loop, counted apart
+    assert row["loop_body_opcodes"].get("FFMA", 0) > 0 and row["loop_body_per_value"] > 1
     ops = row["after_wait_opcodes"]
     assert ops.get("FFMA", 0) > 0 and ops.get("LOP3", 0) > 0  # the E2M1 decode and the FMAs come after the wait
     assert row["after_wait_per_value"] > 1
