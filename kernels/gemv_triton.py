@@ -365,6 +365,30 @@ def dense_fma_part(w, xr):
 
 
 @triton.jit
+def _load_groups(ptrs, ok, EVEN_K: tl.constexpr):
+    """One value a group at `ptrs`; groups not `ok` (past K) read 0 unless every step is whole."""
+    if EVEN_K:
+        v = tl.load(ptrs)
+    else:
+        v = tl.load(ptrs, mask=ok, other=0)
+    return v
+
+
+@triton.jit
+def _bf16_quad(q):
+    """The four BF16 values of int64 `q` (lowest address first) as FP32, by bit moves."""
+    lo = q.to(tl.int32)
+    hi = (q >> 32).to(tl.int32)
+    f = tl.float32
+    return (
+        (lo << 16).to(f, bitcast=True),
+        (lo & -65536).to(f, bitcast=True),
+        (hi << 16).to(f, bitcast=True),
+        (hi & -65536).to(f, bitcast=True),
+    )
+
+
+@triton.jit
 def nvfp4_x8(x_ptr, x_off, offs_g, BASE: tl.constexpr, k_end, EVEN_K: tl.constexpr):
     """x values 16g + BASE + i (i = 0..7) of each group g in offs_g as eight FP32 planes, times 2**64 (so code * x
     products are exact FP32 normals), in the layout the weights' groups use.
@@ -372,48 +396,21 @@ def nvfp4_x8(x_ptr, x_off, offs_g, BASE: tl.constexpr, k_end, EVEN_K: tl.constex
     BF16 x is read four values an int64 (two loads a plane set; `rows_aligned` makes rows start on 8 bytes) and
     widened by bit moves; other dtypes one value a load. A thread reads its own groups' x: reading them contiguously
     and redistributing through shared memory would add a barrier after the PDL wait."""
+    ok = offs_g < k_end // 16
     if x_ptr.dtype.element_ty == tl.bfloat16:
         x64 = x_ptr.to(tl.pointer_type(tl.int64)) + x_off // 4 + offs_g * 4 + BASE // 4
-        if EVEN_K:
-            q0 = tl.load(x64)
-            q1 = tl.load(x64 + 1)
-        else:
-            ok = offs_g < k_end // 16
-            q0 = tl.load(x64, mask=ok, other=0)
-            q1 = tl.load(x64 + 1, mask=ok, other=0)
-        w0 = q0.to(tl.int32)
-        w1 = (q0 >> 32).to(tl.int32)
-        w2 = q1.to(tl.int32)
-        w3 = (q1 >> 32).to(tl.int32)
-        x0 = (w0 << 16).to(tl.float32, bitcast=True)
-        x1 = (w0 & -65536).to(tl.float32, bitcast=True)
-        x2 = (w1 << 16).to(tl.float32, bitcast=True)
-        x3 = (w1 & -65536).to(tl.float32, bitcast=True)
-        x4 = (w2 << 16).to(tl.float32, bitcast=True)
-        x5 = (w2 & -65536).to(tl.float32, bitcast=True)
-        x6 = (w3 << 16).to(tl.float32, bitcast=True)
-        x7 = (w3 & -65536).to(tl.float32, bitcast=True)
+        x0, x1, x2, x3 = _bf16_quad(_load_groups(x64, ok, EVEN_K))
+        x4, x5, x6, x7 = _bf16_quad(_load_groups(x64 + 1, ok, EVEN_K))
     else:
         xs = x_ptr + x_off + offs_g * 16 + BASE
-        if EVEN_K:
-            x0 = tl.load(xs + 0).to(tl.float32)
-            x1 = tl.load(xs + 1).to(tl.float32)
-            x2 = tl.load(xs + 2).to(tl.float32)
-            x3 = tl.load(xs + 3).to(tl.float32)
-            x4 = tl.load(xs + 4).to(tl.float32)
-            x5 = tl.load(xs + 5).to(tl.float32)
-            x6 = tl.load(xs + 6).to(tl.float32)
-            x7 = tl.load(xs + 7).to(tl.float32)
-        else:
-            ok = offs_g < k_end // 16
-            x0 = tl.load(xs + 0, mask=ok, other=0.0).to(tl.float32)
-            x1 = tl.load(xs + 1, mask=ok, other=0.0).to(tl.float32)
-            x2 = tl.load(xs + 2, mask=ok, other=0.0).to(tl.float32)
-            x3 = tl.load(xs + 3, mask=ok, other=0.0).to(tl.float32)
-            x4 = tl.load(xs + 4, mask=ok, other=0.0).to(tl.float32)
-            x5 = tl.load(xs + 5, mask=ok, other=0.0).to(tl.float32)
-            x6 = tl.load(xs + 6, mask=ok, other=0.0).to(tl.float32)
-            x7 = tl.load(xs + 7, mask=ok, other=0.0).to(tl.float32)
+        x0 = _load_groups(xs + 0, ok, EVEN_K).to(tl.float32)
+        x1 = _load_groups(xs + 1, ok, EVEN_K).to(tl.float32)
+        x2 = _load_groups(xs + 2, ok, EVEN_K).to(tl.float32)
+        x3 = _load_groups(xs + 3, ok, EVEN_K).to(tl.float32)
+        x4 = _load_groups(xs + 4, ok, EVEN_K).to(tl.float32)
+        x5 = _load_groups(xs + 5, ok, EVEN_K).to(tl.float32)
+        x6 = _load_groups(xs + 6, ok, EVEN_K).to(tl.float32)
+        x7 = _load_groups(xs + 7, ok, EVEN_K).to(tl.float32)
     c = 1.8446744073709552e19  # 2**64
     return x0 * c, x1 * c, x2 * c, x3 * c, x4 * c, x5 * c, x6 * c, x7 * c
 

@@ -858,7 +858,9 @@ def _routed(
     out = _empty((t, hidden), x.dtype, x.device)
     if t == 0:
         return out
-    x = gemv_triton.rows_aligned(x if x.stride(-1) == 1 else x.contiguous())
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if isinstance(w13, NVFP4Weight):
+        x = gemv_triton.rows_aligned(x)
     ids = topk_ids.contiguous()
     tw = topk_weights.contiguous()
     add = add if add is None or add.stride(-1) == 1 else add.contiguous()
