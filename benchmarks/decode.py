@@ -91,29 +91,43 @@ def timed(fn, dev: torch.device, reps: int, warmup: int = 2) -> float:
 
 
 def ab_rounds(
-    g, step, variant, batch, dev: torch.device, reps: int, tuning_file: str | None = None, rounds: int = 3
+    g, step, variant, batch, dev: torch.device, reps: int, tuning_files: list[str] | None = None, rounds: int = 3
 ) -> dict:
-    """Main graph vs the variant's (captured with `tuning_file` as the tuning table when given), in alternating
-    rounds (same process, same order each round): medians."""
+    """Main graph vs the variant's, captured once under each of `tuning_files` as the tuning table (or once under
+    the default table when none is given), in alternating rounds (same process, same order each round): medians.
+    The first variant's rounds are `ab_variant_ms`; with several files each one's are in `ab_variants`."""
+    graphs = []
     saved = os.environ.get(tuning.ENV)
-    if tuning_file:
-        os.environ[tuning.ENV] = tuning_file  # read per launch: the variant's graph keeps the tiles it captured
-    try:
-        step(variant, batch)
-        sync(dev)
-        gv = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gv):
+    for tuning_file in tuning_files or [None]:
+        if tuning_file:
+            os.environ[tuning.ENV] = tuning_file  # read per launch: the variant's graph keeps the tiles it captured
+        try:
             step(variant, batch)
-    finally:
-        if saved is None:
-            os.environ.pop(tuning.ENV, None)
-        else:
-            os.environ[tuning.ENV] = saved
-    main_ms, var_ms = [], []
+            sync(dev)
+            gv = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gv):
+                step(variant, batch)
+            graphs.append(gv)
+        finally:
+            if saved is None:
+                os.environ.pop(tuning.ENV, None)
+            else:
+                os.environ[tuning.ENV] = saved
+    main_ms: list[float] = []
+    var_ms: list[list[float]] = [[] for _ in graphs]
     for _ in range(rounds):
         main_ms.append(timed(g.replay, dev, reps))
-        var_ms.append(timed(gv.replay, dev, reps))
-    return {"ab_main_ms": [round(t, 4) for t in main_ms], "ab_variant_ms": [round(t, 4) for t in var_ms]}
+        for times, gv in zip(var_ms, graphs):
+            times.append(timed(gv.replay, dev, reps))
+    out: dict[str, Any] = {
+        "ab_main_ms": [round(t, 4) for t in main_ms],
+        "ab_variant_ms": [round(t, 4) for t in var_ms[0]],
+    }
+    if tuning_files and len(tuning_files) > 1:
+        out["ab_variants"] = [
+            {"tuning_file": f, "ms": [round(t, 4) for t in times]} for f, times in zip(tuning_files, var_ms)
+        ]
+    return out
 
 
 def copy_bandwidth(dev: torch.device) -> float:
@@ -335,7 +349,8 @@ def run_format(
                 profiled = args.profile_batches if args.profile_batches is not None else [min(args.batches)]
                 if dev.type == "cuda" and b in profiled and c == min(args.contexts):
                     row["kernels_per_step"], row["time_by_family_ms"], row["kernels_by_name"] = count_kernels(step, dev)
-                if dev.type == "cuda" and b == min(args.batches) and c == min(args.contexts):
+                first = b == min(args.batches) and c == min(args.contexts)
+                if dev.type == "cuda" and first and not args.no_plain_timing:
                     plain_ms = timed(lambda batch=batch: step(plain, batch), dev, 3, warmup=1)
                     row["plain_path_step_ms"] = round(plain_ms, 3)
                 rep.add("rows", row)
@@ -414,8 +429,15 @@ def main() -> None:
     )
     ap.add_argument(
         "--ab-tuning-file",
+        nargs="+",
         default=None,
-        help="also time every graphed decode row with this tuning table (FLINT_TUNING_FILE) in the variant",
+        help="also time every graphed decode row with this tuning table (FLINT_TUNING_FILE) in the variant; several"
+        " files: one variant each, all in the same alternating rounds",
+    )
+    ap.add_argument(
+        "--no-plain-timing",
+        action="store_true",
+        help="do not time the plain PyTorch path's step (seconds a step at large batches: A/B runs leave it out)",
     )
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting new measurements after this")
     ap.add_argument("--gpu-memory-gib", type=float, default=None, help="skip configs whose KV would not fit")
@@ -468,10 +490,12 @@ def main() -> None:
         )
     for r in rows:
         if "ab_main_ms" in r:
-            print(
-                f"{r['format']:>6} b{r['batch']} ctx {r['context']} A/B rounds: default {r['ab_main_ms']} ms,"
-                f" variant (--ab-ops {args.ab_ops!r}, --ab-tuning-file {args.ab_tuning_file!r}) {r['ab_variant_ms']} ms"
-            )
+            variants = r.get("ab_variants") or [{"tuning_file": args.ab_tuning_file, "ms": r["ab_variant_ms"]}]
+            for v in variants:
+                print(
+                    f"{r['format']:>6} b{r['batch']} ctx {r['context']} A/B rounds: default {r['ab_main_ms']} ms,"
+                    f" variant (--ab-ops {args.ab_ops!r}, --ab-tuning-file {v['tuning_file']!r}) {v['ms']} ms"
+                )
     for r in rows:
         if "time_by_family_ms" in r:
             fams = ", ".join(f"{k} {v:.3f}" for k, v in r["time_by_family_ms"].items())

@@ -3,13 +3,14 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the fifteenth session (2026-12-02): the NVFP4 FMA path reads whole int64 groups (b32 18.3 -> 13.9 ms),
-# which made the expert-major gate_up from 17 tokens 15% slower than the per-pair path; whether the table's
-# expert-major from 33 tokens still wins at 33-64 was not measured (no device time left). First step below: that
-# whole-step A/B (the >= 33 entry as per-pair 16 x 512 tiles in 2 warps, the 17-32 tokens config), b33-64. Second:
-# NVFP4 GEMVs of 2-8 rows on the FMA path against the tensor-core tiles (below). Then, as before: the GPU tests of the graphs and the sampler, and the engine's wall time per step at 1-64 requests with and
-# without async decode, with any late compile named (SKIP_HOST=1 leaves that out). Through the server:
-# `benchmarks/gpu_serve.sh` (two calls).
+# State after the sixteenth session's first call (2026-12-02): the per-pair NVFP4 MoE now runs from 17 tokens up
+# (the expert-major gate_up lost at 33-64 by 8-10%) and NVFP4 GEMVs of 2 rows run on the FMA path (b2 -16.6%). Open:
+# the same FMA tiles at 3-4 rows as 2-row programs, whole-K steps at 2 rows, the batch-1 MoE and attention split
+# knobs, and at 33-64 tokens the per-pair MoE's tiles and 32-column NVFP4 GEMV tiles. Each A/B below runs its variants
+# in the same alternating rounds as the default table (decode.py, several --ab-tuning-file). Then, as before: the GPU
+# tests of the graphs and the sampler, and the engine's wall time per step at 1-64 requests with and without async
+# decode, with any late compile named (SKIP_HOST=1 leaves that out). Through the server: `benchmarks/gpu_serve.sh`
+# (two calls).
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -19,34 +20,38 @@ ln -sfn "$PWD/deployments" /tmp/pp/flint_serve
 export PYTHONPATH=/tmp/pp:$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
-python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_min": 33}' \
-    --set expert_major=false gu_block_k=512 --out /tmp/per_pair_from_33.json > /dev/null
+V=/tmp/variants; mkdir -p $V
+variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
+# Batch 1-4: FMA rows at 3-4 rows in 2-row programs; 2 rows in whole-K steps; the MoE's gate_up in whole-K steps (no
+# split-K semaphore), also in 4-column tiles; the decode attention with fewer splits (sliding, full layers).
+variant --op gemv.small_m --when '{"m_min": 2, "m_max": 2, "nvfp4": true}' --add '{"m_min": 3, "m_max": 4, "nvfp4": true}' \
+    --set block_m=2 --out $V/rows34_m2.json
+variant --op gemv.small_m --when '{"m_min": 2, "m_max": 2, "nvfp4": true}' --set block_k=2048 --out $V/rows2_k2048.json
+variant --op moe.decode --when '{"nvfp4": true, "tokens_max": 4}' --set gu_block_k=2048 --out $V/moe_gk2048.json
+variant --op moe.decode --when '{"nvfp4": true, "tokens_max": 4}' --set gu_block_i=4 gu_block_k=2048 \
+    --out $V/moe_gi4_gk2048.json
+variant --op attention.decode --when '{"sliding": true, "elem_bytes": 2}' --set min_keys_per_split=256 \
+    --out $V/attn_slide256.json
+variant --op attention.decode --when '{"elem_bytes": 2}' --set min_keys_per_split=512 --out $V/attn_full512.json
+timeout 280 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 3 4 --contexts 1024 --prefill 0 --reps 30 \
+    --check-steps 0 --no-plain-timing --ab-tuning-file $V/rows34_m2.json $V/rows2_k2048.json $V/moe_gk2048.json \
+    $V/moe_gi4_gk2048.json $V/attn_slide256.json $V/attn_full512.json --profile-batches 2 3 \
+    --out "$OUT/decode_nvfp4_small_ab.json" > "$OUT/decode_small_ab.txt" 2>&1
+echo "== NVFP4 b1-4: default vs each variant"
+grep "A/B rounds\|Error" "$OUT/decode_small_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+# 33-64 tokens: the per-pair MoE in 4 warps with 32-column down tiles, or 32-column gate_up tiles; NVFP4 GEMV tiles of
+# 32 columns (the 2-32 rows' width).
+variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 17}' --add '{"nvfp4": true, "tokens_min": 33}' \
+    --set num_warps=4 dn_block_n=32 --out $V/moe33_w4_dn32.json
+variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 17}' --add '{"nvfp4": true, "tokens_min": 33}' \
+    --set num_warps=4 gu_block_i=32 --out $V/moe33_w4_gi32.json
+variant --op gemv.small_m --when '{"m_min": 33, "m_max": 64}' --add '{"m_min": 33, "m_max": 64, "nvfp4": true}' \
+    --set block_n=32 --out $V/gemv33_n32.json
 timeout 240 python3 benchmarks/decode.py --formats nvfp4 --batches 33 48 64 --contexts 1024 --prefill 0 --reps 30 \
-    --check-steps 0 --ab-tuning-file /tmp/per_pair_from_33.json --profile-batches 64 \
-    --out "$OUT/decode_nvfp4_per_pair_from_33_ab.json" > "$OUT/decode_ab.txt" 2>&1
-echo "== NVFP4 MoE >= 33 tokens: expert-major (default) vs per-pair (variant)"
-grep "A/B rounds\|Error" "$OUT/decode_ab.txt"
-# NVFP4 GEMVs of 2-8 rows on the FMA path (each weight decoded once for every row; built in the fifteenth session,
-# sm_90 SASS 3.1-4.8 instructions a weight value and row against the tensor-core tiles' decode) against the table's
-# tensor-core tiles, whole step at b2-b8; its GPU test first.
-timeout 120 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_kernels_gemv.py \
-    -k several_rows > "$OUT/tests_rows.txt" 2>&1
-echo "several-rows FMA tests: $(tail -1 "$OUT/tests_rows.txt")"
-python3 - <<'PY'
-import json
-t = json.load(open("kernels/tuning/nvidia-h200.json"))
-ops = t["gemv.small_m"]
-at = next(i for i, e in enumerate(ops) if e["when"].get("m_min") == 2)
-for lo, hi, bm in ((2, 2, 2), (3, 4, 4), (5, 8, 8)):
-    cfg = {"block_n": 8, "block_m": bm, "block_k": 1024, "use_dot": False, "num_warps": 4, "num_stages": 1}
-    ops.insert(at, {"when": {"m_min": lo, "m_max": hi, "nvfp4": True}, "config": cfg, "source": "variant"})
-    at += 1
-json.dump(t, open("/tmp/fma_rows.json", "w"))
-PY
-timeout 200 python3 benchmarks/decode.py --formats nvfp4 --batches 2 4 8 --contexts 1024 --prefill 0 --reps 30 \
-    --check-steps 0 --ab-tuning-file /tmp/fma_rows.json --out "$OUT/decode_nvfp4_fma_rows_ab.json" > "$OUT/decode_ab2.txt" 2>&1
-echo "== NVFP4 GEMV at 2-8 rows: tensor cores (default) vs FMA rows (variant)"
-grep "A/B rounds\|Error" "$OUT/decode_ab2.txt"
+    --check-steps 0 --no-plain-timing --ab-tuning-file $V/moe33_w4_dn32.json $V/moe33_w4_gi32.json \
+    $V/gemv33_n32.json --profile-batches 64 --out "$OUT/decode_nvfp4_large_ab.json" > "$OUT/decode_large_ab.txt" 2>&1
+echo "== NVFP4 b33-64: default vs each variant"
+grep "A/B rounds\|Error" "$OUT/decode_large_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 [ "${SKIP_HOST:-0}" = 1 ] && SKIP_TESTS=1
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
     timeout 200 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_cuda_graphs.py \

@@ -3,10 +3,15 @@
     python benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": false}' --set slots_in_down=true \
         --out /tmp/variant.json
 
+    python benchmarks/tuning_variant.py --op gemv.small_m --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' \
+        --add '{"m_min": 3, "m_max": 4, "nvfp4": true}' --set block_m=2 use_dot=false --out /tmp/variant.json
+
 Copies the table (default: the H200's shipped one), changes the config fields named by --set (values as JSON) in
 every entry of --op whose conditions equal --when (`--when all`: every entry of the op), checks that the result
-loads (`flint_kernels.tuning`), and writes it. An entry that does not exist, a field the op's config lacks or a
-value of the wrong type is an error.
+loads (`flint_kernels.tuning`), and writes it. With --add the matching entries stay as they are: a copy of each,
+with the --add conditions and the --set fields, goes in just before it (the first matching entry wins a lookup, so
+the copy takes the shapes it names). An entry that does not exist, a field the op's config lacks or a value of the
+wrong type is an error.
 """
 
 from __future__ import annotations
@@ -20,16 +25,24 @@ ROOT = Path(__file__).resolve().parents[1]
 H200_TABLE = ROOT / "kernels" / "tuning" / "nvidia-h200.json"
 
 
-def make_variant(table: dict, op: str, when: dict | None, changes: dict) -> tuple[dict, int]:
+def make_variant(table: dict, op: str, when: dict | None, changes: dict, add: dict | None = None) -> tuple[dict, int]:
     """A copy of `table` with `changes` applied to the config of each `op` entry whose "when" equals `when` (None:
-    every entry), and how many entries changed."""
+    every entry), or with `add`, to a copy of each (conditions `add`) inserted before it; and how many matched."""
     out = json.loads(json.dumps(table))
     hits = 0
+    entries = []
     for entry in out.get(op, []):
         if when is None or entry.get("when", {}) == when:
-            entry["config"].update(changes)
-            entry["source"] = f"variant of: {entry.get('source', '')}"
             hits += 1
+            source = f"variant of: {entry.get('source', '')}"
+            if add is not None:
+                entries.append({"when": add, "config": {**entry["config"], **changes}, "source": source})
+            else:
+                entry["config"].update(changes)
+                entry["source"] = source
+        entries.append(entry)
+    if op in out:
+        out[op] = entries
     return out, hits
 
 
@@ -53,17 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--op", required=True, help='e.g. "moe.decode"')
     ap.add_argument("--when", required=True, help="the entry's conditions as JSON, e.g. '{\"nvfp4\": false}', or all")
     ap.add_argument("--set", nargs="+", required=True, metavar="FIELD=VALUE", help="config fields, values as JSON")
+    ap.add_argument("--add", metavar="WHEN", help="insert a changed copy with these conditions (JSON) instead")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     from flint_kernels import tuning
 
     try:
         when = None if args.when == "all" else json.loads(args.when)
+        add = None if args.add is None else json.loads(args.add)
         changes = parse_set(args.set)
     except (ValueError, json.JSONDecodeError) as e:
         print(f"tuning_variant: {e}", file=sys.stderr)
         return 2
-    variant, hits = make_variant(json.loads(args.table.read_text()), args.op, when, changes)
+    variant, hits = make_variant(json.loads(args.table.read_text()), args.op, when, changes, add)
     if hits == 0:
         which = "entry" if when is None else f"entry with when == {when}"
         print(f"tuning_variant: {args.table} has no {args.op} {which}", file=sys.stderr)
@@ -76,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.unlink()
         print(f"tuning_variant: the variant does not load: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out}: {hits} {args.op} entr{'y' if hits == 1 else 'ies'} with {changes}")
+    how = "copies of " if add is not None else ""
+    print(f"wrote {args.out}: {how}{hits} {args.op} entr{'y' if hits == 1 else 'ies'} with {changes}")
     return 0
 
 

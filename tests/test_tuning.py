@@ -110,10 +110,14 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert gt.small_m_config(1, False, 2048, 150144, h200) == TileConfig(block_n=4, block_k=1024, **fma)  # lm_head
     assert gt.small_m_config(1, False, 1024, 2048, h200) == TileConfig(block_n=16, block_k=1024, **fma)  # shared down
     assert gt.small_m_config(1, True, 2048, 150144, h200) == TileConfig(block_n=8, block_k=1024, **fma)  # lm_head
-    # NVFP4 at M = 2-32 in 32-column tiles (a 2026-11-30 sweep and whole-step A/B), 64 from 33 rows and for BF16.
-    for m, block_m, block_n in ((2, 16, 32), (8, 16, 32), (17, 32, 32), (32, 32, 32), (33, 64, 64), (64, 64, 64)):
+    # NVFP4 at M = 3-32 in 32-column tiles (a 2026-11-30 sweep and whole-step A/B), 64 from 33 rows and for BF16.
+    for m, block_m, block_n in ((3, 16, 32), (8, 16, 32), (17, 32, 32), (32, 32, 32), (33, 64, 64), (64, 64, 64)):
         assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(block_n, block_m, 128, True, 4, 3)
         assert gt.small_m_config(m, False, 2048, 5120, h200) == TileConfig(64, block_m, 128, True, 4, 3)
+    # NVFP4 at M = 2 on the FMA path, each weight decoded once for both rows (b2 -16.6% in a whole-step A/B,
+    # 2026-12-02); 4 and 8 rows that way lost.
+    assert gt.small_m_config(2, True, 2048, 5120, h200) == TileConfig(8, 2, 1024, False, 4, 1)
+    assert gt.small_m_config(2, False, 2048, 5120, h200) == TileConfig(64, 16, 128, True, 4, 3)
     assert gt.large_m_config(True, h200) == TileConfig(128, 128, 64, True, 8, 3)
     fma_8x1024 = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
     # BF16 3-8 tokens: 32 gate/up and 64 down columns on tensor cores (a 2026-11-30 sweep and whole-step A/B);
@@ -127,11 +131,10 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     # -12%, b16 -15%, 2026-12-02).
     fma_16x512 = MoEConfig(1, 16, 512, 32, 512, False, 4, 1)
     assert [mt.decode_config(True, t, h200) for t in (1, 4, 5, 16)] == [fma_8x1024, fma_8x1024, fma_16x512, fma_16x512]
-    # NVFP4 17-32 tokens (shared expert apart) 16-column tiles in 2 warps: a whole-step A/B at batch 32 favoured
-    # them; from 33 the gate_up expert-major in 16 x 256 tiles (b64 -7.5% in a whole-step A/B, 2026-11-30).
+    # NVFP4 from 17 tokens (shared expert apart) 16-column tiles in 2 warps: a whole-step A/B at batch 32 favoured
+    # them; from 33 too since the FMA path reads int64 groups (b64 -8% against the expert-major gate_up, 2026-12-02).
     fma_16x512_w2 = MoEConfig(1, 16, 512, 16, 512, False, 2, 1)
-    fma_expert = MoEConfig(1, 16, 256, 16, 512, False, 2, 1, expert_major=True)
-    assert [mt.decode_config(True, t, h200) for t in (17, 32, 33, 64)] == [fma_16x512_w2] * 2 + [fma_expert] * 2
+    assert [mt.decode_config(True, t, h200) for t in (17, 32, 33, 64)] == [fma_16x512_w2] * 4
     assert mt.grouped_config(16, False, h200) == MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     assert mt.grouped_config(30, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
     # 2048-token prefill chunks (48 pairs an expert): 64-row tiles, 8 warps (a 2026-12-01 sweep, 600 vs 624 us).
@@ -547,6 +550,26 @@ def test_tuning_variant_sets_a_field_of_every_entry(
         mp.setenv(tuning.ENV, str(out))
         h200 = gpu_named("NVIDIA H200")
         assert at.decode_config(1024, 513, 1, h200).prefetch == at.decode_config(32768, None, 32, h200).prefetch == 1
+
+
+def test_tuning_variant_adds_a_changed_copy_before_the_matching_entry(
+    tuning_variant: ModuleType, tmp_path: Path, gpu_named: Callable[[str], torch.device]
+) -> None:
+    """`--add`: the matching entry stays, a copy with the new conditions and fields precedes it and wins its shapes."""
+    out = tmp_path / "variant.json"
+    when = {"m_min": 17, "m_max": 32, "nvfp4": True}
+    add = {"m_min": 17, "m_max": 24, "nvfp4": True}
+    argv = ["--op", "gemv.small_m", "--when", json.dumps(when), "--add", json.dumps(add), "--set", "block_n=64"]
+    assert tuning_variant.main([*argv, "--out", str(out)]) == 0
+    shipped, variant = json.loads(H200_TABLE.read_text())["gemv.small_m"], json.loads(out.read_text())["gemv.small_m"]
+    at = next(i for i, e in enumerate(shipped) if e["when"] == when)
+    assert variant[:at] + variant[at + 1 :] == shipped
+    assert variant[at]["when"] == add and variant[at]["config"] == {**shipped[at]["config"], "block_n": 64}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(tuning.ENV, str(out))
+        h200 = gpu_named("NVIDIA H200")
+        assert gt.small_m_config(20, True, 2048, 5120, h200).block_n == 64
+        assert gt.small_m_config(25, True, 2048, 5120, h200).block_n == 32
 
 
 @pytest.mark.parametrize(
