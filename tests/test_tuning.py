@@ -110,13 +110,15 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert gt.small_m_config(1, False, 2048, 150144, h200) == TileConfig(block_n=4, block_k=1024, **fma)  # lm_head
     assert gt.small_m_config(1, False, 1024, 2048, h200) == TileConfig(block_n=16, block_k=1024, **fma)  # shared down
     assert gt.small_m_config(1, True, 2048, 150144, h200) == TileConfig(block_n=8, block_k=1024, **fma)  # lm_head
-    # NVFP4 at M = 3-32 in 32-column tiles (a 2026-11-30 sweep and whole-step A/B), 64 from 33 rows and for BF16.
-    for m, block_m, block_n in ((3, 16, 32), (8, 16, 32), (17, 32, 32), (32, 32, 32), (33, 64, 64), (64, 64, 64)):
-        assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(block_n, block_m, 128, True, 4, 3)
+    # NVFP4 at M = 5-64 in 32-column tiles (a 2026-11-30 sweep and whole-step A/B; 33-64 a 2026-12-02 A/B), BF16 64.
+    for m, block_m in ((5, 16), (8, 16), (17, 32), (32, 32), (33, 64), (64, 64)):
+        assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(32, block_m, 128, True, 4, 3)
         assert gt.small_m_config(m, False, 2048, 5120, h200) == TileConfig(64, block_m, 128, True, 4, 3)
-    # NVFP4 at M = 2 on the FMA path, each weight decoded once for both rows (b2 -16.6% in a whole-step A/B,
-    # 2026-12-02); 4 and 8 rows that way lost.
-    assert gt.small_m_config(2, True, 2048, 5120, h200) == TileConfig(8, 2, 1024, False, 4, 1)
+    # NVFP4 at M = 2-4 on the FMA path in 2-row programs, each weight decoded once for both rows (whole-step A/Bs,
+    # 2026-12-02: b2 -16.6% and whole K -2.4% more, b3/b4 -3.5%); 4- and 8-row programs lost.
+    assert gt.small_m_config(2, True, 2048, 5120, h200) == TileConfig(8, 2, 2048, False, 4, 1)
+    for m in (3, 4):
+        assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(8, 2, 1024, False, 4, 1)
     assert gt.small_m_config(2, False, 2048, 5120, h200) == TileConfig(64, 16, 128, True, 4, 3)
     assert gt.large_m_config(True, h200) == TileConfig(128, 128, 64, True, 8, 3)
     fma_8x1024 = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
@@ -131,10 +133,11 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     # -12%, b16 -15%, 2026-12-02).
     fma_16x512 = MoEConfig(1, 16, 512, 32, 512, False, 4, 1)
     assert [mt.decode_config(True, t, h200) for t in (1, 4, 5, 16)] == [fma_8x1024, fma_8x1024, fma_16x512, fma_16x512]
-    # NVFP4 from 17 tokens (shared expert apart) 16-column tiles in 2 warps: a whole-step A/B at batch 32 favoured
-    # them; from 33 too since the FMA path reads int64 groups (b64 -8% against the expert-major gate_up, 2026-12-02).
+    # NVFP4 17-32 tokens (shared expert apart) 16-column tiles in 2 warps: a whole-step A/B at batch 32 favoured
+    # them. From 33 per pair as well since the FMA path reads int64 groups (the expert-major gate_up lost by 8-10%),
+    # in 4 warps with 32-column down tiles (b64 -6.5% in a whole-step A/B, 2026-12-02).
     fma_16x512_w2 = MoEConfig(1, 16, 512, 16, 512, False, 2, 1)
-    assert [mt.decode_config(True, t, h200) for t in (17, 32, 33, 64)] == [fma_16x512_w2] * 4
+    assert [mt.decode_config(True, t, h200) for t in (17, 32, 33, 64)] == [fma_16x512_w2] * 2 + [fma_16x512] * 2
     assert mt.grouped_config(16, False, h200) == MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     assert mt.grouped_config(30, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
     # 2048-token prefill chunks (48 pairs an expert): 64-row tiles, 8 warps (a 2026-12-01 sweep, 600 vs 624 us).
@@ -176,7 +179,8 @@ RETUNED = ("small_m m=1 ", "attn decode b=1 ctx=1024 w=513", "attn decode b=1 ct
            "moe decode nv=True t=32", "moe decode nv=True t=64", "moe decode nv=False t=3",
            "moe decode nv=False t=4", "moe decode nv=False t=5", "moe decode nv=False t=8",
            "moe decode nv=False t=6", "small_m m=2 nv=True", "small_m m=8 nv=True", "small_m m=16 nv=True",
-           "small_m m=17 nv=True", "small_m m=32 nv=True", "moe decode nv=False t=32", "moe decode nv=False t=64",
+           "small_m m=17 nv=True", "small_m m=32 nv=True", "small_m m=33 nv=True", "small_m m=64 nv=True",
+           "moe decode nv=False t=32", "moe decode nv=False t=64",
            "paths nv=False", "moe decode nv=True t=5", "moe decode nv=True t=8", "attn decode b=64 ctx=1024 w=None",
            "attn decode b=64 ctx=32768 w=None", "attn prefill", "moe grouped ppe=48", "paths nv=True")  # fmt: skip
 
@@ -189,7 +193,7 @@ def test_h200_table_keeps_the_h200_behaviour(
     gpu_named: Callable[[str], torch.device], name: str, call: Callable[[torch.device], object]
 ) -> None:
     """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
-    M = 1 GEMV tiles, NVFP4 at M = 2-32, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
+    M = 1 GEMV tiles, NVFP4 at M = 2-64, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
     the BF16 ones from 3, NVFP4's at 5-16 tokens, full layers' decode splits from 12 sequences and BF16's
     decode-path limit, the prefill attention tiles, BF16's grouped tiles at 40-48 pairs an expert and NVFP4's copies
     from 3072 tokens (RETUNED; their H200 values are checked above)."""
