@@ -3,14 +3,15 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the sixteenth session's second call (2026-12-02): NVFP4 GEMVs of 2-4 rows run on the FMA path in 2-row
-# programs (b2 -19%, b3/b4 -3.5%), 33-64 rows in 32-column tensor-core tiles, and the per-pair MoE from 33 tokens in 4
-# warps with 32-column down tiles (b64 26.3 -> ~22.2 ms together). Open: the same 4-warp tiles at 17-32 tokens, 64-column
-# down tiles from 33, whole-K steps at 3-4 rows (one A/B, each variant in the same alternating rounds as the table);
-# then the GEMV and MoE GPU tests and the whole step with the table as installed, the fused path checked against the
-# plain one at batch 1 and 2 (the 2-row FMA tiles). SKIP_AB=1 leaves the A/B out, SKIP_CHECK=1 the tests and check, RECORD=1 then records the NVFP4
-# profile of the kernel manifest again (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs and the
-# sampler, and the engine's wall time per step at 1-64 requests with and without async decode. Through the server:
+# State after the sixteenth session (2026-12-02): NVFP4 GEMVs of 2-4 rows run on the FMA path in 2-row programs with
+# whole-K steps (b2 3.69 -> 3.09 ms), 33-64 rows in 32-column tensor-core tiles, and the MoE from 5 tokens per pair in
+# 16 x 512 / 32 x 512 tiles, 4 warps (b32 13.94 -> 13.22, b64 26.3 -> ~22.6; the expert-major gate_up is out of the
+# table). Open, one A/B (each variant in the same alternating rounds as the table): the 2-row FMA programs at 5-8 rows,
+# and the MoE's tiles at 2-4 tokens (at b2 its launches take 1.7x b1's). Then the GEMV and MoE GPU tests and the whole
+# step with the table as installed, the fused path checked against the plain one at batch 1 and 2. SKIP_AB=1 leaves the
+# A/B out, SKIP_CHECK=1 the tests and check, RECORD=1 then records the NVFP4 profile of the kernel manifest again
+# (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs and the sampler, and
+# the engine's wall time per step at 1-64 requests with and without async decode. Through the server:
 # `benchmarks/gpu_serve.sh` (two calls).
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
@@ -24,12 +25,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 if [ "${SKIP_AB:-0}" != 1 ]; then
 V=/tmp/variants; mkdir -p $V
 variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
-variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 17}' --set num_warps=4 dn_block_n=32 \
-    --out $V/moe17_w4_dn32.json
-variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 33}' --set dn_block_n=64 --out $V/moe33_dn64.json
-variant --op gemv.small_m --when '{"m_min": 3, "m_max": 4, "nvfp4": true}' --set block_k=2048 --out $V/rows34_k2048.json
-timeout 190 python3 benchmarks/decode.py --formats nvfp4 --batches 3 4 24 32 64 --contexts 1024 --prefill 0 --reps 30 \
-    --check-steps 0 --no-plain-timing --ab-tuning-file $V/moe17_w4_dn32.json $V/moe33_dn64.json $V/rows34_k2048.json \
+variant --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' --add '{"m_min": 5, "m_max": 8, "nvfp4": true}' \
+    --set block_m=2 --out $V/rows58_m2.json
+variant --op moe.decode --when '{"nvfp4": true, "tokens_max": 4}' --add '{"nvfp4": true, "tokens_min": 2, "tokens_max": 4}' \
+    --set dn_block_n=16 --out $V/moe24_dn16.json
+variant --op moe.decode --when '{"nvfp4": true, "tokens_max": 4}' --add '{"nvfp4": true, "tokens_min": 2, "tokens_max": 4}' \
+    --set gu_block_i=16 gu_block_k=512 dn_block_n=16 --out $V/moe24_16x512.json
+timeout 190 python3 benchmarks/decode.py --formats nvfp4 --batches 2 3 4 6 8 --contexts 1024 --prefill 0 --reps 30 \
+    --check-steps 0 --no-plain-timing --ab-tuning-file $V/rows58_m2.json $V/moe24_dn16.json $V/moe24_16x512.json \
     --out "$OUT/decode_nvfp4_ab.json" > "$OUT/decode_ab.txt" 2>&1
 echo "== NVFP4: default vs each variant"
 grep "A/B rounds\|Error" "$OUT/decode_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'

@@ -114,11 +114,10 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     for m, block_m in ((5, 16), (8, 16), (17, 32), (32, 32), (33, 64), (64, 64)):
         assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(32, block_m, 128, True, 4, 3)
         assert gt.small_m_config(m, False, 2048, 5120, h200) == TileConfig(64, block_m, 128, True, 4, 3)
-    # NVFP4 at M = 2-4 on the FMA path in 2-row programs, each weight decoded once for both rows (whole-step A/Bs,
-    # 2026-12-02: b2 -16.6% and whole K -2.4% more, b3/b4 -3.5%); 4- and 8-row programs lost.
-    assert gt.small_m_config(2, True, 2048, 5120, h200) == TileConfig(8, 2, 2048, False, 4, 1)
-    for m in (3, 4):
-        assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(8, 2, 1024, False, 4, 1)
+    # NVFP4 at M = 2-4 on the FMA path in 2-row programs with whole-K steps, each weight decoded once for both rows
+    # (whole-step A/Bs, 2026-12-02: b2 -19%, b3/b4 -4%); 4- and 8-row programs lost.
+    for m in (2, 3, 4):
+        assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(8, 2, 2048, False, 4, 1)
     assert gt.small_m_config(2, False, 2048, 5120, h200) == TileConfig(64, 16, 128, True, 4, 3)
     assert gt.large_m_config(True, h200) == TileConfig(128, 128, 64, True, 8, 3)
     fma_8x1024 = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
@@ -133,11 +132,10 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     # -12%, b16 -15%, 2026-12-02).
     fma_16x512 = MoEConfig(1, 16, 512, 32, 512, False, 4, 1)
     assert [mt.decode_config(True, t, h200) for t in (1, 4, 5, 16)] == [fma_8x1024, fma_8x1024, fma_16x512, fma_16x512]
-    # NVFP4 17-32 tokens (shared expert apart) 16-column tiles in 2 warps: a whole-step A/B at batch 32 favoured
-    # them. From 33 per pair as well since the FMA path reads int64 groups (the expert-major gate_up lost by 8-10%),
-    # in 4 warps with 32-column down tiles (b64 -6.5% in a whole-step A/B, 2026-12-02).
-    fma_16x512_w2 = MoEConfig(1, 16, 512, 16, 512, False, 2, 1)
-    assert [mt.decode_config(True, t, h200) for t in (17, 32, 33, 64)] == [fma_16x512_w2] * 2 + [fma_16x512] * 2
+    # NVFP4 from 17 tokens (shared expert apart) the same tiles per pair: 4 warps and 32-column down tiles beat the
+    # 2-warp 16 x 512 ones since the FMA path reads int64 groups, and the expert-major gate_up from 33 tokens
+    # (whole-step A/Bs, 2026-12-02: b32 -5%, b64 -14% together).
+    assert [mt.decode_config(True, t, h200) for t in (17, 32, 33, 64)] == [fma_16x512] * 4
     assert mt.grouped_config(16, False, h200) == MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     assert mt.grouped_config(30, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
     # 2048-token prefill chunks (48 pairs an expert): 64-row tiles, 8 warps (a 2026-12-01 sweep, 600 vs 624 us).
