@@ -6,12 +6,7 @@
 # (M = 2-64 with packed candidates) ~110 s. Not yet timed: the shared-expert rows and the attention sweep (first).
 # With them the whole may pass the 10-minute limit of one call: then run the tail in a second call.
 set -u
-OUT=${OUT:-/tmp/flint-gpu}
-[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-mkdir -p "$OUT" /tmp/pp
-ln -sfn "$PWD/kernels" /tmp/pp/flint_kernels  # the device's python3 has torch/triton; the project runs from source
-export PYTHONPATH=/tmp/pp:$PWD:/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+. benchmarks/gpu_env.sh
 
 # The prefill MoE's grouping of pairs by expert: three Triton launches against the PyTorch reference's ~25.
 timeout 60 python3 benchmarks/kernels_moe_align.py --out "$OUT/kernels_moe_align.json" > "$OUT/moe_align.txt" 2>&1

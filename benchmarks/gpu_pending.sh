@@ -14,13 +14,7 @@
 # the engine's wall time per step at 1-64 requests with and without async decode. Through the server:
 # `benchmarks/gpu_serve.sh` (two calls).
 set -u
-OUT=${OUT:-/tmp/flint-gpu}
-[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-mkdir -p "$OUT" /tmp/pp
-ln -sfn "$PWD/kernels" /tmp/pp/flint_kernels  # the device's python3 has torch/triton; the project runs from source
-ln -sfn "$PWD/deployments" /tmp/pp/flint_serve
-export PYTHONPATH=/tmp/pp:$PWD:/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+. benchmarks/gpu_env.sh
 
 if [ "${SKIP_AB:-0}" != 1 ]; then
 V=/tmp/variants; mkdir -p $V

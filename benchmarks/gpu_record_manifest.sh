@@ -8,15 +8,9 @@
 #
 # Device `run`, carry [".whl"].
 set -u
-OUT=${OUT:-/tmp/flint-gpu}
+. benchmarks/gpu_env.sh
 MODEL=${MODEL:-random:full:nvfp4}
 MANIFEST=kernels/precompile/nvidia-h200.json
-[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-mkdir -p "$OUT" /tmp/pp
-ln -sfn "$PWD/kernels" /tmp/pp/flint_kernels  # the device's python3 has torch/triton; the project runs from source
-ln -sfn "$PWD/deployments" /tmp/pp/flint_serve
-export PYTHONPATH=/tmp/pp:$PWD:/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 # The profile's name holds the weight formats: "expertsf4" for NVFP4 experts, "expertsbf" for BF16.
 python3 - "$MANIFEST" "$MODEL" <<'PY'
 import json, sys

@@ -13,14 +13,9 @@
 # call.
 # Measured 2026-11-30 (sixth session): tests ~112 s, decode.py (with the A/B) and accuracy ~285 s together; 398 s in all.
 set -u
-OUT=${OUT:-/tmp/flint-gpu}
+. benchmarks/gpu_env.sh
 CHECK_STEPS=${CHECK_STEPS:-16}
 [ -d .rayA ] && mkdir -p /tmp/stash && cp .rayA/* /tmp/stash/
-[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-mkdir -p "$OUT" /tmp/pp
-ln -sfn "$PWD/kernels" /tmp/pp/flint_kernels  # the device's python3 has torch/triton; the project runs from source
-export PYTHONPATH=/tmp/pp:$PWD:/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
 
 timeout 130 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 \
