@@ -7,7 +7,8 @@
 # whole-K steps (b2 3.69 -> 3.09 ms), 33-64 rows in 32-column tensor-core tiles, and the MoE from 5 tokens per pair in
 # 16 x 512 / 32 x 512 tiles, 4 warps (b32 13.94 -> 13.22, b64 26.3 -> ~22.6; the expert-major gate_up is out of the
 # table). Open, one A/B (each variant in the same alternating rounds as the table): the 2-row FMA programs at 5-8 rows,
-# and the MoE's tiles at 2-4 tokens (at b2 its launches take 1.7x b1's). Then the GEMV and MoE GPU tests and the whole
+# and the MoE's tiles at 2-4 tokens (at b2 its launches take 1.7x b1's); BF16 projections at 2-4 rows on the 2-row
+# FMA programs instead of cuBLAS (built after the last call: `dense_on_fma`). Then the GEMV and MoE GPU tests and the whole
 # step with the table as installed, the fused path checked against the plain one at batch 1 and 2. SKIP_AB=1 leaves the
 # A/B out, SKIP_CHECK=1 the tests and check, RECORD=1 then records the NVFP4 profile of the kernel manifest again
 # (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs and the sampler, and
@@ -30,6 +31,17 @@ timeout 190 python3 benchmarks/decode.py --formats nvfp4 --batches 2 3 4 6 8 --c
     --out "$OUT/decode_nvfp4_ab.json" > "$OUT/decode_ab.txt" 2>&1
 echo "== NVFP4: default vs each variant"
 grep "A/B rounds\|Error" "$OUT/decode_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+# BF16 projections at 2-4 rows: cuBLAS (the table has no FMA entry for dense weights) against the Triton kernel's
+# 2-row FMA programs (`dense_on_fma`: a table entry with use_dot false opts a dense shape in), 8 and 4 columns.
+variant --op gemv.small_m --when '{"m_min": 2, "m_max": 16}' --add '{"m_min": 2, "m_max": 4, "nvfp4": false}' \
+    --set block_n=8 block_m=2 block_k=2048 use_dot=false num_stages=1 --out $V/bf16_rows_n8.json
+variant --op gemv.small_m --when '{"m_min": 2, "m_max": 16}' --add '{"m_min": 2, "m_max": 4, "nvfp4": false}' \
+    --set block_n=4 block_m=2 block_k=2048 use_dot=false num_stages=1 --out $V/bf16_rows_n4.json
+timeout 150 python3 benchmarks/decode.py --formats bf16 --batches 2 3 4 --contexts 1024 --prefill 0 --reps 30 \
+    --check-steps 0 --no-plain-timing --ab-tuning-file $V/bf16_rows_n8.json $V/bf16_rows_n4.json \
+    --out "$OUT/decode_bf16_ab.json" > "$OUT/decode_bf16_ab.txt" 2>&1
+echo "== BF16: default (cuBLAS at 2-4 rows) vs each variant"
+grep "A/B rounds\|Error" "$OUT/decode_bf16_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 timeout 120 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \
