@@ -131,6 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["random:full", "random:full:nvfp4"])
     ap.add_argument("--record", type=Path, help="write the serial start's kernels into this manifest")
+    ap.add_argument("--replace", action="store_true", help="--record replaces the model's profile (else adds to it)")
     ap.add_argument("--manifest", type=Path, help="the manifest of the parallel starts (default: --record's)")
     ap.add_argument("--skip-serial", action="store_true", help="no serial start (needs a manifest)")
     ap.add_argument("--mode", choices=["processes", "threads"], help="how to precompile (default: the engine's)")
@@ -188,7 +189,9 @@ def main() -> None:
                     print(f"saved the compile times of {len(timed)} kernel variants into {target}", flush=True)
                 elif kind == "serial" and record_to is not None:
                     entries = [precompile.Entry(e["kernel"], e["spec"]) for e in json.loads(record_to.read_text())]
-                    n = precompile.save(args.record, row["profile"], entries, row["device"], row["triton"])
+                    n = precompile.save(
+                        args.record, row["profile"], entries, row["device"], row["triton"], replace=args.replace
+                    )
                     print(f"recorded {n} kernel variants of {model} into {args.record}", flush=True)
     print(f"\n{'model':>20} {'start':>9} {'start-up s':>10} {'precompile':>24} {'warm-up compiles':>16}")
     for r in rows:

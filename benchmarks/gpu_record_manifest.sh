@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Record one profile of the H200 kernel manifest again after its kernels or tuning table changed, in one device call
-# (one H200, ~4 minutes): the profile is dropped (recordings merge, so stale variants would stay), a cold start with no
-# manifest records what its warm-up compiles, and a second cold start compiles from the new manifest and must compile
-# nothing in its warm-up. The manifest comes back under $OUT (copy it over kernels/precompile/nvidia-h200.json).
+# (one H200, ~4 minutes): a cold start with no manifest records what its warm-up compiles, replacing the profile
+# (`--replace`: recordings otherwise merge, so stale variants would stay), and a second cold start compiles from the
+# new manifest and must compile nothing in its warm-up. The manifest comes back under $OUT (copy it over kernels/precompile/nvidia-h200.json).
 #
 #   bash benchmarks/gpu_record_manifest.sh            # the NVFP4 profile (MODEL=random:full for the BF16 one)
 #
@@ -11,19 +11,7 @@ set -u
 . benchmarks/gpu_env.sh
 MODEL=${MODEL:-random:full:nvfp4}
 MANIFEST=kernels/precompile/nvidia-h200.json
-# The profile's name holds the weight formats: "expertsf4" for NVFP4 experts, "expertsbf" for BF16.
-python3 - "$MANIFEST" "$MODEL" <<'PY'
-import json, sys
-path, model = sys.argv[1], sys.argv[2]
-raw = json.load(open(path))
-nvfp4 = model.endswith(":nvfp4")
-drop = [p for p in raw["profiles"] if ("expertsf4" in p) == nvfp4]
-for p in drop:
-    del raw["profiles"][p]
-json.dump(raw, open(path, "w"))
-print(f"dropped {len(drop)} profile(s); {len(raw['profiles'])} left")
-PY
-timeout 560 python3 benchmarks/cold_start.py --models "$MODEL" --record "$MANIFEST" --no-warm --max-num-seqs 128 \
-    --out "$OUT/cold_start_record.json" > "$OUT/cold_start.txt" 2>&1
+timeout 560 python3 benchmarks/cold_start.py --models "$MODEL" --record "$MANIFEST" --replace --no-warm \
+    --max-num-seqs 128 --out "$OUT/cold_start_record.json" > "$OUT/cold_start.txt" 2>&1
 tail -15 "$OUT/cold_start.txt"
 cp "$MANIFEST" "$OUT/nvidia-h200.json"

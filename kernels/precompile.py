@@ -107,11 +107,19 @@ def load(path: Path | str, profile: str) -> list[Entry]:
     return [Entry(e["kernel"], e["spec"], e.get("seconds")) for e in raw["profiles"].get(profile, [])]
 
 
-def save(path: Path | str, profile: str, entries: list[Entry], device_name: str, triton_version: str = "") -> int:
+def save(
+    path: Path | str,
+    profile: str,
+    entries: list[Entry],
+    device_name: str,
+    triton_version: str = "",
+    replace: bool = False,
+) -> int:
     """Add `entries` to `profile` in the manifest at `path` (created if missing); returns the profile's count.
 
-    Recordings merge: starts with other settings (graph sizes, budgets) add their variants. To drop stale entries
-    after kernels changed, delete the file and record again. `triton_version`: the recording's (default: ours).
+    Recordings merge: starts with other settings (graph sizes, budgets) add their variants. After kernels or a tuning
+    table changed, `replace` drops the profile's earlier entries (stale variants), leaving other profiles as they are.
+    `triton_version`: the recording's (default: ours).
     """
     import triton
 
@@ -119,7 +127,8 @@ def save(path: Path | str, profile: str, entries: list[Entry], device_name: str,
     raw: dict[str, Any] = {"format": FORMAT, "profiles": {}}
     if path.is_file():
         raw = json.loads(path.read_text())
-    known = [Entry(e["kernel"], e["spec"], e.get("seconds")) for e in raw["profiles"].get(profile, [])]
+    earlier = [] if replace else raw["profiles"].get(profile, [])
+    known = [Entry(e["kernel"], e["spec"], e.get("seconds")) for e in earlier]
     unique = {(e.kernel, e.key): e for e in known}
     for e in entries:  # a new recording replaces the record, and keeps a measured time it lacks
         old = unique.get((e.kernel, e.key))

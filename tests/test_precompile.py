@@ -53,6 +53,10 @@ def test_save_merges_recordings_and_keeps_no_machine_paths(tmp_path: Path) -> No
     raw = json.loads(text)
     assert raw["format"] == precompile.FORMAT and raw["device"] == "GPU X" and raw["triton"]
     assert precompile.load(path, "bf16-model")[0].spec["options"] == {"num_warps": 4, "num_stages": 3}
+    # A recording after a change replaces its profile (stale variants go) and leaves the others.
+    assert precompile.save(path, "bf16-model", [b], "GPU X", replace=True) == 1
+    assert [e.kernel for e in precompile.load(path, "bf16-model")] == [b.kernel]
+    assert [e.key for e in precompile.load(path, "nvfp4-model")] == ["k2"]
 
 
 def test_load_rejects_a_file_that_is_not_a_manifest(tmp_path: Path) -> None:
