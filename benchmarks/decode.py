@@ -490,7 +490,8 @@ def main() -> None:
         )
     for r in rows:
         if "ab_main_ms" in r:
-            variants = r.get("ab_variants") or [{"tuning_file": args.ab_tuning_file, "ms": r["ab_variant_ms"]}]
+            only = args.ab_tuning_file[0] if args.ab_tuning_file else None
+            variants = r.get("ab_variants") or [{"tuning_file": only, "ms": r["ab_variant_ms"]}]
             for v in variants:
                 print(
                     f"{r['format']:>6} b{r['batch']} ctx {r['context']} A/B rounds: default {r['ab_main_ms']} ms,"
