@@ -131,7 +131,11 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     # whole-step A/B; 2 warps lost, 2026-11-30); down in 32-column tiles since the FMA path reads int64 groups (b8
     # -12%, b16 -15%, 2026-12-02).
     fma_16x512 = MoEConfig(1, 16, 512, 32, 512, False, 4, 1)
-    assert [mt.decode_config(True, t, h200) for t in (1, 4, 5, 16)] == [fma_8x1024, fma_8x1024, fma_16x512, fma_16x512]
+    assert [mt.decode_config(True, t, h200) for t in (1, 5, 16)] == [fma_8x1024, fma_16x512, fma_16x512]
+    # NVFP4 at 2 tokens: the 1 token's gate_up, the 32-column down tiles (b2 -8%); at 3-4 the tiles from 5 (b3 -8%,
+    # b4 -11%; whole-step A/Bs, 2026-12-02, seventeenth session).
+    assert mt.decode_config(True, 2, h200) == MoEConfig(1, 8, 1024, 32, 512, False, 4, 1)
+    assert [mt.decode_config(True, t, h200) for t in (3, 4)] == [fma_16x512] * 2
     # NVFP4 from 17 tokens (shared expert apart) the same tiles per pair: 4 warps and 32-column down tiles beat the
     # 2-warp 16 x 512 ones since the FMA path reads int64 groups, and the expert-major gate_up from 33 tokens
     # (whole-step A/Bs, 2026-12-02: b32 -5%, b64 -14% together).
@@ -180,7 +184,8 @@ RETUNED = ("small_m m=1 ", "attn decode b=1 ctx=1024 w=513", "attn decode b=1 ct
            "small_m m=17 nv=True", "small_m m=32 nv=True", "small_m m=33 nv=True", "small_m m=64 nv=True",
            "moe decode nv=False t=32", "moe decode nv=False t=64",
            "paths nv=False", "moe decode nv=True t=5", "moe decode nv=True t=8", "attn decode b=64 ctx=1024 w=None",
-           "attn decode b=64 ctx=32768 w=None", "attn prefill", "moe grouped ppe=48", "paths nv=True")  # fmt: skip
+           "attn decode b=64 ctx=32768 w=None", "attn prefill", "moe grouped ppe=48", "paths nv=True",
+           "moe decode nv=True t=2", "moe decode nv=True t=3", "moe decode nv=True t=4")  # fmt: skip
 
 
 KEPT = [c for c in CONFIG_CALLS if not c[0].startswith(RETUNED)]
@@ -192,7 +197,7 @@ def test_h200_table_keeps_the_h200_behaviour(
 ) -> None:
     """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
     M = 1 GEMV tiles, NVFP4 at M = 2-64, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
-    the BF16 ones from 3, NVFP4's at 5-16 tokens, full layers' decode splits from 12 sequences and BF16's
+    the BF16 ones from 3, NVFP4's at 2-16 tokens, full layers' decode splits from 12 sequences and BF16's
     decode-path limit, the prefill attention tiles, BF16's grouped tiles at 40-48 pairs an expert and NVFP4's copies
     from 3072 tokens (RETUNED; their H200 values are checked above)."""
     assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
@@ -404,7 +409,11 @@ def _as_swept_2026_11_29(shipped: MoEConfig, nvfp4: bool, tokens: int) -> MoECon
     since moved to 32 / 64 columns after a 2026-11-30 sweep with more candidates (moe_decode_bf16_h200.json), which
     those recorded rows do not hold, and from 9 tokens (shared expert apart) to expert-major tiles of 64 / 128
     columns in K steps of 128 (moe_decode_expert_major_h200.json, moe_decode_expert_major_tiles_h200.json). NVFP4
-    at 5-16 tokens moved from 32- to 16-column tiles after a whole-step A/B (decode_h200_nvfp4_i16_ab.json)."""
+    at 5-16 tokens moved from 32- to 16-column tiles after a whole-step A/B (decode_h200_nvfp4_i16_ab.json), and at
+    2-4 tokens from 8 x 1024 / 8 x 512 to 32-column down tiles (with the 5-16 tokens' gate_up from 3) after the
+    seventeenth session's (decode_h200_nvfp4_moe_1_4_ab.json, decode_h200_nvfp4_moe2_dn32_ab.json)."""
+    if nvfp4 and 2 <= tokens <= 4:
+        return dataclasses.replace(shipped, gu_block_i=8, gu_block_k=1024, dn_block_n=8)
     if nvfp4 and 5 <= tokens <= 16:
         return dataclasses.replace(shipped, gu_block_i=32, dn_block_n=32)
     if not nvfp4 and tokens >= 3:
