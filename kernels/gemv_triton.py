@@ -46,8 +46,8 @@ from .configs import MoEConfig, TileConfig
 from .linear import NVFP4Weight, Weight, linear_fp32_out_ref, linear_ref, matmul_fp32_out
 from .pdl import launch_options, pdl_entry
 
-# Above this many activation rows a dense weight goes to cuBLAS (torch), which the Triton kernel's tensor-core tiles
-# did not beat; up to SMALL_M rows a tuning table may opt a shape in by giving it FMA tiles (`dense_on_fma`).
+# Above this many activation rows a dense weight goes to cuBLAS (torch), which neither the Triton kernel's tensor-core
+# tiles nor its 2-row FMA programs beat (H200, BF16 b2-b4, seventeenth session: +4% to +24% a step).
 DENSE_MAX_M = 1
 # From this many rows an NVFP4 weight is dequantised once per call and multiplied by cuBLAS (see dequant_matmul).
 DEQUANT_MIN_M = 65
@@ -1160,14 +1160,7 @@ def supported(x: torch.Tensor, w: Weight, fp32_out: bool) -> bool:
         return False
     if w.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return False
-    return x.shape[0] <= DENSE_MAX_M or dense_on_fma(x.shape[0], w.shape[1], w.shape[0], x.device)
-
-
-def dense_on_fma(m: int, k: int, n: int, device: torch.device) -> bool:
-    """Whether a dense weight at M > 1 runs the Triton kernel: only where the device's table gives that shape FMA
-    tiles (`gemv.small_m` with use_dot false, each weight read once for the BLOCK_M rows of a program); the portable
-    defaults keep cuBLAS."""
-    return 1 < m <= SMALL_M and not small_m_config(m, False, k, n, device).use_dot
+    return x.shape[0] <= DENSE_MAX_M
 
 
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
