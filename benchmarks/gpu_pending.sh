@@ -3,13 +3,12 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the sixteenth session (2026-12-02): NVFP4 GEMVs of 2-4 rows run on the FMA path in 2-row programs with
-# whole-K steps (b2 3.69 -> 3.09 ms), 33-64 rows in 32-column tensor-core tiles, and the MoE from 5 tokens per pair in
-# 16 x 512 / 32 x 512 tiles, 4 warps (b32 13.94 -> 13.22, b64 26.3 -> ~22.6; the expert-major gate_up is out of the
-# table). Open, one A/B (each variant in the same alternating rounds as the table): the 2-row FMA programs at 5-8
-# rows, and the MoE's tiles at 2-4 tokens (at b2 its launches take 1.7x b1's); BF16 projections at 2-4 rows on the
-# 2-row FMA programs instead of cuBLAS (built after the last call: `dense_on_fma`). Then the GEMV and MoE GPU tests
-# and the whole step with the table as installed, the fused path checked against the plain one at batch 1 and 2.
+# State after the seventeenth session (2026-12-02): NVFP4 GEMVs of 2-4 rows run on the FMA path in 2-row programs with
+# whole-K steps, 33-64 rows in 32-column tensor-core tiles; the NVFP4 MoE runs per pair, 8 x 1024 / 8 x 512 tiles at 1
+# token, 8 x 1024 / 32 x 512 at 2 (b2 2.95 -> 2.74 ms), 16 x 512 / 32 x 512 in 4 warps from 3 (b3 -8%, b4 -11%). Open,
+# one A/B (each variant in the same alternating rounds as the table): the 2 tokens' gate_up at 3-4 tokens, whole-K
+# gate_up steps at 2, 4-column GEMV programs at 2-4 rows. Then the GEMV and MoE GPU tests and the whole step with the
+# table as installed, the fused path checked against the plain one at batch 1 and 2.
 # SKIP_AB=1 leaves the A/B out, SKIP_CHECK=1 the tests and check, RECORD=1 then records the NVFP4 profile of the
 # kernel manifest again (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs
 # and the sampler, and the engine's wall time per step at 1-64 requests with and without async decode. Through the
@@ -31,20 +30,15 @@ ab() {
     grep "A/B rounds\|Error" "$OUT/decode_${name}_ab.txt" \
         | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 }
-variant --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' \
-    --add '{"m_min": 5, "m_max": 8, "nvfp4": true}' --set block_m=2 --out $V/rows58_m2.json
-variant --op moe.decode --when '{"nvfp4": true, "tokens_max": 4}' \
-    --add '{"nvfp4": true, "tokens_min": 2, "tokens_max": 4}' --set dn_block_n=16 --out $V/moe24_dn16.json
-variant --op moe.decode --when '{"nvfp4": true, "tokens_max": 4}' \
-    --add '{"nvfp4": true, "tokens_min": 2, "tokens_max": 4}' --set gu_block_i=16 gu_block_k=512 dn_block_n=16 --out $V/moe24_16x512.json
-ab nvfp4 nvfp4 190 "2 3 4 6 8" $V/rows58_m2.json $V/moe24_dn16.json $V/moe24_16x512.json
-# BF16 projections at 2-4 rows: cuBLAS (the table has no FMA entry for dense weights) against the Triton kernel's
-# 2-row FMA programs (`dense_on_fma`: a table entry with use_dot false opts a dense shape in), 8 and 4 columns.
-variant --op gemv.small_m --when '{"m_min": 2, "m_max": 16}' --add '{"m_min": 2, "m_max": 4, "nvfp4": false}' \
-    --set block_n=8 block_m=2 block_k=2048 use_dot=false num_stages=1 --out $V/bf16_rows_n8.json
-variant --op gemv.small_m --when '{"m_min": 2, "m_max": 16}' --add '{"m_min": 2, "m_max": 4, "nvfp4": false}' \
-    --set block_n=4 block_m=2 block_k=2048 use_dot=false num_stages=1 --out $V/bf16_rows_n4.json
-ab bf16 bf16 150 "2 3 4" $V/bf16_rows_n8.json $V/bf16_rows_n4.json
+# NVFP4 at 2-4 tokens after the seventeenth session (2 tokens: gate_up 8 x 1024 with down 32 x 512; from 3 the tiles
+# from 5, 16 x 512 / 32 x 512): the 2 tokens' gate_up at 3-4 tokens, the 2 tokens' gate_up in whole-K steps, and the
+# 2-4 rows' GEMV programs in 4 columns (8 now).
+variant --op moe.decode --when '{"nvfp4": true}' --add '{"nvfp4": true, "tokens_min": 3, "tokens_max": 4}' \
+    --set gu_block_i=8 gu_block_k=1024 --out $V/moe34_gu8x1024.json
+variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 2, "tokens_max": 2}' --set gu_block_k=2048 \
+    --out $V/moe2_gu_whole_k.json
+variant --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' --set block_n=4 --out $V/rows24_n4.json
+ab nvfp4 nvfp4 150 "2 3 4" $V/moe34_gu8x1024.json $V/moe2_gu_whole_k.json $V/rows24_n4.json
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 timeout 120 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \

@@ -16,6 +16,8 @@ set -u
 OUT=${OUT:-/tmp/flint-gpu}
 MODEL=${MODEL:-random:full:nvfp4}
 mkdir -p "$OUT" /tmp/pp
+# Ray's first half must be stashed by the call before, on the same (still warm) machine.
+[ -f /tmp/stash/ray.part.aa ] || { echo "no /tmp/stash/ray.part.aa: run call 1 first, then this at once"; exit 1; }
 source .rayB/install.sh || exit 1
 ln -sfn "$PWD/kernels" /tmp/pp/flint_kernels
 ln -sfn "$PWD/deployments" /tmp/pp/flint_serve
@@ -27,7 +29,7 @@ server=$!
 t0=$(date +%s)
 until curl -sf http://127.0.0.1:8000/health > /dev/null; do
   if ! kill -0 $server 2> /dev/null || [ $(($(date +%s) - t0)) -gt 240 ]; then
-    echo "flint-serve did not become healthy"; tail -40 "$OUT/serve.log"; break
+    echo "flint-serve did not become healthy"; tail -40 "$OUT/serve.log"; kill -INT -- -$server 2> /dev/null; exit 1
   fi
   sleep 2
 done
