@@ -7,8 +7,9 @@
 # whole-K steps, 33-64 rows in 32-column tensor-core tiles; the NVFP4 MoE runs per pair, 8 x 1024 / 8 x 512 tiles at 1
 # token, 8 x 1024 / 32 x 512 at 2 (b2 2.95 -> 2.74 ms), 16 x 512 / 32 x 512 in 4 warps from 3 (b3 -8%, b4 -11%). Open,
 # one A/B (each variant in the same alternating rounds as the table): the 2 tokens' gate_up at 3-4 tokens, whole-K
-# gate_up steps at 2, 4-column GEMV programs at 2-4 rows. Then the GEMV and MoE GPU tests and the whole step with the
-# table as installed, the fused path checked against the plain one at batch 1 and 2.
+# gate_up steps at 2, 4-column GEMV programs at 2-4 rows; the sampler's filtered chunk kernel (FILTER) against the
+# sorted rows. Then the GEMV, MoE and sampling GPU tests and the whole step with the table as installed, the fused
+# path checked against the plain one at batch 1 and 2.
 # SKIP_AB=1 leaves the A/B out, SKIP_CHECK=1 the tests and check, RECORD=1 then records the NVFP4 profile of the
 # kernel manifest again (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs
 # and the sampler, and the engine's wall time per step at 1-64 requests with and without async decode. Through the
@@ -39,11 +40,17 @@ variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 2, "tokens_max": 2
     --out $V/moe2_gu_whole_k.json
 variant --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' --set block_n=4 --out $V/rows24_n4.json
 ab nvfp4 nvfp4 150 "2 3 4" $V/moe34_gu8x1024.json $V/moe2_gu_whole_k.json $V/rows24_n4.json
+# The sampler's filtered chunk kernel (`sampling_triton.FILTER`, built in the seventeenth session, off until timed):
+# the op's GPU time at batch 1-64 with and without it (a sampled step took 0.16 ms more than a greedy one at batch
+# 1, 0.56 at 64), the same tokens checked on each.
+timeout 150 python3 benchmarks/sampler.py --device cuda --chunks 4096 --filter --iters 30 > "$OUT/sampler.txt" 2>&1
+cp benchmarks/results/sampler_cuda.json "$OUT/" 2> /dev/null
+echo "== sampler, filtered chunk kernel"; sed -n '/^sampling over/,$p' "$OUT/sampler.txt"; grep Error "$OUT/sampler.txt"
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
-timeout 120 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \
-    tests/test_kernels_moe.py > "$OUT/gpu_tests.txt" 2>&1
-echo "gpu tests (GEMV, MoE): $(tail -1 "$OUT/gpu_tests.txt")"
+timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \
+    tests/test_kernels_moe.py tests/test_kernels_sampling.py > "$OUT/gpu_tests.txt" 2>&1
+echo "gpu tests (GEMV, MoE, sampling): $(tail -1 "$OUT/gpu_tests.txt")"
 grep -E "^E |FAILED" "$OUT/gpu_tests.txt" | head -6
 # The table as installed: the whole step at 1-64 and the fused path against the plain one at batch 1 and 2.
 timeout 200 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 4 8 32 64 --contexts 1024 --prefill 0 \

@@ -4,9 +4,13 @@ the Triton kernels (`flint_kernels.sampling_triton`, on CUDA; every chunk size i
 `sample()` call per step with each op (host-side parameter staging and the token read-back included).
 
     python benchmarks/sampler.py [--device cuda] [--batch 1 8 32 64] [--iters 50] [--chunks 2048 4096 8192]
+    python benchmarks/sampler.py --device cuda --chunks 4096 --filter   # each chunk size with and without FILTER
 
 Every path draws the same tokens (checked here on every timed batch, and in tests/test_sampler.py and
-tests/test_kernels_sampling.py). Times are wall-clock medians with the device synchronised around each call.
+tests/test_kernels_sampling.py). Times are wall-clock medians with the device synchronised around each call; on CUDA
+the Triton op's GPU time alone (`..._gpu_ms`: 20 calls captured in a CUDA graph, replayed, per call) as well, since a
+decode step launches it ahead and only its GPU time is on the step's path. `--filter` times every chunk size with
+`sampling_triton.FILTER` off and on (`..._filter_...` columns).
 Prints a table and writes benchmarks/results/sampler_<device>.json.
 """
 
@@ -47,6 +51,28 @@ def median_ms(fn, args: tuple, device: torch.device, iters: int) -> float:
     return statistics.median(times)
 
 
+def graph_ms(fn, args: tuple, device: torch.device, calls: int = 20, replays: int = 10) -> float:
+    """GPU time per call of `fn(*args)`: `calls` calls captured in one CUDA graph, the median of `replays` replays."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn(*args)  # allocations and compiles outside the capture
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn(*args)
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
+
+
 def _sample_copy(logits: torch.Tensor, rows: list[SamplingRow], op) -> list[int]:
     """`sample` modifies its logits (penalties): give it a fresh copy, as each step has fresh logits."""
     return sample(logits.clone(), rows, op).token_ids
@@ -60,6 +86,7 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--chunks", type=int, nargs="+", default=[2048, 4096, 8192], help="Triton chunk sizes to time")
+    ap.add_argument("--filter", action="store_true", help="time each chunk size with the filtered chunk kernel too")
     args = ap.parse_args()
     device = torch.device(args.device)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -80,14 +107,17 @@ def main() -> None:
         temps = torch.ones(n, device=device)
         op_args = (logits, temps, top_k, top_p, min_p, seeds, steps, args.top_k)
         if device.type == "cuda":
-            default_chunk = sampling_triton.CHUNK
+            default_chunk, default_filter = sampling_triton.CHUNK, sampling_triton.FILTER
             for chunk in args.chunks:
-                sampling_triton.CHUNK = chunk
-                t0 = time.perf_counter()
-                row["same_tokens"] &= sampling_triton.sample_top_k(*op_args).tolist() == want
-                row[f"triton_chunk{chunk}_first_call_s"] = round(time.perf_counter() - t0, 3)  # compiles included
-                row[f"triton_chunk{chunk}_ms"] = median_ms(sampling_triton.sample_top_k, op_args, device, args.iters)
-            sampling_triton.CHUNK = default_chunk
+                for filtered in (False, True) if args.filter else (default_filter,):
+                    sampling_triton.CHUNK, sampling_triton.FILTER = chunk, filtered
+                    name = f"triton_chunk{chunk}" + ("_filter" if args.filter and filtered else "")
+                    t0 = time.perf_counter()
+                    row["same_tokens"] &= sampling_triton.sample_top_k(*op_args).tolist() == want
+                    row[f"{name}_first_call_s"] = round(time.perf_counter() - t0, 3)  # compiles included
+                    row[f"{name}_ms"] = median_ms(sampling_triton.sample_top_k, op_args, device, args.iters)
+                    row[f"{name}_gpu_ms"] = graph_ms(sampling_triton.sample_top_k, op_args, device)
+            sampling_triton.CHUNK, sampling_triton.FILTER = default_chunk, default_filter
             row["triton_ms"] = row[f"triton_chunk{default_chunk}_ms"] if default_chunk in args.chunks else None
         # The engine's call: penalties check, host-side staging of the parameters, the op, the tokens read back.
         sample_rows = [
@@ -120,7 +150,7 @@ def main() -> None:
     cols = [
         "full_sort_ms",
         "top_k_ms",
-        *(k for k in rows[0] if k.startswith("triton_chunk")),
+        *(k for k in rows[0] if k.startswith("triton_chunk") and k.endswith("_ms")),
         "sample_call_reference_ms",
     ]
     cols += [k for k in ("sample_call_triton_ms",) if k in rows[0]]

@@ -7,6 +7,10 @@ noise hash, softmax, cumsum, masks). Here:
    every logit with its token id into one int64 key (order-preserving float bits above, the inverted id below, so
    the larger key is the larger value, then the smaller id, torch.argmax's tie rule), and keeps its best KC keys:
    sorted rows of 4 KC keys cut to their best KC (twice for Flint's 4096-key chunks), then one sort.
+   `_chunk_filter_kernel` finds the same keys with far less sorting (`FILTER`, off until timed on a GPU): the
+   smallest of KC column maxima is a lower bound of the chunk's KC-th largest key, so only the keys at or above it
+   (typically ~120 of 4096) are gathered and sorted, the rest of the chunk never; a chunk with more of them than
+   FILTER_CAP (for independent logits about once in 20,000 rows) takes `_chunk_top_kernel`'s sorted rows.
 2. `_draw_kernel` (one program per row): sorts the chunks' candidates, keeps the row's top_k, applies top-p and
    min-p on their softmax, adds the same counter-hash Gumbel noise as the reference and takes the argmax
    (temperature 0: the best key, i.e. the first argmax of the logits).
@@ -36,6 +40,13 @@ MIN_KC = 32
 TOP_K_VARIANTS = (MIN_KC, MAX_K)
 # Vocabulary entries per chunk program (H200, benchmarks/sampler.py; a power of two >= MAX_K).
 CHUNK = 4096
+# `_chunk_filter_kernel` instead of `_chunk_top_kernel` for KC = MIN_KC. Off until a GPU run times it
+# (benchmarks/sampler.py --filter); the tokens are the same either way.
+FILTER = os.environ.get("FLINT_SAMPLER_FILTER", "0") == "1"
+# Keys a filtered chunk gathers at most. With n independent logits in KC columns of 4096 / KC, more than CAP keys
+# reach the bound only if some column's maximum lies below the (1 - CAP / 4096) quantile: for CAP = 512 about
+# KC * 0.875**128 = 1e-6 a chunk.
+FILTER_CAP = 512
 _INT64_MIN = tl.constexpr(-(2**63))
 _M32 = tl.constexpr(0xFFFFFFFF)
 
@@ -61,6 +72,13 @@ def _chunk_top_kernel(
     keys costs ~160K compare-exchanges, the three steps ~76K, with the same result (the keys are all distinct)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
+    key = _chunk_keys(logits_ptr, temp_ptr, row, chunk, vocab, stride_row, BLOCK)
+    _store_best(key, cand_ptr + (row * n_chunks + chunk) * KC, BLOCK, KC, SUB, LEVELS, FINAL)
+
+
+@triton.jit
+def _chunk_keys(logits_ptr, temp_ptr, row, chunk, vocab, stride_row, BLOCK: tl.constexpr):
+    """The chunk's packed (logit / temperature, id) keys, [BLOCK] int64; past the vocabulary the smallest key."""
     offs = tl.arange(0, BLOCK)
     ids = chunk * BLOCK + offs
     ok = ids < vocab
@@ -71,14 +89,66 @@ def _chunk_top_kernel(
     # Negative floats order backwards as integers: flipping their magnitude bits makes int order = float order.
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
     key = (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - ids).to(tl.int64)
-    key = tl.where(ok, key, _INT64_MIN)
+    return tl.where(ok, key, _INT64_MIN)
+
+
+@triton.jit
+def _store_best(
+    key, out_ptr, N: tl.constexpr, KC: tl.constexpr, SUB: tl.constexpr, LEVELS: tl.constexpr, FINAL: tl.constexpr
+):
+    """out[:KC] = the KC largest of the N keys `key`, in descending order (`chunk_levels(N, KC)` gives the cut)."""
     if LEVELS >= 1:
-        key = _best_of_rows(key, BLOCK // SUB, SUB, KC)
+        key = _best_of_rows(key, N // SUB, SUB, KC)
     if LEVELS >= 2:
-        key = _best_of_rows(key, BLOCK // SUB * KC // SUB, SUB, KC)
+        key = _best_of_rows(key, N // SUB * KC // SUB, SUB, KC)
     top = tl.sort(key, descending=True)
     fo = tl.arange(0, FINAL)
-    tl.store(cand_ptr + (row * n_chunks + chunk) * KC + fo, top, mask=fo < KC)
+    tl.store(out_ptr + fo, top, mask=fo < KC)
+
+
+@triton.jit
+def _chunk_filter_kernel(
+    logits_ptr,
+    temp_ptr,
+    cand_ptr,
+    gather_ptr,
+    vocab,
+    stride_row,
+    n_chunks,
+    BLOCK: tl.constexpr,
+    KC: tl.constexpr,
+    SUB: tl.constexpr,
+    LEVELS: tl.constexpr,
+    FINAL: tl.constexpr,
+    CAP: tl.constexpr,
+    CAP_SUB: tl.constexpr,
+    CAP_LEVELS: tl.constexpr,
+    CAP_FINAL: tl.constexpr,
+):
+    """`_chunk_top_kernel`'s cand[row, chunk, :KC], sorting only the keys at or above a bound of the KC-th largest.
+
+    Column j of the chunk (ids j, j + KC, ...) has a largest key; those KC maxima are distinct keys, so the chunk's
+    KC-th largest is at least their minimum, tau. The keys >= tau (at least KC, all of the best KC among them) are
+    written in order to this program's CAP slots of `gather` (their positions a prefix sum of the test), read back
+    after a CTA barrier, and cut to the best KC (`chunk_levels(CAP, KC)`). Columns rather than contiguous rows keep
+    the bound tight in the last chunk, whose tail is past the vocabulary. More than CAP keys >= tau: the sorted rows
+    of the whole chunk, as `_chunk_top_kernel` does (SUB, LEVELS, FINAL)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    key = _chunk_keys(logits_ptr, temp_ptr, row, chunk, vocab, stride_row, BLOCK)
+    out = cand_ptr + (row * n_chunks + chunk) * KC
+    tau = tl.min(tl.max(tl.reshape(key, (BLOCK // KC, KC)), axis=0), axis=0)
+    hit = (key >= tau).to(tl.int32)
+    n = tl.sum(hit, axis=0)
+    if n <= CAP:
+        slots = gather_ptr + (row * n_chunks + chunk) * CAP
+        tl.store(slots + tl.cumsum(hit, axis=0) - 1, key, mask=hit != 0)
+        tl.debug_barrier()  # the other threads' stores, before every thread reads all slots
+        c = tl.arange(0, CAP)
+        few = tl.load(slots + c, mask=c < n, other=_INT64_MIN)
+        _store_best(few, out, CAP, KC, CAP_SUB, CAP_LEVELS, CAP_FINAL)
+    else:
+        _store_best(key, out, BLOCK, KC, SUB, LEVELS, FINAL)
 
 
 @triton.jit
@@ -205,10 +275,18 @@ def sample_top_k(
     top_k, seeds, steps = (t.to(torch.int64).contiguous() for t in (top_k, seeds, steps))
     top_p, min_p = (t.to(torch.float32).contiguous() for t in (top_p, min_p))
     sub, levels, final = chunk_levels(block, kc)
-    _chunk_top_kernel[(n, n_chunks)](
-        logits, temperature, cand, vocab, logits.stride(0), n_chunks, BLOCK=block, KC=kc, SUB=sub, LEVELS=levels,
-        FINAL=final,
-    )  # fmt: skip
+    if FILTER and kc == MIN_KC and block > FILTER_CAP:
+        gather = torch.empty((n, n_chunks, FILTER_CAP), dtype=torch.int64, device=logits.device)
+        cap_sub, cap_levels, cap_final = chunk_levels(FILTER_CAP, kc)
+        _chunk_filter_kernel[(n, n_chunks)](
+            logits, temperature, cand, gather, vocab, logits.stride(0), n_chunks, BLOCK=block, KC=kc, SUB=sub,
+            LEVELS=levels, FINAL=final, CAP=FILTER_CAP, CAP_SUB=cap_sub, CAP_LEVELS=cap_levels, CAP_FINAL=cap_final,
+        )  # fmt: skip
+    else:
+        _chunk_top_kernel[(n, n_chunks)](
+            logits, temperature, cand, vocab, logits.stride(0), n_chunks, BLOCK=block, KC=kc, SUB=sub, LEVELS=levels,
+            FINAL=final,
+        )  # fmt: skip
     p = triton.next_power_of_2(n_chunks * kc)
     sub, levels, final = chunk_levels(p, kc)
     _draw_kernel[(n,)](

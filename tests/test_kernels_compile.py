@@ -283,6 +283,16 @@ def test_sampler_chunk_kernel_compiles_for_sm90(kc: int) -> None:
     assert loads > 0 and waits == 0  # the sampler launches without PDL
 
 
+def test_sampler_filtered_chunk_kernel_compiles_for_sm90() -> None:
+    """The filtered chunk top-k (`FILTER`) at Flint's 4096-key chunks: the gathered keys cut once, the fallback in
+    two levels."""
+    pointers = {"logits_ptr": "fp32", "temp_ptr": "fp32", "cand_ptr": "i64", "gather_ptr": "i64"}
+    constexprs = dict(BLOCK=4096, KC=32, SUB=128, LEVELS=2, FINAL=256, CAP=512, CAP_SUB=128, CAP_LEVELS=1,
+                      CAP_FINAL=128)  # fmt: skip
+    loads, waits = _compile("flint_kernels.sampling_triton", "_chunk_filter_kernel", pointers, constexprs, 4, 1)
+    assert loads > 0 and waits == 0
+
+
 @pytest.mark.parametrize("chosen", [None, "0"])
 def test_fp_fusion_stays_on_unless_the_user_chose(chosen: str | None) -> None:
     """Importing flint_kernels keeps Triton's multiply-add fusion on (Triton 3.10 turns its default off), and the

@@ -129,5 +129,76 @@ def test_sampler_gives_the_same_tokens_with_either_op(small_chunks: None) -> Non
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("n,k_max", [(1, 20), (8, 20), (64, 20), (32, 128), (16, 1)], ids=str)
-def test_sample_top_k_gpu(n: int, k_max: int) -> None:
+@pytest.mark.parametrize("filtered", [False, True], ids=["sorted_rows", "filter"])
+def test_sample_top_k_gpu(monkeypatch: pytest.MonkeyPatch, n: int, k_max: int, filtered: bool) -> None:
+    monkeypatch.setattr(sampling_triton, "FILTER", filtered)
     _check(n, 150_144, k_max, seed=n + k_max, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_chunk_filter_falls_back_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FILTER at Flint's vocabulary with rows whose chunks all exceed FILTER_CAP keys at the bound (every 32nd
+    logit very low) beside ordinary rows: the same tokens as the reference."""
+    monkeypatch.setattr(sampling_triton, "FILTER", True)
+    args = _batch(8, 150_144, 20, seed=5, device="cuda")
+    args[0][::2, ::32] = -50.0
+    assert sample_top_k(*args, 20).tolist() == sample_top_k_ref(*args, 20).tolist()
+
+
+def _filtered_counts(logits: torch.Tensor, temperature: torch.Tensor, chunk: int, kc: int) -> list[int]:
+    """How many keys of each (row, chunk) reach `_chunk_filter_kernel`'s bound: the smallest of kc column maxima."""
+    counts = []
+    for r in range(logits.shape[0]):
+        t = temperature[r].item() or 1.0
+        row = logits[r] / t
+        for c0 in range(0, row.numel(), chunk):
+            part = torch.full((chunk,), float("-inf"))
+            part[: min(chunk, row.numel() - c0)] = row[c0 : c0 + chunk]
+            tau = part.view(chunk // kc, kc).max(dim=0).values.min()
+            counts.append(int((part >= tau).sum()))
+    return counts
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_chunk_filter_gathers_the_keys_at_the_bound_interp(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """`_chunk_filter_kernel` (FILTER): chunks with at most FILTER_CAP keys at the bound sort only those, the others
+    (here a row whose every 32nd logit is very low, so one column's maximum is far below the rest) take the sorted
+    rows of the whole chunk; the same tokens as the reference either way."""
+    monkeypatch.setattr(sampling_triton, "CHUNK", 1024)
+    monkeypatch.setattr(sampling_triton, "FILTER", True)
+    monkeypatch.setattr(sampling_triton, "FILTER_CAP", 256)
+    n, vocab, k_max = 3, 2 * 1024 + 300, 20  # the last chunk ends past the vocabulary
+    args = _batch(n, vocab, k_max, seed=seed, device="cpu")
+    logits = args[0]
+    logits[1, ::32] = -50.0
+    counts = _filtered_counts(logits, args[1], 1024, sampling_triton.MIN_KC)
+    assert min(counts) >= sampling_triton.MIN_KC
+    assert any(c <= 256 for c in counts) and any(c > 256 for c in counts), counts
+    got = sample_top_k(*args, k_max)
+    assert got.tolist() == sample_top_k_ref(*args, k_max).tolist()
+
+
+def test_chunk_filter_finds_each_chunks_best_keys_interp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidates themselves: the filtered kernel's KC keys of every chunk are the unfiltered kernel's."""
+    monkeypatch.setattr(sampling_triton, "CHUNK", 1024)
+    monkeypatch.setattr(sampling_triton, "FILTER_CAP", 256)
+    logits = torch.randn(2, 3000, generator=torch.Generator().manual_seed(7))
+    logits[1, 1024:2048] = torch.arange(1024.0)  # sorted: the bound is the last 32 keys exactly
+    temperature = torch.tensor([0.7, 1.0])
+    kc, block = sampling_triton.MIN_KC, 1024
+    n_chunks = triton.cdiv(3000, block)
+    sub, levels, final = sampling_triton.chunk_levels(block, kc)
+    cap_sub, cap_levels, cap_final = sampling_triton.chunk_levels(256, kc)
+    want = torch.empty((2, n_chunks, kc), dtype=torch.int64)
+    got = torch.empty_like(want)
+    gather = torch.empty((2, n_chunks, 256), dtype=torch.int64)
+    sampling_triton._chunk_top_kernel[(2, n_chunks)](
+        logits, temperature, want, 3000, logits.stride(0), n_chunks, BLOCK=block, KC=kc, SUB=sub, LEVELS=levels,
+        FINAL=final,
+    )  # fmt: skip
+    sampling_triton._chunk_filter_kernel[(2, n_chunks)](
+        logits, temperature, got, gather, 3000, logits.stride(0), n_chunks, BLOCK=block, KC=kc, SUB=sub,
+        LEVELS=levels, FINAL=final, CAP=256, CAP_SUB=cap_sub, CAP_LEVELS=cap_levels, CAP_FINAL=cap_final,
+    )  # fmt: skip
+    assert torch.equal(got, want)
