@@ -13,7 +13,8 @@ noise hash, softmax, cumsum, masks). Here:
    FILTER_CAP (for independent logits about once in 20,000 rows) takes `_chunk_top_kernel`'s sorted rows.
 2. `_draw_kernel` (one program per row): sorts the chunks' candidates, keeps the row's top_k, applies top-p and
    min-p on their softmax, adds the same counter-hash Gumbel noise as the reference and takes the argmax
-   (temperature 0: the best key, i.e. the first argmax of the logits).
+   (temperature 0: the best key, i.e. the first argmax of the logits). With FILTER, `_draw_filter_kernel` cuts
+   only the candidates at or above the KC-th largest chunk maximum (~70 of Flint's 1184), the same way.
 
 The division by temperature is IEEE-rounded (`div_rn`) as in PyTorch; exp/log are Triton's, so softmax masses and
 noise may differ from the reference in the last bit: a token differs only where two perturbed scores, or a
@@ -47,6 +48,9 @@ FILTER = os.environ.get("FLINT_SAMPLER_FILTER", "0") == "1"
 # reach the bound only if some column's maximum lies below the (1 - CAP / 4096) quantile: for CAP = 512 about
 # KC * 0.875**128 = 1e-6 a chunk.
 FILTER_CAP = 512
+# Candidates `_draw_filter_kernel` gathers at most: for Flint's 37 chunks and independent logits 47-106 reached its
+# bound in 200 trials.
+DRAW_CAP = 256
 _INT64_MIN = tl.constexpr(-(2**63))
 _M32 = tl.constexpr(0xFFFFFFFF)
 
@@ -97,11 +101,7 @@ def _store_best(
     key, out_ptr, N: tl.constexpr, KC: tl.constexpr, SUB: tl.constexpr, LEVELS: tl.constexpr, FINAL: tl.constexpr
 ):
     """out[:KC] = the KC largest of the N keys `key`, in descending order (`chunk_levels(N, KC)` gives the cut)."""
-    if LEVELS >= 1:
-        key = _best_of_rows(key, N // SUB, SUB, KC)
-    if LEVELS >= 2:
-        key = _best_of_rows(key, N // SUB * KC // SUB, SUB, KC)
-    top = tl.sort(key, descending=True)
+    top = _sorted_best(key, N, KC, SUB, LEVELS)
     fo = tl.arange(0, FINAL)
     tl.store(out_ptr + fo, top, mask=fo < KC)
 
@@ -204,11 +204,23 @@ def _draw_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, P)
     keys = tl.load(cand_ptr + row * n_cand + offs, mask=offs < n_cand, other=_INT64_MIN)
+    _draw_row(_sorted_best(keys, P, KC, SUB, LEVELS), row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr,
+              step_ptr, out_ptr, FINAL)  # fmt: skip
+
+
+@triton.jit
+def _sorted_best(keys, N: tl.constexpr, KC: tl.constexpr, SUB: tl.constexpr, LEVELS: tl.constexpr):
+    """The N keys cut in sorted rows (`chunk_levels(N, KC)`) and sorted, descending: the best KC come first."""
     if LEVELS >= 1:
-        keys = _best_of_rows(keys, P // SUB, SUB, KC)
+        keys = _best_of_rows(keys, N // SUB, SUB, KC)
     if LEVELS >= 2:
-        keys = _best_of_rows(keys, P // SUB * KC // SUB, SUB, KC)
-    keys = tl.sort(keys, descending=True)
+        keys = _best_of_rows(keys, N // SUB * KC // SUB, SUB, KC)
+    return tl.sort(keys, descending=True)
+
+
+@triton.jit
+def _draw_row(keys, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, FINAL: tl.constexpr):
+    """out[row] = the draw among the row's best keys, `keys` [FINAL] sorted descending (top_k <= KC <= FINAL)."""
     rank = tl.arange(0, FINAL)
     hi = (keys >> 32).to(tl.int32)
     vals = tl.where(hi >= 0, hi, hi ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
@@ -233,6 +245,60 @@ def _draw_kernel(
     drawn = tl.sum(tl.where(rank == best, ids, 0))
     token = tl.where(tl.load(temp_ptr + row) == 0.0, first, drawn)
     tl.store(out_ptr + row, token)
+
+
+@triton.jit
+def _draw_filter_kernel(
+    cand_ptr,
+    gather_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    seed_ptr,
+    step_ptr,
+    out_ptr,
+    n_cand,
+    P: tl.constexpr,
+    KC: tl.constexpr,
+    SUB: tl.constexpr,
+    LEVELS: tl.constexpr,
+    FINAL: tl.constexpr,
+    CAP: tl.constexpr,
+    CAP_SUB: tl.constexpr,
+    CAP_LEVELS: tl.constexpr,
+    CAP_FINAL: tl.constexpr,
+):
+    """`_draw_kernel`'s token, cutting only the candidates at or above a bound of the row's KC-th largest key.
+
+    Each chunk's KC candidates are stored sorted, so the first of each is its chunk's largest key; with at least KC
+    chunks the KC-th largest of those maxima bounds the row's KC-th largest from below (for Flint's 37 chunks and
+    independent logits ~70 of 1184 candidates reach it). Those are gathered into this row's CAP slots of `gather`
+    as in `_chunk_filter_kernel`; more than CAP (or fewer than KC chunks): the sorted rows of all P candidates."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, P)
+    keys = tl.load(cand_ptr + row * n_cand + offs, mask=offs < n_cand, other=_INT64_MIN)
+    CH: tl.constexpr = P // KC
+    if CH >= KC:
+        lead = tl.arange(0, KC)[None, :] == 0
+        heads = tl.sort(tl.max(tl.where(lead, tl.reshape(keys, (CH, KC)), _INT64_MIN), axis=1), descending=True)
+        tau = tl.max(tl.where(tl.arange(0, CH) == KC - 1, heads, _INT64_MIN), axis=0)
+    else:
+        tau = _INT64_MIN
+    hit = (keys >= tau).to(tl.int32)
+    n = tl.sum(hit, axis=0)
+    if n <= CAP:
+        slots = gather_ptr + row * CAP
+        tl.store(slots + tl.cumsum(hit, axis=0) - 1, keys, mask=hit != 0)
+        tl.debug_barrier()  # the other threads' stores, before every thread reads all slots
+        c = tl.arange(0, CAP)
+        few = tl.load(slots + c, mask=c < n, other=_INT64_MIN)
+        # (Each branch's names are its own: the compiler merges a name set in both, which needs one shape.)
+        few_best = _sorted_best(few, CAP, KC, CAP_SUB, CAP_LEVELS)
+        _draw_row(few_best, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, CAP_FINAL)
+    else:
+        all_best = _sorted_best(keys, P, KC, SUB, LEVELS)
+        _draw_row(all_best, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, FINAL)
 
 
 def supported(logits: torch.Tensor, k_max: int) -> bool:
@@ -289,8 +355,17 @@ def sample_top_k(
         )  # fmt: skip
     p = triton.next_power_of_2(n_chunks * kc)
     sub, levels, final = chunk_levels(p, kc)
-    _draw_kernel[(n,)](
-        cand, temperature, top_k, top_p, min_p, seeds, steps, out, n_chunks * kc,
-        P=p, KC=kc, SUB=sub, LEVELS=levels, FINAL=final,
-    )  # fmt: skip
+    if FILTER and kc == MIN_KC and p > DRAW_CAP:
+        gather = torch.empty((n, DRAW_CAP), dtype=torch.int64, device=logits.device)
+        cap_sub, cap_levels, cap_final = chunk_levels(DRAW_CAP, kc)
+        _draw_filter_kernel[(n,)](
+            cand, gather, temperature, top_k, top_p, min_p, seeds, steps, out, n_chunks * kc,
+            P=p, KC=kc, SUB=sub, LEVELS=levels, FINAL=final, CAP=DRAW_CAP, CAP_SUB=cap_sub, CAP_LEVELS=cap_levels,
+            CAP_FINAL=cap_final,
+        )  # fmt: skip
+    else:
+        _draw_kernel[(n,)](
+            cand, temperature, top_k, top_p, min_p, seeds, steps, out, n_chunks * kc,
+            P=p, KC=kc, SUB=sub, LEVELS=levels, FINAL=final,
+        )  # fmt: skip
     return out

@@ -283,13 +283,19 @@ def test_sampler_chunk_kernel_compiles_for_sm90(kc: int) -> None:
     assert loads > 0 and waits == 0  # the sampler launches without PDL
 
 
-def test_sampler_filtered_chunk_kernel_compiles_for_sm90() -> None:
-    """The filtered chunk top-k (`FILTER`) at Flint's 4096-key chunks: the gathered keys cut once, the fallback in
-    two levels."""
+def test_sampler_filtered_kernels_compile_for_sm90() -> None:
+    """The filtered sampler kernels (`FILTER`) at Flint's sizes: the chunk top-k over 4096-key chunks (the gathered
+    keys cut once, the fallback in two levels) and the draw."""
     pointers = {"logits_ptr": "fp32", "temp_ptr": "fp32", "cand_ptr": "i64", "gather_ptr": "i64"}
     constexprs = dict(BLOCK=4096, KC=32, SUB=128, LEVELS=2, FINAL=256, CAP=512, CAP_SUB=128, CAP_LEVELS=1,
                       CAP_FINAL=128)  # fmt: skip
     loads, waits = _compile("flint_kernels.sampling_triton", "_chunk_filter_kernel", pointers, constexprs, 4, 1)
+    assert loads > 0 and waits == 0
+    # The draw over Flint's 37 chunks' candidates (P = 2048), its gathered candidates cut once.
+    pointers = {"cand_ptr": "i64", "gather_ptr": "i64", "temp_ptr": "fp32", "top_k_ptr": "i64", "top_p_ptr": "fp32",
+                "min_p_ptr": "fp32", "seed_ptr": "i64", "step_ptr": "i64", "out_ptr": "i64"}  # fmt: skip
+    constexprs = dict(P=2048, KC=32, SUB=128, LEVELS=2, FINAL=128, CAP=256, CAP_SUB=128, CAP_LEVELS=1, CAP_FINAL=64)
+    loads, waits = _compile("flint_kernels.sampling_triton", "_draw_filter_kernel", pointers, constexprs, 4, 1)
     assert loads > 0 and waits == 0
 
 

@@ -202,3 +202,28 @@ def test_chunk_filter_finds_each_chunks_best_keys_interp(monkeypatch: pytest.Mon
         LEVELS=levels, FINAL=final, CAP=256, CAP_SUB=cap_sub, CAP_LEVELS=cap_levels, CAP_FINAL=cap_final,
     )  # fmt: skip
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("chunk", "vocab", "ordered"), [(128, 2200, False), (128, 1100, False), (64, 2200, True)], ids=str
+)
+def test_draw_filter_interp(monkeypatch: pytest.MonkeyPatch, chunk: int, vocab: int, ordered: bool) -> None:
+    """`_draw_filter_kernel` (FILTER): with at least KC chunks (18 here) the candidates at the KC-th largest chunk
+    maximum are gathered and cut; fewer chunks (9), or more candidates there than DRAW_CAP (logits rising with the
+    id over 35 chunks: every candidate of the last 31 chunks reaches it), take the sorted rows of all candidates.
+    The same tokens as the reference."""
+    monkeypatch.setattr(sampling_triton, "CHUNK", chunk)
+    monkeypatch.setattr(sampling_triton, "FILTER", True)
+    args = _batch(3, vocab, 20, seed=vocab + chunk, device="cpu")
+    if ordered:
+        args[0][:] = torch.linspace(-5.0, 5.0, vocab)
+    kc, chunks = sampling_triton.MIN_KC, triton.cdiv(vocab, chunk)
+    for r in range(3):  # how many candidates reach the bound, from each chunk's best keys
+        scaled = torch.full((chunks * chunk,), float("-inf"))
+        scaled[:vocab] = args[0][r] / (args[1][r].item() or 1.0)
+        best = scaled.view(chunks, chunk).topk(kc, dim=1).values
+        if chunks >= kc:
+            reached = int((best >= best[:, 0].topk(kc).values[-1]).sum())
+            assert (reached > sampling_triton.DRAW_CAP) == ordered, reached
+    got = sample_top_k(*args, 20)
+    assert got.tolist() == sample_top_k_ref(*args, 20).tolist()
