@@ -8,7 +8,8 @@ the Triton kernels (`flint_kernels.sampling_triton`, on CUDA; every chunk size i
 
 Every path draws the same tokens (checked here on every timed batch, and in tests/test_sampler.py and
 tests/test_kernels_sampling.py). Times are wall-clock medians with the device synchronised around each call; on CUDA
-the Triton op's GPU time alone (`..._gpu_ms`: 20 calls captured in a CUDA graph, replayed, per call) as well, since a
+the Triton op's GPU time alone (`..._gpu_ms`: 20 calls captured in a CUDA graph, replayed, per call;
+`kernels_moe_gemv.time_graph`) as well, since a
 decode step launches it ahead and only its GPU time is on the step's path. `--filter` times every chunk size with
 `sampling_triton.FILTER` off and on (`..._filter_...` columns).
 Prints a table and writes benchmarks/results/sampler_<device>.json.
@@ -22,11 +23,13 @@ import platform
 import statistics
 import time
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 import torch
 from flint_kernels import sampling_triton
 from flint_kernels.sampling import draw_top_k, sample_top_k_ref
+from kernels_moe_gemv import time_graph
 
 from flint_engine.sampler import SamplingRow, draw_full, sample
 
@@ -48,28 +51,6 @@ def median_ms(fn, args: tuple, device: torch.device, iters: int) -> float:
         fn(*args)
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def graph_ms(fn, args: tuple, device: torch.device, calls: int = 20, replays: int = 10) -> float:
-    """GPU time per call of `fn(*args)`: `calls` calls captured in one CUDA graph, the median of `replays` replays."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        fn(*args)  # allocations and compiles outside the capture
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn(*args)
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
     return statistics.median(times)
 
 
@@ -116,7 +97,7 @@ def main() -> None:
                     row["same_tokens"] &= sampling_triton.sample_top_k(*op_args).tolist() == want
                     row[f"{name}_first_call_s"] = round(time.perf_counter() - t0, 3)  # compiles included
                     row[f"{name}_ms"] = median_ms(sampling_triton.sample_top_k, op_args, device, args.iters)
-                    row[f"{name}_gpu_ms"] = graph_ms(sampling_triton.sample_top_k, op_args, device)
+                    row[f"{name}_gpu_ms"] = time_graph([partial(sampling_triton.sample_top_k, *op_args)], reps=20)
             sampling_triton.CHUNK, sampling_triton.FILTER = default_chunk, default_filter
             row["triton_ms"] = row[f"triton_chunk{default_chunk}_ms"] if default_chunk in args.chunks else None
         # The engine's call: penalties check, host-side staging of the parameters, the op, the tokens read back.

@@ -141,14 +141,20 @@ def _chunk_filter_kernel(
     hit = (key >= tau).to(tl.int32)
     n = tl.sum(hit, axis=0)
     if n <= CAP:
-        slots = gather_ptr + (row * n_chunks + chunk) * CAP
-        tl.store(slots + tl.cumsum(hit, axis=0) - 1, key, mask=hit != 0)
-        tl.debug_barrier()  # the other threads' stores, before every thread reads all slots
-        c = tl.arange(0, CAP)
-        few = tl.load(slots + c, mask=c < n, other=_INT64_MIN)
+        few = _gather(key, hit, n, gather_ptr + (row * n_chunks + chunk) * CAP, CAP)
         _store_best(few, out, CAP, KC, CAP_SUB, CAP_LEVELS, CAP_FINAL)
     else:
         _store_best(key, out, BLOCK, KC, SUB, LEVELS, FINAL)
+
+
+@triton.jit
+def _gather(keys, hit, n, slots, CAP: tl.constexpr):
+    """[CAP] the n `keys` where `hit` is 1, in their order (a prefix sum of `hit` places them in `slots`), then the
+    smallest key."""
+    tl.store(slots + tl.cumsum(hit, axis=0) - 1, keys, mask=hit != 0)
+    tl.debug_barrier()  # the other threads' stores, before every thread reads all slots
+    c = tl.arange(0, CAP)
+    return tl.load(slots + c, mask=c < n, other=_INT64_MIN)
 
 
 @triton.jit
@@ -288,11 +294,7 @@ def _draw_filter_kernel(
     hit = (keys >= tau).to(tl.int32)
     n = tl.sum(hit, axis=0)
     if n <= CAP:
-        slots = gather_ptr + row * CAP
-        tl.store(slots + tl.cumsum(hit, axis=0) - 1, keys, mask=hit != 0)
-        tl.debug_barrier()  # the other threads' stores, before every thread reads all slots
-        c = tl.arange(0, CAP)
-        few = tl.load(slots + c, mask=c < n, other=_INT64_MIN)
+        few = _gather(keys, hit, n, gather_ptr + row * CAP, CAP)
         # (Each branch's names are its own: the compiler merges a name set in both, which needs one shape.)
         few_best = _sorted_best(few, CAP, KC, CAP_SUB, CAP_LEVELS)
         _draw_row(few_best, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, CAP_FINAL)
