@@ -8,8 +8,7 @@ the Triton kernels (`flint_kernels.sampling_triton`, on CUDA; every chunk size i
 
 Every path draws the same tokens (checked here on every timed batch, and in tests/test_sampler.py and
 tests/test_kernels_sampling.py). Times are wall-clock medians with the device synchronised around each call; on CUDA
-the Triton op's GPU time alone (`..._gpu_ms`: 20 calls captured in a CUDA graph, replayed, per call;
-`kernels_moe_gemv.time_graph`) as well, since a
+also the Triton op's GPU time alone (`..._gpu_ms`: 20 calls in a CUDA graph, `kernels_moe_gemv.time_graph`), since a
 decode step launches it ahead and only its GPU time is on the step's path. `--filter` times every chunk size with
 `sampling_triton.FILTER` off and on (`..._filter_...` columns).
 Prints a table and writes benchmarks/results/sampler_<device>.json.
