@@ -7,7 +7,7 @@ noise hash, softmax, cumsum, masks). Here:
    every logit with its token id into one int64 key (order-preserving float bits above, the inverted id below, so
    the larger key is the larger value, then the smaller id, torch.argmax's tie rule), and keeps its best KC keys:
    sorted rows of 4 KC keys cut to their best KC (twice for Flint's 4096-key chunks), then one sort.
-   `_chunk_filter_kernel` finds the same keys with far less sorting (`FILTER`, off until timed on a GPU): the
+   `_chunk_filter_kernel` finds the same keys with far less sorting (`FILTER`, on by default): the
    smallest of KC column maxima is a lower bound of the chunk's KC-th largest key, so only the keys at or above it
    (typically ~120 of 4096) are gathered and sorted, the rest of the chunk never; a chunk with more of them than
    FILTER_CAP (for independent logits about once in 20,000 rows) takes `_chunk_top_kernel`'s sorted rows.
@@ -41,9 +41,10 @@ MIN_KC = 32
 TOP_K_VARIANTS = (MIN_KC, MAX_K)
 # Vocabulary entries per chunk program (H200, benchmarks/sampler.py; a power of two >= MAX_K).
 CHUNK = 4096
-# `_chunk_filter_kernel` instead of `_chunk_top_kernel` for KC = MIN_KC. Off until a GPU run times it
-# (benchmarks/sampler.py --filter); the tokens are the same either way.
-FILTER = os.environ.get("FLINT_SAMPLER_FILTER", "0") == "1"
+# `_chunk_filter_kernel` / `_draw_filter_kernel` instead of the sorted rows for KC = MIN_KC: the op's GPU time on an
+# H200 fell 0.087 -> 0.019 ms at batch 1 and 0.467 -> 0.094 at 64 (benchmarks/sampler.py --filter, 2026-12-02); the
+# tokens are the same either way. FLINT_SAMPLER_FILTER=0 runs the sorted rows.
+FILTER = os.environ.get("FLINT_SAMPLER_FILTER", "1") != "0"
 # Keys a filtered chunk gathers at most. With n independent logits in KC columns of 4096 / KC, more than CAP keys
 # reach the bound only if some column's maximum lies below the (1 - CAP / 4096) quantile: for CAP = 512 about
 # KC * 0.875**128 = 1e-6 a chunk.

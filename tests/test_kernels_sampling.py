@@ -78,9 +78,9 @@ def test_draw_cuts_the_candidates_in_levels_interp(monkeypatch: pytest.MonkeyPat
 def test_ties_and_banned_tokens_interp(monkeypatch: pytest.MonkeyPatch, small_chunks: None, filtered: bool) -> None:
     """Greedy takes the first of equal maxima (torch.argmax's rule); a -inf logit is never drawn. With FILTER, in
     one 1024-key chunk: the bound then lies among the -inf keys of the banned rows."""
+    monkeypatch.setattr(sampling_triton, "FILTER", filtered)
     if filtered:
         monkeypatch.setattr(sampling_triton, "CHUNK", 1024)
-        monkeypatch.setattr(sampling_triton, "FILTER", True)
         monkeypatch.setattr(sampling_triton, "FILTER_CAP", 256)
     vocab = 600
     logits = torch.zeros(4, vocab)
