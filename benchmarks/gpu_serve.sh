@@ -12,6 +12,9 @@
 #
 # flint-serve with one replica of the full-size model (random NVFP4 weights built on the GPU; MODEL=random:full for
 # BF16) through the router: serve_smoke.py (openai client; the replica must report a CUDA device), serve_load.py.
+# REQUESTS (48) sets serve_load.py's requests a level: at 48 the concurrency-32 level lasts 2.4-3.2 s, and five runs
+# of the same build on one machine gave 548-730 output tokens/s there (2026-12-02), so an A/B through the server
+# needs more (and alternating runs, e.g. FLINT_SAMPLER_FILTER=0 / 1 in one call: the environment reaches the replica).
 set -u
 OUT=${OUT:-/tmp/flint-gpu}
 MODEL=${MODEL:-random:full:nvfp4}
@@ -38,7 +41,7 @@ curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/
   -d '{"model": "flint", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}' | head -c 600
 echo
 timeout 60 python3 benchmarks/serve_smoke.py --expect-device cuda --out "$OUT/serve_smoke.json"
-timeout 150 python3 benchmarks/serve_load.py --concurrency 1 8 32 --rates --requests 48 \
+timeout 300 python3 benchmarks/serve_load.py --concurrency 1 8 32 --rates --requests "${REQUESTS:-48}" \
   --out "$OUT/serve_load_gpu.json" > "$OUT/serve_load.txt" 2>&1
 tail -8 "$OUT/serve_load.txt"
 # Any Triton kernel compiled after the warm-up stalled the requests of its step (flint_engine/late_compiles.py).
