@@ -3,49 +3,29 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the seventeenth session (2026-12-02): NVFP4 GEMVs of 2-4 rows run on the FMA path in 2-row programs with
-# whole-K steps, 33-64 rows in 32-column tensor-core tiles; the NVFP4 MoE runs per pair, 8 x 1024 / 8 x 512 tiles at 1
-# token, 8 x 1024 / 32 x 512 at 2 (b2 2.95 -> 2.74 ms), 16 x 512 / 32 x 512 in 4 warps from 3 (b3 -8%, b4 -11%). Open,
-# one A/B (each variant in the same alternating rounds as the table): the 2 tokens' gate_up at 3-4 tokens, whole-K
-# gate_up steps at 2, 4-column GEMV programs at 2-4 rows; the sampler's filtered chunk kernel (FILTER) against the
-# sorted rows. Then the GEMV, MoE and sampling GPU tests and the whole step with the table as installed, the fused
-# path checked against the plain one at batch 1 and 2.
-# SKIP_AB=1 leaves the A/B out, SKIP_CHECK=1 the tests and check, RECORD=1 then records the NVFP4 profile of the
-# kernel manifest again (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs
-# and the sampler, and the engine's wall time per step at 1-64 requests with and without async decode. Through the
-# server: `benchmarks/gpu_serve.sh` (two calls).
+# State after the eighteenth session (2026-12-02): the table's A/Bs and the sampler's filter are judged and installed
+# (NVFP4 GEMV at 2-4 rows in 4-column programs, b2-b4 -3%; the filtered sampler kernels, op 4.5-5x faster). Open: the
+# NVFP4 linear on mma.sync with the decode in PTX (`kernels/nvfp4_mma_triton.py`, built without a GPU: its PTX was
+# checked only through an emulator and an sm_90 compile), its GPU tests and its timing against the engine's path at
+# 1-8 rows (`benchmarks/nvfp4_mma.py`). Then the GEMV, MoE and sampling GPU tests and the whole step with the table as
+# installed, the fused path checked against the plain one at batch 1 and 2.
+# SKIP_AB=1 leaves the new kernel out, SKIP_CHECK=1 the tests and check, RECORD=1 then records the NVFP4 profile of
+# the kernel manifest again (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the
+# graphs and the sampler, and the engine's wall time per step at 1-64 requests with and without async decode (the
+# sampled step's cost since the filter is not measured yet). Through the server: `benchmarks/gpu_serve.sh` (two calls;
+# REQUESTS=256 for a run long enough to compare).
 set -u
 . benchmarks/gpu_env.sh
 
 if [ "${SKIP_AB:-0}" != 1 ]; then
-V=/tmp/variants; mkdir -p $V
-variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
-# ab NAME FORMAT SECONDS "BATCHES" VARIANT...: the whole step at 1K context, default table vs each variant.
-ab() {
-    local name=$1 fmt=$2 secs=$3 batches=$4; shift 4
-    # shellcheck disable=SC2086
-    timeout "$secs" python3 benchmarks/decode.py --formats "$fmt" --batches $batches --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file "$@" --out "$OUT/decode_${name}_ab.json" \
-        > "$OUT/decode_${name}_ab.txt" 2>&1
-    echo "== $name: default vs each variant"
-    grep "A/B rounds\|Error" "$OUT/decode_${name}_ab.txt" \
-        | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
-}
-# NVFP4 at 2-4 tokens after the seventeenth session (2 tokens: gate_up 8 x 1024 with down 32 x 512; from 3 the tiles
-# from 5, 16 x 512 / 32 x 512): the 2 tokens' gate_up at 3-4 tokens, the 2 tokens' gate_up in whole-K steps, and the
-# 2-4 rows' GEMV programs in 4 columns (8 now).
-variant --op moe.decode --when '{"nvfp4": true}' --add '{"nvfp4": true, "tokens_min": 3, "tokens_max": 4}' \
-    --set gu_block_i=8 gu_block_k=1024 --out $V/moe34_gu8x1024.json
-variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 2, "tokens_max": 2}' --set gu_block_k=2048 \
-    --out $V/moe2_gu_whole_k.json
-variant --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' --set block_n=4 --out $V/rows24_n4.json
-ab nvfp4 nvfp4 150 "2 3 4" $V/moe34_gu8x1024.json $V/moe2_gu_whole_k.json $V/rows24_n4.json
-# The sampler's filtered chunk kernel (`sampling_triton.FILTER`, built in the seventeenth session, off until timed):
-# the op's GPU time at batch 1-64 with and without it (a sampled step took 0.16 ms more than a greedy one at batch
-# 1, 0.56 at 64), the same tokens checked on each.
-timeout 150 python3 benchmarks/sampler.py --device cuda --chunks 4096 --filter --iters 30 > "$OUT/sampler.txt" 2>&1
-cp benchmarks/results/sampler_cuda.json "$OUT/" 2> /dev/null
-echo "== sampler, filtered chunk kernel"; sed -n '/^sampling over/,$p' "$OUT/sampler.txt"; grep Error "$OUT/sampler.txt"
+# The NVFP4 MMA linear: its GPU tests (the kernel against linear_ref at qkv, o_proj and a ragged N, 1-8 rows, with
+# and without split-K), then its time against the engine's path at Flint's shapes.
+timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
+    > "$OUT/mma_tests.txt" 2>&1
+echo "nvfp4_mma tests: $(tail -1 "$OUT/mma_tests.txt")"
+grep -E "^E |FAILED" "$OUT/mma_tests.txt" | head -8
+timeout 200 python3 benchmarks/nvfp4_mma.py --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
+echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,$p' "$OUT/nvfp4_mma.txt"; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \

@@ -1,0 +1,103 @@
+"""The NVFP4 linear on mma.sync with the decode in PTX (`flint_kernels.nvfp4_mma_triton`) against the engine's path.
+
+CUDA only. For Flint's NVFP4 shapes at 1-8 rows of x: each variant is checked against `linear_ref` ("ok": within 2
+BF16 ulps plus 2**-16 of the sum of |products|), then timed inside a CUDA graph of calls rotating over enough weight
+copies that L2 never holds them (`kernels_moe_gemv.time_graph`). Variants: the engine's `gemv_triton.linear` with the
+installed tuning table, and the MMA kernel in 2, 4 and 8 warps (split-K chosen by the kernel). One expert's gate_up
+and down stand for the MoE, where the MMA kernel would serve once it wins.
+
+    python benchmarks/nvfp4_mma.py                      # table + benchmarks/results/nvfp4_mma.json
+    python benchmarks/nvfp4_mma.py --ms 1 8 --shapes expert_gate_up qkv
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from kernels_moe_gemv import time_graph  # noqa: E402
+
+SHAPES = {  # name: (N, K)
+    "qkv": (5120, 2048),
+    "o_proj": (2048, 4096),
+    "expert_gate_up": (1024, 2048),
+    "expert_down": (2048, 512),
+    "shared_gate_up": (2048, 2048),
+    "lm_head": (150144, 2048),
+}
+
+
+def random_weight(n: int, k: int, seed: int):  # -> NVFP4Weight
+    from flint_kernels.linear import NVFP4Weight
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randint(0, 256, (n, k // 2), generator=g, device="cuda", dtype=torch.int32).to(torch.uint8)
+    # Scale bytes of ordinary magnitude (E4M3 0.25-4), so sums stay far from overflow.
+    s = torch.randint(0x28, 0x48, (n, k // 16), generator=g, device="cuda", dtype=torch.int32).to(torch.uint8)
+    return NVFP4Weight(q, s, torch.tensor([0.75], device="cuda"), (n,))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/nvfp4_mma.py needs a CUDA GPU")
+    from flint_kernels import gemv_triton
+    from flint_kernels import nvfp4_mma_triton as nm
+    from flint_kernels.linear import linear_ref
+
+    rows = []
+    for name in args.shapes:
+        n, k = SHAPES[name]
+        nbytes = n * k // 2 + n * k // 16
+        copies = max(2, min(64, -(-200_000_000 // nbytes)))
+        ws = [random_weight(n, k, seed) for seed in range(copies)]
+        for m in args.ms:
+            x = (torch.randn(m, k, device="cuda") * 0.5).to(torch.bfloat16)
+            want = linear_ref(x, ws[0]).float()
+            # Reordered FP32 sums can move a result that cancels by a little of the sum of |products|.
+            l1 = (x.float().abs() @ ws[0].dequantize(torch.float32).abs().T) * ws[0].column_scale()
+            variants = {"engine": lambda x, w: gemv_triton.linear(x, w)}
+            for nw in args.warps:
+                variants[f"mma_w{nw}"] = lambda x, w, nw=nw: nm.linear(x, w, num_warps=nw)
+            row = {"shape": name, "n": n, "k": k, "m": m}
+            for label, fn in variants.items():
+                try:
+                    got = fn(x, ws[0]).float()
+                    tol = 2.0**-7 * torch.maximum(got.abs(), want.abs()) + 2.0**-16 * l1
+                    ok = bool(((got - want).abs() <= tol).all())
+                    us = time_graph([lambda fn=fn, x=x, w=w: fn(x, w) for w in ws]) * 1e3
+                    row[label] = {"us": round(us, 2), "gbps": round(nbytes / us / 1e3, 1), "ok": ok}
+                except Exception as exc:  # a variant that fails to compile or run is reported, not fatal
+                    row[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    labels = ["engine"] + [f"mma_w{nw}" for nw in args.warps]
+    print(f"\nNVFP4 linear on {torch.cuda.get_device_name()}, us per call (GB/s), ok = within 2 BF16 ulps")
+    print(f"{'shape':>15} {'m':>2} " + " ".join(f"{lb:>20}" for lb in labels))
+    for r in rows:
+        cells = []
+        for lb in labels:
+            v = r[lb]
+            cells.append("error" if "error" in v else f"{v['us']:.2f} ({v['gbps']:.0f}){'' if v['ok'] else ' BAD'}")
+        print(f"{r['shape']:>15} {r['m']:>2} " + " ".join(f"{c:>20}" for c in cells))
+    out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "command": "python benchmarks/nvfp4_mma.py " + " ".join(sys.argv[1:]), "rows": rows}  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

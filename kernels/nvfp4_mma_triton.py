@@ -1,0 +1,284 @@
+"""NVFP4 (W4A16) linear for up to 8 rows of x on `mma.sync` tensor cores, the weights decoded two a register in PTX.
+
+`linear_ref`'s function for a BF16 x [M <= 8, K] and an NVFP4 weight [N, K]: FP32 accumulation, the per-segment
+global scale on the accumulator, one rounding. Not used by the engine yet: a candidate for the NVFP4 decode paths
+(the MoE's per-pair and expert-major launches, the projections at 2-8 rows), where the FMA path spends ~5
+instructions a weight value (sm_90 SASS) and the tl.dot paths move decoded tiles through shared memory to reach
+the MMA operand layout. Here each thread decodes exactly the weights its MMA fragments hold, so nothing moves:
+~2 instructions a value for the decode (AND, IMAD, AND and one FMA.BF16X2 for two values) and one HMMA
+per 8 values a thread, the same for every row of x up to 8.
+
+Lanes: a warp owns 16 weight rows; lane L = 4g + c holds rows g and g + 8 (A fragment) and row g of x (B fragment:
+token g, zero when g >= M), and every thread runs the PTX once per K step, so the fragments are each thread's own
+registers (the kernel's tensors are one element a thread: thread t holds element t, which the compile test checks
+by finding no layout conversion). A K step is 128 values a row: lane c reads int32 words 4c..4c+3 of the step
+(values 32c + 8j + i of word j); word j's nibbles p and p + 4 become one BF16x2 register (`gemv_triton`'s
+`e2m1_pair_packed` bits: E2M1X2 * 2**-127, exact, subnormals included) times the block scale * 2**64, so the MMA
+inputs are the weights times 2**-62, exact and normal. The MMA of (word j, half h) takes pairs 2h and 2h + 1 of
+rows g and g + 8, and the matching x pairs built by PRMT from the same positions: a permutation of K, the same for
+A and B, which changes only the order of the FP32 sums. The accumulator leaves the PTX as the D fragment (rows g,
+g + 8; tokens 2c, 2c + 1), is multiplied by 2**62 and the row's global scale, and rounded once.
+
+Split-K as in `gemv_triton` (deterministic, in one launch): each split stores its D fragments per thread, the last
+to arrive on the tile's counter sums them in split order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemv_triton import COUNTER_SLOTS, MAX_SEGMENTS, counters, e4m3_value, num_sms, segment_bounds, segment_scale
+from .linear import NVFP4Weight
+from .pdl import launch_options, pdl_entry
+
+MAX_M = 8  # rows of x: the MMA's N side
+BLOCK_K = 128  # values a K step, a row: 16 bytes a lane
+ROWS_PER_WARP = 16
+
+
+def _decode_pair(word: str, p: int, scale: str, out: str) -> list[str]:
+    """PTX for nibbles p and p + 4 (p = 0 or 1) of `word` as a BF16x2 register `out`, times the BF16x2 `scale`.
+
+    One multiply moves both fields: the nibble pair masked out of the word, times 2**(6 - 4p) + 2**(12 - 4p), is
+    two disjoint copies, one with the magnitude bits at 6-8 / 22-24 and one with the sign at 15 / 31; a mask keeps
+    those (`gemv_triton.e2m1_pair_packed`'s bits, in three operations instead of five). Nibbles 2, 3, 6 and 7 are
+    nibbles 0, 1, 4 and 5 of the word shifted right by 8."""
+    nibbles = 0x000F000F << (4 * p)
+    times = (1 << (6 - 4 * p)) + (1 << (12 - 4 * p))
+    return [
+        f"and.b32 m, {word}, {nibbles:#010x};",
+        f"mul.lo.u32 m, m, {times:#x};",
+        "and.b32 m, m, 0x81C081C0;",
+        f"fma.rn.bf16x2 {out}, m, {scale}, z;",
+    ]
+
+
+def step_asm() -> str:
+    """The PTX of one K step: operands $0-$3 the D fragment (out), $4/$5 row g's words 0-1 / 2-3 (b64), $6/$7 row
+    g + 8's, $8/$9 row g's BF16x2 scales of words 0-1 / 2-3, $10/$11 row g + 8's, $12-$19 x (b64: values 4q..4q+3
+    of the lane's 32), $20-$23 the D fragment (in)."""
+    lines = [
+        "{",
+        ".reg .b32 wa<4>, wb<4>, ra, rb, x<16>, a<4>, b<2>, m, z;",
+        "mov.b32 z, 0x80008000;",
+        "mov.b64 {wa0, wa1}, $4;",
+        "mov.b64 {wa2, wa3}, $5;",
+        "mov.b64 {wb0, wb1}, $6;",
+        "mov.b64 {wb2, wb3}, $7;",
+    ]
+    lines += [f"mov.b64 {{x{2 * q}, x{2 * q + 1}}}, ${12 + q};" for q in range(8)]
+    lines += [f"mov.f32 ${i}, ${20 + i};" for i in range(4)]
+    for j in range(4):
+        sa, sb = ("$8", "$10") if j < 2 else ("$9", "$11")
+        lines += [f"shr.u32 ra, wa{j}, 8;", f"shr.u32 rb, wb{j}, 8;"]
+        for h in range(2):
+            wa, wb = (f"wa{j}", f"wb{j}") if h == 0 else ("ra", "rb")
+            lines += _decode_pair(wa, 0, sa, "a0")
+            lines += _decode_pair(wb, 0, sb, "a1")
+            lines += _decode_pair(wa, 1, sa, "a2")
+            lines += _decode_pair(wb, 1, sb, "a3")
+            # x words 4j..4j+3 hold values 8j + 2i, 8j + 2i + 1; pair p is (8j + p, 8j + p + 4).
+            lo, hi = f"x{4 * j + h}", f"x{4 * j + 2 + h}"
+            lines += [f"prmt.b32 b0, {lo}, {hi}, 0x5410;", f"prmt.b32 b1, {lo}, {hi}, 0x7632;"]
+            lines.append(
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                "{$0, $1, $2, $3}, {a0, a1, a2, a3}, {b0, b1}, {$0, $1, $2, $3};"
+            )
+    lines.append("}")
+    return "\n".join(lines)
+
+
+_STEP_ASM = tl.constexpr(step_asm())
+
+
+@triton.jit
+def _mma_step(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3):
+    return tl.inline_asm_elementwise(
+        _STEP_ASM,
+        "=f,=f,=f,=f,l,l,l,l,r,r,r,r,l,l,l,l,l,l,l,l,f,f,f,f",
+        [wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _scale2(ptrs):
+    """The BF16x2 (both halves equal) of a block scale byte's E4M3 value times 2**64 (exact in BF16)."""
+    b = tl.load(ptrs).to(tl.int32)
+    v = (e4m3_value(b) * 1.8446744073709552e19).to(tl.bfloat16)  # 2**64
+    bits = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return bits | (bits << 16)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _nvfp4_mma_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    k_split,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    seg1,
+    seg2,
+    seg3,
+    SPLIT_K: tl.constexpr,
+    NW: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    NT: tl.constexpr = 32 * NW
+    t = tl.arange(0, NT)
+    lane = t % 32
+    g = lane // 4
+    c = lane % 4
+    row0 = pid_n * (16 * NW) + (t // 32) * 16 + g  # ROWS_PER_WARP
+    row1 = row0 + 8
+    ok0 = row0 < N
+    ok1 = row1 < N
+    # Loads need no masks: rows past N read row N - 1 and tokens past M token M - 1, whose results (other rows of
+    # D, other columns) are never stored; a masked load would cost a register clear each.
+    r0 = tl.minimum(row0, N - 1).to(tl.int64)
+    r1 = tl.minimum(row1, N - 1).to(tl.int64)
+    tok = tl.minimum(g, M - 1).to(tl.int64)
+    w64 = w_ptr.to(tl.pointer_type(tl.int64))
+    x64 = x_ptr.to(tl.pointer_type(tl.int64))
+    # int64 indices: a row's step starts at byte k0 / 2 (a multiple of 64), the lane's 16 bytes at 16c.
+    wa_base = r0 * (stride_wn // 8) + c * 2
+    wb_base = r1 * (stride_wn // 8) + c * 2
+    xa_base = tok * (stride_xm // 4) + c * 8
+    sa_base = r0 * stride_sn + c * 2
+    sb_base = r1 * stride_sn + c * 2
+    d0 = tl.zeros((NT,), dtype=tl.float32)
+    d1 = tl.zeros((NT,), dtype=tl.float32)
+    d2 = tl.zeros((NT,), dtype=tl.float32)
+    d3 = tl.zeros((NT,), dtype=tl.float32)
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(k_lo + k_split, K)
+    pdl_entry(PDL)
+    for k0 in range(k_lo, k_hi, 128):
+        wq = k0 // 16
+        wa0 = tl.load(w64 + wa_base + wq)
+        wa1 = tl.load(w64 + wa_base + wq + 1)
+        wb0 = tl.load(w64 + wb_base + wq)
+        wb1 = tl.load(w64 + wb_base + wq + 1)
+        sq = k0 // 16
+        sa0 = _scale2(s_ptr + sa_base + sq)
+        sa1 = _scale2(s_ptr + sa_base + sq + 1)
+        sb0 = _scale2(s_ptr + sb_base + sq)
+        sb1 = _scale2(s_ptr + sb_base + sq + 1)
+        xq = xa_base + k0 // 4
+        x0 = tl.load(x64 + xq)
+        x1 = tl.load(x64 + xq + 1)
+        x2 = tl.load(x64 + xq + 2)
+        x3 = tl.load(x64 + xq + 3)
+        x4 = tl.load(x64 + xq + 4)
+        x5 = tl.load(x64 + xq + 5)
+        x6 = tl.load(x64 + xq + 6)
+        x7 = tl.load(x64 + xq + 7)
+        d0, d1, d2, d3 = _mma_step(
+            wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3
+        )
+    store = True
+    if SPLIT_K > 1:
+        base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * 4 * NT) + t
+        tl.store(base + pid_k * (4 * NT), d0)
+        tl.store(base + pid_k * (4 * NT) + NT, d1)
+        tl.store(base + pid_k * (4 * NT) + 2 * NT, d2)
+        tl.store(base + pid_k * (4 * NT) + 3 * NT, d3)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        store = arrived == SPLIT_K - 1
+        if store:
+            d0 = tl.zeros((NT,), dtype=tl.float32)
+            d1 = tl.zeros((NT,), dtype=tl.float32)
+            d2 = tl.zeros((NT,), dtype=tl.float32)
+            d3 = tl.zeros((NT,), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                d0 += tl.load(base + s * (4 * NT), cache_modifier=".cg")
+                d1 += tl.load(base + s * (4 * NT) + NT, cache_modifier=".cg")
+                d2 += tl.load(base + s * (4 * NT) + 2 * NT, cache_modifier=".cg")
+                d3 += tl.load(base + s * (4 * NT) + 3 * NT, cache_modifier=".cg")
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+    if store:
+        post = 4.611686018427388e18  # 2**62: the MMA inputs were the weights times 2**-62
+        gs0 = segment_scale(gs_ptr, row0, ok0, seg1, seg2, seg3) * post
+        gs1 = segment_scale(gs_ptr, row1, ok1, seg1, seg2, seg3) * post
+        tok0 = 2 * c
+        tok1 = tok0 + 1
+        odt = out_ptr.dtype.element_ty
+        tl.store(out_ptr + tok0 * stride_om + row0, (d0 * gs0).to(odt), mask=ok0 & (tok0 < M))
+        tl.store(out_ptr + tok1 * stride_om + row0, (d1 * gs0).to(odt), mask=ok0 & (tok1 < M))
+        tl.store(out_ptr + tok0 * stride_om + row1, (d2 * gs1).to(odt), mask=ok1 & (tok0 < M))
+        tl.store(out_ptr + tok1 * stride_om + row1, (d3 * gs1).to(odt), mask=ok1 & (tok1 < M))
+
+
+def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
+    """Whether `linear` takes this call: CUDA sm_80+, BF16 x of 1-8 rows with 8-byte aligned rows, a 2-D NVFP4
+    weight whose K is a multiple of 128 and whose code rows are 8-byte aligned, at most MAX_SEGMENTS segments."""
+    if not (x.is_cuda and isinstance(w, NVFP4Weight) and x.dtype == torch.bfloat16 and x.dim() == 2):
+        return False
+    if torch.cuda.get_device_capability(x.device) < (8, 0):
+        return False
+    k = w.qweight.shape[-1] * 2
+    return (
+        w.qweight.dim() == 2
+        and 1 <= x.shape[0] <= MAX_M
+        and x.shape[1] == k
+        and k % BLOCK_K == 0
+        and x.stride(1) == 1
+        and x.stride(0) % 4 == 0
+        and x.data_ptr() % 8 == 0
+        and w.qweight.stride(1) == 1
+        and w.qweight.stride(0) % 8 == 0
+        and w.qweight.data_ptr() % 8 == 0
+        and w.scales.stride(1) == 1
+        and len(w.segments) <= MAX_SEGMENTS
+    )
+
+
+def choose_split(tiles: int, steps: int, device: torch.device) -> int:
+    """K splits so that the grid has ~4 programs per SM, each split at least 2 steps (at most 32 splits)."""
+    target = 4 * num_sms(device)
+    if tiles >= target or tiles > COUNTER_SLOTS:
+        return 1
+    return max(1, min(triton.cdiv(target, tiles), steps // 2, 32))
+
+
+def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | None = None) -> torch.Tensor:
+    """x [M <= 8, K] @ W^T in BF16 with `linear_ref`'s numerics (FP32 accumulation in the MMA's order)."""
+    if not supported(x, w):
+        raise ValueError(
+            f"nvfp4_mma.linear takes BF16 x of 1-{MAX_M} aligned rows on a CUDA GPU and a 2-D NVFP4 weight with K a "
+            f"multiple of {BLOCK_K}; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight {w.shape}"
+        )
+    m, k = x.shape
+    n = w.qweight.shape[0]
+    tiles = triton.cdiv(n, ROWS_PER_WARP * num_warps)
+    steps = k // BLOCK_K
+    split = split_k or choose_split(tiles, steps, x.device)
+    per = triton.cdiv(steps, split) * BLOCK_K
+    split = triton.cdiv(k, per)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((tiles * split * 4 * 32 * num_warps,) if split > 1 else (1,), dtype=torch.float32,
+                     device=x.device)  # fmt: skip
+    seg1, seg2, seg3 = segment_bounds(w.segments, n)
+    _nvfp4_mma_kernel[(tiles, split)](
+        x, w.qweight, w.scales, w.global_scale, out, ws, counters(x.device), m, n, k, per,
+        x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), seg1, seg2, seg3,
+        SPLIT_K=split, NW=num_warps, num_warps=num_warps, num_stages=1, **launch_options(x.device),
+    )  # fmt: skip
+    return out

@@ -1,0 +1,274 @@
+"""`flint_kernels.nvfp4_mma_triton`: the NVFP4 linear on mma.sync with the weights decoded in PTX.
+
+Triton's interpreter cannot run PTX, so the CPU tests run the kernel's own PTX text (`step_asm`) through a small
+emulator of the instructions it uses (bit operations, PRMT, FMA.BF16X2 and the m16n8k16 MMA with PTX's fragment
+layouts), fed by a model of the kernel's per-thread loads and epilogue, and compare the result with `linear_ref`.
+The sm_90 compile test checks what the lane mapping relies on: every tensor stays one element a thread (no layout
+conversion) and the K step issues its 8 MMAs. The `gpu` tests run the kernel itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flint_kernels import nvfp4_mma_triton as nm
+from flint_kernels.linear import NVFP4Weight, linear_ref
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+HAS_CUDA = torch.cuda.is_available()
+
+
+def random_nvfp4(n: int, k: int, seed: int, segments: tuple[int, ...]) -> NVFP4Weight:
+    """Random code and scale bytes (0x7F decodes to 0, 0xFF to 480 / 2 as in `ue4m3_to_float`), planted signed zeros,
+    global scales in [0.3, 2)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    s = torch.randint(0, 256, (n, k // 16), generator=g, dtype=torch.int32).to(torch.uint8)
+    q[0, :4] = torch.tensor([0x00, 0x88, 0x80, 0x08], dtype=torch.uint8)
+    s[0, 0], s[1, 0], s[2, 0], s[3, 0] = 0x7F, 0x00, 0xFF, 0x01  # zero, zero, the largest, the smallest
+    gscale = torch.rand(len(segments), generator=g) * 1.7 + 0.3
+    return NVFP4Weight(q, s, gscale.float(), segments)
+
+
+# ---------------------------------------------------------------------------------------- a PTX emulator (one warp)
+
+
+def _bf16_to_f64(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _f64_to_bf16(v: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def _prmt(a: np.ndarray, b: np.ndarray, sel: int) -> np.ndarray:
+    both = (b.astype(np.uint64) << 32) | a.astype(np.uint64)
+    out = np.zeros_like(a, dtype=np.uint64)
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        assert nib < 8, "sign-replicating PRMT selectors are not emulated"
+        out |= ((both >> np.uint64(8 * nib)) & np.uint64(0xFF)) << np.uint64(8 * i)
+    return out.astype(np.uint32)
+
+
+def _mma_m16n8k16(a: list[np.ndarray], b: list[np.ndarray], c: list[np.ndarray]) -> list[np.ndarray]:
+    """PTX's mma.m16n8k16.row.col.f32.bf16.bf16.f32 for one warp: fragments [reg][lane] in, D fragments out."""
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+    for reg, (row_off, col_off) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+        lo, hi = _bf16_to_f64(a[reg] & 0xFFFF), _bf16_to_f64(a[reg] >> 16)
+        A[g + row_off, 2 * t + col_off] = lo
+        A[g + row_off, 2 * t + col_off + 1] = hi
+    for reg, k_off in enumerate((0, 8)):
+        B[2 * t + k_off, g] = _bf16_to_f64(b[reg] & 0xFFFF)
+        B[2 * t + k_off + 1, g] = _bf16_to_f64(b[reg] >> 16)
+    for reg, (row_off, col_off) in enumerate(((0, 0), (0, 1), (8, 0), (8, 1))):
+        C[g + row_off, 2 * t + col_off] = c[reg]
+    D = A @ B + C
+    return [D[g + ro, 2 * t + co] for ro, co in ((0, 0), (0, 1), (8, 0), (8, 1))]
+
+
+def run_ptx(asm: str, operands: dict[int, np.ndarray], n_out: int) -> list[np.ndarray]:
+    """Run `asm` (the instructions `step_asm` emits) on one warp: operands $i are [32] arrays (b32 as uint32, b64
+    as uint64, f32 as float64); returns the outputs $0 .. $n_out - 1."""
+    regs: dict[str, np.ndarray] = {f"${i}": v for i, v in operands.items()}
+
+    def val(tok: str) -> np.ndarray:
+        tok = tok.strip()
+        if tok in regs:
+            return regs[tok]
+        return np.full(32, int(tok, 0), dtype=np.uint32)
+
+    for stmt in asm.replace("{", " ").replace("}", " ").split(";"):
+        stmt = stmt.strip()
+        if not stmt or stmt.startswith(".reg"):
+            continue
+        op, _, rest = stmt.partition(" ")
+        rest = rest.strip()
+        if op == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
+            names = re.findall(r"\$?\w+", rest)
+            d, a, b, c = names[:4], names[4:8], names[8:10], names[10:14]
+            out = _mma_m16n8k16([val(x) for x in a], [val(x) for x in b], [val(x) for x in c])
+            for name, v in zip(d, out):
+                regs[name] = v
+            continue
+        if op == "mov.b64":
+            m = re.match(r"(\w+)\s*,\s*(\w+)\s*,\s*(\$\d+)", rest)
+            assert m, stmt
+            wide = val(m.group(3)).astype(np.uint64)
+            regs[m.group(1)] = (wide & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+            regs[m.group(2)] = (wide >> np.uint64(32)).astype(np.uint32)
+            continue
+        args = [a.strip() for a in rest.split(",")]
+        dst, srcs = args[0], args[1:]
+        if op == "mov.b32":
+            regs[dst] = val(srcs[0]).astype(np.uint32)
+        elif op == "mov.f32":
+            regs[dst] = val(srcs[0]).astype(np.float64)
+        elif op == "shr.u32":
+            regs[dst] = val(srcs[0]) >> np.uint32(int(srcs[1]))
+        elif op == "shl.b32":
+            regs[dst] = (val(srcs[0]).astype(np.uint64) << np.uint64(int(srcs[1]))).astype(np.uint32)
+        elif op == "and.b32":
+            regs[dst] = val(srcs[0]) & val(srcs[1])
+        elif op == "or.b32":
+            regs[dst] = val(srcs[0]) | val(srcs[1])
+        elif op == "mul.lo.u32":
+            regs[dst] = (val(srcs[0]).astype(np.uint64) * val(srcs[1]).astype(np.uint64)).astype(np.uint32)
+        elif op == "prmt.b32":
+            regs[dst] = _prmt(val(srcs[0]), val(srcs[1]), int(srcs[2], 0))
+        elif op == "fma.rn.bf16x2":
+            a, b, c = (val(x) for x in srcs)
+            halves = []
+            for shift in (0, 16):
+                prod = _bf16_to_f64((a >> shift) & 0xFFFF) * _bf16_to_f64((b >> shift) & 0xFFFF)
+                halves.append(_f64_to_bf16(prod + _bf16_to_f64((c >> shift) & 0xFFFF)).astype(np.uint32))
+            regs[dst] = halves[0] | (halves[1] << np.uint32(16))
+        else:
+            raise AssertionError(f"the emulator does not know {op!r}")
+    return [regs[f"${i}"] for i in range(n_out)]
+
+
+# ------------------------------------------------------------------------------------ the kernel's threads, modelled
+
+
+def _scale2(byte: np.ndarray) -> np.ndarray:
+    """`_scale2`: the low 7 bits' E4M3 value * 2**64 as replicated BF16 bits (byte 0x7F decodes to 0, 0xFF not)."""
+    b = byte.astype(np.int64)
+    v = ((b & 0x7F).astype(np.uint32) << 20).view(np.float32).astype(np.float64) * 2.0**120 * 2.0**64
+    v = np.where(b == 0x7F, 0.0, v)
+    bits = _f64_to_bf16(v).astype(np.uint32)
+    return bits | (bits << np.uint32(16))
+
+
+def emulate_linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 2) -> torch.Tensor:
+    """The kernel's result, thread by thread (SPLIT_K = 1): its loads, `step_asm` per K step, its epilogue."""
+    m, k = x.shape
+    n = w.qweight.shape[0]
+    asm = nm.step_asm()
+    w64 = w.qweight.contiguous().numpy().view(np.uint64).reshape(n, -1)
+    x64 = x.contiguous().view(torch.int16).numpy().view(np.uint64).reshape(m, -1)
+    sc = w.scales.numpy()
+    col_scale = w.column_scale().numpy().astype(np.float32)
+    out = torch.full((m, n), float("nan"), dtype=torch.float32)
+    lane = np.arange(32)
+    g, c = lane // 4, lane % 4
+    for pid in range(-(-n // (16 * num_warps))):
+        for warp in range(num_warps):
+            row0 = pid * 16 * num_warps + warp * 16 + g
+            row1 = row0 + 8
+            r0, r1 = np.minimum(row0, n - 1), np.minimum(row1, n - 1)
+            tok = np.minimum(g, m - 1)
+            d = [np.zeros(32) for _ in range(4)]
+            for k0 in range(0, k, nm.BLOCK_K):
+                wq, sq, xq = k0 // 16 + c * 2, k0 // 16 + c * 2, k0 // 4 + c * 8
+                ops = {4: w64[r0, wq], 5: w64[r0, wq + 1], 6: w64[r1, wq], 7: w64[r1, wq + 1]}
+                ops.update({8: _scale2(sc[r0, sq]), 9: _scale2(sc[r0, sq + 1])})
+                ops.update({10: _scale2(sc[r1, sq]), 11: _scale2(sc[r1, sq + 1])})
+                ops.update({12 + q: x64[tok, xq + q] for q in range(8)})
+                ops.update({20 + i: d[i] for i in range(4)})
+                d = run_ptx(asm, ops, 4)
+            for vals, rows, tok_off in ((d[0], row0, 0), (d[1], row0, 1), (d[2], row1, 0), (d[3], row1, 1)):
+                toks = 2 * c + tok_off
+                keep = (rows < n) & (toks < m)
+                gs = col_scale[np.minimum(rows, n - 1)] * np.float32(2.0**62)
+                y = (vals.astype(np.float32) * gs).astype(np.float32)
+                out[toks[keep], rows[keep]] = torch.from_numpy(y[keep])
+    return out.to(x.dtype)
+
+
+def _close_in_bf16(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: NVFP4Weight) -> None:
+    """Equal up to FP32 summation order and the one rounding to BF16: within 2 BF16 ulps of the larger value plus
+    2**-16 of the sum of |products| (what reordered FP32 sums can move a result that cancels)."""
+    g, r = got.float().cpu(), want.float().cpu()
+    assert not torch.isnan(g).any(), "an output was never written"
+    l1 = (x.float().abs().cpu() @ w.dequantize(torch.float32).abs().cpu().T) * w.column_scale().cpu()
+    tol = 2.0**-7 * torch.maximum(g.abs(), r.abs()) + 2.0**-16 * l1
+    bad = (g - r).abs() > tol
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} differ, e.g. {g[bad][:4]} vs {r[bad][:4]}"
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_the_kernels_ptx_computes_linear_ref(m: int) -> None:
+    """The PTX, emulated lane by lane, against the reference: ragged N (rows past N on both fragment halves), two
+    segments with their own global scales, every code and scale byte."""
+    w = random_nvfp4(80, 256, seed=m, segments=(48, 32))
+    x = (torch.randn(m, 256, generator=torch.Generator().manual_seed(10 + m)) * 0.5).to(torch.bfloat16)
+    want = linear_ref(x, w)
+    _close_in_bf16(emulate_linear(x, w), want, x, w)
+    # Mostly bit-equal: only FP32 summation order separates the two.
+    assert (emulate_linear(x, w).float() == want.float()).float().mean() > 0.8
+
+
+def test_emulated_decode_is_exact_for_each_code() -> None:
+    """One nonzero code per weight row at a time: every E2M1 code (both nibbles of a byte, every pair position) times
+    a power-of-two x lands exactly on the dequantised value, so the decode (not just the sum) is exact."""
+    n, k = 16, 128
+    codes = torch.arange(n * k, dtype=torch.int64).reshape(n, k) % 16
+    q = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    s = torch.full((n, k // 16), 0x38, dtype=torch.uint8)  # E4M3 1.0
+    w = NVFP4Weight(q, s, torch.ones(1), (n,))
+    dense = w.dequantize(torch.float32)
+    for col in (0, 1, 2, 5, 7, 8, 33, 127):  # x = one-hot: out[:, row] = W[row, col]
+        x = torch.zeros(1, k, dtype=torch.bfloat16)
+        x[0, col] = 1.0
+        got = emulate_linear(x, w, num_warps=1).float()[0]
+        assert torch.equal(got, dense[:, col]), col
+
+
+def test_bad_inputs_name_the_problem() -> None:
+    w = random_nvfp4(64, 256, seed=1, segments=(64,))
+    with pytest.raises(ValueError, match="1-8 aligned rows"):
+        nm.linear(torch.zeros(9, 256, dtype=torch.bfloat16), w)
+    assert not nm.supported(torch.zeros(2, 256, dtype=torch.bfloat16), w)  # not on a GPU
+
+
+def test_kernel_compiles_for_sm90_one_element_a_thread() -> None:
+    """sm_90: no layout conversion anywhere (a tensor's element t lives in thread t, which the PTX's fragments
+    assume), 8 HMMAs in the K loop, no spills."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(BENCHMARKS)!r})
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flint_kernels import nvfp4_mma_triton as nm
+from kernel_sass import disassemble, profile
+fn = nm._nvfp4_mma_kernel
+ptrs = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", gs_ptr="*fp32", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
+for split in (1, 4):
+    cx = dict(SPLIT_K=split, NW=4, PDL=True)
+    sig = {{n: ptrs.get(n, "constexpr" if n in cx else "i32") for n in fn.arg_names}}
+    src = ASTSource(fn=fn, signature=sig, constexprs={{(fn.arg_names.index(k),): v for k, v in cx.items()}})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={{"num_warps": 4, "num_stages": 1}})
+    code, res = disassemble(k.asm["cubin"])
+    body = profile(code)["loop_body_opcodes"]
+    print(k.asm["ttgir"].count("convert_layout"), body.get("HMMA", 0), res.get("LOCAL", 0), res.get("STACK", 0))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for line in r.stdout.strip().splitlines()[-2:]:
+        converts, hmma, local, stack = map(int, line.split())
+        assert (converts, hmma, local, stack) == (0, 8, 0, 0), line
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+@pytest.mark.parametrize("n,k,segments", [(5120, 2048, (4096, 512, 512)), (1000, 512, (1000,)), (2048, 4096, (2048,))])
+@pytest.mark.parametrize("split_k", [None, 1])
+def test_linear_on_the_gpu(m: int, n: int, k: int, segments: tuple[int, ...], split_k: int | None) -> None:
+    """The kernel itself against `linear_ref` at Flint's shapes (qkv, a ragged N, o_proj), with and without split-K."""
+    w = random_nvfp4(n, k, seed=m + n, segments=segments)
+    w = NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda(), segments)
+    x = (torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 0.5).to(torch.bfloat16).cuda()
+    _close_in_bf16(nm.linear(x, w, split_k=split_k), linear_ref(x, w), x, w)
