@@ -270,7 +270,9 @@ def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | N
     tiles = triton.cdiv(n, ROWS_PER_WARP * num_warps)
     steps = k // BLOCK_K
     split = split_k or choose_split(tiles, steps, x.device)
-    per = triton.cdiv(steps, split) * BLOCK_K
+    if tiles > COUNTER_SLOTS:  # one arrival counter a tile
+        split = 1
+    per = triton.cdiv(steps, min(split, steps)) * BLOCK_K
     split = triton.cdiv(k, per)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((tiles * split * 4 * 32 * num_warps,) if split > 1 else (1,), dtype=torch.float32,
