@@ -5,10 +5,11 @@
 #
 # State after the eighteenth session (2026-12-02): the table's A/Bs and the sampler's filter are judged and installed
 # (NVFP4 GEMV at 2-4 rows in 4-column programs, b2-b4 -3%; the filtered sampler kernels, op 4.5-5x faster). Open: the
-# NVFP4 linear on mma.sync with the decode in PTX (`kernels/nvfp4_mma_triton.py`, built without a GPU: its PTX was
-# checked only through an emulator and an sm_90 compile), its GPU tests and its timing against the engine's path at
-# 1-8 rows (`benchmarks/nvfp4_mma.py`). Then the GEMV, MoE and sampling GPU tests and the whole step with the table as
-# installed, the fused path checked against the plain one at batch 1 and 2.
+# NVFP4 linear on mma.sync with the decode in PTX and the expert-major MoE gate_up on it (`kernels/nvfp4_mma_triton.py`,
+# built without a GPU: the PTX was checked only through an emulator and an sm_90 compile), their GPU tests and their
+# timing against the engine's paths (`benchmarks/nvfp4_mma.py`: the linear at 1-8 rows, the gate_up at 1-64 tokens).
+# Then the GEMV, MoE and sampling GPU tests and the whole step with the table as installed, the fused path checked
+# against the plain one at batch 1 and 2. Both parts together can pass a call's 600 s: run SKIP_CHECK=1, then SKIP_AB=1.
 # SKIP_AB=1 leaves the new kernel out, SKIP_CHECK=1 the tests and check, RECORD=1 then records the NVFP4 profile of
 # the kernel manifest again (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the
 # graphs and the sampler, and the engine's wall time per step at 1-64 requests with and without async decode (the
@@ -18,14 +19,14 @@ set -u
 . benchmarks/gpu_env.sh
 
 if [ "${SKIP_AB:-0}" != 1 ]; then
-# The NVFP4 MMA linear: its GPU tests (the kernel against linear_ref at qkv, o_proj and a ragged N, 1-8 rows, with
-# and without split-K), then its time against the engine's path at Flint's shapes.
+# The NVFP4 MMA kernels: their GPU tests (the linear against linear_ref at qkv, o_proj and a ragged N, 1-8 rows, with
+# and without split-K; the MoE gate_up against moe_ref's h at 1-64 tokens), then their time against the engine's paths.
 timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
     > "$OUT/mma_tests.txt" 2>&1
 echo "nvfp4_mma tests: $(tail -1 "$OUT/mma_tests.txt")"
 grep -E "^E |FAILED" "$OUT/mma_tests.txt" | head -8
-timeout 200 python3 benchmarks/nvfp4_mma.py --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
-echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,$p' "$OUT/nvfp4_mma.txt"; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
+timeout 280 python3 benchmarks/nvfp4_mma.py --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
+echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,/^wrote/p' "$OUT/nvfp4_mma.txt" | grep -v '^{'; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \

@@ -6,8 +6,12 @@ copies that L2 never holds them (`kernels_moe_gemv.time_graph`). Variants: the e
 installed tuning table, and the MMA kernel in 2, 4 and 8 warps (split-K chosen by the kernel). One expert's gate_up
 and down stand for the MoE, where the MMA kernel would serve once it wins.
 
+The MoE gate_up (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernel's
+expert-major launch (`nvfp4_mma.moe_gate_up`) against the engine's gate_up launch inside `moe_triton.fused_moe` with
+the installed table, each kernel's GPU time from the profiler over 16 routings in turn (so L2 holds no expert).
+
     python benchmarks/nvfp4_mma.py                      # table + benchmarks/results/nvfp4_mma.json
-    python benchmarks/nvfp4_mma.py --ms 1 8 --shapes expert_gate_up qkv
+    python benchmarks/nvfp4_mma.py --ms 1 8 --shapes expert_gate_up qkv --moe-tokens 32
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def main() -> None:
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--moe-tokens", type=int, nargs="*", default=[1, 8, 32, 64])
     ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -92,11 +97,87 @@ def main() -> None:
             v = r[lb]
             cells.append("error" if "error" in v else f"{v['us']:.2f} ({v['gbps']:.0f}){'' if v['ok'] else ' BAD'}")
         print(f"{r['shape']:>15} {r['m']:>2} " + " ".join(f"{c:>20}" for c in cells))
+    moe_rows = moe_gate_up_rows(args.moe_tokens, args.warps) if args.moe_tokens else []
+    command = "python benchmarks/nvfp4_mma.py " + " ".join(sys.argv[1:])
     out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "command": "python benchmarks/nvfp4_mma.py " + " ".join(sys.argv[1:]), "rows": rows}  # fmt: skip
+           "command": command, "rows": rows, "moe": moe_rows}  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
+
+
+def kernel_us(calls: list, match: str, reps: int = 5) -> float:
+    """Mean GPU time (us) per call of the kernels whose name contains `match`, from the profiler."""
+    for fn in calls:  # compile and warm up outside the profile
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for fn in calls:
+                fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for ev in prof.key_averages():
+        if match in ev.key:
+            total += getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+    return total / (reps * len(calls))
+
+
+def moe_gate_up_rows(token_counts: list[int], warps: list[int]) -> list[dict]:
+    """The MoE gate_up at each token count: the MMA kernel's expert-major launch vs the engine's gate_up launch."""
+    from flint_kernels import moe_triton
+    from flint_kernels import nvfp4_mma_triton as nm
+    from flint_kernels.activation import silu_and_mul_ref
+    from flint_kernels.linear import NVFP4Weight, linear_ref
+
+    n_exp, inter, hidden, topk = 256, 512, 2048, 6
+
+    def experts(n: int, k: int, seed: int) -> NVFP4Weight:
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randint(0, 256, (n_exp, n, k // 2), generator=g, device="cuda", dtype=torch.int32).to(torch.uint8)
+        s = torch.randint(0x28, 0x48, (n_exp, n, k // 16), generator=g, device="cuda", dtype=torch.int32)
+        gs = torch.full((n_exp, 2 if n == 2 * inter else 1), 0.75, device="cuda")
+        return NVFP4Weight(q, s.to(torch.uint8), gs, (inter, inter) if n == 2 * inter else (n,))
+
+    w13, w2 = experts(2 * inter, hidden, 1), experts(hidden, inter, 2)
+    rows = []
+    for t in token_counts:
+        routes = []
+        for r in range(16):
+            scores = torch.rand(t, n_exp, device="cuda", generator=torch.Generator(device="cuda").manual_seed(r))
+            weights, ids = torch.topk(scores, topk, dim=1)
+            x = (torch.randn(t, hidden, device="cuda") * 0.5).to(torch.bfloat16)
+            routes.append((x, weights.float(), ids))
+        x, weights, ids = routes[0]
+        want = torch.stack([silu_and_mul_ref(linear_ref(x[p // topk][None], w13.select(int(e))))[0]
+                            for p, e in enumerate(ids.reshape(-1).tolist())]).float()  # fmt: skip
+        row: dict = {"tokens": t, "pairs": t * topk, "experts_used": int(ids.unique().numel())}
+        row["engine_gate_up_us"] = round(kernel_us(
+            [lambda r=r: moe_triton.fused_moe(r[0], r[1], r[2], w13, w2) for r in routes], "gate_up"), 2)  # fmt: skip
+        for nw in warps:
+            try:
+                got = nm.moe_gate_up(x, ids, w13, num_warps=nw).float()
+                ok = bool(((got - want).abs() <= 3 * 2.0**-8 * torch.maximum(got.abs(), want.abs())
+                           + 1e-3 * want.abs().max()).all())  # fmt: skip
+                us = kernel_us([lambda r=r, nw=nw: nm.moe_gate_up(r[0], r[2], w13, num_warps=nw) for r in routes],
+                               "gate_up_mma")  # fmt: skip
+                row[f"mma_w{nw}"] = {"us": round(us, 2), "ok": ok}
+            except Exception as exc:  # reported, not fatal
+                row[f"mma_w{nw}"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print("\nMoE gate_up (256 experts, I 512, H 2048, top-6), GPU us a call")
+    print(f"{'tokens':>6} {'experts':>7} {'engine':>8} " + " ".join(f"{'mma_w' + str(nw):>14}" for nw in warps))
+    for r in rows:
+        cells = []
+        for nw in warps:
+            v = r[f"mma_w{nw}"]
+            cells.append("error" if "error" in v else f"{v['us']:.2f}{'' if v['ok'] else ' BAD'}")
+        print(
+            f"{r['tokens']:>6} {r['experts_used']:>7} {r['engine_gate_up_us']:>8} "
+            + " ".join(f"{c:>14}" for c in cells)
+        )
+    return rows
 
 
 if __name__ == "__main__":

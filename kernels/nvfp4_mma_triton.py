@@ -31,6 +31,7 @@ import triton.language as tl
 
 from .gemv_triton import COUNTER_SLOTS, MAX_SEGMENTS, counters, e4m3_value, num_sms, segment_bounds, segment_scale
 from .linear import NVFP4Weight
+from .moe_triton import _ranked_pairs
 from .pdl import launch_options, pdl_entry
 
 MAX_M = 8  # rows of x: the MMA's N side
@@ -114,6 +115,39 @@ def _scale2(ptrs):
     return bits | (bits << 16)
 
 
+@triton.jit
+def _k_loop(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT: tl.constexpr):
+    """The D fragments (FP32, weights times 2**-62) of rows g / g + 8 against x rows g over K steps k_lo..k_hi."""
+    d0 = tl.zeros((NT,), dtype=tl.float32)
+    d1 = tl.zeros((NT,), dtype=tl.float32)
+    d2 = tl.zeros((NT,), dtype=tl.float32)
+    d3 = tl.zeros((NT,), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, 128):
+        wq = k0 // 16
+        wa0 = tl.load(w64 + wa_base + wq)
+        wa1 = tl.load(w64 + wa_base + wq + 1)
+        wb0 = tl.load(w64 + wb_base + wq)
+        wb1 = tl.load(w64 + wb_base + wq + 1)
+        sq = k0 // 16
+        sa0 = _scale2(s_ptr + sa_base + sq)
+        sa1 = _scale2(s_ptr + sa_base + sq + 1)
+        sb0 = _scale2(s_ptr + sb_base + sq)
+        sb1 = _scale2(s_ptr + sb_base + sq + 1)
+        xq = xa_base + k0 // 4
+        x0 = tl.load(x64 + xq)
+        x1 = tl.load(x64 + xq + 1)
+        x2 = tl.load(x64 + xq + 2)
+        x3 = tl.load(x64 + xq + 3)
+        x4 = tl.load(x64 + xq + 4)
+        x5 = tl.load(x64 + xq + 5)
+        x6 = tl.load(x64 + xq + 6)
+        x7 = tl.load(x64 + xq + 7)
+        d0, d1, d2, d3 = _mma_step(
+            wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3
+        )
+    return d0, d1, d2, d3
+
+
 @triton.jit(do_not_specialize=["M"])
 def _nvfp4_mma_kernel(
     x_ptr,
@@ -162,36 +196,10 @@ def _nvfp4_mma_kernel(
     xa_base = tok * (stride_xm // 4) + c * 8
     sa_base = r0 * stride_sn + c * 2
     sb_base = r1 * stride_sn + c * 2
-    d0 = tl.zeros((NT,), dtype=tl.float32)
-    d1 = tl.zeros((NT,), dtype=tl.float32)
-    d2 = tl.zeros((NT,), dtype=tl.float32)
-    d3 = tl.zeros((NT,), dtype=tl.float32)
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
     pdl_entry(PDL)
-    for k0 in range(k_lo, k_hi, 128):
-        wq = k0 // 16
-        wa0 = tl.load(w64 + wa_base + wq)
-        wa1 = tl.load(w64 + wa_base + wq + 1)
-        wb0 = tl.load(w64 + wb_base + wq)
-        wb1 = tl.load(w64 + wb_base + wq + 1)
-        sq = k0 // 16
-        sa0 = _scale2(s_ptr + sa_base + sq)
-        sa1 = _scale2(s_ptr + sa_base + sq + 1)
-        sb0 = _scale2(s_ptr + sb_base + sq)
-        sb1 = _scale2(s_ptr + sb_base + sq + 1)
-        xq = xa_base + k0 // 4
-        x0 = tl.load(x64 + xq)
-        x1 = tl.load(x64 + xq + 1)
-        x2 = tl.load(x64 + xq + 2)
-        x3 = tl.load(x64 + xq + 3)
-        x4 = tl.load(x64 + xq + 4)
-        x5 = tl.load(x64 + xq + 5)
-        x6 = tl.load(x64 + xq + 6)
-        x7 = tl.load(x64 + xq + 7)
-        d0, d1, d2, d3 = _mma_step(
-            wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3
-        )
+    d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT)
     store = True
     if SPLIT_K > 1:
         base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * 4 * NT) + t
@@ -224,6 +232,83 @@ def _nvfp4_mma_kernel(
         tl.store(out_ptr + tok1 * stride_om + row0, (d1 * gs0).to(odt), mask=ok0 & (tok1 < M))
         tl.store(out_ptr + tok0 * stride_om + row1, (d2 * gs1).to(odt), mask=ok1 & (tok0 < M))
         tl.store(out_ptr + tok1 * stride_om + row1, (d3 * gs1).to(odt), mask=ok1 & (tok1 < M))
+
+
+@triton.jit
+def _silu_mul(gate, up):
+    """round(round(silu(gate)) * up) of rounded gate and up, as `silu_and_mul_ref`."""
+    g32 = gate.to(tl.float32)
+    act = (g32 / (1.0 + tl.exp(-g32))).to(gate.dtype)
+    return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit(do_not_specialize=["P"])
+def _moe_gate_up_mma_kernel(
+    x_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    h_ptr,
+    P,
+    K,
+    INTER,
+    TOPK,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_h,
+    seg1,
+    seg2,
+    seg3,
+    P_PAD: tl.constexpr,
+    NW: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Expert-major MoE gate_up (NVFP4): program (column tile, expert e) finds e's pairs in the router's ids and
+    computes their h = silu(gate) * up columns, 8 pairs an MMA. A lane's fragment rows are gate row j and up row
+    INTER + j, so its D fragment holds gate and up of the same column for pairs 2c, 2c + 1: SiLU-and-mul in
+    registers. An expert without pairs does no K loop."""
+    pid_i = tl.program_id(0)
+    e = tl.program_id(1)
+    NT: tl.constexpr = 32 * NW
+    t = tl.arange(0, NT)
+    lane = t % 32
+    g = lane // 4
+    c = lane % 4
+    j = pid_i * (8 * NW) + (t // 32) * 8 + g
+    ok = j < INTER
+    ja = tl.minimum(j, INTER - 1).to(tl.int64)
+    jb = ja + INTER
+    e64 = e.to(tl.int64)
+    w64 = (w_ptr + e64 * stride_we).to(tl.pointer_type(tl.int64))
+    sp = s_ptr + e64 * stride_se
+    wa_base = ja * (stride_wn // 8) + c * 2
+    wb_base = jb * (stride_wn // 8) + c * 2
+    sa_base = ja * stride_sn + c * 2
+    sb_base = jb * stride_sn + c * 2
+    x64 = x_ptr.to(tl.pointer_type(tl.int64))
+    post = 4.611686018427388e18  # 2**62
+    gs_a = segment_scale(gs_ptr + e64 * stride_gse, ja, ok, seg1, seg2, seg3) * post
+    gs_b = segment_scale(gs_ptr + e64 * stride_gse, jb, ok, seg1, seg2, seg3) * post
+    xdt = h_ptr.dtype.element_ty
+    pdl_entry(PDL)  # the ids are the router's, the previous kernel's
+    pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
+    for c0 in range(0, count, 8):
+        if c0 > 0:
+            pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
+        # Lane (g, c) multiplies x of the pair ranked c0 + g (past the last: pair 0, a column never stored).
+        xa_base = (tl.gather(pairs, g, 0) // TOPK) * (stride_xt // 4) + c * 8
+        d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, 0, K, NT)
+        p_lo = tl.gather(pairs, 2 * c, 0)
+        p_hi = tl.gather(pairs, 2 * c + 1, 0)
+        h_lo = _silu_mul((d0 * gs_a).to(xdt), (d2 * gs_b).to(xdt))
+        h_hi = _silu_mul((d1 * gs_a).to(xdt), (d3 * gs_b).to(xdt))
+        tl.store(h_ptr + p_lo * stride_h + j, h_lo, mask=ok & (c0 + 2 * c < count))
+        tl.store(h_ptr + p_hi * stride_h + j, h_hi, mask=ok & (c0 + 2 * c + 1 < count))
 
 
 def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
@@ -284,3 +369,43 @@ def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | N
         SPLIT_K=split, NW=num_warps, num_warps=num_warps, num_stages=1, **launch_options(x.device),
     )  # fmt: skip
     return out
+
+
+def moe_gate_up(x: torch.Tensor, topk_ids: torch.Tensor, w13: NVFP4Weight, num_warps: int = 4) -> torch.Tensor:
+    """h [T * k, I]: `silu_and_mul_ref(linear_ref(x[t], w13[e]))` of every (token t, slot) pair routed to expert e,
+    expert-major on the MMA kernel (`_moe_gate_up_mma_kernel`); x [T, H] BF16, topk_ids [T, k], w13 [E, 2I, H]."""
+    t, topk = topk_ids.shape
+    e, two_i, half_k = w13.qweight.shape
+    inter, k = two_i // 2, half_k * 2
+    if not (
+        x.is_cuda
+        and x.dtype == torch.bfloat16
+        and x.dim() == 2
+        and x.shape == (t, k)
+        and k % BLOCK_K == 0
+        and x.stride(1) == 1
+        and x.stride(0) % 4 == 0
+        and x.data_ptr() % 8 == 0
+        and w13.qweight.stride(2) == 1
+        and w13.qweight.stride(1) % 8 == 0
+        and w13.qweight.data_ptr() % 8 == 0
+        and len(w13.segments) <= MAX_SEGMENTS
+    ):
+        raise ValueError(
+            f"nvfp4_mma.moe_gate_up takes BF16 x [T, H] with aligned rows on a CUDA GPU, H a multiple of {BLOCK_K}, "
+            f"and NVFP4 w13 [E, 2I, H]; got x {tuple(x.shape)} {x.dtype} on {x.device}, ids {tuple(topk_ids.shape)}, "
+            f"w13 {w13.shape}"
+        )
+    pairs = t * topk
+    ids = topk_ids.reshape(-1)
+    h = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
+    seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
+    grid = (triton.cdiv(inter, 8 * num_warps), e)
+    _moe_gate_up_mma_kernel[grid](
+        x, ids, w13.qweight, w13.scales, w13.global_scale, h, pairs, k, inter, topk,
+        x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1), w13.scales.stride(0), w13.scales.stride(1),
+        w13.global_scale.stride(0), h.stride(0), seg1, seg2, seg3,
+        P_PAD=triton.next_power_of_2(pairs), NW=num_warps, num_warps=num_warps, num_stages=1,
+        **launch_options(x.device),
+    )  # fmt: skip
+    return h

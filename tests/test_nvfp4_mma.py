@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from flint_kernels import nvfp4_mma_triton as nm
+from flint_kernels.activation import silu_and_mul_ref
 from flint_kernels.linear import NVFP4Weight, linear_ref
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -149,14 +150,36 @@ def _scale2(byte: np.ndarray) -> np.ndarray:
     return bits | (bits << np.uint32(16))
 
 
+def _warp_d(w64: np.ndarray, sc: np.ndarray, x64: np.ndarray, r0: np.ndarray, r1: np.ndarray, xrow: np.ndarray,
+            k: int) -> list[np.ndarray]:  # fmt: skip
+    """`_k_loop` for one warp: the D fragments of weight rows r0 / r1 (per lane) against x rows `xrow` (per lane),
+    the kernel's loads and `step_asm` over every K step."""
+    c = np.arange(32) % 4
+    asm = nm.step_asm()
+    d = [np.zeros(32) for _ in range(4)]
+    for k0 in range(0, k, nm.BLOCK_K):
+        wq, sq, xq = k0 // 16 + c * 2, k0 // 16 + c * 2, k0 // 4 + c * 8
+        ops = {4: w64[r0, wq], 5: w64[r0, wq + 1], 6: w64[r1, wq], 7: w64[r1, wq + 1]}
+        ops.update({8: _scale2(sc[r0, sq]), 9: _scale2(sc[r0, sq + 1])})
+        ops.update({10: _scale2(sc[r1, sq]), 11: _scale2(sc[r1, sq + 1])})
+        ops.update({12 + q: x64[xrow, xq + q] for q in range(8)})
+        ops.update({20 + i: d[i] for i in range(4)})
+        d = run_ptx(asm, ops, 4)
+    return d
+
+
+def _as_words(w: NVFP4Weight) -> tuple[np.ndarray, np.ndarray]:
+    """The codes as int64 words [..., rows, K / 16] and the scale bytes, as the kernel reads them."""
+    q = w.qweight.contiguous().numpy()
+    return q.view(np.uint64).reshape(*q.shape[:-1], -1), w.scales.numpy()
+
+
 def emulate_linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 2) -> torch.Tensor:
-    """The kernel's result, thread by thread (SPLIT_K = 1): its loads, `step_asm` per K step, its epilogue."""
+    """The linear kernel's result, thread by thread (SPLIT_K = 1)."""
     m, k = x.shape
     n = w.qweight.shape[0]
-    asm = nm.step_asm()
-    w64 = w.qweight.contiguous().numpy().view(np.uint64).reshape(n, -1)
+    w64, sc = _as_words(w)
     x64 = x.contiguous().view(torch.int16).numpy().view(np.uint64).reshape(m, -1)
-    sc = w.scales.numpy()
     col_scale = w.column_scale().numpy().astype(np.float32)
     out = torch.full((m, n), float("nan"), dtype=torch.float32)
     lane = np.arange(32)
@@ -165,17 +188,7 @@ def emulate_linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 2) -> torch
         for warp in range(num_warps):
             row0 = pid * 16 * num_warps + warp * 16 + g
             row1 = row0 + 8
-            r0, r1 = np.minimum(row0, n - 1), np.minimum(row1, n - 1)
-            tok = np.minimum(g, m - 1)
-            d = [np.zeros(32) for _ in range(4)]
-            for k0 in range(0, k, nm.BLOCK_K):
-                wq, sq, xq = k0 // 16 + c * 2, k0 // 16 + c * 2, k0 // 4 + c * 8
-                ops = {4: w64[r0, wq], 5: w64[r0, wq + 1], 6: w64[r1, wq], 7: w64[r1, wq + 1]}
-                ops.update({8: _scale2(sc[r0, sq]), 9: _scale2(sc[r0, sq + 1])})
-                ops.update({10: _scale2(sc[r1, sq]), 11: _scale2(sc[r1, sq + 1])})
-                ops.update({12 + q: x64[tok, xq + q] for q in range(8)})
-                ops.update({20 + i: d[i] for i in range(4)})
-                d = run_ptx(asm, ops, 4)
+            d = _warp_d(w64, sc, x64, np.minimum(row0, n - 1), np.minimum(row1, n - 1), np.minimum(g, m - 1), k)
             for vals, rows, tok_off in ((d[0], row0, 0), (d[1], row0, 1), (d[2], row1, 0), (d[3], row1, 1)):
                 toks = 2 * c + tok_off
                 keep = (rows < n) & (toks < m)
@@ -183,6 +196,47 @@ def emulate_linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 2) -> torch
                 y = (vals.astype(np.float32) * gs).astype(np.float32)
                 out[toks[keep], rows[keep]] = torch.from_numpy(y[keep])
     return out.to(x.dtype)
+
+
+def _silu_mul_bf16(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    g = torch.from_numpy(gate.astype(np.float32)).to(torch.bfloat16)
+    u = torch.from_numpy(up.astype(np.float32)).to(torch.bfloat16)
+    g32 = g.float()
+    act = (g32 / (1.0 + torch.exp(-g32))).to(torch.bfloat16)
+    return (act.float() * u.float()).to(torch.bfloat16).float().numpy()
+
+
+def emulate_moe_gate_up(x: torch.Tensor, ids: torch.Tensor, w13: NVFP4Weight, num_warps: int = 2) -> torch.Tensor:
+    """`_moe_gate_up_mma_kernel`'s h, thread by thread: program (column tile, expert), 8 ranked pairs an MMA."""
+    t, k = x.shape
+    n_exp, two_i, _ = w13.qweight.shape
+    inter = two_i // 2
+    w64, sc = _as_words(w13)
+    x64 = x.contiguous().view(torch.int16).numpy().view(np.uint64).reshape(t, -1)
+    col_scale = w13.column_scale().numpy().astype(np.float32)  # [E, 2I]
+    flat = ids.reshape(-1).numpy()
+    topk = ids.shape[1]
+    h = torch.full((flat.size, inter), float("nan"), dtype=torch.float32)
+    lane = np.arange(32)
+    g, c = lane // 4, lane % 4
+    for e in range(n_exp):
+        mine = np.nonzero(flat == e)[0]
+        for c0 in range(0, mine.size, 8):
+            ranked = np.zeros(8, dtype=np.int64)  # `_ranked_pairs`: 0 past the last
+            chunk = mine[c0 : c0 + 8]
+            ranked[: chunk.size] = chunk
+            for pid in range(-(-inter // (8 * num_warps))):
+                for warp in range(num_warps):
+                    j = pid * 8 * num_warps + warp * 8 + g
+                    ja = np.minimum(j, inter - 1)
+                    d = _warp_d(w64[e], sc[e], x64, ja, ja + inter, ranked[g] // topk, k)
+                    gs_a = col_scale[e, ja] * np.float32(2.0**62)
+                    gs_b = col_scale[e, ja + inter] * np.float32(2.0**62)
+                    for gate, up, rank in ((d[0], d[2], 2 * c), (d[1], d[3], 2 * c + 1)):
+                        val = _silu_mul_bf16(gate.astype(np.float32) * gs_a, up.astype(np.float32) * gs_b)
+                        keep = (j < inter) & (c0 + rank < mine.size)
+                        h[ranked[rank][keep], j[keep]] = torch.from_numpy(val[keep])
+    return h.to(x.dtype)
 
 
 def _close_in_bf16(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: NVFP4Weight) -> None:
@@ -208,6 +262,40 @@ def test_the_kernels_ptx_computes_linear_ref(m: int) -> None:
     assert (emulate_linear(x, w).float() == want.float()).float().mean() > 0.8
 
 
+def moe_gate_up_ref(x: torch.Tensor, ids: torch.Tensor, w13: NVFP4Weight) -> torch.Tensor:
+    """h of every (token, slot) pair, as `moe_ref` computes it."""
+    rows = [silu_and_mul_ref(linear_ref(x[p // ids.shape[1]][None], w13.select(int(e))))[0]
+            for p, e in enumerate(ids.reshape(-1).tolist())]  # fmt: skip
+    return torch.stack(rows)
+
+
+def random_experts(n_exp: int, inter: int, k: int, seed: int) -> NVFP4Weight:
+    parts = [random_nvfp4(2 * inter, k, seed=seed + e, segments=(inter, inter)) for e in range(n_exp)]
+    return NVFP4Weight(
+        torch.stack([p.qweight for p in parts]),
+        torch.stack([p.scales for p in parts]),
+        torch.stack([p.global_scale for p in parts]),
+        (inter, inter),
+    )
+
+
+def test_the_moe_kernels_ptx_computes_h() -> None:
+    """The expert-major gate_up, emulated: 5 tokens x top-3 over 4 experts, one expert with 9 pairs (two MMA chunks),
+    one with none; I = 24 (a ragged column tile) against `moe_ref`'s h."""
+    w13 = random_experts(4, 24, 128, seed=3)
+    ids = torch.tensor([[1, 0, 3], [1, 3, 0], [1, 0, 3], [1, 3, 0], [1, 0, 3]])  # expert 2 has no pair
+    ids[:, 1][:4] = 1  # expert 1: 9 pairs
+    x = (torch.randn(5, 128, generator=torch.Generator().manual_seed(4)) * 0.5).to(torch.bfloat16)
+    got = emulate_moe_gate_up(x, ids, w13)
+    want = moe_gate_up_ref(x, ids, w13)
+    assert not torch.isnan(got.float()).any()
+    # h is a product of two rounded values: compare within 3 BF16 ulps plus what cancellation in gate/up allows.
+    g, r = got.float(), want.float()
+    tol = 3 * 2.0**-8 * torch.maximum(g.abs(), r.abs()) + 1e-3 * r.abs().max()
+    assert ((g - r).abs() <= tol).all(), (g - r).abs().max()
+    assert (g == r).float().mean() > 0.8
+
+
 def test_emulated_decode_is_exact_for_each_code() -> None:
     """One nonzero code per weight row at a time: every E2M1 code (both nibbles of a byte, every pair position) times
     a power-of-two x lands exactly on the dequantised value, so the decode (not just the sum) is exact."""
@@ -231,34 +319,49 @@ def test_bad_inputs_name_the_problem() -> None:
     assert not nm.supported(torch.zeros(2, 256, dtype=torch.bfloat16), w)  # not on a GPU
 
 
-def test_kernel_compiles_for_sm90_one_element_a_thread() -> None:
-    """sm_90: no layout conversion anywhere (a tensor's element t lives in thread t, which the PTX's fragments
-    assume), 8 HMMAs in the K loop, no spills."""
+def test_kernels_compile_for_sm90_one_element_a_thread() -> None:
+    """sm_90: the PTX's operands are one element a thread, thread t holding element t (the inline asm's tensors all
+    in the 1-D blocked layout of one element a thread, which the fragments assume); the linear kernel has no layout
+    conversion at all and 8 HMMAs a K step; no spills."""
     code = f"""
-import sys
+import re, sys
 sys.path.insert(0, {str(BENCHMARKS)!r})
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from flint_kernels import nvfp4_mma_triton as nm
 from kernel_sass import disassemble, profile
-fn = nm._nvfp4_mma_kernel
-ptrs = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", gs_ptr="*fp32", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
-for split in (1, 4):
-    cx = dict(SPLIT_K=split, NW=4, PDL=True)
+common = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", gs_ptr="*fp32")
+cases = [
+    (nm._nvfp4_mma_kernel, dict(out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32"), dict(SPLIT_K=1, NW=4, PDL=True)),
+    (nm._nvfp4_mma_kernel, dict(out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32"), dict(SPLIT_K=4, NW=4, PDL=True)),
+    (nm._moe_gate_up_mma_kernel, dict(ids_ptr="*i64", h_ptr="*bf16"), dict(P_PAD=512, NW=4, PDL=True)),
+]
+for fn, ptrs, cx in cases:
+    ptrs = dict(common, **ptrs)
     sig = {{n: ptrs.get(n, "constexpr" if n in cx else "i32") for n in fn.arg_names}}
     src = ASTSource(fn=fn, signature=sig, constexprs={{(fn.arg_names.index(k),): v for k, v in cx.items()}})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={{"num_warps": 4, "num_stages": 1}})
+    ttgir = k.asm["ttgir"]
+    layouts = dict(re.findall(r"^(#\\w+) = (.*)$", ttgir, re.M))
+    one = "#ttg.blocked<{{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [4], order = [0]}}>"
+    asm = [line for line in ttgir.splitlines() if "elementwise_inline_asm" in line]
+    used = set().union(*(re.findall(r"tensor<128x\\w+, (#\\w+)>", line) for line in asm))
+    identity = int(bool(asm) and all(layouts.get(u) == one for u in used))
     code, res = disassemble(k.asm["cubin"])
-    body = profile(code)["loop_body_opcodes"]
-    print(k.asm["ttgir"].count("convert_layout"), body.get("HMMA", 0), res.get("LOCAL", 0), res.get("STACK", 0))
+    hmma = sum("HMMA" in op for _, op in code)
+    print(fn.__name__, identity, ttgir.count("convert_layout"), hmma, res.get("LOCAL", 0) + res.get("STACK", 0))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    for line in r.stdout.strip().splitlines()[-2:]:
-        converts, hmma, local, stack = map(int, line.split())
-        assert (converts, hmma, local, stack) == (0, 8, 0, 0), line
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-3:]]
+    assert len(lines) == 3, r.stdout
+    for name, identity, converts, hmma, spills in lines:
+        assert identity == "1" and spills == "0", (name, identity, spills)
+        assert int(hmma) >= 8, (name, hmma)
+        if name == "_nvfp4_mma_kernel":
+            assert converts == "0", (name, converts)
 
 
 @pytest.mark.gpu
@@ -272,3 +375,19 @@ def test_linear_on_the_gpu(m: int, n: int, k: int, segments: tuple[int, ...], sp
     w = NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda(), segments)
     x = (torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 0.5).to(torch.bfloat16).cuda()
     _close_in_bf16(nm.linear(x, w, split_k=split_k), linear_ref(x, w), x, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tokens", [1, 8, 32, 64])
+def test_moe_gate_up_on_the_gpu(tokens: int) -> None:
+    """The expert-major MoE gate_up against `moe_ref`'s h at Flint's expert shape (I 512, H 2048), 32 experts, top-6
+    (so experts get 1-8+ pairs, some none)."""
+    w13 = random_experts(32, 512, 2048, seed=tokens)
+    w13 = NVFP4Weight(w13.qweight.cuda(), w13.scales.cuda(), w13.global_scale.cuda(), w13.segments)
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(32, generator=g)[:6] for _ in range(tokens)]).cuda()
+    x = (torch.randn(tokens, 2048, generator=g) * 0.5).to(torch.bfloat16).cuda()
+    got, want = nm.moe_gate_up(x, ids, w13).float(), moe_gate_up_ref(x, ids, w13).float()
+    tol = 3 * 2.0**-8 * torch.maximum(got.abs(), want.abs()) + 1e-3 * want.abs().max()
+    assert ((got - want).abs() <= tol).all(), (got - want).abs().max()
