@@ -9,7 +9,8 @@
 # built without a GPU: the PTX was checked only through an emulator and an sm_90 compile), their GPU tests and their
 # timing against the engine's paths (`benchmarks/nvfp4_mma.py`: the linear at 1-8 rows, the gate_up at 1-64 tokens).
 # Then the GEMV, MoE and sampling GPU tests and the whole step with the table as installed, the fused path checked
-# against the plain one at batch 1 and 2. Both parts together can pass a call's 600 s: run SKIP_CHECK=1, then SKIP_AB=1.
+# against the plain one at batch 1 and 2. Both parts together can pass a call's 600 s: run SKIP_CHECK=1, then (if the
+# MMA tests pass) SKIP_AB=1 SKIP_CHECK=1 MMA_AB=1 for the whole step with the MMA gate_up, then SKIP_AB=1.
 # SKIP_AB=1 leaves the new kernel out, SKIP_CHECK=1 the tests and check, RECORD=1 then records the NVFP4 profile of
 # the kernel manifest again (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the
 # graphs and the sampler, and the engine's wall time per step at 1-64 requests with and without async decode (the
@@ -27,6 +28,27 @@ echo "nvfp4_mma tests: $(tail -1 "$OUT/mma_tests.txt")"
 grep -E "^E |FAILED" "$OUT/mma_tests.txt" | head -8
 timeout 280 python3 benchmarks/nvfp4_mma.py --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
 echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,/^wrote/p' "$OUT/nvfp4_mma.txt" | grep -v '^{'; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
+fi
+# MMA_AB=1: the whole step with the MMA gate_up in the engine (MoEConfig.mma, expert-major, shared expert apart), NVFP4,
+# against the table: (a) the shared expert apart at every size (the fold keeps expert-major off up to 16 tokens),
+# (b) that with the MMA gate_up at every size, (c) the MMA gate_up from 17 tokens only (the shared expert stays
+# folded up to 16). Run it once the MMA tests pass (~4 minutes).
+if [ "${MMA_AB:-0}" = 1 ]; then
+V=/tmp/variants; mkdir -p $V
+variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
+variant --op moe.paths --when '{"nvfp4": true}' --set shared_fold_max_tokens=0 --out $V/fold0.json
+variant --table $V/fold0.json --op moe.decode --when '{"nvfp4": true, "tokens_max": 1}' \
+    --set expert_major=true mma=true --out $V/mma_a.json
+variant --table $V/mma_a.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 2, "tokens_max": 2}' \
+    --set expert_major=true mma=true --out $V/mma_b.json
+variant --table $V/mma_b.json --op moe.decode --when '{"nvfp4": true}' --set expert_major=true mma=true \
+    --out $V/mma_all.json
+variant --op moe.decode --when '{"nvfp4": true}' --set expert_major=true mma=true --out $V/mma_17.json
+timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 4 8 32 64 --contexts 1024 --prefill 0 \
+    --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/fold0.json $V/mma_all.json $V/mma_17.json \
+    --out "$OUT/decode_nvfp4_mma_ab.json" > "$OUT/decode_mma_ab.txt" 2>&1
+echo "== whole step: table vs fold0 / mma_all / mma_17"
+grep "A/B rounds\|Error" "$OUT/decode_mma_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \

@@ -50,6 +50,10 @@ class MoEConfig:
     # output tile, the last arrival adds), so the separate slot-reduce launch goes, and the shared expert folds in.
     # Slower on the H200 (BF16 b32 16.0 vs 13.7 ms, 2026-11-30): kept opt-in for other GPUs' tables.
     slots_in_down: bool = False
+    # With expert_major on the FMA path (NVFP4, BF16 x, on a GPU): the gate_up launch on `nvfp4_mma_triton`'s
+    # mma.sync kernel (the weights decoded in PTX into each thread's own fragments, 8 of the expert's pairs an MMA)
+    # instead of two pairs a decode. Not timed on a GPU yet (built 2026-12-02): no table sets it.
+    mma: bool = False
 
 
 @dataclass(frozen=True)

@@ -822,6 +822,13 @@ def _paths(
     return decode, fold, nv and not decode and t >= dequant_min_tokens
 
 
+def _mma_gate_up(x: torch.Tensor, w13: Weight | ScaledWeight) -> bool:
+    """Whether `nvfp4_mma_triton`'s gate_up kernel can take this call (MoEConfig.mma)."""
+    from . import nvfp4_mma_triton  # here: that module imports this one
+
+    return nvfp4_mma_triton.moe_supported(x, w13)
+
+
 def _unsorted_grouped(cfg: MoEConfig, shared: SharedExpert | None) -> bool:
     """Whether decode-sized batches take the grouped launches with blocks found in the unsorted ids: tiles on
     tensor cores marked expert-major; a folded shared expert needs the slots summed in the down launch."""
@@ -904,7 +911,11 @@ def _routed(
     ws_elems = gu_tiles * rows_grid * split * 2 * cfg.gu_block_i * cfg.block_m if split > 1 else 1
     ws = _empty((ws_elems,), torch.float32, x.device)
     mode = decode_mode(cfg, x.dtype)
-    if expert_major:  # h keeps the per-pair layout the down launch reads
+    if expert_major and cfg.mma and _mma_gate_up(x, w13):
+        from . import nvfp4_mma_triton  # here: that module imports this one
+
+        nvfp4_mma_triton.launch_moe_gate_up(x, ids.reshape(-1), w13, h, topk, cfg.num_warps)
+    elif expert_major:  # h keeps the per-pair layout the down launch reads
         _moe_gate_up_expert_kernel[(gu_tiles, num_experts)](
             x, ids, q13, s13, g13, h, p, hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0),
             *seg13, EVEN_K=hidden % cfg.gu_block_k == 0, P_PAD=triton.next_power_of_2(p), BLOCK_I=cfg.gu_block_i,

@@ -25,6 +25,8 @@ to arrive on the tile's counter sums them in split order.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -34,6 +36,7 @@ from .linear import NVFP4Weight
 from .moe_triton import _ranked_pairs
 from .pdl import launch_options, pdl_entry
 
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_M = 8  # rows of x: the MMA's N side
 BLOCK_K = 128  # values a K step, a row: 16 bytes a lane
 ROWS_PER_WARP = 16
@@ -371,41 +374,56 @@ def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | N
     return out
 
 
-def moe_gate_up(x: torch.Tensor, topk_ids: torch.Tensor, w13: NVFP4Weight, num_warps: int = 4) -> torch.Tensor:
-    """h [T * k, I]: `silu_and_mul_ref(linear_ref(x[t], w13[e]))` of every (token t, slot) pair routed to expert e,
-    expert-major on the MMA kernel (`_moe_gate_up_mma_kernel`); x [T, H] BF16, topk_ids [T, k], w13 [E, 2I, H]."""
-    t, topk = topk_ids.shape
-    e, two_i, half_k = w13.qweight.shape
-    inter, k = two_i // 2, half_k * 2
-    if not (
+def moe_supported(x: torch.Tensor, w13: NVFP4Weight) -> bool:
+    """Whether `_moe_gate_up_mma_kernel` takes x [T, H] and w13 [E, 2I, H]: a CUDA GPU (not the interpreter, which
+    runs no PTX), BF16 x with 8-byte aligned rows, H a multiple of BLOCK_K, 8-byte aligned code rows."""
+    return (
         x.is_cuda
+        and not _INTERPRET
+        and isinstance(w13, NVFP4Weight)
         and x.dtype == torch.bfloat16
         and x.dim() == 2
-        and x.shape == (t, k)
-        and k % BLOCK_K == 0
+        and w13.qweight.dim() == 3
+        and x.shape[1] == w13.qweight.shape[-1] * 2
+        and x.shape[1] % BLOCK_K == 0
         and x.stride(1) == 1
         and x.stride(0) % 4 == 0
         and x.data_ptr() % 8 == 0
         and w13.qweight.stride(2) == 1
         and w13.qweight.stride(1) % 8 == 0
+        and w13.qweight.stride(0) % 8 == 0
         and w13.qweight.data_ptr() % 8 == 0
         and len(w13.segments) <= MAX_SEGMENTS
-    ):
-        raise ValueError(
-            f"nvfp4_mma.moe_gate_up takes BF16 x [T, H] with aligned rows on a CUDA GPU, H a multiple of {BLOCK_K}, "
-            f"and NVFP4 w13 [E, 2I, H]; got x {tuple(x.shape)} {x.dtype} on {x.device}, ids {tuple(topk_ids.shape)}, "
-            f"w13 {w13.shape}"
-        )
-    pairs = t * topk
-    ids = topk_ids.reshape(-1)
-    h = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
+    )
+
+
+def launch_moe_gate_up(
+    x: torch.Tensor, ids: torch.Tensor, w13: NVFP4Weight, h: torch.Tensor, topk: int, num_warps: int
+) -> None:
+    """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold."""
+    n_exp, two_i, _ = w13.qweight.shape
+    pairs, inter = ids.numel(), two_i // 2
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
-    grid = (triton.cdiv(inter, 8 * num_warps), e)
-    _moe_gate_up_mma_kernel[grid](
-        x, ids, w13.qweight, w13.scales, w13.global_scale, h, pairs, k, inter, topk,
+    _moe_gate_up_mma_kernel[(triton.cdiv(inter, 8 * num_warps), n_exp)](
+        x, ids, w13.qweight, w13.scales, w13.global_scale, h, pairs, x.shape[1], inter, topk,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1), w13.scales.stride(0), w13.scales.stride(1),
         w13.global_scale.stride(0), h.stride(0), seg1, seg2, seg3,
         P_PAD=triton.next_power_of_2(pairs), NW=num_warps, num_warps=num_warps, num_stages=1,
         **launch_options(x.device),
     )  # fmt: skip
+
+
+def moe_gate_up(x: torch.Tensor, topk_ids: torch.Tensor, w13: NVFP4Weight, num_warps: int = 4) -> torch.Tensor:
+    """h [T * k, I]: `silu_and_mul_ref(linear_ref(x[t], w13[e]))` of every (token t, slot) pair routed to expert e,
+    expert-major on the MMA kernel (`_moe_gate_up_mma_kernel`); x [T, H] BF16, topk_ids [T, k], w13 [E, 2I, H]."""
+    t, topk = topk_ids.shape
+    if not (moe_supported(x, w13) and x.shape[0] == t):
+        raise ValueError(
+            f"nvfp4_mma.moe_gate_up takes BF16 x [T, H] with aligned rows on a CUDA GPU, H a multiple of {BLOCK_K}, "
+            f"and NVFP4 w13 [E, 2I, H]; got x {tuple(x.shape)} {x.dtype} on {x.device}, ids {tuple(topk_ids.shape)}, "
+            f"w13 {getattr(w13, 'shape', type(w13).__name__)}"
+        )
+    ids = topk_ids.reshape(-1).contiguous()
+    h = torch.empty((ids.numel(), w13.qweight.shape[1] // 2), dtype=x.dtype, device=x.device)
+    launch_moe_gate_up(x, ids, w13, h, topk, num_warps)
     return h

@@ -139,6 +139,28 @@ def test_decode_nvfp4_expert_major(dtype: torch.dtype, h: int) -> None:
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < (1e-5 if dtype == torch.float32 else 1e-3)
 
 
+def test_mma_gate_up_falls_back_where_it_cannot_run() -> None:
+    """MoEConfig.mma asks for `nvfp4_mma_triton`'s gate_up, which needs BF16 x on a GPU (PTX): with float32 x, or
+    under the interpreter, the FMA expert-major launch runs instead and gives its result bit for bit."""
+    g = gen(41)
+    t, e, i, k, h = 4, 8, 48, 3, 128
+    ids = torch.tensor([[0, 1, 2], [0, 2, 3], [0, 3, 4], [5, 2, 6]], device=DEVICE)
+    tw = torch.rand(t, k, generator=g, device=DEVICE)
+    tw = (tw / tw.sum(-1, keepdim=True)).float()
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    w13 = random_nvfp4(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4(e, h, i, g, (h,))
+    want = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=EXPERT_MAJOR)
+    spy = LaunchSpy(mt._moe_gate_up_expert_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mt, "_moe_gate_up_expert_kernel", spy)
+        got = mt.fused_moe(
+            x, tw, ids, w13, w2, decode_max_tokens=64, config=dataclasses.replace(EXPERT_MAJOR, mma=True)
+        )
+    assert spy.launches == 1
+    assert torch.equal(got, want)
+
+
 UNSORTED = dataclasses.replace(DECODE_DOT, expert_major=True)
 UNSORTED_SLOTS = dataclasses.replace(UNSORTED, slots_in_down=True)
 

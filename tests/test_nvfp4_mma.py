@@ -391,3 +391,36 @@ def test_moe_gate_up_on_the_gpu(tokens: int) -> None:
     got, want = nm.moe_gate_up(x, ids, w13).float(), moe_gate_up_ref(x, ids, w13).float()
     tol = 3 * 2.0**-8 * torch.maximum(got.abs(), want.abs()) + 1e-3 * want.abs().max()
     assert ((got - want).abs() <= tol).all(), (got - want).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tokens", [1, 5, 32, 64])
+def test_fused_moe_with_the_mma_gate_up_on_the_gpu(tokens: int) -> None:
+    """`moe_triton.fused_moe` with MoEConfig.mma (expert-major, shared expert apart) launches the MMA gate_up and
+    stays within the MoE tests' BF16 tolerance of `moe_ref`."""
+    import dataclasses
+
+    from flint_kernels import moe_triton as mt
+    from flint_kernels.moe import moe_ref
+
+    w13 = random_experts(32, 512, 2048, seed=tokens)
+    w13 = NVFP4Weight(w13.qweight.cuda(), w13.scales.cuda(), w13.global_scale.cuda() / 64, w13.segments)
+    w2 = random_experts(32, 1024, 512, seed=100 + tokens)  # [E, 2048, 512] as two segments of 1024
+    w2 = NVFP4Weight(w2.qweight.cuda(), w2.scales.cuda(), w2.global_scale.cuda() / 64, w2.segments)
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(32, generator=g)[:6] for _ in range(tokens)]).cuda()
+    tw = torch.rand(tokens, 6, generator=g).cuda()
+    tw = tw / tw.sum(-1, keepdim=True)
+    x = (torch.randn(tokens, 2048, generator=g) * 0.5).to(torch.bfloat16).cuda()
+    cfg = dataclasses.replace(mt.decode_config(True, tokens, x.device), expert_major=True, mma=True, use_dot=False)
+    launches = []
+    real = nm.launch_moe_gate_up
+    try:
+        nm.launch_moe_gate_up = lambda *a, **kw: (launches.append(1), real(*a, **kw))
+        got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg).float()
+    finally:
+        nm.launch_moe_gate_up = real
+    want = moe_ref(x, tw, ids, w13, w2).float()
+    assert launches == [1]
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
