@@ -1,26 +1,27 @@
-"""NVFP4 (W4A16) linear for up to 8 rows of x on `mma.sync` tensor cores, the weights decoded two a register in PTX.
+"""NVFP4 (W4A16) on `mma.sync` tensor cores, the weights decoded two a register in PTX: a linear for up to 8 rows
+of x, and the MoE's expert-major gate_up.
 
-`linear_ref`'s function for a BF16 x [M <= 8, K] and an NVFP4 weight [N, K]: FP32 accumulation, the per-segment
-global scale on the accumulator, one rounding. Not used by the engine yet: a candidate for the NVFP4 decode paths
-(the MoE's per-pair and expert-major launches, the projections at 2-8 rows), where the FMA path spends ~5
-instructions a weight value (sm_90 SASS) and the tl.dot paths move decoded tiles through shared memory to reach
-the MMA operand layout. Here each thread decodes exactly the weights its MMA fragments hold, so nothing moves:
-~2 instructions a value for the decode (AND, IMAD, AND and one FMA.BF16X2 for two values) and one HMMA
-per 8 values a thread, the same for every row of x up to 8.
+`linear` computes `linear_ref`'s function for a BF16 x [M <= 8, K] and an NVFP4 weight [N, K]: FP32 accumulation,
+the per-segment global scale on the accumulator, one rounding. `moe_gate_up` computes the h rows of `moe_ref` for
+every (token, slot) pair, 8 of an expert's pairs an MMA; `MoEConfig.mma` puts it inside `moe_triton.fused_moe`. No
+table selects either yet (built without a GPU). Why: the FMA path spends ~5 instructions a weight value and token
+(sm_90 SASS), and the tl.dot paths move decoded tiles through shared memory to reach the MMA operand layout. Here
+each thread decodes exactly the weights its MMA fragments hold, so nothing moves: ~2 instructions a value for the
+decode (AND, IMAD, AND and one FMA.BF16X2 for two values) and one HMMA per 8 values a thread, for up to 8 rows of x.
 
-Lanes: a warp owns 16 weight rows; lane L = 4g + c holds rows g and g + 8 (A fragment) and row g of x (B fragment:
-token g, zero when g >= M), and every thread runs the PTX once per K step, so the fragments are each thread's own
-registers (the kernel's tensors are one element a thread: thread t holds element t, which the compile test checks
-by finding no layout conversion). A K step is 128 values a row: lane c reads int32 words 4c..4c+3 of the step
+Lanes: a warp owns 16 weight rows; lane L = 4g + c holds rows g and g + 8 (A fragment) and row g of x (B fragment;
+rows past the real ones read the last real row, and their columns of D are never stored). Every thread runs the PTX
+once per K step on its own registers: the asm's tensors are one element a thread, thread t holding element t (the
+compile test checks their layout). A K step is 128 values a row: lane c reads int32 words 4c..4c+3 of the step
 (values 32c + 8j + i of word j); word j's nibbles p and p + 4 become one BF16x2 register (`gemv_triton`'s
 `e2m1_pair_packed` bits: E2M1X2 * 2**-127, exact, subnormals included) times the block scale * 2**64, so the MMA
 inputs are the weights times 2**-62, exact and normal. The MMA of (word j, half h) takes pairs 2h and 2h + 1 of
 rows g and g + 8, and the matching x pairs built by PRMT from the same positions: a permutation of K, the same for
 A and B, which changes only the order of the FP32 sums. The accumulator leaves the PTX as the D fragment (rows g,
-g + 8; tokens 2c, 2c + 1), is multiplied by 2**62 and the row's global scale, and rounded once.
+g + 8; x rows 2c, 2c + 1), is multiplied by 2**62 and the row's global scale, and rounded once.
 
-Split-K as in `gemv_triton` (deterministic, in one launch): each split stores its D fragments per thread, the last
-to arrive on the tile's counter sums them in split order.
+Split-K (`linear`) as in `gemv_triton` (deterministic, in one launch): each split stores its D fragments per thread,
+the last to arrive on the tile's counter sums them in split order.
 """
 
 from __future__ import annotations
