@@ -6,9 +6,10 @@ copies that L2 never holds them (`kernels_moe_gemv.time_graph`). Variants: the e
 installed tuning table, and the MMA kernel in 2, 4 and 8 warps (split-K chosen by the kernel). One expert's gate_up
 and down stand for the MoE, where the MMA kernel would serve once it wins.
 
-The MoE gate_up (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernel's
-expert-major launch (`nvfp4_mma.moe_gate_up`) against the engine's gate_up launch inside `moe_triton.fused_moe` with
-the installed table, each kernel's GPU time from the profiler over 16 routings in turn (so L2 holds no expert).
+The MoE (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernels' expert-major
+gate_up and down (`nvfp4_mma.moe_gate_up`, `moe_down`) against the engine's gate_up and down launches inside
+`moe_triton.fused_moe` with the installed table, each kernel's GPU time from the profiler over 16 routings in turn
+(so L2 holds no expert). The engine's down includes the slot sum; the MMA down leaves it to a reduce launch.
 
     python benchmarks/nvfp4_mma.py                      # table + benchmarks/results/nvfp4_mma.json
     python benchmarks/nvfp4_mma.py --ms 1 8 --shapes expert_gate_up qkv --moe-tokens 32
@@ -152,8 +153,12 @@ def moe_gate_up_rows(token_counts: list[int], warps: list[int]) -> list[dict]:
         want = torch.stack([silu_and_mul_ref(linear_ref(x[p // topk][None], w13.select(int(e))))[0]
                             for p, e in enumerate(ids.reshape(-1).tolist())]).float()  # fmt: skip
         row: dict = {"tokens": t, "pairs": t * topk, "experts_used": int(ids.unique().numel())}
-        row["engine_gate_up_us"] = round(kernel_us(
-            [lambda r=r: moe_triton.fused_moe(r[0], r[1], r[2], w13, w2) for r in routes], "gate_up"), 2)  # fmt: skip
+        engine = [lambda r=r: moe_triton.fused_moe(r[0], r[1], r[2], w13, w2) for r in routes]
+        row["engine_gate_up_us"] = round(kernel_us(engine, "gate_up"), 2)
+        row["engine_down_us"] = round(kernel_us(engine, "_moe_down_kernel"), 2)
+        h = (torch.randn(t * topk, inter, device="cuda") * 0.5).to(torch.bfloat16)
+        want_y = torch.stack([linear_ref(h[p][None], w2.select(int(e)))[0]
+                              for p, e in enumerate(ids.reshape(-1).tolist())]).float()  # fmt: skip
         for nw in warps:
             try:
                 got = nm.moe_gate_up(x, ids, w13, num_warps=nw).float()
@@ -161,22 +166,27 @@ def moe_gate_up_rows(token_counts: list[int], warps: list[int]) -> list[dict]:
                            + 1e-3 * want.abs().max()).all())  # fmt: skip
                 us = kernel_us([lambda r=r, nw=nw: nm.moe_gate_up(r[0], r[2], w13, num_warps=nw) for r in routes],
                                "gate_up_mma")  # fmt: skip
-                row[f"mma_w{nw}"] = {"us": round(us, 2), "ok": ok}
+                y = nm.moe_down(h, ids, w2, num_warps=nw).float()
+                ok_y = bool(((y - want_y).abs() <= 3 * 2.0**-8 * torch.maximum(y.abs(), want_y.abs())
+                             + 1e-3 * want_y.abs().max()).all())  # fmt: skip
+                down = [lambda r=r, nw=nw, h=h: nm.moe_down(h, r[2], w2, num_warps=nw) for r in routes]
+                # The MMA down leaves the slot sum to `_moe_reduce_kernel` (one more launch, ~2-3 us).
+                row[f"mma_w{nw}"] = {"us": round(us, 2), "ok": ok, "down_us": round(kernel_us(down, "down_mma"), 2),
+                                     "down_ok": ok_y}  # fmt: skip
             except Exception as exc:  # reported, not fatal
                 row[f"mma_w{nw}"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("\nMoE gate_up (256 experts, I 512, H 2048, top-6), GPU us a call")
-    print(f"{'tokens':>6} {'experts':>7} {'engine':>8} " + " ".join(f"{'mma_w' + str(nw):>14}" for nw in warps))
+    print("\nMoE gate_up / down (256 experts, I 512, H 2048, top-6), GPU us a call (engine down: with its slot sum)")
+    print(f"{'tokens':>6} {'experts':>7} {'engine':>14} " + " ".join(f"{'mma_w' + str(nw):>18}" for nw in warps))
     for r in rows:
         cells = []
         for nw in warps:
             v = r[f"mma_w{nw}"]
-            cells.append("error" if "error" in v else f"{v['us']:.2f}{'' if v['ok'] else ' BAD'}")
-        print(
-            f"{r['tokens']:>6} {r['experts_used']:>7} {r['engine_gate_up_us']:>8} "
-            + " ".join(f"{c:>14}" for c in cells)
-        )
+            bad = "" if v.get("ok") and v.get("down_ok") else " BAD"
+            cells.append("error" if "error" in v else f"{v['us']:.1f} / {v['down_us']:.1f}{bad}")
+        engine = f"{r['engine_gate_up_us']:.1f} / {r['engine_down_us']:.1f}"
+        print(f"{r['tokens']:>6} {r['experts_used']:>7} {engine:>14} " + " ".join(f"{c:>18}" for c in cells))
     return rows
 
 

@@ -54,6 +54,9 @@ class MoEConfig:
     # mma.sync kernel (the weights decoded in PTX into each thread's own fragments, 8 of the expert's pairs an MMA)
     # instead of two pairs a decode. Not timed on a GPU yet (built 2026-12-02): no table sets it.
     mma: bool = False
+    # With expert_major and mma: the down launch on the MMA kernel too (y per pair, then the slot-reduce launch), when
+    # the call has no fused add+RMSNorm. Not timed on a GPU yet either.
+    mma_down: bool = False
 
 
 @dataclass(frozen=True)

@@ -822,11 +822,11 @@ def _paths(
     return decode, fold, nv and not decode and t >= dequant_min_tokens
 
 
-def _mma_gate_up(x: torch.Tensor, w13: Weight | ScaledWeight) -> bool:
-    """Whether `nvfp4_mma_triton`'s gate_up kernel can take this call (MoEConfig.mma)."""
+def _mma_fits(x: torch.Tensor, w: Weight | ScaledWeight) -> bool:
+    """Whether `nvfp4_mma_triton`'s MoE kernels take activations x against experts w (MoEConfig.mma)."""
     from . import nvfp4_mma_triton  # here: that module imports this one
 
-    return nvfp4_mma_triton.moe_supported(x, w13)
+    return nvfp4_mma_triton.moe_supported(x, w)
 
 
 def _unsorted_grouped(cfg: MoEConfig, shared: SharedExpert | None) -> bool:
@@ -911,7 +911,8 @@ def _routed(
     ws_elems = gu_tiles * rows_grid * split * 2 * cfg.gu_block_i * cfg.block_m if split > 1 else 1
     ws = _empty((ws_elems,), torch.float32, x.device)
     mode = decode_mode(cfg, x.dtype)
-    if expert_major and cfg.mma and _mma_gate_up(x, w13):
+    mma_gate_up = expert_major and cfg.mma and _mma_fits(x, w13)
+    if mma_gate_up:
         from . import nvfp4_mma_triton  # here: that module imports this one
 
         nvfp4_mma_triton.launch_moe_gate_up(x, ids.reshape(-1), w13, h, topk, cfg.num_warps)
@@ -934,6 +935,13 @@ def _routed(
             **launch_options(x.device),
         )  # fmt: skip
     even_dn = inter % cfg.dn_block_k == 0 and shared_inter % cfg.dn_block_k == 0
+    if decode and mma_gate_up and cfg.mma_down and norm is None and _mma_fits(h, w2):
+        from . import nvfp4_mma_triton  # here: that module imports this one
+
+        # Each pair's rounded y, then the slot-reduce launch (routing weights, slot order, the shared expert's add).
+        y = _empty((p, hidden), x.dtype, x.device)
+        nvfp4_mma_triton.launch_moe_down(h, ids.reshape(-1), w2, y, cfg.num_warps)
+        return _reduce_slots_launch(y, tw, out, add)
     if decode:
         n_shared_tokens = 0 if shared is None else t
         nslots = topk + (shared is not None)
@@ -980,11 +988,21 @@ def _routed(
     )  # fmt: skip
     if slots_here:
         return out if add is None else out + add
+    return _reduce_slots_launch(y, tw, out, add)
+
+
+def _reduce_slots_launch(
+    y: torch.Tensor, tw: torch.Tensor, out: torch.Tensor, add: torch.Tensor | None
+) -> torch.Tensor:
+    """out = each token's slots of y [T * k, H] weighted by tw [T, k] and summed in slot order (`_moe_reduce_kernel`),
+    plus `add` in out's dtype."""
+    t, topk = tw.shape
+    hidden = out.shape[1]
     block_h = min(1024, triton.next_power_of_2(hidden))
     _moe_reduce_kernel[(t, triton.cdiv(hidden, block_h))](
         y, tw, out, out if add is None else add, hidden, y.stride(0), out.stride(0),
         0 if add is None else add.stride(0), TOPK=topk, BLOCK_H=block_h, ADD=add is not None, num_warps=4,
-        **launch_options(x.device),
+        **launch_options(out.device),
     )  # fmt: skip
     return out
 

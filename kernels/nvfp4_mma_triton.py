@@ -315,6 +315,75 @@ def _moe_gate_up_mma_kernel(
         tl.store(h_ptr + p_hi * stride_h + j, h_hi, mask=ok & (c0 + 2 * c + 1 < count))
 
 
+@triton.jit(do_not_specialize=["P"])
+def _moe_down_mma_kernel(
+    h_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    y_ptr,
+    P,
+    K,
+    N,
+    stride_h,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_y,
+    seg1,
+    seg2,
+    seg3,
+    P_PAD: tl.constexpr,
+    NW: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for
+    e's pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s."""
+    pid_n = tl.program_id(0)
+    e = tl.program_id(1)
+    NT: tl.constexpr = 32 * NW
+    t = tl.arange(0, NT)
+    lane = t % 32
+    g = lane // 4
+    c = lane % 4
+    row0 = pid_n * (16 * NW) + (t // 32) * 16 + g
+    row1 = row0 + 8
+    ok0 = row0 < N
+    ok1 = row1 < N
+    r0 = tl.minimum(row0, N - 1).to(tl.int64)
+    r1 = tl.minimum(row1, N - 1).to(tl.int64)
+    e64 = e.to(tl.int64)
+    w64 = (w_ptr + e64 * stride_we).to(tl.pointer_type(tl.int64))
+    sp = s_ptr + e64 * stride_se
+    wa_base = r0 * (stride_wn // 8) + c * 2
+    wb_base = r1 * (stride_wn // 8) + c * 2
+    sa_base = r0 * stride_sn + c * 2
+    sb_base = r1 * stride_sn + c * 2
+    h64 = h_ptr.to(tl.pointer_type(tl.int64))
+    post = 4.611686018427388e18  # 2**62
+    gs0 = segment_scale(gs_ptr + e64 * stride_gse, r0, ok0, seg1, seg2, seg3) * post
+    gs1 = segment_scale(gs_ptr + e64 * stride_gse, r1, ok1, seg1, seg2, seg3) * post
+    ydt = y_ptr.dtype.element_ty
+    pdl_entry(PDL)  # h is the gate_up launch's
+    pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
+    for c0 in range(0, count, 8):
+        if c0 > 0:
+            pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
+        ha_base = tl.gather(pairs, g, 0) * (stride_h // 4) + c * 8
+        d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, K, NT)
+        p_lo = tl.gather(pairs, 2 * c, 0)
+        p_hi = tl.gather(pairs, 2 * c + 1, 0)
+        lo_ok = c0 + 2 * c < count
+        hi_ok = c0 + 2 * c + 1 < count
+        tl.store(y_ptr + p_lo * stride_y + row0, (d0 * gs0).to(ydt), mask=ok0 & lo_ok)
+        tl.store(y_ptr + p_hi * stride_y + row0, (d1 * gs0).to(ydt), mask=ok0 & hi_ok)
+        tl.store(y_ptr + p_lo * stride_y + row1, (d2 * gs1).to(ydt), mask=ok1 & lo_ok)
+        tl.store(y_ptr + p_hi * stride_y + row1, (d3 * gs1).to(ydt), mask=ok1 & hi_ok)
+
+
 def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
     """Whether `linear` takes this call: CUDA sm_80+, BF16 x of 1-8 rows with 8-byte aligned rows, a 2-D NVFP4
     weight whose K is a multiple of 128 and whose code rows are 8-byte aligned, at most MAX_SEGMENTS segments."""
@@ -375,27 +444,57 @@ def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | N
     return out
 
 
-def moe_supported(x: torch.Tensor, w13: NVFP4Weight) -> bool:
-    """Whether `_moe_gate_up_mma_kernel` takes x [T, H] and w13 [E, 2I, H]: a CUDA GPU (not the interpreter, which
-    runs no PTX), BF16 x with 8-byte aligned rows, H a multiple of BLOCK_K, 8-byte aligned code rows."""
+def moe_supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
+    """Whether the MoE MMA kernels take activations x [rows, K] (x for the gate_up, h for the down) and experts w
+    [E, N, K]: a CUDA GPU (not the interpreter, which runs no PTX), BF16 rows aligned to 8 bytes, K a multiple of
+    BLOCK_K, 8-byte aligned code rows."""
     return (
         x.is_cuda
         and not _INTERPRET
-        and isinstance(w13, NVFP4Weight)
+        and isinstance(w, NVFP4Weight)
         and x.dtype == torch.bfloat16
         and x.dim() == 2
-        and w13.qweight.dim() == 3
-        and x.shape[1] == w13.qweight.shape[-1] * 2
+        and w.qweight.dim() == 3
+        and x.shape[1] == w.qweight.shape[-1] * 2
         and x.shape[1] % BLOCK_K == 0
         and x.stride(1) == 1
         and x.stride(0) % 4 == 0
         and x.data_ptr() % 8 == 0
-        and w13.qweight.stride(2) == 1
-        and w13.qweight.stride(1) % 8 == 0
-        and w13.qweight.stride(0) % 8 == 0
-        and w13.qweight.data_ptr() % 8 == 0
-        and len(w13.segments) <= MAX_SEGMENTS
+        and w.qweight.stride(2) == 1
+        and w.qweight.stride(1) % 8 == 0
+        and w.qweight.stride(0) % 8 == 0
+        and w.qweight.data_ptr() % 8 == 0
+        and len(w.segments) <= MAX_SEGMENTS
     )
+
+
+def launch_moe_down(h: torch.Tensor, ids: torch.Tensor, w2: NVFP4Weight, y: torch.Tensor, num_warps: int) -> None:
+    """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
+    `moe_supported(h, w2)` must hold."""
+    n_exp, n, _ = w2.qweight.shape
+    pairs = ids.numel()
+    seg1, seg2, seg3 = segment_bounds(w2.segments, n)
+    _moe_down_mma_kernel[(triton.cdiv(n, 16 * num_warps), n_exp)](
+        h, ids, w2.qweight, w2.scales, w2.global_scale, y, pairs, h.shape[1], n,
+        h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1), w2.scales.stride(0), w2.scales.stride(1),
+        w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
+        P_PAD=triton.next_power_of_2(pairs), NW=num_warps, num_warps=num_warps, num_stages=1,
+        **launch_options(h.device),
+    )  # fmt: skip
+
+
+def moe_down(h: torch.Tensor, topk_ids: torch.Tensor, w2: NVFP4Weight, num_warps: int = 4) -> torch.Tensor:
+    """y [T * k, H]: `linear_ref(h[p], w2[e])` of every pair p routed to expert e, expert-major on the MMA kernel;
+    h [T * k, I] BF16 (the gate_up's output), topk_ids [T, k], w2 [E, H, I]."""
+    if not (moe_supported(h, w2) and h.shape[0] == topk_ids.numel()):
+        raise ValueError(
+            f"nvfp4_mma.moe_down takes BF16 h [pairs, I] with aligned rows on a CUDA GPU, I a multiple of {BLOCK_K}, "
+            f"and NVFP4 w2 [E, H, I]; got h {tuple(h.shape)} {h.dtype} on {h.device}, ids {tuple(topk_ids.shape)}"
+        )
+    ids = topk_ids.reshape(-1).contiguous()
+    y = torch.empty((ids.numel(), w2.qweight.shape[1]), dtype=h.dtype, device=h.device)
+    launch_moe_down(h, ids, w2, y, num_warps)
+    return y
 
 
 def launch_moe_gate_up(

@@ -140,8 +140,9 @@ def test_decode_nvfp4_expert_major(dtype: torch.dtype, h: int) -> None:
 
 
 def test_mma_gate_up_falls_back_where_it_cannot_run() -> None:
-    """MoEConfig.mma asks for `nvfp4_mma_triton`'s gate_up, which needs BF16 x on a GPU (PTX): with float32 x, or
-    under the interpreter, the FMA expert-major launch runs instead and gives its result bit for bit."""
+    """MoEConfig.mma (and mma_down) ask for `nvfp4_mma_triton`'s kernels, which need BF16 x on a GPU (PTX): with
+    float32 x, or under the interpreter, the FMA expert-major launches run instead and give their result bit for
+    bit."""
     g = gen(41)
     t, e, i, k, h = 4, 8, 48, 3, 128
     ids = torch.tensor([[0, 1, 2], [0, 2, 3], [0, 3, 4], [5, 2, 6]], device=DEVICE)
@@ -154,9 +155,8 @@ def test_mma_gate_up_falls_back_where_it_cannot_run() -> None:
     spy = LaunchSpy(mt._moe_gate_up_expert_kernel)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mt, "_moe_gate_up_expert_kernel", spy)
-        got = mt.fused_moe(
-            x, tw, ids, w13, w2, decode_max_tokens=64, config=dataclasses.replace(EXPERT_MAJOR, mma=True)
-        )
+        mma = dataclasses.replace(EXPERT_MAJOR, mma=True, mma_down=True)
+        got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=mma)
     assert spy.launches == 1
     assert torch.equal(got, want)
 

@@ -21,6 +21,7 @@ import torch
 from flint_kernels import nvfp4_mma_triton as nm
 from flint_kernels.activation import silu_and_mul_ref
 from flint_kernels.linear import NVFP4Weight, linear_ref
+from flint_kernels.moe import moe_ref
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 HAS_CUDA = torch.cuda.is_available()
@@ -239,6 +240,37 @@ def emulate_moe_gate_up(x: torch.Tensor, ids: torch.Tensor, w13: NVFP4Weight, nu
     return h.to(x.dtype)
 
 
+def emulate_moe_down(h: torch.Tensor, ids: torch.Tensor, w2: NVFP4Weight, num_warps: int = 2) -> torch.Tensor:
+    """`_moe_down_mma_kernel`'s y, thread by thread: program (row tile, expert), 8 ranked pairs an MMA."""
+    pairs, k = h.shape
+    n_exp, n, _ = w2.qweight.shape
+    w64, sc = _as_words(w2)
+    h64 = h.contiguous().view(torch.int16).numpy().view(np.uint64).reshape(pairs, -1)
+    col_scale = w2.column_scale().numpy().astype(np.float32)  # [E, N]
+    flat = ids.reshape(-1).numpy()
+    y = torch.full((pairs, n), float("nan"), dtype=torch.float32)
+    lane = np.arange(32)
+    g, c = lane // 4, lane % 4
+    for e in range(n_exp):
+        mine = np.nonzero(flat == e)[0]
+        for c0 in range(0, mine.size, 8):
+            ranked = np.zeros(8, dtype=np.int64)
+            ranked[: mine[c0 : c0 + 8].size] = mine[c0 : c0 + 8]
+            for pid in range(-(-n // (16 * num_warps))):
+                for warp in range(num_warps):
+                    row0 = pid * 16 * num_warps + warp * 16 + g
+                    row1 = row0 + 8
+                    r0, r1 = np.minimum(row0, n - 1), np.minimum(row1, n - 1)
+                    d = _warp_d(w64[e], sc[e], h64, r0, r1, ranked[g], k)
+                    for vals, rows, rank in ((d[0], row0, 2 * c), (d[1], row0, 2 * c + 1),
+                                             (d[2], row1, 2 * c), (d[3], row1, 2 * c + 1)):  # fmt: skip
+                        gs = col_scale[e, np.minimum(rows, n - 1)] * np.float32(2.0**62)
+                        keep = (rows < n) & (c0 + rank < mine.size)
+                        val = (vals.astype(np.float32) * gs).astype(np.float32)
+                        y[ranked[rank][keep], rows[keep]] = torch.from_numpy(val[keep])
+    return y.to(h.dtype)
+
+
 def _close_in_bf16(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: NVFP4Weight) -> None:
     """Equal up to FP32 summation order and the one rounding to BF16: within 2 BF16 ulps of the larger value plus
     2**-16 of the sum of |products| (what reordered FP32 sums can move a result that cancels)."""
@@ -296,6 +328,34 @@ def test_the_moe_kernels_ptx_computes_h() -> None:
     assert (g == r).float().mean() > 0.8
 
 
+def test_the_moe_kernels_ptx_computes_the_moe() -> None:
+    """Gate_up then down, emulated, then the slot sum `_moe_reduce_kernel` does, against `moe_ref`: H = I = 128, 10
+    tokens whose distinct top-3 experts give expert 1 ten pairs (two MMA chunks) and expert 4 none."""
+    w13 = random_experts(5, 128, 128, seed=5)
+    w2 = random_experts(5, 64, 128, seed=6)  # [E, 128, 128]
+    w13 = NVFP4Weight(w13.qweight, w13.scales, w13.global_scale / 64, w13.segments)
+    w2 = NVFP4Weight(w2.qweight, w2.scales, w2.global_scale / 64, w2.segments)
+    others = torch.tensor([[0, 2], [2, 3], [3, 0], [0, 3], [2, 0], [3, 2], [0, 2], [2, 3], [3, 0], [0, 3]])
+    ids = torch.cat([others[:, :1], torch.ones(10, 1, dtype=torch.int64), others[:, 1:]], dim=1)
+    tw = torch.rand(10, 3, generator=torch.Generator().manual_seed(7))
+    x = (torch.randn(10, 128, generator=torch.Generator().manual_seed(8)) * 0.5).to(torch.bfloat16)
+    y = emulate_moe_down(emulate_moe_gate_up(x, ids, w13), ids, w2)
+    assert not torch.isnan(y.float()).any()
+    out = (y.float().reshape(10, 3, -1) * tw[:, :, None]).sum(1).to(torch.bfloat16)
+    want = moe_ref(x, tw, ids, w13, w2)
+    assert ((out.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+
+
+def test_the_moe_down_ptx_computes_each_pairs_output() -> None:
+    """The down alone, emulated, against `linear_ref` per pair: N = 136 rows (a ragged row tile), two segments."""
+    w2 = random_experts(3, 68, 128, seed=9)  # [E, 136, 128], segments (68, 68)
+    ids = torch.tensor([[0, 2], [2, 0], [2, 1], [0, 2]])  # expert 2: 4 pairs, expert 1: one
+    h = (torch.randn(8, 128, generator=torch.Generator().manual_seed(10)) * 0.5).to(torch.bfloat16)
+    y = emulate_moe_down(h, ids, w2)
+    for p, e in enumerate(ids.reshape(-1).tolist()):
+        _close_in_bf16(y[p][None], linear_ref(h[p][None], w2.select(e)), h[p][None], w2.select(e))
+
+
 def test_emulated_decode_is_exact_for_each_code() -> None:
     """One nonzero code per weight row at a time: every E2M1 code (both nibbles of a byte, every pair position) times
     a power-of-two x lands exactly on the dequantised value, so the decode (not just the sum) is exact."""
@@ -331,11 +391,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from flint_kernels import nvfp4_mma_triton as nm
 from kernel_sass import disassemble, profile
-common = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", gs_ptr="*fp32")
+common = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", gs_ptr="*fp32")  # the down has h_ptr for x_ptr
 cases = [
     (nm._nvfp4_mma_kernel, dict(out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32"), dict(SPLIT_K=1, NW=4, PDL=True)),
     (nm._nvfp4_mma_kernel, dict(out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32"), dict(SPLIT_K=4, NW=4, PDL=True)),
     (nm._moe_gate_up_mma_kernel, dict(ids_ptr="*i64", h_ptr="*bf16"), dict(P_PAD=512, NW=4, PDL=True)),
+    (nm._moe_down_mma_kernel, dict(h_ptr="*bf16", ids_ptr="*i64", y_ptr="*bf16"), dict(P_PAD=512, NW=4, PDL=True)),
 ]
 for fn, ptrs, cx in cases:
     ptrs = dict(common, **ptrs)
@@ -355,8 +416,8 @@ for fn, ptrs, cx in cases:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-3:]]
-    assert len(lines) == 3, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-4:]]
+    assert len(lines) == 4, r.stdout
     for name, identity, converts, hmma, spills in lines:
         assert identity == "1" and spills == "0", (name, identity, spills)
         assert int(hmma) >= 8, (name, hmma)
@@ -396,13 +457,13 @@ def test_moe_gate_up_on_the_gpu(tokens: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("tokens", [1, 5, 32, 64])
-def test_fused_moe_with_the_mma_gate_up_on_the_gpu(tokens: int) -> None:
-    """`moe_triton.fused_moe` with MoEConfig.mma (expert-major, shared expert apart) launches the MMA gate_up and
-    stays within the MoE tests' BF16 tolerance of `moe_ref`."""
+@pytest.mark.parametrize("mma_down", [False, True])
+def test_fused_moe_with_the_mma_kernels_on_the_gpu(tokens: int, mma_down: bool) -> None:
+    """`moe_triton.fused_moe` with MoEConfig.mma (expert-major, shared expert apart) launches the MMA gate_up, with
+    mma_down the MMA down and the slot reduce too, and stays within the MoE tests' BF16 tolerance of `moe_ref`."""
     import dataclasses
 
     from flint_kernels import moe_triton as mt
-    from flint_kernels.moe import moe_ref
 
     w13 = random_experts(32, 512, 2048, seed=tokens)
     w13 = NVFP4Weight(w13.qweight.cuda(), w13.scales.cuda(), w13.global_scale.cuda() / 64, w13.segments)
@@ -413,14 +474,32 @@ def test_fused_moe_with_the_mma_gate_up_on_the_gpu(tokens: int) -> None:
     tw = torch.rand(tokens, 6, generator=g).cuda()
     tw = tw / tw.sum(-1, keepdim=True)
     x = (torch.randn(tokens, 2048, generator=g) * 0.5).to(torch.bfloat16).cuda()
-    cfg = dataclasses.replace(mt.decode_config(True, tokens, x.device), expert_major=True, mma=True, use_dot=False)
+    cfg = dataclasses.replace(
+        mt.decode_config(True, tokens, x.device), expert_major=True, mma=True, mma_down=mma_down, use_dot=False
+    )
     launches = []
-    real = nm.launch_moe_gate_up
+    real_gu, real_dn = nm.launch_moe_gate_up, nm.launch_moe_down
     try:
-        nm.launch_moe_gate_up = lambda *a, **kw: (launches.append(1), real(*a, **kw))
+        nm.launch_moe_gate_up = lambda *a, **kw: (launches.append("gate_up"), real_gu(*a, **kw))
+        nm.launch_moe_down = lambda *a, **kw: (launches.append("down"), real_dn(*a, **kw))
         got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg).float()
     finally:
-        nm.launch_moe_gate_up = real
+        nm.launch_moe_gate_up, nm.launch_moe_down = real_gu, real_dn
     want = moe_ref(x, tw, ids, w13, w2).float()
-    assert launches == [1]
+    assert launches == (["gate_up", "down"] if mma_down else ["gate_up"])
     assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tokens", [1, 8, 64])
+def test_moe_down_on_the_gpu(tokens: int) -> None:
+    """The expert-major MoE down against `linear_ref` per pair at Flint's shape (H 2048, I 512), 32 experts, top-6."""
+    w2 = random_experts(32, 1024, 512, seed=tokens)  # [E, 2048, 512]
+    w2 = NVFP4Weight(w2.qweight.cuda(), w2.scales.cuda(), w2.global_scale.cuda(), w2.segments)
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(32, generator=g)[:6] for _ in range(tokens)]).cuda()
+    h = (torch.randn(tokens * 6, 512, generator=g) * 0.5).to(torch.bfloat16).cuda()
+    y = nm.moe_down(h, ids, w2)
+    for p, e in enumerate(ids.reshape(-1).tolist()):
+        _close_in_bf16(y[p][None], linear_ref(h[p][None], w2.select(e)), h[p][None], w2.select(e))
