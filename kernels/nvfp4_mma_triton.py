@@ -1,10 +1,11 @@
 """NVFP4 (W4A16) on `mma.sync` tensor cores, the weights decoded two a register in PTX: a linear for up to 8 rows
-of x, and the MoE's expert-major gate_up.
+of x, and the MoE's expert-major gate_up and down.
 
 `linear` computes `linear_ref`'s function for a BF16 x [M <= 8, K] and an NVFP4 weight [N, K]: FP32 accumulation,
 the per-segment global scale on the accumulator, one rounding. `moe_gate_up` computes the h rows of `moe_ref` for
-every (token, slot) pair, 8 of an expert's pairs an MMA; `MoEConfig.mma` puts it inside `moe_triton.fused_moe`. No
-table selects either yet (built without a GPU). Why: the FMA path spends ~5 instructions a weight value and token
+every (token, slot) pair and `moe_down` each pair's rounded expert output y, 8 of an expert's pairs an MMA;
+`MoEConfig.mma` / `mma_down` put them inside `moe_triton.fused_moe` (the slot sum is its reduce launch). No table
+selects them yet (built without a GPU). Why: the FMA path spends ~5 instructions a weight value and token
 (sm_90 SASS), and the tl.dot paths move decoded tiles through shared memory to reach the MMA operand layout. Here
 each thread decodes exactly the weights its MMA fragments hold, so nothing moves: ~2 instructions a value for the
 decode (AND, IMAD, AND and one FMA.BF16X2 for two values) and one HMMA per 8 values a thread, for up to 8 rows of x.
