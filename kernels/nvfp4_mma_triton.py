@@ -121,6 +121,21 @@ def _scale2(ptrs):
 
 
 @triton.jit
+def _weight_bases(w_ptr, s_ptr, ra, rb, c, stride_wn, stride_sn):
+    """(codes as int64 words, scale bytes, then each lane's int64 word index of rows ra / rb and scale byte index of
+    ra / rb at K = 0): lane c's 16 bytes of a row's K step start at word 2c, its two scale groups at byte 2c."""
+    w64 = w_ptr.to(tl.pointer_type(tl.int64))
+    return (
+        w64,
+        s_ptr,
+        ra * (stride_wn // 8) + c * 2,
+        rb * (stride_wn // 8) + c * 2,
+        ra * stride_sn + c * 2,
+        rb * stride_sn + c * 2,
+    )
+
+
+@triton.jit
 def _k_loop(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT: tl.constexpr):
     """The D fragments (FP32, weights times 2**-62) of rows g / g + 8 against x rows g over K steps k_lo..k_hi."""
     d0 = tl.zeros((NT,), dtype=tl.float32)
@@ -193,18 +208,13 @@ def _nvfp4_mma_kernel(
     r0 = tl.minimum(row0, N - 1).to(tl.int64)
     r1 = tl.minimum(row1, N - 1).to(tl.int64)
     tok = tl.minimum(g, M - 1).to(tl.int64)
-    w64 = w_ptr.to(tl.pointer_type(tl.int64))
+    w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(w_ptr, s_ptr, r0, r1, c, stride_wn, stride_sn)
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
-    # int64 indices: a row's step starts at byte k0 / 2 (a multiple of 64), the lane's 16 bytes at 16c.
-    wa_base = r0 * (stride_wn // 8) + c * 2
-    wb_base = r1 * (stride_wn // 8) + c * 2
-    xa_base = tok * (stride_xm // 4) + c * 8
-    sa_base = r0 * stride_sn + c * 2
-    sb_base = r1 * stride_sn + c * 2
+    xa_base = tok * (stride_xm // 4) + c * 8  # the lane's 32 values of x row `tok`, as int64 words
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
     pdl_entry(PDL)
-    d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT)
+    d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT)
     store = True
     if SPLIT_K > 1:
         base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * 4 * NT) + t
@@ -289,12 +299,9 @@ def _moe_gate_up_mma_kernel(
     ja = tl.minimum(j, INTER - 1).to(tl.int64)
     jb = ja + INTER
     e64 = e.to(tl.int64)
-    w64 = (w_ptr + e64 * stride_we).to(tl.pointer_type(tl.int64))
-    sp = s_ptr + e64 * stride_se
-    wa_base = ja * (stride_wn // 8) + c * 2
-    wb_base = jb * (stride_wn // 8) + c * 2
-    sa_base = ja * stride_sn + c * 2
-    sb_base = jb * stride_sn + c * 2
+    w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(
+        w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, ja, jb, c, stride_wn, stride_sn
+    )
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
     post = 4.611686018427388e18  # 2**62
     gs_a = segment_scale(gs_ptr + e64 * stride_gse, ja, ok, seg1, seg2, seg3) * post
@@ -357,12 +364,9 @@ def _moe_down_mma_kernel(
     r0 = tl.minimum(row0, N - 1).to(tl.int64)
     r1 = tl.minimum(row1, N - 1).to(tl.int64)
     e64 = e.to(tl.int64)
-    w64 = (w_ptr + e64 * stride_we).to(tl.pointer_type(tl.int64))
-    sp = s_ptr + e64 * stride_se
-    wa_base = r0 * (stride_wn // 8) + c * 2
-    wb_base = r1 * (stride_wn // 8) + c * 2
-    sa_base = r0 * stride_sn + c * 2
-    sb_base = r1 * stride_sn + c * 2
+    w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(
+        w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, r0, r1, c, stride_wn, stride_sn
+    )
     h64 = h_ptr.to(tl.pointer_type(tl.int64))
     post = 4.611686018427388e18  # 2**62
     gs0 = segment_scale(gs_ptr + e64 * stride_gse, r0, ok0, seg1, seg2, seg3) * post
