@@ -32,7 +32,8 @@ fi
 # MMA_AB=1: the whole step with the MMA gate_up in the engine (MoEConfig.mma, expert-major, shared expert apart), NVFP4,
 # against the table: (a) the shared expert apart at every size (the fold keeps expert-major off up to 16 tokens),
 # (b) that with the MMA gate_up at every size, (c) that with the MMA down too, (d) the MMA gate_up from 17 tokens only
-# (the shared expert stays folded up to 16). Run it once the MMA tests pass, in a call of its own (~6 minutes).
+# (the shared expert stays folded up to 16), (e) the NVFP4 projections at 2-8 rows on the MMA linear (TileConfig.mma).
+# Run it once the MMA tests pass, in a call of its own (~7-9 minutes).
 if [ "${MMA_AB:-0}" = 1 ]; then
 V=/tmp/variants; mkdir -p $V
 variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
@@ -49,11 +50,15 @@ variant --table $V/down_a.json --op moe.decode --when '{"nvfp4": true, "tokens_m
     --set mma_down=true --out $V/down_b.json
 variant --table $V/down_b.json --op moe.decode --when '{"nvfp4": true}' --set mma_down=true --out $V/mma_down.json
 variant --op moe.decode --when '{"nvfp4": true}' --set expert_major=true mma=true --out $V/mma_17.json
-timeout 420 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 4 8 32 64 --contexts 1024 --prefill 0 \
+# The NVFP4 projections at 2-8 rows on the MMA linear (TileConfig.mma).
+variant --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' --set mma=true --out $V/gemv_a.json
+variant --table $V/gemv_a.json --op gemv.small_m --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' \
+    --add '{"m_min": 5, "m_max": 8, "nvfp4": true}' --set mma=true --out $V/gemv_mma.json
+timeout 540 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 4 8 32 64 --contexts 1024 --prefill 0 \
     --reps 30 --check-steps 0 --no-plain-timing \
-    --ab-tuning-file $V/fold0.json $V/mma_all.json $V/mma_down.json $V/mma_17.json \
+    --ab-tuning-file $V/fold0.json $V/mma_all.json $V/mma_down.json $V/mma_17.json $V/gemv_mma.json \
     --out "$OUT/decode_nvfp4_mma_ab.json" > "$OUT/decode_mma_ab.txt" 2>&1
-echo "== whole step: table vs fold0 / mma_all / mma_down / mma_17"
+echo "== whole step: table vs fold0 / mma_all / mma_down / mma_17 / gemv_mma"
 grep "A/B rounds\|Error" "$OUT/decode_mma_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then

@@ -26,6 +26,9 @@ class TileConfig:
     num_stages: int
     words: bool = False  # tensor-core NVFP4 from int32 nibble planes: fewer ops, but Triton 3.6 fails to compile it
     packed: bool = False  # tensor-core NVFP4 as packed BF16 pairs scaled by FMA.BF16X2 (BF16 x; PTX, sm_80+)
+    # NVFP4, BF16 x of at most 8 rows, BF16 output, no fused norm: `nvfp4_mma_triton.linear` instead (mma.sync on
+    # weights decoded in PTX; num_warps from here, its own split-K). Not timed on a GPU yet: no table sets it.
+    mma: bool = False
 
 
 @dataclass(frozen=True)

@@ -1064,6 +1064,11 @@ def _matmul(
         dev = x.device
         config = small_m_config(m, nv, k, n, dev) if m <= SMALL_M else large_m_config(nv, dev, m, n, k)
     cfg = config
+    if cfg.mma and nv and not fp32_out and norm is None and norm_in is None:
+        from . import nvfp4_mma_triton  # here: that module imports this one
+
+        if nvfp4_mma_triton.supported(x, w):
+            return nvfp4_mma_triton.linear(x, w, num_warps=cfg.num_warps)
     if nv:
         qw, sc, gs = w.qweight, w.scales, w.global_scale.reshape(-1)
         seg = segment_bounds(w.segments, n)

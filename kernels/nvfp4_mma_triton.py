@@ -4,11 +4,12 @@ of x, and the MoE's expert-major gate_up and down.
 `linear` computes `linear_ref`'s function for a BF16 x [M <= 8, K] and an NVFP4 weight [N, K]: FP32 accumulation,
 the per-segment global scale on the accumulator, one rounding. `moe_gate_up` computes the h rows of `moe_ref` for
 every (token, slot) pair and `moe_down` each pair's rounded expert output y, 8 of an expert's pairs an MMA;
-`MoEConfig.mma` / `mma_down` put them inside `moe_triton.fused_moe` (the slot sum is its reduce launch). No table
-selects them yet (built without a GPU). Why: the FMA path spends ~5 instructions a weight value and token
-(sm_90 SASS), and the tl.dot paths move decoded tiles through shared memory to reach the MMA operand layout. Here
-each thread decodes exactly the weights its MMA fragments hold, so nothing moves: ~2 instructions a value for the
-decode (AND, IMAD, AND and one FMA.BF16X2 for two values) and one HMMA per 8 values a thread, for up to 8 rows of x.
+`MoEConfig.mma` / `mma_down` put them inside `moe_triton.fused_moe` (the slot sum is its reduce launch) and
+`TileConfig.mma` the linear inside `gemv_triton.linear`. No table selects them yet (built without a GPU). Why: the
+FMA path spends ~5 instructions a weight value and token (sm_90 SASS), and the tl.dot paths move decoded tiles
+through shared memory to reach the MMA operand layout. Here each thread decodes exactly the weights its MMA
+fragments hold, so nothing moves: ~2 instructions a value for the decode (AND, IMAD, AND and one FMA.BF16X2 for two
+values) and one HMMA per 8 values a thread, for up to 8 rows of x.
 
 Lanes: a warp owns 16 weight rows; lane L = 4g + c holds rows g and g + 8 (A fragment) and row g of x (B fragment;
 rows past the real ones read the last real row, and their columns of D are never stored). Every thread runs the PTX
@@ -390,9 +391,10 @@ def _moe_down_mma_kernel(
 
 
 def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
-    """Whether `linear` takes this call: CUDA sm_80+, BF16 x of 1-8 rows with 8-byte aligned rows, a 2-D NVFP4
-    weight whose K is a multiple of 128 and whose code rows are 8-byte aligned, at most MAX_SEGMENTS segments."""
-    if not (x.is_cuda and isinstance(w, NVFP4Weight) and x.dtype == torch.bfloat16 and x.dim() == 2):
+    """Whether `linear` takes this call: CUDA sm_80+ (not the interpreter, which runs no PTX), BF16 x of 1-8 rows with
+    8-byte aligned rows, a 2-D NVFP4 weight whose K is a multiple of 128 and whose code rows are 8-byte aligned, at
+    most MAX_SEGMENTS segments."""
+    if _INTERPRET or not (x.is_cuda and isinstance(w, NVFP4Weight) and x.dtype == torch.bfloat16 and x.dim() == 2):
         return False
     if torch.cuda.get_device_capability(x.device) < (8, 0):
         return False

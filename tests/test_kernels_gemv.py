@@ -9,6 +9,7 @@ allocated NaN-filled, so an element the kernel forgets to write fails the test. 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -165,6 +166,17 @@ def test_nvfp4_quantized_fp32(m: int) -> None:
     x = random_x(m, 256, torch.float32, g)
     assert rel_err(gt.linear(x, w), linear_ref(x, w)) < 1e-5
     assert rel_err(gt.lm_head(x, w), linear_fp32_out_ref(x, w)) < 1e-5
+
+
+def test_mma_config_falls_back_where_it_cannot_run() -> None:
+    """TileConfig.mma asks for `nvfp4_mma_triton.linear`, which needs BF16 x on a GPU (PTX): with float32 x, or under
+    the interpreter, the config's own kernel runs and gives its result bit for bit."""
+    g = gen(61)
+    w = random_nvfp4(50, 256, g, segments=(20, 30))
+    x = random_x(5, 256, torch.float32, g)
+    cfg = dot_config(5)
+    want = gt._matmul(x, w, fp32_out=False, config=cfg)
+    assert torch.equal(gt._matmul(x, w, fp32_out=False, config=dataclasses.replace(cfg, mma=True)), want)
 
 
 @pytest.mark.parametrize("kind", ["fma", "bytes", pytest.param("words", marks=needs_words), "packed"])

@@ -503,3 +503,27 @@ def test_moe_down_on_the_gpu(tokens: int) -> None:
     y = nm.moe_down(h, ids, w2)
     for p, e in enumerate(ids.reshape(-1).tolist()):
         _close_in_bf16(y[p][None], linear_ref(h[p][None], w2.select(e)), h[p][None], w2.select(e))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [2, 8])
+def test_gemv_linear_with_the_mma_config_on_the_gpu(m: int) -> None:
+    """`gemv_triton`'s linear with TileConfig.mma runs `nvfp4_mma_triton.linear` (BF16 out, no fused norm)."""
+    import dataclasses
+
+    from flint_kernels import gemv_triton as gt
+
+    w = random_nvfp4(5120, 2048, seed=m, segments=(4096, 512, 512))
+    w = NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda(), w.segments)
+    x = (torch.randn(m, 2048, generator=torch.Generator().manual_seed(m)) * 0.5).to(torch.bfloat16).cuda()
+    cfg = dataclasses.replace(gt.small_m_config(m, True, 2048, 5120, x.device), mma=True)
+    calls = []
+    real = nm.linear
+    try:
+        nm.linear = lambda *a, **kw: (calls.append(1), real(*a, **kw))[1]
+        got = gt._matmul(x, w, fp32_out=False, config=cfg)
+    finally:
+        nm.linear = real
+    assert calls == [1]
+    _close_in_bf16(got, linear_ref(x, w), x, w)
