@@ -22,11 +22,11 @@ set -u
 if [ "${SKIP_AB:-0}" != 1 ]; then
 # The NVFP4 MMA kernels: their GPU tests (the linear against linear_ref at qkv, o_proj and a ragged N, 1-8 rows, with
 # and without split-K; the MoE gate_up against moe_ref's h at 1-64 tokens), then their time against the engine's paths.
-timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
+timeout 240 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
     > "$OUT/mma_tests.txt" 2>&1
 echo "nvfp4_mma tests: $(tail -1 "$OUT/mma_tests.txt")"
 grep -E "^E |FAILED" "$OUT/mma_tests.txt" | head -8
-timeout 280 python3 benchmarks/nvfp4_mma.py --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
+timeout 300 python3 benchmarks/nvfp4_mma.py --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
 echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,/^wrote/p' "$OUT/nvfp4_mma.txt" | grep -v '^{'; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
 fi
 # MMA_AB=1: the whole step with the MMA gate_up in the engine (MoEConfig.mma, expert-major, shared expert apart), NVFP4,
