@@ -430,6 +430,16 @@ def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | N
             f"nvfp4_mma.linear takes BF16 x of 1-{MAX_M} aligned rows on a CUDA GPU and a 2-D NVFP4 weight with K a "
             f"multiple of {BLOCK_K}; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight {w.shape}"
         )
+    out = torch.empty((x.shape[0], w.qweight.shape[0]), dtype=x.dtype, device=x.device)
+    launch_linear(x, w, out, num_warps, split_k)
+    return out
+
+
+def launch_linear(
+    x: torch.Tensor, w: NVFP4Weight, out: torch.Tensor, num_warps: int = 4, split_k: int | None = None
+) -> None:
+    """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
+    GPU. K splits: `split_k`, else enough for ~4 programs per SM."""
     m, k = x.shape
     n = w.qweight.shape[0]
     tiles = triton.cdiv(n, ROWS_PER_WARP * num_warps)
@@ -439,7 +449,6 @@ def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | N
         split = 1
     per = triton.cdiv(steps, min(split, steps)) * BLOCK_K
     split = triton.cdiv(k, per)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((tiles * split * 4 * 32 * num_warps,) if split > 1 else (1,), dtype=torch.float32,
                      device=x.device)  # fmt: skip
     seg1, seg2, seg3 = segment_bounds(w.segments, n)
@@ -448,7 +457,6 @@ def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | N
         x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), seg1, seg2, seg3,
         SPLIT_K=split, NW=num_warps, num_warps=num_warps, num_stages=1, **launch_options(x.device),
     )  # fmt: skip
-    return out
 
 
 def moe_supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
