@@ -1,10 +1,11 @@
-"""`flint_kernels.nvfp4_mma_triton`: the NVFP4 linear on mma.sync with the weights decoded in PTX.
+"""`flint_kernels.nvfp4_mma_triton`: NVFP4 on mma.sync with the weights decoded in PTX (the linear, the MoE's
+expert-major gate_up and down, and the engine switches that launch them).
 
 Triton's interpreter cannot run PTX, so the CPU tests run the kernels themselves in the interpreter with their K
 step's PTX text (`step_asm`) handed to a small emulator of the instructions it uses (bit operations, PRMT,
 FMA.BF16X2 and the m16n8k16 MMA with PTX's fragment layouts), and compare with float64 and with `moe_ref`.
-The sm_90 compile test checks what the lane mapping relies on: every tensor stays one element a thread (no layout
-conversion) and the K step issues its 8 MMAs. The `gpu` tests run the kernel itself.
+The sm_90 compile test checks what the lane mapping relies on: the asm's operands are one element a thread, and
+the K step issues its 8 MMAs. The `gpu` tests run the compiled kernels, alone and inside the engine's ops.
 """
 
 from __future__ import annotations
