@@ -1068,7 +1068,8 @@ def _matmul(
         from . import nvfp4_mma_triton  # here: that module imports this one
 
         if nvfp4_mma_triton.supported(x, w):
-            return nvfp4_mma_triton.linear(x, w, num_warps=cfg.num_warps)
+            nvfp4_mma_triton.launch_linear(x, w, out, num_warps=cfg.num_warps)
+            return out
     if nv:
         qw, sc, gs = w.qweight, w.scales, w.global_scale.reshape(-1)
         seg = segment_bounds(w.segments, n)

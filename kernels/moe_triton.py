@@ -935,7 +935,7 @@ def _routed(
             **launch_options(x.device),
         )  # fmt: skip
     even_dn = inter % cfg.dn_block_k == 0 and shared_inter % cfg.dn_block_k == 0
-    if decode and mma_gate_up and cfg.mma_down and norm is None and _mma_fits(h, w2):
+    if mma_gate_up and cfg.mma_down and norm is None and _mma_fits(h, w2):  # mma_gate_up: on the decode path
         from . import nvfp4_mma_triton  # here: that module imports this one
 
         # Each pair's rounded y, then the slot-reduce launch (routing weights, slot order, the shared expert's add).

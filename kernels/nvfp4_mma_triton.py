@@ -34,7 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_triton import COUNTER_SLOTS, MAX_SEGMENTS, counters, e4m3_value, num_sms, segment_bounds, segment_scale
+from .gemv_triton import (
+    COUNTER_SLOTS,
+    MAX_SEGMENTS,
+    choose_split_k,
+    counters,
+    e4m3_value,
+    segment_bounds,
+    segment_scale,
+)
 from .linear import NVFP4Weight
 from .moe_triton import _ranked_pairs
 from .pdl import launch_options, pdl_entry
@@ -390,37 +398,31 @@ def _moe_down_mma_kernel(
         tl.store(y_ptr + p_hi * stride_y + row1, (d3 * gs1).to(ydt), mask=ok1 & hi_ok)
 
 
-def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
-    """Whether `linear` takes this call: CUDA sm_80+ (not the interpreter, which runs no PTX), BF16 x of 1-8 rows with
-    8-byte aligned rows, a 2-D NVFP4 weight whose K is a multiple of 128 and whose code rows are 8-byte aligned, at
-    most MAX_SEGMENTS segments."""
+def _fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
+    """What every kernel here needs: a CUDA GPU of sm_80 or later (not the interpreter, which runs no PTX), BF16
+    activations [rows, K] with rows on 8 bytes, NVFP4 weights [..., N, K] with K a multiple of BLOCK_K and code rows
+    on 8 bytes, at most MAX_SEGMENTS segments."""
     if _INTERPRET or not (x.is_cuda and isinstance(w, NVFP4Weight) and x.dtype == torch.bfloat16 and x.dim() == 2):
         return False
-    if torch.cuda.get_device_capability(x.device) < (8, 0):
-        return False
-    k = w.qweight.shape[-1] * 2
+    q = w.qweight
     return (
-        w.qweight.dim() == 2
-        and 1 <= x.shape[0] <= MAX_M
-        and x.shape[1] == k
-        and k % BLOCK_K == 0
+        torch.cuda.get_device_capability(x.device) >= (8, 0)
+        and x.shape[1] == q.shape[-1] * 2
+        and x.shape[1] % BLOCK_K == 0
         and x.stride(1) == 1
         and x.stride(0) % 4 == 0
         and x.data_ptr() % 8 == 0
-        and w.qweight.stride(1) == 1
-        and w.qweight.stride(0) % 8 == 0
-        and w.qweight.data_ptr() % 8 == 0
-        and w.scales.stride(1) == 1
+        and q.stride(-1) == 1
+        and all(st % 8 == 0 for st in q.stride()[:-1])
+        and q.data_ptr() % 8 == 0
+        and w.scales.stride(-1) == 1
         and len(w.segments) <= MAX_SEGMENTS
     )
 
 
-def choose_split(tiles: int, steps: int, device: torch.device) -> int:
-    """K splits so that the grid has ~4 programs per SM, each split at least 2 steps (at most 32 splits)."""
-    target = 4 * num_sms(device)
-    if tiles >= target or tiles > COUNTER_SLOTS:
-        return 1
-    return max(1, min(triton.cdiv(target, tiles), steps // 2, 32))
+def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
+    """Whether `linear` takes this call: `_fits`, 1-8 rows of x, a 2-D weight."""
+    return _fits(x, w) and w.qweight.dim() == 2 and 1 <= x.shape[0] <= MAX_M
 
 
 def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | None = None) -> torch.Tensor:
@@ -439,16 +441,14 @@ def launch_linear(
     x: torch.Tensor, w: NVFP4Weight, out: torch.Tensor, num_warps: int = 4, split_k: int | None = None
 ) -> None:
     """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
-    GPU. K splits: `split_k`, else enough for ~4 programs per SM."""
+    GPU. K splits: `split_k`, else `gemv_triton.choose_split_k`'s (~4 programs per SM)."""
     m, k = x.shape
     n = w.qweight.shape[0]
     tiles = triton.cdiv(n, ROWS_PER_WARP * num_warps)
-    steps = k // BLOCK_K
-    split = split_k or choose_split(tiles, steps, x.device)
-    if tiles > COUNTER_SLOTS:  # one arrival counter a tile
-        split = 1
-    per = triton.cdiv(steps, min(split, steps)) * BLOCK_K
-    split = triton.cdiv(k, per)
+    split, per = choose_split_k(tiles, k, BLOCK_K, x.device)
+    if split_k is not None and tiles <= COUNTER_SLOTS:  # one arrival counter a tile
+        per = triton.cdiv(k // BLOCK_K, min(split_k, k // BLOCK_K)) * BLOCK_K
+        split = triton.cdiv(k, per)
     ws = torch.empty((tiles * split * 4 * 32 * num_warps,) if split > 1 else (1,), dtype=torch.float32,
                      device=x.device)  # fmt: skip
     seg1, seg2, seg3 = segment_bounds(w.segments, n)
@@ -460,27 +460,9 @@ def launch_linear(
 
 
 def moe_supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
-    """Whether the MoE MMA kernels take activations x [rows, K] (x for the gate_up, h for the down) and experts w
-    [E, N, K]: a CUDA GPU (not the interpreter, which runs no PTX), BF16 rows aligned to 8 bytes, K a multiple of
-    BLOCK_K, 8-byte aligned code rows."""
-    return (
-        x.is_cuda
-        and not _INTERPRET
-        and isinstance(w, NVFP4Weight)
-        and x.dtype == torch.bfloat16
-        and x.dim() == 2
-        and w.qweight.dim() == 3
-        and x.shape[1] == w.qweight.shape[-1] * 2
-        and x.shape[1] % BLOCK_K == 0
-        and x.stride(1) == 1
-        and x.stride(0) % 4 == 0
-        and x.data_ptr() % 8 == 0
-        and w.qweight.stride(2) == 1
-        and w.qweight.stride(1) % 8 == 0
-        and w.qweight.stride(0) % 8 == 0
-        and w.qweight.data_ptr() % 8 == 0
-        and len(w.segments) <= MAX_SEGMENTS
-    )
+    """Whether the MoE kernels take activations x [rows, K] (x for the gate_up, h for the down) against experts w
+    [E, N, K]: `_fits` with 3-D weights."""
+    return _fits(x, w) and w.qweight.dim() == 3
 
 
 def launch_moe_down(h: torch.Tensor, ids: torch.Tensor, w2: NVFP4Weight, y: torch.Tensor, num_warps: int) -> None:
