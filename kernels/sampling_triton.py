@@ -344,8 +344,17 @@ def sample_top_k(
     top_k, seeds, steps = (t.to(torch.int64).contiguous() for t in (top_k, seeds, steps))
     top_p, min_p = (t.to(torch.float32).contiguous() for t in (top_p, min_p))
     sub, levels, final = chunk_levels(block, kc)
-    if FILTER and kc == MIN_KC and block > FILTER_CAP:
-        gather = torch.empty((n, n_chunks, FILTER_CAP), dtype=torch.int64, device=logits.device)
+    p = triton.next_power_of_2(n_chunks * kc)
+    filter_chunks = FILTER and kc == MIN_KC and block > FILTER_CAP
+    filter_draw = FILTER and kc == MIN_KC and p > DRAW_CAP
+    # One scratch buffer for both filtered kernels (the draw launch starts after the chunk launch is done): the
+    # chunk kernel's program (row, chunk) uses slots (row * n_chunks + chunk) * FILTER_CAP on, the draw's row
+    # row * DRAW_CAP on.
+    gather = None
+    if filter_chunks or filter_draw:
+        slots = max(n_chunks * FILTER_CAP if filter_chunks else 0, DRAW_CAP if filter_draw else 0)
+        gather = torch.empty((n * slots,), dtype=torch.int64, device=logits.device)
+    if filter_chunks:
         cap_sub, cap_levels, cap_final = chunk_levels(FILTER_CAP, kc)
         _chunk_filter_kernel[(n, n_chunks)](
             logits, temperature, cand, gather, vocab, logits.stride(0), n_chunks, BLOCK=block, KC=kc, SUB=sub,
@@ -356,10 +365,8 @@ def sample_top_k(
             logits, temperature, cand, vocab, logits.stride(0), n_chunks, BLOCK=block, KC=kc, SUB=sub, LEVELS=levels,
             FINAL=final,
         )  # fmt: skip
-    p = triton.next_power_of_2(n_chunks * kc)
     sub, levels, final = chunk_levels(p, kc)
-    if FILTER and kc == MIN_KC and p > DRAW_CAP:
-        gather = torch.empty((n, DRAW_CAP), dtype=torch.int64, device=logits.device)
+    if filter_draw:
         cap_sub, cap_levels, cap_final = chunk_levels(DRAW_CAP, kc)
         _draw_filter_kernel[(n,)](
             cand, gather, temperature, top_k, top_p, min_p, seeds, steps, out, n_chunks * kc,
