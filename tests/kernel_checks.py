@@ -45,3 +45,21 @@ class LaunchSpy:
     def __getitem__(self, grid: tuple) -> object:
         self.launches += 1
         return self.kernel[grid]
+
+
+def random_nvfp4(n: int, k: int, g: torch.Generator, segments: tuple[int, ...] | None = None):  # -> NVFP4Weight
+    """A random NVFP4 weight [n, k] on g's device: every code and scale byte value occurs (0x7F decodes to 0, 0xFF to
+    480 / 2 as in `ue4m3_to_float`), plus planted edges (+0 / -0 codes, zero, largest and smallest scales), and a
+    global scale per segment in [0.3, 2) (not powers of two)."""
+    from flint_kernels.linear import NVFP4Weight
+
+    dev = g.device
+    q = torch.randint(0, 256, (n, k // 2), generator=g, device=dev, dtype=torch.int32).to(torch.uint8)
+    s = torch.randint(0, 256, (n, k // 16), generator=g, device=dev, dtype=torch.int32).to(torch.uint8)
+    q[0, :4] = torch.tensor([0x00, 0x88, 0x80, 0x08], dtype=torch.uint8)  # +0 / -0 codes in both nibbles
+    s[0, 0], s[1, 0], s[2, 0], s[3, 0] = 0x7F, 0x00, 0xFF, 0x80
+    if n > 4:
+        s[4, 0] = 0x01  # the smallest subnormal scale
+    segments = segments or (n,)
+    gscale = torch.rand(len(segments), generator=g, device=dev) * 1.7 + 0.3
+    return NVFP4Weight(q, s, gscale.float(), segments)

@@ -24,7 +24,7 @@ from flint_kernels.linear import (
     linear_fp32_out_ref,
     linear_ref,
 )
-from kernel_checks import poisoned_empty, rel_err
+from kernel_checks import poisoned_empty, random_nvfp4, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -50,17 +50,6 @@ def nan_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator(device=DEVICE).manual_seed(seed)
-
-
-def random_nvfp4(n: int, k: int, g: torch.Generator, segments: tuple[int, ...] | None = None) -> NVFP4Weight:
-    """Random code bytes and scale bytes (every byte value occurs, 0x7F and 0xFF included), plus planted edges."""
-    q = torch.randint(0, 256, (n, k // 2), generator=g, device=DEVICE, dtype=torch.int32).to(torch.uint8)
-    s = torch.randint(0, 256, (n, k // 16), generator=g, device=DEVICE, dtype=torch.int32).to(torch.uint8)
-    q[0, :4] = torch.tensor([0x00, 0x88, 0x80, 0x08], dtype=torch.uint8)  # +0 / -0 codes in both nibbles
-    s[0, 0], s[1, 0], s[2, 0], s[3, 0] = 0x7F, 0x00, 0xFF, 0x80
-    segments = segments or (n,)
-    gscale = torch.rand(len(segments), generator=g, device=DEVICE) * 1.7 + 0.3  # not powers of two
-    return NVFP4Weight(q, s, gscale.float(), segments)
 
 
 def quantized_nvfp4(n: int, k: int, g: torch.Generator, segments: tuple[int, ...]) -> NVFP4Weight:

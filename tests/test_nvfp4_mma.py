@@ -23,21 +23,14 @@ from flint_kernels import nvfp4_mma_triton as nm
 from flint_kernels.activation import silu_and_mul_ref
 from flint_kernels.linear import NVFP4Weight, linear_ref
 from flint_kernels.moe import moe_ref
+from kernel_checks import random_nvfp4
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 HAS_CUDA = torch.cuda.is_available()
 
 
-def random_nvfp4(n: int, k: int, seed: int, segments: tuple[int, ...]) -> NVFP4Weight:
-    """Random code and scale bytes (0x7F decodes to 0, 0xFF to 480 / 2 as in `ue4m3_to_float`), planted signed zeros,
-    global scales in [0.3, 2)."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
-    s = torch.randint(0, 256, (n, k // 16), generator=g, dtype=torch.int32).to(torch.uint8)
-    q[0, :4] = torch.tensor([0x00, 0x88, 0x80, 0x08], dtype=torch.uint8)
-    s[0, 0], s[1, 0], s[2, 0], s[3, 0] = 0x7F, 0x00, 0xFF, 0x01  # zero, zero, the largest, the smallest
-    gscale = torch.rand(len(segments), generator=g) * 1.7 + 0.3
-    return NVFP4Weight(q, s, gscale.float(), segments)
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
 
 
 # ---------------------------------------------------------------------------------------- a PTX emulator (one warp)
@@ -193,7 +186,7 @@ def _close_to_exact(got: torch.Tensor, want: torch.Tensor, l1: torch.Tensor) -> 
 def test_linear_kernel(emulated_ptx: None, m: int, split_k: int) -> None:
     """`_nvfp4_mma_kernel`: ragged N (rows past N on both fragment halves), two segments with their own global
     scales, every code and scale byte, 1/3/8 rows of x, K in one or two splits (the semaphore sum)."""
-    w = random_nvfp4(80, 256, seed=m, segments=(48, 32))
+    w = random_nvfp4(80, 256, seeded(m), (48, 32))
     x = (torch.randn(m, 256, generator=torch.Generator().manual_seed(10 + m)) * 0.5).to(torch.bfloat16)
     out = torch.full((m, 80), float("nan"))
     nm.launch_linear(x, w, out, num_warps=2, split_k=split_k)
@@ -293,7 +286,7 @@ def moe_gate_up_ref(x: torch.Tensor, ids: torch.Tensor, w13: NVFP4Weight) -> tor
 
 
 def random_experts(n_exp: int, inter: int, k: int, seed: int) -> NVFP4Weight:
-    parts = [random_nvfp4(2 * inter, k, seed=seed + e, segments=(inter, inter)) for e in range(n_exp)]
+    parts = [random_nvfp4(2 * inter, k, seeded(seed + e), (inter, inter)) for e in range(n_exp)]
     return NVFP4Weight(
         torch.stack([p.qweight for p in parts]),
         torch.stack([p.scales for p in parts]),
@@ -303,7 +296,7 @@ def random_experts(n_exp: int, inter: int, k: int, seed: int) -> NVFP4Weight:
 
 
 def test_bad_inputs_name_the_problem() -> None:
-    w = random_nvfp4(64, 256, seed=1, segments=(64,))
+    w = random_nvfp4(64, 256, seeded(1), (64,))
     with pytest.raises(ValueError, match="1-8 aligned rows"):
         nm.linear(torch.zeros(9, 256, dtype=torch.bfloat16), w)
     assert not nm.supported(torch.zeros(2, 256, dtype=torch.bfloat16), w)  # not on a GPU
@@ -362,7 +355,7 @@ for fn, ptrs, cx in cases:
 @pytest.mark.parametrize("split_k", [None, 1])
 def test_linear_on_the_gpu(m: int, n: int, k: int, segments: tuple[int, ...], split_k: int | None) -> None:
     """The kernel itself against `linear_ref` at Flint's shapes (qkv, a ragged N, o_proj), with and without split-K."""
-    w = random_nvfp4(n, k, seed=m + n, segments=segments)
+    w = random_nvfp4(n, k, seeded(m + n), segments)
     w = NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda(), segments)
     x = (torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 0.5).to(torch.bfloat16).cuda()
     _close_in_bf16(nm.linear(x, w, split_k=split_k), linear_ref(x, w), x, w)
@@ -444,7 +437,7 @@ def test_gemv_linear_with_the_mma_config_on_the_gpu(m: int) -> None:
 
     from flint_kernels import gemv_triton as gt
 
-    w = random_nvfp4(5120, 2048, seed=m, segments=(4096, 512, 512))
+    w = random_nvfp4(5120, 2048, seeded(m), (4096, 512, 512))
     w = NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda(), w.segments)
     x = (torch.randn(m, 2048, generator=torch.Generator().manual_seed(m)) * 0.5).to(torch.bfloat16).cuda()
     cfg = dataclasses.replace(gt.small_m_config(m, True, 2048, 5120, x.device), mma=True)
