@@ -29,36 +29,34 @@ grep -E "^E |FAILED" "$OUT/mma_tests.txt" | head -8
 timeout 300 python3 benchmarks/nvfp4_mma.py --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
 echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,/^wrote/p' "$OUT/nvfp4_mma.txt" | grep -v '^{'; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
 fi
-# MMA_AB=1: the whole step with the MMA gate_up in the engine (MoEConfig.mma, expert-major, shared expert apart), NVFP4,
-# against the table: (a) the shared expert apart at every size (the fold keeps expert-major off up to 16 tokens),
-# (b) that with the MMA gate_up at every size, (c) that with the MMA down too, (d) the MMA gate_up from 17 tokens only
-# (the shared expert stays folded up to 16), (e) the NVFP4 projections at 2-8 rows on the MMA linear (TileConfig.mma).
-# Run it once the MMA tests pass, in a call of its own (~7-9 minutes).
+# MMA_AB=1: the whole step with the MMA kernels where `benchmarks/nvfp4_mma.py` had them ahead (2026-12-02, H200),
+# NVFP4, against the table: (a) down17: the MMA down from 17 tokens (shared expert apart there), after the FMA gate_up;
+# (b) moe33: (a) and from 33 tokens the MMA gate_up too (expert-major, loads a step ahead); (c) fold8: (b) with the
+# shared expert folded only up to 8 tokens and the MMA down from 9; (d) gemv: (b) and the NVFP4 lm_head at 1-8 rows
+# and every NVFP4 projection at 3-8 rows on the MMA linear (TileConfig.mma). In a call of its own (~7-9 minutes).
 if [ "${MMA_AB:-0}" = 1 ]; then
 V=/tmp/variants; mkdir -p $V
 variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
-variant --op moe.paths --when '{"nvfp4": true}' --set shared_fold_max_tokens=0 --out $V/fold0.json
-variant --table $V/fold0.json --op moe.decode --when '{"nvfp4": true, "tokens_max": 1}' \
-    --set expert_major=true mma=true --out $V/mma_a.json
-variant --table $V/mma_a.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 2, "tokens_max": 2}' \
-    --set expert_major=true mma=true --out $V/mma_b.json
-variant --table $V/mma_b.json --op moe.decode --when '{"nvfp4": true}' --set expert_major=true mma=true \
-    --out $V/mma_all.json
-variant --table $V/mma_all.json --op moe.decode --when '{"nvfp4": true, "tokens_max": 1}' --set mma_down=true \
-    --out $V/down_a.json
-variant --table $V/down_a.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 2, "tokens_max": 2}' \
-    --set mma_down=true --out $V/down_b.json
-variant --table $V/down_b.json --op moe.decode --when '{"nvfp4": true}' --set mma_down=true --out $V/mma_down.json
-variant --op moe.decode --when '{"nvfp4": true}' --set expert_major=true mma=true --out $V/mma_17.json
-# The NVFP4 projections at 2-8 rows on the MMA linear (TileConfig.mma).
-variant --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' --set mma=true --out $V/gemv_a.json
-variant --table $V/gemv_a.json --op gemv.small_m --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' \
-    --add '{"m_min": 5, "m_max": 8, "nvfp4": true}' --set mma=true --out $V/gemv_mma.json
-timeout 540 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 4 8 32 64 --contexts 1024 --prefill 0 \
+variant --op moe.decode --when '{"nvfp4": true}' --add '{"nvfp4": true, "tokens_min": 17}' --set mma_down=true \
+    --out $V/down17.json
+variant --table $V/down17.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 17}' \
+    --add '{"nvfp4": true, "tokens_min": 33}' --set expert_major=true mma=true mma_prefetch=true --out $V/moe33.json
+variant --table $V/moe33.json --op moe.paths --when '{"nvfp4": true}' --set shared_fold_max_tokens=8 --out $V/f8.json
+variant --table $V/f8.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 17}' \
+    --add '{"nvfp4": true, "tokens_min": 9}' --set mma_down=true --out $V/fold8.json
+variant --table $V/moe33.json --op gemv.small_m --when '{"m": 1, "nvfp4": true, "n": 150144, "k": 2048}' \
+    --set mma=true --out $V/g1.json
+variant --table $V/g1.json --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' \
+    --add '{"m_min": 2, "m_max": 8, "nvfp4": true, "n": 150144}' --set mma=true --out $V/g2.json
+variant --table $V/g2.json --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' \
+    --add '{"m_min": 3, "m_max": 4, "nvfp4": true}' --set mma=true --out $V/g3.json
+variant --table $V/g3.json --op gemv.small_m --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' \
+    --add '{"m_min": 5, "m_max": 8, "nvfp4": true}' --set mma=true --out $V/gemv.json
+timeout 540 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 4 8 16 32 64 --contexts 1024 --prefill 0 \
     --reps 30 --check-steps 0 --no-plain-timing \
-    --ab-tuning-file $V/fold0.json $V/mma_all.json $V/mma_down.json $V/mma_17.json $V/gemv_mma.json \
+    --ab-tuning-file $V/down17.json $V/moe33.json $V/fold8.json $V/gemv.json \
     --out "$OUT/decode_nvfp4_mma_ab.json" > "$OUT/decode_mma_ab.txt" 2>&1
-echo "== whole step: table vs fold0 / mma_all / mma_down / mma_17 / gemv_mma"
+echo "== whole step: table vs down17 / moe33 / fold8 / gemv"
 grep "A/B rounds\|Error" "$OUT/decode_mma_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then

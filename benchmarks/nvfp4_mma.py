@@ -3,7 +3,8 @@
 CUDA only. For Flint's NVFP4 shapes at 1-8 rows of x: each variant is checked against `linear_ref` ("ok": within 2
 BF16 ulps plus 2**-16 of the sum of |products|), then timed inside a CUDA graph of calls rotating over enough weight
 copies that L2 never holds them (`kernels_moe_gemv.time_graph`). Variants: the engine's `gemv_triton.linear` with the
-installed tuning table, and the MMA kernel in 2, 4 and 8 warps (split-K chosen by the kernel). One expert's gate_up
+installed tuning table, and the MMA kernel in 4 and 8 warps, with its loads a K step ahead and without ("_np";
+split-K chosen by the kernel). One expert's gate_up
 and down stand for the MoE, where the MMA kernel would serve once it wins.
 
 The MoE (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernels' expert-major
@@ -53,8 +54,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--moe-tokens", type=int, nargs="*", default=[1, 8, 32, 64])
+    ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    ap.add_argument(
+        "--prefetch",
+        type=int,
+        nargs="+",
+        default=[1, 0],
+        choices=[0, 1],
+        help="the MMA kernels with their loads a K step ahead (1) and/or without (0)",
+    )
+    ap.add_argument("--moe-tokens", type=int, nargs="*", default=[1, 2, 8, 16, 32, 64])
     ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -63,6 +72,7 @@ def main() -> None:
     from flint_kernels import nvfp4_mma_triton as nm
     from flint_kernels.linear import linear_ref
 
+    mma = [(f"mma_w{nw}{'' if pf else '_np'}", nw, bool(pf)) for pf in args.prefetch for nw in args.warps]
     rows = []
     for name in args.shapes:
         n, k = SHAPES[name]
@@ -75,8 +85,8 @@ def main() -> None:
             # Reordered FP32 sums can move a result that cancels by a little of the sum of |products|.
             l1 = (x.float().abs() @ ws[0].dequantize(torch.float32).abs().T) * ws[0].column_scale()
             variants = {"engine": lambda x, w: gemv_triton.linear(x, w)}
-            for nw in args.warps:
-                variants[f"mma_w{nw}"] = lambda x, w, nw=nw: nm.linear(x, w, num_warps=nw)
+            for label, nw, pf in mma:
+                variants[label] = lambda x, w, nw=nw, pf=pf: nm.linear(x, w, num_warps=nw, prefetch=pf)
             row = {"shape": name, "n": n, "k": k, "m": m}
             for label, fn in variants.items():
                 try:
@@ -89,7 +99,7 @@ def main() -> None:
                     row[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    labels = ["engine"] + [f"mma_w{nw}" for nw in args.warps]
+    labels = ["engine"] + [label for label, _, _ in mma]
     print(f"\nNVFP4 linear on {torch.cuda.get_device_name()}, us per call (GB/s), ok = within 2 BF16 ulps")
     print(f"{'shape':>15} {'m':>2} " + " ".join(f"{lb:>20}" for lb in labels))
     for r in rows:
@@ -98,7 +108,7 @@ def main() -> None:
             v = r[lb]
             cells.append("error" if "error" in v else f"{v['us']:.2f} ({v['gbps']:.0f}){'' if v['ok'] else ' BAD'}")
         print(f"{r['shape']:>15} {r['m']:>2} " + " ".join(f"{c:>20}" for c in cells))
-    moe_rows = moe_gate_up_rows(args.moe_tokens, args.warps) if args.moe_tokens else []
+    moe_rows = moe_gate_up_rows(args.moe_tokens, mma) if args.moe_tokens else []
     command = "python benchmarks/nvfp4_mma.py " + " ".join(sys.argv[1:])
     out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "command": command, "rows": rows, "moe": moe_rows}  # fmt: skip
@@ -124,8 +134,9 @@ def kernel_us(calls: list, match: str, reps: int = 5) -> float:
     return total / (reps * len(calls))
 
 
-def moe_gate_up_rows(token_counts: list[int], warps: list[int]) -> list[dict]:
-    """The MoE gate_up at each token count: the MMA kernel's expert-major launch vs the engine's gate_up launch."""
+def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, int, bool]]) -> list[dict]:
+    """The MoE gate_up and down at each token count: the MMA kernels' expert-major launches (variants: label,
+    warps, prefetch) vs the engine's launches."""
     from flint_kernels import moe_triton
     from flint_kernels import nvfp4_mma_triton as nm
     from flint_kernels.activation import silu_and_mul_ref
@@ -159,30 +170,31 @@ def moe_gate_up_rows(token_counts: list[int], warps: list[int]) -> list[dict]:
         h = (torch.randn(t * topk, inter, device="cuda") * 0.5).to(torch.bfloat16)
         want_y = torch.stack([linear_ref(h[p][None], w2.select(int(e)))[0]
                               for p, e in enumerate(ids.reshape(-1).tolist())]).float()  # fmt: skip
-        for nw in warps:
+        for label, nw, pf in mma:
             try:
-                got = nm.moe_gate_up(x, ids, w13, num_warps=nw).float()
+                got = nm.moe_gate_up(x, ids, w13, num_warps=nw, prefetch=pf).float()
                 ok = bool(((got - want).abs() <= 3 * 2.0**-8 * torch.maximum(got.abs(), want.abs())
                            + 1e-3 * want.abs().max()).all())  # fmt: skip
-                us = kernel_us([lambda r=r, nw=nw: nm.moe_gate_up(r[0], r[2], w13, num_warps=nw) for r in routes],
-                               "gate_up_mma")  # fmt: skip
-                y = nm.moe_down(h, ids, w2, num_warps=nw).float()
+                us = kernel_us([lambda r=r, nw=nw, pf=pf: nm.moe_gate_up(r[0], r[2], w13, num_warps=nw, prefetch=pf)
+                                for r in routes], "gate_up_mma")  # fmt: skip
+                y = nm.moe_down(h, ids, w2, num_warps=nw, prefetch=pf).float()
                 ok_y = bool(((y - want_y).abs() <= 3 * 2.0**-8 * torch.maximum(y.abs(), want_y.abs())
                              + 1e-3 * want_y.abs().max()).all())  # fmt: skip
-                down = [lambda r=r, nw=nw, h=h: nm.moe_down(h, r[2], w2, num_warps=nw) for r in routes]
+                down = [lambda r=r, nw=nw, pf=pf, h=h: nm.moe_down(h, r[2], w2, num_warps=nw, prefetch=pf)
+                        for r in routes]  # fmt: skip
                 # The MMA down leaves the slot sum to `_moe_reduce_kernel` (one more launch, ~2-3 us).
-                row[f"mma_w{nw}"] = {"us": round(us, 2), "ok": ok, "down_us": round(kernel_us(down, "down_mma"), 2),
+                row[label] = {"us": round(us, 2), "ok": ok, "down_us": round(kernel_us(down, "down_mma"), 2),
                                      "down_ok": ok_y}  # fmt: skip
             except Exception as exc:  # reported, not fatal
-                row[f"mma_w{nw}"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                row[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("\nMoE gate_up / down (256 experts, I 512, H 2048, top-6), GPU us a call (engine down: with its slot sum)")
-    print(f"{'tokens':>6} {'experts':>7} {'engine':>14} " + " ".join(f"{'mma_w' + str(nw):>18}" for nw in warps))
+    print(f"{'tokens':>6} {'experts':>7} {'engine':>14} " + " ".join(f"{label:>18}" for label, _, _ in mma))
     for r in rows:
         cells = []
-        for nw in warps:
-            v = r[f"mma_w{nw}"]
+        for label, _, _ in mma:
+            v = r[label]
             bad = "" if v.get("ok") and v.get("down_ok") else " BAD"
             cells.append("error" if "error" in v else f"{v['us']:.1f} / {v['down_us']:.1f}{bad}")
         engine = f"{r['engine_gate_up_us']:.1f} / {r['engine_down_us']:.1f}"

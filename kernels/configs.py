@@ -55,10 +55,13 @@ class MoEConfig:
     slots_in_down: bool = False
     # With expert_major on the FMA path (NVFP4, BF16 x, on a GPU): the gate_up launch on `nvfp4_mma_triton`'s
     # mma.sync kernel (the weights decoded in PTX into each thread's own fragments, 8 of the expert's pairs an MMA)
-    # instead of two pairs a decode. Not timed on a GPU yet (built 2026-12-02): no table sets it.
+    # instead of two pairs a decode.
     mma: bool = False
-    # With expert_major and mma: the down launch on the MMA kernel too (y per pair, then the slot-reduce launch), when
-    # the call has no fused add+RMSNorm. Not timed on a GPU yet either.
+    # With mma: that gate_up kernel loads each K step while the previous one's MMAs run (`nvfp4_mma_triton`'s
+    # PREFETCH; on the H200 faster at 1-2 and 64 tokens, slower for the down and the linear, 2026-12-02).
+    mma_prefetch: bool = False
+    # On the FMA decode path with the shared expert apart (NVFP4, BF16 h, on a GPU, no fused add+RMSNorm): the down
+    # launch on the MMA kernel, expert-major (y per pair, then the slot-reduce launch), whichever gate_up ran.
     mma_down: bool = False
 
 

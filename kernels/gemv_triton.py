@@ -1064,7 +1064,7 @@ def _matmul(
         dev = x.device
         config = small_m_config(m, nv, k, n, dev) if m <= SMALL_M else large_m_config(nv, dev, m, n, k)
     cfg = config
-    if cfg.mma and nv and not fp32_out and norm is None and norm_in is None:
+    if cfg.mma and nv and norm is None and norm_in is None:  # FP32 out too (the lm_head): no rounding then
         from . import nvfp4_mma_triton  # here: that module imports this one
 
         if nvfp4_mma_triton.supported(x, w):

@@ -915,7 +915,7 @@ def _routed(
     if mma_gate_up:
         from . import nvfp4_mma_triton  # here: that module imports this one
 
-        nvfp4_mma_triton.launch_moe_gate_up(x, ids.reshape(-1), w13, h, topk, cfg.num_warps)
+        nvfp4_mma_triton.launch_moe_gate_up(x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch)
     elif expert_major:  # h keeps the per-pair layout the down launch reads
         _moe_gate_up_expert_kernel[(gu_tiles, num_experts)](
             x, ids, q13, s13, g13, h, p, hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0),
@@ -935,7 +935,7 @@ def _routed(
             **launch_options(x.device),
         )  # fmt: skip
     even_dn = inter % cfg.dn_block_k == 0 and shared_inter % cfg.dn_block_k == 0
-    if mma_gate_up and cfg.mma_down and norm is None and _mma_fits(h, w2):  # mma_gate_up: on the decode path
+    if decode and shared is None and cfg.mma_down and norm is None and _mma_fits(h, w2):  # h: a row a pair
         from . import nvfp4_mma_triton  # here: that module imports this one
 
         # Each pair's rounded y, then the slot-reduce launch (routing weights, slot order, the shared expert's add).

@@ -51,6 +51,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_M = 8  # rows of x: the MMA's N side
 BLOCK_K = 128  # values a K step, a row: 16 bytes a lane
 ROWS_PER_WARP = 16
+# Each kernel can load a K step ahead (`prefetch`). On the H200 (2026-12-02) that lost for the linear (e.g. qkv at 8
+# rows 10.1 against 8.8 us) and the MoE down, and won for the MoE gate_up at 1-2 and 64 tokens (MoEConfig.mma_prefetch).
+PREFETCH = False
 
 
 def _decode_pair(word: str, p: int, scale: str, out: str) -> list[str]:
@@ -121,10 +124,9 @@ def _mma_step(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6
 
 
 @triton.jit
-def _scale2(ptrs):
-    """The BF16x2 (both halves equal) of a block scale byte's E4M3 value times 2**64 (exact in BF16)."""
-    b = tl.load(ptrs).to(tl.int32)
-    v = (e4m3_value(b) * 1.8446744073709552e19).to(tl.bfloat16)  # 2**64
+def _scale2(b):
+    """The BF16x2 (both halves equal) of block scale bytes b's E4M3 value times 2**64 (exact in BF16)."""
+    v = (e4m3_value(b.to(tl.int32)) * 1.8446744073709552e19).to(tl.bfloat16)  # 2**64
     bits = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     return bits | (bits << 16)
 
@@ -145,35 +147,66 @@ def _weight_bases(w_ptr, s_ptr, ra, rb, c, stride_wn, stride_sn):
 
 
 @triton.jit
-def _k_loop(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT: tl.constexpr):
-    """The D fragments (FP32, weights times 2**-62) of rows g / g + 8 against x rows g over K steps k_lo..k_hi."""
+def _load_step(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0):
+    """The raw operands of the K step at k0: rows g / g + 8's code words and scale bytes, and the lane's x words."""
+    wq = k0 // 16
+    xq = xa_base + k0 // 4
+    return (
+        tl.load(w64 + wa_base + wq),
+        tl.load(w64 + wa_base + wq + 1),
+        tl.load(w64 + wb_base + wq),
+        tl.load(w64 + wb_base + wq + 1),
+        tl.load(s_ptr + sa_base + wq),
+        tl.load(s_ptr + sa_base + wq + 1),
+        tl.load(s_ptr + sb_base + wq),
+        tl.load(s_ptr + sb_base + wq + 1),
+        tl.load(x64 + xq),
+        tl.load(x64 + xq + 1),
+        tl.load(x64 + xq + 2),
+        tl.load(x64 + xq + 3),
+        tl.load(x64 + xq + 4),
+        tl.load(x64 + xq + 5),
+        tl.load(x64 + xq + 6),
+        tl.load(x64 + xq + 7),
+    )
+
+
+@triton.jit
+def _k_loop(
+    w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT: tl.constexpr, PREFETCH: tl.constexpr
+):
+    """The D fragments (FP32, weights times 2**-62) of rows g / g + 8 against x rows g over K steps k_lo..k_hi
+    (k_lo < k_hi). PREFETCH: each step's loads are issued before the previous step's MMAs (loop-carried registers),
+    so a program keeps two steps of loads in flight instead of waiting out one memory round trip a step."""
     d0 = tl.zeros((NT,), dtype=tl.float32)
     d1 = tl.zeros((NT,), dtype=tl.float32)
     d2 = tl.zeros((NT,), dtype=tl.float32)
     d3 = tl.zeros((NT,), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, 128):
-        wq = k0 // 16
-        wa0 = tl.load(w64 + wa_base + wq)
-        wa1 = tl.load(w64 + wa_base + wq + 1)
-        wb0 = tl.load(w64 + wb_base + wq)
-        wb1 = tl.load(w64 + wb_base + wq + 1)
-        sq = k0 // 16
-        sa0 = _scale2(s_ptr + sa_base + sq)
-        sa1 = _scale2(s_ptr + sa_base + sq + 1)
-        sb0 = _scale2(s_ptr + sb_base + sq)
-        sb1 = _scale2(s_ptr + sb_base + sq + 1)
-        xq = xa_base + k0 // 4
-        x0 = tl.load(x64 + xq)
-        x1 = tl.load(x64 + xq + 1)
-        x2 = tl.load(x64 + xq + 2)
-        x3 = tl.load(x64 + xq + 3)
-        x4 = tl.load(x64 + xq + 4)
-        x5 = tl.load(x64 + xq + 5)
-        x6 = tl.load(x64 + xq + 6)
-        x7 = tl.load(x64 + xq + 7)
-        d0, d1, d2, d3 = _mma_step(
-            wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3
+    if PREFETCH:
+        k_last = k_hi - 128
+        wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7 = _load_step(
+            w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k_lo
         )
+        for k0 in range(k_lo, k_hi, 128):
+            # The last step loads itself again (cached) rather than branch: no load past k_hi.
+            na0, na1, nb0, nb1, ta0, ta1, tb0, tb1, y0, y1, y2, y3, y4, y5, y6, y7 = _load_step(
+                w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, tl.minimum(k0 + 128, k_last)
+            )
+            d0, d1, d2, d3 = _mma_step(
+                wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+                x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
+            )  # fmt: skip
+            wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = na0, na1, nb0, nb1, ta0, ta1, tb0, tb1
+            x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
+    else:
+        for k0 in range(k_lo, k_hi, 128):
+            wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7 = _load_step(
+                w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0
+            )
+            d0, d1, d2, d3 = _mma_step(
+                wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+                x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
+            )  # fmt: skip
     return d0, d1, d2, d3
 
 
@@ -199,6 +232,7 @@ def _nvfp4_mma_kernel(
     seg3,
     SPLIT_K: tl.constexpr,
     NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -223,7 +257,7 @@ def _nvfp4_mma_kernel(
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
     pdl_entry(PDL)
-    d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT)
+    d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT, PREFETCH)
     store = True
     if SPLIT_K > 1:
         base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * 4 * NT) + t
@@ -290,6 +324,7 @@ def _moe_gate_up_mma_kernel(
     seg3,
     P_PAD: tl.constexpr,
     NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Expert-major MoE gate_up (NVFP4): program (column tile, expert e) finds e's pairs in the router's ids and
@@ -323,7 +358,7 @@ def _moe_gate_up_mma_kernel(
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
         # Lane (g, c) multiplies x of the pair ranked c0 + g (past the last: pair 0, a column never stored).
         xa_base = (tl.gather(pairs, g, 0) // TOPK) * (stride_xt // 4) + c * 8
-        d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, 0, K, NT)
+        d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, 0, K, NT, PREFETCH)
         p_lo = tl.gather(pairs, 2 * c, 0)
         p_hi = tl.gather(pairs, 2 * c + 1, 0)
         h_lo = _silu_mul((d0 * gs_a).to(xdt), (d2 * gs_b).to(xdt))
@@ -355,6 +390,7 @@ def _moe_down_mma_kernel(
     seg3,
     P_PAD: tl.constexpr,
     NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for
@@ -387,7 +423,7 @@ def _moe_down_mma_kernel(
         if c0 > 0:
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
         ha_base = tl.gather(pairs, g, 0) * (stride_h // 4) + c * 8
-        d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, K, NT)
+        d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, K, NT, PREFETCH)
         p_lo = tl.gather(pairs, 2 * c, 0)
         p_hi = tl.gather(pairs, 2 * c + 1, 0)
         lo_ok = c0 + 2 * c < count
@@ -425,7 +461,9 @@ def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
     return _fits(x, w) and w.qweight.dim() == 2 and 1 <= x.shape[0] <= MAX_M
 
 
-def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | None = None, prefetch: bool = PREFETCH
+) -> torch.Tensor:
     """x [M <= 8, K] @ W^T in BF16 with `linear_ref`'s numerics (FP32 accumulation in the MMA's order)."""
     if not supported(x, w):
         raise ValueError(
@@ -433,12 +471,17 @@ def linear(x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | N
             f"multiple of {BLOCK_K}; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight {w.shape}"
         )
     out = torch.empty((x.shape[0], w.qweight.shape[0]), dtype=x.dtype, device=x.device)
-    launch_linear(x, w, out, num_warps, split_k)
+    launch_linear(x, w, out, num_warps, split_k, prefetch)
     return out
 
 
 def launch_linear(
-    x: torch.Tensor, w: NVFP4Weight, out: torch.Tensor, num_warps: int = 4, split_k: int | None = None
+    x: torch.Tensor,
+    w: NVFP4Weight,
+    out: torch.Tensor,
+    num_warps: int = 4,
+    split_k: int | None = None,
+    prefetch: bool = PREFETCH,
 ) -> None:
     """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
     GPU. K splits: `split_k`, else `gemv_triton.choose_split_k`'s (~4 programs per SM)."""
@@ -455,7 +498,7 @@ def launch_linear(
     _nvfp4_mma_kernel[(tiles, split)](
         x, w.qweight, w.scales, w.global_scale, out, ws, counters(x.device), m, n, k, per,
         x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), seg1, seg2, seg3,
-        SPLIT_K=split, NW=num_warps, num_warps=num_warps, num_stages=1, **launch_options(x.device),
+        SPLIT_K=split, NW=num_warps, PREFETCH=prefetch, num_warps=num_warps, num_stages=1, **launch_options(x.device),
     )  # fmt: skip
 
 
@@ -465,7 +508,9 @@ def moe_supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
     return _fits(x, w) and w.qweight.dim() == 3
 
 
-def launch_moe_down(h: torch.Tensor, ids: torch.Tensor, w2: NVFP4Weight, y: torch.Tensor, num_warps: int) -> None:
+def launch_moe_down(
+    h: torch.Tensor, ids: torch.Tensor, w2: NVFP4Weight, y: torch.Tensor, num_warps: int, prefetch: bool = PREFETCH
+) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
     `moe_supported(h, w2)` must hold."""
     n_exp, n, _ = w2.qweight.shape
@@ -475,12 +520,14 @@ def launch_moe_down(h: torch.Tensor, ids: torch.Tensor, w2: NVFP4Weight, y: torc
         h, ids, w2.qweight, w2.scales, w2.global_scale, y, pairs, h.shape[1], n,
         h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1), w2.scales.stride(0), w2.scales.stride(1),
         w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
-        P_PAD=triton.next_power_of_2(pairs), NW=num_warps, num_warps=num_warps, num_stages=1,
+        P_PAD=triton.next_power_of_2(pairs), NW=num_warps, PREFETCH=prefetch, num_warps=num_warps, num_stages=1,
         **launch_options(h.device),
     )  # fmt: skip
 
 
-def moe_down(h: torch.Tensor, topk_ids: torch.Tensor, w2: NVFP4Weight, num_warps: int = 4) -> torch.Tensor:
+def moe_down(
+    h: torch.Tensor, topk_ids: torch.Tensor, w2: NVFP4Weight, num_warps: int = 4, prefetch: bool = PREFETCH
+) -> torch.Tensor:
     """y [T * k, H]: `linear_ref(h[p], w2[e])` of every pair p routed to expert e, expert-major on the MMA kernel;
     h [T * k, I] BF16 (the gate_up's output), topk_ids [T, k], w2 [E, H, I]."""
     if not (moe_supported(h, w2) and h.shape[0] == topk_ids.numel()):
@@ -490,12 +537,18 @@ def moe_down(h: torch.Tensor, topk_ids: torch.Tensor, w2: NVFP4Weight, num_warps
         )
     ids = topk_ids.reshape(-1).contiguous()
     y = torch.empty((ids.numel(), w2.qweight.shape[1]), dtype=h.dtype, device=h.device)
-    launch_moe_down(h, ids, w2, y, num_warps)
+    launch_moe_down(h, ids, w2, y, num_warps, prefetch)
     return y
 
 
 def launch_moe_gate_up(
-    x: torch.Tensor, ids: torch.Tensor, w13: NVFP4Weight, h: torch.Tensor, topk: int, num_warps: int
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    w13: NVFP4Weight,
+    h: torch.Tensor,
+    topk: int,
+    num_warps: int,
+    prefetch: bool = PREFETCH,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold."""
     n_exp, two_i, _ = w13.qweight.shape
@@ -505,12 +558,14 @@ def launch_moe_gate_up(
         x, ids, w13.qweight, w13.scales, w13.global_scale, h, pairs, x.shape[1], inter, topk,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1), w13.scales.stride(0), w13.scales.stride(1),
         w13.global_scale.stride(0), h.stride(0), seg1, seg2, seg3,
-        P_PAD=triton.next_power_of_2(pairs), NW=num_warps, num_warps=num_warps, num_stages=1,
+        P_PAD=triton.next_power_of_2(pairs), NW=num_warps, PREFETCH=prefetch, num_warps=num_warps, num_stages=1,
         **launch_options(x.device),
     )  # fmt: skip
 
 
-def moe_gate_up(x: torch.Tensor, topk_ids: torch.Tensor, w13: NVFP4Weight, num_warps: int = 4) -> torch.Tensor:
+def moe_gate_up(
+    x: torch.Tensor, topk_ids: torch.Tensor, w13: NVFP4Weight, num_warps: int = 4, prefetch: bool = PREFETCH
+) -> torch.Tensor:
     """h [T * k, I]: `silu_and_mul_ref(linear_ref(x[t], w13[e]))` of every (token t, slot) pair routed to expert e,
     expert-major on the MMA kernel (`_moe_gate_up_mma_kernel`); x [T, H] BF16, topk_ids [T, k], w13 [E, 2I, H]."""
     t, topk = topk_ids.shape
@@ -522,5 +577,5 @@ def moe_gate_up(x: torch.Tensor, topk_ids: torch.Tensor, w13: NVFP4Weight, num_w
         )
     ids = topk_ids.reshape(-1).contiguous()
     h = torch.empty((ids.numel(), w13.qweight.shape[1] // 2), dtype=x.dtype, device=x.device)
-    launch_moe_gate_up(x, ids, w13, h, topk, num_warps)
+    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch)
     return h

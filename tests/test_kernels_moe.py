@@ -159,6 +159,11 @@ def test_mma_gate_up_falls_back_where_it_cannot_run() -> None:
         got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=mma)
     assert spy.launches == 1
     assert torch.equal(got, want)
+    # mma_down alone, after the per-pair FMA gate_up: the FMA down runs.
+    per_pair = dataclasses.replace(EXPERT_MAJOR, expert_major=False)
+    want = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=per_pair)
+    got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=dataclasses.replace(per_pair, mma_down=True))
+    assert torch.equal(got, want)
 
 
 UNSORTED = dataclasses.replace(DECODE_DOT, expert_major=True)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from flint_kernels import nvfp4_mma_triton as nm
 from flint_kernels.activation import silu_and_mul_ref
-from flint_kernels.linear import NVFP4Weight, linear_ref
+from flint_kernels.linear import NVFP4Weight, linear_fp32_out_ref, linear_ref
 from flint_kernels.moe import moe_ref
 from kernel_checks import random_nvfp4
 
@@ -181,15 +181,17 @@ def _close_to_exact(got: torch.Tensor, want: torch.Tensor, l1: torch.Tensor) -> 
     assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} differ, e.g. {got[bad][:4]} vs {want[bad][:4]}"
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("split_k", [1, 2])
 @pytest.mark.parametrize("m", [1, 3, 8])
-def test_linear_kernel(emulated_ptx: None, m: int, split_k: int) -> None:
+def test_linear_kernel(emulated_ptx: None, m: int, split_k: int, prefetch: bool) -> None:
     """`_nvfp4_mma_kernel`: ragged N (rows past N on both fragment halves), two segments with their own global
-    scales, every code and scale byte, 1/3/8 rows of x, K in one or two splits (the semaphore sum)."""
-    w = random_nvfp4(80, 256, seeded(m), (48, 32))
-    x = (torch.randn(m, 256, generator=torch.Generator().manual_seed(10 + m)) * 0.5).to(torch.bfloat16)
+    scales, every code and scale byte, 1/3/8 rows of x, K of three steps in one split or two uneven ones (the
+    semaphore sum), with and without the loads a step ahead."""
+    w = random_nvfp4(80, 384, seeded(m), (48, 32))
+    x = (torch.randn(m, 384, generator=torch.Generator().manual_seed(10 + m)) * 0.5).to(torch.bfloat16)
     out = torch.full((m, 80), float("nan"))
-    nm.launch_linear(x, w, out, num_warps=2, split_k=split_k)
+    nm.launch_linear(x, w, out, num_warps=2, split_k=split_k, prefetch=prefetch)
     l1 = x.double().abs() @ w.dequantize(torch.float64, with_global=True).abs().T
     _close_to_exact(out, _exact(x, w), l1)
 
@@ -219,13 +221,15 @@ def _routing() -> torch.Tensor:
 
 # silu(gate) of a very negative gate: exp(-gate) overflows to inf in the interpreter, which gives the right -0.
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-def test_moe_gate_up_kernel(emulated_ptx: None) -> None:
-    """`_moe_gate_up_mma_kernel`: h = silu(gate) * up of every pair against float64, I = 40 (a ragged column tile)."""
-    w13 = random_experts(5, 40, 128, seed=5)
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_moe_gate_up_kernel(emulated_ptx: None, prefetch: bool) -> None:
+    """`_moe_gate_up_mma_kernel`: h = silu(gate) * up of every pair against float64, I = 40 (a ragged column tile),
+    K of two steps."""
+    w13 = random_experts(5, 40, 256, seed=5)
     ids = _routing()
-    x = (torch.randn(10, 128, generator=torch.Generator().manual_seed(8)) * 0.5).to(torch.bfloat16)
+    x = (torch.randn(10, 256, generator=torch.Generator().manual_seed(8)) * 0.5).to(torch.bfloat16)
     h = torch.full((30, 40), float("nan"))
-    nm.launch_moe_gate_up(x, ids.reshape(-1).contiguous(), w13, h, topk=3, num_warps=2)
+    nm.launch_moe_gate_up(x, ids.reshape(-1).contiguous(), w13, h, topk=3, num_warps=2, prefetch=prefetch)
     assert not torch.isnan(h).any(), "a pair or column was never written"
     for p, e in enumerate(ids.reshape(-1).tolist()):
         gu = _exact(x[p // 3][None], w13.select(e))[0]
@@ -233,13 +237,15 @@ def test_moe_gate_up_kernel(emulated_ptx: None) -> None:
         assert torch.allclose(h[p].double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()), p
 
 
-def test_moe_down_kernel(emulated_ptx: None) -> None:
-    """`_moe_down_mma_kernel`: each pair's y against float64, N = 136 rows (a ragged row tile), two segments."""
-    w2 = random_experts(5, 68, 128, seed=9)  # [E, 136, 128], segments (68, 68)
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_moe_down_kernel(emulated_ptx: None, prefetch: bool) -> None:
+    """`_moe_down_mma_kernel`: each pair's y against float64, N = 136 rows (a ragged row tile), two segments, K of
+    two steps."""
+    w2 = random_experts(5, 68, 256, seed=9)  # [E, 136, 256], segments (68, 68)
     ids = _routing()
-    h = (torch.randn(30, 128, generator=torch.Generator().manual_seed(10)) * 0.5).to(torch.bfloat16)
+    h = (torch.randn(30, 256, generator=torch.Generator().manual_seed(10)) * 0.5).to(torch.bfloat16)
     y = torch.full((30, 136), float("nan"))
-    nm.launch_moe_down(h, ids.reshape(-1).contiguous(), w2, y, num_warps=2)
+    nm.launch_moe_down(h, ids.reshape(-1).contiguous(), w2, y, num_warps=2, prefetch=prefetch)
     for p, e in enumerate(ids.reshape(-1).tolist()):
         we = w2.select(e)
         l1 = h[p].double().abs()[None] @ we.dequantize(torch.float64, with_global=True).abs().T
@@ -315,11 +321,13 @@ from triton.compiler import ASTSource
 from flint_kernels import nvfp4_mma_triton as nm
 from kernel_sass import disassemble, profile
 common = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", gs_ptr="*fp32")  # the down has h_ptr for x_ptr
+lin = dict(out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
 cases = [
-    (nm._nvfp4_mma_kernel, dict(out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32"), dict(SPLIT_K=1, NW=4, PDL=True)),
-    (nm._nvfp4_mma_kernel, dict(out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32"), dict(SPLIT_K=4, NW=4, PDL=True)),
-    (nm._moe_gate_up_mma_kernel, dict(ids_ptr="*i64", h_ptr="*bf16"), dict(P_PAD=512, NW=4, PDL=True)),
-    (nm._moe_down_mma_kernel, dict(h_ptr="*bf16", ids_ptr="*i64", y_ptr="*bf16"), dict(P_PAD=512, NW=4, PDL=True)),
+    (nm._nvfp4_mma_kernel, lin, dict(SPLIT_K=1, NW=4, PREFETCH=True, PDL=True)),
+    (nm._nvfp4_mma_kernel, lin, dict(SPLIT_K=4, NW=4, PREFETCH=True, PDL=True)),
+    (nm._moe_gate_up_mma_kernel, dict(ids_ptr="*i64", h_ptr="*bf16"), dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True)),
+    (nm._moe_down_mma_kernel, dict(h_ptr="*bf16", ids_ptr="*i64", y_ptr="*bf16"),
+     dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True)),
 ]
 for fn, ptrs, cx in cases:
     ptrs = dict(common, **ptrs)
@@ -380,10 +388,11 @@ def test_moe_gate_up_on_the_gpu(tokens: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("tokens", [1, 5, 32, 64])
-@pytest.mark.parametrize("mma_down", [False, True])
-def test_fused_moe_with_the_mma_kernels_on_the_gpu(tokens: int, mma_down: bool) -> None:
+@pytest.mark.parametrize("mma,mma_down", [(True, False), (True, True), (False, True)])
+def test_fused_moe_with_the_mma_kernels_on_the_gpu(tokens: int, mma: bool, mma_down: bool) -> None:
     """`moe_triton.fused_moe` with MoEConfig.mma (expert-major, shared expert apart) launches the MMA gate_up, with
-    mma_down the MMA down and the slot reduce too, and stays within the MoE tests' BF16 tolerance of `moe_ref`."""
+    mma_down the MMA down and the slot reduce (also after the per-pair FMA gate_up), and stays within the MoE tests'
+    BF16 tolerance of `moe_ref`."""
     import dataclasses
 
     from flint_kernels import moe_triton as mt
@@ -398,7 +407,7 @@ def test_fused_moe_with_the_mma_kernels_on_the_gpu(tokens: int, mma_down: bool) 
     tw = tw / tw.sum(-1, keepdim=True)
     x = (torch.randn(tokens, 2048, generator=g) * 0.5).to(torch.bfloat16).cuda()
     cfg = dataclasses.replace(
-        mt.decode_config(True, tokens, x.device), expert_major=True, mma=True, mma_down=mma_down, use_dot=False
+        mt.decode_config(True, tokens, x.device), expert_major=mma, mma=mma, mma_down=mma_down, use_dot=False
     )
     launches = []
     real_gu, real_dn = nm.launch_moe_gate_up, nm.launch_moe_down
@@ -409,7 +418,7 @@ def test_fused_moe_with_the_mma_kernels_on_the_gpu(tokens: int, mma_down: bool) 
     finally:
         nm.launch_moe_gate_up, nm.launch_moe_down = real_gu, real_dn
     want = moe_ref(x, tw, ids, w13, w2).float()
-    assert launches == (["gate_up", "down"] if mma_down else ["gate_up"])
+    assert launches == ["gate_up"] * mma + ["down"] * mma_down
     assert ((got - want).norm() / want.norm()).item() < 1e-2
 
 
@@ -430,9 +439,11 @@ def test_moe_down_on_the_gpu(tokens: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fp32_out", [False, True])
 @pytest.mark.parametrize("m", [2, 8])
-def test_gemv_linear_with_the_mma_config_on_the_gpu(m: int) -> None:
-    """`gemv_triton`'s linear with TileConfig.mma launches `nvfp4_mma_triton`'s kernel (BF16 out, no fused norm)."""
+def test_gemv_linear_with_the_mma_config_on_the_gpu(m: int, fp32_out: bool) -> None:
+    """`gemv_triton`'s linear with TileConfig.mma launches `nvfp4_mma_triton`'s kernel (BF16 or FP32 out, as the
+    lm_head's logits, no fused norm)."""
     import dataclasses
 
     from flint_kernels import gemv_triton as gt
@@ -445,8 +456,14 @@ def test_gemv_linear_with_the_mma_config_on_the_gpu(m: int) -> None:
     real = nm.launch_linear
     try:
         nm.launch_linear = lambda *a, **kw: (calls.append(1), real(*a, **kw))
-        got = gt._matmul(x, w, fp32_out=False, config=cfg)
+        got = gt._matmul(x, w, fp32_out=fp32_out, config=cfg)
     finally:
         nm.launch_linear = real
     assert calls == [1]
-    _close_in_bf16(got, linear_ref(x, w), x, w)
+    if not fp32_out:
+        _close_in_bf16(got, linear_ref(x, w), x, w)
+        return
+    assert got.dtype == torch.float32
+    want = linear_fp32_out_ref(x, w).float().cpu()
+    l1 = (x.float().abs().cpu() @ w.dequantize(torch.float32).abs().cpu().T) * w.column_scale().cpu()
+    assert ((got.cpu() - want).abs() <= 2.0**-16 * l1 + 1e-6 * want.abs()).all()

@@ -109,16 +109,24 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert gt.small_m_config(1, False, 3072, 2048, h200) == TileConfig(block_n=8, block_k=1024, **fma)
     assert gt.small_m_config(1, False, 2048, 150144, h200) == TileConfig(block_n=4, block_k=1024, **fma)  # lm_head
     assert gt.small_m_config(1, False, 1024, 2048, h200) == TileConfig(block_n=16, block_k=1024, **fma)  # shared down
-    assert gt.small_m_config(1, True, 2048, 150144, h200) == TileConfig(block_n=8, block_k=1024, **fma)  # lm_head
-    # NVFP4 at M = 5-64 in 32-column tiles (a 2026-11-30 sweep and whole-step A/B; 33-64 a 2026-12-02 A/B), BF16 64.
+    # The NVFP4 lm_head on the MMA linear at 1-8 rows (nineteenth session's whole-step A/B, 2026-12-02: b1 -0.6%,
+    # b2 -1.9%); only the MMA flag and the warps count there.
+    lm_mma = TileConfig(block_n=8, block_k=1024, **fma, mma=True)
+    assert gt.small_m_config(1, True, 2048, 150144, h200) == lm_mma
+    for m in (2, 5, 8):
+        assert gt.small_m_config(m, True, 2048, 150144, h200).mma
+    # NVFP4 at M = 3-8 on the MMA linear (the same A/B: b4 -10.5%, b8 -11%); 9-64 in 32-column tensor-core tiles (a
+    # 2026-11-30 sweep and whole-step A/B; 33-64 a 2026-12-02 A/B), BF16 64.
+    for m in (3, 4, 5, 8):
+        cfg = gt.small_m_config(m, True, 2048, 5120, h200)
+        assert cfg.mma and cfg.num_warps == 4
     for m, block_m in ((5, 16), (8, 16), (17, 32), (32, 32), (33, 64), (64, 64)):
-        assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(32, block_m, 128, True, 4, 3)
+        if m > 8:
+            assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(32, block_m, 128, True, 4, 3)
         assert gt.small_m_config(m, False, 2048, 5120, h200) == TileConfig(64, block_m, 128, True, 4, 3)
-    # NVFP4 at M = 2-4 on the FMA path in 2-row programs with whole-K steps, each weight decoded once for both rows
-    # (whole-step A/Bs, 2026-12-02: b2 -19%, b3/b4 -4%; 4 columns a program, not 8, another 3%); 4- and 8-row
-    # programs lost.
-    for m in (2, 3, 4):
-        assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(4, 2, 2048, False, 4, 1)
+    # NVFP4 at M = 2 on the FMA path in 2-row programs with whole-K steps, each weight decoded once for both rows
+    # (whole-step A/Bs, 2026-12-02: b2 -19%; 4 columns a program, not 8, another 3%); the MMA linear lost there.
+    assert gt.small_m_config(2, True, 2048, 5120, h200) == TileConfig(4, 2, 2048, False, 4, 1)
     assert gt.small_m_config(2, False, 2048, 5120, h200) == TileConfig(64, 16, 128, True, 4, 3)
     assert gt.large_m_config(True, h200) == TileConfig(128, 128, 64, True, 8, 3)
     fma_8x1024 = MoEConfig(1, 8, 1024, 8, 512, False, 4, 1)
@@ -128,19 +136,22 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     dot_expert = MoEConfig(16, 64, 128, 128, 128, True, 4, 3, expert_major=True)
     bf16_decode = [mt.decode_config(False, t, h200) for t in (1, 2, 3, 8, 9, 32, 64)]
     assert bf16_decode == [fma_8x1024, fma_8x1024, dot_32, dot_32, dot_expert, dot_expert, dot_expert]
-    # NVFP4 5-16 tokens (shared expert folded): gate_up in 16-column tiles, 4 warps (b8 -7.5%, b16 -10% in a
+    # NVFP4 5-8 tokens (shared expert folded): gate_up in 16-column tiles, 4 warps (b8 -7.5%, b16 -10% in a
     # whole-step A/B; 2 warps lost, 2026-11-30); down in 32-column tiles since the FMA path reads int64 groups (b8
     # -12%, b16 -15%, 2026-12-02).
     fma_16x512 = MoEConfig(1, 16, 512, 32, 512, False, 4, 1)
-    assert [mt.decode_config(True, t, h200) for t in (1, 5, 16)] == [fma_8x1024, fma_16x512, fma_16x512]
+    assert [mt.decode_config(True, t, h200) for t in (1, 5, 8)] == [fma_8x1024, fma_16x512, fma_16x512]
     # NVFP4 at 2 tokens: the 1 token's gate_up, the 32-column down tiles (b2 -8%); at 3-4 the tiles from 5 (b3 -8%,
     # b4 -11%; whole-step A/Bs, 2026-12-02, seventeenth session).
     assert mt.decode_config(True, 2, h200) == MoEConfig(1, 8, 1024, 32, 512, False, 4, 1)
     assert [mt.decode_config(True, t, h200) for t in (3, 4)] == [fma_16x512] * 2
-    # NVFP4 from 17 tokens (shared expert apart) the same tiles per pair: 4 warps and 32-column down tiles beat the
-    # 2-warp 16 x 512 ones since the FMA path reads int64 groups, and the expert-major gate_up from 33 tokens
-    # (whole-step A/Bs, 2026-12-02: b32 -5%, b64 -14% together).
-    assert [mt.decode_config(True, t, h200) for t in (17, 32, 33, 64)] == [fma_16x512] * 4
+    # NVFP4 from 9 tokens (shared expert apart from 9) the down on the MMA kernel, from 33 the gate_up too, loading
+    # a K step ahead (nineteenth session's whole-step A/B, 2026-12-02: b16 -5.4%, b32 -9%, b64 -20%).
+    mma_down = dataclasses.replace(fma_16x512, mma_down=True)
+    mma_both = dataclasses.replace(mma_down, expert_major=True, mma=True, mma_prefetch=True)
+    assert [mt.decode_config(True, t, h200) for t in (8, 9, 16, 17, 32, 33, 64)] == [
+        fma_16x512, mma_down, mma_down, mma_down, mma_down, mma_both, mma_both
+    ]  # fmt: skip
     assert mt.grouped_config(16, False, h200) == MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     assert mt.grouped_config(30, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
     # 2048-token prefill chunks (48 pairs an expert): 64-row tiles, 8 warps (a 2026-12-01 sweep, 600 vs 624 us).
@@ -151,7 +162,7 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert mt.grouped_config(48, True, h200) == MoEConfig(64, 64, 64, 64, 64, True, 4, 3)
     assert mt.grouped_config(192, False, h200) == MoEConfig(128, 64, 64, 128, 64, True, 8, 3)
     assert mt.paths_config(False, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8)
-    assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=16,
+    assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8,
                                                    dequant_min_tokens=3072)  # fmt: skip
     assert at.decode_config(32768, None, 1, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
     assert at.decode_config(1024, 513, 1, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
