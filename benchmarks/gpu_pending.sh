@@ -3,19 +3,18 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the eighteenth session (2026-12-02): the table's A/Bs and the sampler's filter are judged and installed
-# (NVFP4 GEMV at 2-4 rows in 4-column programs, b2-b4 -3%; the filtered sampler kernels, op 4.5-5x faster). Open: the
-# NVFP4 linear on mma.sync with the decode in PTX and the expert-major MoE gate_up on it (`kernels/nvfp4_mma_triton.py`,
-# built without a GPU: the PTX was checked only through an emulator and an sm_90 compile), their GPU tests and their
-# timing against the engine's paths (`benchmarks/nvfp4_mma.py`: the linear at 1-8 rows, the gate_up at 1-64 tokens).
-# Then the GEMV, MoE and sampling GPU tests and the whole step with the table as installed, the fused path checked
-# against the plain one at batch 1 and 2. Both parts together can pass a call's 600 s: run SKIP_CHECK=1, then (if the
-# MMA tests pass) SKIP_AB=1 SKIP_CHECK=1 MMA_AB=1 for the whole step with the MMA gate_up, then SKIP_AB=1.
-# SKIP_AB=1 leaves the new kernel out, SKIP_CHECK=1 the tests and check, RECORD=1 then records the NVFP4 profile of
-# the kernel manifest again (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the
-# graphs and the sampler, and the engine's wall time per step at 1-64 requests with and without async decode (the
-# sampled step's cost since the filter is not measured yet). Through the server: `benchmarks/gpu_serve.sh` (two calls;
-# REQUESTS=256 for a run long enough to compare).
+# State after the nineteenth session (2026-12-02): the NVFP4 MMA kernels (`kernels/nvfp4_mma_triton.py`) passed their
+# GPU tests and are installed where the whole-step A/B below (MMA_AB=1) had them ahead: the lm_head at 1-8 rows and
+# the projections at 3-8 rows on the MMA linear, the MoE down from 9 tokens, the gate_up from 33; the NVFP4 manifest
+# profile was recorded again. Nothing built is unjudged now. The parts, as run that session: SKIP_CHECK=1 (the MMA
+# tests and `benchmarks/nvfp4_mma.py`: the linear at 1-8 rows, the MoE at 1-64 tokens, with and without the loads a
+# K step ahead), then SKIP_AB=1 SKIP_CHECK=1 MMA_AB=1 (the whole-step A/B), then SKIP_AB=1 (the GEMV, MoE and
+# sampling GPU tests and the whole step with the table as installed, the fused path checked against the plain one at
+# batch 1 and 2). SKIP_AB=1 leaves the MMA kernels' tests and benchmark out, SKIP_CHECK=1 the tests and check,
+# RECORD=1 then records the NVFP4 profile of the kernel manifest again (benchmarks/gpu_record_manifest.sh).
+# SKIP_HOST=0 adds, as before: the GPU tests of the graphs and the sampler, and the engine's wall time per step at
+# 1-64 requests with and without async decode (the sampled step's cost since the filter is not measured yet).
+# Through the server: `benchmarks/gpu_serve.sh` (two calls; REQUESTS=256 for a run long enough to compare).
 set -u
 . benchmarks/gpu_env.sh
 
