@@ -5,7 +5,8 @@ of x, and the MoE's expert-major gate_up and down.
 the per-segment global scale on the accumulator, one rounding. `moe_gate_up` computes the h rows of `moe_ref` for
 every (token, slot) pair and `moe_down` each pair's rounded expert output y, 8 of an expert's pairs an MMA;
 `MoEConfig.mma` / `mma_down` put them inside `moe_triton.fused_moe` (the slot sum is its reduce launch) and
-`TileConfig.mma` the linear inside `gemv_triton.linear`. No table selects them yet (built without a GPU). Why: the
+`TileConfig.mma` the linear inside `gemv_triton.linear`; the H200 table selects them where a whole-step A/B had them
+ahead (its entries' sources; docs/performance.md, nineteenth session). Why: the
 FMA path spends ~5 instructions a weight value and token (sm_90 SASS), and the tl.dot paths move decoded tiles
 through shared memory to reach the MMA operand layout. Here each thread decodes exactly the weights its MMA
 fragments hold, so nothing moves: ~2 instructions a value for the decode (AND, IMAD, AND and one FMA.BF16X2 for two

@@ -110,12 +110,12 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert gt.small_m_config(1, False, 2048, 150144, h200) == TileConfig(block_n=4, block_k=1024, **fma)  # lm_head
     assert gt.small_m_config(1, False, 1024, 2048, h200) == TileConfig(block_n=16, block_k=1024, **fma)  # shared down
     # The NVFP4 lm_head on the MMA linear at 1-8 rows (nineteenth session's whole-step A/B, 2026-12-02: b1 -0.6%,
-    # b2 -1.9%); only the MMA flag and the warps count there.
+    # b2 -1.8%); only the MMA flag and the warps count there.
     lm_mma = TileConfig(block_n=8, block_k=1024, **fma, mma=True)
     assert gt.small_m_config(1, True, 2048, 150144, h200) == lm_mma
     for m in (2, 5, 8):
         assert gt.small_m_config(m, True, 2048, 150144, h200).mma
-    # NVFP4 at M = 3-8 on the MMA linear (the same A/B: b4 -10.5%, b8 -11%); 9-64 in 32-column tensor-core tiles (a
+    # NVFP4 at M = 3-8 on the MMA linear (the same A/B: b4 -10.5%, b8 -11.5%); 9-64 in 32-column tensor-core tiles (a
     # 2026-11-30 sweep and whole-step A/B; 33-64 a 2026-12-02 A/B), BF16 64.
     for m in (3, 4, 5, 8):
         cfg = gt.small_m_config(m, True, 2048, 5120, h200)
@@ -146,7 +146,7 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert mt.decode_config(True, 2, h200) == MoEConfig(1, 8, 1024, 32, 512, False, 4, 1)
     assert [mt.decode_config(True, t, h200) for t in (3, 4)] == [fma_16x512] * 2
     # NVFP4 from 9 tokens (shared expert apart from 9) the down on the MMA kernel, from 33 the gate_up too, loading
-    # a K step ahead (nineteenth session's whole-step A/B, 2026-12-02: b16 -5.4%, b32 -9%, b64 -20%).
+    # a K step ahead (nineteenth session's whole-step A/B, 2026-12-02: b16 -5.8%, b32 -8.6%, b64 -19.5%).
     mma_down = dataclasses.replace(fma_16x512, mma_down=True)
     mma_both = dataclasses.replace(mma_down, expert_major=True, mma=True, mma_prefetch=True)
     assert [mt.decode_config(True, t, h200) for t in (8, 9, 16, 17, 32, 33, 64)] == [
