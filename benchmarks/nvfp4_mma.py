@@ -50,6 +50,18 @@ def random_weight(n: int, k: int, seed: int):  # -> NVFP4Weight
     return NVFP4Weight(q, s, torch.tensor([0.75], device="cuda"), (n,))
 
 
+def random_experts(n_exp: int, n: int, k: int, seed: int, gate_up: bool = False):  # -> NVFP4Weight
+    """Random NVFP4 experts [n_exp, n, k] (scale bytes as in `random_weight`); gate_up: two segments of n / 2 rows,
+    each with its own global scale."""
+    from flint_kernels.linear import NVFP4Weight
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randint(0, 256, (n_exp, n, k // 2), generator=g, device="cuda", dtype=torch.int32).to(torch.uint8)
+    s = torch.randint(0x28, 0x48, (n_exp, n, k // 16), generator=g, device="cuda", dtype=torch.int32)
+    gs = torch.full((n_exp, 2 if gate_up else 1), 0.75, device="cuda")
+    return NVFP4Weight(q, s.to(torch.uint8), gs, (n // 2, n // 2) if gate_up else (n,))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -62,6 +74,13 @@ def main() -> None:
         default=[1, 0],
         choices=[0, 1],
         help="the MMA kernels with their loads a K step ahead (1) and/or without (0)",
+    )
+    ap.add_argument(
+        "--splits",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also the linear in 4 warps with these explicit K splits (the kernel's own choice otherwise)",
     )
     ap.add_argument("--moe-tokens", type=int, nargs="*", default=[1, 2, 8, 16, 32, 64])
     ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
@@ -87,6 +106,8 @@ def main() -> None:
             variants = {"engine": lambda x, w: gemv_triton.linear(x, w)}
             for label, nw, pf in mma:
                 variants[label] = lambda x, w, nw=nw, pf=pf: nm.linear(x, w, num_warps=nw, prefetch=pf)
+            for sk in args.splits:
+                variants[f"mma_w4_k{sk}"] = lambda x, w, sk=sk: nm.linear(x, w, num_warps=4, split_k=sk)
             row = {"shape": name, "n": n, "k": k, "m": m}
             for label, fn in variants.items():
                 try:
@@ -99,7 +120,7 @@ def main() -> None:
                     row[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    labels = ["engine"] + [label for label, _, _ in mma]
+    labels = ["engine"] + [label for label, _, _ in mma] + [f"mma_w4_k{sk}" for sk in args.splits]
     print(f"\nNVFP4 linear on {torch.cuda.get_device_name()}, us per call (GB/s), ok = within 2 BF16 ulps")
     print(f"{'shape':>15} {'m':>2} " + " ".join(f"{lb:>20}" for lb in labels))
     for r in rows:
@@ -140,18 +161,11 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, int, bool]]) 
     from flint_kernels import moe_triton
     from flint_kernels import nvfp4_mma_triton as nm
     from flint_kernels.activation import silu_and_mul_ref
-    from flint_kernels.linear import NVFP4Weight, linear_ref
+    from flint_kernels.linear import linear_ref
 
     n_exp, inter, hidden, topk = 256, 512, 2048, 6
 
-    def experts(n: int, k: int, seed: int) -> NVFP4Weight:
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        q = torch.randint(0, 256, (n_exp, n, k // 2), generator=g, device="cuda", dtype=torch.int32).to(torch.uint8)
-        s = torch.randint(0x28, 0x48, (n_exp, n, k // 16), generator=g, device="cuda", dtype=torch.int32)
-        gs = torch.full((n_exp, 2 if n == 2 * inter else 1), 0.75, device="cuda")
-        return NVFP4Weight(q, s.to(torch.uint8), gs, (inter, inter) if n == 2 * inter else (n,))
-
-    w13, w2 = experts(2 * inter, hidden, 1), experts(hidden, inter, 2)
+    w13, w2 = random_experts(n_exp, 2 * inter, hidden, 1, gate_up=True), random_experts(n_exp, hidden, inter, 2)
     rows = []
     for t in token_counts:
         routes = []
