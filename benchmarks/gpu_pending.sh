@@ -3,18 +3,22 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the nineteenth session (2026-12-02): the NVFP4 MMA kernels (`kernels/nvfp4_mma_triton.py`) passed their
-# GPU tests and are installed where the whole-step A/B below (MMA_AB=1) had them ahead: the lm_head at 1-8 rows and
-# the projections at 3-8 rows on the MMA linear, the MoE down from 9 tokens, the gate_up from 33; the NVFP4 manifest
-# profile was recorded again. Nothing built is unjudged now. The parts, as run that session: SKIP_CHECK=1 (the MMA
-# tests and `benchmarks/nvfp4_mma.py`: the linear at 1-8 rows, the MoE at 1-64 tokens, with and without the loads a
-# K step ahead), then SKIP_AB=1 SKIP_CHECK=1 MMA_AB=1 (the whole-step A/B), then SKIP_AB=1 (the GEMV, MoE and
-# sampling GPU tests and the whole step with the table as installed, the fused path checked against the plain one at
-# batch 1 and 2). SKIP_AB=1 leaves the MMA kernels' tests and benchmark out, SKIP_CHECK=1 the tests and check,
-# RECORD=1 then records the NVFP4 profile of the kernel manifest again (benchmarks/gpu_record_manifest.sh).
-# SKIP_HOST=0 adds, as before: the GPU tests of the graphs and the sampler, and the engine's wall time per step at
-# 1-64 requests with and without async decode (the sampled step's cost since the filter is not measured yet).
-# Through the server: `benchmarks/gpu_serve.sh` (two calls; REQUESTS=256 for a run long enough to compare).
+# State after the nineteenth session (2026-12-02): the NVFP4 MMA kernels (`kernels/nvfp4_mma_triton.py`) are installed
+# where a whole-step A/B had them ahead, and the NVFP4 manifest profile was recorded again. Nsight Compute
+# (`benchmarks/gpu_ncu.sh`) then found the MMA MoE kernels L1-bound (75-90% of its throughput, 33-36% of DRAM's): their
+# loads were 8 bytes wide. Open: their VEC variants with 16-byte loads (`_ld16`: codes and x; scales 2 bytes at a
+# time), built without a GPU (emulated in the interpreter, sm_90 compile checked: six LDG.E.128 a K step, no
+# spills), `TileConfig.mma_vec` / `MoEConfig.mma_vec`, set by no table. Run SKIP_CHECK=1 (the MMA tests, 8- and
+# 16-byte variants, and `benchmarks/nvfp4_mma.py`: the linear at 1-8 rows and the MoE at 1-64 tokens with both), then
+# SKIP_AB=1 SKIP_CHECK=1 MMA_AB=1 (the whole step with the VEC kernels where the table runs MMA kernels, and the MMA
+# gate_up from 17 tokens on them), then, with the winners installed, RECORD=1 (the manifest: the VEC kernels are new
+# kernels) and SKIP_AB=1 (the GEMV, MoE and sampling GPU tests, the whole step with the table as installed, the fused
+# path against the plain one at batch 1 and 2). SKIP_AB=1 leaves the MMA kernels' tests and benchmark out,
+# SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest again
+# (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs and the sampler, and
+# the engine's wall time per step at 1-64 requests with and without async decode (the sampled step's cost since the
+# filter is not measured yet). Through the server: `benchmarks/gpu_serve.sh` (two calls; REQUESTS=256 for a run long
+# enough to compare).
 set -u
 . benchmarks/gpu_env.sh
 
@@ -28,34 +32,29 @@ grep -E "^E |FAILED" "$OUT/mma_tests.txt" | head -8
 timeout 300 python3 benchmarks/nvfp4_mma.py --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
 echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,/^wrote/p' "$OUT/nvfp4_mma.txt" | grep -v '^{'; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
 fi
-# MMA_AB=1: the whole step with the MMA kernels where `benchmarks/nvfp4_mma.py` had them ahead (2026-12-02, H200),
-# NVFP4, against the table: (a) down17: the MMA down from 17 tokens (shared expert apart there), after the FMA gate_up;
-# (b) moe33: (a) and from 33 tokens the MMA gate_up too (expert-major, loads a step ahead); (c) fold8: (b) with the
-# shared expert folded only up to 8 tokens and the MMA down from 9; (d) gemv: (b) and the NVFP4 lm_head at 1-8 rows
-# and every NVFP4 projection at 3-8 rows on the MMA linear (TileConfig.mma). In a call of its own (~7-9 minutes).
+# MMA_AB=1: the whole step, NVFP4, against the table (the nineteenth session's MMA kernels): (a) gemv_vec: the MMA
+# linear's rules (the lm_head at 1-8 rows, projections at 3-8) on its VEC kernel; (b) moe_vec: the MoE rules with MMA
+# kernels (the down from 9 tokens, the gate_up from 33) on theirs; (c) gu17_vec: (b) and the MMA gate_up (VEC) from 17
+# tokens. In a call of its own (~3-5 minutes).
 if [ "${MMA_AB:-0}" = 1 ]; then
 V=/tmp/variants; mkdir -p $V
 variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
-variant --op moe.decode --when '{"nvfp4": true}' --add '{"nvfp4": true, "tokens_min": 17}' --set mma_down=true \
-    --out $V/down17.json
-variant --table $V/down17.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 17}' \
-    --add '{"nvfp4": true, "tokens_min": 33}' --set expert_major=true mma=true mma_prefetch=true --out $V/moe33.json
-variant --table $V/moe33.json --op moe.paths --when '{"nvfp4": true}' --set shared_fold_max_tokens=8 --out $V/f8.json
-variant --table $V/f8.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 17}' \
-    --add '{"nvfp4": true, "tokens_min": 9}' --set mma_down=true --out $V/fold8.json
-variant --table $V/moe33.json --op gemv.small_m --when '{"m": 1, "nvfp4": true, "n": 150144, "k": 2048}' \
-    --set mma=true --out $V/g1.json
-variant --table $V/g1.json --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' \
-    --add '{"m_min": 2, "m_max": 8, "nvfp4": true, "n": 150144}' --set mma=true --out $V/g2.json
-variant --table $V/g2.json --op gemv.small_m --when '{"m_min": 2, "m_max": 4, "nvfp4": true}' \
-    --add '{"m_min": 3, "m_max": 4, "nvfp4": true}' --set mma=true --out $V/g3.json
-variant --table $V/g3.json --op gemv.small_m --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' \
-    --add '{"m_min": 5, "m_max": 8, "nvfp4": true}' --set mma=true --out $V/gemv.json
+variant --op gemv.small_m --when '{"m": 1, "nvfp4": true, "n": 150144, "k": 2048}' --set mma_vec=true --out $V/g1.json
+variant --table $V/g1.json --op gemv.small_m --when '{"m_min": 2, "m_max": 8, "nvfp4": true, "n": 150144}' \
+    --set mma_vec=true --out $V/g2.json
+variant --table $V/g2.json --op gemv.small_m --when '{"m_min": 3, "m_max": 4, "nvfp4": true}' --set mma_vec=true \
+    --out $V/g3.json
+variant --table $V/g3.json --op gemv.small_m --when '{"m_min": 5, "m_max": 8, "nvfp4": true}' --set mma_vec=true \
+    --out $V/gemv_vec.json
+variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 33}' --set mma_vec=true --out $V/m1.json
+variant --table $V/m1.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 9}' --set mma_vec=true \
+    --out $V/moe_vec.json
+variant --table $V/moe_vec.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 9}' \
+    --add '{"nvfp4": true, "tokens_min": 17}' --set expert_major=true mma=true --out $V/gu17_vec.json
 timeout 540 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 4 8 16 32 64 --contexts 1024 --prefill 0 \
-    --reps 30 --check-steps 0 --no-plain-timing \
-    --ab-tuning-file $V/down17.json $V/moe33.json $V/fold8.json $V/gemv.json \
+    --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/gemv_vec.json $V/moe_vec.json $V/gu17_vec.json \
     --out "$OUT/decode_nvfp4_mma_ab.json" > "$OUT/decode_mma_ab.txt" 2>&1
-echo "== whole step: table vs down17 / moe33 / fold8 / gemv"
+echo "== whole step: table vs gemv_vec / moe_vec / gu17_vec"
 grep "A/B rounds\|Error" "$OUT/decode_mma_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then

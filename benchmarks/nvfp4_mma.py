@@ -3,9 +3,9 @@
 CUDA only. For Flint's NVFP4 shapes at 1-8 rows of x: each variant is checked against `linear_ref` ("ok": within 2
 BF16 ulps plus 2**-16 of the sum of |products|), then timed inside a CUDA graph of calls rotating over enough weight
 copies that L2 never holds them (`kernels_moe_gemv.time_graph`). Variants: the engine's `gemv_triton.linear` with the
-installed tuning table, and the MMA kernel in 4 and 8 warps, with its loads a K step ahead and without ("_np";
-split-K chosen by the kernel). One expert's gate_up
-and down stand for the MoE, where the MMA kernel would serve once it wins.
+installed tuning table, and the MMA kernel in 4 and 8 warps, with 8-byte loads and with 16-byte ones ("_v", the VEC
+kernels), optionally with its loads a K step ahead ("_pf"; split-K chosen by the kernel, or --splits). One expert's
+gate_up and down stand for the MoE.
 
 The MoE (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernels' expert-major
 gate_up and down (`nvfp4_mma.moe_gate_up`, `moe_down`) against the engine's gate_up and down launches inside
@@ -71,9 +71,17 @@ def main() -> None:
         "--prefetch",
         type=int,
         nargs="+",
-        default=[1, 0],
+        default=[0],
         choices=[0, 1],
         help="the MMA kernels with their loads a K step ahead (1) and/or without (0)",
+    )
+    ap.add_argument(
+        "--vec",
+        type=int,
+        nargs="+",
+        default=[0, 1],
+        choices=[0, 1],
+        help="the MMA kernels with 8-byte loads (0) and/or 16-byte ones (1, the VEC kernels)",
     )
     ap.add_argument(
         "--splits",
@@ -91,7 +99,12 @@ def main() -> None:
     from flint_kernels import nvfp4_mma_triton as nm
     from flint_kernels.linear import linear_ref
 
-    mma = [(f"mma_w{nw}{'' if pf else '_np'}", nw, bool(pf)) for pf in args.prefetch for nw in args.warps]
+    mma = [
+        (f"mma_w{nw}{'_pf' if pf else ''}{'_v' if v else ''}", {"num_warps": nw, "prefetch": bool(pf), "vec": bool(v)})
+        for v in args.vec
+        for pf in args.prefetch
+        for nw in args.warps
+    ]
     rows = []
     for name in args.shapes:
         n, k = SHAPES[name]
@@ -104,8 +117,8 @@ def main() -> None:
             # Reordered FP32 sums can move a result that cancels by a little of the sum of |products|.
             l1 = (x.float().abs() @ ws[0].dequantize(torch.float32).abs().T) * ws[0].column_scale()
             variants = {"engine": lambda x, w: gemv_triton.linear(x, w)}
-            for label, nw, pf in mma:
-                variants[label] = lambda x, w, nw=nw, pf=pf: nm.linear(x, w, num_warps=nw, prefetch=pf)
+            for label, kw in mma:
+                variants[label] = lambda x, w, kw=kw: nm.linear(x, w, **kw)
             for sk in args.splits:
                 variants[f"mma_w4_k{sk}"] = lambda x, w, sk=sk: nm.linear(x, w, num_warps=4, split_k=sk)
             row = {"shape": name, "n": n, "k": k, "m": m}
@@ -120,7 +133,7 @@ def main() -> None:
                     row[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    labels = ["engine"] + [label for label, _, _ in mma] + [f"mma_w4_k{sk}" for sk in args.splits]
+    labels = ["engine"] + [label for label, _ in mma] + [f"mma_w4_k{sk}" for sk in args.splits]
     print(f"\nNVFP4 linear on {torch.cuda.get_device_name()}, us per call (GB/s), ok = within 2 BF16 ulps")
     print(f"{'shape':>15} {'m':>2} " + " ".join(f"{lb:>20}" for lb in labels))
     for r in rows:
@@ -155,9 +168,9 @@ def kernel_us(calls: list, match: str, reps: int = 5) -> float:
     return total / (reps * len(calls))
 
 
-def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, int, bool]]) -> list[dict]:
+def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]]) -> list[dict]:
     """The MoE gate_up and down at each token count: the MMA kernels' expert-major launches (variants: label,
-    warps, prefetch) vs the engine's launches."""
+    the kernels' keyword arguments) vs the engine's launches."""
     from flint_kernels import moe_triton
     from flint_kernels import nvfp4_mma_triton as nm
     from flint_kernels.activation import silu_and_mul_ref
@@ -184,18 +197,18 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, int, bool]]) 
         h = (torch.randn(t * topk, inter, device="cuda") * 0.5).to(torch.bfloat16)
         want_y = torch.stack([linear_ref(h[p][None], w2.select(int(e)))[0]
                               for p, e in enumerate(ids.reshape(-1).tolist())]).float()  # fmt: skip
-        for label, nw, pf in mma:
+        for label, kw in mma:
             try:
-                got = nm.moe_gate_up(x, ids, w13, num_warps=nw, prefetch=pf).float()
+                got = nm.moe_gate_up(x, ids, w13, **kw).float()
                 ok = bool(((got - want).abs() <= 3 * 2.0**-8 * torch.maximum(got.abs(), want.abs())
                            + 1e-3 * want.abs().max()).all())  # fmt: skip
-                us = kernel_us([lambda r=r, nw=nw, pf=pf: nm.moe_gate_up(r[0], r[2], w13, num_warps=nw, prefetch=pf)
-                                for r in routes], "gate_up_mma")  # fmt: skip
-                y = nm.moe_down(h, ids, w2, num_warps=nw, prefetch=pf).float()
+                us = kernel_us(
+                    [lambda r=r, kw=kw: nm.moe_gate_up(r[0], r[2], w13, **kw) for r in routes], "gate_up_mma"
+                )
+                y = nm.moe_down(h, ids, w2, **kw).float()
                 ok_y = bool(((y - want_y).abs() <= 3 * 2.0**-8 * torch.maximum(y.abs(), want_y.abs())
                              + 1e-3 * want_y.abs().max()).all())  # fmt: skip
-                down = [lambda r=r, nw=nw, pf=pf, h=h: nm.moe_down(h, r[2], w2, num_warps=nw, prefetch=pf)
-                        for r in routes]  # fmt: skip
+                down = [lambda r=r, kw=kw, h=h: nm.moe_down(h, r[2], w2, **kw) for r in routes]
                 # The MMA down leaves the slot sum to `_moe_reduce_kernel` (one more launch, ~2-3 us).
                 row[label] = {"us": round(us, 2), "ok": ok, "down_us": round(kernel_us(down, "down_mma"), 2),
                                      "down_ok": ok_y}  # fmt: skip
@@ -204,10 +217,10 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, int, bool]]) 
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("\nMoE gate_up / down (256 experts, I 512, H 2048, top-6), GPU us a call (engine down: with its slot sum)")
-    print(f"{'tokens':>6} {'experts':>7} {'engine':>14} " + " ".join(f"{label:>18}" for label, _, _ in mma))
+    print(f"{'tokens':>6} {'experts':>7} {'engine':>14} " + " ".join(f"{label:>18}" for label, _ in mma))
     for r in rows:
         cells = []
-        for label, _, _ in mma:
+        for label, _ in mma:
             v = r[label]
             bad = "" if v.get("ok") and v.get("down_ok") else " BAD"
             cells.append("error" if "error" in v else f"{v['us']:.1f} / {v['down_us']:.1f}{bad}")

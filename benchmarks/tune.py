@@ -134,9 +134,9 @@ Best = tuple[str, float, object]  # (candidate name, us, MoEConfig)
 
 def _fields(config: object) -> dict:
     """A config's fields for a table entry; decode flags added later (`packed`, `expert_major`, `slots_in_down`,
-    `mma`, `mma_down`, `mma_prefetch`) only when set, so tables written before they existed read the same."""
+    `mma`, `mma_down`, `mma_prefetch`, `mma_vec`) only when set, so tables written before they existed read the same."""
     out = dataclasses.asdict(config)
-    for flag in ("packed", "expert_major", "slots_in_down", "mma", "mma_down", "mma_prefetch"):
+    for flag in ("packed", "expert_major", "slots_in_down", "mma", "mma_down", "mma_prefetch", "mma_vec"):
         if not out.get(flag, True):
             del out[flag]
     return out

@@ -26,9 +26,12 @@ class TileConfig:
     num_stages: int
     words: bool = False  # tensor-core NVFP4 from int32 nibble planes: fewer ops, but Triton 3.6 fails to compile it
     packed: bool = False  # tensor-core NVFP4 as packed BF16 pairs scaled by FMA.BF16X2 (BF16 x; PTX, sm_80+)
-    # NVFP4, BF16 x of at most 8 rows, BF16 output, no fused norm: `nvfp4_mma_triton.linear` instead (mma.sync on
-    # weights decoded in PTX; num_warps from here, its own split-K). Not timed on a GPU yet: no table sets it.
+    # NVFP4, BF16 x of at most 8 rows, no fused norm: `nvfp4_mma_triton.linear` instead (mma.sync on weights decoded
+    # in PTX; num_warps from here, its own split-K; BF16 or FP32 out).
     mma: bool = False
+    # With mma: its 16-byte loads (`nvfp4_mma_triton`'s VEC kernels; built 2026-12-02 after Nsight Compute found the
+    # MMA kernels L1-bound, not timed yet: no table sets it).
+    mma_vec: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class MoEConfig:
     # On the FMA decode path with the shared expert apart (NVFP4, BF16 h, on a GPU, no fused add+RMSNorm): the down
     # launch on the MMA kernel, expert-major (y per pair, then the slot-reduce launch), whichever gate_up ran.
     mma_down: bool = False
+    # The MMA gate_up and down with 16-byte loads (as TileConfig.mma_vec; not timed yet: no table sets it).
+    mma_vec: bool = False
 
 
 @dataclass(frozen=True)

@@ -915,7 +915,9 @@ def _routed(
     if mma_gate_up:
         from . import nvfp4_mma_triton  # here: that module imports this one
 
-        nvfp4_mma_triton.launch_moe_gate_up(x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch)
+        nvfp4_mma_triton.launch_moe_gate_up(
+            x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec
+        )
     elif expert_major:  # h keeps the per-pair layout the down launch reads
         _moe_gate_up_expert_kernel[(gu_tiles, num_experts)](
             x, ids, q13, s13, g13, h, p, hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0),
@@ -940,7 +942,7 @@ def _routed(
 
         # Each pair's rounded y, then the slot-reduce launch (routing weights, slot order, the shared expert's add).
         y = _empty((p, hidden), x.dtype, x.device)
-        nvfp4_mma_triton.launch_moe_down(h, ids.reshape(-1), w2, y, cfg.num_warps)
+        nvfp4_mma_triton.launch_moe_down(h, ids.reshape(-1), w2, y, cfg.num_warps, vec=cfg.mma_vec)
         return _reduce_slots_launch(y, tw, out, add)
     if decode:
         n_shared_tokens = 0 if shared is None else t

@@ -25,6 +25,12 @@ g + 8; x rows 2c, 2c + 1), is multiplied by 2**62 and the row's global scale, an
 
 Split-K (`linear`) as in `gemv_triton` (deterministic, in one launch): each split stores its D fragments per thread,
 the last to arrive on the tile's counter sums them in split order.
+
+Loads: Triton's loads of one element a thread are 8 bytes wide, so a lane's K step takes 4 loads of codes, 4 of scale
+bytes and 8 of x, and Nsight Compute found the MoE kernels bound by the L1 (75-90% of its throughput, a third of
+DRAM's). Each kernel therefore has a VEC twin (`_..._vec_kernel`, the same body) that loads codes and x 16 bytes at
+a time (`_ld16`, PTX's ld.global.nc.v2.b64) and the scales 2 bytes at a time, when the rows are aligned for it
+(`_vec_fits`); `vec=True` / `mma_vec` choose it.
 """
 
 from __future__ import annotations
@@ -148,33 +154,66 @@ def _weight_bases(w_ptr, s_ptr, ra, rb, c, stride_wn, stride_sn):
 
 
 @triton.jit
-def _load_step(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0):
-    """The raw operands of the K step at k0: rows g / g + 8's code words and scale bytes, and the lane's x words."""
-    wq = k0 // 16
-    xq = xa_base + k0 // 4
-    return (
-        tl.load(w64 + wa_base + wq),
-        tl.load(w64 + wa_base + wq + 1),
-        tl.load(w64 + wb_base + wq),
-        tl.load(w64 + wb_base + wq + 1),
-        tl.load(s_ptr + sa_base + wq),
-        tl.load(s_ptr + sa_base + wq + 1),
-        tl.load(s_ptr + sb_base + wq),
-        tl.load(s_ptr + sb_base + wq + 1),
-        tl.load(x64 + xq),
-        tl.load(x64 + xq + 1),
-        tl.load(x64 + xq + 2),
-        tl.load(x64 + xq + 3),
-        tl.load(x64 + xq + 4),
-        tl.load(x64 + xq + 5),
-        tl.load(x64 + xq + 6),
-        tl.load(x64 + xq + 7),
+def _ld16(p):
+    """The two int64 words at p (16-byte aligned) in one 128-bit load through the read-only path: Triton's own loads
+    of one element a thread stay 8 bytes wide, and wider ones reach this layout only through shared memory."""
+    return tl.inline_asm_elementwise(
+        "ld.global.nc.v2.b64 {$0, $1}, [$2];", "=l,=l,l", [p], dtype=(tl.int64, tl.int64), is_pure=True, pack=1
     )
 
 
 @triton.jit
+def _load_step(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0, VEC: tl.constexpr):
+    """The raw operands of the K step at k0: rows g / g + 8's code words and scale bytes, and the lane's x words.
+    VEC: 16-byte loads for the codes and x (`_ld16`) and 2-byte loads for the scales, half the L1 requests."""
+    wq = k0 // 16
+    xq = xa_base + k0 // 4
+    if VEC:
+        wa0, wa1 = _ld16(w64 + wa_base + wq)
+        wb0, wb1 = _ld16(w64 + wb_base + wq)
+        s16 = s_ptr.to(tl.pointer_type(tl.int16))
+        sa = tl.load(s16 + (sa_base + wq) // 2).to(tl.int32) & 0xFFFF
+        sb = tl.load(s16 + (sb_base + wq) // 2).to(tl.int32) & 0xFFFF
+        x0, x1 = _ld16(x64 + xq)
+        x2, x3 = _ld16(x64 + xq + 2)
+        x4, x5 = _ld16(x64 + xq + 4)
+        x6, x7 = _ld16(x64 + xq + 6)
+        sa0, sa1, sb0, sb1 = sa & 0xFF, sa >> 8, sb & 0xFF, sb >> 8
+    else:
+        wa0 = tl.load(w64 + wa_base + wq)
+        wa1 = tl.load(w64 + wa_base + wq + 1)
+        wb0 = tl.load(w64 + wb_base + wq)
+        wb1 = tl.load(w64 + wb_base + wq + 1)
+        sa0 = tl.load(s_ptr + sa_base + wq)
+        sa1 = tl.load(s_ptr + sa_base + wq + 1)
+        sb0 = tl.load(s_ptr + sb_base + wq)
+        sb1 = tl.load(s_ptr + sb_base + wq + 1)
+        x0 = tl.load(x64 + xq)
+        x1 = tl.load(x64 + xq + 1)
+        x2 = tl.load(x64 + xq + 2)
+        x3 = tl.load(x64 + xq + 3)
+        x4 = tl.load(x64 + xq + 4)
+        x5 = tl.load(x64 + xq + 5)
+        x6 = tl.load(x64 + xq + 6)
+        x7 = tl.load(x64 + xq + 7)
+    return wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
 def _k_loop(
-    w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT: tl.constexpr, PREFETCH: tl.constexpr
+    w64,
+    wa_base,
+    wb_base,
+    s_ptr,
+    sa_base,
+    sb_base,
+    x64,
+    xa_base,
+    k_lo,
+    k_hi,
+    NT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     """The D fragments (FP32, weights times 2**-62) of rows g / g + 8 against x rows g over K steps k_lo..k_hi
     (k_lo < k_hi). PREFETCH: each step's loads are issued before the previous step's MMAs (loop-carried registers),
@@ -186,12 +225,12 @@ def _k_loop(
     if PREFETCH:
         k_last = k_hi - 128
         wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7 = _load_step(
-            w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k_lo
+            w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k_lo, VEC
         )
         for k0 in range(k_lo, k_hi, 128):
             # The last step loads itself again (cached) rather than branch: no load past k_hi.
             na0, na1, nb0, nb1, ta0, ta1, tb0, tb1, y0, y1, y2, y3, y4, y5, y6, y7 = _load_step(
-                w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, tl.minimum(k0 + 128, k_last)
+                w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, tl.minimum(k0 + 128, k_last), VEC
             )
             d0, d1, d2, d3 = _mma_step(
                 wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
@@ -202,7 +241,7 @@ def _k_loop(
     else:
         for k0 in range(k_lo, k_hi, 128):
             wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7 = _load_step(
-                w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0
+                w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0, VEC
             )
             d0, d1, d2, d3 = _mma_step(
                 wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
@@ -211,8 +250,8 @@ def _k_loop(
     return d0, d1, d2, d3
 
 
-@triton.jit(do_not_specialize=["M"])
-def _nvfp4_mma_kernel(
+@triton.jit
+def _linear_body(
     x_ptr,
     w_ptr,
     s_ptr,
@@ -235,6 +274,7 @@ def _nvfp4_mma_kernel(
     NW: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -258,7 +298,7 @@ def _nvfp4_mma_kernel(
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
     pdl_entry(PDL)
-    d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT, PREFETCH)
+    d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT, PREFETCH, VEC)
     store = True
     if SPLIT_K > 1:
         base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * 4 * NT) + t
@@ -293,6 +333,70 @@ def _nvfp4_mma_kernel(
         tl.store(out_ptr + tok1 * stride_om + row1, (d3 * gs1).to(odt), mask=ok1 & (tok1 < M))
 
 
+@triton.jit(do_not_specialize=["M"])
+def _nvfp4_mma_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    k_split,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    seg1,
+    seg2,
+    seg3,
+    SPLIT_K: tl.constexpr,
+    NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The linear (`_linear_body`) with 8-byte loads."""
+    _linear_body(
+        x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_split, stride_xm, stride_wn, stride_sn,
+        stride_om, seg1, seg2, seg3, SPLIT_K, NW, PREFETCH, PDL, False
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["M"])
+def _nvfp4_mma_vec_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    k_split,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    seg1,
+    seg2,
+    seg3,
+    SPLIT_K: tl.constexpr,
+    NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The linear (`_linear_body`) with 16-byte loads (VEC)."""
+    _linear_body(
+        x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_split, stride_xm, stride_wn, stride_sn,
+        stride_om, seg1, seg2, seg3, SPLIT_K, NW, PREFETCH, PDL, True
+    )  # fmt: skip
+
+
 @triton.jit
 def _silu_mul(gate, up):
     """round(round(silu(gate)) * up) of rounded gate and up, as `silu_and_mul_ref`."""
@@ -301,8 +405,8 @@ def _silu_mul(gate, up):
     return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
 
 
-@triton.jit(do_not_specialize=["P"])
-def _moe_gate_up_mma_kernel(
+@triton.jit
+def _moe_gate_up_body(
     x_ptr,
     ids_ptr,
     w_ptr,
@@ -327,6 +431,7 @@ def _moe_gate_up_mma_kernel(
     NW: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     """Expert-major MoE gate_up (NVFP4): program (column tile, expert e) finds e's pairs in the router's ids and
     computes their h = silu(gate) * up columns, 8 pairs an MMA. A lane's fragment rows are gate row j and up row
@@ -359,7 +464,7 @@ def _moe_gate_up_mma_kernel(
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
         # Lane (g, c) multiplies x of the pair ranked c0 + g (past the last: pair 0, a column never stored).
         xa_base = (tl.gather(pairs, g, 0) // TOPK) * (stride_xt // 4) + c * 8
-        d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, 0, K, NT, PREFETCH)
+        d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, 0, K, NT, PREFETCH, VEC)
         p_lo = tl.gather(pairs, 2 * c, 0)
         p_hi = tl.gather(pairs, 2 * c + 1, 0)
         h_lo = _silu_mul((d0 * gs_a).to(xdt), (d2 * gs_b).to(xdt))
@@ -369,7 +474,75 @@ def _moe_gate_up_mma_kernel(
 
 
 @triton.jit(do_not_specialize=["P"])
-def _moe_down_mma_kernel(
+def _moe_gate_up_mma_kernel(
+    x_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    h_ptr,
+    P,
+    K,
+    INTER,
+    TOPK,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_h,
+    seg1,
+    seg2,
+    seg3,
+    P_PAD: tl.constexpr,
+    NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The MoE gate_up (`_moe_gate_up_body`) with 8-byte loads."""
+    _moe_gate_up_body(
+        x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
+        stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, False
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["P"])
+def _moe_gate_up_mma_vec_kernel(
+    x_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    h_ptr,
+    P,
+    K,
+    INTER,
+    TOPK,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_h,
+    seg1,
+    seg2,
+    seg3,
+    P_PAD: tl.constexpr,
+    NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The MoE gate_up (`_moe_gate_up_body`) with 16-byte loads (VEC)."""
+    _moe_gate_up_body(
+        x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
+        stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True
+    )  # fmt: skip
+
+
+@triton.jit
+def _moe_down_body(
     h_ptr,
     ids_ptr,
     w_ptr,
@@ -393,6 +566,7 @@ def _moe_down_mma_kernel(
     NW: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for
     e's pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s."""
@@ -424,7 +598,7 @@ def _moe_down_mma_kernel(
         if c0 > 0:
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
         ha_base = tl.gather(pairs, g, 0) * (stride_h // 4) + c * 8
-        d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, K, NT, PREFETCH)
+        d0, d1, d2, d3 = _k_loop(w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, K, NT, PREFETCH, VEC)
         p_lo = tl.gather(pairs, 2 * c, 0)
         p_hi = tl.gather(pairs, 2 * c + 1, 0)
         lo_ok = c0 + 2 * c < count
@@ -433,6 +607,72 @@ def _moe_down_mma_kernel(
         tl.store(y_ptr + p_hi * stride_y + row0, (d1 * gs0).to(ydt), mask=ok0 & hi_ok)
         tl.store(y_ptr + p_lo * stride_y + row1, (d2 * gs1).to(ydt), mask=ok1 & lo_ok)
         tl.store(y_ptr + p_hi * stride_y + row1, (d3 * gs1).to(ydt), mask=ok1 & hi_ok)
+
+
+@triton.jit(do_not_specialize=["P"])
+def _moe_down_mma_kernel(
+    h_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    y_ptr,
+    P,
+    K,
+    N,
+    stride_h,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_y,
+    seg1,
+    seg2,
+    seg3,
+    P_PAD: tl.constexpr,
+    NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The MoE down (`_moe_down_body`) with 8-byte loads."""
+    _moe_down_body(
+        h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
+        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, False
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["P"])
+def _moe_down_mma_vec_kernel(
+    h_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    y_ptr,
+    P,
+    K,
+    N,
+    stride_h,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_y,
+    seg1,
+    seg2,
+    seg3,
+    P_PAD: tl.constexpr,
+    NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The MoE down (`_moe_down_body`) with 16-byte loads (VEC)."""
+    _moe_down_body(
+        h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
+        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True
+    )  # fmt: skip
 
 
 def _fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
@@ -457,13 +697,32 @@ def _fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
     )
 
 
+def _vec_fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
+    """What the VEC kernels' 16-byte loads need besides `_fits`: x rows and code rows on 16 bytes, scale rows on 2
+    (else the 8-byte kernels run)."""
+    q, s = w.qweight, w.scales
+    return (
+        x.data_ptr() % 16 == 0
+        and x.stride(0) % 8 == 0
+        and q.data_ptr() % 16 == 0
+        and all(st % 16 == 0 for st in q.stride()[:-1])
+        and s.data_ptr() % 2 == 0
+        and all(st % 2 == 0 for st in s.stride()[:-1])
+    )
+
+
 def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
     """Whether `linear` takes this call: `_fits`, 1-8 rows of x, a 2-D weight."""
     return _fits(x, w) and w.qweight.dim() == 2 and 1 <= x.shape[0] <= MAX_M
 
 
 def linear(
-    x: torch.Tensor, w: NVFP4Weight, num_warps: int = 4, split_k: int | None = None, prefetch: bool = PREFETCH
+    x: torch.Tensor,
+    w: NVFP4Weight,
+    num_warps: int = 4,
+    split_k: int | None = None,
+    prefetch: bool = PREFETCH,
+    vec: bool = False,
 ) -> torch.Tensor:
     """x [M <= 8, K] @ W^T in BF16 with `linear_ref`'s numerics (FP32 accumulation in the MMA's order)."""
     if not supported(x, w):
@@ -472,7 +731,7 @@ def linear(
             f"multiple of {BLOCK_K}; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight {w.shape}"
         )
     out = torch.empty((x.shape[0], w.qweight.shape[0]), dtype=x.dtype, device=x.device)
-    launch_linear(x, w, out, num_warps, split_k, prefetch)
+    launch_linear(x, w, out, num_warps, split_k, prefetch, vec)
     return out
 
 
@@ -483,9 +742,11 @@ def launch_linear(
     num_warps: int = 4,
     split_k: int | None = None,
     prefetch: bool = PREFETCH,
+    vec: bool = False,
 ) -> None:
     """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
-    GPU. K splits: `split_k`, else `gemv_triton.choose_split_k`'s (~4 programs per SM)."""
+    GPU. K splits: `split_k`, else `gemv_triton.choose_split_k`'s (~4 programs per SM). vec: 16-byte loads where
+    the rows are aligned for them."""
     m, k = x.shape
     n = w.qweight.shape[0]
     tiles = triton.cdiv(n, ROWS_PER_WARP * num_warps)
@@ -496,7 +757,8 @@ def launch_linear(
     ws = torch.empty((tiles * split * 4 * 32 * num_warps,) if split > 1 else (1,), dtype=torch.float32,
                      device=x.device)  # fmt: skip
     seg1, seg2, seg3 = segment_bounds(w.segments, n)
-    _nvfp4_mma_kernel[(tiles, split)](
+    kernel = _nvfp4_mma_vec_kernel if vec and _vec_fits(x, w) else _nvfp4_mma_kernel
+    kernel[(tiles, split)](
         x, w.qweight, w.scales, w.global_scale, out, ws, counters(x.device), m, n, k, per,
         x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), seg1, seg2, seg3,
         SPLIT_K=split, NW=num_warps, PREFETCH=prefetch, num_warps=num_warps, num_stages=1, **launch_options(x.device),
@@ -510,14 +772,21 @@ def moe_supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
 
 
 def launch_moe_down(
-    h: torch.Tensor, ids: torch.Tensor, w2: NVFP4Weight, y: torch.Tensor, num_warps: int, prefetch: bool = PREFETCH
+    h: torch.Tensor,
+    ids: torch.Tensor,
+    w2: NVFP4Weight,
+    y: torch.Tensor,
+    num_warps: int,
+    prefetch: bool = PREFETCH,
+    vec: bool = False,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
-    `moe_supported(h, w2)` must hold."""
+    `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them."""
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
-    _moe_down_mma_kernel[(triton.cdiv(n, 16 * num_warps), n_exp)](
+    kernel = _moe_down_mma_vec_kernel if vec and _vec_fits(h, w2) else _moe_down_mma_kernel
+    kernel[(triton.cdiv(n, 16 * num_warps), n_exp)](
         h, ids, w2.qweight, w2.scales, w2.global_scale, y, pairs, h.shape[1], n,
         h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1), w2.scales.stride(0), w2.scales.stride(1),
         w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
@@ -527,7 +796,12 @@ def launch_moe_down(
 
 
 def moe_down(
-    h: torch.Tensor, topk_ids: torch.Tensor, w2: NVFP4Weight, num_warps: int = 4, prefetch: bool = PREFETCH
+    h: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w2: NVFP4Weight,
+    num_warps: int = 4,
+    prefetch: bool = PREFETCH,
+    vec: bool = False,
 ) -> torch.Tensor:
     """y [T * k, H]: `linear_ref(h[p], w2[e])` of every pair p routed to expert e, expert-major on the MMA kernel;
     h [T * k, I] BF16 (the gate_up's output), topk_ids [T, k], w2 [E, H, I]."""
@@ -538,7 +812,7 @@ def moe_down(
         )
     ids = topk_ids.reshape(-1).contiguous()
     y = torch.empty((ids.numel(), w2.qweight.shape[1]), dtype=h.dtype, device=h.device)
-    launch_moe_down(h, ids, w2, y, num_warps, prefetch)
+    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec)
     return y
 
 
@@ -550,12 +824,15 @@ def launch_moe_gate_up(
     topk: int,
     num_warps: int,
     prefetch: bool = PREFETCH,
+    vec: bool = False,
 ) -> None:
-    """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold."""
+    """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec:
+    16-byte loads where the rows are aligned for them."""
     n_exp, two_i, _ = w13.qweight.shape
     pairs, inter = ids.numel(), two_i // 2
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
-    _moe_gate_up_mma_kernel[(triton.cdiv(inter, 8 * num_warps), n_exp)](
+    kernel = _moe_gate_up_mma_vec_kernel if vec and _vec_fits(x, w13) else _moe_gate_up_mma_kernel
+    kernel[(triton.cdiv(inter, 8 * num_warps), n_exp)](
         x, ids, w13.qweight, w13.scales, w13.global_scale, h, pairs, x.shape[1], inter, topk,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1), w13.scales.stride(0), w13.scales.stride(1),
         w13.global_scale.stride(0), h.stride(0), seg1, seg2, seg3,
@@ -565,7 +842,12 @@ def launch_moe_gate_up(
 
 
 def moe_gate_up(
-    x: torch.Tensor, topk_ids: torch.Tensor, w13: NVFP4Weight, num_warps: int = 4, prefetch: bool = PREFETCH
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: NVFP4Weight,
+    num_warps: int = 4,
+    prefetch: bool = PREFETCH,
+    vec: bool = False,
 ) -> torch.Tensor:
     """h [T * k, I]: `silu_and_mul_ref(linear_ref(x[t], w13[e]))` of every (token t, slot) pair routed to expert e,
     expert-major on the MMA kernel (`_moe_gate_up_mma_kernel`); x [T, H] BF16, topk_ids [T, k], w13 [E, 2I, H]."""
@@ -578,5 +860,5 @@ def moe_gate_up(
         )
     ids = topk_ids.reshape(-1).contiguous()
     h = torch.empty((ids.numel(), w13.qweight.shape[1] // 2), dtype=x.dtype, device=x.device)
-    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch)
+    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch, vec)
     return h
