@@ -8,12 +8,13 @@
 # (`benchmarks/gpu_ncu.sh`) then found the MMA MoE kernels L1-bound (75-90% of its throughput, 33-36% of DRAM's): their
 # loads were 8 bytes wide. Open: their VEC variants with 16-byte loads (`_ld16`: codes and x; scales 2 bytes at a
 # time), built without a GPU (emulated in the interpreter, sm_90 compile checked: six LDG.E.128 a K step, no
-# spills), `TileConfig.mma_vec` / `MoEConfig.mma_vec`, set by no table. Run SKIP_CHECK=1 (the MMA tests, 8- and
-# 16-byte variants, and `benchmarks/nvfp4_mma.py`: the linear at 1-8 rows and the MoE at 1-64 tokens with both), then
-# SKIP_AB=1 SKIP_CHECK=1 MMA_AB=1 (the whole step with the VEC kernels where the table runs MMA kernels, and the MMA
-# gate_up from 17 tokens on them), then, with the winners installed, RECORD=1 (the manifest: the VEC kernels are new
-# kernels) and SKIP_AB=1 (the GEMV, MoE and sampling GPU tests, the whole step with the table as installed, the fused
-# path against the plain one at batch 1 and 2). SKIP_AB=1 leaves the MMA kernels' tests and benchmark out,
+# spills), `TileConfig.mma_vec` / `MoEConfig.mma_vec`, set by no table. Run SKIP_CHECK=1 MMA_AB=1 in one call
+# (~4-5 min: the MMA tests, 8- and 16-byte variants; `benchmarks/nvfp4_mma.py`, the linear at 1-8 rows and the MoE
+# at 1-64 tokens with both; the whole step with the VEC kernels where the table runs MMA kernels, and the MMA gate_up
+# from 17 tokens on them), then, with the winners installed, SKIP_AB=1 RECORD=1 in one call (~8-9 min: the GEMV, MoE
+# and sampling GPU tests, the whole step with the table as installed, the fused path against the plain one at batch
+# 1 and 2, then the manifest recorded again: the VEC kernels are new kernels; near a call's 10 minutes, so split it
+# into SKIP_AB=1 and SKIP_AB=1 SKIP_CHECK=1 RECORD=1 when the machine is slow). SKIP_AB=1 leaves the MMA kernels' tests and benchmark out,
 # SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest again
 # (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs and the sampler, and
 # the engine's wall time per step at 1-64 requests with and without async decode (the sampled step's cost since the
