@@ -92,6 +92,45 @@ def test_shipped_h200_table_parses_and_every_entry_is_a_whole_config() -> None:
             tuning.OPS[op].config(**entry.config)  # constructs
 
 
+def _probe_values(op: str, entries: tuple[tuple[tuple[str, str, object], ...], ...]) -> dict[str, list]:
+    """Per shape key: the values at and just past every bound the entries test (and 1 where none tests the key)."""
+    values: dict[str, set] = {key: set() for key in tuning.OPS[op].shape}
+    for when in entries:
+        for key, test, v in when:
+            kind = tuning.OPS[op].shape[key]
+            if kind is bool:
+                values[key] |= {True, False}
+            elif test == "eq":
+                values[key].add(v)
+            elif test == "min":
+                values[key] |= {v, v - (1 if kind is int else 0.5)}
+            elif test == "max":
+                values[key] |= {v, v + (1 if kind is int else 0.5)}
+            else:  # multiple
+                values[key] |= {v, 2 * v, v + 1}
+    unset = {key: [False] if kind is bool else [1] for key, kind in tuning.OPS[op].shape.items()}
+    return {key: sorted(vals) or unset[key] for key, vals in values.items()}
+
+
+def test_every_shipped_entry_is_the_first_match_for_some_shape() -> None:
+    """No entry is dead: for each, some shape at or past the table's own bounds reaches it before any other entry
+    (an entry shadowed by an earlier, wider one never applies, and its source would claim a config nobody runs)."""
+    import itertools
+
+    table = tuning.load(H200_TABLE)
+    for op, entries in table.ops.items():
+        values = _probe_values(op, tuple(e.when for e in entries))
+        keys = list(values)
+        reached = set()
+        for combo in itertools.product(*(values[k] for k in keys)):
+            shape = dict(zip(keys, combo))
+            first = next((i for i, e in enumerate(entries) if e.matches(shape)), None)
+            if first is not None:
+                reached.add(first)
+        dead = [dict((k, v) for k, _, v in entries[i].when) for i in range(len(entries)) if i not in reached]
+        assert not dead, f"{op}: entries no shape reaches first: {dead}"
+
+
 def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torch.device]) -> None:
     """The configs the kernels' docstrings and comments recorded on 2026-11-29, now read from the table."""
     h200 = gpu_named("NVIDIA H200")
