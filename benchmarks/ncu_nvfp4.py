@@ -5,9 +5,9 @@ CUDA only. Everything is compiled and run twice first; then, between cudaProfile
 once, so ncu sees one launch of each:
 
 - the qkv projection (5120 x 2048) at each of --rows: the engine's `gemv_triton.linear` (the installed table) and,
-  up to 8 rows, `nvfp4_mma_triton.linear`;
+  up to 8 rows, `nvfp4_mma_triton.linear` with 8- and then 16-byte loads (its VEC kernel);
 - the MoE (256 experts, I 512, H 2048, top-6 of random scores) at each of --tokens: the engine's `fused_moe` (the
-  table's launches) and the MMA gate_up and down alone (`nvfp4_mma_triton.moe_gate_up`, `moe_down`).
+  table's launches) and the MMA gate_up and down alone (`nvfp4_mma_triton.moe_gate_up`, `moe_down`), 8- then 16-byte.
 
     ncu --profile-from-start off --clock-control none python benchmarks/ncu_nvfp4.py --rows 1 8 --tokens 32
 """
@@ -35,7 +35,7 @@ def calls(rows: list[int], tokens: list[int]) -> list:
         x = (torch.randn(m, 2048, device="cuda") * 0.5).to(torch.bfloat16)
         out.append(lambda x=x: gemv_triton.linear(x, w))
         if m <= nm.MAX_M:
-            out.append(lambda x=x: nm.linear(x, w))
+            out += [lambda x=x, v=v: nm.linear(x, w, vec=v) for v in (False, True)]
     n_exp, inter, hidden, topk = 256, 512, 2048, 6
     w13, w2 = random_experts(n_exp, 2 * inter, hidden, 1, gate_up=True), random_experts(n_exp, hidden, inter, 2)
     for t in tokens:
@@ -44,8 +44,8 @@ def calls(rows: list[int], tokens: list[int]) -> list:
         x = (torch.randn(t, hidden, device="cuda") * 0.5).to(torch.bfloat16)
         h = (torch.randn(t * topk, inter, device="cuda") * 0.5).to(torch.bfloat16)
         out.append(lambda x=x, w=weights, i=ids: moe_triton.fused_moe(x, w, i, w13, w2))
-        out.append(lambda x=x, i=ids: nm.moe_gate_up(x, i, w13))
-        out.append(lambda h=h, i=ids: nm.moe_down(h, i, w2))
+        out += [lambda x=x, i=ids, v=v: nm.moe_gate_up(x, i, w13, vec=v) for v in (False, True)]
+        out += [lambda h=h, i=ids, v=v: nm.moe_down(h, i, w2, vec=v) for v in (False, True)]
     return out
 
 
