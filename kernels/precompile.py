@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from . import tuning
+from . import jit_cache_keys, tuning
 from .jit_cache_hook import runtime_knobs
 
 log = logging.getLogger(__name__)
@@ -237,6 +237,8 @@ def precompile(
             report.seconds = time.monotonic() - start
             return report
         submitted: list[tuple[Any, Entry]] = []
+        # The keys the workers computed (`jit_cache_keys`: else Triton 3.6 recompiles what they left in the cache).
+        jit_cache_keys.settle()
         # In-process: compiles (threads) or loads what the workers left in Triton's disk cache (processes).
         with torch.cuda.device(index), ThreadPoolExecutor(report.workers, thread_name_prefix="triton") as pool:
             with triton.AsyncCompileMode(pool, ignore_errors=True):
@@ -340,6 +342,7 @@ def _compile_in_processes(
 
 def _worker() -> None:
     """A compile worker: one JSON entry per input line, "ok" or the error per output line."""
+    jit_cache_keys.settle()  # the keys the in-process pass will compute, whatever order the entries come in
     for line in sys.stdin:
         kernel = "?"
         start = time.monotonic()
