@@ -77,13 +77,17 @@ class Report:
     workers: int = 0
     mode: str = ""
     process_seconds: float = 0.0  # the worker processes' part (mode "processes")
+    # Entries Triton's disk cache gained during the in-process pass: with "processes", kernels the workers' cache
+    # entries did not serve (0 when every key agrees; `jit_cache_keys`), with "threads" every compile.
+    in_process_compiles: int = 0
     compile_seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (kernel, key): a worker's time
     errors: list[str] = field(default_factory=list)  # the first few, for the log
 
     def describe(self) -> str:
         return (
             f"precompiled {self.compiled} of {self.listed} listed Triton kernels in {self.seconds:.1f} s with"
-            f" {self.workers} {self.mode} ({self.present} already compiled, {self.failed} skipped)"
+            f" {self.workers} {self.mode} ({self.present} already compiled, {self.failed} skipped,"
+            f" {self.in_process_compiles} compiled in-process)"
         )
 
 
@@ -239,6 +243,7 @@ def precompile(
         submitted: list[tuple[Any, Entry]] = []
         # The keys the workers computed (`jit_cache_keys`: else Triton 3.6 recompiles what they left in the cache).
         jit_cache_keys.settle()
+        entries_before = _disk_cache_entries()
         # In-process: compiles (threads) or loads what the workers left in Triton's disk cache (processes).
         with torch.cuda.device(index), ThreadPoolExecutor(report.workers, thread_name_prefix="triton") as pool:
             with triton.AsyncCompileMode(pool, ignore_errors=True):
@@ -249,6 +254,7 @@ def precompile(
                     except Exception as exc:
                         _failed(report, entry, exc)
             # Leaving the mode waited for every compile; a failed one is no longer in the cache.
+            report.in_process_compiles = max(0, _disk_cache_entries() - entries_before)
             for fn, entry in submitted:
                 if _cached(fn, index, entry.key) is not None:
                     report.compiled += 1
@@ -256,6 +262,16 @@ def precompile(
                     _failed(report, entry, RuntimeError("did not compile here"))
     report.seconds = time.monotonic() - start
     return report
+
+
+def _disk_cache_entries() -> int:
+    """How many kernels Triton's disk cache holds (0 where it cannot be read)."""
+    import triton
+
+    try:
+        return len(os.listdir(triton.knobs.cache.dir))
+    except (AttributeError, OSError):
+        return 0
 
 
 def _compile_in_processes(

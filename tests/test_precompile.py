@@ -261,6 +261,7 @@ def test_precompiled_kernel_is_what_the_launch_uses(mode: str, width: int) -> No
     assert (report.compiled, report.failed) == (len(entries), 0), report.errors
     if mode == "processes":
         assert list(report.compile_seconds) == [(e.kernel, e.key) for e in entries]
+        assert report.in_process_compiles == 0  # the workers' cache entries served the in-process pass
     with precompile.Recorder() as second:
         out = rms_norm(x, w, 1e-6)
     torch.cuda.synchronize()
