@@ -14,7 +14,9 @@
 # from 17 tokens on them), then, with the winners installed, SKIP_AB=1 RECORD=1 in one call (~8-9 min: the GEMV, MoE
 # and sampling GPU tests, the whole step with the table as installed, the fused path against the plain one at batch
 # 1 and 2, then the manifest recorded again: the VEC kernels are new kernels; near a call's 10 minutes, so split it
-# into SKIP_AB=1 and SKIP_AB=1 SKIP_CHECK=1 RECORD=1 when the machine is slow). SKIP_AB=1 leaves the MMA kernels' tests and benchmark out,
+# into SKIP_AB=1 and SKIP_AB=1 SKIP_CHECK=1 RECORD=1 when the machine is slow). The recording's second start also
+# judges `jit_cache_keys.settle` (built on CPU): its precompile report should show in_process_compiles 0 and a start
+# ~20 s shorter than the nineteenth session's 67.1 s. SKIP_AB=1 leaves the MMA kernels' tests and benchmark out,
 # SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest again
 # (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs and the sampler, and
 # the engine's wall time per step at 1-64 requests with and without async decode (the sampled step's cost since the
