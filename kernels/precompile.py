@@ -27,6 +27,7 @@ Schema: {"format": 1, "triton": "<version it was recorded with>", "device": "<to
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import json
 import logging
@@ -245,7 +246,9 @@ def precompile(
         jit_cache_keys.settle()
         entries_before = _disk_cache_entries()
         # In-process: compiles (threads) or loads what the workers left in Triton's disk cache (processes).
-        with torch.cuda.device(index), ThreadPoolExecutor(report.workers, thread_name_prefix="triton") as pool:
+        # No CUDA here only under a stand-in driver that compiles for a GPU it does not have (the tests' fake sm_90).
+        on_device = torch.cuda.device(index) if torch.cuda.is_available() else contextlib.nullcontext()
+        with on_device, ThreadPoolExecutor(report.workers, thread_name_prefix="triton") as pool:
             with triton.AsyncCompileMode(pool, ignore_errors=True):
                 for fn, entry in missing:
                     try:

@@ -307,3 +307,45 @@ def test_serving_settings_reach_the_engine() -> None:
 
     assert ServeSettings().engine_config(gpu=True).precompile_kernels is True
     assert ServeSettings(precompile_kernels=False).engine_config(gpu=True).precompile_kernels is False
+
+
+def test_workers_and_the_in_process_pass_agree_on_cache_keys(tmp_path: Path) -> None:
+    """On a CPU, with Triton told the device is an sm_90 GPU (`tests/fake_gpu`): two specialisations of the MMA linear
+    (recorded from `warmup`, which compiles nothing here) go through `precompile` with worker processes, after this
+    process hashed the kernel before its helpers (as an engine that launched it first can). The in-process pass then
+    compiles nothing: each worker's cache entry has the key this process computes (Triton 3.6 keyed by hashing order;
+    `jit_cache_keys.settle` mends it)."""
+    code = """
+import json, torch
+from triton import knobs
+from flint_kernels import nvfp4_mma_triton as nm, precompile
+specs = []
+def record(**kw):
+    spec = (kw.get("compile") or {}).get("specialization_data")
+    if spec:
+        specs.append(spec)
+    return True  # recorded: compile nothing
+knobs.runtime.jit_cache_hook = record
+x, out = torch.zeros(8, 2048, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
+q, s = torch.zeros(64, 1024, dtype=torch.uint8), torch.zeros(64, 128, dtype=torch.uint8)
+for split in (1, 4):
+    nm._nvfp4_mma_kernel.warmup(
+        x, q, s, torch.ones(1), out, torch.zeros(1), torch.zeros(4, dtype=torch.int32), 8, 64, 2048, 512, 2048, 1024,
+        128, 64, 64, 64, 64, SPLIT_K=split, NW=4, PREFETCH=False, PDL=False, grid=(1,), num_warps=4, num_stages=1)
+knobs.runtime.jit_cache_hook = None
+nm._nvfp4_mma_kernel.cache_key  # the kernel hashed before its helpers
+entries = [precompile.Entry("flint_kernels.nvfp4_mma_triton._nvfp4_mma_kernel", json.loads(s)) for s in specs]
+r = precompile.precompile(entries, torch.device("cuda", 0), workers=2, mode="processes")
+print(json.dumps({"listed": r.listed, "compiled": r.compiled, "again": r.in_process_compiles,
+                  "workers": len(r.compile_seconds), "errors": r.errors}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    fake = str(Path(__file__).resolve().parent / "fake_gpu")
+    env.update(FLINT_FAKE_SM90="1", TRITON_CACHE_DIR=str(tmp_path / "triton"), CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([fake, env.get("PYTHONPATH", "")]))  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["listed"] == 2 and result["errors"] == [], result
+    assert result["workers"] == result["compiled"] == 2, result
+    assert result["again"] == 0, result
