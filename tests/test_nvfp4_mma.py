@@ -10,11 +10,13 @@ the K step issues its 8 MMAs. The `gpu` tests run the compiled kernels, alone an
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +186,16 @@ def emulated_ptx(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nm, "_ld16", _emulated_ld16)
 
 
+@contextlib.contextmanager
+def _spied(kernel: str, vec: bool) -> Iterator[LaunchSpy]:
+    """Count the launches of `nvfp4_mma_triton`'s `kernel` (its VEC twin when vec) while the block runs."""
+    name = kernel.replace("_kernel", "_vec_kernel") if vec else kernel
+    spy = LaunchSpy(getattr(nm, name))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nm, name, spy)
+        yield spy
+
+
 def _exact(x: torch.Tensor, w: NVFP4Weight) -> torch.Tensor:
     """x @ W^T (global scale included) in float64."""
     return x.double() @ w.dequantize(torch.float64, with_global=True).T
@@ -206,10 +218,7 @@ def test_linear_kernel(emulated_ptx: None, m: int, split_k: int, prefetch: bool,
     w = random_nvfp4(80, 384, seeded(m), (48, 32))
     x = (torch.randn(m, 384, generator=torch.Generator().manual_seed(10 + m)) * 0.5).to(torch.bfloat16)
     out = torch.full((m, 80), float("nan"))
-    name = "_nvfp4_mma_vec_kernel" if vec else "_nvfp4_mma_kernel"
-    spy = LaunchSpy(getattr(nm, name))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nm, name, spy)
+    with _spied("_nvfp4_mma_kernel", vec) as spy:
         nm.launch_linear(x, w, out, num_warps=2, split_k=split_k, prefetch=prefetch, vec=vec)
     assert spy.launches == 1
     l1 = x.double().abs() @ w.dequantize(torch.float64, with_global=True).abs().T
@@ -249,10 +258,7 @@ def test_moe_gate_up_kernel(emulated_ptx: None, prefetch: bool, vec: bool) -> No
     ids = _routing()
     x = (torch.randn(10, 256, generator=torch.Generator().manual_seed(8)) * 0.5).to(torch.bfloat16)
     h = torch.full((30, 40), float("nan"))
-    name = "_moe_gate_up_mma_vec_kernel" if vec else "_moe_gate_up_mma_kernel"
-    spy = LaunchSpy(getattr(nm, name))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nm, name, spy)
+    with _spied("_moe_gate_up_mma_kernel", vec) as spy:
         nm.launch_moe_gate_up(x, ids.reshape(-1).contiguous(), w13, h, 3, 2, prefetch=prefetch, vec=vec)
     assert spy.launches == 1
     assert not torch.isnan(h).any(), "a pair or column was never written"
@@ -270,10 +276,7 @@ def test_moe_down_kernel(emulated_ptx: None, prefetch: bool, vec: bool) -> None:
     ids = _routing()
     h = (torch.randn(30, 256, generator=torch.Generator().manual_seed(10)) * 0.5).to(torch.bfloat16)
     y = torch.full((30, 136), float("nan"))
-    name = "_moe_down_mma_vec_kernel" if vec else "_moe_down_mma_kernel"
-    spy = LaunchSpy(getattr(nm, name))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nm, name, spy)
+    with _spied("_moe_down_mma_kernel", vec) as spy:
         nm.launch_moe_down(h, ids.reshape(-1).contiguous(), w2, y, num_warps=2, prefetch=prefetch, vec=vec)
     assert spy.launches == 1
     for p, e in enumerate(ids.reshape(-1).tolist()):
