@@ -51,7 +51,8 @@ def settle(packages: tuple[str, ...] = PACKAGES) -> int:
     before = [fn.cache_key for fn in fns]
     for passes in range(1, MAX_PASSES + 1):
         for fn in fns:
-            fn.hash = None  # used_global_vals stay: the next pass merges them into the callers
+            with fn._hash_lock:  # not under a compile computing this key in another thread
+                fn.hash = None  # used_global_vals stay: the next pass merges them into the callers
         after = [fn.cache_key for fn in fns]
         if after == before:
             return passes
