@@ -3,61 +3,53 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the nineteenth session (2026-12-02): the NVFP4 MMA kernels (`kernels/nvfp4_mma_triton.py`) are installed
-# where a whole-step A/B had them ahead, and the NVFP4 manifest profile was recorded again. Nsight Compute
-# (`benchmarks/gpu_ncu.sh`) then found the MMA MoE kernels L1-bound (75-90% of its throughput, 33-36% of DRAM's): their
-# loads were 8 bytes wide. Open: their VEC variants with 16-byte loads (`_ld16`: codes and x; scales 2 bytes at a
-# time), built without a GPU (emulated in the interpreter, sm_90 compile checked: six LDG.E.128 a K step, no
-# spills), `TileConfig.mma_vec` / `MoEConfig.mma_vec`, set by no table. Run SKIP_CHECK=1 MMA_AB=1 in one call
-# (~4-5 min: the MMA tests, 8- and 16-byte variants; `benchmarks/nvfp4_mma.py`, the linear at 1-8 rows and the MoE
-# at 1-64 tokens with both; the whole step with the VEC kernels where the table runs MMA kernels, and the MMA gate_up
-# from 17 tokens on them), then, with the winners installed, SKIP_AB=1 RECORD=1 in one call (~8-9 min: the GEMV, MoE
-# and sampling GPU tests, the whole step with the table as installed, the fused path against the plain one at batch
-# 1 and 2, then the manifest recorded again: the VEC kernels are new kernels; near a call's 10 minutes, so split it
-# into SKIP_AB=1 and SKIP_AB=1 SKIP_CHECK=1 RECORD=1 when the machine is slow). The recording's second start also
-# judges `jit_cache_keys.settle` (built on CPU): its precompile report should show in_process_compiles 0 and a start
-# ~20 s shorter than the nineteenth session's 67.1 s. SKIP_AB=1 leaves the MMA kernels' tests and benchmark out,
-# SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest again
-# (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs and the sampler, and
-# the engine's wall time per step at 1-64 requests with and without async decode (the sampled step's cost since the
-# filter is not measured yet). Through the server: `benchmarks/gpu_serve.sh` (two calls; REQUESTS=256 for a run long
-# enough to compare).
+# State after the twentieth session (2026-12-02): the VEC twins of the MMA kernels (16-byte loads) won their whole-step
+# A/B and are installed wherever the table runs an MMA kernel (NVFP4 b8 5.614 -> 5.289 ms, b64 18.613 -> 17.099).
+# `benchmarks/nvfp4_mma.py` then showed the MMA gate_up on the VEC kernel in 8 warps ahead of the FMA one at 32
+# tokens (88.6 against 99.2 us); a whole-step A/B put it from 25 tokens in 8 warps with its loads a K step ahead
+# (b32 -3.7%; 8 warps lost from 33). Open: SKIP_AB=1 MMA_AB=1 (~1.5 min), that entry checked at 24, 28 and 32 tokens
+# against the FMA gate_up and the MMA one in 4 warps. Then, with the winners installed, SKIP_AB=1 RECORD=1: the
+# GEMV, MoE and sampling GPU tests, the whole step with the table as installed, the fused path against the plain one
+# at batch 1 and 2, then the manifest recorded again (the VEC kernels are new kernels); near a call's 10 minutes, so
+# split it into SKIP_AB=1 and SKIP_AB=1 SKIP_CHECK=1 RECORD=1 when the machine is slow. The recording's second start
+# also judges `jit_cache_keys.settle` (built on CPU): its precompile report should show in_process_compiles 0 and a
+# start ~20 s shorter than the nineteenth session's 67.1 s.
+#
+# SKIP_AB=1 leaves the MMA kernels' tests and benchmark out (MMA_TESTS=0 the tests only; MMA_BENCH_ARGS replaces the
+# benchmark's arguments), SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest
+# again (benchmarks/gpu_record_manifest.sh). SKIP_HOST=0 adds, as before: the GPU tests of the graphs and the sampler,
+# and the engine's wall time per step at 1-64 requests with and without async decode (the sampled step's cost since
+# the filter is not measured yet). Through the server: `benchmarks/gpu_serve.sh` (two calls; REQUESTS=256 for a run
+# long enough to compare).
 set -u
 . benchmarks/gpu_env.sh
 
 if [ "${SKIP_AB:-0}" != 1 ]; then
 # The NVFP4 MMA kernels: their GPU tests (the linear against linear_ref at qkv, o_proj and a ragged N, 1-8 rows, with
 # and without split-K; the MoE gate_up against moe_ref's h at 1-64 tokens), then their time against the engine's paths.
-timeout 240 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
-    > "$OUT/mma_tests.txt" 2>&1
-echo "nvfp4_mma tests: $(tail -1 "$OUT/mma_tests.txt")"
-grep -E "^E |FAILED" "$OUT/mma_tests.txt" | head -8
-timeout 300 python3 benchmarks/nvfp4_mma.py --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
+if [ "${MMA_TESTS:-1}" = 1 ]; then
+    timeout 240 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
+        > "$OUT/mma_tests.txt" 2>&1
+    echo "nvfp4_mma tests: $(tail -1 "$OUT/mma_tests.txt")"
+    grep -E "^E |FAILED" "$OUT/mma_tests.txt" | head -8
+fi
+# shellcheck disable=SC2086
+timeout 300 python3 benchmarks/nvfp4_mma.py ${MMA_BENCH_ARGS:-} --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
 echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,/^wrote/p' "$OUT/nvfp4_mma.txt" | grep -v '^{'; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
 fi
-# MMA_AB=1: the whole step, NVFP4, against the table (the nineteenth session's MMA kernels): (a) gemv_vec: the MMA
-# linear's rules (the lm_head at 1-8 rows, projections at 3-8) on its VEC kernel; (b) moe_vec: the MoE rules with MMA
-# kernels (the down from 9 tokens, the gate_up from 33) on theirs; (c) gu17_vec: (b) and the MMA gate_up (VEC) from 17
-# tokens. In a call of its own (~3-5 minutes).
+# MMA_AB=1: the whole step, NVFP4, at 24, 28 and 32 tokens, against the table (its MMA gate_up in 8 warps from 25
+# tokens, placed by the 24 and 32 of the twentieth session's first A/B): gu25_off (the FMA gate_up up to 32 tokens, as
+# before) and gu25_w4 (the MMA gate_up there in 4 warps). In a call of its own or before the check (~1.5 minutes).
 if [ "${MMA_AB:-0}" = 1 ]; then
 V=/tmp/variants; mkdir -p $V
 variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
-variant --op gemv.small_m --when '{"m": 1, "nvfp4": true, "n": 150144, "k": 2048}' --set mma_vec=true --out $V/g1.json
-variant --table $V/g1.json --op gemv.small_m --when '{"m_min": 2, "m_max": 8, "nvfp4": true, "n": 150144}' \
-    --set mma_vec=true --out $V/g2.json
-variant --table $V/g2.json --op gemv.small_m --when '{"m_min": 3, "m_max": 4, "nvfp4": true}' --set mma_vec=true \
-    --out $V/g3.json
-variant --table $V/g3.json --op gemv.small_m --when '{"m_min": 5, "m_max": 8, "nvfp4": true}' --set mma_vec=true \
-    --out $V/gemv_vec.json
-variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 33}' --set mma_vec=true --out $V/m1.json
-variant --table $V/m1.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 9}' --set mma_vec=true \
-    --out $V/moe_vec.json
-variant --table $V/moe_vec.json --op moe.decode --when '{"nvfp4": true, "tokens_min": 9}' \
-    --add '{"nvfp4": true, "tokens_min": 17}' --set expert_major=true mma=true --out $V/gu17_vec.json
-timeout 540 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 4 8 16 32 64 --contexts 1024 --prefill 0 \
-    --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/gemv_vec.json $V/moe_vec.json $V/gu17_vec.json \
+variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 25}' \
+    --set expert_major=false mma=false num_warps=4 mma_prefetch=false --out $V/gu25_off.json
+variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 25}' --set num_warps=4 --out $V/gu25_w4.json
+timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 24 28 32 --contexts 1024 --prefill 0 \
+    --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/gu25_off.json $V/gu25_w4.json \
     --out "$OUT/decode_nvfp4_mma_ab.json" > "$OUT/decode_mma_ab.txt" 2>&1
-echo "== whole step: table vs gemv_vec / moe_vec / gu17_vec"
+echo "== whole step: table vs gu25_off / gu25_w4"
 grep "A/B rounds\|Error" "$OUT/decode_mma_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then

@@ -149,16 +149,18 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert gt.small_m_config(1, False, 2048, 150144, h200) == TileConfig(block_n=4, block_k=1024, **fma)  # lm_head
     assert gt.small_m_config(1, False, 1024, 2048, h200) == TileConfig(block_n=16, block_k=1024, **fma)  # shared down
     # The NVFP4 lm_head on the MMA linear at 1-8 rows (nineteenth session's whole-step A/B, 2026-12-02: b1 -0.6%,
-    # b2 -1.8%); only the MMA flag and the warps count there.
-    lm_mma = TileConfig(block_n=8, block_k=1024, **fma, mma=True)
+    # b2 -1.8%), on its 16-byte-load kernel (twentieth session's: b8 -5.8% with the projections'); only the MMA flags
+    # and the warps count there.
+    lm_mma = TileConfig(block_n=8, block_k=1024, **fma, mma=True, mma_vec=True)
     assert gt.small_m_config(1, True, 2048, 150144, h200) == lm_mma
     for m in (2, 5, 8):
-        assert gt.small_m_config(m, True, 2048, 150144, h200).mma
-    # NVFP4 at M = 3-8 on the MMA linear (the same A/B: b4 -10.5%, b8 -11.5%); 9-64 in 32-column tensor-core tiles (a
-    # 2026-11-30 sweep and whole-step A/B; 33-64 a 2026-12-02 A/B), BF16 64.
+        cfg = gt.small_m_config(m, True, 2048, 150144, h200)
+        assert cfg.mma and cfg.mma_vec
+    # NVFP4 at M = 3-8 on the MMA linear (the same A/Bs: b4 -10.5%, b8 -11.5%, then -4% and -5.8%); 9-64 in
+    # 32-column tensor-core tiles (a 2026-11-30 sweep and whole-step A/B; 33-64 a 2026-12-02 A/B), BF16 64.
     for m in (3, 4, 5, 8):
         cfg = gt.small_m_config(m, True, 2048, 5120, h200)
-        assert cfg.mma and cfg.num_warps == 4
+        assert cfg.mma and cfg.mma_vec and cfg.num_warps == 4
     for m, block_m in ((5, 16), (8, 16), (17, 32), (32, 32), (33, 64), (64, 64)):
         if m > 8:
             assert gt.small_m_config(m, True, 2048, 5120, h200) == TileConfig(32, block_m, 128, True, 4, 3)
@@ -185,11 +187,13 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert mt.decode_config(True, 2, h200) == MoEConfig(1, 8, 1024, 32, 512, False, 4, 1)
     assert [mt.decode_config(True, t, h200) for t in (3, 4)] == [fma_16x512] * 2
     # NVFP4 from 9 tokens (shared expert apart from 9) the down on the MMA kernel, from 33 the gate_up too, loading
-    # a K step ahead (nineteenth session's whole-step A/B, 2026-12-02: b16 -5.8%, b32 -8.6%, b64 -19.5%).
-    mma_down = dataclasses.replace(fma_16x512, mma_down=True)
+    # a K step ahead (nineteenth session's whole-step A/B, 2026-12-02: b16 -5.8%, b32 -8.6%, b64 -19.5%), all on the
+    # 16-byte-load kernels (twentieth session's: b64 -8.1%); from 25 the gate_up in 8 warps (b32 -3.7%).
+    mma_down = dataclasses.replace(fma_16x512, mma_down=True, mma_vec=True)
     mma_both = dataclasses.replace(mma_down, expert_major=True, mma=True, mma_prefetch=True)
-    assert [mt.decode_config(True, t, h200) for t in (8, 9, 16, 17, 32, 33, 64)] == [
-        fma_16x512, mma_down, mma_down, mma_down, mma_down, mma_both, mma_both
+    mma_w8 = dataclasses.replace(mma_both, num_warps=8)
+    assert [mt.decode_config(True, t, h200) for t in (8, 9, 16, 24, 25, 32, 33, 64)] == [
+        fma_16x512, mma_down, mma_down, mma_down, mma_w8, mma_w8, mma_both, mma_both
     ]  # fmt: skip
     assert mt.grouped_config(16, False, h200) == MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     assert mt.grouped_config(30, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
