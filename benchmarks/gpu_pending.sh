@@ -28,8 +28,9 @@ if [ "${SKIP_AB:-0}" != 1 ]; then
 # The NVFP4 MMA kernels: their GPU tests (the linear against linear_ref at qkv, o_proj and a ragged N, 1-8 rows, with
 # and without split-K; the MoE gate_up against moe_ref's h at 1-64 tokens), then their time against the engine's paths.
 if [ "${MMA_TESTS:-1}" = 1 ]; then
+    # shellcheck disable=SC2086
     timeout 240 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
-        > "$OUT/mma_tests.txt" 2>&1
+        ${MMA_TEST_K:+-k "$MMA_TEST_K"} > "$OUT/mma_tests.txt" 2>&1
     echo "nvfp4_mma tests: $(tail -1 "$OUT/mma_tests.txt")"
     grep -E "^E |FAILED" "$OUT/mma_tests.txt" | head -8
 fi
@@ -37,19 +38,22 @@ fi
 timeout 300 python3 benchmarks/nvfp4_mma.py ${MMA_BENCH_ARGS:-} --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
 echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,/^wrote/p' "$OUT/nvfp4_mma.txt" | grep -v '^{'; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
 fi
-# MMA_AB=1: the whole step, NVFP4, at 24, 28 and 32 tokens, against the table (its MMA gate_up in 8 warps from 25
-# tokens, placed by the 24 and 32 of the twentieth session's first A/B): gu25_off (the FMA gate_up up to 32 tokens, as
-# before) and gu25_w4 (the MMA gate_up there in 4 warps). In a call of its own or before the check (~1.5 minutes).
+# MMA_AB=1: the whole step, NVFP4, at 16, 32 and 64 rows, against the table (32-column tensor-core tiles at 9-64
+# rows): rows16 (the MMA rows kernel, 16-byte loads, at 9-16 rows), rows32 (and 17-32), rows64 (and 33-64, in launches
+# of 32). ~2 minutes.
 if [ "${MMA_AB:-0}" = 1 ]; then
 V=/tmp/variants; mkdir -p $V
 variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
-variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 25}' \
-    --set expert_major=false mma=false num_warps=4 mma_prefetch=false --out $V/gu25_off.json
-variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 25}' --set num_warps=4 --out $V/gu25_w4.json
-timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 24 28 32 --contexts 1024 --prefill 0 \
-    --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/gu25_off.json $V/gu25_w4.json \
+variant --op gemv.small_m --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' --set mma=true mma_vec=true \
+    --out $V/rows16.json
+variant --table $V/rows16.json --op gemv.small_m --when '{"m_min": 17, "m_max": 32, "nvfp4": true}' \
+    --set mma=true mma_vec=true --out $V/rows32.json
+variant --table $V/rows32.json --op gemv.small_m --when '{"m_min": 33, "m_max": 64, "nvfp4": true}' \
+    --set mma=true mma_vec=true --out $V/rows64.json
+timeout 240 python3 benchmarks/decode.py --formats nvfp4 --batches 16 32 64 --contexts 1024 --prefill 0 \
+    --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/rows16.json $V/rows32.json $V/rows64.json \
     --out "$OUT/decode_nvfp4_mma_ab.json" > "$OUT/decode_mma_ab.txt" 2>&1
-echo "== whole step: table vs gu25_off / gu25_w4"
+echo "== whole step: table vs rows16 / rows32 / rows64"
 grep "A/B rounds\|Error" "$OUT/decode_mma_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then

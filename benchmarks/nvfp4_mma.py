@@ -1,11 +1,11 @@
 """The NVFP4 linear on mma.sync with the decode in PTX (`flint_kernels.nvfp4_mma_triton`) against the engine's path.
 
-CUDA only. For Flint's NVFP4 shapes at 1-8 rows of x: each variant is checked against `linear_ref` ("ok": within 2
-BF16 ulps plus 2**-16 of the sum of |products|), then timed inside a CUDA graph of calls rotating over enough weight
-copies that L2 never holds them (`kernels_moe_gemv.time_graph`). Variants: the engine's `gemv_triton.linear` with the
-installed tuning table, and the MMA kernel in 4 and 8 warps, with 8-byte loads and with 16-byte ones ("_v", the VEC
-kernels), optionally with its loads a K step ahead ("_pf"; split-K chosen by the kernel, or --splits). One expert's
-gate_up and down stand for the MoE.
+CUDA only. For Flint's NVFP4 shapes at 1-8 rows of x (`--ms`; 9-64 rows run the MMA rows kernel): each variant is
+checked against `linear_ref` ("ok": within 2 BF16 ulps plus 2**-16 of the sum of |products|), then timed inside a
+CUDA graph of calls rotating over enough weight copies that L2 never holds them (`kernels_moe_gemv.time_graph`).
+Variants: the engine's `gemv_triton.linear` with the installed tuning table, and the MMA kernel in 4 and 8 warps,
+with 8-byte loads and with 16-byte ones ("_v", the VEC kernels), optionally with its loads a K step ahead ("_pf";
+split-K chosen by the kernel, or --splits). One expert's gate_up and down stand for the MoE.
 
 The MoE (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernels' expert-major
 gate_up and down (`nvfp4_mma.moe_gate_up`, `moe_down`) against the engine's gate_up and down launches inside

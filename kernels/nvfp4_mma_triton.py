@@ -1,7 +1,7 @@
-"""NVFP4 (W4A16) on `mma.sync` tensor cores, the weights decoded two a register in PTX: a linear for up to 8 rows
+"""NVFP4 (W4A16) on `mma.sync` tensor cores, the weights decoded two a register in PTX: a linear for up to 64 rows
 of x, and the MoE's expert-major gate_up and down.
 
-`linear` computes `linear_ref`'s function for a BF16 x [M <= 8, K] and an NVFP4 weight [N, K]: FP32 accumulation,
+`linear` computes `linear_ref`'s function for a BF16 x [M <= 64, K] and an NVFP4 weight [N, K]: FP32 accumulation,
 the per-segment global scale on the accumulator, one rounding. `moe_gate_up` computes the h rows of `moe_ref` for
 every (token, slot) pair and `moe_down` each pair's rounded expert output y, 8 of an expert's pairs an MMA;
 `MoEConfig.mma` / `mma_down` put them inside `moe_triton.fused_moe` (the slot sum is its reduce launch) and
@@ -22,6 +22,10 @@ inputs are the weights times 2**-62, exact and normal. The MMA of (word j, half 
 rows g and g + 8, and the matching x pairs built by PRMT from the same positions: a permutation of K, the same for
 A and B, which changes only the order of the FP32 sums. The accumulator leaves the PTX as the D fragment (rows g,
 g + 8; x rows 2c, 2c + 1), is multiplied by 2**62 and the row's global scale, and rounded once.
+
+Rows of x: one MMA takes 8 (its N side). Up to 8 rows `_nvfp4_mma_kernel` runs; 9-32 rows a launch run the rows
+kernel, whose K step decodes each weight pair once for four MMAs (x rows g, g + 8, g + 16, g + 24: `step_asm(4)`),
+and more rows run in launches of 32.
 
 Split-K (`linear`) as in `gemv_triton` (deterministic, in one launch): each split stores its D fragments per thread,
 the last to arrive on the tile's counter sums them in split order.
@@ -56,6 +60,10 @@ from .pdl import launch_options, pdl_entry
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_M = 8  # rows of x: the MMA's N side
+# The rows kernel (9-32 rows of x a launch, more in launches of 32): four groups of 8 rows, each weight decoded once
+# for the four MMAs.
+ROW_GROUPS = 4
+MAX_ROWS = 64
 BLOCK_K = 128  # values a K step, a row: 16 bytes a lane
 ROWS_PER_WARP = 16
 # Each kernel can load a K step ahead (`prefetch`). On the H200 (2026-12-02) that lost for the linear (e.g. qkv at 8
@@ -80,23 +88,27 @@ def _decode_pair(word: str, p: int, scale: str, out: str) -> list[str]:
     ]
 
 
-def step_asm() -> str:
+def step_asm(groups: int = 1) -> str:
     """The PTX of one K step: operands $0-$3 the D fragment (out), $4/$5 row g's words 0-1 / 2-3 (b64), $6/$7 row
     g + 8's, $8/$9 row g's BF16x2 scales of words 0-1 / 2-3, $10/$11 row g + 8's, $12-$19 x (b64: values 4q..4q+3
-    of the lane's 32), $20-$23 the D fragment (in)."""
+    of the lane's 32), $20-$23 the D fragment (in). With `groups` G > 1 (the linear at 9-32 rows of x): G D
+    fragments out ($0 .. $4G-1), the weights and scales after them, then G groups of 8 x words (group q: x rows
+    g + 8q) and the G D fragments in; each weight pair is decoded once for the G MMAs."""
+    o = 4 * groups  # the first input operand
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
     lines = [
         "{",
-        ".reg .b32 wa<4>, wb<4>, ra, rb, x<16>, a<4>, b<2>, m, z;",
+        f".reg .b32 wa<4>, wb<4>, ra, rb, x<{16 * groups}>, a<4>, b<2>, m, z;",
         "mov.b32 z, 0x80008000;",
-        "mov.b64 {wa0, wa1}, $4;",
-        "mov.b64 {wa2, wa3}, $5;",
-        "mov.b64 {wb0, wb1}, $6;",
-        "mov.b64 {wb2, wb3}, $7;",
+        f"mov.b64 {{wa0, wa1}}, ${o};",
+        f"mov.b64 {{wa2, wa3}}, ${o + 1};",
+        f"mov.b64 {{wb0, wb1}}, ${o + 2};",
+        f"mov.b64 {{wb2, wb3}}, ${o + 3};",
     ]
-    lines += [f"mov.b64 {{x{2 * q}, x{2 * q + 1}}}, ${12 + q};" for q in range(8)]
-    lines += [f"mov.f32 ${i}, ${20 + i};" for i in range(4)]
+    lines += [f"mov.b64 {{x{2 * q}, x{2 * q + 1}}}, ${o + 8 + q};" for q in range(8 * groups)]
+    lines += [f"mov.f32 ${i}, ${o + 8 + 8 * groups + i};" for i in range(4 * groups)]
     for j in range(4):
-        sa, sb = ("$8", "$10") if j < 2 else ("$9", "$11")
+        sa, sb = (f"${o + 4}", f"${o + 6}") if j < 2 else (f"${o + 5}", f"${o + 7}")
         lines += [f"shr.u32 ra, wa{j}, 8;", f"shr.u32 rb, wb{j}, 8;"]
         for h in range(2):
             wa, wb = (f"wa{j}", f"wb{j}") if h == 0 else ("ra", "rb")
@@ -104,13 +116,12 @@ def step_asm() -> str:
             lines += _decode_pair(wb, 0, sb, "a1")
             lines += _decode_pair(wa, 1, sa, "a2")
             lines += _decode_pair(wb, 1, sb, "a3")
-            # x words 4j..4j+3 hold values 8j + 2i, 8j + 2i + 1; pair p is (8j + p, 8j + p + 4).
-            lo, hi = f"x{4 * j + h}", f"x{4 * j + 2 + h}"
-            lines += [f"prmt.b32 b0, {lo}, {hi}, 0x5410;", f"prmt.b32 b1, {lo}, {hi}, 0x7632;"]
-            lines.append(
-                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                "{$0, $1, $2, $3}, {a0, a1, a2, a3}, {b0, b1}, {$0, $1, $2, $3};"
-            )
+            for q in range(groups):
+                # x words 4j..4j+3 hold values 8j + 2i, 8j + 2i + 1; pair p is (8j + p, 8j + p + 4).
+                lo, hi = f"x{16 * q + 4 * j + h}", f"x{16 * q + 4 * j + 2 + h}"
+                d = ", ".join(f"${4 * q + i}" for i in range(4))
+                lines += [f"prmt.b32 b0, {lo}, {hi}, 0x5410;", f"prmt.b32 b1, {lo}, {hi}, 0x7632;"]
+                lines.append(f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{{d}}};")
     lines.append("}")
     return "\n".join(lines)
 
@@ -128,6 +139,37 @@ def _mma_step(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6
         is_pure=True,
         pack=1,
     )
+
+
+_STEP4_ASM = tl.constexpr(step_asm(ROW_GROUPS))
+# 16 D values out; 4 code words, 4 scales, 32 x words, 16 D values in.
+_STEP4_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 16 + ["l"] * 4 + ["r"] * 4 + ["l"] * 32 + ["f"] * 16))
+
+
+@triton.jit
+def _mma_step4(
+    wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1,
+    x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
+    u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
+    d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
+):  # fmt: skip
+    """The K step (`step_asm(4)`) for x rows g, g + 8, g + 16, g + 24 (x, y, u, v; D fragments d, e, f, h)."""
+    return tl.inline_asm_elementwise(
+        _STEP4_ASM,
+        _STEP4_CONSTRAINTS,
+        [
+            wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1,
+            x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
+            u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
+            d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
+        ],
+        dtype=(
+            tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
+            tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
+        ),
+        is_pure=True,
+        pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -163,21 +205,37 @@ def _ld16(p):
 
 
 @triton.jit
-def _load_step(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0, VEC: tl.constexpr):
-    """The raw operands of the K step at k0: rows g / g + 8's code words and scale bytes, and the lane's x words.
-    VEC: 16-byte loads for the codes and x (`_ld16`) and 2-byte loads for the scales, half the L1 requests."""
-    wq = k0 // 16
+def _load_x(x64, xa_base, k0, VEC: tl.constexpr):
+    """The lane's 8 int64 words of its x row for the K step at k0 (VEC: in four 16-byte loads)."""
     xq = xa_base + k0 // 4
+    if VEC:
+        x0, x1 = _ld16(x64 + xq)
+        x2, x3 = _ld16(x64 + xq + 2)
+        x4, x5 = _ld16(x64 + xq + 4)
+        x6, x7 = _ld16(x64 + xq + 6)
+    else:
+        x0 = tl.load(x64 + xq)
+        x1 = tl.load(x64 + xq + 1)
+        x2 = tl.load(x64 + xq + 2)
+        x3 = tl.load(x64 + xq + 3)
+        x4 = tl.load(x64 + xq + 4)
+        x5 = tl.load(x64 + xq + 5)
+        x6 = tl.load(x64 + xq + 6)
+        x7 = tl.load(x64 + xq + 7)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC: tl.constexpr):
+    """Rows g / g + 8's code words and scale bytes of the K step at k0 (VEC: 16-byte code loads, 2-byte scale
+    loads)."""
+    wq = k0 // 16
     if VEC:
         wa0, wa1 = _ld16(w64 + wa_base + wq)
         wb0, wb1 = _ld16(w64 + wb_base + wq)
         s16 = s_ptr.to(tl.pointer_type(tl.int16))
         sa = tl.load(s16 + (sa_base + wq) // 2).to(tl.int32) & 0xFFFF
         sb = tl.load(s16 + (sb_base + wq) // 2).to(tl.int32) & 0xFFFF
-        x0, x1 = _ld16(x64 + xq)
-        x2, x3 = _ld16(x64 + xq + 2)
-        x4, x5 = _ld16(x64 + xq + 4)
-        x6, x7 = _ld16(x64 + xq + 6)
         sa0, sa1, sb0, sb1 = sa & 0xFF, sa >> 8, sb & 0xFF, sb >> 8
     else:
         wa0 = tl.load(w64 + wa_base + wq)
@@ -188,14 +246,15 @@ def _load_step(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0,
         sa1 = tl.load(s_ptr + sa_base + wq + 1)
         sb0 = tl.load(s_ptr + sb_base + wq)
         sb1 = tl.load(s_ptr + sb_base + wq + 1)
-        x0 = tl.load(x64 + xq)
-        x1 = tl.load(x64 + xq + 1)
-        x2 = tl.load(x64 + xq + 2)
-        x3 = tl.load(x64 + xq + 3)
-        x4 = tl.load(x64 + xq + 4)
-        x5 = tl.load(x64 + xq + 5)
-        x6 = tl.load(x64 + xq + 6)
-        x7 = tl.load(x64 + xq + 7)
+    return wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1
+
+
+@triton.jit
+def _load_step(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0, VEC: tl.constexpr):
+    """The raw operands of the K step at k0: rows g / g + 8's code words and scale bytes, and the lane's x words.
+    VEC: 16-byte loads for the codes and x (`_ld16`) and 2-byte loads for the scales, half the L1 requests."""
+    wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC)
+    x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa_base, k0, VEC)
     return wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7
 
 
@@ -251,6 +310,79 @@ def _k_loop(
 
 
 @triton.jit
+def _k_loop4(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa, xb, xc, xd, k_lo, k_hi, NT: tl.constexpr,
+             VEC: tl.constexpr):  # fmt: skip
+    """`_k_loop` for four groups of 8 x rows (the lane's rows at int64 words xa, xb, xc, xd): the D fragments of
+    each, every weight pair decoded once for the four MMAs."""
+    d0 = tl.zeros((NT,), dtype=tl.float32)
+    d1, d2, d3 = d0, d0, d0
+    e0, e1, e2, e3 = d0, d0, d0, d0
+    f0, f1, f2, f3 = d0, d0, d0, d0
+    h0, h1, h2, h3 = d0, d0, d0, d0
+    for k0 in range(k_lo, k_hi, 128):
+        wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa, k0, VEC)
+        y0, y1, y2, y3, y4, y5, y6, y7 = _load_x(x64, xb, k0, VEC)
+        u0, u1, u2, u3, u4, u5, u6, u7 = _load_x(x64, xc, k0, VEC)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _load_x(x64, xd, k0, VEC)
+        d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _mma_step4(
+            wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+            x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
+            u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
+            d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
+        )  # fmt: skip
+    return d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3
+
+
+@triton.jit
+def _lanes(pid_n, N, NW: tl.constexpr):
+    """Each thread's place: (thread index, lane's c, weight rows g and g + 8 of its warp's 16, whether they are
+    rows of W)."""
+    NT: tl.constexpr = 32 * NW
+    t = tl.arange(0, NT)
+    lane = t % 32
+    c = lane % 4
+    row0 = pid_n * (16 * NW) + (t // 32) * 16 + lane // 4  # ROWS_PER_WARP
+    row1 = row0 + 8
+    return t, c, row0, row1, row0 < N, row1 < N
+
+
+@triton.jit
+def _ws_put(base, d0, d1, d2, d3, NT: tl.constexpr):
+    """One D fragment into a split's workspace slot (four [NT] rows)."""
+    tl.store(base, d0)
+    tl.store(base + NT, d1)
+    tl.store(base + 2 * NT, d2)
+    tl.store(base + 3 * NT, d3)
+
+
+@triton.jit
+def _ws_sum(base, stride, SPLIT_K: tl.constexpr, NT: tl.constexpr):
+    """The D fragment at `base` summed over the splits (slots `stride` apart), in split order."""
+    d0 = tl.zeros((NT,), dtype=tl.float32)
+    d1 = tl.zeros((NT,), dtype=tl.float32)
+    d2 = tl.zeros((NT,), dtype=tl.float32)
+    d3 = tl.zeros((NT,), dtype=tl.float32)
+    for s in range(SPLIT_K):
+        d0 += tl.load(base + s * stride, cache_modifier=".cg")
+        d1 += tl.load(base + s * stride + NT, cache_modifier=".cg")
+        d2 += tl.load(base + s * stride + 2 * NT, cache_modifier=".cg")
+        d3 += tl.load(base + s * stride + 3 * NT, cache_modifier=".cg")
+    return d0, d1, d2, d3
+
+
+@triton.jit
+def _store_d(out_ptr, d0, d1, d2, d3, row0, row1, ok0, ok1, gs0, gs1, tok0, M, stride_om):
+    """A D fragment (x rows tok0, tok0 + 1; weight rows row0, row1) times the rows' global scales, rounded once."""
+    tok1 = tok0 + 1
+    odt = out_ptr.dtype.element_ty
+    tl.store(out_ptr + tok0 * stride_om + row0, (d0 * gs0).to(odt), mask=ok0 & (tok0 < M))
+    tl.store(out_ptr + tok1 * stride_om + row0, (d1 * gs0).to(odt), mask=ok0 & (tok1 < M))
+    tl.store(out_ptr + tok0 * stride_om + row1, (d2 * gs1).to(odt), mask=ok1 & (tok0 < M))
+    tl.store(out_ptr + tok1 * stride_om + row1, (d3 * gs1).to(odt), mask=ok1 & (tok1 < M))
+
+
+@triton.jit
 def _linear_body(
     x_ptr,
     w_ptr,
@@ -279,19 +411,12 @@ def _linear_body(
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
-    t = tl.arange(0, NT)
-    lane = t % 32
-    g = lane // 4
-    c = lane % 4
-    row0 = pid_n * (16 * NW) + (t // 32) * 16 + g  # ROWS_PER_WARP
-    row1 = row0 + 8
-    ok0 = row0 < N
-    ok1 = row1 < N
+    t, c, row0, row1, ok0, ok1 = _lanes(pid_n, N, NW)
     # Loads need no masks: rows past N read row N - 1 and tokens past M token M - 1, whose results (other rows of
     # D, other columns) are never stored; a masked load would cost a register clear each.
     r0 = tl.minimum(row0, N - 1).to(tl.int64)
     r1 = tl.minimum(row1, N - 1).to(tl.int64)
-    tok = tl.minimum(g, M - 1).to(tl.int64)
+    tok = tl.minimum((t % 32) // 4, M - 1).to(tl.int64)
     w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(w_ptr, s_ptr, r0, r1, c, stride_wn, stride_sn)
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
     xa_base = tok * (stride_xm // 4) + c * 8  # the lane's 32 values of x row `tok`, as int64 words
@@ -302,35 +427,93 @@ def _linear_body(
     store = True
     if SPLIT_K > 1:
         base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * 4 * NT) + t
-        tl.store(base + pid_k * (4 * NT), d0)
-        tl.store(base + pid_k * (4 * NT) + NT, d1)
-        tl.store(base + pid_k * (4 * NT) + 2 * NT, d2)
-        tl.store(base + pid_k * (4 * NT) + 3 * NT, d3)
+        _ws_put(base + pid_k * (4 * NT), d0, d1, d2, d3, NT)
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
         store = arrived == SPLIT_K - 1
         if store:
-            d0 = tl.zeros((NT,), dtype=tl.float32)
-            d1 = tl.zeros((NT,), dtype=tl.float32)
-            d2 = tl.zeros((NT,), dtype=tl.float32)
-            d3 = tl.zeros((NT,), dtype=tl.float32)
-            for s in range(SPLIT_K):
-                d0 += tl.load(base + s * (4 * NT), cache_modifier=".cg")
-                d1 += tl.load(base + s * (4 * NT) + NT, cache_modifier=".cg")
-                d2 += tl.load(base + s * (4 * NT) + 2 * NT, cache_modifier=".cg")
-                d3 += tl.load(base + s * (4 * NT) + 3 * NT, cache_modifier=".cg")
+            d0, d1, d2, d3 = _ws_sum(base, 4 * NT, SPLIT_K, NT)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
     if store:
         post = 4.611686018427388e18  # 2**62: the MMA inputs were the weights times 2**-62
         gs0 = segment_scale(gs_ptr, row0, ok0, seg1, seg2, seg3) * post
         gs1 = segment_scale(gs_ptr, row1, ok1, seg1, seg2, seg3) * post
-        tok0 = 2 * c
-        tok1 = tok0 + 1
-        odt = out_ptr.dtype.element_ty
-        tl.store(out_ptr + tok0 * stride_om + row0, (d0 * gs0).to(odt), mask=ok0 & (tok0 < M))
-        tl.store(out_ptr + tok1 * stride_om + row0, (d1 * gs0).to(odt), mask=ok0 & (tok1 < M))
-        tl.store(out_ptr + tok0 * stride_om + row1, (d2 * gs1).to(odt), mask=ok1 & (tok0 < M))
-        tl.store(out_ptr + tok1 * stride_om + row1, (d3 * gs1).to(odt), mask=ok1 & (tok1 < M))
+        _store_d(out_ptr, d0, d1, d2, d3, row0, row1, ok0, ok1, gs0, gs1, 2 * c, M, stride_om)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _nvfp4_mma_rows_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    k_split,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    seg1,
+    seg2,
+    seg3,
+    SPLIT_K: tl.constexpr,
+    NW: tl.constexpr,
+    PDL: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """The linear for 9-32 rows of x (M; `launch_linear` splits more into launches of 32): x rows g + 8q of the
+    four groups q against the warp's weight rows, each K step's weights decoded once for the four MMAs (rows past
+    M read row M - 1 and are not stored)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    NT: tl.constexpr = 32 * NW
+    t, c, row0, row1, ok0, ok1 = _lanes(pid_n, N, NW)
+    r0 = tl.minimum(row0, N - 1).to(tl.int64)
+    r1 = tl.minimum(row1, N - 1).to(tl.int64)
+    g = (t % 32) // 4
+    xrow = stride_xm // 4  # int64 words a row of x
+    xa = tl.minimum(g, M - 1).to(tl.int64) * xrow + c * 8
+    xb = tl.minimum(g + 8, M - 1).to(tl.int64) * xrow + c * 8
+    xc = tl.minimum(g + 16, M - 1).to(tl.int64) * xrow + c * 8
+    xd = tl.minimum(g + 24, M - 1).to(tl.int64) * xrow + c * 8
+    w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(w_ptr, s_ptr, r0, r1, c, stride_wn, stride_sn)
+    x64 = x_ptr.to(tl.pointer_type(tl.int64))
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(k_lo + k_split, K)
+    pdl_entry(PDL)
+    d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _k_loop4(
+        w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa, xb, xc, xd, k_lo, k_hi, NT, VEC
+    )
+    store = True
+    if SPLIT_K > 1:
+        base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * 16 * NT) + t
+        slot = base + pid_k * (16 * NT)
+        _ws_put(slot, d0, d1, d2, d3, NT)
+        _ws_put(slot + 4 * NT, e0, e1, e2, e3, NT)
+        _ws_put(slot + 8 * NT, f0, f1, f2, f3, NT)
+        _ws_put(slot + 12 * NT, h0, h1, h2, h3, NT)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        store = arrived == SPLIT_K - 1
+        if store:
+            d0, d1, d2, d3 = _ws_sum(base, 16 * NT, SPLIT_K, NT)
+            e0, e1, e2, e3 = _ws_sum(base + 4 * NT, 16 * NT, SPLIT_K, NT)
+            f0, f1, f2, f3 = _ws_sum(base + 8 * NT, 16 * NT, SPLIT_K, NT)
+            h0, h1, h2, h3 = _ws_sum(base + 12 * NT, 16 * NT, SPLIT_K, NT)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+    if store:
+        post = 4.611686018427388e18  # 2**62: the MMA inputs were the weights times 2**-62
+        gs0 = segment_scale(gs_ptr, row0, ok0, seg1, seg2, seg3) * post
+        gs1 = segment_scale(gs_ptr, row1, ok1, seg1, seg2, seg3) * post
+        _store_d(out_ptr, d0, d1, d2, d3, row0, row1, ok0, ok1, gs0, gs1, 2 * c, M, stride_om)
+        _store_d(out_ptr, e0, e1, e2, e3, row0, row1, ok0, ok1, gs0, gs1, 2 * c + 8, M, stride_om)
+        _store_d(out_ptr, f0, f1, f2, f3, row0, row1, ok0, ok1, gs0, gs1, 2 * c + 16, M, stride_om)
+        _store_d(out_ptr, h0, h1, h2, h3, row0, row1, ok0, ok1, gs0, gs1, 2 * c + 24, M, stride_om)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -712,8 +895,8 @@ def _vec_fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
 
 
 def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
-    """Whether `linear` takes this call: `_fits`, 1-8 rows of x, a 2-D weight."""
-    return _fits(x, w) and w.qweight.dim() == 2 and 1 <= x.shape[0] <= MAX_M
+    """Whether `linear` takes this call: `_fits`, 1-64 rows of x, a 2-D weight."""
+    return _fits(x, w) and w.qweight.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS
 
 
 def linear(
@@ -724,11 +907,11 @@ def linear(
     prefetch: bool = PREFETCH,
     vec: bool = False,
 ) -> torch.Tensor:
-    """x [M <= 8, K] @ W^T in BF16 with `linear_ref`'s numerics (FP32 accumulation in the MMA's order)."""
+    """x [M <= 64, K] @ W^T in BF16 with `linear_ref`'s numerics (FP32 accumulation in the MMA's order)."""
     if not supported(x, w):
         raise ValueError(
-            f"nvfp4_mma.linear takes BF16 x of 1-{MAX_M} aligned rows on a CUDA GPU and a 2-D NVFP4 weight with K a "
-            f"multiple of {BLOCK_K}; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight {w.shape}"
+            f"nvfp4_mma.linear takes BF16 x of 1-{MAX_ROWS} aligned rows on a CUDA GPU and a 2-D NVFP4 weight with K "
+            f"a multiple of {BLOCK_K}; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight {w.shape}"
         )
     out = torch.empty((x.shape[0], w.qweight.shape[0]), dtype=x.dtype, device=x.device)
     launch_linear(x, w, out, num_warps, split_k, prefetch, vec)
@@ -745,8 +928,9 @@ def launch_linear(
     vec: bool = False,
 ) -> None:
     """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
-    GPU. K splits: `split_k`, else `gemv_triton.choose_split_k`'s (~4 programs per SM). vec: 16-byte loads where
-    the rows are aligned for them."""
+    GPU. Up to 8 rows one launch of `_nvfp4_mma_kernel`; more in launches of up to 32 rows, each on the rows kernel
+    (four groups of 8) unless it has at most 8. K splits: `split_k`, else `gemv_triton.choose_split_k`'s (~4
+    programs per SM). vec: 16-byte loads where the rows are aligned for them. prefetch: the 1-8 row kernel only."""
     m, k = x.shape
     n = w.qweight.shape[0]
     tiles = triton.cdiv(n, ROWS_PER_WARP * num_warps)
@@ -754,15 +938,26 @@ def launch_linear(
     if split_k is not None and tiles <= COUNTER_SLOTS:  # one arrival counter a tile
         per = triton.cdiv(k // BLOCK_K, min(split_k, k // BLOCK_K)) * BLOCK_K
         split = triton.cdiv(k, per)
-    ws = torch.empty((tiles * split * 4 * 32 * num_warps,) if split > 1 else (1,), dtype=torch.float32,
+    groups = 1 if m <= MAX_M else ROW_GROUPS
+    ws = torch.empty((tiles * split * 4 * groups * 32 * num_warps,) if split > 1 else (1,), dtype=torch.float32,
                      device=x.device)  # fmt: skip
     seg1, seg2, seg3 = segment_bounds(w.segments, n)
-    kernel = _nvfp4_mma_vec_kernel if vec and _vec_fits(x, w) else _nvfp4_mma_kernel
-    kernel[(tiles, split)](
-        x, w.qweight, w.scales, w.global_scale, out, ws, counters(x.device), m, n, k, per,
-        x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), seg1, seg2, seg3,
-        SPLIT_K=split, NW=num_warps, PREFETCH=prefetch, num_warps=num_warps, num_stages=1, **launch_options(x.device),
-    )  # fmt: skip
+    vec = vec and _vec_fits(x, w)
+    chunk = 8 * ROW_GROUPS
+    for r0 in range(0, m, chunk if m > MAX_M else MAX_M):
+        # A launch's x rows start on 16 bytes when x's rows do (`_vec_fits` checked the row stride).
+        xs, os_ = x[r0 : r0 + chunk], out[r0 : r0 + chunk]
+        rows = xs.shape[0]
+        args = (
+            xs, w.qweight, w.scales, w.global_scale, os_, ws, counters(x.device), rows, n, k, per,
+            x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), seg1, seg2, seg3,
+        )  # fmt: skip
+        opts = dict(SPLIT_K=split, NW=num_warps, num_warps=num_warps, num_stages=1, **launch_options(x.device))
+        if rows <= MAX_M:
+            kernel = _nvfp4_mma_vec_kernel if vec else _nvfp4_mma_kernel
+            kernel[(tiles, split)](*args, PREFETCH=prefetch, **opts)
+        else:
+            _nvfp4_mma_rows_kernel[(tiles, split)](*args, VEC=vec, **opts)
 
 
 def moe_supported(x: torch.Tensor, w: NVFP4Weight) -> bool:

@@ -16,7 +16,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -139,27 +139,33 @@ def run_ptx(asm: str, operands: dict[int, np.ndarray], n_out: int) -> list[np.nd
 # ------------------------------------------------------------------ the real kernels, the PTX step emulated
 
 
-def _emulated_step(*args: object) -> tuple:
-    """`_mma_step` under Triton's interpreter: the [threads] operands warp by warp through `run_ptx`."""
-    from triton.language import core
-    from triton.runtime.interpreter import TensorHandle
+def _emulated(groups: int) -> Callable[..., tuple]:
+    """`_mma_step` (groups 1) or `_mma_step4` (4) under Triton's interpreter: the [threads] operands warp by warp
+    through `run_ptx` on `step_asm(groups)`."""
 
-    arrs = [a.handle.data for a in args]  # type: ignore[attr-defined]
-    nt = arrs[0].shape[0]
-    outs = [np.zeros(nt, dtype=np.float32) for _ in range(4)]
-    for w0 in range(0, nt, 32):
-        ops: dict[int, np.ndarray] = {}
-        for i, a in enumerate(arrs):
-            v = a[w0 : w0 + 32]
-            if i < 4 or 8 <= i < 16:  # b64 words
-                ops[4 + i] = v.astype(np.int64).view(np.uint64)
-            elif i < 8:  # b32 scales
-                ops[4 + i] = v.astype(np.int64).astype(np.uint32)
-            else:  # f32 accumulators
-                ops[4 + i] = v.astype(np.float64)
-        for q, d in enumerate(run_ptx(nm.step_asm(), ops, 4)):
-            outs[q][w0 : w0 + 32] = d
-    return tuple(core.tensor(TensorHandle(o, core.float32), core.block_type(core.float32, [nt])) for o in outs)
+    def step(*args: object) -> tuple:
+        from triton.language import core
+        from triton.runtime.interpreter import TensorHandle
+
+        arrs = [a.handle.data for a in args]  # type: ignore[attr-defined]
+        nt, n_out = arrs[0].shape[0], 4 * groups
+        outs = [np.zeros(nt, dtype=np.float32) for _ in range(n_out)]
+        for w0 in range(0, nt, 32):
+            ops: dict[int, np.ndarray] = {}
+            for i, a in enumerate(arrs):
+                v = a[w0 : w0 + 32]
+                if i < 4 or 8 <= i < 8 + 8 * groups:  # b64 words: codes, x
+                    ops[n_out + i] = v.astype(np.int64).view(np.uint64)
+                elif i < 8:  # b32 scales
+                    ops[n_out + i] = v.astype(np.int64).astype(np.uint32)
+                else:  # f32 accumulators
+                    ops[n_out + i] = v.astype(np.float64)
+            for q, d in enumerate(run_ptx(nm.step_asm(groups), ops, n_out)):
+                outs[q][w0 : w0 + 32] = d
+        block = core.block_type(core.float32, [nt])
+        return tuple(core.tensor(TensorHandle(o, core.float32), block) for o in outs)
+
+    return step
 
 
 def _emulated_ld16(p: object) -> tuple:
@@ -182,7 +188,8 @@ def emulated_ptx(monkeypatch: pytest.MonkeyPatch) -> None:
     interpreter's BF16 arithmetic is not faithful); x and h stay BF16, read as raw words."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs TRITON_INTERPRET=1 (set by conftest on a machine without CUDA)")
-    monkeypatch.setattr(nm, "_mma_step", _emulated_step)
+    monkeypatch.setattr(nm, "_mma_step", _emulated(1))
+    monkeypatch.setattr(nm, "_mma_step4", _emulated(nm.ROW_GROUPS))
     monkeypatch.setattr(nm, "_ld16", _emulated_ld16)
 
 
@@ -221,6 +228,23 @@ def test_linear_kernel(emulated_ptx: None, m: int, split_k: int, prefetch: bool,
     with _spied("_nvfp4_mma_kernel", vec) as spy:
         nm.launch_linear(x, w, out, num_warps=2, split_k=split_k, prefetch=prefetch, vec=vec)
     assert spy.launches == 1
+    l1 = x.double().abs() @ w.dequantize(torch.float64, with_global=True).abs().T
+    _close_to_exact(out, _exact(x, w), l1)
+
+
+@pytest.mark.parametrize("vec", [False, True], ids=["8B", "16B"])
+@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("m", [9, 30, 40])
+def test_linear_rows_kernel(emulated_ptx: None, m: int, split_k: int, vec: bool) -> None:
+    """`_nvfp4_mma_rows_kernel` (9-32 rows a launch, four groups of 8 against each decoded weight): 9 rows (three
+    groups past M), 30 (the last group ragged), 40 (a launch of 32, then one of 8 on the 1-8 row kernel); ragged N,
+    two segments, K in one split or two (the semaphore sum over 16 accumulators a thread)."""
+    w = random_nvfp4(80, 384, seeded(m), (48, 32))
+    x = (torch.randn(m, 384, generator=torch.Generator().manual_seed(20 + m)) * 0.5).to(torch.bfloat16)
+    out = torch.full((m, 80), float("nan"))
+    with _spied("_nvfp4_mma_rows_kernel", False) as rows, _spied("_nvfp4_mma_kernel", vec) as small:
+        nm.launch_linear(x, w, out, num_warps=2, split_k=split_k, vec=vec)
+    assert (rows.launches, small.launches) == (1, int(m > 32))
     l1 = x.double().abs() @ w.dequantize(torch.float64, with_global=True).abs().T
     _close_to_exact(out, _exact(x, w), l1)
 
@@ -336,8 +360,8 @@ def random_experts(n_exp: int, inter: int, k: int, seed: int) -> NVFP4Weight:
 
 def test_bad_inputs_name_the_problem() -> None:
     w = random_nvfp4(64, 256, seeded(1), (64,))
-    with pytest.raises(ValueError, match="1-8 aligned rows"):
-        nm.linear(torch.zeros(9, 256, dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match="1-64 aligned rows"):
+        nm.linear(torch.zeros(65, 256, dtype=torch.bfloat16), w)
     assert not nm.supported(torch.zeros(2, 256, dtype=torch.bfloat16), w)  # not on a GPU
 
 
@@ -345,7 +369,7 @@ def test_kernels_compile_for_sm90_one_element_a_thread() -> None:
     """sm_90: the PTX's operands are one element a thread, thread t holding element t (the inline asm's tensors all
     in the 1-D blocked layout of one element a thread, which the fragments assume); the linear kernels have no layout
     conversion at all and 8 HMMAs a K step; no spills; the VEC kernels load codes and x 16 bytes at a time (six
-    LDG.E.128 a K step at least)."""
+    LDG.E.128 a K step at least; the rows kernel 32 HMMAs a K step, 18 LDG.E.128)."""
     code = f"""
 import re, sys
 sys.path.insert(0, {str(BENCHMARKS)!r})
@@ -361,6 +385,8 @@ cases = [
     (nm._nvfp4_mma_kernel, lin, dict(SPLIT_K=1, NW=4, PREFETCH=False, PDL=True)),
     (nm._nvfp4_mma_kernel, lin, dict(SPLIT_K=4, NW=4, PREFETCH=True, PDL=True)),
     (nm._nvfp4_mma_vec_kernel, lin, dict(SPLIT_K=4, NW=4, PREFETCH=False, PDL=True)),
+    (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=False)),
+    (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=True)),
     (nm._moe_gate_up_mma_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True)),
     (nm._moe_gate_up_mma_vec_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
     (nm._moe_down_mma_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
@@ -380,20 +406,21 @@ for fn, ptrs, cx in cases:
     code, res = disassemble(k.asm["cubin"])
     hmma = sum("HMMA" in op for _, op in code)
     wide = sum("LDG.E.128" in op for _, op in code)
-    print(fn.__name__, identity, ttgir.count("convert_layout"), hmma, res.get("LOCAL", 0) + res.get("STACK", 0), wide)
+    name = fn.__name__ + ("_vec_" if cx.get("VEC") else "")
+    print(name, identity, ttgir.count("convert_layout"), hmma, res.get("LOCAL", 0) + res.get("STACK", 0), wide)
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-7:]]
-    assert len(lines) == 7, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-9:]]
+    assert len(lines) == 9, r.stdout
     for name, identity, converts, hmma, spills, wide in lines:
         assert identity == "1" and spills == "0", (name, identity, spills)
-        assert int(hmma) >= 8, (name, hmma)
+        assert int(hmma) >= (8 * nm.ROW_GROUPS if "_rows" in name else 8), (name, hmma)
         if name.startswith("_nvfp4_mma"):
             assert converts == "0", (name, converts)
         if "_vec_" in name:
-            assert int(wide) >= 6, (name, wide)
+            assert int(wide) >= (18 if "_rows" in name else 6), (name, wide)
 
 
 @pytest.mark.gpu
@@ -408,6 +435,19 @@ def test_linear_on_the_gpu(m: int, n: int, k: int, segments: tuple[int, ...], sp
     w = NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda(), segments)
     x = (torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 0.5).to(torch.bfloat16).cuda()
     _close_in_bf16(nm.linear(x, w, split_k=split_k, vec=vec), linear_ref(x, w), x, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [9, 16, 32, 40, 64])
+@pytest.mark.parametrize("n,k,segments", [(5120, 2048, (4096, 512, 512)), (1000, 512, (1000,))])
+@pytest.mark.parametrize("vec", [False, True], ids=["8B", "16B"])
+def test_linear_rows_on_the_gpu(m: int, n: int, k: int, segments: tuple[int, ...], vec: bool) -> None:
+    """9-64 rows (the rows kernel, 40 and 64 in launches of 32 and the rest) against `linear_ref`: qkv, a ragged N."""
+    w = random_nvfp4(n, k, seeded(m + n), segments)
+    w = NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda(), segments)
+    x = (torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 0.5).to(torch.bfloat16).cuda()
+    _close_in_bf16(nm.linear(x, w, vec=vec), linear_ref(x, w), x, w)
 
 
 @pytest.mark.gpu
@@ -485,7 +525,7 @@ def test_moe_down_on_the_gpu(tokens: int, vec: bool) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("fp32_out", [False, True])
-@pytest.mark.parametrize("m", [2, 8])
+@pytest.mark.parametrize("m", [2, 8, 32])
 def test_gemv_linear_with_the_mma_config_on_the_gpu(m: int, fp32_out: bool) -> None:
     """`gemv_triton`'s linear with TileConfig.mma launches `nvfp4_mma_triton`'s kernel (BF16 or FP32 out, as the
     lm_head's logits, no fused norm)."""
