@@ -3,17 +3,14 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twentieth session (2026-12-02): the VEC twins of the MMA kernels (16-byte loads) won their whole-step
-# A/B and are installed wherever the table runs an MMA kernel (NVFP4 b8 5.614 -> 5.289 ms, b64 18.613 -> 17.099).
-# `benchmarks/nvfp4_mma.py` then showed the MMA gate_up on the VEC kernel in 8 warps ahead of the FMA one at 32
-# tokens (88.6 against 99.2 us); a whole-step A/B put it from 25 tokens in 8 warps with its loads a K step ahead
-# (b32 -3.7%; 8 warps lost from 33). Open: SKIP_AB=1 MMA_AB=1 (~1.5 min), that entry checked at 24, 28 and 32 tokens
-# against the FMA gate_up and the MMA one in 4 warps. Then, with the winners installed, SKIP_AB=1 RECORD=1: the
-# GEMV, MoE and sampling GPU tests, the whole step with the table as installed, the fused path against the plain one
-# at batch 1 and 2, then the manifest recorded again (the VEC kernels are new kernels); near a call's 10 minutes, so
-# split it into SKIP_AB=1 and SKIP_AB=1 SKIP_CHECK=1 RECORD=1 when the machine is slow. The recording's second start
-# also judges `jit_cache_keys.settle` (built on CPU): its precompile report should show in_process_compiles 0 and a
-# start ~20 s shorter than the nineteenth session's 67.1 s.
+# State after the twentieth session (2026-12-02): the VEC twins of the MMA kernels (16-byte loads) are installed
+# wherever the table runs an MMA kernel, the MMA gate_up from 25 tokens in 8 warps, and the MMA rows kernel (four
+# groups of 8 rows a decoded weight) for NVFP4 projections at 9-32 rows (b16 -5.1%, b32 -2.3% in its A/B). The NVFP4
+# manifest profile was recorded before the rows kernel went in, so next: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 RECORD=1
+# (~4 min; the second start should again show 0 warm-up and 0 in-process compiles), then SKIP_HOST=1 SKIP_AB=1
+# (~5 min): the GEMV, MoE and sampling GPU tests, the whole step with the table as installed and the fused path
+# against the plain one at batch 1 and 2. MMA_AB=1 times the rows kernel at 16, 32 and 64 rows against the tensor-core
+# tiles (its 64-row form, launches of 32, lost: b64 +7%).
 #
 # SKIP_AB=1 leaves the MMA kernels' tests and benchmark out (MMA_TESTS=0 the tests only; MMA_BENCH_ARGS replaces the
 # benchmark's arguments), SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest
