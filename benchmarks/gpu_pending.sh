@@ -9,8 +9,10 @@
 # manifest profile was recorded before the rows kernel went in, so next: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 RECORD=1
 # (~4 min; the second start should again show 0 warm-up and 0 in-process compiles), then SKIP_HOST=1 SKIP_AB=1
 # (~5 min): the GEMV, MoE and sampling GPU tests, the whole step with the table as installed and the fused path
-# against the plain one at batch 1 and 2. MMA_AB=1 times the rows kernel at 16, 32 and 64 rows against the tensor-core
-# tiles (its 64-row form, launches of 32, lost: b64 +7%).
+# against the plain one at batch 1 and 2. Also open: SKIP_HOST=1 SKIP_CHECK=1 MMA_AB=1 MMA_TEST_K="rows or gemv_linear"
+# MMA_BENCH_ARGS="--ms 16 32 64 --warps 4 --vec 1 --moe-tokens --shapes qkv o_proj shared_gate_up lm_head" (~3 min):
+# the rows kernel at 33-64 rows in one launch of eight groups (two quads a decoded K step; built on CPU after its
+# two-launch form lost, b64 +7%: 130-134 registers, no spills, 64 HMMAs a K step) against the tensor-core tiles.
 #
 # SKIP_AB=1 leaves the MMA kernels' tests and benchmark out (MMA_TESTS=0 the tests only; MMA_BENCH_ARGS replaces the
 # benchmark's arguments), SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest
@@ -35,9 +37,9 @@ fi
 timeout 300 python3 benchmarks/nvfp4_mma.py ${MMA_BENCH_ARGS:-} --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
 echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,/^wrote/p' "$OUT/nvfp4_mma.txt" | grep -v '^{'; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
 fi
-# MMA_AB=1: the whole step, NVFP4, at 16, 32 and 64 rows, against the table (32-column tensor-core tiles at 9-64
-# rows): rows16 (the MMA rows kernel, 16-byte loads, at 9-16 rows), rows32 (and 17-32), rows64 (and 33-64, in launches
-# of 32). ~2 minutes.
+# MMA_AB=1: the whole step, NVFP4, at 16, 32 and 64 rows, against the table (the MMA rows kernel at 9-32 rows since
+# the twentieth session, 32-column tensor-core tiles at 33-64): rows16 and rows32 change nothing now (kept as
+# controls), rows64 runs the rows kernel at 33-64 rows too (eight groups in one launch). ~2 minutes.
 if [ "${MMA_AB:-0}" = 1 ]; then
 V=/tmp/variants; mkdir -p $V
 variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }

@@ -23,9 +23,9 @@ rows g and g + 8, and the matching x pairs built by PRMT from the same positions
 A and B, which changes only the order of the FP32 sums. The accumulator leaves the PTX as the D fragment (rows g,
 g + 8; x rows 2c, 2c + 1), is multiplied by 2**62 and the row's global scale, and rounded once.
 
-Rows of x: one MMA takes 8 (its N side). Up to 8 rows `_nvfp4_mma_kernel` runs; 9-32 rows a launch run the rows
-kernel, whose K step decodes each weight pair once for four MMAs (x rows g, g + 8, g + 16, g + 24: `step_asm(4)`),
-and more rows run in launches of 32.
+Rows of x: one MMA takes 8 (its N side). Up to 8 rows `_nvfp4_mma_kernel` runs; 9-32 rows the rows kernel, whose K
+step decodes each weight pair once for four MMAs (x rows g, g + 8, g + 16, g + 24: `step_asm(4)`, a quad); 33-64
+rows the same kernel with two quads, the weights loaded once and decoded once a quad.
 
 Split-K (`linear`) as in `gemv_triton` (deterministic, in one launch): each split stores its D fragments per thread,
 the last to arrive on the tile's counter sums them in split order.
@@ -60,8 +60,7 @@ from .pdl import launch_options, pdl_entry
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_M = 8  # rows of x: the MMA's N side
-# The rows kernel (9-32 rows of x a launch, more in launches of 32): four groups of 8 rows, each weight decoded once
-# for the four MMAs.
+# The rows kernel's groups of 8 x rows a decoded weight (`step_asm(ROW_GROUPS)`, one quad); 33-64 rows run two quads.
 ROW_GROUPS = 4
 MAX_ROWS = 64
 BLOCK_K = 128  # values a K step, a row: 16 bytes a lane
@@ -310,6 +309,23 @@ def _k_loop(
 
 
 @triton.jit
+def _quad_step(wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xa, xb, xc, xd, k0, VEC: tl.constexpr,
+               d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3):  # fmt: skip
+    """One K step of four groups of 8 x rows (the lane's rows at int64 words xa, xb, xc, xd; BF16x2 scales s0-s3):
+    their x words loaded, each weight pair decoded once for the four MMAs (`_mma_step4`)."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa, k0, VEC)
+    y0, y1, y2, y3, y4, y5, y6, y7 = _load_x(x64, xb, k0, VEC)
+    u0, u1, u2, u3, u4, u5, u6, u7 = _load_x(x64, xc, k0, VEC)
+    v0, v1, v2, v3, v4, v5, v6, v7 = _load_x(x64, xd, k0, VEC)
+    return _mma_step4(
+        wa0, wa1, wb0, wb1, s0, s1, s2, s3,
+        x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
+        u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
+        d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
+    )  # fmt: skip
+
+
+@triton.jit
 def _k_loop4(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa, xb, xc, xd, k_lo, k_hi, NT: tl.constexpr,
              VEC: tl.constexpr):  # fmt: skip
     """`_k_loop` for four groups of 8 x rows (the lane's rows at int64 words xa, xb, xc, xd): the D fragments of
@@ -321,17 +337,40 @@ def _k_loop4(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa, xb, xc, xd
     h0, h1, h2, h3 = d0, d0, d0, d0
     for k0 in range(k_lo, k_hi, 128):
         wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC)
-        x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa, k0, VEC)
-        y0, y1, y2, y3, y4, y5, y6, y7 = _load_x(x64, xb, k0, VEC)
-        u0, u1, u2, u3, u4, u5, u6, u7 = _load_x(x64, xc, k0, VEC)
-        v0, v1, v2, v3, v4, v5, v6, v7 = _load_x(x64, xd, k0, VEC)
-        d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _mma_step4(
-            wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
-            x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
-            u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
+        d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _quad_step(
+            wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1), x64, xa, xb, xc, xd, k0, VEC,
             d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
         )  # fmt: skip
     return d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3
+
+
+@triton.jit
+def _k_loop8(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa, xb, xc, xd, xe, xf, xg, xh, k_lo, k_hi,
+             NT: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    """`_k_loop4` for eight groups of 8 x rows (two quads, xa-xd and xe-xh): each K step's weights loaded once for
+    both quads and decoded once a quad (the decode is ALU work; the weight bytes are what a step waits on)."""
+    d0 = tl.zeros((NT,), dtype=tl.float32)
+    d1, d2, d3 = d0, d0, d0
+    e0, e1, e2, e3 = d0, d0, d0, d0
+    f0, f1, f2, f3 = d0, d0, d0, d0
+    h0, h1, h2, h3 = d0, d0, d0, d0
+    i0, i1, i2, i3 = d0, d0, d0, d0
+    j0, j1, j2, j3 = d0, d0, d0, d0
+    l0, l1, l2, l3 = d0, d0, d0, d0
+    o0, o1, o2, o3 = d0, d0, d0, d0
+    for k0 in range(k_lo, k_hi, 128):
+        wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC)
+        s0, s1, s2, s3 = _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1)
+        d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _quad_step(
+            wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xa, xb, xc, xd, k0, VEC,
+            d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
+        )  # fmt: skip
+        i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3 = _quad_step(
+            wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xe, xf, xg, xh, k0, VEC,
+            i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3,
+        )  # fmt: skip
+    return (d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
+            i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3)  # fmt: skip
 
 
 @triton.jit
@@ -380,6 +419,35 @@ def _store_d(out_ptr, d0, d1, d2, d3, row0, row1, ok0, ok1, gs0, gs1, tok0, M, s
     tl.store(out_ptr + tok1 * stride_om + row0, (d1 * gs0).to(odt), mask=ok0 & (tok1 < M))
     tl.store(out_ptr + tok0 * stride_om + row1, (d2 * gs1).to(odt), mask=ok1 & (tok0 < M))
     tl.store(out_ptr + tok1 * stride_om + row1, (d3 * gs1).to(odt), mask=ok1 & (tok1 < M))
+
+
+@triton.jit
+def _quad_put(slot, d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3, NT: tl.constexpr):
+    """A quad's four D fragments into a split's workspace (16 [NT] rows from `slot`)."""
+    _ws_put(slot, d0, d1, d2, d3, NT)
+    _ws_put(slot + 4 * NT, e0, e1, e2, e3, NT)
+    _ws_put(slot + 8 * NT, f0, f1, f2, f3, NT)
+    _ws_put(slot + 12 * NT, h0, h1, h2, h3, NT)
+
+
+@triton.jit
+def _quad_sum(base, stride, SPLIT_K: tl.constexpr, NT: tl.constexpr):
+    """A quad's four D fragments summed over the splits (`_ws_sum`)."""
+    d0, d1, d2, d3 = _ws_sum(base, stride, SPLIT_K, NT)
+    e0, e1, e2, e3 = _ws_sum(base + 4 * NT, stride, SPLIT_K, NT)
+    f0, f1, f2, f3 = _ws_sum(base + 8 * NT, stride, SPLIT_K, NT)
+    h0, h1, h2, h3 = _ws_sum(base + 12 * NT, stride, SPLIT_K, NT)
+    return d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3
+
+
+@triton.jit
+def _quad_store(out_ptr, d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3, row0, row1, ok0, ok1, gs0,
+                gs1, tok0, M, stride_om):  # fmt: skip
+    """A quad's four D fragments (x rows tok0 + 8q, + 1) into out (`_store_d`)."""
+    _store_d(out_ptr, d0, d1, d2, d3, row0, row1, ok0, ok1, gs0, gs1, tok0, M, stride_om)
+    _store_d(out_ptr, e0, e1, e2, e3, row0, row1, ok0, ok1, gs0, gs1, tok0 + 8, M, stride_om)
+    _store_d(out_ptr, f0, f1, f2, f3, row0, row1, ok0, ok1, gs0, gs1, tok0 + 16, M, stride_om)
+    _store_d(out_ptr, h0, h1, h2, h3, row0, row1, ok0, ok1, gs0, gs1, tok0 + 24, M, stride_om)
 
 
 @triton.jit
@@ -465,10 +533,11 @@ def _nvfp4_mma_rows_kernel(
     NW: tl.constexpr,
     PDL: tl.constexpr,
     VEC: tl.constexpr,
+    GROUPS: tl.constexpr,
 ):
-    """The linear for 9-32 rows of x (M; `launch_linear` splits more into launches of 32): x rows g + 8q of the
-    four groups q against the warp's weight rows, each K step's weights decoded once for the four MMAs (rows past
-    M read row M - 1 and are not stored)."""
+    """The linear for 9-32 rows of x (GROUPS 4) or 33-64 (GROUPS 8): x rows g + 8q of the groups q against the
+    warp's weight rows, each K step's weights decoded once a quad of groups (rows past M read row M - 1 and are not
+    stored)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -486,34 +555,46 @@ def _nvfp4_mma_rows_kernel(
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
     pdl_entry(PDL)
-    d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _k_loop4(
-        w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa, xb, xc, xd, k_lo, k_hi, NT, VEC
-    )
+    if GROUPS == 8:
+        xe = tl.minimum(g + 32, M - 1).to(tl.int64) * xrow + c * 8
+        xf = tl.minimum(g + 40, M - 1).to(tl.int64) * xrow + c * 8
+        xg = tl.minimum(g + 48, M - 1).to(tl.int64) * xrow + c * 8
+        xh = tl.minimum(g + 56, M - 1).to(tl.int64) * xrow + c * 8
+        (d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
+         i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3) = _k_loop8(
+            w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa, xb, xc, xd, xe, xf, xg, xh, k_lo, k_hi, NT, VEC
+        )  # fmt: skip
+    else:
+        d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _k_loop4(
+            w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa, xb, xc, xd, k_lo, k_hi, NT, VEC
+        )
     store = True
     if SPLIT_K > 1:
-        base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * 16 * NT) + t
-        slot = base + pid_k * (16 * NT)
-        _ws_put(slot, d0, d1, d2, d3, NT)
-        _ws_put(slot + 4 * NT, e0, e1, e2, e3, NT)
-        _ws_put(slot + 8 * NT, f0, f1, f2, f3, NT)
-        _ws_put(slot + 12 * NT, h0, h1, h2, h3, NT)
+        per: tl.constexpr = 4 * GROUPS * NT  # a split's workspace slot
+        base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * per) + t
+        slot = base + pid_k * per
+        _quad_put(slot, d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3, NT)
+        if GROUPS == 8:
+            _quad_put(slot + 16 * NT, i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3, NT)
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
         store = arrived == SPLIT_K - 1
         if store:
-            d0, d1, d2, d3 = _ws_sum(base, 16 * NT, SPLIT_K, NT)
-            e0, e1, e2, e3 = _ws_sum(base + 4 * NT, 16 * NT, SPLIT_K, NT)
-            f0, f1, f2, f3 = _ws_sum(base + 8 * NT, 16 * NT, SPLIT_K, NT)
-            h0, h1, h2, h3 = _ws_sum(base + 12 * NT, 16 * NT, SPLIT_K, NT)
+            d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _quad_sum(base, per, SPLIT_K, NT)
+            if GROUPS == 8:
+                i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3 = _quad_sum(
+                    base + 16 * NT, per, SPLIT_K, NT
+                )
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
     if store:
         post = 4.611686018427388e18  # 2**62: the MMA inputs were the weights times 2**-62
         gs0 = segment_scale(gs_ptr, row0, ok0, seg1, seg2, seg3) * post
         gs1 = segment_scale(gs_ptr, row1, ok1, seg1, seg2, seg3) * post
-        _store_d(out_ptr, d0, d1, d2, d3, row0, row1, ok0, ok1, gs0, gs1, 2 * c, M, stride_om)
-        _store_d(out_ptr, e0, e1, e2, e3, row0, row1, ok0, ok1, gs0, gs1, 2 * c + 8, M, stride_om)
-        _store_d(out_ptr, f0, f1, f2, f3, row0, row1, ok0, ok1, gs0, gs1, 2 * c + 16, M, stride_om)
-        _store_d(out_ptr, h0, h1, h2, h3, row0, row1, ok0, ok1, gs0, gs1, 2 * c + 24, M, stride_om)
+        _quad_store(out_ptr, d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3, row0, row1, ok0, ok1,
+                    gs0, gs1, 2 * c, M, stride_om)  # fmt: skip
+        if GROUPS == 8:
+            _quad_store(out_ptr, i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3, row0, row1, ok0,
+                        ok1, gs0, gs1, 2 * c + 32, M, stride_om)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -928,9 +1009,9 @@ def launch_linear(
     vec: bool = False,
 ) -> None:
     """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
-    GPU. Up to 8 rows one launch of `_nvfp4_mma_kernel`; more in launches of up to 32 rows, each on the rows kernel
-    (four groups of 8) unless it has at most 8. K splits: `split_k`, else `gemv_triton.choose_split_k`'s (~4
-    programs per SM). vec: 16-byte loads where the rows are aligned for them. prefetch: the 1-8 row kernel only."""
+    GPU. Up to 8 rows `_nvfp4_mma_kernel`, 9-32 the rows kernel in four groups of 8, 33-64 in eight. K splits:
+    `split_k`, else `gemv_triton.choose_split_k`'s (~4 programs per SM). vec: 16-byte loads where the rows are
+    aligned for them. prefetch: the 1-8 row kernel only."""
     m, k = x.shape
     n = w.qweight.shape[0]
     tiles = triton.cdiv(n, ROWS_PER_WARP * num_warps)
@@ -938,26 +1019,21 @@ def launch_linear(
     if split_k is not None and tiles <= COUNTER_SLOTS:  # one arrival counter a tile
         per = triton.cdiv(k // BLOCK_K, min(split_k, k // BLOCK_K)) * BLOCK_K
         split = triton.cdiv(k, per)
-    groups = 1 if m <= MAX_M else ROW_GROUPS
+    groups = 1 if m <= MAX_M else 4 if m <= 32 else 8
     ws = torch.empty((tiles * split * 4 * groups * 32 * num_warps,) if split > 1 else (1,), dtype=torch.float32,
                      device=x.device)  # fmt: skip
     seg1, seg2, seg3 = segment_bounds(w.segments, n)
     vec = vec and _vec_fits(x, w)
-    chunk = 8 * ROW_GROUPS
-    for r0 in range(0, m, chunk if m > MAX_M else MAX_M):
-        # A launch's x rows start on 16 bytes when x's rows do (`_vec_fits` checked the row stride).
-        xs, os_ = x[r0 : r0 + chunk], out[r0 : r0 + chunk]
-        rows = xs.shape[0]
-        args = (
-            xs, w.qweight, w.scales, w.global_scale, os_, ws, counters(x.device), rows, n, k, per,
-            x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), seg1, seg2, seg3,
-        )  # fmt: skip
-        opts = dict(SPLIT_K=split, NW=num_warps, num_warps=num_warps, num_stages=1, **launch_options(x.device))
-        if rows <= MAX_M:
-            kernel = _nvfp4_mma_vec_kernel if vec else _nvfp4_mma_kernel
-            kernel[(tiles, split)](*args, PREFETCH=prefetch, **opts)
-        else:
-            _nvfp4_mma_rows_kernel[(tiles, split)](*args, VEC=vec, **opts)
+    args = (
+        x, w.qweight, w.scales, w.global_scale, out, ws, counters(x.device), m, n, k, per,
+        x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), seg1, seg2, seg3,
+    )  # fmt: skip
+    opts = dict(SPLIT_K=split, NW=num_warps, num_warps=num_warps, num_stages=1, **launch_options(x.device))
+    if groups == 1:
+        kernel = _nvfp4_mma_vec_kernel if vec else _nvfp4_mma_kernel
+        kernel[(tiles, split)](*args, PREFETCH=prefetch, **opts)
+    else:
+        _nvfp4_mma_rows_kernel[(tiles, split)](*args, VEC=vec, GROUPS=groups, **opts)
 
 
 def moe_supported(x: torch.Tensor, w: NVFP4Weight) -> bool:

@@ -234,17 +234,17 @@ def test_linear_kernel(emulated_ptx: None, m: int, split_k: int, prefetch: bool,
 
 @pytest.mark.parametrize("vec", [False, True], ids=["8B", "16B"])
 @pytest.mark.parametrize("split_k", [1, 2])
-@pytest.mark.parametrize("m", [9, 30, 40])
+@pytest.mark.parametrize("m", [9, 30, 40, 64])
 def test_linear_rows_kernel(emulated_ptx: None, m: int, split_k: int, vec: bool) -> None:
-    """`_nvfp4_mma_rows_kernel` (9-32 rows a launch, four groups of 8 against each decoded weight): 9 rows (three
-    groups past M), 30 (the last group ragged), 40 (a launch of 32, then one of 8 on the 1-8 row kernel); ragged N,
-    two segments, K in one split or two (the semaphore sum over 16 accumulators a thread)."""
+    """`_nvfp4_mma_rows_kernel`: 9 rows (three groups past M), 30 (the last group ragged) in one quad of groups, 40
+    and 64 in two (the second quad partly or wholly real); ragged N, two segments, K in one split or two (the
+    semaphore sum over 16 or 32 accumulators a thread)."""
     w = random_nvfp4(80, 384, seeded(m), (48, 32))
     x = (torch.randn(m, 384, generator=torch.Generator().manual_seed(20 + m)) * 0.5).to(torch.bfloat16)
     out = torch.full((m, 80), float("nan"))
     with _spied("_nvfp4_mma_rows_kernel", False) as rows, _spied("_nvfp4_mma_kernel", vec) as small:
         nm.launch_linear(x, w, out, num_warps=2, split_k=split_k, vec=vec)
-    assert (rows.launches, small.launches) == (1, int(m > 32))
+    assert (rows.launches, small.launches) == (1, 0)
     l1 = x.double().abs() @ w.dequantize(torch.float64, with_global=True).abs().T
     _close_to_exact(out, _exact(x, w), l1)
 
@@ -369,7 +369,7 @@ def test_kernels_compile_for_sm90_one_element_a_thread() -> None:
     """sm_90: the PTX's operands are one element a thread, thread t holding element t (the inline asm's tensors all
     in the 1-D blocked layout of one element a thread, which the fragments assume); the linear kernels have no layout
     conversion at all and 8 HMMAs a K step; no spills; the VEC kernels load codes and x 16 bytes at a time (six
-    LDG.E.128 a K step at least; the rows kernel 32 HMMAs a K step, 18 LDG.E.128)."""
+    LDG.E.128 a K step at least; the rows kernel 8 HMMAs a group of 8 rows a K step, 2 + 4 a group LDG.E.128)."""
     code = f"""
 import re, sys
 sys.path.insert(0, {str(BENCHMARKS)!r})
@@ -385,8 +385,9 @@ cases = [
     (nm._nvfp4_mma_kernel, lin, dict(SPLIT_K=1, NW=4, PREFETCH=False, PDL=True)),
     (nm._nvfp4_mma_kernel, lin, dict(SPLIT_K=4, NW=4, PREFETCH=True, PDL=True)),
     (nm._nvfp4_mma_vec_kernel, lin, dict(SPLIT_K=4, NW=4, PREFETCH=False, PDL=True)),
-    (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=False)),
-    (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=True)),
+    (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=False, GROUPS=4)),
+    (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=True, GROUPS=4)),
+    (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=True, GROUPS=8)),
     (nm._moe_gate_up_mma_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True)),
     (nm._moe_gate_up_mma_vec_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
     (nm._moe_down_mma_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
@@ -407,20 +408,21 @@ for fn, ptrs, cx in cases:
     hmma = sum("HMMA" in op for _, op in code)
     wide = sum("LDG.E.128" in op for _, op in code)
     name = fn.__name__ + ("_vec_" if cx.get("VEC") else "")
-    print(name, identity, ttgir.count("convert_layout"), hmma, res.get("LOCAL", 0) + res.get("STACK", 0), wide)
+    spills = res.get("LOCAL", 0) + res.get("STACK", 0)
+    print(name, cx.get("GROUPS", 1), identity, ttgir.count("convert_layout"), hmma, spills, wide)
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-9:]]
-    assert len(lines) == 9, r.stdout
-    for name, identity, converts, hmma, spills, wide in lines:
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-10:]]
+    assert len(lines) == 10, r.stdout
+    for name, groups, identity, converts, hmma, spills, wide in lines:
         assert identity == "1" and spills == "0", (name, identity, spills)
-        assert int(hmma) >= (8 * nm.ROW_GROUPS if "_rows" in name else 8), (name, hmma)
+        assert int(hmma) >= 8 * int(groups), (name, groups, hmma)
         if name.startswith("_nvfp4_mma"):
             assert converts == "0", (name, converts)
         if "_vec_" in name:
-            assert int(wide) >= (18 if "_rows" in name else 6), (name, wide)
+            assert int(wide) >= 2 + 4 * int(groups), (name, groups, wide)
 
 
 @pytest.mark.gpu
