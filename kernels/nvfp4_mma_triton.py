@@ -387,6 +387,32 @@ def _lanes(pid_n, N, NW: tl.constexpr):
 
 
 @triton.jit
+def _tile_weights(w_ptr, s_ptr, row0, row1, c, N, stride_wn, stride_sn):
+    """`_weight_bases` for the thread's weight rows, rows past N reading row N - 1 (their results are never stored;
+    a masked load would cost a register clear each)."""
+    r0 = tl.minimum(row0, N - 1).to(tl.int64)
+    r1 = tl.minimum(row1, N - 1).to(tl.int64)
+    return _weight_bases(w_ptr, s_ptr, r0, r1, c, stride_wn, stride_sn)
+
+
+@triton.jit
+def _arrive(cnt_ptr, pid_n, SPLIT_K: tl.constexpr):
+    """After a split stored its part: whether this program arrived last on its tile's counter (and sums)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+    return arrived == SPLIT_K - 1
+
+
+@triton.jit
+def _row_scales(gs_ptr, row0, row1, ok0, ok1, seg1, seg2, seg3):
+    """Rows row0 / row1's global scales times 2**62 (the MMA inputs were the weights times 2**-62)."""
+    post = 4.611686018427388e18
+    gs0 = segment_scale(gs_ptr, row0, ok0, seg1, seg2, seg3) * post
+    gs1 = segment_scale(gs_ptr, row1, ok1, seg1, seg2, seg3) * post
+    return gs0, gs1
+
+
+@triton.jit
 def _ws_put(base, d0, d1, d2, d3, NT: tl.constexpr):
     """One D fragment into a split's workspace slot (four [NT] rows)."""
     tl.store(base, d0)
@@ -482,10 +508,8 @@ def _linear_body(
     t, c, row0, row1, ok0, ok1 = _lanes(pid_n, N, NW)
     # Loads need no masks: rows past N read row N - 1 and tokens past M token M - 1, whose results (other rows of
     # D, other columns) are never stored; a masked load would cost a register clear each.
-    r0 = tl.minimum(row0, N - 1).to(tl.int64)
-    r1 = tl.minimum(row1, N - 1).to(tl.int64)
+    w64, sp, wa_base, wb_base, sa_base, sb_base = _tile_weights(w_ptr, s_ptr, row0, row1, c, N, stride_wn, stride_sn)
     tok = tl.minimum((t % 32) // 4, M - 1).to(tl.int64)
-    w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(w_ptr, s_ptr, r0, r1, c, stride_wn, stride_sn)
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
     xa_base = tok * (stride_xm // 4) + c * 8  # the lane's 32 values of x row `tok`, as int64 words
     k_lo = pid_k * k_split
@@ -496,16 +520,12 @@ def _linear_body(
     if SPLIT_K > 1:
         base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * 4 * NT) + t
         _ws_put(base + pid_k * (4 * NT), d0, d1, d2, d3, NT)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-        store = arrived == SPLIT_K - 1
+        store = _arrive(cnt_ptr, pid_n, SPLIT_K)
         if store:
             d0, d1, d2, d3 = _ws_sum(base, 4 * NT, SPLIT_K, NT)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
     if store:
-        post = 4.611686018427388e18  # 2**62: the MMA inputs were the weights times 2**-62
-        gs0 = segment_scale(gs_ptr, row0, ok0, seg1, seg2, seg3) * post
-        gs1 = segment_scale(gs_ptr, row1, ok1, seg1, seg2, seg3) * post
+        gs0, gs1 = _row_scales(gs_ptr, row0, row1, ok0, ok1, seg1, seg2, seg3)
         _store_d(out_ptr, d0, d1, d2, d3, row0, row1, ok0, ok1, gs0, gs1, 2 * c, M, stride_om)
 
 
@@ -542,15 +562,13 @@ def _nvfp4_mma_rows_kernel(
     pid_k = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
     t, c, row0, row1, ok0, ok1 = _lanes(pid_n, N, NW)
-    r0 = tl.minimum(row0, N - 1).to(tl.int64)
-    r1 = tl.minimum(row1, N - 1).to(tl.int64)
+    w64, sp, wa_base, wb_base, sa_base, sb_base = _tile_weights(w_ptr, s_ptr, row0, row1, c, N, stride_wn, stride_sn)
     g = (t % 32) // 4
     xrow = stride_xm // 4  # int64 words a row of x
     xa = tl.minimum(g, M - 1).to(tl.int64) * xrow + c * 8
     xb = tl.minimum(g + 8, M - 1).to(tl.int64) * xrow + c * 8
     xc = tl.minimum(g + 16, M - 1).to(tl.int64) * xrow + c * 8
     xd = tl.minimum(g + 24, M - 1).to(tl.int64) * xrow + c * 8
-    w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(w_ptr, s_ptr, r0, r1, c, stride_wn, stride_sn)
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
@@ -576,9 +594,7 @@ def _nvfp4_mma_rows_kernel(
         _quad_put(slot, d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3, NT)
         if GROUPS == 8:
             _quad_put(slot + 16 * NT, i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3, NT)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-        store = arrived == SPLIT_K - 1
+        store = _arrive(cnt_ptr, pid_n, SPLIT_K)
         if store:
             d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _quad_sum(base, per, SPLIT_K, NT)
             if GROUPS == 8:
@@ -587,9 +603,7 @@ def _nvfp4_mma_rows_kernel(
                 )
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
     if store:
-        post = 4.611686018427388e18  # 2**62: the MMA inputs were the weights times 2**-62
-        gs0 = segment_scale(gs_ptr, row0, ok0, seg1, seg2, seg3) * post
-        gs1 = segment_scale(gs_ptr, row1, ok1, seg1, seg2, seg3) * post
+        gs0, gs1 = _row_scales(gs_ptr, row0, row1, ok0, ok1, seg1, seg2, seg3)
         _quad_store(out_ptr, d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3, row0, row1, ok0, ok1,
                     gs0, gs1, 2 * c, M, stride_om)  # fmt: skip
         if GROUPS == 8:
