@@ -5,18 +5,21 @@ the Triton kernels (`flint_kernels.sampling_triton`, on CUDA; every chunk size i
 
     python benchmarks/sampler.py [--device cuda] [--batch 1 8 32 64] [--iters 50] [--chunks 2048 4096 8192]
     python benchmarks/sampler.py --device cuda --chunks 4096 --filter   # each chunk size with and without FILTER
+    python benchmarks/sampler.py --device cuda --chunks 4096 --top-k 50 --radix   # the radix kernels (top_k > 32)
 
 Every path draws the same tokens (checked here on every timed batch, and in tests/test_sampler.py and
 tests/test_kernels_sampling.py). Times are wall-clock medians with the device synchronised around each call; on CUDA
 also the Triton op's GPU time alone (`..._gpu_ms`: 20 calls in a CUDA graph, `kernels_moe_gemv.time_graph`), since a
 decode step launches it ahead and only its GPU time is on the step's path. `--filter` times every chunk size with
-`sampling_triton.FILTER` off and on (`..._filter_...` columns).
+`sampling_triton.FILTER` off and on (`..._filter_...` columns), `--radix` with `sampling_triton.RADIX` off and on
+(`..._radix_...`: the unfiltered kernels as radix selects; `..._first_call_s` includes their compile).
 Prints a table and writes benchmarks/results/sampler_<device>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import statistics
@@ -67,6 +70,7 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--chunks", type=int, nargs="+", default=[2048, 4096, 8192], help="Triton chunk sizes to time")
     ap.add_argument("--filter", action="store_true", help="time each chunk size with the filtered chunk kernel too")
+    ap.add_argument("--radix", action="store_true", help="time each chunk size with the radix-select kernels too")
     args = ap.parse_args()
     device = torch.device(args.device)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -87,18 +91,22 @@ def main() -> None:
         temps = torch.ones(n, device=device)
         op_args = (logits, temps, top_k, top_p, min_p, seeds, steps, args.top_k)
         if device.type == "cuda":
-            default_chunk, default_filter = sampling_triton.CHUNK, sampling_triton.FILTER
-            for chunk in args.chunks:
-                for filtered in (False, True) if args.filter else (default_filter,):
-                    sampling_triton.CHUNK, sampling_triton.FILTER = chunk, filtered
-                    name = f"triton_chunk{chunk}" + ("_filter" if args.filter and filtered else "")
-                    t0 = time.perf_counter()
-                    row["same_tokens"] &= sampling_triton.sample_top_k(*op_args).tolist() == want
-                    row[f"{name}_first_call_s"] = round(time.perf_counter() - t0, 3)  # compiles included
-                    row[f"{name}_ms"] = median_ms(sampling_triton.sample_top_k, op_args, device, args.iters)
-                    row[f"{name}_gpu_ms"] = time_graph([partial(sampling_triton.sample_top_k, *op_args)], reps=20)
-            sampling_triton.CHUNK, sampling_triton.FILTER = default_chunk, default_filter
-            row["triton_ms"] = row[f"triton_chunk{default_chunk}_ms"] if default_chunk in args.chunks else None
+            defaults = sampling_triton.CHUNK, sampling_triton.FILTER, sampling_triton.RADIX
+            for chunk, filtered, radix in itertools.product(
+                args.chunks,
+                (False, True) if args.filter else (defaults[1],),
+                (False, True) if args.radix else (defaults[2],),
+            ):
+                sampling_triton.CHUNK, sampling_triton.FILTER, sampling_triton.RADIX = chunk, filtered, radix
+                name = f"triton_chunk{chunk}" + ("_filter" if args.filter and filtered else "")
+                name += "_radix" if args.radix and radix else ""
+                t0 = time.perf_counter()
+                row["same_tokens"] &= sampling_triton.sample_top_k(*op_args).tolist() == want
+                row[f"{name}_first_call_s"] = round(time.perf_counter() - t0, 3)  # compiles included
+                row[f"{name}_ms"] = median_ms(sampling_triton.sample_top_k, op_args, device, args.iters)
+                row[f"{name}_gpu_ms"] = time_graph([partial(sampling_triton.sample_top_k, *op_args)], reps=20)
+            sampling_triton.CHUNK, sampling_triton.FILTER, sampling_triton.RADIX = defaults
+            row["triton_ms"] = row[f"triton_chunk{defaults[0]}_ms"] if defaults[0] in args.chunks else None
         # The engine's call: penalties check, host-side staging of the parameters, the op, the tokens read back.
         sample_rows = [
             SamplingRow(temperature=1.0, top_p=args.top_p, top_k=args.top_k, min_p=0.0, seed=7919 * i, step=5)

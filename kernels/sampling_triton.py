@@ -49,6 +49,11 @@ FILTER = os.environ.get("FLINT_SAMPLER_FILTER", "1") != "0"
 # reach the bound only if some column's maximum lies below the (1 - CAP / 4096) quantile: for CAP = 512 about
 # KC * 0.875**128 = 1e-6 a chunk.
 FILTER_CAP = 512
+# The unfiltered kernels (KC = MAX_K, or FILTER off) as radix selects (`_chunk_radix_kernel`, `_draw_radix_kernel`)
+# instead of sorted rows: built 2026-12-02 to cut the start-up's longest compiles (on the H200's host `_draw_kernel`
+# 22 s, `_chunk_top_kernel` 12 s; the radix kernels 2-3 s on this CPU, where `_draw_kernel` takes 18 s). Their GPU
+# time is not measured yet, so they are off unless FLINT_SAMPLER_RADIX=1.
+RADIX = os.environ.get("FLINT_SAMPLER_RADIX", "0") == "1"
 # Candidates `_draw_filter_kernel` gathers at most: for Flint's 37 chunks and independent logits 47-106 reached its
 # bound in 200 trials.
 DRAW_CAP = 256
@@ -105,6 +110,27 @@ def _store_best(
     top = _sorted_best(key, N, KC, SUB, LEVELS)
     fo = tl.arange(0, FINAL)
     tl.store(out_ptr + fo, top, mask=fo < KC)
+
+
+@triton.jit
+def _chunk_radix_kernel(
+    logits_ptr,
+    temp_ptr,
+    cand_ptr,
+    gather_ptr,
+    vocab,
+    stride_row,
+    n_chunks,
+    BLOCK: tl.constexpr,
+    KC: tl.constexpr,
+):
+    """`_chunk_top_kernel`'s cand[row, chunk, :KC] through a radix select (`_radix_best`, this program's KC slots of
+    `gather`) instead of sorted rows (`RADIX`)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    key = _chunk_keys(logits_ptr, temp_ptr, row, chunk, vocab, stride_row, BLOCK)
+    at = (row * n_chunks + chunk) * KC
+    tl.store(cand_ptr + at + tl.arange(0, KC), _radix_best(key, gather_ptr + at, BLOCK, KC))
 
 
 @triton.jit
@@ -255,6 +281,58 @@ def _draw_row(keys, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, st
 
 
 @triton.jit
+def _radix_best(keys, slots, P: tl.constexpr, KC: tl.constexpr):
+    """The KC largest of `keys` [P] sorted descending, through `slots` [KC] (global scratch): a radix select of the
+    KC-th largest key, 8 bits a pass from the top (a 256-bin histogram of the keys that match the bits chosen so
+    far), then the keys at or above it gathered and sorted. Real keys are distinct; only the padding (the smallest
+    key) repeats, and fewer than KC real keys leave the rest of the KC as padding."""
+    b = keys.to(tl.uint64, bitcast=True) ^ 0x8000000000000000  # the same order, unsigned; the padding is 0
+    bins = tl.arange(0, 256)
+    need = tl.full((), KC, tl.int32)  # keys still to find at or below the bits chosen so far
+    prefix = tl.full((), 0, tl.uint64)
+    known = tl.full((), 0, tl.uint64)
+    # A loop, not 8 unrolled passes: one pass's code compiles in well under a second, where the sorting networks
+    # of `_draw_kernel` at KC = 128 took 22 s on the H200's host (the start-up's longest compile).
+    for shift in range(56, -8, -8):
+        match = (b & known) == prefix
+        digit = ((b >> shift) & 0xFF).to(tl.int32)
+        hist = tl.histogram(digit, 256, mask=match)
+        at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # matching keys with a digit >= bin
+        d = tl.max(tl.where(at_least >= need, bins, 0), axis=0)
+        need -= tl.sum(tl.where(bins > d, hist, 0), axis=0)
+        prefix |= d.to(tl.uint64) << shift
+        known |= tl.full((), 0xFF, tl.uint64) << shift
+    # prefix is now the KC-th largest key; when it is the padding, fewer than KC real keys exist: take them all.
+    hit = ((b > prefix) | ((b == prefix) & (prefix != 0))).to(tl.int32)
+    few = _gather(keys, hit, tl.sum(hit, axis=0), slots, KC)
+    return tl.sort(few, descending=True)
+
+
+@triton.jit
+def _draw_radix_kernel(
+    cand_ptr,
+    gather_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    seed_ptr,
+    step_ptr,
+    out_ptr,
+    n_cand,
+    P: tl.constexpr,
+    KC: tl.constexpr,
+):
+    """`_draw_kernel`'s token with the best KC candidates found by a radix select (`_radix_best`) instead of sorted
+    rows (`RADIX`)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, P)
+    keys = tl.load(cand_ptr + row * n_cand + offs, mask=offs < n_cand, other=_INT64_MIN)
+    best = _radix_best(keys, gather_ptr + row * KC, P, KC)
+    _draw_row(best, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, KC)
+
+
+@triton.jit
 def _draw_filter_kernel(
     cand_ptr,
     gather_ptr,
@@ -347,18 +425,25 @@ def sample_top_k(
     p = triton.next_power_of_2(n_chunks * kc)
     filter_chunks = FILTER and kc == MIN_KC and block > FILTER_CAP
     filter_draw = FILTER and kc == MIN_KC and p > DRAW_CAP
-    # One scratch buffer for both filtered kernels (the draw launch starts after the chunk launch is done): the
-    # chunk kernel's program (row, chunk) uses slots (row * n_chunks + chunk) * FILTER_CAP on, the draw's row
-    # row * DRAW_CAP on.
+    radix_chunks = RADIX and not filter_chunks
+    radix_draw = RADIX and not filter_draw
+    # One scratch buffer for the chunk and draw kernels that gather (filtered or radix; the draw launch starts after
+    # the chunk launch is done): the chunk kernel's program (row, chunk) uses slots (row * n_chunks + chunk) * CAP
+    # on (CAP: FILTER_CAP, or KC for the radix select), the draw's row row * CAP on (DRAW_CAP, or KC).
     gather = None
-    if filter_chunks or filter_draw:
-        slots = max(n_chunks * FILTER_CAP if filter_chunks else 0, DRAW_CAP if filter_draw else 0)
+    if filter_chunks or filter_draw or radix_chunks or radix_draw:
+        chunk_slots = n_chunks * (FILTER_CAP if filter_chunks else kc if radix_chunks else 0)
+        slots = max(chunk_slots, DRAW_CAP if filter_draw else kc if radix_draw else 0)
         gather = torch.empty((n * slots,), dtype=torch.int64, device=logits.device)
     if filter_chunks:
         cap_sub, cap_levels, cap_final = chunk_levels(FILTER_CAP, kc)
         _chunk_filter_kernel[(n, n_chunks)](
             logits, temperature, cand, gather, vocab, logits.stride(0), n_chunks, BLOCK=block, KC=kc, SUB=sub,
             LEVELS=levels, FINAL=final, CAP=FILTER_CAP, CAP_SUB=cap_sub, CAP_LEVELS=cap_levels, CAP_FINAL=cap_final,
+        )  # fmt: skip
+    elif radix_chunks:
+        _chunk_radix_kernel[(n, n_chunks)](
+            logits, temperature, cand, gather, vocab, logits.stride(0), n_chunks, BLOCK=block, KC=kc,
         )  # fmt: skip
     else:
         _chunk_top_kernel[(n, n_chunks)](
@@ -372,6 +457,10 @@ def sample_top_k(
             cand, gather, temperature, top_k, top_p, min_p, seeds, steps, out, n_chunks * kc,
             P=p, KC=kc, SUB=sub, LEVELS=levels, FINAL=final, CAP=DRAW_CAP, CAP_SUB=cap_sub, CAP_LEVELS=cap_levels,
             CAP_FINAL=cap_final,
+        )  # fmt: skip
+    elif radix_draw:
+        _draw_radix_kernel[(n,)](
+            cand, gather, temperature, top_k, top_p, min_p, seeds, steps, out, n_chunks * kc, P=p, KC=kc,
         )  # fmt: skip
     else:
         _draw_kernel[(n,)](

@@ -74,6 +74,60 @@ def test_draw_cuts_the_candidates_in_levels_interp(monkeypatch: pytest.MonkeyPat
     _check(1, 2200, k_max, seed=k_max, device="cpu")
 
 
+@pytest.mark.parametrize(
+    "n,vocab,k_max,chunk", [(3, 2200, 128, 128), (2, 2200, 20, 128), (1, 97, 64, 256), (2, 700, 64, 256)], ids=str
+)
+def test_radix_draw_interp(monkeypatch: pytest.MonkeyPatch, n: int, vocab: int, k_max: int, chunk: int) -> None:
+    """`_chunk_radix_kernel` and `_draw_radix_kernel` (RADIX): each chunk's best KC keys and then the best KC
+    candidates by radix selects, the same draw as `_draw_kernel`'s and the reference's tokens: 18 chunks of
+    128 or 32 candidates (KC 32 with FILTER off), fewer real candidates than KC (97 tokens in one chunk of 128 slots:
+    the rest padding), and a 64-token top_k on 128-candidate chunks."""
+    monkeypatch.setattr(sampling_triton, "RADIX", True)
+    monkeypatch.setattr(sampling_triton, "FILTER", False)
+    monkeypatch.setattr(sampling_triton, "CHUNK", chunk)
+    calls: list[tuple[int, ...]] = []
+    for name in ("_chunk_radix_kernel", "_draw_radix_kernel"):
+        monkeypatch.setattr(sampling_triton, name, _Counted(getattr(sampling_triton, name), calls))
+    _check(n, vocab, k_max, seed=vocab + k_max + chunk, device="cpu")
+    kc = sampling_triton.MIN_KC if k_max <= sampling_triton.MIN_KC else sampling_triton.MAX_K
+    block = min(max(chunk, kc), triton.next_power_of_2(vocab))
+    assert calls == [(n, triton.cdiv(vocab, block)), (n,)]
+
+
+def test_radix_select_finds_the_kth_key_among_near_ties_interp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys that agree in all but their last bits (equal logits: only the token id differs) and -inf logits, where
+    the radix select's later passes decide: the same tokens as `_draw_kernel`'s sorted rows (both keep the smaller
+    ids of equal values, as torch.argmax does; torch.topk, in the reference, breaks such ties its own way), and
+    greedy takes the first of the equal maxima."""
+    monkeypatch.setattr(sampling_triton, "FILTER", False)
+    monkeypatch.setattr(sampling_triton, "CHUNK", 256)
+    vocab = 1500
+    logits = torch.full((3, vocab), 1.0)
+    logits[1, ::3] = float("-inf")
+    logits[2, 700:] = 2.0
+    temperature = torch.tensor([0.0, 1.0, 0.7])
+    top_k = torch.tensor([128, 100, 128])
+    top_p, min_p = torch.tensor([1.0, 0.9, 1.0]), torch.zeros(3)
+    seeds, steps = torch.tensor([3, 4, 5]), torch.tensor([0, 11, 12])
+    args = (logits, temperature, top_k, top_p, min_p, seeds, steps)
+    sorted_rows = sample_top_k(*args, 128)
+    monkeypatch.setattr(sampling_triton, "RADIX", True)
+    radix = sample_top_k(*args, 128)
+    assert radix.tolist() == sorted_rows.tolist()
+    assert radix[0].item() == 0 and radix[1].item() % 3 != 0 and radix[2].item() >= 700
+
+
+class _Counted:
+    """A kernel whose launches (kernel[grid](...)) record their grids."""
+
+    def __init__(self, kernel: object, calls: list[tuple[int, ...]]) -> None:
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid: tuple[int, ...]) -> object:
+        self.calls.append(tuple(grid))
+        return self.kernel[grid]  # type: ignore[index]
+
+
 @pytest.mark.parametrize("filtered", [False, True], ids=["sorted_rows", "filter"])
 def test_ties_and_banned_tokens_interp(monkeypatch: pytest.MonkeyPatch, small_chunks: None, filtered: bool) -> None:
     """Greedy takes the first of equal maxima (torch.argmax's rule); a -inf logit is never drawn. With FILTER, in
