@@ -13,6 +13,11 @@
 # MMA_BENCH_ARGS="--ms 16 32 64 --warps 4 --vec 1 --moe-tokens --shapes qkv o_proj shared_gate_up lm_head" (~3 min):
 # the rows kernel at 33-64 rows in one launch of eight groups (two quads a decoded K step; built on CPU after its
 # two-launch form lost, b64 +7%: 130-134 registers, no spills, 64 HMMAs a K step) against the tensor-core tiles.
+# And SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 RADIX=1 (~2 min): the sampler's radix-select kernels (FLINT_SAMPLER_RADIX=1,
+# built on CPU: 2-3 s to compile against 6-22 s for the sorted rows) through the sampler's GPU tests, and their time
+# against the sorted rows at top_k 50 (benchmarks/sampler.py --radix; `_first_call_s` includes the compile). If they
+# are no slower, turn RADIX on by default and record the manifest again (the start-up's critical path is
+# `_draw_kernel`'s 22 s compile).
 #
 # SKIP_AB=1 leaves the MMA kernels' tests and benchmark out (MMA_TESTS=0 the tests only; MMA_BENCH_ARGS replaces the
 # benchmark's arguments), SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest
@@ -66,6 +71,16 @@ timeout 200 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 4 8 32 64
     --out "$OUT/decode_nvfp4_table.json" > "$OUT/decode_table.txt" 2>&1
 sed -n '/^ *fmt *batch/,$p' "$OUT/decode_table.txt" | grep -v " x .* us = " | head -40
 grep "Error" "$OUT/decode_table.txt" | head -5
+fi
+# RADIX=1: the sampler's radix-select kernels on the GPU: its GPU tests with them on, then their time (top_k 50).
+if [ "${RADIX:-0}" = 1 ]; then
+    FLINT_SAMPLER_RADIX=1 timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider \
+        tests/test_kernels_sampling.py > "$OUT/radix_tests.txt" 2>&1
+    echo "sampler GPU tests with FLINT_SAMPLER_RADIX=1: $(tail -1 "$OUT/radix_tests.txt")"
+    grep -E "^E |FAILED" "$OUT/radix_tests.txt" | head -6
+    timeout 200 python3 benchmarks/sampler.py --device cuda --chunks 4096 --top-k 50 --radix --batch 1 8 64 \
+        > "$OUT/sampler_radix.txt" 2>&1
+    tail -12 "$OUT/sampler_radix.txt"
 fi
 # RECORD=1: then the NVFP4 profile of the kernel manifest again, for the table as installed (~220 s).
 [ "${RECORD:-0}" = 1 ] && OUT="$OUT" bash benchmarks/gpu_record_manifest.sh
