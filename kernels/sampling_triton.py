@@ -49,10 +49,11 @@ FILTER = os.environ.get("FLINT_SAMPLER_FILTER", "1") != "0"
 # reach the bound only if some column's maximum lies below the (1 - CAP / 4096) quantile: for CAP = 512 about
 # KC * 0.875**128 = 1e-6 a chunk.
 FILTER_CAP = 512
-# The unfiltered kernels (KC = MAX_K, or FILTER off) as radix selects (`_chunk_radix_kernel`, `_draw_radix_kernel`)
-# instead of sorted rows: built 2026-12-02 to cut the start-up's longest compiles (on the H200's host `_draw_kernel`
-# 22 s, `_chunk_top_kernel` 12 s; the radix kernels 2-3 s on this CPU, where `_draw_kernel` takes 18 s). Their GPU
-# time is not measured yet, so they are off unless FLINT_SAMPLER_RADIX=1.
+# Radix selects instead of sorted rows (`_radix_best`): the unfiltered kernels (KC = MAX_K, or FILTER off) on
+# `_chunk_radix_kernel` and `_draw_radix_kernel`, and the filtered kernels' fallbacks on their radix twins. Built
+# 2026-12-02 to cut the start-up's longest compiles (on the H200's host `_draw_kernel` 22 s, `_chunk_top_kernel` 12 s,
+# `_chunk_filter_kernel` 11 s; the radix kernels 1-3 s on this CPU, where `_draw_kernel` takes 18 s). Their GPU time
+# is not measured yet, so they are off unless FLINT_SAMPLER_RADIX=1.
 RADIX = os.environ.get("FLINT_SAMPLER_RADIX", "0") == "1"
 # Candidates `_draw_filter_kernel` gathers at most: for Flint's 37 chunks and independent logits 47-106 reached its
 # bound in 200 trials.
@@ -134,6 +135,51 @@ def _chunk_radix_kernel(
 
 
 @triton.jit
+def _chunk_filter_body(
+    logits_ptr,
+    temp_ptr,
+    cand_ptr,
+    gather_ptr,
+    vocab,
+    stride_row,
+    n_chunks,
+    BLOCK: tl.constexpr,
+    KC: tl.constexpr,
+    SUB: tl.constexpr,
+    LEVELS: tl.constexpr,
+    FINAL: tl.constexpr,
+    CAP: tl.constexpr,
+    CAP_SUB: tl.constexpr,
+    CAP_LEVELS: tl.constexpr,
+    CAP_FINAL: tl.constexpr,
+    RADIX: tl.constexpr,
+):
+    """`_chunk_top_kernel`'s cand[row, chunk, :KC], sorting only the keys at or above a bound of the KC-th largest.
+
+    Column j of the chunk (ids j, j + KC, ...) has a largest key; those KC maxima are distinct keys, so the chunk's
+    KC-th largest is at least their minimum, tau. The keys >= tau (at least KC, all of the best KC among them) are
+    written in order to this program's CAP slots of `gather` (their positions a prefix sum of the test), read back
+    after a CTA barrier, and cut to the best KC (`chunk_levels(CAP, KC)`). Columns rather than contiguous rows keep
+    the bound tight in the last chunk, whose tail is past the vocabulary. More than CAP keys >= tau: the sorted rows
+    of the whole chunk, as `_chunk_top_kernel` does (SUB, LEVELS, FINAL), or with RADIX its radix select (in the
+    program's slots)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    key = _chunk_keys(logits_ptr, temp_ptr, row, chunk, vocab, stride_row, BLOCK)
+    out = cand_ptr + (row * n_chunks + chunk) * KC
+    tau = tl.min(tl.max(tl.reshape(key, (BLOCK // KC, KC)), axis=0), axis=0)
+    hit = (key >= tau).to(tl.int32)
+    n = tl.sum(hit, axis=0)
+    if n <= CAP:
+        few = _gather(key, hit, n, gather_ptr + (row * n_chunks + chunk) * CAP, CAP)
+        _store_best(few, out, CAP, KC, CAP_SUB, CAP_LEVELS, CAP_FINAL)
+    elif RADIX:
+        tl.store(out + tl.arange(0, KC), _radix_best(key, gather_ptr + (row * n_chunks + chunk) * CAP, BLOCK, KC))
+    else:
+        _store_best(key, out, BLOCK, KC, SUB, LEVELS, FINAL)
+
+
+@triton.jit
 def _chunk_filter_kernel(
     logits_ptr,
     temp_ptr,
@@ -152,26 +198,37 @@ def _chunk_filter_kernel(
     CAP_LEVELS: tl.constexpr,
     CAP_FINAL: tl.constexpr,
 ):
-    """`_chunk_top_kernel`'s cand[row, chunk, :KC], sorting only the keys at or above a bound of the KC-th largest.
+    """`_chunk_filter_body` with the sorted rows for chunks past CAP."""
+    _chunk_filter_body(
+        logits_ptr, temp_ptr, cand_ptr, gather_ptr, vocab, stride_row, n_chunks, BLOCK, KC, SUB, LEVELS, FINAL, CAP,
+        CAP_SUB, CAP_LEVELS, CAP_FINAL, False
+    )  # fmt: skip
 
-    Column j of the chunk (ids j, j + KC, ...) has a largest key; those KC maxima are distinct keys, so the chunk's
-    KC-th largest is at least their minimum, tau. The keys >= tau (at least KC, all of the best KC among them) are
-    written in order to this program's CAP slots of `gather` (their positions a prefix sum of the test), read back
-    after a CTA barrier, and cut to the best KC (`chunk_levels(CAP, KC)`). Columns rather than contiguous rows keep
-    the bound tight in the last chunk, whose tail is past the vocabulary. More than CAP keys >= tau: the sorted rows
-    of the whole chunk, as `_chunk_top_kernel` does (SUB, LEVELS, FINAL)."""
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    key = _chunk_keys(logits_ptr, temp_ptr, row, chunk, vocab, stride_row, BLOCK)
-    out = cand_ptr + (row * n_chunks + chunk) * KC
-    tau = tl.min(tl.max(tl.reshape(key, (BLOCK // KC, KC)), axis=0), axis=0)
-    hit = (key >= tau).to(tl.int32)
-    n = tl.sum(hit, axis=0)
-    if n <= CAP:
-        few = _gather(key, hit, n, gather_ptr + (row * n_chunks + chunk) * CAP, CAP)
-        _store_best(few, out, CAP, KC, CAP_SUB, CAP_LEVELS, CAP_FINAL)
-    else:
-        _store_best(key, out, BLOCK, KC, SUB, LEVELS, FINAL)
+
+@triton.jit
+def _chunk_filter_radix_kernel(
+    logits_ptr,
+    temp_ptr,
+    cand_ptr,
+    gather_ptr,
+    vocab,
+    stride_row,
+    n_chunks,
+    BLOCK: tl.constexpr,
+    KC: tl.constexpr,
+    SUB: tl.constexpr,
+    LEVELS: tl.constexpr,
+    FINAL: tl.constexpr,
+    CAP: tl.constexpr,
+    CAP_SUB: tl.constexpr,
+    CAP_LEVELS: tl.constexpr,
+    CAP_FINAL: tl.constexpr,
+):
+    """`_chunk_filter_body` with the radix select for chunks past CAP (`RADIX`)."""
+    _chunk_filter_body(
+        logits_ptr, temp_ptr, cand_ptr, gather_ptr, vocab, stride_row, n_chunks, BLOCK, KC, SUB, LEVELS, FINAL, CAP,
+        CAP_SUB, CAP_LEVELS, CAP_FINAL, True
+    )  # fmt: skip
 
 
 @triton.jit
@@ -333,6 +390,61 @@ def _draw_radix_kernel(
 
 
 @triton.jit
+def _draw_filter_body(
+    cand_ptr,
+    gather_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    seed_ptr,
+    step_ptr,
+    out_ptr,
+    n_cand,
+    P: tl.constexpr,
+    KC: tl.constexpr,
+    SUB: tl.constexpr,
+    LEVELS: tl.constexpr,
+    FINAL: tl.constexpr,
+    CAP: tl.constexpr,
+    CAP_SUB: tl.constexpr,
+    CAP_LEVELS: tl.constexpr,
+    CAP_FINAL: tl.constexpr,
+    RADIX: tl.constexpr,
+):
+    """`_draw_kernel`'s token, cutting only the candidates at or above a bound of the row's KC-th largest key.
+
+    Each chunk's KC candidates are stored sorted, so the first of each is its chunk's largest key; with at least KC
+    chunks the KC-th largest of those maxima bounds the row's KC-th largest from below (for Flint's 37 chunks and
+    independent logits ~70 of 1184 candidates reach it). Those are gathered into this row's CAP slots of `gather`
+    as in `_chunk_filter_kernel`; more than CAP (or fewer than KC chunks): the sorted rows of all P candidates, or
+    with RADIX their radix select."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, P)
+    keys = tl.load(cand_ptr + row * n_cand + offs, mask=offs < n_cand, other=_INT64_MIN)
+    CH: tl.constexpr = P // KC
+    if CH >= KC:
+        lead = tl.arange(0, KC)[None, :] == 0
+        heads = tl.sort(tl.max(tl.where(lead, tl.reshape(keys, (CH, KC)), _INT64_MIN), axis=1), descending=True)
+        tau = tl.max(tl.where(tl.arange(0, CH) == KC - 1, heads, _INT64_MIN), axis=0)
+    else:
+        tau = _INT64_MIN
+    hit = (keys >= tau).to(tl.int32)
+    n = tl.sum(hit, axis=0)
+    if n <= CAP:
+        few = _gather(keys, hit, n, gather_ptr + row * CAP, CAP)
+        # (Each branch's names are its own: the compiler merges a name set in both, which needs one shape.)
+        few_best = _sorted_best(few, CAP, KC, CAP_SUB, CAP_LEVELS)
+        _draw_row(few_best, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, CAP_FINAL)
+    elif RADIX:
+        radix_best = _radix_best(keys, gather_ptr + row * CAP, P, KC)
+        _draw_row(radix_best, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, KC)
+    else:
+        all_best = _sorted_best(keys, P, KC, SUB, LEVELS)
+        _draw_row(all_best, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, FINAL)
+
+
+@triton.jit
 def _draw_filter_kernel(
     cand_ptr,
     gather_ptr,
@@ -354,32 +466,40 @@ def _draw_filter_kernel(
     CAP_LEVELS: tl.constexpr,
     CAP_FINAL: tl.constexpr,
 ):
-    """`_draw_kernel`'s token, cutting only the candidates at or above a bound of the row's KC-th largest key.
+    """`_draw_filter_body` with the sorted rows past CAP."""
+    _draw_filter_body(
+        cand_ptr, gather_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, n_cand, P, KC,
+        SUB, LEVELS, FINAL, CAP, CAP_SUB, CAP_LEVELS, CAP_FINAL, False
+    )  # fmt: skip
 
-    Each chunk's KC candidates are stored sorted, so the first of each is its chunk's largest key; with at least KC
-    chunks the KC-th largest of those maxima bounds the row's KC-th largest from below (for Flint's 37 chunks and
-    independent logits ~70 of 1184 candidates reach it). Those are gathered into this row's CAP slots of `gather`
-    as in `_chunk_filter_kernel`; more than CAP (or fewer than KC chunks): the sorted rows of all P candidates."""
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, P)
-    keys = tl.load(cand_ptr + row * n_cand + offs, mask=offs < n_cand, other=_INT64_MIN)
-    CH: tl.constexpr = P // KC
-    if CH >= KC:
-        lead = tl.arange(0, KC)[None, :] == 0
-        heads = tl.sort(tl.max(tl.where(lead, tl.reshape(keys, (CH, KC)), _INT64_MIN), axis=1), descending=True)
-        tau = tl.max(tl.where(tl.arange(0, CH) == KC - 1, heads, _INT64_MIN), axis=0)
-    else:
-        tau = _INT64_MIN
-    hit = (keys >= tau).to(tl.int32)
-    n = tl.sum(hit, axis=0)
-    if n <= CAP:
-        few = _gather(keys, hit, n, gather_ptr + row * CAP, CAP)
-        # (Each branch's names are its own: the compiler merges a name set in both, which needs one shape.)
-        few_best = _sorted_best(few, CAP, KC, CAP_SUB, CAP_LEVELS)
-        _draw_row(few_best, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, CAP_FINAL)
-    else:
-        all_best = _sorted_best(keys, P, KC, SUB, LEVELS)
-        _draw_row(all_best, row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, FINAL)
+
+@triton.jit
+def _draw_filter_radix_kernel(
+    cand_ptr,
+    gather_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    seed_ptr,
+    step_ptr,
+    out_ptr,
+    n_cand,
+    P: tl.constexpr,
+    KC: tl.constexpr,
+    SUB: tl.constexpr,
+    LEVELS: tl.constexpr,
+    FINAL: tl.constexpr,
+    CAP: tl.constexpr,
+    CAP_SUB: tl.constexpr,
+    CAP_LEVELS: tl.constexpr,
+    CAP_FINAL: tl.constexpr,
+):
+    """`_draw_filter_body` with the radix select past CAP (`RADIX`)."""
+    _draw_filter_body(
+        cand_ptr, gather_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr, out_ptr, n_cand, P, KC,
+        SUB, LEVELS, FINAL, CAP, CAP_SUB, CAP_LEVELS, CAP_FINAL, True
+    )  # fmt: skip
 
 
 def supported(logits: torch.Tensor, k_max: int) -> bool:
@@ -437,7 +557,8 @@ def sample_top_k(
         gather = torch.empty((n * slots,), dtype=torch.int64, device=logits.device)
     if filter_chunks:
         cap_sub, cap_levels, cap_final = chunk_levels(FILTER_CAP, kc)
-        _chunk_filter_kernel[(n, n_chunks)](
+        chunk_kernel = _chunk_filter_radix_kernel if RADIX else _chunk_filter_kernel
+        chunk_kernel[(n, n_chunks)](
             logits, temperature, cand, gather, vocab, logits.stride(0), n_chunks, BLOCK=block, KC=kc, SUB=sub,
             LEVELS=levels, FINAL=final, CAP=FILTER_CAP, CAP_SUB=cap_sub, CAP_LEVELS=cap_levels, CAP_FINAL=cap_final,
         )  # fmt: skip
@@ -453,7 +574,8 @@ def sample_top_k(
     sub, levels, final = chunk_levels(p, kc)
     if filter_draw:
         cap_sub, cap_levels, cap_final = chunk_levels(DRAW_CAP, kc)
-        _draw_filter_kernel[(n,)](
+        draw_kernel = _draw_filter_radix_kernel if RADIX else _draw_filter_kernel
+        draw_kernel[(n,)](
             cand, gather, temperature, top_k, top_p, min_p, seeds, steps, out, n_chunks * kc,
             P=p, KC=kc, SUB=sub, LEVELS=levels, FINAL=final, CAP=DRAW_CAP, CAP_SUB=cap_sub, CAP_LEVELS=cap_levels,
             CAP_FINAL=cap_final,

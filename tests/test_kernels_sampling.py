@@ -220,13 +220,18 @@ def _filtered_counts(logits: torch.Tensor, temperature: torch.Tensor, chunk: int
     return counts
 
 
+@pytest.mark.parametrize("radix", [False, True], ids=["sorted_rows", "radix"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_chunk_filter_gathers_the_keys_at_the_bound_interp(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+def test_chunk_filter_gathers_the_keys_at_the_bound_interp(
+    monkeypatch: pytest.MonkeyPatch, seed: int, radix: bool
+) -> None:
     """`_chunk_filter_kernel` (FILTER): chunks with at most FILTER_CAP keys at the bound sort only those, the others
     (here a row whose every 32nd logit is very low, so one column's maximum is far below the rest) take the sorted
-    rows of the whole chunk; the same tokens as the reference either way."""
+    rows of the whole chunk, or with RADIX its radix select (`_chunk_filter_radix_kernel`); the same tokens as the
+    reference either way."""
     monkeypatch.setattr(sampling_triton, "CHUNK", 1024)
     monkeypatch.setattr(sampling_triton, "FILTER", True)
+    monkeypatch.setattr(sampling_triton, "RADIX", radix)
     monkeypatch.setattr(sampling_triton, "FILTER_CAP", 256)
     n, vocab, k_max = 3, 2 * 1024 + 300, 20  # the last chunk ends past the vocabulary
     args = _batch(n, vocab, k_max, seed=seed, device="cpu")
@@ -264,16 +269,20 @@ def test_chunk_filter_finds_each_chunks_best_keys_interp(monkeypatch: pytest.Mon
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("radix", [False, True], ids=["sorted_rows", "radix"])
 @pytest.mark.parametrize(
     ("chunk", "vocab", "ordered"), [(128, 2200, False), (128, 1100, False), (64, 2200, True)], ids=str
 )
-def test_draw_filter_interp(monkeypatch: pytest.MonkeyPatch, chunk: int, vocab: int, ordered: bool) -> None:
+def test_draw_filter_interp(
+    monkeypatch: pytest.MonkeyPatch, chunk: int, vocab: int, ordered: bool, radix: bool
+) -> None:
     """`_draw_filter_kernel` (FILTER): with at least KC chunks (18 here) the candidates at the KC-th largest chunk
     maximum are gathered and cut; fewer chunks (9), or more candidates there than DRAW_CAP (logits rising with the
-    id over 35 chunks: every candidate of the last 31 chunks reaches it), take the sorted rows of all candidates.
-    The same tokens as the reference."""
+    id over 35 chunks: every candidate of the last 31 chunks reaches it), take the sorted rows of all candidates, or
+    with RADIX their radix select (`_draw_filter_radix_kernel`). The same tokens as the reference."""
     monkeypatch.setattr(sampling_triton, "CHUNK", chunk)
     monkeypatch.setattr(sampling_triton, "FILTER", True)
+    monkeypatch.setattr(sampling_triton, "RADIX", radix)
     args = _batch(3, vocab, 20, seed=vocab + chunk, device="cpu")
     if ordered:
         args[0][:] = torch.linspace(-5.0, 5.0, vocab)
