@@ -90,7 +90,7 @@ def _decode_pair(word: str, p: int, scale: str, out: str) -> list[str]:
 def step_asm(groups: int = 1) -> str:
     """The PTX of one K step: operands $0-$3 the D fragment (out), $4/$5 row g's words 0-1 / 2-3 (b64), $6/$7 row
     g + 8's, $8/$9 row g's BF16x2 scales of words 0-1 / 2-3, $10/$11 row g + 8's, $12-$19 x (b64: values 4q..4q+3
-    of the lane's 32), $20-$23 the D fragment (in). With `groups` G > 1 (the linear at 9-32 rows of x): G D
+    of the lane's 32), $20-$23 the D fragment (in). With `groups` G > 1 (the rows kernel's quads, G = 4): G D
     fragments out ($0 .. $4G-1), the weights and scales after them, then G groups of 8 x words (group q: x rows
     g + 8q) and the G D fragments in; each weight pair is decoded once for the G MMAs."""
     o = 4 * groups  # the first input operand
