@@ -36,14 +36,18 @@ def poison_torch_empty(monkeypatch) -> None:
 
 
 class LaunchSpy:
-    """Stands in for a Triton kernel and counts its launches (`kernel[grid](...)`)."""
+    """Stands in for a Triton kernel and counts its launches (`kernel[grid](...)`), keeping their grids."""
 
     def __init__(self, kernel: object) -> None:
         self.kernel = kernel
-        self.launches = 0
+        self.grids: list[tuple] = []
+
+    @property
+    def launches(self) -> int:
+        return len(self.grids)
 
     def __getitem__(self, grid: tuple) -> object:
-        self.launches += 1
+        self.grids.append(tuple(grid))
         return self.kernel[grid]
 
 

@@ -9,6 +9,7 @@ import triton
 from flint_kernels import sampling_triton
 from flint_kernels.sampling import sample_top_k_ref
 from flint_kernels.sampling_triton import sample_top_k
+from kernel_checks import LaunchSpy
 
 from flint_engine.sampler import SamplingRow, sample
 
@@ -85,13 +86,14 @@ def test_radix_draw_interp(monkeypatch: pytest.MonkeyPatch, n: int, vocab: int, 
     monkeypatch.setattr(sampling_triton, "RADIX", True)
     monkeypatch.setattr(sampling_triton, "FILTER", False)
     monkeypatch.setattr(sampling_triton, "CHUNK", chunk)
-    calls: list[tuple[int, ...]] = []
-    for name in ("_chunk_radix_kernel", "_draw_radix_kernel"):
-        monkeypatch.setattr(sampling_triton, name, _Counted(getattr(sampling_triton, name), calls))
+    spies = {name: LaunchSpy(getattr(sampling_triton, name)) for name in ("_chunk_radix_kernel", "_draw_radix_kernel")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(sampling_triton, name, spy)
     _check(n, vocab, k_max, seed=vocab + k_max + chunk, device="cpu")
     kc = sampling_triton.MIN_KC if k_max <= sampling_triton.MIN_KC else sampling_triton.MAX_K
     block = min(max(chunk, kc), triton.next_power_of_2(vocab))
-    assert calls == [(n, triton.cdiv(vocab, block)), (n,)]
+    assert spies["_chunk_radix_kernel"].grids == [(n, triton.cdiv(vocab, block))]
+    assert spies["_draw_radix_kernel"].grids == [(n,)]
 
 
 def test_radix_select_finds_the_kth_key_among_near_ties_interp(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,17 +117,6 @@ def test_radix_select_finds_the_kth_key_among_near_ties_interp(monkeypatch: pyte
     radix = sample_top_k(*args, 128)
     assert radix.tolist() == sorted_rows.tolist()
     assert radix[0].item() == 0 and radix[1].item() % 3 != 0 and radix[2].item() >= 700
-
-
-class _Counted:
-    """A kernel whose launches (kernel[grid](...)) record their grids."""
-
-    def __init__(self, kernel: object, calls: list[tuple[int, ...]]) -> None:
-        self.kernel, self.calls = kernel, calls
-
-    def __getitem__(self, grid: tuple[int, ...]) -> object:
-        self.calls.append(tuple(grid))
-        return self.kernel[grid]  # type: ignore[index]
 
 
 @pytest.mark.parametrize("filtered", [False, True], ids=["sorted_rows", "filter"])
