@@ -27,7 +27,7 @@ class TileConfig:
     words: bool = False  # tensor-core NVFP4 from int32 nibble planes: fewer ops, but Triton 3.6 fails to compile it
     packed: bool = False  # tensor-core NVFP4 as packed BF16 pairs scaled by FMA.BF16X2 (BF16 x; PTX, sm_80+)
     # NVFP4, BF16 x of at most 64 rows, no fused norm: `nvfp4_mma_triton.linear` instead (mma.sync on weights decoded
-    # in PTX; 9-64 rows on its rows kernel, four groups of 8 rows a decoded weight; num_warps from here, its own
+    # in PTX; 9-64 rows on its rows kernel, four or eight groups of 8 rows a launch; num_warps from here, its own
     # split-K; BF16 or FP32 out).
     mma: bool = False
     # With mma: its 16-byte loads (`nvfp4_mma_triton`'s VEC kernels, built after Nsight Compute found the MMA kernels
