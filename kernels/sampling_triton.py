@@ -50,11 +50,12 @@ FILTER = os.environ.get("FLINT_SAMPLER_FILTER", "1") != "0"
 # KC * 0.875**128 = 1e-6 a chunk.
 FILTER_CAP = 512
 # Radix selects instead of sorted rows (`_radix_best`): the unfiltered kernels (KC = MAX_K, or FILTER off) on
-# `_chunk_radix_kernel` and `_draw_radix_kernel`, and the filtered kernels' fallbacks on their radix twins. Built
-# 2026-12-02 to cut the start-up's longest compiles (on the H200's host `_draw_kernel` 22 s, `_chunk_top_kernel` 12 s,
-# `_chunk_filter_kernel` 11 s; the radix kernels 1-3 s on this CPU, where `_draw_kernel` takes 18 s). Their GPU time
-# is not measured yet, so they are off unless FLINT_SAMPLER_RADIX=1.
-RADIX = os.environ.get("FLINT_SAMPLER_RADIX", "0") == "1"
+# `_chunk_radix_kernel` and `_draw_radix_kernel`, and the filtered kernels' fallbacks on their radix twins. They cut
+# the start-up's longest compiles (on the H200's host the sorted rows' `_draw_kernel` 22-30 s, `_chunk_top_kernel`
+# 12 s, `_chunk_filter_kernel` 11 s; the radix kernels 5 s) and run faster: at top_k 50 on the H200 the op's GPU time
+# 0.211 -> 0.108 ms at batch 1, 0.316 -> 0.150 at 8, 1.058 -> 0.479 at 64, same tokens (benchmarks/sampler.py
+# --radix, 2026-12-02). FLINT_SAMPLER_RADIX=0 runs the sorted rows.
+RADIX = os.environ.get("FLINT_SAMPLER_RADIX", "1") != "0"
 # Candidates `_draw_filter_kernel` gathers at most: for Flint's 37 chunks and independent logits 47-106 reached its
 # bound in 200 trials.
 DRAW_CAP = 256

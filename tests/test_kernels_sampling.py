@@ -59,6 +59,7 @@ def test_sample_top_k_interp(small_chunks: None, n: int, vocab: int, k_max: int)
 def test_chunk_cut_in_levels_interp(monkeypatch: pytest.MonkeyPatch, chunk: int, k_max: int, levels: int) -> None:
     """The chunk's best keys found through sorted rows cut to their best (twice as for Flint's 4096-key chunks, once,
     or not at all): the same tokens as the reference."""
+    monkeypatch.setattr(sampling_triton, "RADIX", False)
     monkeypatch.setattr(sampling_triton, "CHUNK", chunk)
     kc = sampling_triton.MIN_KC if k_max <= sampling_triton.MIN_KC else sampling_triton.MAX_K
     assert sampling_triton.chunk_levels(chunk, kc)[1] == levels
@@ -69,6 +70,7 @@ def test_chunk_cut_in_levels_interp(monkeypatch: pytest.MonkeyPatch, chunk: int,
 def test_draw_cuts_the_candidates_in_levels_interp(monkeypatch: pytest.MonkeyPatch, k_max: int) -> None:
     """The draw keeps the best KC of the chunks' candidates through sorted rows cut to their best, twice as for
     Flint's 37 chunks of 32 or 128 candidates, before its sort: the same tokens as the reference."""
+    monkeypatch.setattr(sampling_triton, "RADIX", False)
     monkeypatch.setattr(sampling_triton, "CHUNK", 128)  # 18 chunks of a 2200-token vocabulary
     kc = sampling_triton.MIN_KC if k_max <= sampling_triton.MIN_KC else sampling_triton.MAX_K
     assert sampling_triton.chunk_levels(triton.next_power_of_2(18 * kc), kc)[1] == 2
@@ -102,6 +104,7 @@ def test_radix_select_finds_the_kth_key_among_near_ties_interp(monkeypatch: pyte
     ids of equal values, as torch.argmax does; torch.topk, in the reference, breaks such ties its own way), and
     greedy takes the first of the equal maxima."""
     monkeypatch.setattr(sampling_triton, "FILTER", False)
+    monkeypatch.setattr(sampling_triton, "RADIX", False)
     monkeypatch.setattr(sampling_triton, "CHUNK", 256)
     vocab = 1500
     logits = torch.full((3, vocab), 1.0)
@@ -119,11 +122,18 @@ def test_radix_select_finds_the_kth_key_among_near_ties_interp(monkeypatch: pyte
     assert radix[0].item() == 0 and radix[1].item() % 3 != 0 and radix[2].item() >= 700
 
 
-@pytest.mark.parametrize("filtered", [False, True], ids=["sorted_rows", "filter"])
-def test_ties_and_banned_tokens_interp(monkeypatch: pytest.MonkeyPatch, small_chunks: None, filtered: bool) -> None:
+# The sampler's three ways to a row's candidates: sorted rows (FLINT_SAMPLER_RADIX=0 FLINT_SAMPLER_FILTER=0), radix
+# selects (FLINT_SAMPLER_FILTER=0), and the default: the filter, with radix selects where it falls back.
+MODES = {"sorted_rows": (False, False), "radix": (False, True), "filter": (True, True)}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_ties_and_banned_tokens_interp(monkeypatch: pytest.MonkeyPatch, small_chunks: None, mode: str) -> None:
     """Greedy takes the first of equal maxima (torch.argmax's rule); a -inf logit is never drawn. With FILTER, in
     one 1024-key chunk: the bound then lies among the -inf keys of the banned rows."""
+    filtered, radix = MODES[mode]
     monkeypatch.setattr(sampling_triton, "FILTER", filtered)
+    monkeypatch.setattr(sampling_triton, "RADIX", radix)
     if filtered:
         monkeypatch.setattr(sampling_triton, "CHUNK", 1024)
         monkeypatch.setattr(sampling_triton, "FILTER_CAP", 256)
@@ -180,18 +190,23 @@ def test_sampler_gives_the_same_tokens_with_either_op(small_chunks: None) -> Non
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("n,k_max", [(1, 20), (8, 20), (64, 20), (32, 128), (16, 1)], ids=str)
-@pytest.mark.parametrize("filtered", [False, True], ids=["sorted_rows", "filter"])
-def test_sample_top_k_gpu(monkeypatch: pytest.MonkeyPatch, n: int, k_max: int, filtered: bool) -> None:
+@pytest.mark.parametrize("mode", list(MODES))
+def test_sample_top_k_gpu(monkeypatch: pytest.MonkeyPatch, n: int, k_max: int, mode: str) -> None:
+    filtered, radix = MODES[mode]
     monkeypatch.setattr(sampling_triton, "FILTER", filtered)
+    monkeypatch.setattr(sampling_triton, "RADIX", radix)
     _check(n, 150_144, k_max, seed=n + k_max, device="cuda")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_chunk_filter_falls_back_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("radix", [False, True], ids=["sorted_rows", "radix"])
+def test_chunk_filter_falls_back_on_the_gpu(monkeypatch: pytest.MonkeyPatch, radix: bool) -> None:
     """FILTER at Flint's vocabulary with rows whose chunks all exceed FILTER_CAP keys at the bound (every 32nd
-    logit very low) beside ordinary rows: the same tokens as the reference."""
+    logit very low) beside ordinary rows, falling back on sorted rows or radix selects: the same tokens as the
+    reference."""
     monkeypatch.setattr(sampling_triton, "FILTER", True)
+    monkeypatch.setattr(sampling_triton, "RADIX", radix)
     args = _batch(8, 150_144, 20, seed=5, device="cuda")
     args[0][::2, ::32] = -50.0
     assert sample_top_k(*args, 20).tolist() == sample_top_k_ref(*args, 20).tolist()
