@@ -43,9 +43,16 @@ FAMILIES = (
     ("router", ("router", "topk")),
     ("norm", ("norm",)),
     ("rope", ("rope",)),
-    ("gemv/gemm", ("gemv", "gemm", "linear", "matmul", "nvjet", "cutlass", "sm90", "xmma", "dot")),
+    ("gemv/gemm", ("gemv", "gemm", "linear", "matmul", "nvjet", "cutlass", "sm90", "xmma", "dot", "nvfp4_mma")),
     ("activation", ("silu",)),
 )
+
+
+def family(kernel: str) -> str:
+    """The profile's family of a kernel name: the first in FAMILIES with a key in the name (so the MoE's MMA kernels
+    count as MoE, the MMA linear's as GEMV/GEMM), or "other"."""
+    name = kernel.lower()
+    return next((f for f, keys in FAMILIES if any(k in name for k in keys)), "other")
 
 
 class Report:
@@ -226,8 +233,7 @@ def count_kernels(fn, dev: torch.device) -> tuple[int, dict[str, float], list[di
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         n += 1
-        name = e.name.lower()
-        fam = next((f for f, keys in FAMILIES if any(k in name for k in keys)), "other")
+        fam = family(e.name)
         families[fam] = families.get(fam, 0.0) + e.device_time / 1e3
         by_name.setdefault(e.name[:80], []).append(e.device_time)
     kernels = [

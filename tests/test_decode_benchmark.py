@@ -40,3 +40,16 @@ def test_chunked_prefill_gives_the_whole_prompts_logits(decode: ModuleType, chun
     assert len(whole) == 1 and len(chunks) == -(-len(ids) // chunk)
     assert [b.seq_lens[0] for b in chunks] == [min(len(ids), (i + 1) * chunk) for i in range(len(chunks))]
     torch.testing.assert_close(last_logits(chunks), last_logits(whole), rtol=1e-5, atol=1e-5)
+
+
+def test_profile_families_name_the_kernels_of_a_step(decode: ModuleType) -> None:
+    """Kernel names from H200 profiles (twenty-first session) land in their family, not in "other"."""
+    assert decode.family("_nvfp4_mma_rows_kernel") == "gemv/gemm"
+    assert decode.family("_nvfp4_mma_vec_kernel") == "gemv/gemm"
+    assert decode.family("_linear_kernel") == "gemv/gemm"
+    assert decode.family("_moe_gate_up_mma_vec_kernel") == "moe"
+    assert decode.family("_moe_down_mma_vec_kernel") == "moe"
+    assert decode.family("_decode_kernel") == "attention"
+    assert decode.family("_router_tiles_kernel") == "router"
+    assert decode.family("_qk_norm_rope_write_kernel") == "norm"
+    assert decode.family("Memset (Device)") == "other"
