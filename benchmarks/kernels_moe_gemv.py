@@ -177,6 +177,10 @@ def gemv_row(name, fmt, m, copies, fast, ref, fp32_out, sweep, gen) -> dict:
         bf16_ref = linear_fp32_out_ref if fp32_out else linear_ref
         row["torch_bf16_ms"] = time_graph([lambda d=d: bf16_ref(x, d) for d in dense_copies])
         del dense_copies
+        if m >= gt.DEQUANT_MIN_M and not fp32_out:  # the FP32 output and scale pass the alpha epilogue replaced
+            passed = [lambda w=w: gt.dequant_matmul(x, w, False, alpha=False) for w in copies]
+            row["scale_pass_rel_err"] = rel_err(passed[0](), y_ref)
+            row["scale_pass_ms"] = time_graph(passed)
     if sweep and ((m in (1, 8, 64) and name in SWEEP_SHAPES) or (m > 64 and name in ("qkv", "dense_gate_up"))):
         row["sweep"] = gemv_sweep(x, copies, fp32_out, moved, y_ref)
     return row
@@ -212,7 +216,8 @@ def gemv_candidates(m: int, nvfp4: bool) -> dict:
         cands["fused n128 m128 k64 w8"] = tc(128, 128, 64, True, 8, 3)
         cands["fused n128 m64 k64 w4"] = tc(128, 64, 64, True, 4, 3)
         cands["fused n64 m128 k128 w4"] = tc(64, 128, 128, True, 4, 3)
-        cands["dequant+cublas"] = "dequant"
+        cands["dequant+cublas"] = "dequant"  # each segment's global scale as cuBLAS's alpha
+        cands["dequant+cublas fp32+scale pass"] = "dequant_pass"
     return cands
 
 
@@ -228,8 +233,8 @@ def gemv_sweep(x: torch.Tensor, copies: list, fp32_out: bool, moved: int, y_ref:
     out = {}
     for key, c in gemv_candidates(m, isinstance(copies[0], NVFP4Weight)).items():
         try:
-            if c == "dequant":
-                calls = [lambda w=w: gt.dequant_matmul(x, w, fp32_out) for w in copies]
+            if c in ("dequant", "dequant_pass"):
+                calls = [lambda w=w, a=c == "dequant": gt.dequant_matmul(x, w, fp32_out, alpha=a) for w in copies]
             else:
                 calls = [lambda w=w, c=c: gt._matmul(x, w, fp32_out, config=c) for w in copies]
             err = rel_err(calls[0](), y_ref)
@@ -512,6 +517,7 @@ def print_row(row: dict) -> None:
         "torch_ms",
         "torch_bf16_ms",
         "torch_ref_ms",
+        "scale_pass_ms",
     )
     parts = []
     for k in keys:

@@ -7,9 +7,10 @@ Paths (chosen by M inside `linear` / `lm_head`; the numbers are from an H200, se
 - M == 1: an FMA GEMV, no tensor cores: FP32 products summed in registers, one reduction at the end. Dense BF16
   runs at 2-4.3 TB/s, a little ahead of cuBLAS; NVFP4 moves 3.6x fewer bytes and beats BF16 cuBLAS in time.
 - NVFP4, 2 <= M <= 64: tl.dot with BLOCK_M >= 16 rows (padding the few real ones), weights decoded to BF16 tiles.
-- NVFP4, M > 64: `dequant_matmul`: one exact dequantisation to x.dtype by a Triton kernel, cuBLAS with FP32 output,
-  then the global scale and one rounding (430-590 TFLOP/s at M >= 1024). A fused dequantise-and-dot kernel with
-  prefill tiles exists (`large_m_config`) but was 3-4x slower: its decode competes with the MMAs for issue slots.
+- NVFP4, M > 64: `dequant_matmul`: one exact dequantisation to x.dtype by a Triton kernel, cuBLAS with each
+  segment's global scale as alpha on its FP32 accumulator and one rounding (430-590 TFLOP/s at M >= 1024). A fused
+  dequantise-and-dot kernel with prefill tiles exists (`large_m_config`) but was 3-4x slower: its decode competes
+  with the MMAs for issue slots.
 - Dense, M > 1: the reference (cuBLAS); Triton did not beat it there.
 
 Split-K (small M): when N / BLOCK_N tiles cannot give ~4 programs per SM, K is split over SPLIT_K programs and
@@ -27,7 +28,8 @@ from int32 words, nibbles i and i + 4 sitting 16 bits apart); power-of-two offse
 
 The per-segment FP32 global scale multiplies the FP32 accumulator before the single rounding to x.dtype (`linear`)
 or the FP32 store (`lm_head`). Limits of the offsets: |x| must stay below 2**64 (activations are far smaller).
-Grids come from shapes only and nothing syncs with the host, so every path is CUDA-graph capturable. Workspaces
+Grids come from shapes only and nothing syncs with the host (but `dequant_matmul`'s first call on a weight, which
+reads its global scales, and not while a graph is captured), so every path is CUDA-graph capturable. Workspaces
 come from the caching allocator; the arrival counters are one zeroed int32 buffer per device, created on first use
 (make the first call outside graph capture) and shared by launches on one stream: split-K launches must not run
 concurrently on several streams.
@@ -35,6 +37,7 @@ concurrently on several streams.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
@@ -1128,12 +1131,23 @@ def dequantize(w: NVFP4Weight, dtype: torch.dtype, tile: tuple[int, int, int] | 
     return out
 
 
-def dequant_matmul(x: torch.Tensor, w: NVFP4Weight, fp32_out: bool) -> torch.Tensor:
-    """Prefill-sized M: dequantise once (exact) and let cuBLAS multiply with FP32 output, then the global scale
-    on the FP32 result and one rounding, exactly the reference's order of operations."""
+def dequant_matmul(x: torch.Tensor, w: NVFP4Weight, fp32_out: bool, alpha: bool = True) -> torch.Tensor:
+    """Prefill-sized M: dequantise once (exact) and let cuBLAS multiply, the global scale on the FP32 accumulator
+    and one rounding, as the reference: for x.dtype output with `alpha`, one GEMM a segment with the segment's scale
+    as alpha (applied in cuBLAS's FP32 epilogue) into its columns of the output; for FP32 output, without `alpha`
+    or with scales not yet read to the host while a graph is captured: FP32 output, then the scale pass."""
     dense = dequantize(w, x.dtype)
+    m, n = x.shape[0], dense.shape[0]
+    alphas = w.host_global_scales() if alpha and not fp32_out else None
+    if alphas is not None:
+        # The output pass over FP32 was 6.9 ms of an 8K NVFP4 prefill (H200, ninth session); cuBLAS writes each
+        # segment's columns in place (a column slice is a matrix with leading dimension n), reading nothing (beta 0).
+        out = _empty((m, n), x.dtype, x.device)
+        for (lo, hi), alpha in zip(_segment_ranges(w.segments), alphas, strict=True):
+            part = out[:, lo:hi]
+            torch.addmm(part, x, dense[lo:hi].t(), beta=0, alpha=alpha, out=part)
+        return out
     acc = matmul_fp32_out(x, dense)
-    m, n = acc.shape
     out = acc if fp32_out else _empty((m, n), x.dtype, x.device)
     block = 1024
     _scale_rows_kernel[(m, triton.cdiv(n, block))](
@@ -1141,6 +1155,12 @@ def dequant_matmul(x: torch.Tensor, w: NVFP4Weight, fp32_out: bool) -> torch.Ten
         BLOCK_N=block, num_warps=4,
     )  # fmt: skip
     return out
+
+
+def _segment_ranges(segments: tuple[int, ...]) -> list[tuple[int, int]]:
+    """[lo, hi) output columns of each segment."""
+    ends = list(itertools.accumulate(segments))
+    return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
 def supported(x: torch.Tensor, w: Weight, fp32_out: bool) -> bool:

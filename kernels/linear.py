@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,7 @@ class NVFP4Weight:
     scales: torch.Tensor
     global_scale: torch.Tensor
     segments: tuple[int, ...]
+    _host_scales: tuple[float, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n, half_k = self.qweight.shape[-2:]
@@ -54,6 +55,15 @@ class NVFP4Weight:
         """FP32 [..., N]: the global scale of each output row."""
         sizes = torch.tensor(self.segments, device=self.global_scale.device)
         return torch.repeat_interleave(self.global_scale, sizes, dim=-1)
+
+    def host_global_scales(self) -> tuple[float, ...] | None:
+        """A 2-D weight's G global scales as Python floats (a GEMM's alpha), read from the device at the first call;
+        None for stacked (expert) weights, or while a CUDA graph is being captured and they were not read yet."""
+        if self._host_scales is None and self.global_scale.dim() == 1:
+            if self.global_scale.is_cuda and torch.cuda.is_current_stream_capturing():
+                return None
+            self._host_scales = tuple(float(v) for v in self.global_scale.tolist())
+        return self._host_scales
 
     def scales_are_powers_of_two(self) -> bool:
         mant, _ = torch.frexp(self.global_scale)

@@ -24,7 +24,7 @@ from flint_kernels.linear import (
     linear_fp32_out_ref,
     linear_ref,
 )
-from kernel_checks import poisoned_empty, random_nvfp4, rel_err
+from kernel_checks import LaunchSpy, poisoned_empty, random_nvfp4, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -248,16 +248,30 @@ def test_nvfp4_weights_not_on_8_bytes_fall_back() -> None:
     assert rel_err(gt.linear(x, odd), linear_ref(x, w)) < 1e-6
 
 
-def test_nvfp4_dequant_then_matmul_path() -> None:
-    """Prefill-sized M: one exact dequantisation, FP32 matmul, global scale on the FP32 result, one rounding."""
+def test_nvfp4_dequant_then_matmul_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill-sized M: one exact dequantisation, FP32 matmul, global scale on the FP32 result, one rounding: in
+    cuBLAS's epilogue (alpha, one GEMM a segment, no scale pass) or, for FP32 output, by the scale pass."""
     g = gen(21)
     w = random_nvfp4(70, 192, g, segments=(30, 40))
     x = random_x(12, 192, torch.float32, g)
+    spy = LaunchSpy(gt._scale_rows_kernel)
+    monkeypatch.setattr(gt, "_scale_rows_kernel", spy)
     assert rel_err(gt.dequant_matmul(x, w, fp32_out=False), linear_ref(x, w)) < 1e-5
+    assert spy.launches == 0 and w.host_global_scales() == tuple(w.global_scale.tolist())
     assert rel_err(gt.dequant_matmul(x, w, fp32_out=True), linear_fp32_out_ref(x, w)) < 1e-5
+    assert spy.launches == 1
+    assert rel_err(gt.dequant_matmul(x, w, fp32_out=False, alpha=False), linear_ref(x, w)) < 1e-5
+    assert spy.launches == 2
     xh = random_x(12, 192, torch.float16, g)
     wq = quantized_nvfp4(70, 192, g, (30, 40))
     assert rel_err(gt.dequant_matmul(xh, wq, fp32_out=False), linear_ref(xh, wq)) < 1e-3
+    # Scales not on the host (a graph being captured): the FP32 output and the scale pass, the same function.
+    three = random_nvfp4(96, 192, g, segments=(64, 16, 16))
+    alpha = gt.dequant_matmul(x, three, fp32_out=False)
+    monkeypatch.setattr(NVFP4Weight, "host_global_scales", lambda self: None)
+    passed = gt.dequant_matmul(x, three, fp32_out=False)
+    assert spy.launches == 3
+    assert rel_err(alpha, linear_ref(x, three)) < 1e-5 and rel_err(passed, alpha) < 1e-5
 
 
 def test_nvfp4_large_m_path() -> None:
