@@ -42,22 +42,27 @@ fi
 timeout 300 python3 benchmarks/nvfp4_mma.py ${MMA_BENCH_ARGS:-} --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
 echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,/^wrote/p' "$OUT/nvfp4_mma.txt" | grep -v '^{'; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
 fi
-# MMA_AB=1: the whole step, NVFP4, at 16, 32 and 64 rows, against the table (the MMA rows kernel at 9-32 rows since
-# the twentieth session, 32-column tensor-core tiles at 33-64): rows16 and rows32 change nothing now (kept as
-# controls), rows64 runs the rows kernel at 33-64 rows too (eight groups in one launch). ~2 minutes.
+# MMA_AB=1: the whole step, NVFP4, at 48 and 64 rows, against the table (32-column tensor-core tiles at 33-64 rows):
+# the rows kernel's eight groups (one launch) only for the shapes where it won alone in the twenty-first session
+# (lm_head 440 -> 373 us at 64 rows, qkv 24.5 -> 22.4, the shared gate_up 12.9 -> 11.0; o_proj lost, 19.7 -> 22.1)
+# while on every shape it lost as a whole step (b64 17.07 -> 17.35 ms): lm64 the lm_head, lmqkv64 with qkv,
+# lmqkvgu64 with the shared gate_up (n 2048, k 2048), rows64 every shape (the control). ~2.5 minutes.
 if [ "${MMA_AB:-0}" = 1 ]; then
 V=/tmp/variants; mkdir -p $V
 variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
-variant --op gemv.small_m --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' --set mma=true mma_vec=true \
-    --out $V/rows16.json
-variant --table $V/rows16.json --op gemv.small_m --when '{"m_min": 17, "m_max": 32, "nvfp4": true}' \
-    --set mma=true mma_vec=true --out $V/rows32.json
-variant --table $V/rows32.json --op gemv.small_m --when '{"m_min": 33, "m_max": 64, "nvfp4": true}' \
-    --set mma=true mma_vec=true --out $V/rows64.json
-timeout 240 python3 benchmarks/decode.py --formats nvfp4 --batches 16 32 64 --contexts 1024 --prefill 0 \
-    --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/rows16.json $V/rows32.json $V/rows64.json \
+rows='{"m_min": 33, "m_max": 64, "nvfp4": true}'
+variant --op gemv.small_m --when "$rows" --set mma=true mma_vec=true \
+    --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 150144}' --out $V/lm64.json
+variant --table $V/lm64.json --op gemv.small_m --when "$rows" --set mma=true mma_vec=true \
+    --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 5120, "k": 2048}' --out $V/lmqkv64.json
+variant --table $V/lmqkv64.json --op gemv.small_m --when "$rows" --set mma=true mma_vec=true \
+    --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 2048, "k": 2048}' --out $V/lmqkvgu64.json
+variant --op gemv.small_m --when "$rows" --set mma=true mma_vec=true --out $V/rows64.json
+timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 48 64 --contexts 1024 --prefill 0 \
+    --reps 30 --check-steps 0 --no-plain-timing \
+    --ab-tuning-file $V/lm64.json $V/lmqkv64.json $V/lmqkvgu64.json $V/rows64.json \
     --out "$OUT/decode_nvfp4_mma_ab.json" > "$OUT/decode_mma_ab.txt" 2>&1
-echo "== whole step: table vs rows16 / rows32 / rows64"
+echo "== whole step: table vs lm64 / lmqkv64 / lmqkvgu64 / rows64"
 grep "A/B rounds\|Error" "$OUT/decode_mma_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
@@ -72,15 +77,32 @@ timeout 200 python3 benchmarks/decode.py --formats nvfp4 --batches 1 2 4 8 32 64
 sed -n '/^ *fmt *batch/,$p' "$OUT/decode_table.txt" | grep -v " x .* us = " | head -40
 grep "Error" "$OUT/decode_table.txt" | head -5
 fi
-# RADIX=1: the sampler's radix-select kernels on the GPU: its GPU tests with them on, then their time (top_k 50).
+# RADIX=1: the sampler's GPU tests (sorted rows, radix selects, the filter on radix fallbacks), then the op's time
+# with the radix selects off and on at Flint's default top_k 20 (the filtered kernels, whose fallbacks differ).
 if [ "${RADIX:-0}" = 1 ]; then
-    FLINT_SAMPLER_RADIX=1 timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider \
+    timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider \
         tests/test_kernels_sampling.py > "$OUT/radix_tests.txt" 2>&1
-    echo "sampler GPU tests with FLINT_SAMPLER_RADIX=1: $(tail -1 "$OUT/radix_tests.txt")"
+    echo "sampler GPU tests: $(tail -1 "$OUT/radix_tests.txt")"
     grep -E "^E |FAILED" "$OUT/radix_tests.txt" | head -6
-    timeout 200 python3 benchmarks/sampler.py --device cuda --chunks 4096 --top-k 50 --radix --batch 1 8 64 \
+    timeout 200 python3 benchmarks/sampler.py --device cuda --chunks 4096 --top-k 20 --radix --batch 1 8 64 \
         > "$OUT/sampler_radix.txt" 2>&1
-    tail -12 "$OUT/sampler_radix.txt"
+    tail -6 "$OUT/sampler_radix.txt"
+fi
+# PREFILL_AB=1: NVFP4 prefill with each segment's global scale as cuBLAS's alpha (`dequant_matmul`, twenty-first
+# session, built on CPU) against the FP32 output and scale pass it replaced: the GEMV GPU tests of that path, the
+# projections alone at 8192 rows (kernels_moe_gemv.py: `ms` against `scale_pass_ms`), then the whole 8K prefill
+# both ways in alternating rounds (prefill_ab.py). ~3 minutes; measured 158.4 -> 149.6 ms on 2026-12-02.
+if [ "${PREFILL_AB:-0}" = 1 ]; then
+    timeout 120 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_kernels_gemv.py \
+        -k "dequant or large_m" > "$OUT/prefill_tests.txt" 2>&1
+    echo "dequant_matmul GPU tests: $(tail -1 "$OUT/prefill_tests.txt")"
+    grep -E "^E |FAILED" "$OUT/prefill_tests.txt" | head -6
+    timeout 150 python3 benchmarks/kernels_moe_gemv.py --only gemv --ms 8192 --out "$OUT/prefill_gemv.json" \
+        > "$OUT/prefill_gemv.txt" 2>&1
+    grep -E "fmt=nvfp4|Error" "$OUT/prefill_gemv.txt" | head -8
+    timeout 300 python3 benchmarks/prefill_ab.py --variant scale_pass --rounds 3 --out "$OUT/prefill_ab.json" \
+        > "$OUT/prefill_ab.txt" 2>&1
+    grep -E "^round|median|Error" "$OUT/prefill_ab.txt"
 fi
 # RECORD=1: then the NVFP4 profile of the kernel manifest again, for the table as installed (~220 s).
 [ "${RECORD:-0}" = 1 ] && OUT="$OUT" bash benchmarks/gpu_record_manifest.sh

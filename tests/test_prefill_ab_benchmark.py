@@ -1,0 +1,42 @@
+"""benchmarks/prefill_ab.py: alternating prefill rounds of the engine and a variant, and the variant undone after."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from flint_kernels import gemv_triton as gt
+
+
+def test_scale_pass_variant_patches_and_restores(benchmark_script: Callable[[str], ModuleType]) -> None:
+    prefill_ab = benchmark_script("prefill_ab")
+    original = gt.dequant_matmul
+    undo = prefill_ab.VARIANTS["scale_pass"]()
+    try:
+        assert gt.dequant_matmul is not original and gt.dequant_matmul.keywords == {"alpha": False}
+    finally:
+        undo()
+    assert gt.dequant_matmul is original
+
+
+def test_rounds_on_a_tiny_model(
+    benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two rounds on CPU: each run of each side is timed and profiled GPU time is 0 off CUDA; the JSON has both."""
+    prefill_ab = benchmark_script("prefill_ab")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    out = tmp_path / "ab.json"
+    original = gt.dequant_matmul
+    prefill_ab.main(
+        ["--variant", "scale_pass", "--rounds", "2", "--preset", "tiny", "--device", "cpu", "--tokens", "96",
+         "--out", str(out)]
+    )  # fmt: skip
+    got = json.loads(out.read_text())
+    assert set(got["runs"]) == {"engine", "scale_pass"}
+    assert all(len(rs) == 2 and all(r["wall_ms"] > 0 and r["gpu_ms"] == 0 for r in rs) for rs in got["runs"].values())
+    assert got["tokens"] == 96 and set(got["median_wall_ms"]) == {"engine", "scale_pass"}
+    assert gt.dequant_matmul is original
