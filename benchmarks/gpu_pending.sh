@@ -3,21 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twentieth session (2026-12-02): the VEC twins of the MMA kernels (16-byte loads) are installed
-# wherever the table runs an MMA kernel, the MMA gate_up from 25 tokens in 8 warps, and the MMA rows kernel (four
-# groups of 8 rows a decoded weight) for NVFP4 projections at 9-32 rows (b16 -5.1%, b32 -2.3% in its A/B). The NVFP4
-# manifest profile was recorded before the rows kernel went in, so next: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 RECORD=1
-# (~4 min; the second start should again show 0 warm-up and 0 in-process compiles), then SKIP_HOST=1 SKIP_AB=1
-# (~5 min): the GEMV, MoE and sampling GPU tests, the whole step with the table as installed and the fused path
-# against the plain one at batch 1 and 2. Also open: SKIP_HOST=1 SKIP_CHECK=1 MMA_AB=1 MMA_TEST_K="rows or gemv_linear"
-# MMA_BENCH_ARGS="--ms 16 32 64 --warps 4 --vec 1 --moe-tokens --shapes qkv o_proj shared_gate_up lm_head" (~3 min):
-# the rows kernel at 33-64 rows in one launch of eight groups (two quads a decoded K step; built on CPU after its
-# two-launch form lost, b64 +7%: 130-134 registers, no spills, 64 HMMAs a K step) against the tensor-core tiles.
-# And SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 RADIX=1 (~2 min): the sampler's radix-select kernels (FLINT_SAMPLER_RADIX=1,
-# built on CPU: 2-3 s to compile against 6-22 s for the sorted rows) through the sampler's GPU tests, and their time
-# against the sorted rows at top_k 50 (benchmarks/sampler.py --radix; `_first_call_s` includes the compile). If they
-# are no slower, turn RADIX on by default and record the manifest again (the start-up's critical path is
-# `_draw_kernel`'s 22 s compile).
+# State after the twenty-first session (2026-12-02): everything built is judged on the H200 and the table, the
+# sampler's defaults and both manifest profiles are as measured (docs/performance.md, "NVFP4 prefill scaled in
+# cuBLAS's epilogue"). Its blocks stay as recipes: MMA_AB=1 (the rows kernel at 33-64 rows by shape; rewrite it for
+# the next variants), RADIX=1 (the sampler's modes and their op time), PREFILL_AB=1 (the NVFP4 prefill's alpha
+# epilogue against the FP32 output and scale pass, alternating rounds: benchmarks/prefill_ab.py).
 #
 # SKIP_AB=1 leaves the MMA kernels' tests and benchmark out (MMA_TESTS=0 the tests only; MMA_BENCH_ARGS replaces the
 # benchmark's arguments), SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest
