@@ -3,10 +3,13 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twenty-first session (2026-12-02): everything built is judged on the H200 and the table, the
-# sampler's defaults and both manifest profiles are as measured (docs/performance.md, "NVFP4 prefill scaled in
-# cuBLAS's epilogue"). Its blocks stay as recipes: MMA_AB=1 (the rows kernel at 33-64 rows by shape; rewrite it for
-# the next variants), RADIX=1 (the sampler's modes and their op time), PREFILL_AB=1 (the NVFP4 prefill's alpha
+# State after the twenty-first session (2026-12-02): the table, the sampler's defaults and both manifest profiles
+# are as measured (docs/performance.md, "NVFP4 prefill scaled in cuBLAS's epilogue"). Pending, built on CPU after
+# the budget was spent: the experimental `experts_ahead` op (long NVFP4 prefills begin each MoE layer's expert copies
+# on a side stream at the layer's start, `flint_kernels.expert_copies`): SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 AHEAD=1
+# (~3 min): its GPU tests, then the 8K NVFP4 prefill with and without it in alternating rounds; if it wins, move
+# it from fast.EXPERIMENTAL_OPS to OPS. Recipes kept: MMA_AB=1 (the rows kernel at 33-64 rows by shape; rewrite it
+# for the next variants), RADIX=1 (the sampler's modes and their op time), PREFILL_AB=1 (the NVFP4 prefill's alpha
 # epilogue against the FP32 output and scale pass, alternating rounds: benchmarks/prefill_ab.py).
 #
 # SKIP_AB=1 leaves the MMA kernels' tests and benchmark out (MMA_TESTS=0 the tests only; MMA_BENCH_ARGS replaces the
@@ -93,6 +96,17 @@ if [ "${PREFILL_AB:-0}" = 1 ]; then
     timeout 300 python3 benchmarks/prefill_ab.py --variant scale_pass --rounds 3 --out "$OUT/prefill_ab.json" \
         > "$OUT/prefill_ab.txt" 2>&1
     grep -E "^round|median|Error" "$OUT/prefill_ab.txt"
+fi
+# AHEAD=1: the experimental experts_ahead op (twenty-first session, CPU only): its GPU tests (copies on the side
+# stream against copies in the call, and the MoE tests), then the 8K NVFP4 prefill with it against without.
+if [ "${AHEAD:-0}" = 1 ]; then
+    timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_expert_copies.py \
+        tests/test_kernels_moe.py -k "copies or side_stream" > "$OUT/ahead_tests.txt" 2>&1
+    echo "experts_ahead GPU tests: $(tail -1 "$OUT/ahead_tests.txt")"
+    grep -E "^E |FAILED" "$OUT/ahead_tests.txt" | head -6
+    timeout 300 python3 benchmarks/prefill_ab.py --variant experts_ahead --rounds 3 --out "$OUT/prefill_ahead_ab.json" \
+        > "$OUT/prefill_ahead_ab.txt" 2>&1
+    grep -E "^round|median|Error" "$OUT/prefill_ahead_ab.txt"
 fi
 # RECORD=1: then the NVFP4 profile of the kernel manifest again, for the table as installed (~220 s).
 [ "${RECORD:-0}" = 1 ] && OUT="$OUT" bash benchmarks/gpu_record_manifest.sh
