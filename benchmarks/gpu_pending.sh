@@ -8,8 +8,10 @@
 # the budget was spent: the experimental `experts_ahead` op (long NVFP4 prefills begin each MoE layer's expert copies
 # on a side stream at the layer's start, `flint_kernels.expert_copies`): SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 AHEAD=1
 # (~3 min): its GPU tests, then the 8K NVFP4 prefill with and without it in alternating rounds; if it wins, move
-# it from fast.EXPERIMENTAL_OPS to OPS. Recipes kept: MMA_AB=1 (the rows kernel at 33-64 rows by shape; rewrite it
-# for the next variants), RADIX=1 (the sampler's modes and their op time), PREFILL_AB=1 (the NVFP4 prefill's alpha
+# it from fast.EXPERIMENTAL_OPS to OPS. And SKIP_HOST=1 SKIP_CHECK=1 MMA_AB=1 MMA_TESTS=0 with the MMA_BENCH_ARGS
+# named at the MMA_AB block (~4 min): the rows kernel at 33-64 rows for the o projection and shared down with fewer
+# K splits (TileConfig.mma_split_k, built on CPU); install what wins, then RECORD=1 if the table changed. Recipes
+# kept: RADIX=1 (the sampler's modes and their op time), PREFILL_AB=1 (the NVFP4 prefill's alpha
 # epilogue against the FP32 output and scale pass, alternating rounds: benchmarks/prefill_ab.py).
 #
 # SKIP_AB=1 leaves the MMA kernels' tests and benchmark out (MMA_TESTS=0 the tests only; MMA_BENCH_ARGS replaces the
@@ -35,27 +37,26 @@ fi
 timeout 300 python3 benchmarks/nvfp4_mma.py ${MMA_BENCH_ARGS:-} --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
 echo "== nvfp4_mma"; sed -n '/^NVFP4 linear on/,/^wrote/p' "$OUT/nvfp4_mma.txt" | grep -v '^{'; grep -E "Error|error" "$OUT/nvfp4_mma.txt" | head -4
 fi
-# MMA_AB=1: the whole step, NVFP4, at 48 and 64 rows, against the table (32-column tensor-core tiles at 33-64 rows):
-# the rows kernel's eight groups (one launch) only for the shapes where it won alone in the twenty-first session
-# (lm_head 440 -> 373 us at 64 rows, qkv 24.5 -> 22.4, the shared gate_up 12.9 -> 11.0; o_proj lost, 19.7 -> 22.1)
-# while on every shape it lost as a whole step (b64 17.07 -> 17.35 ms): lm64 the lm_head, lmqkv64 with qkv,
-# lmqkvgu64 with the shared gate_up (n 2048, k 2048), rows64 every shape (the control). ~2.5 minutes.
+# MMA_AB=1: the MMA rows kernel at 33-64 rows for the o projection (n 2048, k 4096) and the shared down (k 1024)
+# with fewer K splits (TileConfig.mma_split_k; its own choice splits the o projection 16 ways at 64 rows, and the
+# FP32 partials outweigh the weights: it lost there, 19.7 -> 22.1 us, twenty-first session). Run it with
+# MMA_BENCH_ARGS="--ms 48 64 --shapes o_proj shared_down --warps 4 --vec 1 --splits 1 2 4 8" for the kernels alone,
+# then the whole step at 48 and 64 rows: o2 / o4 (the o projection in 2 / 4 splits), o4d2 (and the shared down in
+# 2). ~3 minutes.
 if [ "${MMA_AB:-0}" = 1 ]; then
 V=/tmp/variants; mkdir -p $V
 variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
 rows='{"m_min": 33, "m_max": 64, "nvfp4": true}'
-variant --op gemv.small_m --when "$rows" --set mma=true mma_vec=true \
-    --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 150144}' --out $V/lm64.json
-variant --table $V/lm64.json --op gemv.small_m --when "$rows" --set mma=true mma_vec=true \
-    --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 5120, "k": 2048}' --out $V/lmqkv64.json
-variant --table $V/lmqkv64.json --op gemv.small_m --when "$rows" --set mma=true mma_vec=true \
-    --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 2048, "k": 2048}' --out $V/lmqkvgu64.json
-variant --op gemv.small_m --when "$rows" --set mma=true mma_vec=true --out $V/rows64.json
+variant --op gemv.small_m --when "$rows" --set mma=true mma_vec=true mma_split_k=2 \
+    --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 2048, "k": 4096}' --out $V/o2.json
+variant --op gemv.small_m --when "$rows" --set mma=true mma_vec=true mma_split_k=4 \
+    --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 2048, "k": 4096}' --out $V/o4.json
+variant --table $V/o4.json --op gemv.small_m --when "$rows" --set mma=true mma_vec=true mma_split_k=2 \
+    --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 2048, "k": 1024}' --out $V/o4d2.json
 timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 48 64 --contexts 1024 --prefill 0 \
-    --reps 30 --check-steps 0 --no-plain-timing \
-    --ab-tuning-file $V/lm64.json $V/lmqkv64.json $V/lmqkvgu64.json $V/rows64.json \
+    --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/o2.json $V/o4.json $V/o4d2.json \
     --out "$OUT/decode_nvfp4_mma_ab.json" > "$OUT/decode_mma_ab.txt" 2>&1
-echo "== whole step: table vs lm64 / lmqkv64 / lmqkvgu64 / rows64"
+echo "== whole step: table vs o2 / o4 / o4d2"
 grep "A/B rounds\|Error" "$OUT/decode_mma_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then

@@ -36,6 +36,7 @@ SHAPES = {  # name: (N, K)
     "expert_gate_up": (1024, 2048),
     "expert_down": (2048, 512),
     "shared_gate_up": (2048, 2048),
+    "shared_down": (2048, 1024),
     "lm_head": (150144, 2048),
 }
 
@@ -88,7 +89,7 @@ def main() -> None:
         type=int,
         nargs="*",
         default=[],
-        help="also the linear in 4 warps with these explicit K splits (the kernel's own choice otherwise)",
+        help="also the linear in 4 warps, 16-byte loads, with these K splits (else the kernel's own choice)",
     )
     ap.add_argument("--moe-tokens", type=int, nargs="*", default=[1, 2, 8, 16, 32, 64])
     ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
@@ -120,7 +121,7 @@ def main() -> None:
             for label, kw in mma:
                 variants[label] = lambda x, w, kw=kw: nm.linear(x, w, **kw)
             for sk in args.splits:
-                variants[f"mma_w4_k{sk}"] = lambda x, w, sk=sk: nm.linear(x, w, num_warps=4, split_k=sk)
+                variants[f"mma_w4_k{sk}"] = lambda x, w, sk=sk: nm.linear(x, w, num_warps=4, split_k=sk, vec=True)
             row = {"shape": name, "n": n, "k": k, "m": m}
             for label, fn in variants.items():
                 try:

@@ -134,9 +134,11 @@ Best = tuple[str, float, object]  # (candidate name, us, MoEConfig)
 
 def _fields(config: object) -> dict:
     """A config's fields for a table entry; decode flags added later (`packed`, `expert_major`, `slots_in_down`,
-    `mma`, `mma_down`, `mma_prefetch`, `mma_vec`) only when set, so tables written before they existed read the same."""
+    `mma`, `mma_down`, `mma_prefetch`, `mma_vec`, `mma_split_k`) only when set, so tables written before they existed
+    read the same."""
     out = dataclasses.asdict(config)
-    for flag in ("packed", "expert_major", "slots_in_down", "mma", "mma_down", "mma_prefetch", "mma_vec"):
+    later = ("packed", "expert_major", "slots_in_down", "mma", "mma_down", "mma_prefetch", "mma_vec", "mma_split_k")
+    for flag in later:
         if not out.get(flag, True):
             del out[flag]
     return out

@@ -33,6 +33,10 @@ class TileConfig:
     # With mma: its 16-byte loads (`nvfp4_mma_triton`'s VEC kernels, built after Nsight Compute found the MMA kernels
     # L1-bound; on the H200 the lm_head at 8 rows 128 -> 76 us, whole step b8 -5.8%, 2026-12-02).
     mma_vec: bool = False
+    # With mma: the K splits of its launch (0: its own choice, ~4 programs an SM). At 33-64 rows that choice splits
+    # the o projection 16 ways, and each split's FP32 partials (16 KB a 64-column tile) outweigh its weights (9 KB);
+    # the rows kernel lost there (H200, twenty-first session: 19.7 -> 22.1 us at 64 rows). Not yet swept.
+    mma_split_k: int = 0
 
 
 @dataclass(frozen=True)

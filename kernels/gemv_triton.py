@@ -1071,7 +1071,8 @@ def _matmul(
         from . import nvfp4_mma_triton  # here: that module imports this one
 
         if nvfp4_mma_triton.supported(x, w):
-            nvfp4_mma_triton.launch_linear(x, w, out, num_warps=cfg.num_warps, vec=cfg.mma_vec)
+            splits = split_k if split_k is not None else cfg.mma_split_k or None
+            nvfp4_mma_triton.launch_linear(x, w, out, num_warps=cfg.num_warps, split_k=splits, vec=cfg.mma_vec)
             return out
     if nv:
         qw, sc, gs = w.qweight, w.scales, w.global_scale.reshape(-1)

@@ -168,6 +168,24 @@ def test_mma_config_falls_back_where_it_cannot_run() -> None:
     assert torch.equal(gt._matmul(x, w, fp32_out=False, config=dataclasses.replace(cfg, mma=True)), want)
 
 
+def test_mma_config_passes_its_k_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TileConfig.mma_split_k reaches the MMA linear's launch (0: the kernel's own choice, None), and an explicit
+    split_k of the call wins. The launch is stood in for (its PTX needs a GPU)."""
+    from flint_kernels import nvfp4_mma_triton as nm
+
+    g = gen(62)
+    w = random_nvfp4(64, 256, g, segments=(64,))
+    x = random_x(40, 256, torch.float32, g)
+    launches = []
+    monkeypatch.setattr(nm, "supported", lambda x, w: True)
+    monkeypatch.setattr(nm, "launch_linear", lambda x, w, out, **kw: launches.append(kw["split_k"]))
+    cfg = dataclasses.replace(dot_config(40), mma=True, mma_vec=True)
+    gt._matmul(x, w, fp32_out=False, config=cfg)
+    gt._matmul(x, w, fp32_out=False, config=dataclasses.replace(cfg, mma_split_k=4))
+    gt._matmul(x, w, fp32_out=False, config=dataclasses.replace(cfg, mma_split_k=4), split_k=2)
+    assert launches == [None, 4, 2]
+
+
 @pytest.mark.parametrize("kind", ["fma", "bytes", pytest.param("words", marks=needs_words), "packed"])
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_nvfp4_configs_and_split_k(kind: str, split_k: int) -> None:
