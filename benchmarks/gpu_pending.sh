@@ -7,8 +7,9 @@
 # are as measured (docs/performance.md, "NVFP4 prefill scaled in cuBLAS's epilogue"). Pending, built on CPU after
 # the budget was spent: the experimental `experts_ahead` op (long NVFP4 prefills begin each MoE layer's expert copies
 # on a side stream at the layer's start, `flint_kernels.expert_copies`): SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 AHEAD=1
-# (~3 min): its GPU tests, then the 8K NVFP4 prefill with and without it in alternating rounds; if it wins, move
-# it from fast.EXPERIMENTAL_OPS to OPS. And SKIP_HOST=1 SKIP_CHECK=1 MMA_AB=1 MMA_TESTS=0 with the MMA_BENCH_ARGS
+# (~6 min): its GPU tests, then the 8K NVFP4 prefill with and without it in alternating rounds, in one step and in
+# 2048-token steps with the copies from 2048 tokens; if it wins, move it from fast.EXPERIMENTAL_OPS to OPS (and
+# lower moe.paths' dequant_min_tokens if the copies then win at 2048). And SKIP_HOST=1 SKIP_CHECK=1 MMA_AB=1 MMA_TESTS=0 with the MMA_BENCH_ARGS
 # named at the MMA_AB block (~4 min): the rows kernel at 33-64 rows for the o projection and shared down with fewer
 # K splits (TileConfig.mma_split_k, built on CPU); install what wins, then RECORD=1 if the table changed. Recipes
 # kept: RADIX=1 (the sampler's modes and their op time), PREFILL_AB=1 (the NVFP4 prefill's alpha
@@ -107,7 +108,16 @@ if [ "${AHEAD:-0}" = 1 ]; then
     grep -E "^E |FAILED" "$OUT/ahead_tests.txt" | head -6
     timeout 300 python3 benchmarks/prefill_ab.py --variant experts_ahead --rounds 3 --out "$OUT/prefill_ahead_ab.json" \
         > "$OUT/prefill_ahead_ab.txt" 2>&1
-    grep -E "^round|median|Error" "$OUT/prefill_ahead_ab.txt"
+    grep -E "median|Error" "$OUT/prefill_ahead_ab.txt"
+    # In the engine's 2048-token steps the copies lost to the in-register decode (1145 vs 1102 us a layer, eleventh
+    # session); begun ahead, their cost may hide: copies from 2048 tokens without and with experts_ahead.
+    python3 benchmarks/tuning_variant.py --op moe.paths --when '{"nvfp4": true}' --set dequant_min_tokens=2048 \
+        --out /tmp/dq2048.json > /dev/null
+    for v in "" experts_ahead; do
+        timeout 300 python3 benchmarks/prefill_ab.py ${v:+--variant $v} --variant-tuning-file /tmp/dq2048.json \
+            --chunk 2048 --rounds 3 --out "$OUT/prefill_dq2048${v:+_$v}_ab.json" > "$OUT/prefill_dq2048${v:+_$v}.txt" 2>&1
+        grep -E "median|Error" "$OUT/prefill_dq2048${v:+_$v}.txt"
+    done
 fi
 # RECORD=1: then the NVFP4 profile of the kernel manifest again, for the table as installed (~220 s).
 [ "${RECORD:-0}" = 1 ] && OUT="$OUT" bash benchmarks/gpu_record_manifest.sh

@@ -8,6 +8,11 @@ Variants (each a patch applied for its rounds only):
   layer's start (`flint_kernels.expert_copies`; FLINT_FAST_OPS=all,experts_ahead).
 
     python benchmarks/prefill_ab.py --variant scale_pass --rounds 3 --out benchmarks/results/prefill_ab.json
+    python benchmarks/prefill_ab.py --variant experts_ahead --variant-tuning-file T.json --chunk 2048
+
+`--variant-tuning-file` runs the variant's rounds with another tuning table as well (e.g. `moe.paths`'
+`dequant_min_tokens` lowered, from `benchmarks/tuning_variant.py`), and `--chunk` times the prompt in the engine's
+steps of that many tokens.
 
 Prints each round's wall ms and profiled GPU ms, then the medians; writes them as JSON.
 """
@@ -58,45 +63,79 @@ def _experts_ahead() -> Callable[[], None]:
 VARIANTS: dict[str, Callable[[], Callable[[], None]]] = {"scale_pass": _scale_pass, "experts_ahead": _experts_ahead}
 
 
+def _tuning_file(path: Path) -> Callable[[], None]:
+    """A tuning table in place of the shipped one (FLINT_TUNING_FILE, read per launch)."""
+    from flint_kernels import tuning
+
+    before = os.environ.get(tuning.ENV)
+    os.environ[tuning.ENV] = str(path)
+
+    def undo() -> None:
+        if before is None:
+            os.environ.pop(tuning.ENV, None)
+        else:
+            os.environ[tuning.ENV] = before
+
+    return undo
+
+
 def prefill_once(args: argparse.Namespace, out: Path) -> dict:
     """One `decode.py` run that times only the prefill (and a short batch-1 decode row it always takes)."""
     sys.argv = [
         "decode.py", "--preset", args.preset, "--device", args.device, "--formats", args.format, "--batches", "1",
-        "--contexts", str(min(1024, args.tokens)), "--prefill", str(args.tokens), "--check-steps", "0",
-        "--check-batches", "--no-plain-timing", "--reps", "5", "--profile-batches", "--out", str(out),
+        "--contexts", str(min(1024, args.tokens)), "--prefill", str(args.tokens), "--prefill-chunks", str(args.chunk),
+        "--check-steps", "0", "--check-batches", "--no-plain-timing", "--reps", "5", "--profile-batches",
+        "--out", str(out),
     ]  # fmt: skip
     runpy.run_path(str(HERE / "decode.py"), run_name="__main__")
     row = next(r for r in json.loads(out.read_text())["rows"] if "prefill_ms" in r)
     return {"wall_ms": row["prefill_ms"], "gpu_ms": round(sum(row.get("prefill_time_by_family_ms", {}).values()), 2)}
 
 
+def _apply(args: argparse.Namespace) -> list[Callable[[], None]]:
+    """The variant's patches, applied now; their undos, to run in reverse."""
+    undos = [VARIANTS[args.variant]()] if args.variant else []
+    if args.variant_tuning_file:
+        undos.append(_tuning_file(args.variant_tuning_file))
+    return undos
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", choices=sorted(VARIANTS), required=True)
+    ap.add_argument("--variant", choices=sorted(VARIANTS))
+    ap.add_argument("--variant-tuning-file", type=Path, help="the variant's rounds also run with this tuning table")
     ap.add_argument("--format", default="nvfp4", choices=("bf16", "nvfp4"))
     ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--chunk", type=int, default=0, help="prefill in steps of this many tokens (0: one step)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--preset", default="full")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "prefill_ab.json")
     args = ap.parse_args(argv)
+    if not args.variant and not args.variant_tuning_file:
+        ap.error("name a --variant, a --variant-tuning-file, or both")
     sys.path.insert(0, str(HERE))
-    runs: dict[str, list[dict]] = {"engine": [], args.variant: []}
+    name = "+".join(filter(None, [args.variant, args.variant_tuning_file and args.variant_tuning_file.stem]))
+    runs: dict[str, list[dict]] = {"engine": [], name: []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for name in runs:
-                undo = VARIANTS[name]() if name != "engine" else None
+            for side in runs:
+                undos = _apply(args) if side != "engine" else []
                 try:
-                    runs[name].append(prefill_once(args, Path(tmp) / f"{name}_{r}.json"))
+                    runs[side].append(prefill_once(args, Path(tmp) / f"{side}_{r}.json"))
                 finally:
-                    if undo is not None:
+                    for undo in reversed(undos):
                         undo()
-                print(f"round {r} {name}: {runs[name][-1]}", flush=True)
-    medians = {name: statistics.median(x["wall_ms"] for x in rs) for name, rs in runs.items()}
-    for name, ms in medians.items():
-        print(f"{args.format} prefill {args.tokens} tokens, {name}: {ms:.1f} ms (median of {args.rounds})")
-    result = {"date": date.today().isoformat(), "format": args.format, "tokens": args.tokens, "runs": runs}
-    result["median_wall_ms"] = medians
+                print(f"round {r} {side}: {runs[side][-1]}", flush=True)
+    medians = {side: statistics.median(x["wall_ms"] for x in rs) for side, rs in runs.items()}
+    steps = f" in steps of {args.chunk}" if args.chunk else ""
+    for side, ms in medians.items():
+        print(f"{args.format} prefill {args.tokens} tokens{steps}, {side}: {ms:.1f} ms (median of {args.rounds})")
+    result = {
+        "date": date.today().isoformat(), "format": args.format, "tokens": args.tokens, "chunk": args.chunk,
+        "variant": args.variant, "variant_tuning_file": str(args.variant_tuning_file or ""), "runs": runs,
+        "median_wall_ms": medians,
+    }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

@@ -57,3 +57,30 @@ def test_rounds_on_a_tiny_model(
     assert all(len(rs) == 2 and all(r["wall_ms"] > 0 and r["gpu_ms"] == 0 for r in rs) for rs in got["runs"].values())
     assert got["tokens"] == 96 and set(got["median_wall_ms"]) == {"engine", "scale_pass"}
     assert gt.dequant_matmul is original
+
+
+def test_a_tuning_file_variant_in_chunks(
+    benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The variant's rounds with another tuning table (and only they: FLINT_TUNING_FILE is restored), the prompt in
+    steps of 32 tokens."""
+    from flint_kernels import tuning
+
+    prefill_ab = benchmark_script("prefill_ab")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    table = tmp_path / "paths.json"
+    table.write_text(json.dumps({"device": "cpu", "moe.paths": []}))
+    seen = []
+    once = prefill_ab.prefill_once
+    monkeypatch.setattr(prefill_ab, "prefill_once", lambda a, o: seen.append(os.environ.get(tuning.ENV)) or once(a, o))
+    out = tmp_path / "ab.json"
+    prefill_ab.main(
+        ["--variant-tuning-file", str(table), "--rounds", "1", "--preset", "tiny", "--device", "cpu", "--tokens",
+         "96", "--chunk", "32", "--out", str(out)]
+    )  # fmt: skip
+    got = json.loads(out.read_text())
+    assert seen == [None, str(table)] and tuning.ENV not in os.environ
+    assert set(got["runs"]) == {"engine", "paths"} and got["chunk"] == 32
+    with pytest.raises(SystemExit):
+        prefill_ab.main(["--rounds", "1"])
