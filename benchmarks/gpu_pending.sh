@@ -9,7 +9,8 @@
 # on a side stream at the layer's start, `flint_kernels.expert_copies`): SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 AHEAD=1
 # (~6 min): its GPU tests, then the 8K NVFP4 prefill with and without it in alternating rounds, in one step and in
 # 2048-token steps with the copies from 2048 tokens; if it wins, move it from fast.EXPERIMENTAL_OPS to OPS (and
-# lower moe.paths' dequant_min_tokens if the copies then win at 2048). And SKIP_HOST=1 SKIP_CHECK=1 MMA_AB=1 MMA_TESTS=0 with the MMA_BENCH_ARGS
+# lower moe.paths' dequant_min_tokens if the copies then win at 2048). SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 L2_AB=1
+# (~4 min): the MMA gate_up asking L2 for its codes 2-4 K steps ahead (MoEConfig.mma_l2_ahead, built on CPU). And SKIP_HOST=1 SKIP_CHECK=1 MMA_AB=1 MMA_TESTS=0 with the MMA_BENCH_ARGS
 # named at the MMA_AB block (~4 min): the rows kernel at 33-64 rows for the o projection and shared down with fewer
 # K splits (TileConfig.mma_split_k, built on CPU); install what wins, then RECORD=1 if the table changed. Recipes
 # kept: RADIX=1 (the sampler's modes and their op time), PREFILL_AB=1 (the NVFP4 prefill's alpha
@@ -59,6 +60,31 @@ timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 48 64 --conte
     --out "$OUT/decode_nvfp4_mma_ab.json" > "$OUT/decode_mma_ab.txt" 2>&1
 echo "== whole step: table vs o2 / o4 / o4d2"
 grep "A/B rounds\|Error" "$OUT/decode_mma_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+fi
+# L2_AB=1: the MMA gate_up asking L2 for its codes 2 or 4 K steps ahead (MoEConfig.mma_l2_ahead, the twin kernel
+# `_moe_gate_up_mma_l2_kernel`; built on CPU in the twenty-first session for the gate_up's ~44% of DRAM bandwidth
+# at 32 tokens): its GPU tests, the kernel alone at 32 and 64 tokens, then the whole step at 32 and 64 with it on the
+# table's gate_up entries from 25 tokens (l2_2, l2_4). ~4 minutes.
+if [ "${L2_AB:-0}" = 1 ]; then
+    timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
+        -k "moe_gate_up_on_the_gpu" > "$OUT/l2_tests.txt" 2>&1
+    echo "MMA gate_up GPU tests: $(tail -1 "$OUT/l2_tests.txt")"
+    grep -E "^E |FAILED" "$OUT/l2_tests.txt" | head -6
+    timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --prefetch 1 \
+        --moe-tokens 32 64 --moe-l2-ahead 2 4 --out "$OUT/nvfp4_mma_l2.json" > "$OUT/nvfp4_mma_l2.txt" 2>&1
+    sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_l2.txt" | grep -v "^wrote"
+    V=/tmp/variants; mkdir -p $V
+    for a in 2 4; do
+        python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_min": 25}' \
+            --set mma_l2_ahead=$a --out $V/l2_half.json > /dev/null
+        python3 benchmarks/tuning_variant.py --table $V/l2_half.json --op moe.decode \
+            --when '{"nvfp4": true, "tokens_min": 33}' --set mma_l2_ahead=$a --out $V/l2_$a.json > /dev/null
+    done
+    timeout 240 python3 benchmarks/decode.py --formats nvfp4 --batches 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/l2_2.json $V/l2_4.json \
+        --out "$OUT/decode_nvfp4_l2_ab.json" > "$OUT/decode_l2_ab.txt" 2>&1
+    echo "== whole step: table vs l2_2 / l2_4"
+    grep "A/B rounds\|Error" "$OUT/decode_l2_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \

@@ -92,6 +92,13 @@ def main() -> None:
         help="also the linear in 4 warps, 16-byte loads, with these K splits (else the kernel's own choice)",
     )
     ap.add_argument("--moe-tokens", type=int, nargs="*", default=[1, 2, 8, 16, 32, 64])
+    ap.add_argument(
+        "--moe-l2-ahead",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also each 16-byte MoE variant's gate_up asking L2 for its codes this many K steps ahead (even)",
+    )
     ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -105,6 +112,9 @@ def main() -> None:
         for v in args.vec
         for pf in args.prefetch
         for nw in args.warps
+    ]
+    moe_variants = mma + [
+        (f"{label}_l2{a}", {**kw, "l2_ahead": a}) for label, kw in mma if kw["vec"] for a in args.moe_l2_ahead
     ]
     rows = []
     for name in args.shapes:
@@ -143,7 +153,7 @@ def main() -> None:
             v = r[lb]
             cells.append("error" if "error" in v else f"{v['us']:.2f} ({v['gbps']:.0f}){'' if v['ok'] else ' BAD'}")
         print(f"{r['shape']:>15} {r['m']:>2} " + " ".join(f"{c:>20}" for c in cells))
-    moe_rows = moe_gate_up_rows(args.moe_tokens, mma) if args.moe_tokens else []
+    moe_rows = moe_gate_up_rows(args.moe_tokens, moe_variants) if args.moe_tokens else []
     command = "python benchmarks/nvfp4_mma.py " + " ".join(sys.argv[1:])
     out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "command": command, "rows": rows, "moe": moe_rows}  # fmt: skip
@@ -199,12 +209,13 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]]) -> li
         want_y = torch.stack([linear_ref(h[p][None], w2.select(int(e)))[0]
                               for p, e in enumerate(ids.reshape(-1).tolist())]).float()  # fmt: skip
         for label, kw in mma:
+            gate_kw, kw = kw, {k: v for k, v in kw.items() if k != "l2_ahead"}  # l2_ahead: the gate_up's only
             try:
-                got = nm.moe_gate_up(x, ids, w13, **kw).float()
+                got = nm.moe_gate_up(x, ids, w13, **gate_kw).float()
                 ok = bool(((got - want).abs() <= 3 * 2.0**-8 * torch.maximum(got.abs(), want.abs())
                            + 1e-3 * want.abs().max()).all())  # fmt: skip
                 us = kernel_us(
-                    [lambda r=r, kw=kw: nm.moe_gate_up(r[0], r[2], w13, **kw) for r in routes], "gate_up_mma"
+                    [lambda r=r, kw=gate_kw: nm.moe_gate_up(r[0], r[2], w13, **kw) for r in routes], "gate_up_mma"
                 )
                 y = nm.moe_down(h, ids, w2, **kw).float()
                 ok_y = bool(((y - want_y).abs() <= 3 * 2.0**-8 * torch.maximum(y.abs(), want_y.abs())

@@ -133,11 +133,13 @@ Best = tuple[str, float, object]  # (candidate name, us, MoEConfig)
 
 
 def _fields(config: object) -> dict:
-    """A config's fields for a table entry; decode flags added later (`packed`, `expert_major`, `slots_in_down`,
-    `mma`, `mma_down`, `mma_prefetch`, `mma_vec`, `mma_split_k`) only when set, so tables written before they existed
-    read the same."""
+    """A config's fields for a table entry; fields added later (`later`) only when set, so tables written before
+    they existed read the same."""
     out = dataclasses.asdict(config)
-    later = ("packed", "expert_major", "slots_in_down", "mma", "mma_down", "mma_prefetch", "mma_vec", "mma_split_k")
+    later = (
+        "packed", "expert_major", "slots_in_down", "mma", "mma_down", "mma_prefetch", "mma_vec", "mma_split_k",
+        "mma_l2_ahead",
+    )  # fmt: skip
     for flag in later:
         if not out.get(flag, True):
             del out[flag]

@@ -74,6 +74,9 @@ class MoEConfig:
     # The MMA gate_up and down with 16-byte loads (as TileConfig.mma_vec; on the H200 whole step b64 -8%, and the
     # gate_up in 8 warps ahead of the FMA one from 25 tokens, 2026-12-02).
     mma_vec: bool = False
+    # With mma and mma_vec: the gate_up also asks L2 for its codes this many K steps ahead (even; 0: off). Built
+    # (twenty-first session, CPU only) for the MMA gate_up's ~44% of DRAM bandwidth at 32 tokens; not yet timed.
+    mma_l2_ahead: int = 0
 
 
 @dataclass(frozen=True)

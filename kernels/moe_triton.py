@@ -935,7 +935,7 @@ def _routed(
         from . import nvfp4_mma_triton  # here: that module imports this one
 
         nvfp4_mma_triton.launch_moe_gate_up(
-            x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec
+            x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec, cfg.mma_l2_ahead
         )
     elif expert_major:  # h keeps the per-pair layout the down launch reads
         _moe_gate_up_expert_kernel[(gu_tiles, num_experts)](

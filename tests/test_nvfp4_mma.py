@@ -181,6 +181,23 @@ def _emulated_ld16(p: object) -> tuple:
     return tuple(core.tensor(TensorHandle(words[:, i].copy(), core.int64), block) for i in range(2))
 
 
+def _emulated_prefetch(requested: list[int]) -> Callable:
+    """`prefetch_lines` under the interpreter: records each lane's address (a hint has no result to emulate)."""
+
+    def prefetch(p: object) -> None:
+        requested.extend(int(a) for a in p.handle.data.astype(np.uint64))  # type: ignore[attr-defined]
+
+    return prefetch
+
+
+@pytest.fixture
+def l2_requests(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The addresses the kernels ask L2 for while the test runs (with `emulated_ptx`)."""
+    requested: list[int] = []
+    monkeypatch.setattr(nm, "prefetch_lines", _emulated_prefetch(requested))
+    return requested
+
+
 @pytest.fixture
 def emulated_ptx(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the kernels in Triton's interpreter (which runs no PTX) with their K step's PTX emulated: everything else
@@ -292,6 +309,35 @@ def test_moe_gate_up_kernel(emulated_ptx: None, prefetch: bool, vec: bool) -> No
         assert torch.allclose(h[p].double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()), p
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("l2_ahead", [2, 4])
+def test_moe_gate_up_asking_l2_ahead(emulated_ptx: None, l2_requests: list[int], l2_ahead: int, prefetch: bool) -> None:
+    """`_moe_gate_up_mma_l2_kernel` (MoEConfig.mma_l2_ahead): the same h as the VEC kernel, bit for bit, and every
+    line it asks L2 for is one of the expert codes a later K step of the same rows loads (K of 6 steps, so the
+    requests both run ahead and stop at the last step)."""
+    w13 = random_experts(5, 40, 768, seed=11)
+    ids = _routing().reshape(-1).contiguous()
+    x = (torch.randn(10, 768, generator=torch.Generator().manual_seed(12)) * 0.5).to(torch.bfloat16)
+    want = torch.full((30, 40), float("nan"))
+    nm.launch_moe_gate_up(x, ids, w13, want, 3, 2, prefetch=prefetch, vec=True)
+    assert not l2_requests
+    got = torch.full((30, 40), float("nan"))
+    spy = LaunchSpy(nm._moe_gate_up_mma_l2_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nm, "_moe_gate_up_mma_l2_kernel", spy)
+        nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, prefetch=prefetch, vec=True, l2_ahead=l2_ahead)
+    assert spy.launches == 1 and torch.equal(got, want)
+    base, row = w13.qweight.data_ptr(), w13.qweight.stride(1)
+    assert l2_requests
+    offsets = np.array(l2_requests) - base
+    assert ((offsets >= 0) & (offsets < w13.qweight.numel())).all()
+    steps = (offsets % row) // 64  # 64 code bytes a row's K step
+    assert set(steps.tolist()) <= {min(s, 5) for s in range(l2_ahead, 6 + l2_ahead)} and 5 in steps
+    with pytest.raises(ValueError, match="even number"):
+        nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, vec=True, l2_ahead=3)
+
+
 @pytest.mark.parametrize("vec,prefetch", [(False, False), (False, True), (True, False)], ids=["8B", "prefetch", "16B"])
 def test_moe_down_kernel(emulated_ptx: None, prefetch: bool, vec: bool) -> None:
     """`_moe_down_mma_kernel`: each pair's y against float64, N = 136 rows (a ragged row tile), two segments, K of
@@ -390,6 +436,7 @@ cases = [
     (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=True, GROUPS=8)),
     (nm._moe_gate_up_mma_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True)),
     (nm._moe_gate_up_mma_vec_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
+    (nm._moe_gate_up_mma_l2_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True, L2_AHEAD=2)),
     (nm._moe_down_mma_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
     (nm._moe_down_mma_vec_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
 ]
@@ -407,22 +454,25 @@ for fn, ptrs, cx in cases:
     code, res = disassemble(k.asm["cubin"])
     hmma = sum("HMMA" in op for _, op in code)
     wide = sum("LDG.E.128" in op for _, op in code)
+    l2 = sum("CCTL.E.PF2" in op for _, op in code)  # prefetch.global.L2 (CCTL.IVALL is a semaphore's acquire)
     name = fn.__name__ + ("_vec_" if cx.get("VEC") else "")
     spills = res.get("LOCAL", 0) + res.get("STACK", 0)
-    print(name, cx.get("GROUPS", 1), identity, ttgir.count("convert_layout"), hmma, spills, wide)
+    print(name, cx.get("GROUPS", 1), identity, ttgir.count("convert_layout"), hmma, spills, wide, l2)
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-10:]]
-    assert len(lines) == 10, r.stdout
-    for name, groups, identity, converts, hmma, spills, wide in lines:
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-11:]]
+    assert len(lines) == 11, r.stdout
+    for name, groups, identity, converts, hmma, spills, wide, l2 in lines:
         assert identity == "1" and spills == "0", (name, identity, spills)
         assert int(hmma) >= 8 * int(groups), (name, groups, hmma)
         if name.startswith("_nvfp4_mma"):
             assert converts == "0", (name, converts)
-        if "_vec_" in name:
+        if "_vec_" in name or "_l2_" in name:
             assert int(wide) >= 2 + 4 * int(groups), (name, groups, wide)
+        # L2 requests only where asked for (two a K step's rows, in the loop and its prefetching form).
+        assert (int(l2) >= 2) == ("_l2_" in name), (name, l2)
 
 
 @pytest.mark.gpu
@@ -467,6 +517,10 @@ def test_moe_gate_up_on_the_gpu(tokens: int, vec: bool) -> None:
     got, want = nm.moe_gate_up(x, ids, w13, vec=vec).float(), moe_gate_up_ref(x, ids, w13).float()
     tol = 3 * 2.0**-8 * torch.maximum(got.abs(), want.abs()) + 1e-3 * want.abs().max()
     assert ((got - want).abs() <= tol).all(), (got - want).abs().max()
+    if vec:  # asking L2 ahead changes no result (MoEConfig.mma_l2_ahead), with or without the loads a step ahead
+        for l2_ahead, prefetch in ((2, True), (4, False)):
+            ahead = nm.moe_gate_up(x, ids, w13, vec=True, prefetch=prefetch, l2_ahead=l2_ahead).float()
+            assert torch.equal(ahead, got), (l2_ahead, prefetch)
 
 
 @pytest.mark.gpu
