@@ -125,26 +125,6 @@ if [ "${PREFILL_AB:-0}" = 1 ]; then
         > "$OUT/prefill_ab.txt" 2>&1
     grep -E "^round|median|Error" "$OUT/prefill_ab.txt"
 fi
-# AHEAD=1: the experimental experts_ahead op (twenty-first session, CPU only): its GPU tests (copies on the side
-# stream against copies in the call, and the MoE tests), then the 8K NVFP4 prefill with it against without.
-if [ "${AHEAD:-0}" = 1 ]; then
-    timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_expert_copies.py \
-        tests/test_kernels_moe.py -k "copies or side_stream" > "$OUT/ahead_tests.txt" 2>&1
-    echo "experts_ahead GPU tests: $(tail -1 "$OUT/ahead_tests.txt")"
-    grep -E "^E |FAILED" "$OUT/ahead_tests.txt" | head -6
-    timeout 300 python3 benchmarks/prefill_ab.py --variant experts_ahead --rounds 3 --out "$OUT/prefill_ahead_ab.json" \
-        > "$OUT/prefill_ahead_ab.txt" 2>&1
-    grep -E "median|Error" "$OUT/prefill_ahead_ab.txt"
-    # In the engine's 2048-token steps the copies lost to the in-register decode (1145 vs 1102 us a layer, eleventh
-    # session); begun ahead, their cost may hide: copies from 2048 tokens without and with experts_ahead.
-    python3 benchmarks/tuning_variant.py --op moe.paths --when '{"nvfp4": true}' --set dequant_min_tokens=2048 \
-        --out /tmp/dq2048.json > /dev/null
-    for v in "" experts_ahead; do
-        timeout 300 python3 benchmarks/prefill_ab.py ${v:+--variant $v} --variant-tuning-file /tmp/dq2048.json \
-            --chunk 2048 --rounds 3 --out "$OUT/prefill_dq2048${v:+_$v}_ab.json" > "$OUT/prefill_dq2048${v:+_$v}.txt" 2>&1
-        grep -E "median|Error" "$OUT/prefill_dq2048${v:+_$v}.txt"
-    done
-fi
 # RECORD=1: then the NVFP4 profile of the kernel manifest again, for the table as installed (~220 s).
 [ "${RECORD:-0}" = 1 ] && OUT="$OUT" bash benchmarks/gpu_record_manifest.sh
 [ "${SKIP_HOST:-0}" = 1 ] && SKIP_TESTS=1

@@ -4,11 +4,9 @@ alternating rounds, so clocks and the machine's state weigh on both alike.
 Variants (each a patch applied for its rounds only):
 - `scale_pass`: NVFP4 projections at prefill size with FP32 cuBLAS output and a separate global-scale pass
   (`gemv_triton.dequant_matmul(alpha=False)`), as before the twenty-first session's alpha epilogue.
-- `experts_ahead`: the experimental op that begins each MoE layer's NVFP4 expert copies on a side stream at the
-  layer's start (`flint_kernels.expert_copies`; FLINT_FAST_OPS=all,experts_ahead).
 
     python benchmarks/prefill_ab.py --variant scale_pass --rounds 3 --out benchmarks/results/prefill_ab.json
-    python benchmarks/prefill_ab.py --variant experts_ahead --variant-tuning-file T.json --chunk 2048
+    python benchmarks/prefill_ab.py --variant-tuning-file T.json --chunk 2048 --rounds 3
 
 `--variant-tuning-file` runs the variant's rounds with another tuning table as well (e.g. `moe.paths`'
 `dequant_min_tokens` lowered, from `benchmarks/tuning_variant.py`), and `--chunk` times the prompt in the engine's
@@ -46,21 +44,7 @@ def _scale_pass() -> Callable[[], None]:
     return undo
 
 
-def _experts_ahead() -> Callable[[], None]:
-    """The experimental op that begins each MoE layer's expert copies on a side stream (`expert_copies`)."""
-    before = os.environ.get("FLINT_FAST_OPS")
-    os.environ["FLINT_FAST_OPS"] = f"{before or 'all'},experts_ahead"
-
-    def undo() -> None:
-        if before is None:
-            os.environ.pop("FLINT_FAST_OPS", None)
-        else:
-            os.environ["FLINT_FAST_OPS"] = before
-
-    return undo
-
-
-VARIANTS: dict[str, Callable[[], Callable[[], None]]] = {"scale_pass": _scale_pass, "experts_ahead": _experts_ahead}
+VARIANTS: dict[str, Callable[[], Callable[[], None]]] = {"scale_pass": _scale_pass}
 
 
 def _tuning_file(path: Path) -> Callable[[], None]:

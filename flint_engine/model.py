@@ -140,9 +140,6 @@ class FlintModel:
         h, residual = k.rms_norm(x, layers[0].input_norm, c.rms_norm_eps), x
         pending: torch.Tensor | None = None
         for i, lw in enumerate(layers):
-            if k.experts_ahead is not None and isinstance(lw.mlp, MoEWeights):
-                # The layer's expert copies (long NVFP4 prefills) begin now, beside its attention.
-                k.experts_ahead(batch.input_ids.shape[0], lw.mlp.experts_gate_up, lw.mlp.experts_down, self.dtype)
             k_cache, v_cache, sliding = cache.layer(i)
             if pending is not None:
                 qkv, residual = k.add_rms_norm_linear(pending, residual, lw.input_norm, c.rms_norm_eps, lw.qkv)

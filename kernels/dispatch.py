@@ -50,9 +50,6 @@ class Kernels:
     add_rms_norm_linear: Callable | None = None
     # Called once per router weight when a model is built, so the router op can keep data derived from it.
     prepare_router: Callable | None = None
-    # Called at the start of each MoE layer with (tokens, w13, w2, dtype): may begin the experts' copies for the
-    # layer's MoE on a side stream (`expert_copies.start`).
-    experts_ahead: Callable | None = None
 
 
 REFERENCE = Kernels(

@@ -14,7 +14,7 @@ from typing import Any
 
 from .dispatch import Kernels, with_ops
 from .linear import add_rms_norm_linear_ref, linear_add_rms_norm_ref
-from .moe import experts_ahead_ref, moe_add_rms_norm_ref
+from .moe import moe_add_rms_norm_ref
 from .qkv_attention import qkv_attention_ref
 from .router import add_rms_norm_sigmoid_topk_ref
 
@@ -42,11 +42,7 @@ OPS = (
 # add_rms_norm_linear (the input norm as a prologue of the qkv GEMV at batch 1, every program normalising the row
 # itself, as the router does for the post-attention norm) is built and tested on the CPU interpreter but not yet
 # measured on a GPU.
-# experts_ahead (twenty-first session, CPU only): long NVFP4 prefills' expert copies begun on a side stream at the
-# layer's start (`expert_copies`), not yet measured on a GPU.
-EXPERIMENTAL_OPS = (
-    "linear_add_rms_norm", "moe_add_rms_norm", "qkv_attention", "add_rms_norm_linear", "experts_ahead",
-)  # fmt: skip
+EXPERIMENTAL_OPS = ("linear_add_rms_norm", "moe_add_rms_norm", "qkv_attention", "add_rms_norm_linear")
 
 
 def parse_ops(spec: str) -> tuple[str, ...]:
@@ -90,7 +86,6 @@ _composed: dict[str, Callable] = {
     "qkv_attention": qkv_attention_ref,
     "add_rms_norm_router": add_rms_norm_sigmoid_topk_ref,
     "add_rms_norm_linear": add_rms_norm_linear_ref,
-    "experts_ahead": experts_ahead_ref,
 }
 
 
@@ -99,7 +94,6 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
     from . import (
         activation_triton,
         attention_triton,
-        expert_copies,
         gemv_triton,
         moe_triton,
         qk_norm_rope_triton,
@@ -125,7 +119,6 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         "qkv_attention": qkv_attention_triton.qkv_attention,
         "add_rms_norm_router": router_triton.add_rms_norm_sigmoid_topk,
         "add_rms_norm_linear": gemv_triton.add_rms_norm_linear,
-        "experts_ahead": expert_copies.start,
     }
     if ops is None:
         ops = parse_ops(os.environ.get("FLINT_FAST_OPS", "all"))

@@ -1118,16 +1118,11 @@ def _matmul(
     return out
 
 
-def dequantize(
-    w: NVFP4Weight, dtype: torch.dtype, tile: tuple[int, int, int] | None = None, out: torch.Tensor | None = None
-) -> torch.Tensor:
+def dequantize(w: NVFP4Weight, dtype: torch.dtype, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """The NVFP4 weight [N, K] without its global scale, in `dtype` (exact), by one Triton launch; `tile` is
-    (BLOCK_N, BLOCK_K, warps), default by size (DEQUANT_TILE / DEQUANT_TILE_LARGE); into `out` [N, K] when given."""
+    (BLOCK_N, BLOCK_K, warps), default by size (DEQUANT_TILE / DEQUANT_TILE_LARGE)."""
     n, k = w.shape
-    if out is None:
-        out = _empty((n, k), dtype, w.device)
-    elif out.shape != (n, k) or out.dtype != dtype or out.stride(1) != 1:
-        raise ValueError(f"dequantize into {tuple(out.shape)} {out.dtype}: needs ({n}, {k}) {dtype}, unit stride")
+    out = _empty((n, k), dtype, w.device)
     block_n, block_k, warps = tile or (DEQUANT_TILE_LARGE if n * k >= DEQUANT_LARGE else DEQUANT_TILE)
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
     _dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](

@@ -66,8 +66,3 @@ def moe_add_rms_norm_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The MoE block, then the residual add and the next RMSNorm: (normed, new residual), as the ops in a row."""
     return add_rms_norm_ref(moe_ref(x, topk_weights, topk_ids, w13, w2, shared), residual, norm_weight, eps)
-
-
-def experts_ahead_ref(tokens: int, w13: Weight, w2: Weight, dtype: torch.dtype) -> bool:
-    """The reference makes no copies of the experts ahead of their MoE (`expert_copies.start`): False."""
-    return False

@@ -771,10 +771,7 @@ def fused_moe(
     t = topk_ids.shape[0]
     decode, fold, copies = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens, dequant_min_tokens, config)
     if copies:
-        from . import expert_copies  # here: that module imports this one
-
-        ahead = expert_copies.take(w13, w2, x.dtype, x.device)
-        w13, w2 = ahead if ahead is not None else (_dequantized(w, x.dtype) for w in (w13, w2))
+        w13, w2 = (_dequantized(w, x.dtype) for w in (w13, w2))
     if shared is not None and not fold:
         # The shared expert first, so the routed path's slot-reduce launch (when it has one) adds it too.
         extra = shared_expert(x, shared)
@@ -782,34 +779,16 @@ def fused_moe(
     return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared)
 
 
-def _dequantized(w: Weight, dtype: torch.dtype, out: torch.Tensor | None = None) -> Weight:
-    """Stacked NVFP4 experts [E, N, K] as `dtype` values (exact) that keep their global scales: a `ScaledWeight`
-    (written into `out` [E, N, K] when given). Other weights as they are."""
+def _dequantized(w: Weight, dtype: torch.dtype) -> Weight:
+    """Stacked NVFP4 experts [E, N, K] as `dtype` values (exact) that keep their global scales: a `ScaledWeight`.
+    Other weights as they are."""
     if not isinstance(w, NVFP4Weight):
         return w
     e, n, k = w.shape
     flat = NVFP4Weight(
         w.qweight.reshape(e * n, k // 2), w.scales.reshape(e * n, -1), w.global_scale.new_ones(1), (e * n,)
     )
-    data = gemv_triton.dequantize(flat, dtype, out=None if out is None else out.view(e * n, k))
-    return ScaledWeight(data.view(e, n, k), w.global_scale, w.segments)
-
-
-def runs_from_copies(
-    tokens: int,
-    w13: Weight,
-    w2: Weight,
-    device: torch.device,
-    decode_max_tokens: int | None = None,
-    dequant_min_tokens: int | None = None,
-) -> bool:
-    """Whether `fused_moe` of `tokens` tokens runs these experts from copies in the activations' dtype (the third
-    of `_paths`' answers; None limits: `paths_config`'s)."""
-    nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
-    limits = paths_config(nv, device)
-    decode = tokens <= (limits.decode_max_tokens if decode_max_tokens is None else decode_max_tokens)
-    least = limits.dequant_min_tokens if dequant_min_tokens is None else dequant_min_tokens
-    return nv and not decode and tokens >= least
+    return ScaledWeight(gemv_triton.dequantize(flat, dtype).view(e, n, k), w.global_scale, w.segments)
 
 
 def _paths(
@@ -833,12 +812,14 @@ def _paths(
         decode_max_tokens = limits.decode_max_tokens
     if fold_max_tokens is None:
         fold_max_tokens = limits.shared_fold_max_tokens
+    if dequant_min_tokens is None:
+        dequant_min_tokens = limits.dequant_min_tokens
     decode = t <= decode_max_tokens
     fold = shared is not None and decode and t > 0 and foldable(shared, x, w13, w2)
     if fold and t > fold_max_tokens:
         cfg = config or decode_config(nv, t, x.device)
         fold = _unsorted_grouped(cfg, shared)
-    return decode, fold, runs_from_copies(t, w13, w2, x.device, decode_max_tokens, dequant_min_tokens)
+    return decode, fold, nv and not decode and t >= dequant_min_tokens
 
 
 def _mma_fits(x: torch.Tensor, w: Weight | ScaledWeight) -> bool:

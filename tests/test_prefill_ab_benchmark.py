@@ -24,22 +24,6 @@ def test_scale_pass_variant_patches_and_restores(benchmark_script: Callable[[str
     assert gt.dequant_matmul is original
 
 
-def test_experts_ahead_variant_sets_and_restores_the_op_list(
-    benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from flint_kernels import fast
-
-    prefill_ab = benchmark_script("prefill_ab")
-    monkeypatch.delenv("FLINT_FAST_OPS", raising=False)
-    undo = prefill_ab.VARIANTS["experts_ahead"]()
-    assert fast.parse_ops(os.environ["FLINT_FAST_OPS"]) == (*fast.OPS, "experts_ahead")
-    undo()
-    assert "FLINT_FAST_OPS" not in os.environ
-    monkeypatch.setenv("FLINT_FAST_OPS", "all,-router")
-    prefill_ab.VARIANTS["experts_ahead"]()()
-    assert os.environ["FLINT_FAST_OPS"] == "all,-router"
-
-
 def test_rounds_on_a_tiny_model(
     benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
