@@ -86,6 +86,43 @@ if [ "${L2_AB:-0}" = 1 ]; then
     echo "== whole step: table vs l2_2 / l2_4"
     grep "A/B rounds\|Error" "$OUT/decode_l2_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
+# DOWN_L2=1: the MMA down asking L2 for its codes (MoEConfig.mma_down_l2, the twin `_moe_down_mma_l2_kernel`; built
+# on CPU in the twenty-second session after the gate_up's L2 requests won 3.8% at b32): 1 two K steps ahead in the
+# loop (the down's K is 4 steps), 2 all of a tile's codes before the PDL wait for experts with pairs. Its GPU tests
+# (incl. mode 2 after the router's PDL launch), the kernels alone at 16-64 tokens, then the whole step at 16, 32 and
+# 64 with each mode on the table's three MMA-down entries (d1, d2); and the o projection in 8 K splits at 48 and 64
+# rows (o8: 2 and 4 splits lost in the step, 8 won alone, 14.85 vs 19.72 us). ~4 minutes.
+if [ "${DOWN_L2:-0}" = 1 ]; then
+    timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
+        -k "down_on_the_gpu or down_l2 or fused_moe_with" > "$OUT/down_l2_tests.txt" 2>&1
+    echo "MMA down GPU tests: $(tail -1 "$OUT/down_l2_tests.txt")"
+    grep -E "^E |FAILED" "$OUT/down_l2_tests.txt" | head -6
+    timeout 200 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --moe-tokens 16 32 64 \
+        --moe-down-l2 1 2 --out "$OUT/nvfp4_mma_down_l2.json" > "$OUT/nvfp4_mma_down_l2.txt" 2>&1
+    sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_down_l2.txt" | grep -v "^wrote"
+    V=/tmp/variants; mkdir -p $V
+    for m in 1 2; do
+        t=""
+        for lo in 9 25 33; do
+            python3 benchmarks/tuning_variant.py ${t:+--table $t} --op moe.decode \
+                --when "{\"nvfp4\": true, \"tokens_min\": $lo}" --set mma_down_l2=$m --out $V/d${m}_$lo.json > /dev/null
+            t=$V/d${m}_$lo.json
+        done
+        cp "$t" $V/d$m.json
+    done
+    python3 benchmarks/tuning_variant.py --op gemv.small_m --when '{"m_min": 33, "m_max": 64, "nvfp4": true}' \
+        --set mma=true mma_vec=true mma_split_k=8 \
+        --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 2048, "k": 4096}' --out $V/o8.json > /dev/null
+    timeout 200 python3 benchmarks/decode.py --formats nvfp4 --batches 16 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/d1.json $V/d2.json \
+        --out "$OUT/decode_nvfp4_down_l2_ab.json" > "$OUT/decode_down_l2_ab.txt" 2>&1
+    timeout 120 python3 benchmarks/decode.py --formats nvfp4 --batches 48 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/o8.json \
+        --out "$OUT/decode_nvfp4_o8_ab.json" > "$OUT/decode_o8_ab.txt" 2>&1
+    echo "== whole step: table vs d1 / d2, then vs o8"
+    grep -h "A/B rounds\|Error" "$OUT/decode_down_l2_ab.txt" "$OUT/decode_o8_ab.txt" \
+        | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \
     tests/test_kernels_moe.py tests/test_kernels_sampling.py > "$OUT/gpu_tests.txt" 2>&1

@@ -5,7 +5,9 @@ checked against `linear_ref` ("ok": within 2 BF16 ulps plus 2**-16 of the sum of
 CUDA graph of calls rotating over enough weight copies that L2 never holds them (`kernels_moe_gemv.time_graph`).
 Variants: the engine's `gemv_triton.linear` with the installed tuning table, and the MMA kernel in 4 and 8 warps,
 with 8-byte loads and with 16-byte ones ("_v", the VEC kernels), optionally with its loads a K step ahead ("_pf";
-split-K chosen by the kernel, or --splits). One expert's gate_up and down stand for the MoE.
+split-K chosen by the kernel, or --splits). In the MoE, "_l2N" asks L2 for the gate_up's codes N K steps ahead
+(--moe-l2-ahead), "_dN" for the down's (--moe-down-l2: 1 two steps ahead, 2 all before the PDL wait). One
+expert's gate_up and down stand for the MoE.
 
 The MoE (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernels' expert-major
 gate_up and down (`nvfp4_mma.moe_gate_up`, `moe_down`) against the engine's gate_up and down launches inside
@@ -99,6 +101,14 @@ def main() -> None:
         default=[],
         help="also each 16-byte MoE variant's gate_up asking L2 for its codes this many K steps ahead (even)",
     )
+    ap.add_argument(
+        "--moe-down-l2",
+        type=int,
+        nargs="*",
+        default=[],
+        choices=[1, 2],
+        help="also each 16-byte MoE variant's down asking L2 for its codes (1: two K steps ahead, 2: before the wait)",
+    )
     ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -113,9 +123,11 @@ def main() -> None:
         for pf in args.prefetch
         for nw in args.warps
     ]
-    moe_variants = mma + [
-        (f"{label}_l2{a}", {**kw, "l2_ahead": a}) for label, kw in mma if kw["vec"] for a in args.moe_l2_ahead
-    ]
+    moe_variants = (
+        mma
+        + [(f"{label}_l2{a}", {**kw, "l2_ahead": a}) for label, kw in mma if kw["vec"] for a in args.moe_l2_ahead]
+        + [(f"{label}_d{m}", {**kw, "l2": m}) for label, kw in mma if kw["vec"] for m in args.moe_down_l2]
+    )
     rows = []
     for name in args.shapes:
         n, k = SHAPES[name]
@@ -209,7 +221,9 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]]) -> li
         want_y = torch.stack([linear_ref(h[p][None], w2.select(int(e)))[0]
                               for p, e in enumerate(ids.reshape(-1).tolist())]).float()  # fmt: skip
         for label, kw in mma:
-            gate_kw, kw = kw, {k: v for k, v in kw.items() if k != "l2_ahead"}  # l2_ahead: the gate_up's only
+            # l2_ahead: the gate_up's only; l2: the down's only
+            gate_kw = {k: v for k, v in kw.items() if k != "l2"}
+            kw = {k: v for k, v in kw.items() if k != "l2_ahead"}
             try:
                 got = nm.moe_gate_up(x, ids, w13, **gate_kw).float()
                 ok = bool(((got - want).abs() <= 3 * 2.0**-8 * torch.maximum(got.abs(), want.abs())

@@ -74,9 +74,12 @@ class MoEConfig:
     # The MMA gate_up and down with 16-byte loads (as TileConfig.mma_vec; on the H200 whole step b64 -8%, and the
     # gate_up in 8 warps ahead of the FMA one from 25 tokens, 2026-12-02).
     mma_vec: bool = False
-    # With mma and mma_vec: the gate_up also asks L2 for its codes this many K steps ahead (even; 0: off). Built
-    # (twenty-first session, CPU only) for the MMA gate_up's ~44% of DRAM bandwidth at 32 tokens; not yet timed.
+    # With mma and mma_vec: the gate_up also asks L2 for its codes this many K steps ahead (even; 0: off). On the
+    # H200 2 steps from 25 tokens: b32 -3.8%, b64 -3.5% (twenty-second session).
     mma_l2_ahead: int = 0
+    # With mma_down and mma_vec: the down also asks L2 for its codes, 1: two K steps ahead in the K loop, 2: all of
+    # a tile's before the PDL wait, for experts with pairs (0: off). Built in the twenty-second session, CPU only.
+    mma_down_l2: int = 0
 
 
 @dataclass(frozen=True)

@@ -942,7 +942,7 @@ def _routed(
 
         # Each pair's rounded y, then the slot-reduce launch (routing weights, slot order, the shared expert's add).
         y = _empty((p, hidden), x.dtype, x.device)
-        nvfp4_mma_triton.launch_moe_down(h, ids.reshape(-1), w2, y, cfg.num_warps, vec=cfg.mma_vec)
+        nvfp4_mma_triton.launch_moe_down(h, ids.reshape(-1), w2, y, cfg.num_warps, vec=cfg.mma_vec, l2=cfg.mma_down_l2)
         return _reduce_slots_launch(y, tw, out, add)
     if decode:
         n_shared_tokens = 0 if shared is None else t

@@ -905,9 +905,14 @@ def _moe_down_body(
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
     VEC: tl.constexpr,
+    L2_MODE: tl.constexpr,
 ):
     """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for
-    e's pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s."""
+    e's pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s.
+    L2_MODE (MoEConfig.mma_down_l2): 1 asks L2 for the codes two K steps ahead in the K loop (`_l2_ahead`); 2 asks
+    for all of the tile's codes before the PDL wait, for an expert with pairs: the ids are the router's, written two
+    grids back, and the gate_up launch before this one lets it start only after each of its programs has waited for
+    its own predecessor (`pdl_entry`), so the router has finished by then."""
     pid_n = tl.program_id(0)
     e = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -930,14 +935,22 @@ def _moe_down_body(
     gs0 = segment_scale(gs_ptr + e64 * stride_gse, r0, ok0, seg1, seg2, seg3) * post
     gs1 = segment_scale(gs_ptr + e64 * stride_gse, r1, ok1, seg1, seg2, seg3) * post
     ydt = y_ptr.dtype.element_ty
-    pdl_entry(PDL)  # h is the gate_up launch's
-    pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
+    if L2_MODE == 2:
+        pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
+        if count > 0:
+            for kl in range(0, K, 256):  # a row's 128-byte lines (256 codes each)
+                prefetch_lines(w64 + wa_base + kl // 16)
+                prefetch_lines(w64 + wb_base + kl // 16)
+        pdl_entry(PDL)  # h is the gate_up launch's
+    else:
+        pdl_entry(PDL)  # h is the gate_up launch's
+        pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
     for c0 in range(0, count, 8):
         if c0 > 0:
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
         ha_base = tl.gather(pairs, g, 0) * (stride_h // 4) + c * 8
         d0, d1, d2, d3 = _k_loop(
-            w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, K, NT, PREFETCH, VEC, 0
+            w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, K, NT, PREFETCH, VEC, 2 * (L2_MODE == 1)
         )  # fmt: skip
         p_lo = tl.gather(pairs, 2 * c, 0)
         p_hi = tl.gather(pairs, 2 * c + 1, 0)
@@ -978,7 +991,7 @@ def _moe_down_mma_kernel(
     """The MoE down (`_moe_down_body`) with 8-byte loads."""
     _moe_down_body(
         h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
-        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, False
+        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, False, 0
     )  # fmt: skip
 
 
@@ -1011,7 +1024,42 @@ def _moe_down_mma_vec_kernel(
     """The MoE down (`_moe_down_body`) with 16-byte loads (VEC)."""
     _moe_down_body(
         h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
-        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True
+        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, 0
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["P"])
+def _moe_down_mma_l2_kernel(
+    h_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    y_ptr,
+    P,
+    K,
+    N,
+    stride_h,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_y,
+    seg1,
+    seg2,
+    seg3,
+    P_PAD: tl.constexpr,
+    NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+    L2_MODE: tl.constexpr,
+):
+    """The VEC MoE down that also asks L2 for its codes (L2_MODE, `_moe_down_body`; a twin, so the installed kernels'
+    signatures and the shipped manifest stay as they are)."""
+    _moe_down_body(
+        h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
+        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE
     )  # fmt: skip
 
 
@@ -1126,19 +1174,26 @@ def launch_moe_down(
     num_warps: int,
     prefetch: bool = PREFETCH,
     vec: bool = False,
+    l2: int = 0,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
-    `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them."""
+    `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also
+    ask L2 for the codes, 1 two K steps ahead, 2 all of them before the PDL wait (MoEConfig.mma_down_l2)."""
+    if l2 not in (0, 1, 2):
+        raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
     kernel = _moe_down_mma_vec_kernel if vec and _vec_fits(h, w2) else _moe_down_mma_kernel
+    extra = {}
+    if l2 and kernel is _moe_down_mma_vec_kernel:
+        kernel, extra = _moe_down_mma_l2_kernel, {"L2_MODE": l2}
     kernel[(triton.cdiv(n, 16 * num_warps), n_exp)](
         h, ids, w2.qweight, w2.scales, w2.global_scale, y, pairs, h.shape[1], n,
         h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1), w2.scales.stride(0), w2.scales.stride(1),
         w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
         P_PAD=triton.next_power_of_2(pairs), NW=num_warps, PREFETCH=prefetch, num_warps=num_warps, num_stages=1,
-        **launch_options(h.device),
+        **extra, **launch_options(h.device),
     )  # fmt: skip
 
 
@@ -1149,6 +1204,7 @@ def moe_down(
     num_warps: int = 4,
     prefetch: bool = PREFETCH,
     vec: bool = False,
+    l2: int = 0,
 ) -> torch.Tensor:
     """y [T * k, H]: `linear_ref(h[p], w2[e])` of every pair p routed to expert e, expert-major on the MMA kernel;
     h [T * k, I] BF16 (the gate_up's output), topk_ids [T, k], w2 [E, H, I]."""
@@ -1159,7 +1215,7 @@ def moe_down(
         )
     ids = topk_ids.reshape(-1).contiguous()
     y = torch.empty((ids.numel(), w2.qweight.shape[1]), dtype=h.dtype, device=h.device)
-    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec)
+    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec, l2)
     return y
 
 

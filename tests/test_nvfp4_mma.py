@@ -355,6 +355,36 @@ def test_moe_down_kernel(emulated_ptx: None, prefetch: bool, vec: bool) -> None:
         _close_to_exact(y[p][None], _exact(h[p][None], we), l1)
 
 
+@pytest.mark.parametrize("mode", [1, 2])
+def test_moe_down_asking_l2(emulated_ptx: None, l2_requests: list[int], mode: int) -> None:
+    """`_moe_down_mma_l2_kernel` (MoEConfig.mma_down_l2): the same y as the VEC kernel, bit for bit. Mode 1 asks
+    only for lines a later K step of the same expert's rows loads; mode 2 asks, before the PDL wait, for every line
+    of every row of each expert with pairs, and for none of expert 4's (it has none). K of 6 steps, 3 lines a row."""
+    w2 = random_experts(5, 68, 768, seed=21)  # [E, 136, 768], segments (68, 68)
+    ids = _routing().reshape(-1).contiguous()
+    h = (torch.randn(30, 768, generator=torch.Generator().manual_seed(22)) * 0.5).to(torch.bfloat16)
+    want = torch.full((30, 136), float("nan"))
+    nm.launch_moe_down(h, ids, w2, want, num_warps=2, vec=True)
+    assert not l2_requests and not torch.isnan(want).any()
+    got = torch.full((30, 136), float("nan"))
+    spy = LaunchSpy(nm._moe_down_mma_l2_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nm, "_moe_down_mma_l2_kernel", spy)
+        nm.launch_moe_down(h, ids, w2, got, num_warps=2, vec=True, l2=mode)
+    assert spy.launches == 1 and torch.equal(got, want)
+    q = w2.qweight
+    offsets = np.array(l2_requests) - q.data_ptr()
+    assert ((offsets >= 0) & (offsets < q.numel())).all()
+    expert, row, line = offsets // q.stride(0), (offsets % q.stride(0)) // q.stride(1), (offsets % q.stride(1)) // 128
+    if mode == 1:
+        assert set(line.tolist()) == {1, 2}  # the lines of steps 2-5 (step 0's line is loaded first)
+    else:
+        asked = set(zip(expert.tolist(), row.tolist(), line.tolist(), strict=True))
+        assert asked == {(e, r, ln) for e in range(4) for r in range(136) for ln in range(3)}
+    with pytest.raises(ValueError, match="0 \\(off\\)"):
+        nm.launch_moe_down(h, ids, w2, got, num_warps=2, vec=True, l2=3)
+
+
 # silu(gate) of a very negative gate: exp(-gate) overflows to inf in the interpreter, which gives the right -0.
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 def test_moe_kernels_compose_to_moe_ref(emulated_ptx: None) -> None:
@@ -439,6 +469,8 @@ cases = [
     (nm._moe_gate_up_mma_l2_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True, L2_AHEAD=2)),
     (nm._moe_down_mma_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
     (nm._moe_down_mma_vec_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
+    (nm._moe_down_mma_l2_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True, L2_MODE=1)),
+    (nm._moe_down_mma_l2_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True, L2_MODE=2)),
 ]
 for fn, ptrs, cx in cases:
     ptrs = dict(common, **ptrs)
@@ -462,8 +494,8 @@ for fn, ptrs, cx in cases:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-11:]]
-    assert len(lines) == 11, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-13:]]
+    assert len(lines) == 13, r.stdout
     for name, groups, identity, converts, hmma, spills, wide, l2 in lines:
         assert identity == "1" and spills == "0", (name, identity, spills)
         assert int(hmma) >= 8 * int(groups), (name, groups, hmma)
@@ -576,6 +608,44 @@ def test_moe_down_on_the_gpu(tokens: int, vec: bool) -> None:
     y = nm.moe_down(h, ids, w2, vec=vec)
     for p, e in enumerate(ids.reshape(-1).tolist()):
         _close_in_bf16(y[p][None], linear_ref(h[p][None], w2.select(e)), h[p][None], w2.select(e))
+    if vec:  # asking L2 for the codes changes no result (MoEConfig.mma_down_l2)
+        for mode in (1, 2):
+            assert torch.equal(nm.moe_down(h, ids, w2, vec=True, l2=mode), y), mode
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tokens", [9, 32, 64])
+def test_moe_down_l2_before_the_wait_after_the_router_on_the_gpu(tokens: int) -> None:
+    """MoEConfig.mma_down_l2 = 2 reads the router's ids before its PDL wait: in the engine's launch order (the
+    router, then `fused_moe`'s MMA gate_up and down, all PDL launches, nothing between) each round's y equals the
+    same MoE without the hints, with new ids every round, so ids read too early would show."""
+    import dataclasses
+
+    from flint_kernels import moe_triton as mt
+    from flint_kernels import router_triton
+
+    w13 = random_experts(32, 512, 2048, seed=tokens)
+    w13 = NVFP4Weight(w13.qweight.cuda(), w13.scales.cuda(), w13.global_scale.cuda() / 64, w13.segments)
+    w2 = random_experts(32, 1024, 512, seed=200 + tokens)
+    w2 = NVFP4Weight(w2.qweight.cuda(), w2.scales.cuda(), w2.global_scale.cuda() / 64, w2.segments)
+    g = torch.Generator().manual_seed(tokens)
+    router = torch.randn(32, 2048, generator=g).cuda()
+    xs = [(torch.randn(tokens, 2048, generator=g) * 0.5).to(torch.bfloat16).cuda() for _ in range(4)]
+    base = dataclasses.replace(
+        mt.decode_config(True, tokens, xs[0].device),
+        expert_major=True, mma=True, mma_down=True, mma_vec=True, use_dot=False,
+    )  # fmt: skip
+    outs = {}
+    for mode in (0, 2):
+        cfg = dataclasses.replace(base, mma_down_l2=mode)
+        outs[mode] = []
+        for x in xs:
+            tw, ids = router_triton.sigmoid_topk(x, router, 6)
+            outs[mode].append(mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg))
+    torch.cuda.synchronize()
+    for want, got in zip(outs[0], outs[2], strict=True):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.gpu
