@@ -123,26 +123,6 @@ if [ "${DOWN_L2:-0}" = 1 ]; then
     grep -h "A/B rounds\|Error" "$OUT/decode_down_l2_ab.txt" "$OUT/decode_o8_ab.txt" \
         | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
-# EARLY=1: the MMA linear (1-8 rows, and the rows kernel at 9-64) asking L2 for the first 2 or 4 lines of its
-# weight rows before the PDL wait (TileConfig.mma_l2_early, twins `_nvfp4_mma_l2_kernel`, `_nvfp4_mma_rows_l2_kernel`;
-# twenty-second session, CPU only): the linear's GPU tests, then the whole step at 1, 8, 32 and 64 with it on every
-# gemv.small_m entry (only the MMA entries read it): e2, e4. ~3 minutes.
-if [ "${EARLY:-0}" = 1 ]; then
-    timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
-        -k "linear_on_the_gpu or linear_rows_on_the_gpu" > "$OUT/early_tests.txt" 2>&1
-    echo "MMA linear GPU tests: $(tail -1 "$OUT/early_tests.txt")"
-    grep -E "^E |FAILED" "$OUT/early_tests.txt" | head -6
-    V=/tmp/variants; mkdir -p $V
-    for e in 2 4; do
-        python3 benchmarks/tuning_variant.py --op gemv.small_m --when all --set mma_l2_early=$e --out $V/e$e.json \
-            > /dev/null
-    done
-    timeout 240 python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 32 64 --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/e2.json $V/e4.json \
-        --out "$OUT/decode_nvfp4_early_ab.json" > "$OUT/decode_early_ab.txt" 2>&1
-    echo "== whole step: table vs e2 / e4"
-    grep "A/B rounds\|Error" "$OUT/decode_early_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
-fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \
     tests/test_kernels_moe.py tests/test_kernels_sampling.py > "$OUT/gpu_tests.txt" 2>&1

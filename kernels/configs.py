@@ -35,11 +35,8 @@ class TileConfig:
     mma_vec: bool = False
     # With mma: the K splits of its launch (0: its own choice, ~4 programs an SM). At 33-64 rows that choice splits
     # the o projection 16 ways (19.7 -> 22.1 us at 64 rows against the tensor-core tiles); 8 splits win alone (16.4
-    # us) but 2 and 4 lost in the whole step (H200, twenty-second session), so no table sets it.
+    # us) but in the whole step 2 and 4 lost and 8 was even (H200, twenty-second session), so no table sets it.
     mma_split_k: int = 0
-    # With mma and mma_vec: each program asks L2 for the first this many 128-byte lines of its weight rows before
-    # the PDL wait (0: off), so their DRAM latency overlaps the previous kernel. Twenty-second session, CPU only.
-    mma_l2_early: int = 0
 
 
 @dataclass(frozen=True)

@@ -270,16 +270,6 @@ def _l2_ahead(w64, wa_base, wb_base, k0, k_hi, L2_AHEAD: tl.constexpr):
 
 
 @triton.jit
-def _l2_early(w64, wa_base, wb_base, k_lo, k_hi, LINES: tl.constexpr):
-    """Ask L2 for the first LINES 128-byte lines (256 codes each) of rows g / g + 8's K range k_lo..k_hi (none past
-    its last step): called before the PDL wait, so the weights' DRAM latency overlaps the previous kernel's tail."""
-    for i in tl.static_range(LINES):
-        kk = tl.minimum(k_lo + i * 256, k_hi - 128) // 16
-        prefetch_lines(w64 + wa_base + kk)
-        prefetch_lines(w64 + wb_base + kk)
-
-
-@triton.jit
 def _k_loop(
     w64,
     wa_base,
@@ -530,10 +520,7 @@ def _linear_body(
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
     VEC: tl.constexpr,
-    L2_EARLY: tl.constexpr,
 ):
-    """The linear for 1-8 rows of x. L2_EARLY (TileConfig.mma_l2_early): lines a weight row asked for in L2
-    before the PDL wait (`_l2_early`)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -546,8 +533,6 @@ def _linear_body(
     xa_base = tok * (stride_xm // 4) + c * 8  # the lane's 32 values of x row `tok`, as int64 words
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
-    if L2_EARLY > 0:
-        _l2_early(w64, wa_base, wb_base, k_lo, k_hi, L2_EARLY)
     pdl_entry(PDL)
     d0, d1, d2, d3 = _k_loop(
         w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, k_lo, k_hi, NT, PREFETCH, VEC, 0
@@ -565,8 +550,8 @@ def _linear_body(
         _store_d(out_ptr, d0, d1, d2, d3, row0, row1, ok0, ok1, gs0, gs1, 2 * c, M, stride_om)
 
 
-@triton.jit
-def _rows_body(
+@triton.jit(do_not_specialize=["M"])
+def _nvfp4_mma_rows_kernel(
     x_ptr,
     w_ptr,
     s_ptr,
@@ -590,11 +575,10 @@ def _rows_body(
     PDL: tl.constexpr,
     VEC: tl.constexpr,
     GROUPS: tl.constexpr,
-    L2_EARLY: tl.constexpr,
 ):
     """The linear for 9-32 rows of x (GROUPS 4) or 33-64 (GROUPS 8): x rows g + 8q of the groups q against the
     warp's weight rows, each K step's weights decoded once a quad of groups (rows past M read row M - 1 and are not
-    stored). L2_EARLY: as `_linear_body`'s."""
+    stored)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -609,8 +593,6 @@ def _rows_body(
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
-    if L2_EARLY > 0:
-        _l2_early(w64, wa_base, wb_base, k_lo, k_hi, L2_EARLY)
     pdl_entry(PDL)
     if GROUPS == 8:
         xe = tl.minimum(g + 32, M - 1).to(tl.int64) * xrow + c * 8
@@ -651,74 +633,6 @@ def _rows_body(
 
 
 @triton.jit(do_not_specialize=["M"])
-def _nvfp4_mma_rows_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    gs_ptr,
-    out_ptr,
-    ws_ptr,
-    cnt_ptr,
-    M,
-    N,
-    K,
-    k_split,
-    stride_xm,
-    stride_wn,
-    stride_sn,
-    stride_om,
-    seg1,
-    seg2,
-    seg3,
-    SPLIT_K: tl.constexpr,
-    NW: tl.constexpr,
-    PDL: tl.constexpr,
-    VEC: tl.constexpr,
-    GROUPS: tl.constexpr,
-):
-    """The rows linear (`_rows_body`)."""
-    _rows_body(
-        x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_split, stride_xm, stride_wn, stride_sn,
-        stride_om, seg1, seg2, seg3, SPLIT_K, NW, PDL, VEC, GROUPS, 0
-    )  # fmt: skip
-
-
-@triton.jit(do_not_specialize=["M"])
-def _nvfp4_mma_rows_l2_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    gs_ptr,
-    out_ptr,
-    ws_ptr,
-    cnt_ptr,
-    M,
-    N,
-    K,
-    k_split,
-    stride_xm,
-    stride_wn,
-    stride_sn,
-    stride_om,
-    seg1,
-    seg2,
-    seg3,
-    SPLIT_K: tl.constexpr,
-    NW: tl.constexpr,
-    PDL: tl.constexpr,
-    VEC: tl.constexpr,
-    GROUPS: tl.constexpr,
-    L2_EARLY: tl.constexpr,
-):
-    """The rows linear asking L2 for its first L2_EARLY lines a row before the PDL wait (a twin, so the installed
-    kernels' signatures and the shipped manifest stay as they are)."""
-    _rows_body(
-        x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_split, stride_xm, stride_wn, stride_sn,
-        stride_om, seg1, seg2, seg3, SPLIT_K, NW, PDL, VEC, GROUPS, L2_EARLY
-    )  # fmt: skip
-
-
-@triton.jit(do_not_specialize=["M"])
 def _nvfp4_mma_kernel(
     x_ptr,
     w_ptr,
@@ -746,7 +660,7 @@ def _nvfp4_mma_kernel(
     """The linear (`_linear_body`) with 8-byte loads."""
     _linear_body(
         x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_split, stride_xm, stride_wn, stride_sn,
-        stride_om, seg1, seg2, seg3, SPLIT_K, NW, PREFETCH, PDL, False, 0
+        stride_om, seg1, seg2, seg3, SPLIT_K, NW, PREFETCH, PDL, False
     )  # fmt: skip
 
 
@@ -778,41 +692,7 @@ def _nvfp4_mma_vec_kernel(
     """The linear (`_linear_body`) with 16-byte loads (VEC)."""
     _linear_body(
         x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_split, stride_xm, stride_wn, stride_sn,
-        stride_om, seg1, seg2, seg3, SPLIT_K, NW, PREFETCH, PDL, True, 0
-    )  # fmt: skip
-
-
-@triton.jit(do_not_specialize=["M"])
-def _nvfp4_mma_l2_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    gs_ptr,
-    out_ptr,
-    ws_ptr,
-    cnt_ptr,
-    M,
-    N,
-    K,
-    k_split,
-    stride_xm,
-    stride_wn,
-    stride_sn,
-    stride_om,
-    seg1,
-    seg2,
-    seg3,
-    SPLIT_K: tl.constexpr,
-    NW: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    PDL: tl.constexpr,
-    L2_EARLY: tl.constexpr,
-):
-    """The VEC linear asking L2 for its first L2_EARLY lines a row before the PDL wait (a twin, as
-    `_nvfp4_mma_rows_l2_kernel`)."""
-    _linear_body(
-        x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_split, stride_xm, stride_wn, stride_sn,
-        stride_om, seg1, seg2, seg3, SPLIT_K, NW, PREFETCH, PDL, True, L2_EARLY
+        stride_om, seg1, seg2, seg3, SPLIT_K, NW, PREFETCH, PDL, True
     )  # fmt: skip
 
 
@@ -1231,7 +1111,6 @@ def linear(
     split_k: int | None = None,
     prefetch: bool = PREFETCH,
     vec: bool = False,
-    l2_early: int = 0,
 ) -> torch.Tensor:
     """x [M <= 64, K] @ W^T in BF16 with `linear_ref`'s numerics (FP32 accumulation in the MMA's order)."""
     if not supported(x, w):
@@ -1240,7 +1119,7 @@ def linear(
             f"a multiple of {BLOCK_K}; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight {w.shape}"
         )
     out = torch.empty((x.shape[0], w.qweight.shape[0]), dtype=x.dtype, device=x.device)
-    launch_linear(x, w, out, num_warps, split_k, prefetch, vec, l2_early)
+    launch_linear(x, w, out, num_warps, split_k, prefetch, vec)
     return out
 
 
@@ -1252,15 +1131,11 @@ def launch_linear(
     split_k: int | None = None,
     prefetch: bool = PREFETCH,
     vec: bool = False,
-    l2_early: int = 0,
 ) -> None:
     """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
     GPU. Up to 8 rows `_nvfp4_mma_kernel`, 9-32 the rows kernel in four groups of 8, 33-64 in eight. K splits:
     `split_k`, else `gemv_triton.choose_split_k`'s (~4 programs per SM). vec: 16-byte loads where the rows are
-    aligned for them. prefetch: the 1-8 row kernel only. l2_early (with vec; TileConfig.mma_l2_early): each program
-    asks L2 for the first that many 128-byte lines of its weight rows before the PDL wait."""
-    if l2_early < 0:
-        raise ValueError(f"l2_early must be a number of lines >= 0, got {l2_early}")
+    aligned for them. prefetch: the 1-8 row kernel only."""
     m, k = x.shape
     n = w.qweight.shape[0]
     tiles = triton.cdiv(n, ROWS_PER_WARP * num_warps)
@@ -1278,14 +1153,11 @@ def launch_linear(
         x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), seg1, seg2, seg3,
     )  # fmt: skip
     opts = dict(SPLIT_K=split, NW=num_warps, num_warps=num_warps, num_stages=1, **launch_options(x.device))
-    if l2_early and vec:
-        opts["L2_EARLY"] = l2_early
     if groups == 1:
-        kernel = (_nvfp4_mma_l2_kernel if l2_early else _nvfp4_mma_vec_kernel) if vec else _nvfp4_mma_kernel
+        kernel = _nvfp4_mma_vec_kernel if vec else _nvfp4_mma_kernel
         kernel[(tiles, split)](*args, PREFETCH=prefetch, **opts)
     else:
-        kernel = _nvfp4_mma_rows_l2_kernel if l2_early and vec else _nvfp4_mma_rows_kernel
-        kernel[(tiles, split)](*args, VEC=vec, GROUPS=groups, **opts)
+        _nvfp4_mma_rows_kernel[(tiles, split)](*args, VEC=vec, GROUPS=groups, **opts)
 
 
 def moe_supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
