@@ -3,18 +3,15 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twenty-first session (2026-12-02): the table, the sampler's defaults and both manifest profiles
-# are as measured (docs/performance.md, "NVFP4 prefill scaled in cuBLAS's epilogue"). Pending, built on CPU after
-# the budget was spent: the experimental `experts_ahead` op (long NVFP4 prefills begin each MoE layer's expert copies
-# on a side stream at the layer's start, `flint_kernels.expert_copies`): SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 AHEAD=1
-# (~6 min): its GPU tests, then the 8K NVFP4 prefill with and without it in alternating rounds, in one step and in
-# 2048-token steps with the copies from 2048 tokens; if it wins, move it from fast.EXPERIMENTAL_OPS to OPS (and
-# lower moe.paths' dequant_min_tokens if the copies then win at 2048). SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 L2_AB=1
-# (~4 min): the MMA gate_up asking L2 for its codes 2-4 K steps ahead (MoEConfig.mma_l2_ahead, built on CPU). And SKIP_HOST=1 SKIP_CHECK=1 MMA_AB=1 MMA_TESTS=0 with the MMA_BENCH_ARGS
-# named at the MMA_AB block (~4 min): the rows kernel at 33-64 rows for the o projection and shared down with fewer
-# K splits (TileConfig.mma_split_k, built on CPU); install what wins, then RECORD=1 if the table changed. Recipes
-# kept: RADIX=1 (the sampler's modes and their op time), PREFILL_AB=1 (the NVFP4 prefill's alpha
-# epilogue against the FP32 output and scale pass, alternating rounds: benchmarks/prefill_ab.py).
+# State after the twenty-second session (2026-12-03): the H200 table has the MMA gate_up's L2 requests two K steps
+# ahead (`mma_l2_ahead`, measured and recorded in the manifest) and the MMA down's before its PDL wait
+# (`mma_down_l2` 2, measured in a whole-step A/B; docs/performance.md, "The MMA MoE asks L2 for its weights"). The
+# down's twin went into the manifest by renaming the five down variants it replaces, not by a recording, and the
+# table with both switches was not timed as a whole. Next call: SKIP_HOST=1 SKIP_AB=1 RECORD=1 (~6 min): the GPU
+# tests and the installed table's whole step at 1-64, then the manifest's NVFP4 profile recorded again (the second
+# cold start must compile nothing in its warm-up). Recipes kept: L2_AB=1 (the gate_up's L2 requests), DOWN_L2=1 (the
+# down's, and the o projection in 8 K splits), MMA_AB=1 (the rows kernel's K splits), RADIX=1 (the sampler's modes
+# and their op time), PREFILL_AB=1 (the NVFP4 prefill's alpha epilogue against the FP32 output and scale pass).
 #
 # SKIP_AB=1 leaves the MMA kernels' tests and benchmark out (MMA_TESTS=0 the tests only; MMA_BENCH_ARGS replaces the
 # benchmark's arguments), SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest
