@@ -218,17 +218,20 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         if settings.log_prompts:
             log.info("request %s body (log_prompts on): %s", rid, json.dumps(what, ensure_ascii=False)[:4000])
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
+    async def _generate(
+        request: Request, handler: ChatHandler | CompletionHandler, request_type: type, exclude_none: bool
+    ) -> Response:
+        """One generation request: parsed, prepared, then streamed as server-sent events or answered whole (the
+        latter abandoned if the client disconnects)."""
         data = await _body(request)
-        req: ChatCompletionRequest = _parse(ChatCompletionRequest, data)
+        req = _parse(request_type, data)
         _log_prompt(request.headers.get("x-request-id", "-"), data)
-        prep = chat.prepare(req)
+        prep = handler.prepare(req)
         if req.stream:
-            events = await _primed(chat.events(prep))
+            events = await _primed(handler.events(prep))
             opts = req.stream_options
             return StreamingResponse(
-                chat.stream(
+                handler.stream(
                     prep, events, bool(opts and opts.include_usage), bool(opts and opts.continuous_usage_stats)
                 ),
                 media_type="text/event-stream",
@@ -236,31 +239,18 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
             )
 
         async def run() -> Response:
-            return JSONResponse((await chat.complete(prep, chat.events(prep))).model_dump(exclude_none=True))
+            result = await handler.complete(prep, handler.events(prep))
+            return JSONResponse(result.model_dump(exclude_none=exclude_none))
 
         return await _until_disconnect(request, run(), settings.disconnect_poll_s)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, chat, ChatCompletionRequest, exclude_none=True)
 
     @app.post("/v1/completions")
     async def text_completions(request: Request) -> Response:
-        data = await _body(request)
-        req: CompletionRequest = _parse(CompletionRequest, data)
-        _log_prompt(request.headers.get("x-request-id", "-"), data)
-        prep = completions.prepare(req)
-        if req.stream:
-            events = await _primed(completions.events(prep))
-            opts = req.stream_options
-            return StreamingResponse(
-                completions.stream(
-                    prep, events, bool(opts and opts.include_usage), bool(opts and opts.continuous_usage_stats)
-                ),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-
-        async def run() -> Response:
-            return JSONResponse((await completions.complete(prep, completions.events(prep))).model_dump())
-
-        return await _until_disconnect(request, run(), settings.disconnect_poll_s)
+        return await _generate(request, completions, CompletionRequest, exclude_none=False)
 
     def _card() -> ModelCard:
         return ModelCard(id=backend.model_name, root=backend.model_name, max_model_len=backend.max_model_len)
