@@ -7,7 +7,7 @@
 # ahead (`mma_l2_ahead`, measured and recorded in the manifest) and the MMA down's before its PDL wait
 # (`mma_down_l2` 2, measured in a whole-step A/B; docs/performance.md, "The MMA MoE asks L2 for its weights"). The
 # down's twin went into the manifest by renaming the five down variants it replaces, not by a recording, and the
-# table with both switches was not timed as a whole. Next call: SKIP_HOST=1 SKIP_AB=1 RECORD=1 (~6 min): the GPU
+# table with both switches was timed only as that A/B's variant. Next call: SKIP_HOST=1 SKIP_AB=1 RECORD=1 (~6 min): the GPU
 # tests and the installed table's whole step at 1-64, then the manifest's NVFP4 profile recorded again (the second
 # cold start must compile nothing in its warm-up). Recipes kept: L2_AB=1 (the gate_up's L2 requests), DOWN_L2=1 (the
 # down's, and the o projection in 8 K splits), MMA_AB=1 (the rows kernel's K splits), RADIX=1 (the sampler's modes
