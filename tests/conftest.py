@@ -22,7 +22,10 @@ from flint_engine.checkpoint.hf_writer import write_hf
 from flint_engine.checkpoint.random_tensors import random_provider
 from flint_engine.config import FlintConfig, preset
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist each worker shares the cores with the others (and with a Ray cluster's processes): one
+# intra-op thread a worker, so they do not oversubscribe the machine.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SHARED = Path(__file__).resolve().parents[2] / "shared"
