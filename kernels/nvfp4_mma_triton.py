@@ -935,16 +935,15 @@ def _moe_down_body(
     gs0 = segment_scale(gs_ptr + e64 * stride_gse, r0, ok0, seg1, seg2, seg3) * post
     gs1 = segment_scale(gs_ptr + e64 * stride_gse, r1, ok1, seg1, seg2, seg3) * post
     ydt = y_ptr.dtype.element_ty
+    if L2_MODE != 2:
+        pdl_entry(PDL)  # h is the gate_up launch's
+    pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
     if L2_MODE == 2:
-        pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
         if count > 0:
             for kl in range(0, K, 256):  # a row's 128-byte lines (256 codes each)
                 prefetch_lines(w64 + wa_base + kl // 16)
                 prefetch_lines(w64 + wb_base + kl // 16)
-        pdl_entry(PDL)  # h is the gate_up launch's
-    else:
-        pdl_entry(PDL)  # h is the gate_up launch's
-        pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
+        pdl_entry(PDL)
     for c0 in range(0, count, 8):
         if c0 > 0:
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
