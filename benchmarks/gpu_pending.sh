@@ -120,6 +120,31 @@ if [ "${DOWN_L2:-0}" = 1 ]; then
     grep -h "A/B rounds\|Error" "$OUT/decode_down_l2_ab.txt" "$OUT/decode_o8_ab.txt" \
         | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
+# SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
+# 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared
+# expert folded only up to 4 tokens and the MMA down (all codes asked before the PDL wait) at 5-8; gd8: the MMA
+# gate_up there too. ~4 minutes.
+if [ "${SMALL_AB:-0}" = 1 ]; then
+V=/tmp/variants; mkdir -p $V
+variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
+mma_gu="mma=true mma_prefetch=true mma_l2_ahead=2 expert_major=true"
+# shellcheck disable=SC2086
+variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 9}' --set $mma_gu --out $V/g16.json
+# shellcheck disable=SC2086
+variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 9}' --set $mma_gu num_warps=8 --out $V/g16w8.json
+variant --op moe.paths --when '{"nvfp4": true}' --set shared_fold_max_tokens=4 --out $V/f4.json
+small='{"nvfp4": true, "tokens_min": 5, "tokens_max": 8}'
+variant --table $V/f4.json --op moe.decode --when '{"nvfp4": true}' --add "$small" \
+    --set mma_down=true mma_vec=true mma_down_l2=2 --out $V/d8.json
+# shellcheck disable=SC2086
+variant --table $V/f4.json --op moe.decode --when '{"nvfp4": true}' --add "$small" \
+    --set mma_down=true mma_vec=true mma_down_l2=2 $mma_gu --out $V/gd8.json
+timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 8 16 --contexts 1024 --prefill 0 \
+    --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/g16.json $V/g16w8.json $V/d8.json $V/gd8.json \
+    --out "$OUT/decode_nvfp4_small_ab.json" > "$OUT/decode_small_ab.txt" 2>&1
+echo "== whole step: table vs g16 / g16w8 / d8 / gd8"
+grep "A/B rounds\|Error" "$OUT/decode_small_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 # On a fresh machine Triton compiles everything here (no cache): the tests take ~200 s and the table ~300 s, so
 # CHECK_TESTS=0 / CHECK_TABLE=0 split them over two calls when the recording runs too.
