@@ -194,12 +194,13 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     # a K step ahead (nineteenth session's whole-step A/B, 2026-12-02: b16 -5.8%, b32 -8.6%, b64 -19.5%), all on the
     # 16-byte-load kernels (twentieth session's: b64 -8.1%); from 25 the gate_up in 8 warps (b32 -3.7%), asking L2
     # for its codes two K steps ahead (twenty-second session's: b32 -3.8%, b64 -3.5%); the down asking L2 for all of
-    # its codes before the PDL wait (same session: b16 -1.1%, b64 -3.2%).
+    # its codes before the PDL wait (same session: b16 -1.1%, b64 -3.2%); at 17-24 the gate_up on the MMA kernel in
+    # 4 warps with those L2 requests (twenty-third session's: b24 -4.6%; at b12 it lost 2.4%).
     mma_down = dataclasses.replace(fma_16x512, mma_down=True, mma_vec=True, mma_down_l2=2)
     mma_both = dataclasses.replace(mma_down, expert_major=True, mma=True, mma_prefetch=True, mma_l2_ahead=2)
     mma_w8 = dataclasses.replace(mma_both, num_warps=8)
-    assert [mt.decode_config(True, t, h200) for t in (8, 9, 16, 24, 25, 32, 33, 64)] == [
-        fma_16x512, mma_down, mma_down, mma_down, mma_w8, mma_w8, mma_both, mma_both
+    assert [mt.decode_config(True, t, h200) for t in (8, 9, 16, 17, 24, 25, 32, 33, 64)] == [
+        fma_16x512, mma_down, mma_down, mma_both, mma_both, mma_w8, mma_w8, mma_both, mma_both
     ]  # fmt: skip
     assert mt.grouped_config(16, False, h200) == MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     assert mt.grouped_config(30, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
