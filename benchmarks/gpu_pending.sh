@@ -6,12 +6,13 @@
 # State after the twenty-third session (2026-12-03): the H200 table has the MMA gate_up with its L2 requests from 17
 # tokens (was 25) and the MMA down's before its PDL wait from 9; the manifest's NVFP4 profile was recorded for both
 # (93 variants; a cold start compiles nothing in its warm-up) and the GPU tests pass (docs/performance.md, "The MMA
-# gate_up from 17 tokens"). Nothing built without a GPU is waiting. Recipes kept: SMALL_AB=1 (the MMA MoE below the
-# batches it is installed at), L2_AB=1 (the gate_up's L2 requests), DOWN_L2=1 (the down's, and the o projection in 8
-# K splits), MMA_AB=1 (the rows kernel's K splits), RADIX=1 (the sampler's modes and their op time), PREFILL_AB=1
-# (the NVFP4 prefill's alpha epilogue against the FP32 output and scale pass). On a fresh machine the check's tests
-# and table need a call each with RECORD=1 (CHECK_TESTS=0 / CHECK_TABLE=0). This script ends by packing $OUT into
-# results.tgz: append nothing that writes results.tgz after it.
+# gate_up from 17 tokens"). Built without a GPU and waiting: WARP_K=1, the MMA gate_up's warps splitting K (next
+# call: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 WARP_K=1, ~6 min on a fresh machine). Recipes kept: SMALL_AB=1 (the MMA
+# MoE below the batches it is installed at), L2_AB=1 (the gate_up's L2 requests), DOWN_L2=1 (the down's, and the o
+# projection in 8 K splits), MMA_AB=1 (the rows kernel's K splits), RADIX=1 (the sampler's modes and their op time),
+# PREFILL_AB=1 (the NVFP4 prefill's alpha epilogue against the FP32 output and scale pass). On a fresh machine the
+# check's tests and table need a call each with RECORD=1 (CHECK_TESTS=0 / CHECK_TABLE=0). This script ends by packing
+# $OUT into results.tgz: append nothing that writes results.tgz after it.
 #
 # SKIP_AB=1 leaves the MMA kernels' tests and benchmark out (MMA_TESTS=0 the tests only; MMA_BENCH_ARGS replaces the
 # benchmark's arguments), SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest
@@ -21,6 +22,18 @@
 # long enough to compare).
 set -u
 . benchmarks/gpu_env.sh
+# moe_entries_variant FIELD=VALUE OUT LO...: the table with FIELD set in each NVFP4 moe.decode entry from LO tokens.
+moe_entries_variant() {
+    local set=$1 out=$2 t="" lo
+    shift 2
+    for lo in "$@"; do
+        python3 benchmarks/tuning_variant.py ${t:+--table $t} --op moe.decode \
+            --when "{\"nvfp4\": true, \"tokens_min\": $lo}" --set "$set" --out "$out.$lo" > /dev/null \
+            || echo "variant failed: $set from $lo"
+        t=$out.$lo
+    done
+    cp "$t" "$out"
+}
 
 if [ "${SKIP_AB:-0}" != 1 ]; then
 # The NVFP4 MMA kernels: their GPU tests (the linear against linear_ref at qkv, o_proj and a ragged N, 1-8 rows, with
@@ -98,15 +111,7 @@ if [ "${DOWN_L2:-0}" = 1 ]; then
         --moe-down-l2 1 2 --out "$OUT/nvfp4_mma_down_l2.json" > "$OUT/nvfp4_mma_down_l2.txt" 2>&1
     sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_down_l2.txt" | grep -v "^wrote"
     V=/tmp/variants; mkdir -p $V
-    for m in 1 2; do
-        t=""
-        for lo in 9 25 33; do
-            python3 benchmarks/tuning_variant.py ${t:+--table $t} --op moe.decode \
-                --when "{\"nvfp4\": true, \"tokens_min\": $lo}" --set mma_down_l2=$m --out $V/d${m}_$lo.json > /dev/null
-            t=$V/d${m}_$lo.json
-        done
-        cp "$t" $V/d$m.json
-    done
+    for m in 1 2; do moe_entries_variant mma_down_l2=$m $V/d$m.json 9 25 33; done
     python3 benchmarks/tuning_variant.py --op gemv.small_m --when '{"m_min": 33, "m_max": 64, "nvfp4": true}' \
         --set mma=true mma_vec=true mma_split_k=8 \
         --add '{"m_min": 33, "m_max": 64, "nvfp4": true, "n": 2048, "k": 4096}' --out $V/o8.json > /dev/null
@@ -119,6 +124,32 @@ if [ "${DOWN_L2:-0}" = 1 ]; then
     echo "== whole step: table vs d1 / d2, then vs o8"
     grep -h "A/B rounds\|Error" "$OUT/decode_down_l2_ab.txt" "$OUT/decode_o8_ab.txt" \
         | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+fi
+# WARP_K=1: the MMA gate_up with its warps splitting K as well as the columns (`MoEConfig.mma_warp_k`, twin
+# `_moe_gate_up_mma_ks_kernel`, built in the twenty-third session without a GPU): a program's 16 dependent K steps a
+# warp become 16 / N, the parts summed across warps. Its GPU tests (against moe_ref's h), the kernels alone at 16-64
+# tokens, then the whole step at 24, 32 and 64: k2 / k4 (the table's three MMA gate_up entries split in 2 / 4 parts),
+# w8k2 (the 4-warp entries in 8 warps split in 2: the same grid as now, half the chain a warp). ~6 minutes.
+if [ "${WARP_K:-0}" = 1 ]; then
+    timeout 240 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
+        -k "moe_gate_up_on_the_gpu or fused_moe_with" > "$OUT/warp_k_tests.txt" 2>&1
+    echo "MMA gate_up GPU tests: $(tail -1 "$OUT/warp_k_tests.txt")"
+    grep -E "^E |FAILED" "$OUT/warp_k_tests.txt" | head -6
+    timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --prefetch 1 \
+        --moe-tokens 16 24 32 64 --moe-l2-ahead 2 --moe-warp-k 2 4 --out "$OUT/nvfp4_mma_warp_k.json" \
+        > "$OUT/nvfp4_mma_warp_k.txt" 2>&1
+    sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_warp_k.txt" | grep -v "^wrote"
+    V=/tmp/variants; mkdir -p $V
+    for k in 2 4; do moe_entries_variant mma_warp_k=$k $V/k$k.json 17 25 33; done
+    python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_min": 17}' \
+        --set mma_warp_k=2 num_warps=8 --out $V/w8k2_17.json > /dev/null
+    python3 benchmarks/tuning_variant.py --table $V/w8k2_17.json --op moe.decode \
+        --when '{"nvfp4": true, "tokens_min": 33}' --set mma_warp_k=2 num_warps=8 --out $V/w8k2.json > /dev/null
+    timeout 240 python3 benchmarks/decode.py --formats nvfp4 --batches 24 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/k2.json $V/k4.json $V/w8k2.json \
+        --out "$OUT/decode_nvfp4_warp_k_ab.json" > "$OUT/decode_warp_k_ab.txt" 2>&1
+    echo "== whole step: table vs k2 / k4 / w8k2"
+    grep "A/B rounds\|Error" "$OUT/decode_warp_k_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 fi
 # SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
 # 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared

@@ -6,7 +6,8 @@ CUDA graph of calls rotating over enough weight copies that L2 never holds them 
 Variants: the engine's `gemv_triton.linear` with the installed tuning table, and the MMA kernel in 4 and 8 warps,
 with 8-byte loads and with 16-byte ones ("_v", the VEC kernels), optionally with its loads a K step ahead ("_pf";
 split-K chosen by the kernel, or --splits). In the MoE, "_l2N" asks L2 for the gate_up's codes N K steps ahead
-(--moe-l2-ahead), "_dN" for the down's (--moe-down-l2: 1 two steps ahead, 2 all before the PDL wait). One
+(--moe-l2-ahead), "_dN" for the down's (--moe-down-l2: 1 two steps ahead, 2 all before the PDL wait), "_kN" the
+gate_up with its warps splitting K in N parts (--moe-warp-k; with each --moe-l2-ahead too). One
 expert's gate_up and down stand for the MoE.
 
 The MoE (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernels' expert-major
@@ -109,6 +110,13 @@ def main() -> None:
         choices=[1, 2],
         help="also each 16-byte MoE variant's down asking L2 for its codes (1: two K steps ahead, 2: before the wait)",
     )
+    ap.add_argument(
+        "--moe-warp-k",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also each 16-byte MoE variant's gate_up with its warps splitting K in this many parts (mma_warp_k)",
+    )
     ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -127,6 +135,14 @@ def main() -> None:
         mma
         + [(f"{label}_l2{a}", {**kw, "l2_ahead": a}) for label, kw in mma if kw["vec"] for a in args.moe_l2_ahead]
         + [(f"{label}_d{m}", {**kw, "l2": m}) for label, kw in mma if kw["vec"] for m in args.moe_down_l2]
+        + [
+            (f"{label}{f'_l2{a}' if a else ''}_k{s}", {**kw, "l2_ahead": a, "warp_k": s})
+            for label, kw in mma
+            if kw["vec"]
+            for a in [0, *args.moe_l2_ahead]
+            for s in args.moe_warp_k
+            if kw["num_warps"] % s == 0
+        ]
     )
     rows = []
     for name in args.shapes:
@@ -221,9 +237,9 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]]) -> li
         want_y = torch.stack([linear_ref(h[p][None], w2.select(int(e)))[0]
                               for p, e in enumerate(ids.reshape(-1).tolist())]).float()  # fmt: skip
         for label, kw in mma:
-            # l2_ahead: the gate_up's only; l2: the down's only
+            # l2_ahead and warp_k: the gate_up's only; l2: the down's only
             gate_kw = {k: v for k, v in kw.items() if k != "l2"}
-            kw = {k: v for k, v in kw.items() if k != "l2_ahead"}
+            kw = {k: v for k, v in kw.items() if k not in ("l2_ahead", "warp_k")}
             try:
                 got = nm.moe_gate_up(x, ids, w13, **gate_kw).float()
                 ok = bool(((got - want).abs() <= 3 * 2.0**-8 * torch.maximum(got.abs(), want.abs())

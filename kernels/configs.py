@@ -81,6 +81,10 @@ class MoEConfig:
     # a tile's before the PDL wait, for experts with pairs (0: off). On the H200 2 from 9 tokens: b16 -1.1%, b64
     # -3.2%; 1 even to -1.3% (twenty-second session).
     mma_down_l2: int = 0
+    # With mma and mma_vec: the gate_up's warps split K in this many parts as well as the columns (a power of two
+    # dividing num_warps; 1: off), so each warp's chain of dependent K steps is that many times shorter; the parts
+    # are summed across warps in order. Built in the twenty-third session, not yet measured.
+    mma_warp_k: int = 1
 
 
 @dataclass(frozen=True)

@@ -916,8 +916,9 @@ def _routed(
         from . import nvfp4_mma_triton  # here: that module imports this one
 
         nvfp4_mma_triton.launch_moe_gate_up(
-            x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec, cfg.mma_l2_ahead
-        )
+            x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec, cfg.mma_l2_ahead,
+            cfg.mma_warp_k,
+        )  # fmt: skip
     elif expert_major:  # h keeps the per-pair layout the down launch reads
         _moe_gate_up_expert_kernel[(gu_tiles, num_experts)](
             x, ids, q13, s13, g13, h, p, hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0),

@@ -732,20 +732,23 @@ def _moe_gate_up_body(
     PDL: tl.constexpr,
     VEC: tl.constexpr,
     L2_AHEAD: tl.constexpr,
+    KSPLIT: tl.constexpr = 1,
 ):
     """Expert-major MoE gate_up (NVFP4): program (column tile, expert e) finds e's pairs in the router's ids and
     computes their h = silu(gate) * up columns, 8 pairs an MMA. A lane's fragment rows are gate row j and up row
     INTER + j, so its D fragment holds gate and up of the same column for pairs 2c, 2c + 1: SiLU-and-mul in
-    registers. An expert without pairs does no K loop."""
+    registers. An expert without pairs does no K loop. KSPLIT > 1: the warps split K as well as the columns (NW /
+    KSPLIT groups of 8 columns, each in KSPLIT parts of K, one a warp), so each warp's chain of dependent K steps is
+    KSPLIT times shorter; the parts' D fragments are summed across warps in part order (deterministic)."""
     pid_i = tl.program_id(0)
     e = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
+    NG: tl.constexpr = NW // KSPLIT  # warps (groups of 8 columns) a K part
     t = tl.arange(0, NT)
     lane = t % 32
     g = lane // 4
     c = lane % 4
-    j = pid_i * (8 * NW) + (t // 32) * 8 + g
-    ok = j < INTER
+    j = pid_i * (8 * NG) + ((t // 32) % NG) * 8 + g
     ja = tl.minimum(j, INTER - 1).to(tl.int64)
     jb = ja + INTER
     e64 = e.to(tl.int64)
@@ -753,9 +756,27 @@ def _moe_gate_up_body(
         w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, ja, jb, c, stride_wn, stride_sn
     )
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
+    k_part = K // KSPLIT  # a multiple of 256 (`launch_moe_gate_up`): the parts keep the 16-byte and line alignment
+    if KSPLIT > 1:  # warp w's part of K, (w // NG) * k_part onward, as offsets in int64 code words and scale bytes
+        k_off = (t // (32 * NG)) * k_part
+        wa_base += k_off // 16
+        wb_base += k_off // 16
+        sa_base += k_off // 16
+        sb_base += k_off // 16
+    # The epilogue's lanes: one K part's (after the sum across parts, a warp a column group).
+    NO: tl.constexpr = 32 * NG
+    if KSPLIT > 1:
+        to = tl.arange(0, NO)
+        co = (to % 32) % 4
+        jo = pid_i * (8 * NG) + (to // 32) * 8 + (to % 32) // 4
+    else:
+        co = c
+        jo = j
+    ok = jo < INTER
+    joa = tl.minimum(jo, INTER - 1).to(tl.int64)
     post = 4.611686018427388e18  # 2**62
-    gs_a = segment_scale(gs_ptr + e64 * stride_gse, ja, ok, seg1, seg2, seg3) * post
-    gs_b = segment_scale(gs_ptr + e64 * stride_gse, jb, ok, seg1, seg2, seg3) * post
+    gs_a = segment_scale(gs_ptr + e64 * stride_gse, joa, ok, seg1, seg2, seg3) * post
+    gs_b = segment_scale(gs_ptr + e64 * stride_gse, joa + INTER, ok, seg1, seg2, seg3) * post
     xdt = h_ptr.dtype.element_ty
     pdl_entry(PDL)  # the ids are the router's, the previous kernel's
     pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
@@ -764,15 +785,22 @@ def _moe_gate_up_body(
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
         # Lane (g, c) multiplies x of the pair ranked c0 + g (past the last: pair 0, a column never stored).
         xa_base = (tl.gather(pairs, g, 0) // TOPK) * (stride_xt // 4) + c * 8
+        if KSPLIT > 1:
+            xa_base += k_off // 4
         d0, d1, d2, d3 = _k_loop(
-            w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, 0, K, NT, PREFETCH, VEC, L2_AHEAD
+            w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, 0, k_part, NT, PREFETCH, VEC, L2_AHEAD
         )  # fmt: skip
-        p_lo = tl.gather(pairs, 2 * c, 0)
-        p_hi = tl.gather(pairs, 2 * c + 1, 0)
+        if KSPLIT > 1:
+            d0 = tl.sum(tl.reshape(d0, (KSPLIT, NO)), axis=0)
+            d1 = tl.sum(tl.reshape(d1, (KSPLIT, NO)), axis=0)
+            d2 = tl.sum(tl.reshape(d2, (KSPLIT, NO)), axis=0)
+            d3 = tl.sum(tl.reshape(d3, (KSPLIT, NO)), axis=0)
+        p_lo = tl.gather(pairs, 2 * co, 0)
+        p_hi = tl.gather(pairs, 2 * co + 1, 0)
         h_lo = _silu_mul((d0 * gs_a).to(xdt), (d2 * gs_b).to(xdt))
         h_hi = _silu_mul((d1 * gs_a).to(xdt), (d3 * gs_b).to(xdt))
-        tl.store(h_ptr + p_lo * stride_h + j, h_lo, mask=ok & (c0 + 2 * c < count))
-        tl.store(h_ptr + p_hi * stride_h + j, h_hi, mask=ok & (c0 + 2 * c + 1 < count))
+        tl.store(h_ptr + p_lo * stride_h + jo, h_lo, mask=ok & (c0 + 2 * co < count))
+        tl.store(h_ptr + p_hi * stride_h + jo, h_hi, mask=ok & (c0 + 2 * co + 1 < count))
 
 
 @triton.jit(do_not_specialize=["P"])
@@ -876,6 +904,43 @@ def _moe_gate_up_mma_l2_kernel(
     _moe_gate_up_body(
         x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
         stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["P"])
+def _moe_gate_up_mma_ks_kernel(
+    x_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    h_ptr,
+    P,
+    K,
+    INTER,
+    TOPK,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_h,
+    seg1,
+    seg2,
+    seg3,
+    P_PAD: tl.constexpr,
+    NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+    L2_AHEAD: tl.constexpr,
+    KSPLIT: tl.constexpr,
+):
+    """The VEC MoE gate_up with its warps splitting K in KSPLIT parts (MoEConfig.mma_warp_k), L2 requests
+    L2_AHEAD K steps ahead (0: none); a twin, so the installed kernels' signatures and the manifest stay as they are."""
+    _moe_gate_up_body(
+        x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
+        stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD, KSPLIT
     )  # fmt: skip
 
 
@@ -1228,20 +1293,29 @@ def launch_moe_gate_up(
     prefetch: bool = PREFETCH,
     vec: bool = False,
     l2_ahead: int = 0,
+    warp_k: int = 1,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec:
     16-byte loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that
-    many K steps ahead."""
+    many K steps ahead; warp_k (with vec; a power of two dividing num_warps): the warps split K in that many parts
+    as well as the columns, where K is a multiple of 256 a part (else it is not split)."""
     if l2_ahead < 0 or l2_ahead % 2:
         raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
+    if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
+        raise ValueError(f"warp_k must be a power of two dividing num_warps ({num_warps}), got {warp_k}")
     n_exp, two_i, _ = w13.qweight.shape
     pairs, inter = ids.numel(), two_i // 2
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
     kernel = _moe_gate_up_mma_vec_kernel if vec and _vec_fits(x, w13) else _moe_gate_up_mma_kernel
     extra = {}
-    if l2_ahead and kernel is _moe_gate_up_mma_vec_kernel:
+    groups = num_warps  # warps a K part: 8 columns each
+    if warp_k > 1 and kernel is _moe_gate_up_mma_vec_kernel and x.shape[1] % (256 * warp_k) == 0:
+        # 256 values a part at least: a part starts on a 128-byte code line, as `_l2_ahead`'s pairs of steps assume
+        kernel, extra = _moe_gate_up_mma_ks_kernel, {"L2_AHEAD": l2_ahead, "KSPLIT": warp_k}
+        groups = num_warps // warp_k
+    elif l2_ahead and kernel is _moe_gate_up_mma_vec_kernel:
         kernel, extra = _moe_gate_up_mma_l2_kernel, {"L2_AHEAD": l2_ahead}
-    kernel[(triton.cdiv(inter, 8 * num_warps), n_exp)](
+    kernel[(triton.cdiv(inter, 8 * groups), n_exp)](
         x, ids, w13.qweight, w13.scales, w13.global_scale, h, pairs, x.shape[1], inter, topk,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1), w13.scales.stride(0), w13.scales.stride(1),
         w13.global_scale.stride(0), h.stride(0), seg1, seg2, seg3,
@@ -1258,6 +1332,7 @@ def moe_gate_up(
     prefetch: bool = PREFETCH,
     vec: bool = False,
     l2_ahead: int = 0,
+    warp_k: int = 1,
 ) -> torch.Tensor:
     """h [T * k, I]: `silu_and_mul_ref(linear_ref(x[t], w13[e]))` of every (token t, slot) pair routed to expert e,
     expert-major on the MMA kernel (`_moe_gate_up_mma_kernel`); x [T, H] BF16, topk_ids [T, k], w13 [E, 2I, H]."""
@@ -1270,5 +1345,5 @@ def moe_gate_up(
         )
     ids = topk_ids.reshape(-1).contiguous()
     h = torch.empty((ids.numel(), w13.qweight.shape[1] // 2), dtype=x.dtype, device=x.device)
-    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch, vec, l2_ahead)
+    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch, vec, l2_ahead, warp_k)
     return h

@@ -289,6 +289,16 @@ def _routing() -> torch.Tensor:
     return torch.cat([others[:, :1], torch.ones(10, 1, dtype=torch.int64), others[:, 1:]], dim=1)
 
 
+def _assert_h_exact(h: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, w13: NVFP4Weight) -> None:
+    """Every pair's h [pairs, I] written, and silu(gate) * up against float64 (top-3, I = h's width)."""
+    assert not torch.isnan(h).any(), "a pair or column was never written"
+    inter = h.shape[1]
+    for p, e in enumerate(ids.reshape(-1).tolist()):
+        gu = _exact(x[p // 3][None], w13.select(e))[0]
+        want = gu[:inter] / (1 + torch.exp(-gu[:inter])) * gu[inter:]
+        assert torch.allclose(h[p].double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()), p
+
+
 # silu(gate) of a very negative gate: exp(-gate) overflows to inf in the interpreter, which gives the right -0.
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 @pytest.mark.parametrize("vec,prefetch", [(False, False), (False, True), (True, False)], ids=["8B", "prefetch", "16B"])
@@ -302,11 +312,44 @@ def test_moe_gate_up_kernel(emulated_ptx: None, prefetch: bool, vec: bool) -> No
     with _spied("_moe_gate_up_mma_kernel", vec) as spy:
         nm.launch_moe_gate_up(x, ids.reshape(-1).contiguous(), w13, h, 3, 2, prefetch=prefetch, vec=vec)
     assert spy.launches == 1
-    assert not torch.isnan(h).any(), "a pair or column was never written"
-    for p, e in enumerate(ids.reshape(-1).tolist()):
-        gu = _exact(x[p // 3][None], w13.select(e))[0]
-        want = gu[:40] / (1 + torch.exp(-gu[:40])) * gu[40:]
-        assert torch.allclose(h[p].double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()), p
+    _assert_h_exact(h, x, ids, w13)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+@pytest.mark.parametrize(
+    "warps,warp_k,l2_ahead,prefetch", [(2, 2, 0, False), (4, 2, 2, True), (4, 4, 0, True), (4, 2, 4, False)]
+)
+def test_moe_gate_up_with_the_warps_splitting_k(
+    emulated_ptx: None, l2_requests: list[int], warps: int, warp_k: int, l2_ahead: int, prefetch: bool
+) -> None:
+    """`_moe_gate_up_mma_ks_kernel` (MoEConfig.mma_warp_k): h of every pair against float64 with the warps splitting
+    K (I = 40: ragged column tiles of 8 / 16 columns; K of 8 steps, so each part has 2-4; expert 1's 10 pairs take
+    two chunks), the L2 requests only for later steps of the warp's own part, and bad splits named."""
+    w13 = random_experts(5, 40, 1024, seed=21)
+    ids = _routing()
+    x = (torch.randn(10, 1024, generator=torch.Generator().manual_seed(22)) * 0.5).to(torch.bfloat16)
+    h = torch.full((30, 40), float("nan"))
+    spy = LaunchSpy(nm._moe_gate_up_mma_ks_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nm, "_moe_gate_up_mma_ks_kernel", spy)
+        nm.launch_moe_gate_up(
+            x, ids.reshape(-1).contiguous(), w13, h, 3, warps, prefetch=prefetch, vec=True, l2_ahead=l2_ahead,
+            warp_k=warp_k,
+        )  # fmt: skip
+    assert spy.launches == 1
+    _assert_h_exact(h, x, ids, w13)
+    if l2_ahead:  # each part asks for its own later lines: step s of part q is K step q * parts + s
+        offsets = np.array(l2_requests) - w13.qweight.data_ptr()
+        steps = (offsets % w13.qweight.stride(1)) // 64
+        per = 8 // warp_k
+        asked = {q * per + min(s, per - 1) for q in range(warp_k) for s in range(l2_ahead, 2 * per)}
+        assert set(steps.tolist()) <= asked
+        assert {q * per + per - 1 for q in range(warp_k)} <= set(steps.tolist())
+    else:
+        assert not l2_requests
+    for bad in (3, 8):
+        with pytest.raises(ValueError, match="warp_k"):
+            nm.launch_moe_gate_up(x, ids.reshape(-1).contiguous(), w13, h, 3, 4, vec=True, warp_k=bad)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
@@ -445,7 +488,8 @@ def test_kernels_compile_for_sm90_one_element_a_thread() -> None:
     """sm_90: the PTX's operands are one element a thread, thread t holding element t (the inline asm's tensors all
     in the 1-D blocked layout of one element a thread, which the fragments assume); the linear kernels have no layout
     conversion at all and 8 HMMAs a K step; no spills; the VEC kernels load codes and x 16 bytes at a time (six
-    LDG.E.128 a K step at least; the rows kernel 8 HMMAs a group of 8 rows a K step, 2 + 4 a group LDG.E.128)."""
+    LDG.E.128 a K step at least; the rows kernel 8 HMMAs a group of 8 rows a K step, 2 + 4 a group LDG.E.128); the
+    same for the gate_up whose warps split K too (`_moe_gate_up_mma_ks_kernel`)."""
     code = f"""
 import re, sys
 sys.path.insert(0, {str(BENCHMARKS)!r})
@@ -467,6 +511,8 @@ cases = [
     (nm._moe_gate_up_mma_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True)),
     (nm._moe_gate_up_mma_vec_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
     (nm._moe_gate_up_mma_l2_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True, L2_AHEAD=2)),
+    (nm._moe_gate_up_mma_ks_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True, L2_AHEAD=2, KSPLIT=2)),
+    (nm._moe_gate_up_mma_ks_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True, L2_AHEAD=0, KSPLIT=4)),
     (nm._moe_down_mma_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
     (nm._moe_down_mma_vec_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
     (nm._moe_down_mma_l2_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True, L2_MODE=1)),
@@ -487,15 +533,17 @@ for fn, ptrs, cx in cases:
     hmma = sum("HMMA" in op for _, op in code)
     wide = sum("LDG.E.128" in op for _, op in code)
     l2 = sum("CCTL.E.PF2" in op for _, op in code)  # prefetch.global.L2 (CCTL.IVALL is a semaphore's acquire)
-    name = fn.__name__ + ("_vec_" if cx.get("VEC") else "")
+    # the twin splitting K across warps is a VEC kernel, with L2 requests where L2_AHEAD asks for them
+    ks = "_ks_" in fn.__name__
+    name = fn.__name__ + ("_vec_" if cx.get("VEC") or ks else "") + ("_l2_" if ks and cx["L2_AHEAD"] else "")
     spills = res.get("LOCAL", 0) + res.get("STACK", 0)
     print(name, cx.get("GROUPS", 1), identity, ttgir.count("convert_layout"), hmma, spills, wide, l2)
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-13:]]
-    assert len(lines) == 13, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-15:]]
+    assert len(lines) == 15, r.stdout
     for name, groups, identity, converts, hmma, spills, wide, l2 in lines:
         assert identity == "1" and spills == "0", (name, identity, spills)
         assert int(hmma) >= 8 * int(groups), (name, groups, hmma)
@@ -553,6 +601,11 @@ def test_moe_gate_up_on_the_gpu(tokens: int, vec: bool) -> None:
         for l2_ahead, prefetch in ((2, True), (4, False)):
             ahead = nm.moe_gate_up(x, ids, w13, vec=True, prefetch=prefetch, l2_ahead=l2_ahead).float()
             assert torch.equal(ahead, got), (l2_ahead, prefetch)
+        # The warps splitting K (MoEConfig.mma_warp_k) sum in another order: within moe_ref's tolerance instead.
+        for warps, warp_k, l2_ahead in ((4, 2, 2), (8, 2, 2), (8, 4, 0), (4, 4, 2)):
+            split = nm.moe_gate_up(x, ids, w13, warps, vec=True, prefetch=True, l2_ahead=l2_ahead, warp_k=warp_k)
+            split = split.float()
+            assert ((split - want).abs() <= tol).all(), (warps, warp_k, (split - want).abs().max())
 
 
 @pytest.mark.gpu
