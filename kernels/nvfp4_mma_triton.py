@@ -69,6 +69,10 @@ ROWS_PER_WARP = 16
 # Each kernel can load a K step ahead (`prefetch`). On the H200 (2026-12-02) that lost for the linear (e.g. qkv at 8
 # rows 10.1 against 8.8 us) and the MoE down, and won for the MoE gate_up at 1-2 and 64 tokens (MoEConfig.mma_prefetch).
 PREFETCH = False
+# The gate_up whose warps split K: ptxas gives it ~140 registers a thread in 8 warps unless capped (sm_90, Triton
+# 3.6), which leaves one 8-warp program an SM; at 128 it needs ~117 with no spills (`kernel_sass.py`-style compile,
+# 2026-12-03), so two fit, as for the unsplit kernel (108).
+KS_MAXNREG = 128
 
 
 def _decode_pair(word: str, p: int, scale: str, out: str) -> list[str]:
@@ -1312,6 +1316,8 @@ def launch_moe_gate_up(
     if warp_k > 1 and kernel is _moe_gate_up_mma_vec_kernel and x.shape[1] % (256 * warp_k) == 0:
         # 256 values a part at least: a part starts on a 128-byte code line, as `_l2_ahead`'s pairs of steps assume
         kernel, extra = _moe_gate_up_mma_ks_kernel, {"L2_AHEAD": l2_ahead, "KSPLIT": warp_k}
+        if not _INTERPRET:
+            extra["maxnreg"] = KS_MAXNREG
         groups = num_warps // warp_k
     elif l2_ahead and kernel is _moe_gate_up_mma_vec_kernel:
         kernel, extra = _moe_gate_up_mma_l2_kernel, {"L2_AHEAD": l2_ahead}

@@ -513,6 +513,7 @@ cases = [
     (nm._moe_gate_up_mma_l2_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True, L2_AHEAD=2)),
     (nm._moe_gate_up_mma_ks_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True, L2_AHEAD=2, KSPLIT=2)),
     (nm._moe_gate_up_mma_ks_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True, L2_AHEAD=0, KSPLIT=4)),
+    (nm._moe_gate_up_mma_ks_kernel, gate_up, dict(P_PAD=256, NW=8, PREFETCH=True, PDL=True, L2_AHEAD=2, KSPLIT=2)),
     (nm._moe_down_mma_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
     (nm._moe_down_mma_vec_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
     (nm._moe_down_mma_l2_kernel, down, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True, L2_MODE=1)),
@@ -522,12 +523,16 @@ for fn, ptrs, cx in cases:
     ptrs = dict(common, **ptrs)
     sig = {{n: ptrs.get(n, "constexpr" if n in cx else "i32") for n in fn.arg_names}}
     src = ASTSource(fn=fn, signature=sig, constexprs={{(fn.arg_names.index(k),): v for k, v in cx.items()}})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={{"num_warps": 4, "num_stages": 1}})
+    opts = {{"num_warps": cx["NW"], "num_stages": 1}}
+    if "_ks_" in fn.__name__:  # launched with its register cap
+        opts["maxnreg"] = nm.KS_MAXNREG
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     ttgir = k.asm["ttgir"]
     layouts = dict(re.findall(r"^(#\\w+) = (.*)$", ttgir, re.M))
-    one = "#ttg.blocked<{{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [4], order = [0]}}>"
+    nw = cx["NW"]
+    one = "#ttg.blocked<{{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [" + str(nw) + "], order = [0]}}>"
     asm = [line for line in ttgir.splitlines() if "elementwise_inline_asm" in line]
-    used = set().union(*(re.findall(r"tensor<128x\\w+, (#\\w+)>", line) for line in asm))
+    used = set().union(*(re.findall(r"tensor<" + str(32 * nw) + r"x\\w+, (#\\w+)>", line) for line in asm))
     identity = int(bool(asm) and all(layouts.get(u) == one for u in used))
     code, res = disassemble(k.asm["cubin"])
     hmma = sum("HMMA" in op for _, op in code)
@@ -542,8 +547,8 @@ for fn, ptrs, cx in cases:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-15:]]
-    assert len(lines) == 15, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-16:]]
+    assert len(lines) == 16, r.stdout
     for name, groups, identity, converts, hmma, spills, wide, l2 in lines:
         assert identity == "1" and spills == "0", (name, identity, spills)
         assert int(hmma) >= 8 * int(groups), (name, groups, hmma)
