@@ -617,12 +617,22 @@ def test_moe_gate_up_on_the_gpu(tokens: int, vec: bool) -> None:
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("tokens", [1, 5, 32, 64])
 @pytest.mark.parametrize(
-    "mma,mma_down,vec", [(True, False, False), (True, True, False), (False, True, False), (True, True, True)]
+    "mma,mma_down,vec,warp_k",
+    [
+        (True, False, False, 1),
+        (True, True, False, 1),
+        (False, True, False, 1),
+        (True, True, True, 1),
+        (True, True, True, 2),
+    ],
 )
-def test_fused_moe_with_the_mma_kernels_on_the_gpu(tokens: int, mma: bool, mma_down: bool, vec: bool) -> None:
+def test_fused_moe_with_the_mma_kernels_on_the_gpu(
+    tokens: int, mma: bool, mma_down: bool, vec: bool, warp_k: int
+) -> None:
     """`moe_triton.fused_moe` with MoEConfig.mma (expert-major, shared expert apart) launches the MMA gate_up, with
     mma_down the MMA down and the slot reduce (also after the per-pair FMA gate_up), with mma_vec their 16-byte
-    kernels, and stays within the MoE tests' BF16 tolerance of `moe_ref`."""
+    kernels, with mma_warp_k the gate_up whose warps split K, and stays within the MoE tests' BF16 tolerance of
+    `moe_ref`."""
     import dataclasses
 
     from flint_kernels import moe_triton as mt
@@ -639,9 +649,11 @@ def test_fused_moe_with_the_mma_kernels_on_the_gpu(tokens: int, mma: bool, mma_d
     cfg = dataclasses.replace(
         mt.decode_config(True, tokens, x.device),
         expert_major=mma, mma=mma, mma_down=mma_down, mma_vec=vec, use_dot=False, mma_l2_ahead=0, mma_down_l2=0,
+        mma_warp_k=warp_k,
     )  # fmt: skip
     v = "_vec" if vec else ""
-    names = [f"_moe_gate_up_mma{v}_kernel"] * mma + [f"_moe_down_mma{v}_kernel"] * mma_down
+    gate_up = "_moe_gate_up_mma_ks_kernel" if warp_k > 1 else f"_moe_gate_up_mma{v}_kernel"
+    names = [gate_up] * mma + [f"_moe_down_mma{v}_kernel"] * mma_down
     spies = {n: LaunchSpy(getattr(nm, n)) for n in names}
     with pytest.MonkeyPatch.context() as mp:
         for n, spy in spies.items():
