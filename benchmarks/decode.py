@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from fast_path_accuracy import agreement, greedy, rel_err  # a sibling script: benchmarks/ is on sys.path
-from flint_kernels import tuning
+from flint_kernels import precompile, tuning
 from flint_kernels.dispatch import REFERENCE, select_kernels
 from flint_kernels.fast import fast_kernels, parse_ops
 
@@ -290,6 +290,12 @@ def run_format(
     rep.data["notes"].append(f"{fmt}: built {wbytes / 1e9:.2f} GB of random weights in {time.monotonic() - t0:.1f} s")
     kernels = select_kernels(dev, weights.dtype, weights.dtype, args.kernels)
     fast = FlintModel(weights, kernels)
+    if dev.type == "cuda" and kernels.name != "reference" and not args.no_precompile:
+        # The shipped manifest's kernels compiled in parallel, as an engine start does: on a machine with an empty
+        # Triton cache the warm-ups below would otherwise compile them one by one (minutes of a device call).
+        report = precompile.run(dev, weights.kernel_profile())
+        if report is not None:
+            rep.data["notes"].append(f"{fmt}: {report.describe()}")
     # The A/B variant: the same weights under another fused-op list and/or tuning table, timed in alternation with
     # the main one.
     variant = None
@@ -410,6 +416,11 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--kernels", default="auto", choices=["auto", "reference", "fast"])
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument(
+        "--no-precompile",
+        action="store_true",
+        help="leave the kernel manifest's parallel precompile out (the warm-ups then compile every kernel in turn)",
+    )
     ap.add_argument("--check-steps", type=int, default=32, help="greedy steps of the fused-vs-plain check (0: none)")
     ap.add_argument("--check-batches", type=int, nargs="*", default=[1, 8])
     ap.add_argument("--reps", type=int, default=30)
