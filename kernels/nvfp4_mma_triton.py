@@ -709,6 +709,14 @@ def _silu_mul(gate, up):
 
 
 @triton.jit
+def _gate_up_columns(pid_i, t, NG: tl.constexpr):
+    """Lane t's (c, column j) in the gate_up's column tile pid_i of NG warps' 8 columns; with the warps splitting K,
+    warp w's columns are those of warp w % NG."""
+    lane = t % 32
+    return lane % 4, pid_i * (8 * NG) + ((t // 32) % NG) * 8 + lane // 4
+
+
+@triton.jit
 def _moe_gate_up_body(
     x_ptr,
     ids_ptr,
@@ -749,10 +757,8 @@ def _moe_gate_up_body(
     NT: tl.constexpr = 32 * NW
     NG: tl.constexpr = NW // KSPLIT  # warps (groups of 8 columns) a K part
     t = tl.arange(0, NT)
-    lane = t % 32
-    g = lane // 4
-    c = lane % 4
-    j = pid_i * (8 * NG) + ((t // 32) % NG) * 8 + g
+    g = (t % 32) // 4
+    c, j = _gate_up_columns(pid_i, t, NG)
     ja = tl.minimum(j, INTER - 1).to(tl.int64)
     jb = ja + INTER
     e64 = e.to(tl.int64)
@@ -770,9 +776,7 @@ def _moe_gate_up_body(
     # The epilogue's lanes: one K part's (after the sum across parts, a warp a column group).
     NO: tl.constexpr = 32 * NG
     if KSPLIT > 1:
-        to = tl.arange(0, NO)
-        co = (to % 32) % 4
-        jo = pid_i * (8 * NG) + (to // 32) * 8 + (to % 32) // 4
+        co, jo = _gate_up_columns(pid_i, tl.arange(0, NO), NG)
     else:
         co = c
         jo = j
