@@ -22,6 +22,18 @@
 # long enough to compare).
 set -u
 . benchmarks/gpu_env.sh
+# gpu_tests LABEL NAME LIMIT PYTEST-ARGS...: GPU tests into $OUT/NAME.txt, their last line and first failures printed.
+gpu_tests() {
+    local label=$1 name=$2 limit=$3
+    shift 3
+    timeout "$limit" python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider "$@" > "$OUT/$name.txt" 2>&1
+    echo "$label: $(tail -1 "$OUT/$name.txt")"
+    grep -E "^E |FAILED" "$OUT/$name.txt" | head -6
+}
+# ab_rounds FILE...: the whole-step A/B rounds `benchmarks/decode.py --ab-tuning-file` printed into these files.
+ab_rounds() {
+    grep -h "A/B rounds\|Error" "$@" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+}
 # moe_entries_variant FIELD=VALUE OUT LO...: the table with FIELD set in each NVFP4 moe.decode entry from LO tokens.
 moe_entries_variant() {
     local set=$1 out=$2 t="" lo
@@ -40,10 +52,7 @@ if [ "${SKIP_AB:-0}" != 1 ]; then
 # and without split-K; the MoE gate_up against moe_ref's h at 1-64 tokens), then their time against the engine's paths.
 if [ "${MMA_TESTS:-1}" = 1 ]; then
     # shellcheck disable=SC2086
-    timeout 240 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
-        ${MMA_TEST_K:+-k "$MMA_TEST_K"} > "$OUT/mma_tests.txt" 2>&1
-    echo "nvfp4_mma tests: $(tail -1 "$OUT/mma_tests.txt")"
-    grep -E "^E |FAILED" "$OUT/mma_tests.txt" | head -8
+    gpu_tests "nvfp4_mma tests" mma_tests 240 tests/test_nvfp4_mma.py ${MMA_TEST_K:+-k "$MMA_TEST_K"}
 fi
 # shellcheck disable=SC2086
 timeout 300 python3 benchmarks/nvfp4_mma.py ${MMA_BENCH_ARGS:-} --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
@@ -69,32 +78,24 @@ timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 48 64 --conte
     --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/o2.json $V/o4.json $V/o4d2.json \
     --out "$OUT/decode_nvfp4_mma_ab.json" > "$OUT/decode_mma_ab.txt" 2>&1
 echo "== whole step: table vs o2 / o4 / o4d2"
-grep "A/B rounds\|Error" "$OUT/decode_mma_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+ab_rounds "$OUT/decode_mma_ab.txt"
 fi
 # L2_AB=1: the MMA gate_up asking L2 for its codes 2 or 4 K steps ahead (MoEConfig.mma_l2_ahead, the twin kernel
 # `_moe_gate_up_mma_l2_kernel`; built on CPU in the twenty-first session for the gate_up's ~44% of DRAM bandwidth
 # at 32 tokens): its GPU tests, the kernel alone at 32 and 64 tokens, then the whole step at 32 and 64 with it on the
 # table's gate_up entries from 25 tokens (l2_2, l2_4). ~4 minutes.
 if [ "${L2_AB:-0}" = 1 ]; then
-    timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
-        -k "moe_gate_up_on_the_gpu" > "$OUT/l2_tests.txt" 2>&1
-    echo "MMA gate_up GPU tests: $(tail -1 "$OUT/l2_tests.txt")"
-    grep -E "^E |FAILED" "$OUT/l2_tests.txt" | head -6
+    gpu_tests "MMA gate_up GPU tests" l2_tests 200 tests/test_nvfp4_mma.py -k "moe_gate_up_on_the_gpu"
     timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --prefetch 1 \
         --moe-tokens 32 64 --moe-l2-ahead 2 4 --out "$OUT/nvfp4_mma_l2.json" > "$OUT/nvfp4_mma_l2.txt" 2>&1
     sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_l2.txt" | grep -v "^wrote"
     V=/tmp/variants; mkdir -p $V
-    for a in 2 4; do
-        python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_min": 25}' \
-            --set mma_l2_ahead=$a --out $V/l2_half.json > /dev/null
-        python3 benchmarks/tuning_variant.py --table $V/l2_half.json --op moe.decode \
-            --when '{"nvfp4": true, "tokens_min": 33}' --set mma_l2_ahead=$a --out $V/l2_$a.json > /dev/null
-    done
+    for a in 2 4; do moe_entries_variant mma_l2_ahead=$a $V/l2_$a.json 25 33; done
     timeout 240 python3 benchmarks/decode.py --formats nvfp4 --batches 32 64 --contexts 1024 --prefill 0 \
         --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/l2_2.json $V/l2_4.json \
         --out "$OUT/decode_nvfp4_l2_ab.json" > "$OUT/decode_l2_ab.txt" 2>&1
     echo "== whole step: table vs l2_2 / l2_4"
-    grep "A/B rounds\|Error" "$OUT/decode_l2_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+    ab_rounds "$OUT/decode_l2_ab.txt"
 fi
 # DOWN_L2=1: the MMA down asking L2 for its codes (MoEConfig.mma_down_l2, the twin `_moe_down_mma_l2_kernel`; built
 # on CPU in the twenty-second session after the gate_up's L2 requests won 3.8% at b32): 1 two K steps ahead in the
@@ -103,10 +104,8 @@ fi
 # 64 with each mode on the table's three MMA-down entries (d1, d2); and the o projection in 8 K splits at 48 and 64
 # rows (o8: 2 and 4 splits lost in the step, 8 won alone, 14.85 vs 19.72 us). ~4 minutes.
 if [ "${DOWN_L2:-0}" = 1 ]; then
-    timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
-        -k "down_on_the_gpu or down_l2 or fused_moe_with" > "$OUT/down_l2_tests.txt" 2>&1
-    echo "MMA down GPU tests: $(tail -1 "$OUT/down_l2_tests.txt")"
-    grep -E "^E |FAILED" "$OUT/down_l2_tests.txt" | head -6
+    gpu_tests "MMA down GPU tests" down_l2_tests 200 tests/test_nvfp4_mma.py \
+        -k "down_on_the_gpu or down_l2 or fused_moe_with"
     timeout 200 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --moe-tokens 16 32 64 \
         --moe-down-l2 1 2 --out "$OUT/nvfp4_mma_down_l2.json" > "$OUT/nvfp4_mma_down_l2.txt" 2>&1
     sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_down_l2.txt" | grep -v "^wrote"
@@ -122,8 +121,7 @@ if [ "${DOWN_L2:-0}" = 1 ]; then
         --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/o8.json \
         --out "$OUT/decode_nvfp4_o8_ab.json" > "$OUT/decode_o8_ab.txt" 2>&1
     echo "== whole step: table vs d1 / d2, then vs o8"
-    grep -h "A/B rounds\|Error" "$OUT/decode_down_l2_ab.txt" "$OUT/decode_o8_ab.txt" \
-        | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+    ab_rounds "$OUT/decode_down_l2_ab.txt" "$OUT/decode_o8_ab.txt"
 fi
 # WARP_K=1: the MMA gate_up with its warps splitting K as well as the columns (`MoEConfig.mma_warp_k`, twin
 # `_moe_gate_up_mma_ks_kernel`, built in the twenty-third session without a GPU): a program's 16 dependent K steps a
@@ -131,10 +129,8 @@ fi
 # tokens, then the whole step at 24, 32 and 64: k2 / k4 (the table's three MMA gate_up entries split in 2 / 4 parts),
 # w8k2 (the 4-warp entries in 8 warps split in 2: the same grid as now, half the chain a warp). ~6 minutes.
 if [ "${WARP_K:-0}" = 1 ]; then
-    timeout 240 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_nvfp4_mma.py \
-        -k "moe_gate_up_on_the_gpu or fused_moe_with" > "$OUT/warp_k_tests.txt" 2>&1
-    echo "MMA gate_up GPU tests: $(tail -1 "$OUT/warp_k_tests.txt")"
-    grep -E "^E |FAILED" "$OUT/warp_k_tests.txt" | head -6
+    gpu_tests "MMA gate_up GPU tests" warp_k_tests 240 tests/test_nvfp4_mma.py \
+        -k "moe_gate_up_on_the_gpu or fused_moe_with"
     timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --prefetch 1 \
         --moe-tokens 16 24 32 64 --moe-l2-ahead 2 --moe-warp-k 2 4 --out "$OUT/nvfp4_mma_warp_k.json" \
         > "$OUT/nvfp4_mma_warp_k.txt" 2>&1
@@ -149,7 +145,7 @@ if [ "${WARP_K:-0}" = 1 ]; then
         --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/k2.json $V/k4.json $V/w8k2.json \
         --out "$OUT/decode_nvfp4_warp_k_ab.json" > "$OUT/decode_warp_k_ab.txt" 2>&1
     echo "== whole step: table vs k2 / k4 / w8k2"
-    grep "A/B rounds\|Error" "$OUT/decode_warp_k_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+    ab_rounds "$OUT/decode_warp_k_ab.txt"
 fi
 # SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
 # 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared
@@ -175,16 +171,14 @@ timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 8 16 --contex
     --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/g16.json $V/g16w8.json $V/d8.json $V/gd8.json \
     --out "$OUT/decode_nvfp4_small_ab.json" > "$OUT/decode_small_ab.txt" 2>&1
 echo "== whole step: table vs g16 / g16w8 / d8 / gd8"
-grep "A/B rounds\|Error" "$OUT/decode_small_ab.txt" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
+ab_rounds "$OUT/decode_small_ab.txt"
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 # On a fresh machine Triton compiles everything here (no cache): the tests take ~200 s and the table ~300 s, so
 # CHECK_TESTS=0 / CHECK_TABLE=0 split them over two calls when the recording runs too.
 if [ "${CHECK_TESTS:-1}" = 1 ]; then
-timeout 330 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 tests/test_kernels_gemv.py \
-    tests/test_kernels_moe.py tests/test_kernels_sampling.py > "$OUT/gpu_tests.txt" 2>&1
-echo "gpu tests (GEMV, MoE, sampling): $(tail -1 "$OUT/gpu_tests.txt")"
-grep -E "^E |FAILED" "$OUT/gpu_tests.txt" | head -6
+gpu_tests "gpu tests (GEMV, MoE, sampling)" gpu_tests 330 -n 12 tests/test_kernels_gemv.py tests/test_kernels_moe.py \
+    tests/test_kernels_sampling.py
 fi
 # The table as installed: the whole step at 1-64 and the fused path against the plain one at batch 1 and 2.
 if [ "${CHECK_TABLE:-1}" = 1 ]; then
@@ -198,10 +192,7 @@ fi
 # RADIX=1: the sampler's GPU tests (sorted rows, radix selects, the filter on radix fallbacks), then the op's time
 # with the radix selects off and on at Flint's default top_k 20 (the filtered kernels, whose fallbacks differ).
 if [ "${RADIX:-0}" = 1 ]; then
-    timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider \
-        tests/test_kernels_sampling.py > "$OUT/radix_tests.txt" 2>&1
-    echo "sampler GPU tests: $(tail -1 "$OUT/radix_tests.txt")"
-    grep -E "^E |FAILED" "$OUT/radix_tests.txt" | head -6
+    gpu_tests "sampler GPU tests" radix_tests 200 tests/test_kernels_sampling.py
     timeout 200 python3 benchmarks/sampler.py --device cuda --chunks 4096 --top-k 20 --radix --batch 1 8 64 \
         > "$OUT/sampler_radix.txt" 2>&1
     tail -6 "$OUT/sampler_radix.txt"
@@ -211,10 +202,7 @@ fi
 # projections alone at 8192 rows (kernels_moe_gemv.py: `ms` against `scale_pass_ms`), then the whole 8K prefill
 # both ways in alternating rounds (prefill_ab.py). ~3 minutes; measured 158.4 -> 149.6 ms on 2026-12-02.
 if [ "${PREFILL_AB:-0}" = 1 ]; then
-    timeout 120 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_kernels_gemv.py \
-        -k "dequant or large_m" > "$OUT/prefill_tests.txt" 2>&1
-    echo "dequant_matmul GPU tests: $(tail -1 "$OUT/prefill_tests.txt")"
-    grep -E "^E |FAILED" "$OUT/prefill_tests.txt" | head -6
+    gpu_tests "dequant_matmul GPU tests" prefill_tests 120 tests/test_kernels_gemv.py -k "dequant or large_m"
     timeout 150 python3 benchmarks/kernels_moe_gemv.py --only gemv --ms 8192 --out "$OUT/prefill_gemv.json" \
         > "$OUT/prefill_gemv.txt" 2>&1
     grep -E "fmt=nvfp4|Error" "$OUT/prefill_gemv.txt" | head -8
@@ -226,10 +214,7 @@ fi
 [ "${RECORD:-0}" = 1 ] && OUT="$OUT" bash benchmarks/gpu_record_manifest.sh
 [ "${SKIP_HOST:-0}" = 1 ] && SKIP_TESTS=1
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-    timeout 200 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_cuda_graphs.py \
-        tests/test_sampler.py tests/test_kernels_sampling.py > "$OUT/tests.txt" 2>&1
-    echo "tests: $(tail -1 "$OUT/tests.txt")"
-    grep -E "^E |FAILED" "$OUT/tests.txt" | head -6
+    gpu_tests "tests" tests 200 tests/test_cuda_graphs.py tests/test_sampler.py tests/test_kernels_sampling.py
 fi
 # Decode steps through the whole engine, NVFP4, greedy and sampled: by default 1, 8, 32 and 64 requests of 1K prompt
 # tokens (~2 min a mode); HOST_BATCHES, HOST_PROMPTS, HOST_STEPS, MAX_MODEL_LEN choose others (the twelfth session's
