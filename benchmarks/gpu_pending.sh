@@ -147,6 +147,13 @@ if [ "${WARP_K:-0}" = 1 ]; then
     echo "== whole step: table vs k2 / k4 / w8k2"
     ab_rounds "$OUT/decode_warp_k_ab.txt"
 fi
+# GROUPED_MM=1: the BF16 MoE at prefill sizes on torch's grouped GEMM (CUTLASS) against ours, each step timed (~1 min).
+if [ "${GROUPED_MM:-0}" = 1 ]; then
+    timeout 240 python3 benchmarks/moe_grouped_mm.py --ts 2048 8192 --out "$OUT/moe_grouped_mm.json" \
+        > "$OUT/moe_grouped_mm.txt" 2>&1
+    echo "== MoE on torch._grouped_mm"; sed -n '/^BF16 MoE on/,$p' "$OUT/moe_grouped_mm.txt" | grep -v "^wrote"
+    grep -E "Error|error" "$OUT/moe_grouped_mm.txt" | head -4
+fi
 # SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
 # 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared
 # expert folded only up to 4 tokens and the MMA down (all codes asked before the PDL wait) at 5-8; gd8: the MMA
