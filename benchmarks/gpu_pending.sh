@@ -147,12 +147,22 @@ if [ "${WARP_K:-0}" = 1 ]; then
     echo "== whole step: table vs k2 / k4 / w8k2"
     ab_rounds "$OUT/decode_warp_k_ab.txt"
 fi
-# GROUPED_MM=1: the BF16 MoE at prefill sizes on torch's grouped GEMM (CUTLASS) against ours, each step timed (~1 min).
+# GROUPED_MM=1: the BF16 MoE of long prefills on torch's grouped GEMM (`moe_grouped_gemm`, twenty-fourth session):
+# its GPU tests, the MoE alone at 2-8K tokens against the Triton grouped kernels (each step timed, peak memory), then
+# the whole 8K BF16 prefill with the table's `grouped_gemm_min_tokens` at 4096 against the table as shipped
+# (prefill_ab.py, alternating rounds). ~8 minutes on a fresh machine.
 if [ "${GROUPED_MM:-0}" = 1 ]; then
-    timeout 240 python3 benchmarks/moe_grouped_mm.py --ts 2048 8192 --out "$OUT/moe_grouped_mm.json" \
+    gpu_tests "grouped GEMM GPU tests" grouped_gemm_tests 180 tests/test_kernels_moe_grouped_gemm.py
+    timeout 240 python3 benchmarks/moe_grouped_mm.py --ts 2048 4096 8192 --out "$OUT/moe_grouped_mm.json" \
         > "$OUT/moe_grouped_mm.txt" 2>&1
-    echo "== MoE on torch._grouped_mm"; sed -n '/^BF16 MoE on/,$p' "$OUT/moe_grouped_mm.txt" | grep -v "^wrote"
+    echo "== MoE on the grouped GEMM"; sed -n '/^BF16 MoE on/,$p' "$OUT/moe_grouped_mm.txt" | grep -v "^wrote"
     grep -E "Error|error" "$OUT/moe_grouped_mm.txt" | head -4
+    mkdir -p /tmp/variants
+    python3 benchmarks/tuning_variant.py --op moe.paths --when '{"nvfp4": false}' \
+        --set grouped_gemm_min_tokens=${GROUPED_MM_MIN:-4096} --out /tmp/variants/grouped_gemm.json > /dev/null
+    timeout 420 python3 benchmarks/prefill_ab.py --format bf16 --variant-tuning-file /tmp/variants/grouped_gemm.json \
+        --rounds 3 --out "$OUT/prefill_ab_grouped_gemm.json" > "$OUT/prefill_ab_grouped_gemm.txt" 2>&1
+    grep -E "^round|median|Error" "$OUT/prefill_ab_grouped_gemm.txt"
 fi
 # SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
 # 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared

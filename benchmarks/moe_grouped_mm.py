@@ -1,11 +1,11 @@
-"""The BF16 MoE at prefill sizes on torch's grouped GEMM (`torch._grouped_mm`, CUTLASS on sm_90) against ours.
+"""The BF16 MoE at prefill sizes: the Triton grouped kernels of `moe_triton` against the grouped-GEMM path
+(`flint_kernels.moe_grouped_gemm`: torch's grouped GEMM, CUTLASS on sm_90), both through `fused_moe`.
 
-CUDA only. The grouped-GEMM MoE: the pairs sorted by expert, x's rows gathered in that order, one grouped GEMM for
-gate_up, SiLU-and-mul, one for down, each pair's row scattered back, then the slot reduce of `moe_triton`. Both are
-checked against `moe_ref` (rel. error < 1e-2), then timed inside CUDA graphs over weight copies (the harness of
-`kernels_moe_gemv.py`); each step of the grouped-GEMM MoE is also timed alone, to see where its time goes.
+CUDA only. Both are checked against `moe_ref` (rel. error), timed inside CUDA graphs over weight copies (the harness
+of `kernels_moe_gemv.py`) and their peak memory taken; each step of the grouped-GEMM path is also timed alone, to
+see where its time goes. The table's `moe.paths` field `grouped_gemm_min_tokens` comes from these figures.
 
-    python benchmarks/moe_grouped_mm.py --ts 2048 8192 --out benchmarks/results/moe_grouped_mm.json
+    python benchmarks/moe_grouped_mm.py --ts 2048 4096 8192 --out benchmarks/results/moe_grouped_mm.json
 """
 
 from __future__ import annotations
@@ -23,34 +23,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels_moe_gemv import EXPERTS, HIDDEN, INTER, TOPK, moe_weights, rel_err, routing, time_graph
 
 
-def grouped_mm_moe(x: torch.Tensor, tw: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor):
-    """The routed MoE through two grouped GEMMs; returns (out, the steps as zero-argument callables)."""
-    from flint_kernels import activation_triton, moe_triton
+def gemm_steps(x: torch.Tensor, tw: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> dict:
+    """Each step of `moe_grouped_gemm.routed` as a zero-argument callable, on its own inputs made here."""
+    from flint_kernels import activation_triton
+    from flint_kernels import moe_grouped_gemm as mg
 
-    k = ids.shape[1]
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(w13.shape[0], dtype=torch.int32, device=x.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    src = order // k
+    order, pos, offs = mg.sort_pairs(ids, w13.shape[0])
+    src = order // ids.shape[1]
     xs = x.index_select(0, src)
-    gu = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)
+    gu = mg.GROUPED_MM(xs, w13.transpose(1, 2), offs=offs)
     h = activation_triton.silu_and_mul(gu)
-    ys = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
-    y = torch.empty_like(ys)
-    y.index_copy_(0, order, ys)
+    y = mg.GROUPED_MM(h, w2.transpose(1, 2), offs=offs)
     out = torch.empty_like(x)
-    moe_triton._reduce_slots_launch(y, tw, out, None)
-    steps: dict[str, Callable[[], object]] = {
+    return {
+        "sort pairs": lambda: mg.sort_pairs(ids, w13.shape[0]),
         "gather x": lambda: x.index_select(0, src),
-        "gate_up grouped_mm": lambda: torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs),
+        "gate_up grouped_mm": lambda: mg.GROUPED_MM(xs, w13.transpose(1, 2), offs=offs),
         "silu_and_mul": lambda: activation_triton.silu_and_mul(gu),
-        "down grouped_mm": lambda: torch._grouped_mm(h, w2.transpose(1, 2), offs=offs),
-        "scatter y": lambda: y.index_copy_(0, order, ys),
-        "slot reduce": lambda: moe_triton._reduce_slots_launch(y, tw, out, None),
+        "down grouped_mm": lambda: mg.GROUPED_MM(h, w2.transpose(1, 2), offs=offs),
+        "sorted reduce": lambda: mg.reduce_sorted(y, pos, tw, out, None),
     }
-    return out, steps
+
+
+def peak_mib(fn: Callable[[], object]) -> float:
+    """MiB allocated at the peak of one call over what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
 
 
 def run(t: int, stacks: list, gen: torch.Generator) -> dict:
@@ -62,25 +64,29 @@ def run(t: int, stacks: list, gen: torch.Generator) -> dict:
     tw, ids = routing(t, gen)
     ref = moe_ref(x, tw, ids, w13, w2)
     flops = 2 * t * TOPK * 3 * HIDDEN * INTER
+    paths = {"ours": 0, "grouped_gemm": 1}  # fused_moe's grouped_gemm_min_tokens: 0 never, 1 always
     row: dict = {"T": t, "pairs_per_expert": t * TOPK / EXPERTS}
-    row["ours_rel_err"] = rel_err(mt.moe(x, tw, ids, w13, w2), ref)
-    row["ours_ms"] = time_graph([lambda s=s: mt.moe(x, tw, ids, s[0], s[1]) for s in stacks], reps=4)
-    try:
-        out, steps = grouped_mm_moe(x, tw, ids, w13, w2)
-        row["grouped_mm_rel_err"] = rel_err(out, ref)
-        row["grouped_mm_ms"] = time_graph([lambda s=s: grouped_mm_moe(x, tw, ids, s[0], s[1]) for s in stacks], reps=4)
-        row["steps_us"] = {name: round(time_graph([fn], reps=8) * 1000, 1) for name, fn in steps.items()}
-    except Exception as e:  # report, keep the other sizes
-        row["grouped_mm_error"] = f"{type(e).__name__}: {e}"[:300]
-    for key in ("ours", "grouped_mm"):
-        if f"{key}_ms" in row:
+    for key, min_tokens in paths.items():
+
+        def call(a: torch.Tensor, b: torch.Tensor, m: int = min_tokens) -> torch.Tensor:
+            return mt.fused_moe(x, tw, ids, a, b, decode_max_tokens=0, grouped_gemm_min_tokens=m)
+
+        try:
+            row[f"{key}_rel_err"] = rel_err(call(w13, w2), ref)
+            row[f"{key}_ms"] = time_graph([lambda s=s, c=call: c(s[0], s[1]) for s in stacks], reps=4)
             row[f"{key}_TFLOP/s"] = round(flops / row[f"{key}_ms"] / 1e9, 1)
+            row[f"{key}_peak_MiB"] = peak_mib(lambda c=call: c(w13, w2))
+        except Exception as e:  # report, keep the other sizes
+            row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
+    if "grouped_gemm_ms" in row:
+        steps = gemm_steps(x, tw, ids, w13, w2)
+        row["steps_us"] = {name: round(time_graph([fn], reps=8) * 1000, 1) for name, fn in steps.items()}
     return row
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ts", type=int, nargs="+", default=[2048, 8192], help="tokens")
+    ap.add_argument("--ts", type=int, nargs="+", default=[2048, 4096, 8192], help="tokens")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/moe_grouped_mm.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -93,13 +99,20 @@ def main() -> int:
         row = run(t, stacks, gen)
         rows.append(row)
         print(json.dumps(row))
-    print(f"\nBF16 MoE on {torch.cuda.get_device_name()}: ours vs torch._grouped_mm (ms a layer, rel. err.)")
+    print(
+        f"\nBF16 MoE on {torch.cuda.get_device_name()}: Triton grouped kernels vs grouped GEMM (ms a layer, rel. err.,"
+    )
+    print("peak MiB over the inputs)")
+    nan = float("nan")
     for r in rows:
-        gm = r.get("grouped_mm_ms", float("nan"))
-        print(
-            f"T {r['T']:>6}: ours {r['ours_ms']:.3f} ({r['ours_rel_err']:.1e}), grouped_mm {gm:.3f} "
-            f"({r.get('grouped_mm_rel_err', float('nan')):.1e}) {r.get('grouped_mm_error', '')}"
-        )
+        print(f"T {r['T']:>6}:", end="")
+        for key in ("ours", "grouped_gemm"):
+            print(
+                f" {key} {r.get(key + '_ms', nan):.3f} ({r.get(key + '_rel_err', nan):.1e}, "
+                f"{r.get(key + '_peak_MiB', nan)} MiB) {r.get(key + '_error', '')}",
+                end="",
+            )
+        print()
         if "steps_us" in r:
             print("   steps (us): " + ", ".join(f"{k} {v}" for k, v in r["steps_us"].items()))
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}

@@ -101,6 +101,9 @@ class MoEPaths:
     # the MMAs. H200, T = 8192: 2.84 ms in registers vs ~0.55 + 1.17 ms. Costs a transient copy of one layer's
     # experts (1.6 GB for Flint), which the engine's activation reserve counts.
     dequant_min_tokens: int = DEQUANT_MIN_TOKENS
+    # From this many tokens (0: never) the grouped path runs BF16 experts on torch's grouped GEMM instead
+    # (`moe_grouped_gemm`; CUTLASS beats our grouped kernels at long prefills on the H200, not at 2K tokens).
+    grouped_gemm_min_tokens: int = 0
 
 
 @dataclass(frozen=True)

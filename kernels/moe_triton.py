@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import activation_triton, gemv_triton, rmsnorm_triton, tuning
+from . import activation_triton, gemv_triton, moe_grouped_gemm, rmsnorm_triton, tuning
 from .configs import MoEConfig, MoEPaths
 from .gemv_triton import (
     _INTERPRET,
@@ -761,21 +761,31 @@ def fused_moe(
     shared: SharedExpert | None = None,
     fold_max_tokens: int | None = None,
     dequant_min_tokens: int | None = None,
+    grouped_gemm_min_tokens: int | None = None,
 ) -> torch.Tensor:
     """`moe_ref` through the Triton kernels; `decode_max_tokens` picks the path (tests force either).
 
     A shared expert runs inside the decode launches when `foldable` and the batch has at most `fold_max_tokens`
     tokens (default: `paths_config`); otherwise it runs on its own and is added. On the grouped path, from
-    `dequant_min_tokens` tokens NVFP4 experts are dequantised to x's dtype for the call (default: `paths_config`).
+    `dequant_min_tokens` tokens NVFP4 experts are dequantised to x's dtype for the call, and from
+    `grouped_gemm_min_tokens` (0: never) plain experts run on torch's grouped GEMM (`moe_grouped_gemm`; both
+    default to `paths_config`'s).
     """
     t = topk_ids.shape[0]
     decode, fold, copies = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens, dequant_min_tokens, config)
     if copies:
         w13, w2 = (_dequantized(w, x.dtype) for w in (w13, w2))
+    if grouped_gemm_min_tokens is None:
+        grouped_gemm_min_tokens = paths_config(False, x.device).grouped_gemm_min_tokens
+    gemm = not decode and 0 < grouped_gemm_min_tokens <= t and moe_grouped_gemm.fits(x, w13, w2)
     if shared is not None and not fold:
         # The shared expert first, so the routed path's slot-reduce launch (when it has one) adds it too.
         extra = shared_expert(x, shared)
+        if gemm:
+            return moe_grouped_gemm.routed(x, topk_weights, topk_ids, w13, w2, add=extra)  # type: ignore[arg-type]
         return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, None, add=extra)
+    if gemm:
+        return moe_grouped_gemm.routed(x, topk_weights, topk_ids, w13, w2)  # type: ignore[arg-type]
     return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared)
 
 

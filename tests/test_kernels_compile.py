@@ -219,6 +219,15 @@ def test_moe_reduce_compiles_for_sm90(add: bool) -> None:
     assert waits == 1
 
 
+@pytest.mark.parametrize("add", [False, True], ids=["routed", "plus-shared"])
+def test_moe_reduce_sorted_compiles_for_sm90(add: bool) -> None:
+    """The grouped-GEMM path's slot reduce, each pair's row read through the sort's inverse permutation."""
+    pointers = {"y_ptr": "bf16", "pos_ptr": "i64", "tw_ptr": "fp32", "out_ptr": "bf16", "add_ptr": "bf16"}
+    constexprs = dict(TOPK=6, BLOCK_H=1024, ADD=add, PDL=True)
+    _, waits = _compile("flint_kernels.moe_grouped_gemm", "_moe_reduce_sorted_kernel", pointers, constexprs, 4, 1)
+    assert waits == 1
+
+
 @pytest.mark.parametrize("kernel", ["_count_kernel", "_blocks_kernel", "_scatter_kernel"])
 def test_moe_align_compiles_for_sm90(kernel: str) -> None:
     """The prefill MoE's grouping launches (int32 atomics, the block table's binary search) with PDL."""

@@ -1,0 +1,159 @@
+"""The routed MoE on torch's grouped GEMM (`moe_grouped_gemm`) against `moe_ref`, through `fused_moe`'s dispatch.
+
+On the CPU the grouped GEMM is torch's CPU kernel and the slot reduce runs in Triton's interpreter (fp32 and fp16;
+the interpreter's bf16 is not trusted); BF16 at Flint's sizes runs on the GPU (`-m gpu`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from flint_kernels import moe_grouped_gemm as mg
+from flint_kernels import moe_triton as mt
+from flint_kernels.moe import moe_ref, shared_expert_ref
+from kernel_checks import LaunchSpy, poison_torch_empty, poisoned_empty, rel_err
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+pytestmark = pytest.mark.skipif(
+    not HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1", reason="needs CUDA or TRITON_INTERPRET=1"
+)
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+GROUPED = mt.MoEConfig(16, 16, 32, 32, 32, True, 4, 2)
+
+
+@pytest.fixture(autouse=True)
+def nan_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mt, "_empty", poisoned_empty)
+    poison_torch_empty(monkeypatch)  # the grouped-GEMM path allocates through torch.empty / empty_like
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def routing(t: int, e: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = torch.rand(t, e, generator=g, device=DEVICE)
+    w, ids = torch.topk(scores, k, dim=-1)
+    return w / w.sum(-1, keepdim=True), ids
+
+
+def experts(e: int, h: int, i: int, dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    w13 = torch.randn(e, 2 * i, h, generator=g, device=DEVICE) / math.sqrt(h)
+    w2 = torch.randn(e, h, i, generator=g, device=DEVICE) / math.sqrt(i)
+    return w13.to(dtype), w2.to(dtype)
+
+
+def test_sort_pairs_is_a_stable_sort_by_expert_and_its_inverse() -> None:
+    g = gen(1)
+    t, e, k = 37, 9, 3
+    _, ids = routing(t, e - 2, k, g)  # two experts get no pair
+    order, pos, offs = mg.sort_pairs(ids, e)
+    flat = ids.reshape(-1)
+    assert torch.equal(order, torch.sort(flat, stable=True).indices)
+    assert torch.equal(pos[order], torch.arange(t * k, device=DEVICE))
+    counts = torch.stack([(flat == x).sum() for x in range(e)])
+    assert offs.dtype == torch.int32 and torch.equal(offs.long(), counts.cumsum(0))
+    assert offs[-1] == t * k and offs[-1] == offs[-2] == offs[-3]  # unused experts: empty groups at the end
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("with_add", [False, True], ids=["plain", "add"])
+def test_reduce_sorted_sums_slots_in_order(dtype: torch.dtype, with_add: bool) -> None:
+    """Each token's k rows read through pos, weighted in FP32, added in slot order, rounded once (then the add)."""
+    g = gen(2)
+    t, k, h = 11, 4, 80  # H not a power of two: a masked tail
+    y = torch.randn(t * k, h, generator=g, device=DEVICE).to(dtype)
+    pos = torch.randperm(t * k, generator=g, device=DEVICE)
+    tw = torch.rand(t, k, generator=g, device=DEVICE)
+    add = torch.randn(t, h, generator=g, device=DEVICE).to(dtype) if with_add else None
+    out = mg.reduce_sorted(y, pos, tw, torch.empty(t, h, dtype=dtype, device=DEVICE), add)
+    rows = y[pos].float().view(t, k, h) * tw[:, :, None]
+    ref = rows.sum(1).to(dtype)
+    if add is not None:
+        ref = ref + add
+    assert rel_err(out, ref) < (1e-6 if dtype == torch.float32 else 1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "shared"])
+def test_fused_moe_takes_the_grouped_gemm_from_its_threshold(
+    dtype: torch.dtype, with_shared: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From `grouped_gemm_min_tokens` tokens the grouped path runs on the grouped GEMM and matches `moe_ref` (the
+    shared expert, run apart, added by the sorted reduce); below it the Triton grouped kernels run."""
+    g = gen(3)
+    e, h, i, k, t = 8, 64, 32, 3, 24
+    x = torch.randn(t, h, generator=g, device=DEVICE).to(dtype)
+    tw, ids = routing(t, e - 1, k, g)  # expert 7 unused: an empty group
+    w13, w2 = experts(e, h, i, dtype, g)
+    shared = experts(1, h, 2 * i, dtype, g) if with_shared else None
+    if shared is not None:
+        shared = (shared[0][0], shared[1][0])
+    ref = moe_ref(x, tw, ids, w13, w2, shared)
+    spy = LaunchSpy(mg._moe_reduce_sorted_kernel)
+    monkeypatch.setattr(mg, "_moe_reduce_sorted_kernel", spy)
+    tol = 1e-5 if dtype == torch.float32 else 1e-3
+    out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, shared=shared, grouped_gemm_min_tokens=t)
+    assert spy.launches == 1 and rel_err(out, ref) < tol
+    below = mt.fused_moe(
+        x, tw, ids, w13, w2, decode_max_tokens=0, config=GROUPED, shared=shared, grouped_gemm_min_tokens=t + 1
+    )
+    assert spy.launches == 1 and rel_err(below, ref) < tol
+    if shared is not None:  # the add really is the shared expert's
+        assert rel_err(out, moe_ref(x, tw, ids, w13, w2) + shared_expert_ref(x, shared)) < tol
+
+
+def test_grouped_gemm_declines_what_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode-sized batches, NVFP4 experts, mixed dtypes, non-contiguous stacks and a zero threshold stay on the
+    Triton kernels; the shipped default (no table entry) is zero."""
+    g = gen(4)
+    e, h, i = 4, 64, 32
+    x = torch.randn(5, h, generator=g, device=DEVICE)
+    w13, w2 = experts(e, h, i, torch.float32, g)
+    assert mg.fits(x, w13, w2)
+    assert not mg.fits(x, w13.half(), w2)
+    assert not mg.fits(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2)
+    assert not mg.fits(x, mt.ScaledWeight(w13, torch.ones(e, 2), (i, i)), w2)
+    assert not mg.fits(x[:, :63], w13[..., :63].contiguous(), w2[:, :63].contiguous())  # rows not 16-byte aligned
+    assert mt.MoEPaths(64, 8).grouped_gemm_min_tokens == 0
+    tw, ids = routing(5, e, 2, g)
+    ref = moe_ref(x, tw, ids, w13, w2)
+    spy = LaunchSpy(mg._moe_reduce_sorted_kernel)
+    monkeypatch.setattr(mg, "_moe_reduce_sorted_kernel", spy)
+    for kwargs in (
+        {"decode_max_tokens": 64, "grouped_gemm_min_tokens": 1},
+        {"decode_max_tokens": 0, "grouped_gemm_min_tokens": 0},
+    ):
+        out = mt.fused_moe(x, tw, ids, w13, w2, config=GROUPED, **kwargs)
+        assert rel_err(out, ref) < 1e-5
+    assert spy.launches == 0
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("t", [700, 4100])
+@pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "shared"])
+def test_gpu_grouped_gemm_flint_shapes(t: int, with_shared: bool) -> None:
+    """BF16 at Flint's sizes (256 experts of 512, top-6, the 1024-wide shared expert): the grouped-GEMM path
+    against `moe_ref` and against the Triton grouped kernels."""
+    g = gen(t)
+    e, h, i, k = 256, 2048, 512, 6
+    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
+    tw, ids = routing(t, e, k, g)
+    w13, w2 = experts(e, h, i, torch.bfloat16, g)
+    shared = None
+    if with_shared:
+        s13, s2 = experts(1, h, 1024, torch.bfloat16, g)
+        shared = (s13[0], s2[0])
+    assert mg.fits(x, w13, w2)
+    ref = moe_ref(x, tw, ids, w13, w2, shared)
+    gemm = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, shared=shared, grouped_gemm_min_tokens=1)
+    triton_path = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, shared=shared, grouped_gemm_min_tokens=0)
+    assert rel_err(gemm, ref) < 1e-2
+    assert rel_err(gemm, triton_path) < 1e-2
+    assert torch.equal(gemm, mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, shared=shared,
+                                          grouped_gemm_min_tokens=1))  # fmt: skip
