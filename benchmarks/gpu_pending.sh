@@ -152,8 +152,12 @@ fi
 # the whole 8K BF16 prefill with the table's `grouped_gemm_min_tokens` at 4096 against the table as shipped
 # (prefill_ab.py, alternating rounds). ~8 minutes on a fresh machine.
 if [ "${GROUPED_MM:-0}" = 1 ]; then
-    gpu_tests "grouped GEMM GPU tests" grouped_gemm_tests 180 tests/test_kernels_moe_grouped_gemm.py
-    timeout 240 python3 benchmarks/moe_grouped_mm.py --ts 2048 4096 8192 --out "$OUT/moe_grouped_mm.json" \
+    # Every test of these files (not only -m gpu): on CUDA the sort and the reduce tests run there too.
+    timeout 240 python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_kernels_moe_grouped_gemm.py \
+        tests/test_kernels_moe_align.py > "$OUT/grouped_gemm_tests.txt" 2>&1
+    echo "grouped GEMM and sort tests: $(tail -1 "$OUT/grouped_gemm_tests.txt")"
+    grep -E "^E |FAILED" "$OUT/grouped_gemm_tests.txt" | head -6
+    timeout 240 python3 benchmarks/moe_grouped_mm.py --ts 2048 3072 4096 8192 --out "$OUT/moe_grouped_mm.json" \
         > "$OUT/moe_grouped_mm.txt" 2>&1
     echo "== MoE on the grouped GEMM"; sed -n '/^BF16 MoE on/,$p' "$OUT/moe_grouped_mm.txt" | grep -v "^wrote"
     grep -E "Error|error" "$OUT/moe_grouped_mm.txt" | head -4

@@ -25,18 +25,17 @@ from kernels_moe_gemv import EXPERTS, HIDDEN, INTER, TOPK, moe_weights, rel_err,
 
 def gemm_steps(x: torch.Tensor, tw: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> dict:
     """Each step of `moe_grouped_gemm.routed` as a zero-argument callable, on its own inputs made here."""
-    from flint_kernels import activation_triton
+    from flint_kernels import activation_triton, moe_align_triton
     from flint_kernels import moe_grouped_gemm as mg
 
-    order, pos, offs = mg.sort_pairs(ids, w13.shape[0])
-    src = order // ids.shape[1]
+    src, pos, offs = moe_align_triton.sort(ids, w13.shape[0])
     xs = x.index_select(0, src)
     gu = mg.GROUPED_MM(xs, w13.transpose(1, 2), offs=offs)
     h = activation_triton.silu_and_mul(gu)
     y = mg.GROUPED_MM(h, w2.transpose(1, 2), offs=offs)
     out = torch.empty_like(x)
     return {
-        "sort pairs": lambda: mg.sort_pairs(ids, w13.shape[0]),
+        "sort pairs": lambda: moe_align_triton.sort(ids, w13.shape[0]),
         "gather x": lambda: x.index_select(0, src),
         "gate_up grouped_mm": lambda: mg.GROUPED_MM(xs, w13.transpose(1, 2), offs=offs),
         "silu_and_mul": lambda: activation_triton.silu_and_mul(gu),

@@ -3,6 +3,8 @@
 The grouped GEMM runs blocks of up to BLOCK_M pairs of one expert. `align_ref` returns the pairs' order (sorted by
 expert) and per block (expert, first sorted row, rows), all on the device so no host sync happens. The number of
 blocks is the shape bound cdiv(P, BLOCK_M) + min(E, P); blocks past the real total get 0 rows and do nothing.
+`sort_ref` returns what torch's grouped GEMM takes instead (`moe_grouped_gemm`): each sorted row's token, each
+pair's sorted row and each expert's end row.
 """
 
 from __future__ import annotations
@@ -37,3 +39,16 @@ def align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     nrows = torch.where(valid, (counts[e] - j * block_m).clamp(0, block_m), torch.zeros_like(e))
     meta = torch.stack((e, row0, nrows), dim=1).to(torch.int32).contiguous()
     return order, meta, n_blocks
+
+
+def sort_ref(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(src int64 [P]: the token of each sorted row; pos int64 [P]: the sorted row of pair t * k + s; offs int32 [E]:
+    the end row of each expert's rows) with the T * k pairs sorted by expert, stable."""
+    k = topk_ids.shape[-1]
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    order = torch.argsort(flat, stable=True)
+    pos = torch.empty_like(order)
+    pos[order] = torch.arange(order.numel(), device=order.device)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    return order // k, pos, torch.cumsum(counts, 0, dtype=torch.int32)

@@ -1,5 +1,8 @@
 """Grouping the prefill MoE's pairs by expert in three Triton launches instead of ~25 PyTorch ones.
 
+`align` serves the Triton grouped kernels (blocks of BLOCK_M pairs of one expert); `sort` the grouped GEMM of
+`moe_grouped_gemm` (each sorted row's token, each pair's row, each expert's end row), with the same launches.
+
 `align_ref` (moe_align.py) sorts with a stable argsort, counts with scatter_add and finds each block's expert with
 cumsums and a searchsorted: on the H200 ~25 launches and ~150 us a layer at 8K tokens (radix sort passes, scans,
 index kernels). Here: (1) every pair adds 1 to its expert's count (atomics); (2) one program turns the counts into
@@ -88,6 +91,44 @@ def _scatter_kernel(ids_ptr, cursor_ptr, order_ptr, P, BLOCK: tl.constexpr, PDL:
     e = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
     row = tl.atomic_add(cursor_ptr + e, 1, mask=ok, sem="relaxed")
     tl.store(order_ptr + row, offs.to(tl.int64), mask=ok)
+
+
+@triton.jit(do_not_specialize=["P"])
+def _rank_kernel(ids_ptr, cursor_ptr, src_ptr, pos_ptr, P, TOPK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """For every pair p routed to e: its row r = the next of e's range; src[r] = p's token, pos[p] = r."""
+    pdl_entry(PDL)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < P
+    e = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
+    row = tl.atomic_add(cursor_ptr + e, 1, mask=ok, sem="relaxed")
+    tl.store(src_ptr + row, (offs // TOPK).to(tl.int64), mask=ok)
+    tl.store(pos_ptr + offs, row.to(tl.int64), mask=ok)
+
+
+def sort(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sort_ref`'s (src, pos, offs) in four launches (a memset, the counts, the first rows, the ranks); within an
+    expert the rows' order may differ from the stable reference's."""
+    k = topk_ids.shape[-1]
+    ids = topk_ids.reshape(-1)
+    ids = ids if ids.is_contiguous() else ids.contiguous()
+    p = ids.numel()
+    src = torch.empty(p, dtype=torch.int64, device=ids.device)
+    pos = torch.empty(p, dtype=torch.int64, device=ids.device)
+    e_pad = triton.next_power_of_2(num_experts)
+    work = torch.zeros(2 * num_experts + 4 * e_pad, dtype=torch.int32, device=ids.device)
+    counts, cursor, scratch = work[:num_experts], work[num_experts : 2 * num_experts], work[2 * num_experts :]
+    if p == 0:
+        return src, pos, cursor
+    grid = (triton.cdiv(p, _BLOCK),)
+    opts = launch_options(ids.device)
+    _count_kernel[grid](ids, counts, p, BLOCK=_BLOCK, num_warps=4, **opts)
+    # With no blocks to describe, the block-table program only sets each expert's first row (the cursors).
+    _blocks_kernel[(1,)](
+        counts, cursor, scratch, scratch, num_experts, 0, BLOCK_M=1, E_PAD=e_pad, STEPS=num_experts.bit_length(),
+        CHUNK=_CHUNK, num_warps=4, **opts,
+    )  # fmt: skip
+    _rank_kernel[grid](ids, cursor, src, pos, p, TOPK=k, BLOCK=_BLOCK, num_warps=4, **opts)
+    return src, pos, cursor  # each cursor has moved past its expert's last row: the end rows
 
 
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, int]:

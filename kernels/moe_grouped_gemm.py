@@ -1,10 +1,12 @@
 """The routed MoE of long prefills on torch's grouped GEMM (`grouped_mm`: CUTLASS on sm_90), beside `moe_ref`.
 
-The token-expert pairs are sorted by expert (a stable sort, so each expert's pairs keep token order), x's rows
+The token-expert pairs are sorted by expert (`moe_align_triton.sort`: counts, first rows, atomic ranks), x's rows
 gathered in that order, one grouped GEMM computes every expert's gate_up, SiLU-and-mul follows, one grouped GEMM
 computes every down projection, and `_moe_reduce_sorted_kernel` sums each token's slots in slot order, reading
 each pair's row where the sort put it (no scatter back). The numerics are `moe_ref`'s: gate_up rounded to x's
-dtype, h = round(silu(gate) * up), each pair's y rounded, the weighted slots summed in FP32 and rounded once.
+dtype, h = round(silu(gate) * up), each pair's y rounded, the weighted slots summed in FP32 and rounded once. The
+order of an expert's rows varies with scheduling; the result does not (a GEMM's rows are independent, and the
+reduce reads each pair's own row).
 
 Why: at 8,192 tokens (192 pairs an expert) CUTLASS's grouped GEMMs beat the Triton grouped kernels of
 `moe_triton` by 0.26 ms a layer on the H200 (gate_up 494 against ~620 us, down 288 against ~420; docs/performance.md,
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import activation_triton
+from . import activation_triton, moe_align_triton
 from .pdl import launch_options, pdl_entry
 
 # torch >= 2.10 names it in torch.nn.functional; 2.8-2.9 only as the private op.
@@ -49,19 +51,6 @@ def fits(x: torch.Tensor, w13: object, w2: object) -> bool:
     return x.shape[1] % align == 0 and w2.shape[-1] % align == 0  # type: ignore[union-attr]
 
 
-def sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(order, pos, offs) of the T * k pairs: `order[j]` is the pair at sorted row j (pairs by expert, stable),
-    `pos[pair]` its sorted row, `offs[e]` the end of expert e's rows (int32, what the grouped GEMM takes)."""
-    flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    pos = torch.empty_like(order)
-    pos[order] = torch.arange(order.numel(), device=order.device)
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))  # not bincount: it syncs on CUDA
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    return order, pos, offs
-
-
 def routed(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -73,13 +62,13 @@ def routed(
     """`moe_ref`'s routed sum [T, H] of x [T, H] (plus `add` [T, H] in x's dtype) through two grouped GEMMs; the
     caller checks `fits`."""
     assert GROUPED_MM is not None
-    t, topk = topk_ids.shape
+    t = topk_ids.shape[0]
     out = torch.empty_like(x)
     if t == 0:
         return out
-    order, pos, offs = sort_pairs(topk_ids, w13.shape[0])
+    src, pos, offs = moe_align_triton.sort(topk_ids, w13.shape[0])
     # Each intermediate goes as soon as the next is made: the peak is x's gathered rows and gate_up together.
-    xs = x.index_select(0, order // topk)
+    xs = x.index_select(0, src)
     gate_up = GROUPED_MM(xs, w13.transpose(1, 2), offs=offs)
     del xs
     h = activation_triton.silu_and_mul(gate_up)

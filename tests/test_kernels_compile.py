@@ -228,19 +228,23 @@ def test_moe_reduce_sorted_compiles_for_sm90(add: bool) -> None:
     assert waits == 1
 
 
-@pytest.mark.parametrize("kernel", ["_count_kernel", "_blocks_kernel", "_scatter_kernel"])
+@pytest.mark.parametrize("kernel", ["_count_kernel", "_blocks_kernel", "_scatter_kernel", "_rank_kernel"])
 def test_moe_align_compiles_for_sm90(kernel: str) -> None:
-    """The prefill MoE's grouping launches (int32 atomics, the block table's binary search) with PDL."""
+    """The prefill MoE's grouping launches (int32 atomics, the block table's binary search; the grouped GEMM's ranks)
+    with PDL."""
     pointers = {
         "_count_kernel": {"ids_ptr": "i64", "counts_ptr": "i32"},
         "_blocks_kernel": {"counts_ptr": "i32", "cursor_ptr": "i32", "scratch_ptr": "i32", "meta_ptr": "i32"},
         "_scatter_kernel": {"ids_ptr": "i64", "cursor_ptr": "i32", "order_ptr": "i64"},
+        "_rank_kernel": {"ids_ptr": "i64", "cursor_ptr": "i32", "src_ptr": "i64", "pos_ptr": "i64"},
     }[kernel]
     constexprs = {"PDL": True}
     if kernel == "_blocks_kernel":
         constexprs.update(BLOCK_M=64, E_PAD=256, STEPS=9, CHUNK=1024)
     else:
         constexprs.update(BLOCK=1024)
+    if kernel == "_rank_kernel":
+        constexprs.update(TOPK=6)
     _, waits = _compile("flint_kernels.moe_align_triton", kernel, pointers, constexprs, 4, 1)
     assert waits == 1
 

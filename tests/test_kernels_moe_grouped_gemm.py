@@ -11,9 +11,11 @@ import os
 
 import pytest
 import torch
+from flint_kernels import moe_align_triton
 from flint_kernels import moe_grouped_gemm as mg
 from flint_kernels import moe_triton as mt
 from flint_kernels.moe import moe_ref, shared_expert_ref
+from flint_kernels.moe_align import sort_ref
 from kernel_checks import LaunchSpy, poison_torch_empty, poisoned_empty, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
@@ -47,17 +49,25 @@ def experts(e: int, h: int, i: int, dtype: torch.dtype, g: torch.Generator) -> t
     return w13.to(dtype), w2.to(dtype)
 
 
-def test_sort_pairs_is_a_stable_sort_by_expert_and_its_inverse() -> None:
+@pytest.mark.parametrize("t", [1, 37, 400])  # 400 * 3 pairs: two programs of the count and rank launches
+def test_sort_matches_the_stable_reference_up_to_order_within_an_expert(t: int) -> None:
     g = gen(1)
-    t, e, k = 37, 9, 3
+    e, k = 9, 3
     _, ids = routing(t, e - 2, k, g)  # two experts get no pair
-    order, pos, offs = mg.sort_pairs(ids, e)
-    flat = ids.reshape(-1)
-    assert torch.equal(order, torch.sort(flat, stable=True).indices)
-    assert torch.equal(pos[order], torch.arange(t * k, device=DEVICE))
-    counts = torch.stack([(flat == x).sum() for x in range(e)])
-    assert offs.dtype == torch.int32 and torch.equal(offs.long(), counts.cumsum(0))
+    src, pos, offs = moe_align_triton.sort(ids, e)
+    ref_src, ref_pos, ref_offs = sort_ref(ids, e)
+    assert offs.dtype == torch.int32 and torch.equal(offs, ref_offs)
     assert offs[-1] == t * k and offs[-1] == offs[-2] == offs[-3]  # unused experts: empty groups at the end
+    flat = ids.reshape(-1)
+    tokens = torch.arange(t * k, device=DEVICE) // k
+    for order_src, order_pos in ((src, pos), (ref_src, ref_pos)):
+        assert torch.equal(order_src[order_pos], tokens)  # each pair's row holds its token
+        assert torch.equal(torch.sort(order_pos).values, torch.arange(t * k, device=DEVICE))  # a permutation
+        rows_expert = torch.empty_like(flat)
+        rows_expert[order_pos] = flat
+        assert torch.equal(rows_expert, torch.sort(flat).values)  # rows grouped by expert, in expert order
+    # The reference is the stable sort: an expert's pairs in pair order.
+    assert torch.equal(ref_pos, torch.sort(flat, stable=True).indices.argsort())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
