@@ -25,6 +25,9 @@ pytestmark = pytest.mark.skipif(
 )
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 GROUPED = mt.MoEConfig(16, 16, 32, 32, 32, True, 4, 2)
+# What the path takes: BF16 on CUDA; on the CPU fp32 and fp16 (the interpreter's bf16 is not trusted).
+MOE_DTYPES = [torch.bfloat16] if HAS_CUDA else [torch.float32, torch.float16]
+TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +91,7 @@ def test_reduce_sorted_sums_slots_in_order(dtype: torch.dtype, with_add: bool) -
     assert rel_err(out, ref) < (1e-6 if dtype == torch.float32 else 1e-3)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dtype", MOE_DTYPES, ids=str)
 @pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "shared"])
 def test_fused_moe_takes_the_grouped_gemm_from_its_threshold(
     dtype: torch.dtype, with_shared: bool, monkeypatch: pytest.MonkeyPatch
@@ -106,7 +109,7 @@ def test_fused_moe_takes_the_grouped_gemm_from_its_threshold(
     ref = moe_ref(x, tw, ids, w13, w2, shared)
     spy = LaunchSpy(mg._moe_reduce_sorted_kernel)
     monkeypatch.setattr(mg, "_moe_reduce_sorted_kernel", spy)
-    tol = 1e-5 if dtype == torch.float32 else 1e-3
+    tol = TOL[dtype]
     out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, shared=shared, grouped_gemm_min_tokens=t)
     assert spy.launches == 1 and rel_err(out, ref) < tol
     below = mt.fused_moe(
@@ -118,14 +121,17 @@ def test_fused_moe_takes_the_grouped_gemm_from_its_threshold(
 
 
 def test_grouped_gemm_declines_what_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decode-sized batches, NVFP4 experts, mixed dtypes, non-contiguous stacks and a zero threshold stay on the
-    Triton kernels; the shipped default (no table entry) is zero."""
+    """Decode-sized batches, NVFP4 experts, mixed dtypes, non-contiguous stacks, unaligned rows, other dtypes than
+    BF16 on CUDA and a zero threshold stay on the Triton kernels; the shipped default (no table entry) is zero."""
     g = gen(4)
     e, h, i = 4, 64, 32
-    x = torch.randn(5, h, generator=g, device=DEVICE)
-    w13, w2 = experts(e, h, i, torch.float32, g)
+    dtype = MOE_DTYPES[0]
+    x = torch.randn(5, h, generator=g, device=DEVICE).to(dtype)
+    w13, w2 = experts(e, h, i, dtype, g)
     assert mg.fits(x, w13, w2)
-    assert not mg.fits(x, w13.half(), w2)
+    assert not mg.fits(x, w13.half() if dtype != torch.float16 else w13.float(), w2)
+    if HAS_CUDA:
+        assert not mg.fits(x.float(), w13.float(), w2.float())
     assert not mg.fits(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2)
     assert not mg.fits(x, mt.ScaledWeight(w13, torch.ones(e, 2), (i, i)), w2)
     assert not mg.fits(x[:, :63], w13[..., :63].contiguous(), w2[:, :63].contiguous())  # rows not 16-byte aligned
@@ -139,7 +145,7 @@ def test_grouped_gemm_declines_what_it_cannot_run(monkeypatch: pytest.MonkeyPatc
         {"decode_max_tokens": 0, "grouped_gemm_min_tokens": 0},
     ):
         out = mt.fused_moe(x, tw, ids, w13, w2, config=GROUPED, **kwargs)
-        assert rel_err(out, ref) < 1e-5
+        assert rel_err(out, ref) < TOL[dtype]
     assert spy.launches == 0
 
 
