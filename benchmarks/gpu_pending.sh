@@ -147,26 +147,30 @@ if [ "${WARP_K:-0}" = 1 ]; then
     echo "== whole step: table vs k2 / k4 / w8k2"
     ab_rounds "$OUT/decode_warp_k_ab.txt"
 fi
-# GROUPED_MM=1: the BF16 MoE of long prefills on torch's grouped GEMM (`moe_grouped_gemm`, twenty-fourth session):
-# its GPU tests, the MoE alone at 2-8K tokens against the Triton grouped kernels (each step timed, peak memory), then
-# the whole 8K BF16 prefill with the table's `grouped_gemm_min_tokens` at 4096 against the table as shipped
-# (prefill_ab.py, alternating rounds). ~8 minutes on a fresh machine.
+# GROUPED_MM=1: the MoE of long prefills on torch's grouped GEMM (`moe_grouped_gemm`, twenty-fourth session): its
+# GPU tests, the MoE alone at GROUPED_MM_TS tokens against the Triton grouped kernels (each step timed, peak memory),
+# then the whole 8K prefill with the table's `grouped_gemm_min_tokens` at GROUPED_MM_MIN against the table as
+# shipped (prefill_ab.py, alternating rounds). GROUPED_MM_FORMAT=nvfp4: NVFP4 experts, both sides from the call's BF16
+# copies (the variant sets the NVFP4 entry). ~5 minutes on a fresh machine.
 if [ "${GROUPED_MM:-0}" = 1 ]; then
+    fmt=${GROUPED_MM_FORMAT:-bf16}
+    nv=false; [ "$fmt" = nvfp4 ] && nv=true
     # Every test of these files (not only -m gpu): on CUDA the sort and the reduce tests run there too.
     timeout 240 python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_kernels_moe_grouped_gemm.py \
         tests/test_kernels_moe_align.py > "$OUT/grouped_gemm_tests.txt" 2>&1
     echo "grouped GEMM and sort tests: $(tail -1 "$OUT/grouped_gemm_tests.txt")"
     grep -E "^E |FAILED" "$OUT/grouped_gemm_tests.txt" | head -6
-    timeout 240 python3 benchmarks/moe_grouped_mm.py --ts 2048 3072 4096 8192 --out "$OUT/moe_grouped_mm.json" \
-        > "$OUT/moe_grouped_mm.txt" 2>&1
-    echo "== MoE on the grouped GEMM"; sed -n '/^BF16 MoE on/,$p' "$OUT/moe_grouped_mm.txt" | grep -v "^wrote"
-    grep -E "Error|error" "$OUT/moe_grouped_mm.txt" | head -4
+    # shellcheck disable=SC2086
+    timeout 240 python3 benchmarks/moe_grouped_mm.py --formats "$fmt" --ts ${GROUPED_MM_TS:-2048 3072 4096 8192} \
+        --out "$OUT/moe_grouped_mm_$fmt.json" > "$OUT/moe_grouped_mm_$fmt.txt" 2>&1
+    echo "== MoE on the grouped GEMM"; sed -n '/^MoE on/,$p' "$OUT/moe_grouped_mm_$fmt.txt" | grep -v "^wrote"
+    grep -E "Error|error" "$OUT/moe_grouped_mm_$fmt.txt" | head -4
     mkdir -p /tmp/variants
-    python3 benchmarks/tuning_variant.py --op moe.paths --when '{"nvfp4": false}' \
-        --set grouped_gemm_min_tokens=${GROUPED_MM_MIN:-4096} --out /tmp/variants/grouped_gemm.json > /dev/null
-    timeout 420 python3 benchmarks/prefill_ab.py --format bf16 --variant-tuning-file /tmp/variants/grouped_gemm.json \
-        --rounds 3 --out "$OUT/prefill_ab_grouped_gemm.json" > "$OUT/prefill_ab_grouped_gemm.txt" 2>&1
-    grep -E "^round|median|Error" "$OUT/prefill_ab_grouped_gemm.txt"
+    python3 benchmarks/tuning_variant.py --op moe.paths --when "{\"nvfp4\": $nv}" \
+        --set grouped_gemm_min_tokens=${GROUPED_MM_MIN:-3072} --out /tmp/variants/grouped_gemm.json > /dev/null
+    timeout 420 python3 benchmarks/prefill_ab.py --format "$fmt" --variant-tuning-file /tmp/variants/grouped_gemm.json \
+        --rounds 3 --out "$OUT/prefill_ab_grouped_gemm_$fmt.json" > "$OUT/prefill_ab_grouped_gemm_$fmt.txt" 2>&1
+    grep -E "^round|median|Error" "$OUT/prefill_ab_grouped_gemm_$fmt.txt"
 fi
 # SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
 # 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared

@@ -5,7 +5,7 @@ CUDA only. Both are checked against `moe_ref` (rel. error), timed inside CUDA gr
 of `kernels_moe_gemv.py`) and their peak memory taken; each step of the grouped-GEMM path is also timed alone, to
 see where its time goes. The table's `moe.paths` field `grouped_gemm_min_tokens` comes from these figures.
 
-    python benchmarks/moe_grouped_mm.py --ts 2048 4096 8192 --out benchmarks/results/moe_grouped_mm.json
+    python benchmarks/moe_grouped_mm.py --ts 2048 4096 8192 --formats bf16 nvfp4 --out moe_grouped_mm.json
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def peak_mib(fn: Callable[[], object]) -> float:
     return round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
 
 
-def run(t: int, stacks: list, gen: torch.Generator) -> dict:
+def run(t: int, stacks: list, gen: torch.Generator, fmt: str = "bf16") -> dict:
     from flint_kernels import moe_triton as mt
     from flint_kernels.moe import moe_ref
 
@@ -64,11 +64,12 @@ def run(t: int, stacks: list, gen: torch.Generator) -> dict:
     ref = moe_ref(x, tw, ids, w13, w2)
     flops = 2 * t * TOPK * 3 * HIDDEN * INTER
     paths = {"ours": 0, "grouped_gemm": 1}  # fused_moe's grouped_gemm_min_tokens: 0 never, 1 always
-    row: dict = {"T": t, "pairs_per_expert": t * TOPK / EXPERTS}
+    row: dict = {"format": fmt, "T": t, "pairs_per_expert": t * TOPK / EXPERTS}
     for key, min_tokens in paths.items():
 
         def call(a: torch.Tensor, b: torch.Tensor, m: int = min_tokens) -> torch.Tensor:
-            return mt.fused_moe(x, tw, ids, a, b, decode_max_tokens=0, grouped_gemm_min_tokens=m)
+            # NVFP4: both from the call's BF16 copies, as the engine runs long prefills.
+            return mt.fused_moe(x, tw, ids, a, b, decode_max_tokens=0, grouped_gemm_min_tokens=m, dequant_min_tokens=1)
 
         try:
             row[f"{key}_rel_err"] = rel_err(call(w13, w2), ref)
@@ -77,7 +78,7 @@ def run(t: int, stacks: list, gen: torch.Generator) -> dict:
             row[f"{key}_peak_MiB"] = peak_mib(lambda c=call: c(w13, w2))
         except Exception as e:  # report, keep the other sizes
             row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
-    if "grouped_gemm_ms" in row:
+    if "grouped_gemm_ms" in row and fmt == "bf16":
         steps = gemm_steps(x, tw, ids, w13, w2)
         row["steps_us"] = {name: round(time_graph([fn], reps=8) * 1000, 1) for name, fn in steps.items()}
     return row
@@ -86,25 +87,27 @@ def run(t: int, stacks: list, gen: torch.Generator) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ts", type=int, nargs="+", default=[2048, 4096, 8192], help="tokens")
+    ap.add_argument("--formats", nargs="+", default=["bf16"], choices=("bf16", "nvfp4"))
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/moe_grouped_mm.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("moe_grouped_mm.py needs a CUDA GPU", file=sys.stderr)
         return 1
     gen = torch.Generator(device="cuda").manual_seed(1)
-    stacks = [moe_weights("bf16", gen)[:2] for _ in range(2)]
     rows = []
-    for t in args.ts:
-        row = run(t, stacks, gen)
-        rows.append(row)
-        print(json.dumps(row))
-    print(
-        f"\nBF16 MoE on {torch.cuda.get_device_name()}: Triton grouped kernels vs grouped GEMM (ms a layer, rel. err.,"
-    )
-    print("peak MiB over the inputs)")
+    for fmt in args.formats:
+        stacks = [moe_weights(fmt, gen)[:2] for _ in range(2)]
+        for t in args.ts:
+            row = run(t, stacks, gen, fmt)
+            rows.append(row)
+            print(json.dumps(row))
+        del stacks
+        torch.cuda.empty_cache()
+    print(f"\nMoE on {torch.cuda.get_device_name()}: Triton grouped kernels vs grouped GEMM (ms a layer, rel. err.,")
+    print("peak MiB over the inputs; NVFP4 both from the call's BF16 copies)")
     nan = float("nan")
     for r in rows:
-        print(f"T {r['T']:>6}:", end="")
+        print(f"{r['format']:>5} T {r['T']:>6}:", end="")
         for key in ("ours", "grouped_gemm"):
             print(
                 f" {key} {r.get(key + '_ms', nan):.3f} ({r.get(key + '_rel_err', nan):.1e}, "

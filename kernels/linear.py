@@ -80,6 +80,21 @@ class NVFP4Weight:
         return NVFP4Weight(self.qweight[index], self.scales[index], self.global_scale[index], self.segments)
 
 
+@dataclass(frozen=True)
+class ScaledWeight:
+    """Dequantised NVFP4 experts (`moe_triton` makes them for long prefills): `data` [E, N, K] holds each value times
+    its block scale, exactly; the global scales [E, G] still multiply the FP32 accumulator of each output segment,
+    as for NVFP4."""
+
+    data: torch.Tensor
+    global_scale: torch.Tensor
+    segments: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+
 Weight = torch.Tensor | NVFP4Weight
 
 

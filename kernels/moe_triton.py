@@ -34,8 +34,6 @@ deterministic and CUDA-graph capturable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -62,7 +60,7 @@ from .gemv_triton import (
     split_k_reduce,
     tile_matmul,
 )
-from .linear import NVFP4Weight, Weight
+from .linear import NVFP4Weight, ScaledWeight, Weight
 from .moe import SharedExpert, moe_add_rms_norm_ref, moe_ref
 from .moe_align_triton import align
 from .pdl import launch_options, pdl_entry
@@ -651,20 +649,6 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-@dataclass(frozen=True)
-class ScaledWeight:
-    """Dequantised NVFP4 experts: `data` [E, N, K] holds each value times its block scale, exactly; the global
-    scales [E, G] still multiply the FP32 accumulator of each output segment, as for NVFP4."""
-
-    data: torch.Tensor
-    global_scale: torch.Tensor
-    segments: tuple[int, ...]
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
-
-
 def _weight_args(w: Weight | ScaledWeight, like: torch.Tensor) -> tuple:
     """(data, scales, global scales, strides..., segment bounds, is_nvfp4, has global scales) of stacked expert
     weights [E, N, K]."""
@@ -773,10 +757,12 @@ def fused_moe(
     """
     t = topk_ids.shape[0]
     decode, fold, copies = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens, dequant_min_tokens, config)
+    nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
     if copies:
         w13, w2 = (_dequantized(w, x.dtype) for w in (w13, w2))
     if grouped_gemm_min_tokens is None:
-        grouped_gemm_min_tokens = paths_config(False, x.device).grouped_gemm_min_tokens
+        grouped_gemm_min_tokens = paths_config(nv, x.device).grouped_gemm_min_tokens
+    # NVFP4 experts fit only as the copies (`ScaledWeight`), so their threshold counts from `dequant_min_tokens`.
     gemm = not decode and 0 < grouped_gemm_min_tokens <= t and moe_grouped_gemm.fits(x, w13, w2)
     if shared is not None and not fold:
         # The shared expert first, so the routed path's slot-reduce launch (when it has one) adds it too.

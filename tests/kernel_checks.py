@@ -67,3 +67,17 @@ def random_nvfp4(n: int, k: int, g: torch.Generator, segments: tuple[int, ...] |
     segments = segments or (n,)
     gscale = torch.rand(len(segments), generator=g, device=dev) * 1.7 + 0.3
     return NVFP4Weight(q, s, gscale.float(), segments)
+
+
+def random_nvfp4_experts(lead: int, n: int, k: int, g: torch.Generator, segments: tuple[int, ...]):  # -> NVFP4Weight
+    """Stacked NVFP4 experts [lead, n, k] on g's device: random codes (+0/-0 planted), moderate scale bytes with 0x7F
+    and 0x00 planted, per-expert global scales."""
+    from flint_kernels.linear import NVFP4Weight
+
+    dev = g.device
+    q = torch.randint(0, 256, (lead, n, k // 2), generator=g, device=dev, dtype=torch.int32).to(torch.uint8)
+    s = torch.randint(0x30, 0x40, (lead, n, k // 16), generator=g, device=dev, dtype=torch.int32).to(torch.uint8)
+    q[:, 0, :2] = torch.tensor([0x80, 0x08], dtype=torch.uint8)
+    s[:, 1, 0], s[:, 2, 0] = 0x7F, 0x00
+    gs = (torch.rand(lead, len(segments), generator=g, device=dev) + 0.3) / (4 * math.sqrt(k))
+    return NVFP4Weight(q, s, gs.float(), segments)

@@ -228,6 +228,25 @@ def test_moe_reduce_sorted_compiles_for_sm90(add: bool) -> None:
     assert waits == 1
 
 
+@pytest.mark.parametrize("add", [False, True], ids=["routed", "plus-shared"])
+def test_moe_reduce_sorted_scaled_compiles_for_sm90(add: bool) -> None:
+    """The sorted reduce over FP32 down accumulators of NVFP4 copies, each scaled by its expert's global scale."""
+    pointers = {"y_ptr": "fp32", "pos_ptr": "i64", "ids_ptr": "i64", "gs_ptr": "fp32", "tw_ptr": "fp32",
+                "out_ptr": "bf16", "add_ptr": "bf16"}  # fmt: skip
+    constexprs = dict(TOPK=6, BLOCK_H=1024, ADD=add, PDL=True)
+    kernel = "_moe_reduce_sorted_scaled_kernel"
+    _, waits = _compile("flint_kernels.moe_grouped_gemm", kernel, pointers, constexprs, 4, 1)
+    assert waits == 1
+
+
+def test_scaled_silu_and_mul_compiles_for_sm90() -> None:
+    """SiLU-and-mul of FP32 gate_up accumulators, each row's expert found in the sorted groups' end rows."""
+    pointers = {"gu_ptr": "fp32", "offs_ptr": "i32", "gs_ptr": "fp32", "out_ptr": "bf16"}
+    constexprs = dict(UP_SCALE=1, E_PAD=256, BLOCK=512, PDL=True)
+    _, waits = _compile("flint_kernels.moe_grouped_gemm", "_scaled_silu_and_mul_kernel", pointers, constexprs, 4, 1)
+    assert waits == 1
+
+
 @pytest.mark.parametrize("kernel", ["_count_kernel", "_blocks_kernel", "_scatter_kernel", "_rank_kernel"])
 def test_moe_align_compiles_for_sm90(kernel: str) -> None:
     """The prefill MoE's grouping launches (int32 atomics, the block table's binary search; the grouped GEMM's ranks)

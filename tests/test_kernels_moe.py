@@ -19,6 +19,7 @@ from flint_kernels import nvfp4
 from flint_kernels.linear import NVFP4Weight
 from flint_kernels.moe import moe_add_rms_norm_ref, moe_ref
 from kernel_checks import LaunchSpy, poisoned_empty, rel_err
+from kernel_checks import random_nvfp4_experts as random_nvfp4
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -57,16 +58,6 @@ def dense_experts(e: int, h: int, i: int, dtype: torch.dtype, g: torch.Generator
     w13 = torch.randn(e, 2 * i, h, generator=g, device=DEVICE) / math.sqrt(h)
     w2 = torch.randn(e, h, i, generator=g, device=DEVICE) / math.sqrt(i)
     return w13.to(dtype), w2.to(dtype)
-
-
-def random_nvfp4(lead: int, n: int, k: int, g: torch.Generator, segments: tuple[int, ...]) -> NVFP4Weight:
-    """Random codes (+0/-0 planted), moderate scale bytes with 0x7F and 0x00 planted, per-expert global scales."""
-    q = torch.randint(0, 256, (lead, n, k // 2), generator=g, device=DEVICE, dtype=torch.int32).to(torch.uint8)
-    s = torch.randint(0x30, 0x40, (lead, n, k // 16), generator=g, device=DEVICE, dtype=torch.int32).to(torch.uint8)
-    q[:, 0, :2] = torch.tensor([0x80, 0x08], dtype=torch.uint8)
-    s[:, 1, 0], s[:, 2, 0] = 0x7F, 0x00
-    gs = (torch.rand(lead, len(segments), generator=g, device=DEVICE) + 0.3) / (4 * math.sqrt(k))
-    return NVFP4Weight(q, s, gs.float(), segments)
 
 
 def quantized_experts(e: int, h: int, i: int, g: torch.Generator) -> tuple[NVFP4Weight, NVFP4Weight]:

@@ -16,7 +16,7 @@ from flint_kernels import moe_grouped_gemm as mg
 from flint_kernels import moe_triton as mt
 from flint_kernels.moe import moe_ref, shared_expert_ref
 from flint_kernels.moe_align import sort_ref
-from kernel_checks import LaunchSpy, poison_torch_empty, poisoned_empty, rel_err
+from kernel_checks import LaunchSpy, poison_torch_empty, poisoned_empty, random_nvfp4_experts, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -149,6 +149,53 @@ def test_grouped_gemm_declines_what_it_cannot_run(monkeypatch: pytest.MonkeyPatc
     assert spy.launches == 0
 
 
+@pytest.mark.parametrize("up_scales", [2, 1], ids=["gate-up-scales", "one-scale"])
+def test_nvfp4_copies_on_the_grouped_gemm(up_scales: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVFP4 experts from `dequant_min_tokens` run as BF16 copies; from `grouped_gemm_min_tokens` those copies run on
+    the grouped GEMM with FP32 results, each expert's global scales applied before the one rounding (gate and up
+    apart, and down in the reduce): `moe_ref` on the NVFP4 weights, with and without the shared expert's add."""
+    g = gen(5)
+    e, h, i, k, t = 8, 128, 64, 3, 20
+    dtype = MOE_DTYPES[0]
+    x = torch.randn(t, h, generator=g, device=DEVICE).to(dtype)
+    tw, ids = routing(t, e - 1, k, g)
+    w13 = random_nvfp4_experts(e, 2 * i, h, g, (i, i) if up_scales == 2 else (2 * i,))
+    w2 = random_nvfp4_experts(e, h, i, g, (h,))
+    add = torch.randn(t, h, generator=g, device=DEVICE).to(dtype)
+    spy = LaunchSpy(mg._moe_reduce_sorted_scaled_kernel)
+    monkeypatch.setattr(mg, "_moe_reduce_sorted_scaled_kernel", spy)
+    ref = moe_ref(x, tw, ids, w13, w2)
+    copies = dict(decode_max_tokens=0, dequant_min_tokens=t, config=GROUPED)
+    out = mt.fused_moe(x, tw, ids, w13, w2, grouped_gemm_min_tokens=t, **copies)
+    assert spy.launches == 1 and rel_err(out, ref) < TOL[dtype]
+    triton_copies = mt.fused_moe(x, tw, ids, w13, w2, grouped_gemm_min_tokens=0, **copies)
+    assert spy.launches == 1 and rel_err(out, triton_copies) < TOL[dtype]
+    # The grouped GEMM with a shared expert's output to add, called directly on the copies.
+    c13, c2 = (mt._dequantized(w, dtype) for w in (w13, w2))
+    assert mg.fits(x, c13, c2)
+    both = mg.routed(x, tw, ids, c13, c2, add=add)
+    assert spy.launches == 2 and rel_err(both, ref + add) < TOL[dtype]
+
+
+def test_nvfp4_copies_need_fp32_results() -> None:
+    """Where the grouped GEMM cannot return FP32 results for x's dtype (torch's CPU kernel for fp16), the copies
+    stay on the Triton kernels; copies whose segments are not gate|up (one scale or one each) and down (one) too."""
+    g = gen(6)
+    e, h, i = 4, 64, 32
+    w13 = random_nvfp4_experts(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4_experts(e, h, i, g, (h,))
+    x = torch.randn(3, h, generator=g, device=DEVICE).to(MOE_DTYPES[0])
+    c13, c2 = (mt._dequantized(w, x.dtype) for w in (w13, w2))
+    assert mg.fits(x, c13, c2)
+    assert not mg.fits(x, c13, w2)  # NVFP4 itself never
+    odd = mt.ScaledWeight(c13.data, c13.global_scale.repeat(1, 2), (i // 2, i // 2, i))
+    assert not mg.fits(x, odd, c2)
+    if not HAS_CUDA:
+        xh = x.half()
+        h13, h2 = (mt._dequantized(w, torch.float16) for w in (w13, w2))
+        assert not mg._fp32_out(x.device) and not mg.fits(xh, h13, h2)
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("t", [700, 4100])
@@ -173,3 +220,24 @@ def test_gpu_grouped_gemm_flint_shapes(t: int, with_shared: bool) -> None:
     assert rel_err(gemm, triton_path) < 1e-2
     assert torch.equal(gemm, mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0, shared=shared,
                                           grouped_gemm_min_tokens=1))  # fmt: skip
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("t", [700, 4100])
+def test_gpu_nvfp4_copies_on_the_grouped_gemm_flint_shapes(t: int) -> None:
+    """NVFP4 experts at Flint's sizes as BF16 copies on the grouped GEMM (FP32 results, global scales in the
+    SiLU-and-mul and reduce launches) against `moe_ref` and against the copies on the Triton grouped kernels."""
+    g = gen(t + 1)
+    e, h, i, k = 256, 2048, 512, 6
+    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
+    tw, ids = routing(t, e, k, g)
+    w13 = random_nvfp4_experts(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4_experts(e, h, i, g, (h,))
+    assert mg.fits(x, *(mt._dequantized(w, x.dtype) for w in (w13, w2)))  # this torch gives FP32 results
+    ref = moe_ref(x, tw, ids, w13, w2)
+    copies = dict(decode_max_tokens=0, dequant_min_tokens=1)
+    gemm = mt.fused_moe(x, tw, ids, w13, w2, grouped_gemm_min_tokens=1, **copies)
+    triton_path = mt.fused_moe(x, tw, ids, w13, w2, grouped_gemm_min_tokens=0, **copies)
+    assert rel_err(gemm, ref) < 1e-2
+    assert rel_err(gemm, triton_path) < 1e-2
