@@ -3,11 +3,12 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twenty-third session (2026-12-03): the H200 table has the MMA gate_up with its L2 requests from 17
-# tokens (was 25) and the MMA down's before its PDL wait from 9; the manifest's NVFP4 profile was recorded for both
-# (93 variants; a cold start compiles nothing in its warm-up) and the GPU tests pass (docs/performance.md, "The MMA
-# gate_up from 17 tokens"). Built without a GPU and waiting: WARP_K=1, the MMA gate_up's warps splitting K (next
-# call: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 WARP_K=1, ~6 min on a fresh machine). Recipes kept: SMALL_AB=1 (the MMA
+# State after the twenty-fourth session (2026-12-03): the MMA gate_up's warps splitting K (WARP_K=1) lost at every
+# size; the H200 table runs BF16 experts of steps from 3,072 tokens on torch's grouped GEMM (GROUPED_MM=1: 8K BF16
+# prefill 127.1 -> 119.3 ms) and the manifest's BF16 profile was recorded with it (76 variants). NVFP4 copies on the
+# grouped GEMM (GROUPED_MM_FORMAT=nvfp4) need FP32 results, which torch 2.11's grouped GEMM does not give: there the
+# path declines and both sides of the call are the Triton kernels (docs/performance.md, twenty-fourth session).
+# Recipes kept: SMALL_AB=1 (the MMA
 # MoE below the batches it is installed at), L2_AB=1 (the gate_up's L2 requests), DOWN_L2=1 (the down's, and the o
 # projection in 8 K splits), MMA_AB=1 (the rows kernel's K splits), RADIX=1 (the sampler's modes and their op time),
 # PREFILL_AB=1 (the NVFP4 prefill's alpha epilogue against the FP32 output and scale pass). On a fresh machine the
