@@ -81,3 +81,10 @@ def random_nvfp4_experts(lead: int, n: int, k: int, g: torch.Generator, segments
     s[:, 1, 0], s[:, 2, 0] = 0x7F, 0x00
     gs = (torch.rand(lead, len(segments), generator=g, device=dev) + 0.3) / (4 * math.sqrt(k))
     return NVFP4Weight(q, s, gs.float(), segments)
+
+
+def routing(t: int, e: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct experts per token and renormalised FP32 weights (the router's output format), on g's device."""
+    scores = torch.rand(t, e, generator=g, device=g.device)
+    w, ids = torch.topk(scores, k, dim=-1)
+    return w / w.sum(-1, keepdim=True), ids

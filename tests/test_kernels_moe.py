@@ -18,7 +18,7 @@ from flint_kernels import moe_triton as mt
 from flint_kernels import nvfp4
 from flint_kernels.linear import NVFP4Weight
 from flint_kernels.moe import moe_add_rms_norm_ref, moe_ref
-from kernel_checks import LaunchSpy, poisoned_empty, rel_err
+from kernel_checks import LaunchSpy, poisoned_empty, rel_err, routing
 from kernel_checks import random_nvfp4_experts as random_nvfp4
 
 HAS_CUDA = torch.cuda.is_available()
@@ -45,13 +45,6 @@ def nan_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator(device=DEVICE).manual_seed(seed)
-
-
-def routing(t: int, e: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Distinct experts per token, renormalised FP32 weights (the router's output format)."""
-    scores = torch.rand(t, e, generator=g, device=DEVICE)
-    w, ids = torch.topk(scores, k, dim=-1)
-    return w / w.sum(-1, keepdim=True), ids
 
 
 def dense_experts(e: int, h: int, i: int, dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor, ...]:

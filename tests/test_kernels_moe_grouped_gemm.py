@@ -16,7 +16,7 @@ from flint_kernels import moe_grouped_gemm as mg
 from flint_kernels import moe_triton as mt
 from flint_kernels.moe import moe_ref, shared_expert_ref
 from flint_kernels.moe_align import sort_ref
-from kernel_checks import LaunchSpy, poison_torch_empty, poisoned_empty, random_nvfp4_experts, rel_err
+from kernel_checks import LaunchSpy, poison_torch_empty, poisoned_empty, random_nvfp4_experts, rel_err, routing
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -38,12 +38,6 @@ def nan_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator(device=DEVICE).manual_seed(seed)
-
-
-def routing(t: int, e: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    scores = torch.rand(t, e, generator=g, device=DEVICE)
-    w, ids = torch.topk(scores, k, dim=-1)
-    return w / w.sum(-1, keepdim=True), ids
 
 
 def copies_take_the_grouped_gemm(x: torch.Tensor) -> bool:
