@@ -173,6 +173,29 @@ if [ "${GROUPED_MM:-0}" = 1 ]; then
         --rounds 3 --out "$OUT/prefill_ab_grouped_gemm_$fmt.json" > "$OUT/prefill_ab_grouped_gemm_$fmt.txt" 2>&1
     grep -E "^round|median|Error" "$OUT/prefill_ab_grouped_gemm_$fmt.txt"
 fi
+# CUDNN_ATTN=1: full layers' fresh prompts on torch's cuDNN attention (`attention_cudnn`, twenty-fifth session): the
+# GPU tests of it and of the Triton prefill, each variant's prefill attention at 2-8K tokens and cuDNN's first call at
+# new prompt lengths (benchmarks/prefill_attention_sdpa.py), then the whole 8K prefill in BF16 and NVFP4 with the
+# table's `cudnn_min_tokens` at CUDNN_MIN (default 4096) against the table as shipped (prefill_ab.py). ~7 minutes.
+if [ "${CUDNN_ATTN:-0}" = 1 ]; then
+    gpu_tests "cuDNN attention tests" cudnn_attention_tests 300 tests/test_kernels_attention_cudnn.py \
+        tests/test_kernels_attention.py -k "cudnn or prefill"
+    timeout 300 python3 benchmarks/prefill_attention_sdpa.py --ts 2048 4096 8192 --first-calls 4352 4608 8448 4352 \
+        --out "$OUT/prefill_attention_sdpa.json" > "$OUT/prefill_attention_sdpa.txt" 2>&1
+    sed -n '/^Prefill attention/,$p' "$OUT/prefill_attention_sdpa.txt" | grep -v "^wrote\|efficient\|expanded"
+    mkdir -p /tmp/variants
+    python3 benchmarks/tuning_variant.py --op attention.prefill \
+        --when '{"sliding": false, "elem_bytes": 2, "tokens_min": 8192}' --set "cudnn_min_tokens=${CUDNN_MIN:-4096}" \
+        --out /tmp/variants/cudnn_a.json > /dev/null || echo "variant failed"
+    python3 benchmarks/tuning_variant.py --table /tmp/variants/cudnn_a.json --op attention.prefill \
+        --when '{"elem_bytes": 2}' --set "cudnn_min_tokens=${CUDNN_MIN:-4096}" --out /tmp/variants/cudnn.json \
+        > /dev/null || echo "variant failed"
+    for fmt in ${CUDNN_FORMATS:-bf16 nvfp4}; do
+        timeout 420 python3 benchmarks/prefill_ab.py --format "$fmt" --variant-tuning-file /tmp/variants/cudnn.json \
+            --rounds 3 --out "$OUT/prefill_ab_cudnn_$fmt.json" > "$OUT/prefill_ab_cudnn_$fmt.txt" 2>&1
+        echo "== $fmt"; grep -E "^round|median|Error" "$OUT/prefill_ab_cudnn_$fmt.txt"
+    done
+fi
 # SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
 # 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared
 # expert folded only up to 4 tokens and the MMA down (all codes asked before the PDL wait) at 5-8; gd8: the MMA

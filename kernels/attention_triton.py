@@ -41,6 +41,7 @@ launch; split decode launches must not run concurrently on several streams (they
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import tuning
+from . import attention_cudnn, tuning
 from .attention import AttnMeta, paged_attention_ref
 from .configs import AttentionDecodeConfig, AttentionPrefillConfig
 from .gemv_triton import COUNTER_SLOTS, counters
@@ -854,6 +855,10 @@ def paged_attention_prefill(
     if t == 0 or num_seqs == 0:
         return out
     cfg = config or prefill_config(t, window, q.device, k_cache.element_size())
+    if window is None and cfg.cudnn_min_tokens > 0 and attention_cudnn.covers(q, k_cache, v_cache):
+        fresh = attention_cudnn.fresh_prompts(meta, cfg.cudnn_min_tokens)
+        if fresh:
+            return _prefill_with_fresh_prompts(q, k_cache, v_cache, block_tables, meta, sinks, scale, fresh, out)
     g_pad = triton.next_power_of_2(group)
     if block_m is None:
         block_m = min(cfg.max_block_m, triton.next_power_of_2(max(1, meta.max_query_len) * g_pad))
@@ -896,6 +901,39 @@ def paged_attention_prefill(
         num_warps=cfg.num_warps if block_m >= 128 else 4,
         **_stages(cfg.num_stages),
     )
+    return out
+
+
+def _prefill_with_fresh_prompts(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    meta: AttnMeta,
+    sinks: torch.Tensor,
+    scale: float,
+    fresh: list[int],
+    out: torch.Tensor,
+    attend: attention_cudnn.Attend = attention_cudnn.cudnn_attend,
+) -> torch.Tensor:
+    """A full layer's prefill with the `fresh` prompts on cuDNN (`attention_cudnn`) and the other sequences' rows,
+    gathered, on the Triton kernel."""
+    qs = meta.query_start
+    for s in fresh:
+        out[qs[s] : qs[s + 1]] = attention_cudnn.prompt_attention(
+            q[qs[s] : qs[s + 1]], k_cache, v_cache, block_tables[s], sinks, scale, attend
+        )
+    rest = [s for s in range(len(meta.seq_lens)) if s not in set(fresh) and qs[s + 1] > qs[s]]
+    if not rest:
+        return out
+    starts = [0]
+    for s in rest:
+        starts.append(starts[-1] + qs[s + 1] - qs[s])
+    rows = torch.cat([torch.arange(qs[s], qs[s + 1]) for s in rest]).to(q.device, non_blocking=True)
+    sub = AttnMeta.build(starts, [meta.seq_lens[s] for s in rest], q.device)
+    cfg = dataclasses.replace(prefill_config(starts[-1], None, q.device, k_cache.element_size()), cudnn_min_tokens=0)
+    table = block_tables[torch.tensor(rest, device=q.device)]
+    out[rows] = paged_attention_prefill(q[rows], k_cache, v_cache, table, sub, sinks, scale, None, config=cfg)
     return out
 
 

@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 import torch
+from attention_cases import Case, check_attention
 from flint_kernels import attention_triton as at
 from flint_kernels.attention import AttnMeta, paged_attention_ref
 from flint_kernels.gemv_triton import counters
@@ -25,69 +26,6 @@ HAS_CUDA = torch.cuda.is_available()
 def poison(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every tensor the kernels allocate starts as NaN (floats) or -77 (ints), so unwritten elements show."""
     poison_torch_empty(monkeypatch)
-
-
-class Case:
-    """A batch of sequences (context length, new queries) over a shuffled paged cache; the reference output."""
-
-    def __init__(
-        self,
-        seqs: list[tuple[int, int]],
-        hq: int,
-        hkv: int,
-        d: int,
-        window: int | None,
-        dtype: torch.dtype = torch.float32,
-        block_size: int = 16,
-        device: str = "cpu",
-        seed: int = 0,
-    ) -> None:
-        g = torch.Generator().manual_seed(seed)
-        need = [-(-ctx // block_size) for ctx, _ in seqs]
-        max_blocks = max(need) + 2  # trailing -1 entries, as the engine pads its tables
-        num_blocks = sum(need) + 3
-        perm = torch.randperm(num_blocks, generator=g).tolist()
-        k = torch.full((num_blocks, block_size, hkv, d), float("nan"))
-        v = k.clone()
-        table = torch.full((len(seqs), max_blocks), -1, dtype=torch.int32)
-        starts = [0]
-        self.freed = 0
-        for s, (ctx, n) in enumerate(seqs):
-            lo = 0 if window is None else max(0, ctx - n - window + 1)  # first key any query of s may see
-            for b in range(need[s]):
-                phys = perm.pop()
-                if (b + 1) * block_size <= lo:
-                    self.freed += 1  # behind the window: freed, -1 in the table, NaN in the pool
-                    continue
-                table[s, b] = phys
-                first, last = max(lo - b * block_size, 0), min(ctx - b * block_size, block_size)
-                k[phys, first:last] = torch.randn(last - first, hkv, d, generator=g)
-                v[phys, first:last] = torch.randn(last - first, hkv, d, generator=g)
-            starts.append(starts[-1] + n)
-        self.q = (torch.randn(starts[-1], hq, d, generator=g) * 1.5).to(device, dtype)
-        self.k_cache = k.to(device, dtype)
-        self.v_cache = v.to(device, dtype)
-        self.table = table.to(device)
-        self.sinks = (torch.randn(hq, generator=g) * 2).to(device)
-        self.meta = AttnMeta.build(starts, [c for c, _ in seqs], device)
-        self.scale = d**-0.5
-        self.window = window
-
-    def args(self) -> tuple:
-        return (self.q, self.k_cache, self.v_cache, self.table, self.meta, self.sinks, self.scale, self.window)
-
-    def ref(self) -> torch.Tensor:
-        return paged_attention_ref(*self.args())
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
-
-
-def _check(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    assert not out.isnan().any(), "unwritten or poisoned output elements"
-    assert _rel_err(out, ref) < tol
 
 
 @pytest.fixture
@@ -115,14 +53,14 @@ def test_decode_interp(poison: None, hq: int, hkv: int, d: int, window: int | No
     case = Case([(37, 1), (5, 1), (100, 1), (1, 1), (16, 1)], hq, hkv, d, window)
     if window is not None:
         assert case.freed > 0
-    _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
+    check_attention(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
 
 
 def test_decode_window_513_interp(poison: None) -> None:
     """Contexts just inside, at and across Flint's 513-key window (freed blocks behind it), block size 4."""
     case = Case([(600, 1), (513, 1), (514, 1), (20, 1)], 16, 2, 32, 513, block_size=4)
     assert case.freed > 0
-    _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
+    check_attention(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
 
 
 def test_decode_long_context_splits_interp(poison: None, combine_spy: LaunchSpy) -> None:
@@ -131,9 +69,9 @@ def test_decode_long_context_splits_interp(poison: None, combine_spy: LaunchSpy)
     splits = at.decode_num_splits(case.meta.max_seq_len, None, 2, 2, case.q.device)
     assert splits > 1
     ref = case.ref()
-    _check(at.paged_attention(*case.args()), ref, FP32_TOL)
+    check_attention(at.paged_attention(*case.args()), ref, FP32_TOL)
     assert combine_spy.launches == 0 and _counters_zero(case.q.device)
-    _check(at.paged_attention_decode(*case.args(), num_splits=1), ref, FP32_TOL)
+    check_attention(at.paged_attention_decode(*case.args(), num_splits=1), ref, FP32_TOL)
 
 
 # (context, queries): 3 key tiles, a sequence without a query, one tile; a window of 7 leaves every sequence one tile.
@@ -148,7 +86,7 @@ def test_decode_forced_splits_interp(poison: None, combine_spy: LaunchSpy, num_s
     """
     case = Case(SPLIT_SEQS, 8, 2, 32, window, block_size=8)
     out = at.paged_attention_decode(*case.args(), num_splits=num_splits)
-    _check(out, case.ref(), FP32_TOL)
+    check_attention(out, case.ref(), FP32_TOL)
     assert combine_spy.launches == 0
     assert _counters_zero(case.q.device)
     assert torch.equal(at.paged_attention_decode(*case.args(), num_splits=num_splits), out)
@@ -162,14 +100,14 @@ def test_decode_counter_slots_fallback_interp(
     """3 sequences x 2 KV heads need 6 counters: with fewer the splits are merged by a second launch."""
     monkeypatch.setattr(at, "COUNTER_SLOTS", slots)
     case = Case(SPLIT_SEQS, 8, 2, 32, None, block_size=8)
-    _check(at.paged_attention_decode(*case.args(), num_splits=8), case.ref(), FP32_TOL)
+    check_attention(at.paged_attention_decode(*case.args(), num_splits=8), case.ref(), FP32_TOL)
     assert combine_spy.launches == launches
     assert _counters_zero(case.q.device)
 
 
 def test_decode_fp16_interp(poison: None) -> None:
     case = Case([(70, 1), (9, 1)], 16, 2, 32, None, dtype=torch.float16)
-    _check(at.paged_attention(*case.args()), case.ref(), BF16_TOL)
+    check_attention(at.paged_attention(*case.args()), case.ref(), BF16_TOL)
 
 
 # --------------------------------------------------------------------------------------------- prefill / mixed
@@ -181,13 +119,13 @@ MIXED = [(37, 5), (5, 1), (100, 30), (20, 20), (90, 1), (1, 1)]
 def test_prefill_mixed_interp(poison: None, hq: int, hkv: int, d: int, window: int | None) -> None:
     """Prefill chunks at the end of longer contexts, whole prompts and decodes in one batch."""
     case = Case(MIXED, hq, hkv, d, window)
-    _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
+    check_attention(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
 
 
 @pytest.mark.parametrize("block_m", [16, 64])
 def test_prefill_tile_sizes_interp(poison: None, block_m: int) -> None:
     case = Case(MIXED, 8, 4, 32, 7, block_size=4)
-    _check(at.paged_attention_prefill(*case.args(), block_m=block_m), case.ref(), FP32_TOL)
+    check_attention(at.paged_attention_prefill(*case.args(), block_m=block_m), case.ref(), FP32_TOL)
 
 
 @pytest.mark.parametrize("window", [7, None])
@@ -198,22 +136,22 @@ def test_prefill_longest_first_interp(poison: None, window: int | None) -> None:
     plain = at.paged_attention_prefill(*case.args(), block_m=16, config=dataclasses.replace(cfg, longest_first=False))
     late = at.paged_attention_prefill(*case.args(), block_m=16, config=dataclasses.replace(cfg, longest_first=True))
     assert torch.equal(late, plain)
-    _check(late, case.ref(), FP32_TOL)
+    check_attention(late, case.ref(), FP32_TOL)
 
 
 def test_prefill_window_513_interp(poison: None) -> None:
     """A chunk whose queries straddle the window edge, with freed blocks behind it."""
     case = Case([(700, 40), (530, 20), (10, 10)], 8, 1, 16, 513, block_size=32)
     assert case.freed > 0
-    _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
+    check_attention(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
 
 
 def test_zero_query_sequences_and_decode_batch_through_prefill_interp(poison: None) -> None:
     """Sequences with no new query are skipped; a pure decode batch through the prefill kernel also matches."""
     case = Case([(10, 0), (37, 1), (3, 0), (50, 4)], 8, 2, 32, None)
-    _check(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
+    check_attention(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
     dec = Case([(37, 1), (5, 1), (64, 1)], 8, 2, 32, 7)
-    _check(at.paged_attention_prefill(*dec.args()), dec.ref(), FP32_TOL)
+    check_attention(at.paged_attention_prefill(*dec.args()), dec.ref(), FP32_TOL)
 
 
 def test_unsupported_falls_back_to_reference() -> None:
@@ -236,7 +174,7 @@ def _random_lengths(n: int, lo: int, hi: int, seed: int) -> list[int]:
 def test_decode_gpu(poison: None, batch: int, max_ctx: int, window: int | None, dtype: torch.dtype) -> None:
     seqs = [(c, 1) for c in _random_lengths(batch, 1, max_ctx, batch + max_ctx)]
     case = Case(seqs, 32, 4, 128, window, dtype, device="cuda")
-    _check(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+    check_attention(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
 
 
 @pytest.mark.gpu
@@ -245,7 +183,7 @@ def test_decode_gpu(poison: None, batch: int, max_ctx: int, window: int | None, 
 def test_decode_32k_gpu(poison: None, dtype: torch.dtype) -> None:
     case = Case([(32768, 1), (30001, 1)], 32, 4, 128, None, dtype, device="cuda")
     assert at.decode_num_splits(32768, None, 2, 4, case.q.device) > 1
-    _check(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+    check_attention(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
 
 
 @pytest.mark.gpu
@@ -263,12 +201,12 @@ def test_decode_forced_splits_gpu(
     case = Case(seqs, 32, 4, 128, window, dtype, device="cuda")
     tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
     out = at.paged_attention_decode(*case.args(), num_splits=num_splits)
-    _check(out, case.ref(), tol)
+    check_attention(out, case.ref(), tol)
     for _ in range(3):
         assert torch.equal(at.paged_attention_decode(*case.args(), num_splits=num_splits), out)
     assert _counters_zero(case.q.device)
     monkeypatch.setattr(at, "COUNTER_SLOTS", 0)
-    _check(at.paged_attention_decode(*case.args(), num_splits=num_splits), out, tol)
+    check_attention(at.paged_attention_decode(*case.args(), num_splits=num_splits), out, tol)
 
 
 @pytest.mark.gpu
@@ -279,7 +217,7 @@ def test_decode_forced_splits_gpu(
 def test_prefill_mixed_gpu(poison: None, hq: int, hkv: int, d: int, window: int | None, dtype: torch.dtype) -> None:
     seqs = [(3000, 1000), (777, 777), (2000, 1), (600, 77), (5, 1), (1500, 1)]
     case = Case(seqs, hq, hkv, d, window, dtype, device="cuda")
-    _check(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+    check_attention(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
 
 
 @pytest.mark.gpu
@@ -292,7 +230,7 @@ def test_prefill_longest_first_gpu(poison: None, window: int | None) -> None:
     plain = at.paged_attention_prefill(*case.args(), config=dataclasses.replace(cfg, longest_first=False))
     late = at.paged_attention_prefill(*case.args(), config=dataclasses.replace(cfg, longest_first=True))
     assert torch.equal(late, plain)
-    _check(late, case.ref(), BF16_TOL)
+    check_attention(late, case.ref(), BF16_TOL)
 
 
 @pytest.mark.gpu
@@ -310,7 +248,7 @@ def test_decode_prefetch_is_bit_identical_gpu(poison: None, batch: int, max_ctx:
     plain = at.paged_attention_decode(*case.args(), config=dataclasses.replace(base, prefetch=0))
     early = at.paged_attention_decode(*case.args(), config=dataclasses.replace(base, prefetch=prefetch))
     assert torch.equal(early, plain)
-    _check(early, case.ref(), BF16_TOL)
+    check_attention(early, case.ref(), BF16_TOL)
 
 
 @pytest.mark.gpu
@@ -339,5 +277,5 @@ def test_decode_cuda_graph_replay_gpu(window: int | None) -> None:
         ref = paged_attention_ref(
             case.q, case.k_cache, case.v_cache, case.table, host_meta, case.sinks, case.scale, window
         )
-        _check(out, ref, BF16_TOL)
+        check_attention(out, ref, BF16_TOL)
     assert _counters_zero(case.q.device)

@@ -1,0 +1,106 @@
+"""Fresh prompts of full layers on cuDNN's attention (`attention_cudnn`), the sinks added from its log-sum-exp.
+
+On the CPU `attend_ref` stands in for cuDNN (same contract: output without sinks and the log-sum-exp), so the sinks,
+the zero padding, the gather from the shuffled NaN-filled cache and the split of a batch between cuDNN and the
+Triton kernel (interpreter, fp32) are checked against `paged_attention_ref`; cuDNN itself runs on the GPU (`-m gpu`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from attention_cases import Case, check_attention
+from flint_kernels import attention_cudnn as ac
+from flint_kernels import attention_triton as at
+from flint_kernels.configs import AttentionPrefillConfig
+from kernel_checks import poison_torch_empty
+
+HAS_CUDA = torch.cuda.is_available()
+# A prompt at the front, one in the middle, a chunk after a cached prefix, decodes and a sequence with no query.
+MIXED = [(40, 40), (37, 5), (5, 1), (33, 33), (100, 30), (9, 0), (1, 1)]
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch: pytest.MonkeyPatch) -> None:
+    poison_torch_empty(monkeypatch)
+
+
+def test_fresh_prompts_are_whole_contexts_from_the_threshold() -> None:
+    case = Case(MIXED, 8, 2, 16, None)
+    assert ac.fresh_prompts(case.meta, 33) == [0, 3]
+    assert ac.fresh_prompts(case.meta, 34) == [0]
+    assert ac.fresh_prompts(case.meta, 0) == [0, 3, 6]  # never a sequence without queries
+
+
+@pytest.mark.parametrize("pad", [1, 16, 256])
+def test_prompt_attention_adds_each_heads_sink(pad: int) -> None:
+    """One prompt through `attend_ref`: zero padding at the end changes nothing under the causal mask."""
+    case = Case([(45, 45)], 8, 2, 32, None, block_size=4)
+    out = ac.prompt_attention(case.q, case.k_cache, case.v_cache, case.table[0], case.sinks, case.scale,
+                              ac.attend_ref, pad=pad)  # fmt: skip
+    check_attention(out, case.ref(), 1e-5)
+
+
+def test_batch_splits_between_cudnn_and_the_triton_kernel() -> None:
+    """Fresh prompts from the threshold on the sinkless kernel, every other row on the Triton kernel."""
+    case = Case(MIXED, 8, 2, 32, None, block_size=4)
+    calls: list[int] = []
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(q.shape[2])
+        return ac.attend_ref(q, k, v, scale)
+
+    fresh = ac.fresh_prompts(case.meta, 33)
+    out = torch.full_like(case.q, float("nan"))
+    out = at._prefill_with_fresh_prompts(*case.args()[:-1], fresh, out, attend)
+    check_attention(out, case.ref(), 1e-4)
+    assert calls == [256, 256]  # both prompts, each padded to PAD rows
+
+
+def test_covers_only_cuda_half_precision() -> None:
+    case = Case([(16, 16)], 8, 2, 32, None)
+    assert not ac.covers(case.q, case.k_cache, case.v_cache)  # fp32 (and here maybe the CPU)
+    half = case.q.half()
+    assert not ac.covers(half, case.k_cache.half(), case.v_cache.float())
+
+
+# --------------------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cudnn_prompts_in_a_mixed_batch_gpu(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """Flint's heads: two fresh prompts (one not a multiple of PAD) on cuDNN beside chunks and decodes on Triton."""
+    seqs = [(3000, 1000), (4100, 4100), (2000, 1), (777, 777), (600, 77), (5, 1)]
+    case = Case(seqs, 32, 4, 128, None, dtype, device="cuda")
+    assert ac.covers(case.q, case.k_cache, case.v_cache)
+    cudnn = ac.CUDNN_ATTENTION
+    lengths: list[int] = []
+
+    def spy(q: torch.Tensor, *args: object, **kwargs: object) -> tuple:
+        lengths.append(q.shape[2])
+        return cudnn(q, *args, **kwargs)
+
+    monkeypatch.setattr(ac, "CUDNN_ATTENTION", spy)
+    cfg = dataclasses.replace(at.prefill_config(case.q.shape[0], None, case.q.device), cudnn_min_tokens=700)
+    out = at.paged_attention_prefill(*case.args(), config=cfg)
+    assert lengths == [4352, 1024]  # padded to multiples of PAD
+    check_attention(out, case.ref(), 1e-2)
+    plain = at.paged_attention_prefill(*case.args(), config=AttentionPrefillConfig())
+    assert len(lengths) == 2
+    check_attention(plain, case.ref(), 1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_cudnn_matches_the_sinkless_reference_gpu() -> None:
+    """cuDNN's output and log-sum-exp against `attend_ref` at Flint's heads, GQA as is."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(1, 32, 1024, 128, generator=g, device="cuda").bfloat16()
+    k, v = (torch.randn(1, 4, 1024, 128, generator=g, device="cuda").bfloat16() for _ in range(2))
+    out, lse = ac.cudnn_attend(q, k, v, 128**-0.5)
+    ref_out, ref_lse = ac.attend_ref(q, k, v, 128**-0.5)
+    assert lse.shape == ref_lse.shape
+    assert (lse - ref_lse).abs().max().item() < 1e-2
+    assert ((out.float() - ref_out.float()).abs().max() / ref_out.float().abs().max()).item() < 1e-2
