@@ -14,6 +14,7 @@ layers (causal) and, where the kernel takes a window, sliding ones (513 keys). C
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -134,6 +135,11 @@ def main() -> int:
             pairs = sum(min(window or t, i + 1) for i in range(t))
             flops = 4.0 * pairs * HQ * D
             cases = {"ours (Triton)": lambda pargs=pargs: at.paged_attention_prefill(*pargs)}
+            if window is None:  # the engine's cuDNN path: gather, padding, cuDNN, the sinks' Triton launch
+                engine = dataclasses.replace(at.prefill_config(t, None, q.device), cudnn_min_tokens=1)
+                cases["attention_cudnn (engine)"] = lambda pargs=pargs, c=engine: at.paged_attention_prefill(
+                    *pargs, config=c
+                )
             cases.update(variants(q, k, v, sinks, window))
             layer = "full" if window is None else "sliding"
             for name, fn in cases.items():

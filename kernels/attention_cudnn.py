@@ -6,8 +6,9 @@ for. On the H200 it beats our Triton prefill kernel from ~4K tokens (a full laye
 which prompt length it runs (0, the default: never).
 
 cuDNN has no sinks but returns each row's log-sum-exp L of the scaled scores. A sink s is one more logit in the
-softmax's denominator only, so the output with it is out * e^L / (e^L + e^s) = out * sigmoid(L - s): one pass after
-the kernel, in FP32, then one more rounding of the output (within a BF16 ulp of the Triton kernel's single one).
+softmax's denominator only, so the output with it is out * e^L / (e^L + e^s) = out * sigmoid(L - s): one Triton
+launch after cuDNN's (`_add_sinks_kernel`, `add_sinks` its reference) reads cuDNN's output, scales it in FP32 and
+writes the rows straight into the batch's output, rounded once more (within a BF16 ulp of the Triton kernel's one).
 
 Prompts are padded at the end with zero rows to a multiple of `PAD`: under the causal mask no real query sees a
 padding key, so the result is unchanged, and cuDNN, which builds an execution plan per shape, meets fewer shapes.
@@ -20,8 +21,11 @@ import math
 from collections.abc import Callable
 
 import torch
+import triton
+import triton.language as tl
 
 from .attention import AttnMeta
+from .pdl import launch_options, pdl_entry
 
 CUDNN_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
 PAD = 256
@@ -82,6 +86,38 @@ def add_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torc
     return (out.float() * keep[..., None]).to(out.dtype)
 
 
+@triton.jit
+def _add_sinks_kernel(
+    o_ptr, lse_ptr, sinks_ptr, dst_ptr, n, stride_oh, stride_ot, stride_lh, stride_dt, stride_dh,
+    HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """dst[t, h] = round(FP32(o[h, t]) * sigmoid(lse[h, t] - sinks[h])) for BLOCK_T rows t of head h."""
+    pdl_entry(PDL)
+    h = tl.program_id(1)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = tl.arange(0, BLOCK_D)
+    live = (t < n)[:, None] & (d < HEAD_DIM)[None, :]
+    lse = tl.load(lse_ptr + h * stride_lh + t, mask=t < n, other=0.0).to(tl.float32)
+    keep = tl.sigmoid(lse - tl.load(sinks_ptr + h).to(tl.float32))
+    o = tl.load(o_ptr + h * stride_oh + t[:, None] * stride_ot + d[None, :], mask=live, other=0.0).to(tl.float32)
+    dst = dst_ptr + t[:, None] * stride_dt + h * stride_dh + d[None, :]
+    tl.store(dst, (o * keep[:, None]).to(dst_ptr.dtype.element_ty), mask=live)
+
+
+def add_sinks_into(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """`add_sinks` of out [n, Hq, D] (any strides, D contiguous) written into dst [n, Hq, D] in one launch."""
+    n, hq, d = out.shape
+    if n == 0:
+        return dst
+    assert out.stride(-1) == 1 and dst.stride(-1) == 1 and lse.stride(-1) == 1
+    block_t = 16
+    _add_sinks_kernel[(triton.cdiv(n, block_t), hq)](
+        out, lse, sinks, dst, n, out.stride(1), out.stride(0), lse.stride(0), dst.stride(0), dst.stride(1),
+        HEAD_DIM=d, BLOCK_T=block_t, BLOCK_D=triton.next_power_of_2(d), num_warps=4, **launch_options(dst.device),
+    )  # fmt: skip
+    return dst
+
+
 def _prompt_kv(cache: torch.Tensor, block_row: torch.Tensor, n: int, rows: int) -> torch.Tensor:
     """The first n positions of one sequence's paged keys or values, as [rows >= n, Hkv, D] with zero rows after."""
     bs = cache.shape[1]
@@ -103,8 +139,10 @@ def prompt_attention(
     scale: float,
     attend: Attend = cudnn_attend,
     pad: int = PAD,
+    dst: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [n, Hq, D]: one fresh prompt's queries, its keys the cache's first n positions -> output [n, Hq, D]."""
+    """q [n, Hq, D]: one fresh prompt's queries, its keys the cache's first n positions -> output [n, Hq, D], written
+    into `dst` when given (by the Triton launch; without it by `add_sinks`)."""
     n = q.shape[0]
     rows = math.ceil(n / pad) * pad
     if rows != n:
@@ -113,4 +151,5 @@ def prompt_attention(
         q = padded
     k, v = (_prompt_kv(c, block_row, n, rows) for c in (k_cache, v_cache))
     out, lse = attend(*(x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)), scale)
-    return add_sinks(out[0].transpose(0, 1)[:n], lse[:, :n], sinks)
+    out, lse = out[0].transpose(0, 1)[:n], lse[:, :n]
+    return add_sinks(out, lse, sinks) if dst is None else add_sinks_into(out, lse, sinks, dst)

@@ -920,9 +920,9 @@ def _prefill_with_fresh_prompts(
     gathered, on the Triton kernel."""
     qs = meta.query_start
     for s in fresh:
-        out[qs[s] : qs[s + 1]] = attention_cudnn.prompt_attention(
-            q[qs[s] : qs[s + 1]], k_cache, v_cache, block_tables[s], sinks, scale, attend
-        )
+        span = slice(qs[s], qs[s + 1])
+        table = block_tables[s]
+        attention_cudnn.prompt_attention(q[span], k_cache, v_cache, table, sinks, scale, attend, dst=out[span])
     rest = [s for s in range(len(meta.seq_lens)) if s not in set(fresh) and qs[s + 1] > qs[s]]
     if not rest:
         return out
@@ -932,8 +932,8 @@ def _prefill_with_fresh_prompts(
     rows = torch.cat([torch.arange(qs[s], qs[s + 1]) for s in rest]).to(q.device, non_blocking=True)
     sub = AttnMeta.build(starts, [meta.seq_lens[s] for s in rest], q.device)
     cfg = dataclasses.replace(prefill_config(starts[-1], None, q.device, k_cache.element_size()), cudnn_min_tokens=0)
-    table = block_tables[torch.tensor(rest, device=q.device)]
-    out[rows] = paged_attention_prefill(q[rows], k_cache, v_cache, table, sub, sinks, scale, None, config=cfg)
+    rest_tables = block_tables[torch.tensor(rest, device=q.device)]
+    out[rows] = paged_attention_prefill(q[rows], k_cache, v_cache, rest_tables, sub, sinks, scale, None, config=cfg)
     return out
 
 

@@ -43,6 +43,21 @@ def test_prompt_attention_adds_each_heads_sink(pad: int) -> None:
     check_attention(out, case.ref(), 1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_sinks_kernel_writes_the_rows_into_the_batch_output(dtype: torch.dtype) -> None:
+    """The Triton launch against `add_sinks`, from a strided [H, n, D] output into a slice of a larger one."""
+    g = torch.Generator().manual_seed(4)
+    h, n, d = 8, 37, 32
+    out = torch.randn(1, h, n + 5, d, generator=g).to(dtype)[0].transpose(0, 1)[:n]  # cuDNN's [n, H, D] view
+    lse = torch.randn(h, n + 5, generator=g)[:, :n] * 3
+    sinks = torch.randn(h, generator=g) * 2
+    batch = torch.full((n + 10, h, d), float("nan"), dtype=dtype)
+    ac.add_sinks_into(out, lse, sinks, batch[4 : n + 4])
+    tol = 1e-6 if dtype == torch.float32 else 1e-3
+    check_attention(batch[4 : n + 4], ac.add_sinks(out, lse, sinks), tol)
+    assert batch[:4].isnan().all() and batch[n + 4 :].isnan().all()
+
+
 def test_batch_splits_between_cudnn_and_the_triton_kernel() -> None:
     """Fresh prompts from the threshold on the sinkless kernel, every other row on the Triton kernel."""
     case = Case(MIXED, 8, 2, 32, None, block_size=4)

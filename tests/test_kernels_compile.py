@@ -356,3 +356,11 @@ print(os.environ["TRITON_DEFAULT_FP_FUSION"], sum("fma.rn.f32" in line for line 
     value, fmas = r.stdout.split()[-2:]
     assert value == (chosen or "1")
     assert (int(fmas) > 0) == (value == "1"), fmas
+
+
+def test_add_sinks_compiles_for_sm90() -> None:
+    """The sinks after cuDNN's attention: its BF16 output scaled by sigmoid(lse - sink) into the batch's rows."""
+    pointers = {"o_ptr": "bf16", "lse_ptr": "fp32", "sinks_ptr": "fp32", "dst_ptr": "bf16"}
+    constexprs = dict(HEAD_DIM=128, BLOCK_T=16, BLOCK_D=128, PDL=True)
+    _, waits = _compile("flint_kernels.attention_cudnn", "_add_sinks_kernel", pointers, constexprs, 4, 1)
+    assert waits == 1
