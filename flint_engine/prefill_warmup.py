@@ -99,6 +99,13 @@ def warm_up_prefill(
         for k in sorted({min(k, logits.shape[1]) for k in TOP_K_VARIANTS}):
             top_k = torch.full((n,), k, dtype=torch.int64, device=dev)
             model.kernels.sample_top_k(logits, ones, top_k, ones * 0.95, ones * 0, steps, steps, k)
+    prepare = model.kernels.prepare_prefill
+    if prepare is not None:
+        c = model.config
+        heads = (c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+        lengths = prepare(max_tokens, *heads, cache.dtype, model.device)
+        if lengths:
+            log.info("built cuDNN attention plans for fresh prompts of %d-%d tokens", lengths[0], lengths[-1])
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     log.info("warmed up %d prefill and mixed batch shapes in %.1f s", len(shapes), time.monotonic() - start)

@@ -17,6 +17,7 @@ padding key, so the result is unchanged, and cuDNN, which builds an execution pl
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Callable
 
@@ -27,8 +28,12 @@ import triton.language as tl
 from .attention import AttnMeta
 from .pdl import launch_options, pdl_entry
 
+log = logging.getLogger(__name__)
+
 CUDNN_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
 PAD = 256
+# What cuDNN's attention raised here, once it has: from then on the Triton kernel takes every prompt.
+_failures: list[str] = []
 # (q, k, v [1, H, n, D], scale) -> (output [1, Hq, n, D] in q's dtype, log-sum-exp of the scaled scores, FP32, Hq x n)
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 
@@ -40,7 +45,7 @@ def _capability(index: int) -> tuple[int, int]:
 
 def covers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether cuDNN's attention takes these inputs here (measured on sm_90; head dims cuDNN's kernels have)."""
-    if CUDNN_ATTENTION is None or not q.is_cuda or not torch.backends.cudnn.is_available():
+    if _failures or CUDNN_ATTENTION is None or not q.is_cuda or not torch.backends.cudnn.is_available():
         return False
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     d = q.shape[-1]
@@ -53,6 +58,12 @@ def covers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> boo
         and d <= 128
         and q.shape[1] % k_cache.shape[2] == 0
     )
+
+
+def give_up(err: Exception) -> None:
+    """cuDNN's attention failed here (a GPU, shape or cuDNN version it does not take): use it no more."""
+    log.warning("cuDNN attention failed (%s); full-layer prompts run on the Triton kernel from now on", err)
+    _failures.append(str(err))
 
 
 def fresh_prompts(meta: AttnMeta, min_tokens: int) -> list[int]:

@@ -858,7 +858,10 @@ def paged_attention_prefill(
     if window is None and cfg.cudnn_min_tokens > 0 and attention_cudnn.covers(q, k_cache, v_cache):
         fresh = attention_cudnn.fresh_prompts(meta, cfg.cudnn_min_tokens)
         if fresh:
-            return _prefill_with_fresh_prompts(q, k_cache, v_cache, block_tables, meta, sinks, scale, fresh, out)
+            try:
+                return _prefill_with_fresh_prompts(q, k_cache, v_cache, block_tables, meta, sinks, scale, fresh, out)
+            except RuntimeError as err:  # then every row below, on the Triton kernel
+                attention_cudnn.give_up(err)
     g_pad = triton.next_power_of_2(group)
     if block_m is None:
         block_m = min(cfg.max_block_m, triton.next_power_of_2(max(1, meta.max_query_len) * g_pad))
@@ -935,6 +938,39 @@ def _prefill_with_fresh_prompts(
     rest_tables = block_tables[torch.tensor(rest, device=q.device)]
     out[rows] = paged_attention_prefill(q[rows], k_cache, v_cache, rest_tables, sub, sinks, scale, None, config=cfg)
     return out
+
+
+def cudnn_prompt_lengths(max_tokens: int, device: torch.device, elem_bytes: int = 2) -> list[int]:
+    """The padded lengths of the fresh prompts of up to `max_tokens` tokens that full layers give cuDNN here."""
+    pad = attention_cudnn.PAD
+    top = math.ceil(max_tokens / pad) * pad
+    # The step's token count picks the table entry: a prompt of n tokens rides in steps of n to max_tokens.
+    least = [prefill_config(t, None, device, elem_bytes).cudnn_min_tokens for t in range(pad, top + 1, pad)]
+    least = [m for m in least if m > 0]
+    if not least or min(least) > max_tokens:
+        return []
+    return list(range(math.ceil(min(least) / pad) * pad, top + 1, pad))
+
+
+def prepare_cudnn_plans(
+    max_tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> list[int]:
+    """Run cuDNN's attention once at each padded prompt length full layers may give it (`cudnn_prompt_lengths`):
+    its first call at a new shape builds a plan, ~50-60 ms on the H200. Returns the lengths run."""
+    probe = torch.empty((1, heads, head_dim), dtype=dtype, device=device)
+    cache = torch.empty((1, 1, kv_heads, head_dim), dtype=dtype, device=device)
+    if not attention_cudnn.covers(probe, cache, cache):
+        return []
+    lengths = cudnn_prompt_lengths(max_tokens, device, cache.element_size())
+    try:
+        for n in lengths:
+            q = torch.zeros((1, heads, n, head_dim), dtype=dtype, device=device)
+            kv = torch.zeros((1, kv_heads, n, head_dim), dtype=dtype, device=device)
+            attention_cudnn.cudnn_attend(q, kv, kv, head_dim**-0.5)
+    except RuntimeError as err:
+        attention_cudnn.give_up(err)
+        return []
+    return lengths
 
 
 def paged_attention(

@@ -50,6 +50,9 @@ class Kernels:
     add_rms_norm_linear: Callable | None = None
     # Called once per router weight when a model is built, so the router op can keep data derived from it.
     prepare_router: Callable | None = None
+    # Called by the prefill warm-up with (max prefill tokens, query heads, KV heads, head_dim, dtype, device), so an
+    # op can build before serving what its first long prefill would (cuDNN's attention plans); returns a list.
+    prepare_prefill: Callable | None = None
 
 
 REFERENCE = Kernels(

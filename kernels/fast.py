@@ -128,4 +128,6 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
     table = {name: _guarded(name, fast[name], getattr(base, name) or _composed[name]) for name in ops}
     if "router" in ops:
         table["prepare_router"] = router_triton.prepare
+    if "attention" in ops or "qkv_attention" in ops:
+        table["prepare_prefill"] = attention_triton.prepare_cudnn_plans
     return with_ops(base, name="triton", **table)

@@ -119,3 +119,44 @@ def test_cudnn_matches_the_sinkless_reference_gpu() -> None:
     assert lse.shape == ref_lse.shape
     assert (lse - ref_lse).abs().max().item() < 1e-2
     assert ((out.float() - ref_out.float()).abs().max() / ref_out.float().abs().max()).item() < 1e-2
+
+
+def test_prompt_lengths_follow_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The padded lengths the warm-up builds cuDNN plans for: from the threshold's to max_tokens' bucket."""
+    assert at.cudnn_prompt_lengths(8192, torch.device("cpu")) == []  # no table here: never cuDNN
+    monkeypatch.setattr(at, "prefill_config", lambda t, *a, **k: AttentionPrefillConfig(cudnn_min_tokens=1000))
+    assert at.cudnn_prompt_lengths(2000, torch.device("cpu")) == [1024, 1280, 1536, 1792, 2048]
+    assert at.cudnn_prompt_lengths(999, torch.device("cpu")) == []
+    assert at.prepare_cudnn_plans(2000, 8, 2, 32, torch.float16, torch.device("cpu")) == []  # no cuDNN on the CPU
+
+
+def test_a_failing_cudnn_leaves_the_prompts_to_the_triton_kernel(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """cuDNN raising (a GPU or shape it does not take): one warning, the right output, cuDNN not asked again."""
+    case = Case(MIXED, 8, 2, 32, None, block_size=4)
+    asked: list[int] = []
+
+    def broken(*args: object, **kwargs: object) -> tuple:
+        asked.append(1)
+        raise RuntimeError("cuDNN Frontend error: no valid execution plans")
+
+    failures: list[str] = []
+    monkeypatch.setattr(ac, "_failures", failures)
+    monkeypatch.setattr(ac, "CUDNN_ATTENTION", broken)
+    monkeypatch.setattr(ac, "covers", lambda *args: not failures)  # as on a GPU, until cuDNN fails
+    cfg = AttentionPrefillConfig(cudnn_min_tokens=33)
+    for _ in range(2):
+        check_attention(at.paged_attention_prefill(*case.args(), config=cfg), case.ref(), 1e-4)
+    assert asked == [1] and len(failures) == 1 and "cuDNN attention failed" in caplog.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_prepare_builds_the_tables_plans_gpu() -> None:
+    """The warm-up's plans: each padded length from the table's threshold to the largest step (H200: 4096-8192)."""
+    cuda = torch.device("cuda")
+    lengths = at.prepare_cudnn_plans(8192, 32, 4, 128, torch.bfloat16, cuda)
+    assert lengths == at.cudnn_prompt_lengths(8192, cuda)
+    if "H200" in torch.cuda.get_device_name():
+        assert lengths == list(range(4096, 8193, 256))

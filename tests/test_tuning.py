@@ -224,8 +224,12 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert at.decode_config(1024, 513, 11, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
     # Prefill (a 2026-12-01 sweep at 8K): query tiles last-first everywhere; 128 x 128 tiles in full layers at 8K.
     assert at.prefill_config(8192, 513, h200) == AttentionPrefillConfig(64, 64, 4, 2, longest_first=True)
-    assert at.prefill_config(8192, None, h200) == AttentionPrefillConfig(128, 128, 8, 3, longest_first=True)
-    assert at.prefill_config(2048, None, h200) == AttentionPrefillConfig(64, 64, 8, 3, longest_first=True)
+    assert at.prefill_config(8192, None, h200) == AttentionPrefillConfig(
+        128, 128, 8, 3, longest_first=True, cudnn_min_tokens=4096
+    )
+    assert at.prefill_config(2048, None, h200) == AttentionPrefillConfig(
+        64, 64, 8, 3, longest_first=True, cudnn_min_tokens=4096
+    )
     # Each of those came from an entry of the table, not from the code's defaults.
     assert tuning.lookup("gemv.small_m", h200, m=1, n=2048, k=4096, nvfp4=True).config["block_k"] == 2048
     assert (
