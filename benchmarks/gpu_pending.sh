@@ -3,7 +3,9 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twenty-fourth session (2026-12-03): the MMA gate_up's warps splitting K (WARP_K=1) lost at every
+# State after the twenty-fifth session (2026-12-04): full layers' fresh prompts from 4,096 tokens run on cuDNN's
+# attention (CUDNN_ATTN=1: 8K prefill BF16 119.4 -> 112.5 ms, NVFP4 150.5 -> 143.6), both manifest profiles recorded
+# with it. Before, the twenty-fourth (2026-12-03): the MMA gate_up's warps splitting K (WARP_K=1) lost at every
 # size; the H200 table runs BF16 experts of steps from 3,072 tokens on torch's grouped GEMM (GROUPED_MM=1: 8K BF16
 # prefill 127.1 -> 119.3 ms) and the manifest's BF16 profile was recorded with it (76 variants). NVFP4 copies on the
 # grouped GEMM (GROUPED_MM_FORMAT=nvfp4) need FP32 results, which torch 2.11's grouped GEMM does not give: there the
@@ -176,7 +178,9 @@ fi
 # CUDNN_ATTN=1: full layers' fresh prompts on torch's cuDNN attention (`attention_cudnn`, twenty-fifth session): the
 # GPU tests of it and of the Triton prefill, each variant's prefill attention at 2-8K tokens and cuDNN's first call at
 # new prompt lengths (benchmarks/prefill_attention_sdpa.py), then the whole 8K prefill in BF16 and NVFP4 with the
-# table's `cudnn_min_tokens` at CUDNN_MIN (default 4096) against the table as shipped (prefill_ab.py). ~7 minutes.
+# table's `cudnn_min_tokens` at CUDNN_MIN (default 4096) against the table as shipped (prefill_ab.py). ~4 minutes.
+# Twenty-fifth session: cuDNN won from 4,096 (8K BF16 119.4 -> 112.5 ms, NVFP4 150.5 -> 143.6), so the table has it;
+# with the table as shipped both sides of the A/B now take it (CUDNN_MIN=0 in a variant would turn it off).
 if [ "${CUDNN_ATTN:-0}" = 1 ]; then
     gpu_tests "cuDNN attention tests" cudnn_attention_tests 300 tests/test_kernels_attention_cudnn.py \
         tests/test_kernels_attention.py -k "cudnn or prefill"
