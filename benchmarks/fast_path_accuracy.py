@@ -2,6 +2,7 @@
 
     python benchmarks/fast_path_accuracy.py                                # H200: full-size NVFP4, 16-layer BF16
     python benchmarks/fast_path_accuracy.py --formats bf16 --bf16-layers 49 --steps 256
+    python benchmarks/fast_path_accuracy.py --formats bf16 --prompt-lengths 8192 4500 --steps 0 --demo-steps 0
 
 Both BF16 paths round differently from each other, so on a random Flint (whose logits are near-ties) their greedy
 tokens part after a few steps whichever is right. The yardstick here is the model evaluated in FP32 on the same
@@ -82,7 +83,8 @@ def random_model_rows(fmt: str, layers: int, args: argparse.Namespace, dev: torc
     w = random_weights(cfg, torch.bfloat16, dev, seed=0, nvfp4_linears=fmt == "nvfp4", gain=args.gain)
     gold_model = FlintModel(as_float32(w), REFERENCE)
     gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, cfg.vocab_size, (37 + 11 * i,), generator=gen).tolist() for i in range(args.batch)]
+    lengths = args.prompt_lengths or [37 + 11 * i for i in range(args.batch)]
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in lengths]
     gold = torch.cat(gold_model.forward_sequences(prompts))
     fk = fast_kernels(REFERENCE, OPS)
 
@@ -150,6 +152,9 @@ def main() -> None:
     ap.add_argument("--nvfp4-layers", type=int, default=49)
     ap.add_argument("--bf16-layers", type=int, default=16, help="its FP32 copy must fit beside it (49: ~240 GB)")
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--prompt-lengths", type=int, nargs="*", default=[],
+                    help="the prompts' lengths (default: --batch prompts of 37 + 11 i tokens); from 4096 tokens the "
+                    "H200's full layers run them on cuDNN")  # fmt: skip
     ap.add_argument("--steps", type=int, default=64, help="greedy steps per path (0: logits only)")
     ap.add_argument("--demo-steps", type=int, default=256)
     ap.add_argument("--gain", type=float, default=0.5)
