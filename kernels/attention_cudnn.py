@@ -10,6 +10,8 @@ softmax's denominator only, so the output with it is out * e^L / (e^L + e^s) = o
 launch after cuDNN's (`_add_sinks_kernel`, `add_sinks` its reference) reads cuDNN's output, scales it in FP32 and
 writes the rows straight into the batch's output, rounded once more (within a BF16 ulp of the Triton kernel's one).
 
+`FLINT_CUDNN_ATTENTION=0` keeps every prompt on the Triton kernel.
+
 Prompts are padded at the end with zero rows to a multiple of `PAD`: under the causal mask no real query sees a
 padding key, so the result is unchanged, and cuDNN, which builds an execution plan per shape, meets fewer shapes.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -46,6 +49,8 @@ def _capability(index: int) -> tuple[int, int]:
 def covers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether cuDNN's attention takes these inputs here (measured on sm_90; head dims cuDNN's kernels have)."""
     if _failures or CUDNN_ATTENTION is None or not q.is_cuda or not torch.backends.cudnn.is_available():
+        return False
+    if os.environ.get("FLINT_CUDNN_ATTENTION", "1") == "0":  # read per call, so one process can compare both
         return False
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     d = q.shape[-1]

@@ -101,6 +101,11 @@ def test_cudnn_prompts_in_a_mixed_batch_gpu(monkeypatch: pytest.MonkeyPatch, dty
     cfg = dataclasses.replace(at.prefill_config(case.q.shape[0], None, case.q.device), cudnn_min_tokens=700)
     out = at.paged_attention_prefill(*case.args(), config=cfg)
     assert lengths == [4352, 1024]  # padded to multiples of PAD
+    monkeypatch.setenv("FLINT_CUDNN_ATTENTION", "0")
+    assert not ac.covers(case.q, case.k_cache, case.v_cache)
+    check_attention(at.paged_attention_prefill(*case.args(), config=cfg), case.ref(), 1e-2)
+    assert len(lengths) == 2
+    monkeypatch.delenv("FLINT_CUDNN_ATTENTION")
     check_attention(out, case.ref(), 1e-2)
     plain = at.paged_attention_prefill(*case.args(), config=AttentionPrefillConfig())
     assert len(lengths) == 2
