@@ -24,15 +24,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from flint_kernels.attention_cudnn import add_sinks
 from kernels_attention import HKV, HQ, WINDOW, D, _paged_case, _rel_err
 
 ATEN = torch.ops.aten
-
-
-def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """[T, Hq, D] output of a sinkless kernel and its log-sum-exp [Hq, T] -> the output with each head's sink."""
-    keep = torch.sigmoid(lse.float() - sinks.float()[:, None]).transpose(0, 1)  # [T, Hq]
-    return (out.float() * keep[..., None]).to(out.dtype)
 
 
 def variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor, window: int | None) -> dict:
@@ -46,7 +41,7 @@ def variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Ten
         left = -1 if window is None else window - 1
         out, lse = ATEN._flash_attention_forward(q, k, v, cu, cu, t, t, 0.0, True, False, scale=scale,
                                                  window_size_left=left, window_size_right=0)[:2]  # fmt: skip
-        return with_sinks(out, lse.view(HQ, -1)[:, :t], sinks)
+        return add_sinks(out, lse.view(HQ, -1)[:, :t], sinks)
 
     found["flash varlen"] = flash_varlen
     if window is None and hasattr(ATEN, "_cudnn_attention_forward"):
@@ -54,7 +49,7 @@ def variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Ten
         def cudnn_varlen() -> torch.Tensor:
             out, lse = ATEN._cudnn_attention_forward(q, k, v, None, cu, cu, t, t, True, 0.0, True, False,
                                                      scale=scale)[:2]  # fmt: skip
-            return with_sinks(out, lse.reshape(-1, HQ).transpose(0, 1) if lse.shape[0] == t else lse.view(HQ, -1),
+            return add_sinks(out, lse.reshape(-1, HQ).transpose(0, 1) if lse.shape[0] == t else lse.view(HQ, -1),
                               sinks)  # fmt: skip
 
         found["cudnn varlen"] = cudnn_varlen
@@ -67,7 +62,7 @@ def variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Ten
             kk, vv = (x.repeat_interleave(HQ // HKV, dim=1) if expand else x for x in (k, v))
             k4, v4 = (x.transpose(0, 1).unsqueeze(0) for x in (kk, vv))
             out, lse = fn(q4, k4, v4)[:2]
-            return with_sinks(out[0].transpose(0, 1), lse.reshape(HQ, -1)[:, :t], sinks)
+            return add_sinks(out[0].transpose(0, 1), lse.reshape(HQ, -1)[:, :t], sinks)
 
         return run
 

@@ -53,12 +53,15 @@ def write_kv_ref(
     v_cache.view(nb * bs, *v_cache.shape[2:])[slots] = v[valid].to(v_cache.dtype)
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, start: int, end: int) -> torch.Tensor:
-    """Positions [start, end) of one sequence from a paged cache -> [end - start, Hkv, D]."""
+def gather_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, start: int, end: int, checked: bool = True
+) -> torch.Tensor:
+    """Positions [start, end) of one sequence from a paged cache -> [end - start, Hkv, D]. `checked` raises on a
+    freed block, which reads the table on the host (a sync; the fast path's callers know their blocks are live)."""
     bs = cache.shape[1]
     b0, b1 = start // bs, (end - 1) // bs
     blocks = block_table[b0 : b1 + 1].long()
-    if bool((blocks < 0).any()):
+    if checked and bool((blocks < 0).any()):
         raise RuntimeError(f"KV positions [{start}, {end}) touch a freed block")
     kv = cache[blocks].reshape(-1, *cache.shape[2:])
     return kv[start - b0 * bs : end - b0 * bs]

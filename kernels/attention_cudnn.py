@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention import AttnMeta
+from .attention import AttnMeta, gather_kv
 from .pdl import launch_options, pdl_entry
 
 log = logging.getLogger(__name__)
@@ -134,15 +134,12 @@ def add_sinks_into(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, ds
     return dst
 
 
-def _prompt_kv(cache: torch.Tensor, block_row: torch.Tensor, n: int, rows: int) -> torch.Tensor:
-    """The first n positions of one sequence's paged keys or values, as [rows >= n, Hkv, D] with zero rows after."""
-    bs = cache.shape[1]
-    blocks = block_row[: math.ceil(n / bs)].long()
-    kv = cache[blocks].reshape(-1, *cache.shape[2:])
-    if rows == n:
-        return kv[:n]
-    padded = kv.new_zeros((rows, *cache.shape[2:]))
-    padded[:n] = kv[:n]
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [n, ...] with zero rows after it up to `rows` (x itself when n == rows)."""
+    if x.shape[0] == rows:
+        return x
+    padded = x.new_zeros((rows, *x.shape[1:]))
+    padded[: x.shape[0]] = x
     return padded
 
 
@@ -161,11 +158,7 @@ def prompt_attention(
     into `dst` when given (by the Triton launch; without it by `add_sinks`)."""
     n = q.shape[0]
     rows = math.ceil(n / pad) * pad
-    if rows != n:
-        padded = q.new_zeros((rows, *q.shape[1:]))
-        padded[:n] = q
-        q = padded
-    k, v = (_prompt_kv(c, block_row, n, rows) for c in (k_cache, v_cache))
-    out, lse = attend(*(x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)), scale)
+    k, v = (gather_kv(c, block_row, 0, n, checked=False) for c in (k_cache, v_cache))
+    out, lse = attend(*(_pad_rows(x, rows).transpose(0, 1).unsqueeze(0) for x in (q, k, v)), scale)
     out, lse = out[0].transpose(0, 1)[:n], lse[:, :n]
     return add_sinks(out, lse, sinks) if dst is None else add_sinks_into(out, lse, sinks, dst)

@@ -926,7 +926,8 @@ def _prefill_with_fresh_prompts(
         span = slice(qs[s], qs[s + 1])
         table = block_tables[s]
         attention_cudnn.prompt_attention(q[span], k_cache, v_cache, table, sinks, scale, attend, dst=out[span])
-    rest = [s for s in range(len(meta.seq_lens)) if s not in set(fresh) and qs[s + 1] > qs[s]]
+    done = set(fresh)
+    rest = [s for s in range(len(meta.seq_lens)) if s not in done and qs[s + 1] > qs[s]]
     if not rest:
         return out
     starts = [0]
