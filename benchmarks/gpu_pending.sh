@@ -200,6 +200,33 @@ if [ "${CUDNN_ATTN:-0}" = 1 ]; then
         echo "== $fmt"; grep -E "^round|median|Error" "$OUT/prefill_ab_cudnn_$fmt.txt"
     done
 fi
+# CUDNN_PREFIX=1: full layers' chunks after a cached prefix on cuDNN too (twenty-sixth session: the chunk's own keys
+# causally, the prefix in `attention_cudnn.SEGMENT`-key segments, merged by their log-sum-exps): the GPU tests of the
+# cuDNN path and the Triton prefill, the warm-up's plans timed, a full layer's chunk after 8K-56K of prefix alone
+# (prefill_attention_sdpa.py --chunks), then a 32K prompt in the engine's 8,192-token chunks with it against
+# `fresh_only` (prefill_ab.py), BF16 then NVFP4 (PREFIX_FORMATS). ~6 minutes.
+if [ "${CUDNN_PREFIX:-0}" = 1 ]; then
+    gpu_tests "cuDNN attention tests" cudnn_prefix_tests 300 tests/test_kernels_attention_cudnn.py \
+        tests/test_kernels_attention.py -k "cudnn or prefill"
+    python3 - <<'PY' 2>&1 | tee "$OUT/cudnn_plans.txt"
+import time, torch
+from flint_kernels import attention_triton as at
+t0 = time.perf_counter()
+lengths = at.prepare_cudnn_plans(8192, 32, 4, 128, torch.bfloat16, torch.device("cuda"))
+torch.cuda.synchronize()
+print(f"warm-up plans: {len(lengths)} padded lengths ({lengths[:1]}..{lengths[-1:]}), causal + prefix segment, "
+      f"{time.perf_counter() - t0:.2f} s")
+PY
+    timeout 400 python3 benchmarks/prefill_attention_sdpa.py --ts --chunks 8192:8192 24576:8192 57344:8192 \
+        8192:5000 --out "$OUT/prefill_attention_chunks.json" > "$OUT/prefill_attention_chunks.txt" 2>&1
+    grep -E "^full after|Error" "$OUT/prefill_attention_chunks.txt"
+    for fmt in ${PREFIX_FORMATS:-bf16 nvfp4}; do
+        timeout 500 python3 benchmarks/prefill_ab.py --format "$fmt" --tokens 32768 --chunk 8192 \
+            --variant fresh_only --rounds "${PREFIX_ROUNDS:-2}" --out "$OUT/prefill_ab_prefix_$fmt.json" \
+            > "$OUT/prefill_ab_prefix_$fmt.txt" 2>&1
+        echo "== $fmt"; grep -E "^round|median|Error" "$OUT/prefill_ab_prefix_$fmt.txt"
+    done
+fi
 # SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
 # 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared
 # expert folded only up to 4 tokens and the MMA down (all codes asked before the PDL wait) at 5-8; gd8: the MMA

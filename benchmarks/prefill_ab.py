@@ -4,6 +4,8 @@ alternating rounds, so clocks and the machine's state weigh on both alike.
 Variants (each a patch applied for its rounds only):
 - `scale_pass`: NVFP4 projections at prefill size with FP32 cuBLAS output and a separate global-scale pass
   (`gemv_triton.dequant_matmul(alpha=False)`), as before the twenty-first session's alpha epilogue.
+- `fresh_only`: full layers' chunks after a cached prefix on the Triton kernel (`attention_cudnn.SEGMENT = 0`), as
+  before the twenty-sixth session; fresh prompts stay on cuDNN. With `--tokens 32768 --chunk 8192`.
 
     python benchmarks/prefill_ab.py --variant scale_pass --rounds 3 --out benchmarks/results/prefill_ab.json
     python benchmarks/prefill_ab.py --variant-tuning-file T.json --chunk 2048 --rounds 3
@@ -44,7 +46,19 @@ def _scale_pass() -> Callable[[], None]:
     return undo
 
 
-VARIANTS: dict[str, Callable[[], Callable[[], None]]] = {"scale_pass": _scale_pass}
+def _fresh_only() -> Callable[[], None]:
+    from flint_kernels import attention_cudnn as ac
+
+    original = ac.SEGMENT
+    ac.SEGMENT = 0
+
+    def undo() -> None:
+        ac.SEGMENT = original
+
+    return undo
+
+
+VARIANTS: dict[str, Callable[[], Callable[[], None]]] = {"scale_pass": _scale_pass, "fresh_only": _fresh_only}
 
 
 def _tuning_file(path: Path) -> Callable[[], None]:

@@ -9,6 +9,10 @@ layers (causal) and, where the kernel takes a window, sliding ones (513 keys). C
 `paged_attention_ref` (FP32 scores) is printed beside its time.
 
     python benchmarks/prefill_attention_sdpa.py --ts 2048 8192 --out prefill_attention_sdpa.json
+
+`--chunks PREFIX:N ...` also times a full layer's chunk of N queries after PREFIX cached keys (a long prompt's later
+chunks): ours against the engine's cuDNN path (its own keys causally, the prefix in `attention_cudnn.SEGMENT`-key
+segments, merged), e.g. `--ts --chunks 8192:8192 24576:8192 57344:8192 8192:5000`.
 """
 
 from __future__ import annotations
@@ -105,9 +109,56 @@ def first_calls(ts: list[int]) -> list[dict]:
     return found
 
 
+def chunk_rows(chunks: list[str]) -> list[dict]:
+    """A full layer's chunk after a cached prefix: ours (also with q a strided view, as the engine's slice of the QKV
+    projection) against the engine's cuDNN path, each judged on its first and last 512 queries against the FP32
+    reference of those queries alone."""
+    from flint_kernels import attention_triton as at
+    from flint_kernels.attention import AttnMeta, paged_attention_ref
+    from triton.testing import do_bench
+
+    found = []
+    for spec in chunks:
+        prefix, n = (int(x) for x in spec.split(":"))
+        ctx = prefix + n
+        q, kc, vc, table, meta, sinks = _paged_case([ctx], [n], None, torch.bfloat16, seed=ctx)
+        wide = torch.empty((n, (HQ + 2 * HKV) * D), dtype=q.dtype, device=q.device)
+        wide[:, : HQ * D] = q.reshape(n, -1)
+        q_view = wide[:, : HQ * D].view(n, HQ, D)
+        flops = 4.0 * (n * prefix + n * (n + 1) / 2) * HQ * D
+        engine = dataclasses.replace(at.prefill_config(n, None, q.device), cudnn_min_tokens=1)
+        rest = (kc, vc, table, meta, sinks, D**-0.5, None)
+        cases = {
+            "ours (Triton)": lambda q=q, rest=rest: at.paged_attention_prefill(q, *rest),
+            "ours, q strided": lambda q=q_view, rest=rest: at.paged_attention_prefill(q, *rest),
+            "attention_cudnn (engine)": lambda q=q, rest=rest, c=engine: at.paged_attention_prefill(q, *rest, config=c),
+        }
+        edge = min(512, n)
+        refs = {}
+        for name, lo, hi in (("first", 0, edge), ("last", n - edge, n)):
+            sub = AttnMeta.build([0, hi - lo], [prefix + hi], q.device)
+            refs[name] = (lo, hi, paged_attention_ref(q[lo:hi], kc, vc, table, sub, sinks, D**-0.5, None))
+        for name, fn in cases.items():
+            row: dict = {"layer": "full", "prefix": prefix, "T": n, "variant": name}
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+                row["rel_err"] = max(_rel_err(out[lo:hi], ref) for lo, hi, ref in refs.values())
+                row["ms"] = float(do_bench(fn, warmup=5, rep=40, return_mode="median"))
+                row["TFLOP/s"] = round(flops / row["ms"] / 1e9, 1)
+            except Exception as e:  # a variant this torch lacks is a row, not the end of the run
+                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+            found.append(row)
+            print(json.dumps(row), flush=True)
+        del q, kc, vc, table, meta, sinks, refs, cases, wide, q_view
+        torch.cuda.empty_cache()
+    return found
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ts", type=int, nargs="+", default=[2048, 4096, 8192])
+    ap.add_argument("--ts", type=int, nargs="*", default=[2048, 4096, 8192])
+    ap.add_argument("--chunks", nargs="*", default=[], help="PREFIX:N chunks after a cached prefix (full layers)")
     first_help = "prompt lengths whose first cuDNN call (a new shape: cuDNN builds its plan) is timed"
     ap.add_argument("--first-calls", type=int, nargs="*", default=[], help=first_help)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "prefill_attention_sdpa.json")
@@ -151,6 +202,7 @@ def main() -> int:
                 print(json.dumps(row), flush=True)
             del q, kc, vc, table, meta, sinks, ref, k, v, cases
             torch.cuda.empty_cache()
+    chunks = chunk_rows(args.chunks)
     first = first_calls(args.first_calls)
     print(f"\nPrefill attention with sinks on {torch.cuda.get_device_name()} (torch {torch.__version__}), one prompt:")
     print(f"{'layer':8s} {'T':>6s} {'variant':28s} {'ms':>8s} {'TFLOP/s':>8s} {'rel err':>9s}")
@@ -160,6 +212,12 @@ def main() -> int:
         else:
             figures = f"{r['ms']:8.3f} {r['TFLOP/s']:8.1f} {r['rel_err']:9.1e}"
             print(f"{r['layer']:8s} {r['T']:6d} {r['variant']:28s} {figures}")
+    for r in chunks:
+        label = f"full after {r['prefix']}"
+        if "error" in r:
+            print(f"{label:17s} {r['T']:6d} {r['variant']:28s} {r['error']}")
+        else:
+            print(f"{label:17s} {r['T']:6d} {r['variant']:28s} {r['ms']:8.3f} {r['TFLOP/s']:8.1f} {r['rel_err']:9.1e}")
     for r in first:
         if "error" in r:
             print(f"{r['variant']}, T {r['T']}: {r['error']}")
@@ -167,7 +225,7 @@ def main() -> int:
             print(f"{r['variant']} full layer, T {r['T']}: first call {r['first_ms']:.1f} ms, then {r['ms']:.3f} ms")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date.today().isoformat()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "first_calls": first}, indent=1))
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "chunks": chunks, "first_calls": first}, indent=1))
     print(f"wrote {args.out}")
     return 0
 

@@ -14,6 +14,13 @@ writes the rows straight into the batch's output, rounded once more (within a BF
 
 Prompts are padded at the end with zero rows to a multiple of `PAD`: under the causal mask no real query sees a
 padding key, so the result is unchanged, and cuDNN, which builds an execution plan per shape, meets fewer shapes.
+
+A long prompt's later chunks have a cached prefix, and torch's cuDNN entry has only the top-left causal mask. Such a
+chunk is two kinds of call: its own keys, causally, as a fresh prompt's; and the prefix in segments of `SEGMENT` keys
+that every query sees whole (no mask). Each call returns its normalised output and log-sum-exp, and partial results
+merge exactly by their log-sum-exps (`merge_ref`; `_merge_kernel` in one launch a merge, FP32 in between, the sinks
+and the one rounding in the last). Segments of one fixed length keep cuDNN's plans to one a padded chunk length; a
+prefix that is not a whole number of segments (a prefix-cache hit, a chunk cut short beside decodes) stays on Triton.
 """
 
 from __future__ import annotations
@@ -35,10 +42,14 @@ log = logging.getLogger(__name__)
 
 CUDNN_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
 PAD = 256
+# Keys of a cached prefix a cuDNN call takes (the engine's long-prompt chunks on the H200 are 8,192 tokens, so their
+# prefixes are whole segments); 0 leaves every chunk with a prefix on the Triton kernel.
+SEGMENT = 8192
 # What cuDNN's attention raised here, once it has: from then on the Triton kernel takes every prompt.
 _failures: list[str] = []
-# (q, k, v [1, H, n, D], scale) -> (output [1, Hq, n, D] in q's dtype, log-sum-exp of the scaled scores, FP32, Hq x n)
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+# (q [1, Hq, n, D], k, v [1, Hkv, m, D], scale, causal) -> (output [1, Hq, n, D] in q's dtype, log-sum-exp of the
+# scaled scores, FP32, Hq x n); causal is top-left (query i sees keys 0..i).
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]]
 
 
 @functools.cache
@@ -71,26 +82,40 @@ def give_up(err: Exception) -> None:
     _failures.append(str(err))
 
 
-def fresh_prompts(meta: AttnMeta, min_tokens: int) -> list[int]:
-    """The sequences whose queries are their whole context (no cached prefix), at least `min_tokens` of them."""
+def cudnn_sequences(meta: AttnMeta, min_tokens: int, segment: int | None = None) -> list[int]:
+    """The sequences with at least `min_tokens` queries whose prefix (the context before them) is empty or a whole
+    number of `segment` keys (default `SEGMENT`; 0: empty only)."""
+    segment = SEGMENT if segment is None else segment
     qs = meta.query_start
-    return [s for s, ctx in enumerate(meta.seq_lens) if ctx >= max(min_tokens, 1) and qs[s + 1] - qs[s] == ctx]
+    found = []
+    for s, ctx in enumerate(meta.seq_lens):
+        n = qs[s + 1] - qs[s]
+        prefix = ctx - n
+        if n >= max(min_tokens, 1) and (prefix == 0 or (segment > 0 and prefix % segment == 0)):
+            found.append(s)
+    return found
 
 
-def cudnn_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal attention without sinks on cuDNN (GQA as is: its kernels read each KV head for its query group)."""
+def cudnn_attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention without sinks on cuDNN (GQA as is: its kernels read each KV head for its query group)."""
     assert CUDNN_ATTENTION is not None
-    out, lse = CUDNN_ATTENTION(q, k, v, None, True, 0.0, True, False, scale=scale)[:2]
+    out, lse = CUDNN_ATTENTION(q, k, v, None, True, 0.0, causal, False, scale=scale)[:2]
     return out, lse.reshape(q.shape[1], -1)
 
 
-def attend_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def attend_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`cudnn_attend`'s contract in FP32 PyTorch (the CPU tests' stand-in, and its reference on the GPU)."""
     group = q.shape[1] // k.shape[1]
     kh, vh = (x[0].float().repeat_interleave(group, dim=0) for x in (k, v))
     scores = torch.matmul(q[0].float(), kh.transpose(1, 2)) * scale
-    n = q.shape[2]
-    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    if causal:
+        n, m = q.shape[2], k.shape[2]
+        above = torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(above, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.matmul(torch.softmax(scores, dim=-1), vh)
     return out.to(q.dtype)[None], lse
@@ -102,7 +127,7 @@ def add_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torc
     return (out.float() * keep[..., None]).to(out.dtype)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _add_sinks_kernel(
     o_ptr, lse_ptr, sinks_ptr, dst_ptr, n, stride_oh, stride_ot, stride_lh, stride_dt, stride_dh,
     HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
@@ -134,6 +159,90 @@ def add_sinks_into(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, ds
     return dst
 
 
+def merge_ref(
+    a: torch.Tensor, a_lse: torch.Tensor, b: torch.Tensor, b_lse: torch.Tensor, sinks: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two attentions of the same queries over disjoint keys, out [n, Hq, D] and log-sum-exp [Hq, n] each -> the one
+    over all their keys (FP32), with each head's sink logit in the denominator when given; the log-sum-exp returned
+    leaves the sinks out."""
+    la, lb = a_lse.float(), b_lse.float()
+    top = torch.maximum(la, lb)
+    if sinks is not None:
+        top = torch.maximum(top, sinks.float()[:, None])
+    wa, wb = torch.exp(la - top), torch.exp(lb - top)
+    den = wa + wb
+    lse = top + torch.log(den)
+    if sinks is not None:
+        den = den + torch.exp(sinks.float()[:, None] - top)
+    out = (a.float() * wa.t()[..., None] + b.float() * wb.t()[..., None]) / den.t()[..., None]
+    return out, lse
+
+
+@triton.jit(do_not_specialize=["n"])
+def _merge_kernel(
+    a_ptr, a_lse_ptr, b_ptr, b_lse_ptr, sinks_ptr, dst_ptr, dst_lse_ptr, n,
+    stride_at, stride_ah, stride_al, stride_bt, stride_bh, stride_bl, stride_dt, stride_dh, stride_dl,
+    HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """`merge_ref` for BLOCK_T rows t of head h: dst[t, h] and, without SINKS, dst_lse[h, t] (FP32)."""
+    pdl_entry(PDL)
+    h = tl.program_id(1)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = tl.arange(0, BLOCK_D)
+    rows = t < n
+    live = rows[:, None] & (d < HEAD_DIM)[None, :]
+    la = tl.load(a_lse_ptr + h * stride_al + t, mask=rows, other=0.0).to(tl.float32)
+    lb = tl.load(b_lse_ptr + h * stride_bl + t, mask=rows, other=0.0).to(tl.float32)
+    top = tl.maximum(la, lb)
+    if SINKS:
+        sink = tl.load(sinks_ptr + h).to(tl.float32)
+        top = tl.maximum(top, sink)
+    wa = tl.exp(la - top)
+    wb = tl.exp(lb - top)
+    den = wa + wb
+    if SINKS:
+        den += tl.exp(sink - top)
+    else:
+        tl.store(dst_lse_ptr + h * stride_dl + t, top + tl.log(wa + wb), mask=rows)
+    a = tl.load(a_ptr + t[:, None] * stride_at + h * stride_ah + d[None, :], mask=live, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + t[:, None] * stride_bt + h * stride_bh + d[None, :], mask=live, other=0.0).to(tl.float32)
+    out = (a * wa[:, None] + b * wb[:, None]) / den[:, None]
+    tl.store(dst_ptr + t[:, None] * stride_dt + h * stride_dh + d[None, :], out.to(dst_ptr.dtype.element_ty), mask=live)
+
+
+def merge_into(
+    a: torch.Tensor,
+    a_lse: torch.Tensor,
+    b: torch.Tensor,
+    b_lse: torch.Tensor,
+    dst: torch.Tensor,
+    dst_lse: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`merge_ref` in one launch, written into dst [n, Hq, D] (any strides, D contiguous) and, without sinks, its
+    log-sum-exp into dst_lse [Hq, n] (FP32). Neither may be an input: on the H200 the threads of a program that hold
+    copies of a row's log-sum-exp load it at different times, so a store in place can reach one before its load
+    (measured: a chunk after three segments merged in place was off by 0.2)."""
+    n, hq, d = a.shape
+    if n == 0:
+        return dst
+    assert (sinks is None) == (dst_lse is not None)
+    outputs = {x.data_ptr() for x in (dst, dst_lse) if x is not None}
+    assert not outputs & {x.data_ptr() for x in (a, a_lse, b, b_lse)}, "merge_into writes in place"
+    for x in (a, b, dst, a_lse, b_lse) + (() if dst_lse is None else (dst_lse,)):
+        assert x.stride(-1) == 1
+    lse_out = dst_lse if dst_lse is not None else a_lse  # not written with sinks
+    block_t = 16
+    _merge_kernel[(triton.cdiv(n, block_t), hq)](
+        a, a_lse, b, b_lse, sinks if sinks is not None else a_lse, dst, lse_out, n,
+        a.stride(0), a.stride(1), a_lse.stride(0), b.stride(0), b.stride(1), b_lse.stride(0),
+        dst.stride(0), dst.stride(1), lse_out.stride(0),
+        HEAD_DIM=d, BLOCK_T=block_t, BLOCK_D=triton.next_power_of_2(d), SINKS=sinks is not None, num_warps=4,
+        **launch_options(dst.device),
+    )  # fmt: skip
+    return dst
+
+
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """x [n, ...] with zero rows after it up to `rows` (x itself when n == rows)."""
     if x.shape[0] == rows:
@@ -153,12 +262,46 @@ def prompt_attention(
     attend: Attend = cudnn_attend,
     pad: int = PAD,
     dst: torch.Tensor | None = None,
+    prefix: int = 0,
+    segment: int | None = None,
 ) -> torch.Tensor:
-    """q [n, Hq, D]: one fresh prompt's queries, its keys the cache's first n positions -> output [n, Hq, D], written
-    into `dst` when given (by the Triton launch; without it by `add_sinks`)."""
+    """q [n, Hq, D]: one sequence's queries at positions [prefix, prefix + n) of its cache (the prefix a whole number
+    of `segment` keys, default `SEGMENT`) -> output [n, Hq, D], written into `dst` when given (by Triton launches;
+    without it by `add_sinks` / `merge_ref`)."""
     n = q.shape[0]
     rows = math.ceil(n / pad) * pad
-    k, v = (gather_kv(c, block_row, 0, n, checked=False) for c in (k_cache, v_cache))
-    out, lse = attend(*(_pad_rows(x, rows).transpose(0, 1).unsqueeze(0) for x in (q, k, v)), scale)
+    k, v = (gather_kv(c, block_row, prefix, prefix + n, checked=False) for c in (k_cache, v_cache))
+    qp = _pad_rows(q, rows).transpose(0, 1).unsqueeze(0)
+    out, lse = attend(qp, *(_pad_rows(x, rows).transpose(0, 1).unsqueeze(0) for x in (k, v)), scale, True)
     out, lse = out[0].transpose(0, 1)[:n], lse[:, :n]
-    return add_sinks(out, lse, sinks) if dst is None else add_sinks_into(out, lse, sinks, dst)
+    if prefix == 0:
+        return add_sinks(out, lse, sinks) if dst is None else add_sinks_into(out, lse, sinks, dst)
+    segment = SEGMENT if segment is None else segment
+    if segment <= 0 or prefix % segment:
+        raise ValueError(f"a prefix of {prefix} keys is not a whole number of {segment}-key segments")
+    # The prefix a segment at a time, every query seeing each whole; merged in FP32 from the second segment on, into
+    # two states in turn (`merge_into` cannot write in place).
+    part: tuple[torch.Tensor, torch.Tensor] | None = None
+    states: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for start in range(0, prefix, segment):
+        ks, vs = (gather_kv(c, block_row, start, start + segment, checked=False) for c in (k_cache, v_cache))
+        o, lo = attend(qp, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0), scale, False)
+        o, lo = o[0].transpose(0, 1)[:n], lo[:, :n]
+        if part is None:
+            part = (o, lo)
+        elif dst is None:
+            part = merge_ref(*part, o, lo)
+        else:
+            free = [st for st in states if st is not part]
+            if not free:
+                # The log-sum-exp's rows padded as cuDNN's are, so its stride stays a multiple of PAD.
+                lse_rows = torch.empty((lo.shape[0], rows), dtype=torch.float32, device=o.device)
+                states.append((torch.empty(o.shape, dtype=torch.float32, device=o.device), lse_rows[:, :n]))
+                free = states[-1:]
+            state = free[0]
+            merge_into(*part, o, lo, *state)
+            part = state
+    assert part is not None
+    if dst is None:
+        return merge_ref(*part, out, lse, sinks)[0].to(q.dtype)
+    return merge_into(*part, out, lse, dst, sinks=sinks)

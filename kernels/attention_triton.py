@@ -856,10 +856,10 @@ def paged_attention_prefill(
         return out
     cfg = config or prefill_config(t, window, q.device, k_cache.element_size())
     if window is None and cfg.cudnn_min_tokens > 0 and attention_cudnn.covers(q, k_cache, v_cache):
-        fresh = attention_cudnn.fresh_prompts(meta, cfg.cudnn_min_tokens)
-        if fresh:
+        long_rows = attention_cudnn.cudnn_sequences(meta, cfg.cudnn_min_tokens)
+        if long_rows:
             try:
-                return _prefill_with_fresh_prompts(q, k_cache, v_cache, block_tables, meta, sinks, scale, fresh, out)
+                return _prefill_with_cudnn(q, k_cache, v_cache, block_tables, meta, sinks, scale, long_rows, out)
             except RuntimeError as err:  # then every row below, on the Triton kernel
                 attention_cudnn.give_up(err)
     g_pad = triton.next_power_of_2(group)
@@ -907,7 +907,7 @@ def paged_attention_prefill(
     return out
 
 
-def _prefill_with_fresh_prompts(
+def _prefill_with_cudnn(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -915,18 +915,20 @@ def _prefill_with_fresh_prompts(
     meta: AttnMeta,
     sinks: torch.Tensor,
     scale: float,
-    fresh: list[int],
+    on_cudnn: list[int],
     out: torch.Tensor,
     attend: attention_cudnn.Attend = attention_cudnn.cudnn_attend,
 ) -> torch.Tensor:
-    """A full layer's prefill with the `fresh` prompts on cuDNN (`attention_cudnn`) and the other sequences' rows,
-    gathered, on the Triton kernel."""
+    """A full layer's prefill with the sequences `on_cudnn` (`attention_cudnn.cudnn_sequences`) on cuDNN and the
+    other sequences' rows, gathered, on the Triton kernel."""
     qs = meta.query_start
-    for s in fresh:
+    for s in on_cudnn:
         span = slice(qs[s], qs[s + 1])
-        table = block_tables[s]
-        attention_cudnn.prompt_attention(q[span], k_cache, v_cache, table, sinks, scale, attend, dst=out[span])
-    done = set(fresh)
+        prefix = meta.seq_lens[s] - (qs[s + 1] - qs[s])
+        attention_cudnn.prompt_attention(
+            q[span], k_cache, v_cache, block_tables[s], sinks, scale, attend, dst=out[span], prefix=prefix
+        )
+    done = set(on_cudnn)
     rest = [s for s in range(len(meta.seq_lens)) if s not in done and qs[s + 1] > qs[s]]
     if not rest:
         return out
@@ -956,22 +958,44 @@ def cudnn_prompt_lengths(max_tokens: int, device: torch.device, elem_bytes: int 
 def prepare_cudnn_plans(
     max_tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
 ) -> list[int]:
-    """Run cuDNN's attention once at each padded prompt length full layers may give it (`cudnn_prompt_lengths`):
-    its first call at a new shape builds a plan, ~50-60 ms on the H200. Returns the lengths run."""
+    """Run cuDNN's attention once at each padded chunk length full layers may give it (`cudnn_prompt_lengths`):
+    causally over its own keys and over a prefix segment (`attention_cudnn.SEGMENT`). Its first call at a new shape
+    builds a plan, ~50-60 ms on the H200. Also compiles the merge of a prefix's parts. Returns the lengths run."""
     probe = torch.empty((1, heads, head_dim), dtype=dtype, device=device)
     cache = torch.empty((1, 1, kv_heads, head_dim), dtype=dtype, device=device)
     if not attention_cudnn.covers(probe, cache, cache):
         return []
     lengths = cudnn_prompt_lengths(max_tokens, device, cache.element_size())
+    segment = attention_cudnn.SEGMENT
     try:
         for n in lengths:
             q = torch.zeros((1, heads, n, head_dim), dtype=dtype, device=device)
             kv = torch.zeros((1, kv_heads, n, head_dim), dtype=dtype, device=device)
             attention_cudnn.cudnn_attend(q, kv, kv, head_dim**-0.5)
+            if segment > 0:
+                kv = torch.zeros((1, kv_heads, segment, head_dim), dtype=dtype, device=device)
+                attention_cudnn.cudnn_attend(q, kv, kv, head_dim**-0.5, False)
     except RuntimeError as err:
         attention_cudnn.give_up(err)
         return []
+    if lengths and segment > 0:
+        _compile_merges(heads, head_dim, dtype, device)
     return lengths
+
+
+def _compile_merges(heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    """The prefix merge's launches once each, as a chunk after 8K and after 16K of prefix makes them: cuDNN's parts
+    into FP32, FP32 with a part in place, and both into the output with the sinks."""
+    part = torch.zeros((3, heads, head_dim), dtype=dtype, device=device)
+    # Log-sum-exps with their rows padded, as the engine's are (strides multiples of 16 pick the same variant).
+    pad = attention_cudnn.PAD
+    lse, lse_a, lse_b = (torch.zeros((heads, pad), dtype=torch.float32, device=device)[:, :3] for _ in "abc")
+    state, other = (part.float(), lse_a), (part.float(), lse_b)
+    sinks = torch.zeros(heads, dtype=torch.float32, device=device)
+    attention_cudnn.merge_into(part, lse, part, lse, *state)
+    attention_cudnn.merge_into(*state, part, lse, *other)
+    for a, a_lse in ((part, lse), state):
+        attention_cudnn.merge_into(a, a_lse, part, lse, torch.empty_like(part), sinks=sinks)
 
 
 def paged_attention(

@@ -364,3 +364,15 @@ def test_add_sinks_compiles_for_sm90() -> None:
     constexprs = dict(HEAD_DIM=128, BLOCK_T=16, BLOCK_D=128, PDL=True)
     _, waits = _compile("flint_kernels.attention_cudnn", "_add_sinks_kernel", pointers, constexprs, 4, 1)
     assert waits == 1
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("a_dtype", ["bf16", "fp32"])
+def test_prefix_merge_compiles_for_sm90(sinks: bool, a_dtype: str) -> None:
+    """The merge of a chunk's prefix segments: cuDNN's BF16 part or the FP32 state with the next part, into the FP32
+    state, or with the sinks into the batch's BF16 rows."""
+    pointers = {"a_ptr": a_dtype, "a_lse_ptr": "fp32", "b_ptr": "bf16", "b_lse_ptr": "fp32", "sinks_ptr": "fp32",
+                "dst_ptr": "bf16" if sinks else "fp32", "dst_lse_ptr": "fp32"}  # fmt: skip
+    constexprs = dict(HEAD_DIM=128, BLOCK_T=16, BLOCK_D=128, SINKS=sinks, PDL=True)
+    _, waits = _compile("flint_kernels.attention_cudnn", "_merge_kernel", pointers, constexprs, 4, 1)
+    assert waits == 1
