@@ -3,9 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twenty-fifth session (2026-12-04): full layers' fresh prompts from 4,096 tokens run on cuDNN's
-# attention (CUDNN_ATTN=1: 8K prefill BF16 119.4 -> 112.5 ms, NVFP4 150.5 -> 143.6), both manifest profiles recorded
-# with it. Before, the twenty-fourth (2026-12-03): the MMA gate_up's warps splitting K (WARP_K=1) lost at every
+# State after the twenty-sixth session (2026-12-04): long prompts' later chunks (a prefix of whole 8,192-key
+# segments) run their full layers on cuDNN too (CUDNN_PREFIX=1: a 32K prompt in 8K chunks BF16 718.6 -> 629.8 ms, NVFP4
+# 860.3 -> 770.3), both manifest profiles recorded with it. The twenty-fifth: full layers' fresh prompts from 4,096
+# tokens on cuDNN's attention (CUDNN_ATTN=1: 8K prefill BF16 119.4 -> 112.5 ms, NVFP4 150.5 -> 143.6). Before, the
+# twenty-fourth (2026-12-03): the MMA gate_up's warps splitting K (WARP_K=1) lost at every
 # size; the H200 table runs BF16 experts of steps from 3,072 tokens on torch's grouped GEMM (GROUPED_MM=1: 8K BF16
 # prefill 127.1 -> 119.3 ms) and the manifest's BF16 profile was recorded with it (76 variants). NVFP4 copies on the
 # grouped GEMM (GROUPED_MM_FORMAT=nvfp4) need FP32 results, which torch 2.11's grouped GEMM does not give: there the
@@ -204,7 +206,8 @@ fi
 # causally, the prefix in `attention_cudnn.SEGMENT`-key segments, merged by their log-sum-exps): the GPU tests of the
 # cuDNN path and the Triton prefill, the warm-up's plans timed, a full layer's chunk after 8K-56K of prefix alone
 # (prefill_attention_sdpa.py --chunks), then a 32K prompt in the engine's 8,192-token chunks with it against
-# `fresh_only` (prefill_ab.py), BF16 then NVFP4 (PREFIX_FORMATS). ~6 minutes.
+# `fresh_only` (prefill_ab.py), BF16 then NVFP4 (PREFIX_FORMATS). ~6 minutes. Twenty-sixth session: installed (the
+# figures above); the per-call times inside the engine: benchmarks/prefill_attention_in_engine.py --segment 8192 / 0.
 if [ "${CUDNN_PREFIX:-0}" = 1 ]; then
     gpu_tests "cuDNN attention tests" cudnn_prefix_tests 300 tests/test_kernels_attention_cudnn.py \
         tests/test_kernels_attention.py -k "cudnn or prefill"
