@@ -109,13 +109,28 @@ def first_calls(ts: list[int]) -> list[dict]:
     return found
 
 
+def measured(row: dict, fn: Callable[[], torch.Tensor], judge: Callable, flops: float, rep: int) -> dict:
+    """`row` with the variant's error (`judge` of its output), median ms and TFLOP/s, or what it raised; printed."""
+    from triton.testing import do_bench
+
+    try:
+        out = fn()
+        torch.cuda.synchronize()
+        row["rel_err"] = judge(out)
+        row["ms"] = float(do_bench(fn, warmup=5, rep=rep, return_mode="median"))
+        row["TFLOP/s"] = round(flops / row["ms"] / 1e9, 1)
+    except Exception as e:  # a variant this torch lacks is a row, not the end of the run
+        row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def chunk_rows(chunks: list[str]) -> list[dict]:
     """A full layer's chunk after a cached prefix: ours (also with q a strided view, as the engine's slice of the QKV
     projection) against the engine's cuDNN path, each judged on its first and last 512 queries against the FP32
     reference of those queries alone."""
     from flint_kernels import attention_triton as at
     from flint_kernels.attention import AttnMeta, paged_attention_ref
-    from triton.testing import do_bench
 
     found = []
     for spec in chunks:
@@ -140,16 +155,8 @@ def chunk_rows(chunks: list[str]) -> list[dict]:
             refs[name] = (lo, hi, paged_attention_ref(q[lo:hi], kc, vc, table, sub, sinks, D**-0.5, None))
         for name, fn in cases.items():
             row: dict = {"layer": "full", "prefix": prefix, "T": n, "variant": name}
-            try:
-                out = fn()
-                torch.cuda.synchronize()
-                row["rel_err"] = max(_rel_err(out[lo:hi], ref) for lo, hi, ref in refs.values())
-                row["ms"] = float(do_bench(fn, warmup=5, rep=40, return_mode="median"))
-                row["TFLOP/s"] = round(flops / row["ms"] / 1e9, 1)
-            except Exception as e:  # a variant this torch lacks is a row, not the end of the run
-                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-            found.append(row)
-            print(json.dumps(row), flush=True)
+            judge = lambda out, refs=refs: max(_rel_err(out[lo:hi], ref) for lo, hi, ref in refs.values())  # noqa: E731
+            found.append(measured(row, fn, judge, flops, 40))
         del q, kc, vc, table, meta, sinks, refs, cases, wide, q_view
         torch.cuda.empty_cache()
     return found
@@ -168,7 +175,6 @@ def main() -> int:
         return 1
     from flint_kernels import attention_triton as at
     from flint_kernels.attention import gather_kv, paged_attention_ref
-    from triton.testing import do_bench
 
     rows = []
     for window in (None, WINDOW):
@@ -190,16 +196,7 @@ def main() -> int:
             layer = "full" if window is None else "sliding"
             for name, fn in cases.items():
                 row: dict = {"layer": layer, "T": t, "variant": name}
-                try:
-                    out = fn()
-                    torch.cuda.synchronize()
-                    row["rel_err"] = _rel_err(out, ref)
-                    row["ms"] = float(do_bench(fn, warmup=5, rep=60, return_mode="median"))
-                    row["TFLOP/s"] = round(flops / row["ms"] / 1e9, 1)
-                except Exception as e:  # a variant this torch lacks is a row, not the end of the run
-                    row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                rows.append(measured(row, fn, lambda out, ref=ref: _rel_err(out, ref), flops, 60))
             del q, kc, vc, table, meta, sinks, ref, k, v, cases
             torch.cuda.empty_cache()
     chunks = chunk_rows(args.chunks)
