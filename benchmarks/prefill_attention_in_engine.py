@@ -30,6 +30,10 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--layers", type=int, default=6, help="model layers (the attention calls do not depend on them)")
+    ap.add_argument(
+        "--gather", action="store_true",
+        help="full layers' calls on the Triton kernel read their keys from a fresh contiguous copy (an experiment)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=HERE / "results" / "prefill_attention_in_engine.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -44,6 +48,11 @@ def main() -> int:
     def timed(q, k_cache, v_cache, tables, meta, sinks, scale, window, *rest, **kw):  # type: ignore[no-untyped-def]
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        if args.gather and window is None and len(meta.seq_lens) == 1:
+            # The sequence's blocks copied in order into a pool of their own (timed with the call).
+            blocks = tables[0, : -(-meta.seq_lens[0] // k_cache.shape[1])].long()
+            k_cache, v_cache = k_cache[blocks], v_cache[blocks]
+            tables = torch.arange(blocks.numel(), dtype=tables.dtype, device=tables.device)[None]
         out = original(q, k_cache, v_cache, tables, meta, sinks, scale, window, *rest, **kw)
         end.record()
         ctx = meta.seq_lens[0] if len(meta.seq_lens) == 1 else -1
