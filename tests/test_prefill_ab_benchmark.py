@@ -24,6 +24,20 @@ def test_scale_pass_variant_patches_and_restores(benchmark_script: Callable[[str
     assert gt.dequant_matmul is original
 
 
+def test_fresh_only_variant_patches_and_restores(benchmark_script: Callable[[str], ModuleType]) -> None:
+    """`fresh_only` keeps chunks after a prefix off cuDNN for its rounds (no prefix segments), then restores them."""
+    from flint_kernels import attention_cudnn as ac
+
+    prefill_ab = benchmark_script("prefill_ab")
+    original = ac.SEGMENT
+    undo = prefill_ab.VARIANTS["fresh_only"]()
+    try:
+        assert ac.SEGMENT == 0 and original > 0
+    finally:
+        undo()
+    assert original == ac.SEGMENT
+
+
 def test_rounds_on_a_tiny_model(
     benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
