@@ -243,6 +243,21 @@ def merge_into(
     return dst
 
 
+def compile_merges(heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Launch each variant of the prefix merge once (the warm-up's), as a chunk after two or more segments makes
+    them: cuDNN's parts into an FP32 state, an FP32 state and a part into the other state, and either with the
+    sinks into the output."""
+    part = torch.zeros((3, heads, head_dim), dtype=dtype, device=device)
+    # Log-sum-exps with their rows padded, as the engine's are (strides multiples of 16 pick the same variant).
+    lse, lse_a, lse_b = (torch.zeros((heads, PAD), dtype=torch.float32, device=device)[:, :3] for _ in "abc")
+    state, other = (part.float(), lse_a), (part.float(), lse_b)
+    sinks = torch.zeros(heads, dtype=torch.float32, device=device)
+    merge_into(part, lse, part, lse, *state)
+    merge_into(*state, part, lse, *other)
+    for a, a_lse in ((part, lse), state):
+        merge_into(a, a_lse, part, lse, torch.empty_like(part), sinks=sinks)
+
+
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """x [n, ...] with zero rows after it up to `rows` (x itself when n == rows)."""
     if x.shape[0] == rows:

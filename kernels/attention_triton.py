@@ -967,35 +967,20 @@ def prepare_cudnn_plans(
         return []
     lengths = cudnn_prompt_lengths(max_tokens, device, cache.element_size())
     segment = attention_cudnn.SEGMENT
+    segment_kv = torch.zeros((1, kv_heads, segment, head_dim), dtype=dtype, device=device) if segment > 0 else None
     try:
         for n in lengths:
             q = torch.zeros((1, heads, n, head_dim), dtype=dtype, device=device)
             kv = torch.zeros((1, kv_heads, n, head_dim), dtype=dtype, device=device)
             attention_cudnn.cudnn_attend(q, kv, kv, head_dim**-0.5)
-            if segment > 0:
-                kv = torch.zeros((1, kv_heads, segment, head_dim), dtype=dtype, device=device)
-                attention_cudnn.cudnn_attend(q, kv, kv, head_dim**-0.5, False)
+            if segment_kv is not None:
+                attention_cudnn.cudnn_attend(q, segment_kv, segment_kv, head_dim**-0.5, False)
     except RuntimeError as err:
         attention_cudnn.give_up(err)
         return []
-    if lengths and segment > 0:
-        _compile_merges(heads, head_dim, dtype, device)
+    if lengths and segment_kv is not None:
+        attention_cudnn.compile_merges(heads, head_dim, dtype, device)
     return lengths
-
-
-def _compile_merges(heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-    """The prefix merge's launches once each, as a chunk after 8K and after 16K of prefix makes them: cuDNN's parts
-    into FP32, FP32 with a part in place, and both into the output with the sinks."""
-    part = torch.zeros((3, heads, head_dim), dtype=dtype, device=device)
-    # Log-sum-exps with their rows padded, as the engine's are (strides multiples of 16 pick the same variant).
-    pad = attention_cudnn.PAD
-    lse, lse_a, lse_b = (torch.zeros((heads, pad), dtype=torch.float32, device=device)[:, :3] for _ in "abc")
-    state, other = (part.float(), lse_a), (part.float(), lse_b)
-    sinks = torch.zeros(heads, dtype=torch.float32, device=device)
-    attention_cudnn.merge_into(part, lse, part, lse, *state)
-    attention_cudnn.merge_into(*state, part, lse, *other)
-    for a, a_lse in ((part, lse), state):
-        attention_cudnn.merge_into(a, a_lse, part, lse, torch.empty_like(part), sinks=sinks)
 
 
 def paged_attention(
