@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flint_kernels.attention_cudnn import add_sinks
+from flint_kernels.configs import AttentionPrefillConfig
 from kernels_attention import HKV, HQ, WINDOW, D, _paged_case, _rel_err
 
 ATEN = torch.ops.aten
@@ -109,6 +110,14 @@ def first_calls(ts: list[int]) -> list[dict]:
     return found
 
 
+def triton_only(tokens: int, device: torch.device, window: int | None = None) -> AttentionPrefillConfig:
+    """The table's launch parameters for `tokens` with cuDNN turned off: without this the table's `cudnn_min_tokens`
+    sends a long prompt, or a chunk after whole prefix segments, to `attention_cudnn`, and "ours" times cuDNN."""
+    from flint_kernels import attention_triton as at
+
+    return dataclasses.replace(at.prefill_config(tokens, window, device), cudnn_min_tokens=0)
+
+
 def measured(row: dict, fn: Callable[[], torch.Tensor], judge: Callable, flops: float, rep: int) -> dict:
     """`row` with the variant's error (`judge` of its output), median ms and TFLOP/s, or what it raised; printed."""
     from triton.testing import do_bench
@@ -142,10 +151,11 @@ def chunk_rows(chunks: list[str]) -> list[dict]:
         q_view = wide[:, : HQ * D].view(n, HQ, D)
         flops = 4.0 * (n * prefix + n * (n + 1) / 2) * HQ * D
         engine = dataclasses.replace(at.prefill_config(n, None, q.device), cudnn_min_tokens=1)
+        ours = triton_only(n, q.device)
         rest = (kc, vc, table, meta, sinks, D**-0.5, None)
         cases = {
-            "ours (Triton)": lambda q=q, rest=rest: at.paged_attention_prefill(q, *rest),
-            "ours, q strided": lambda q=q_view, rest=rest: at.paged_attention_prefill(q, *rest),
+            "ours (Triton)": lambda q=q, rest=rest, c=ours: at.paged_attention_prefill(q, *rest, config=c),
+            "ours, q strided": lambda q=q_view, rest=rest, c=ours: at.paged_attention_prefill(q, *rest, config=c),
             "attention_cudnn (engine)": lambda q=q, rest=rest, c=engine: at.paged_attention_prefill(q, *rest, config=c),
         }
         edge = min(512, n)
@@ -186,7 +196,8 @@ def main() -> int:
             k, v = (gather_kv(c, table[0], 0, t) for c in (kc, vc))
             pairs = sum(min(window or t, i + 1) for i in range(t))
             flops = 4.0 * pairs * HQ * D
-            cases = {"ours (Triton)": lambda pargs=pargs: at.paged_attention_prefill(*pargs)}
+            ours = triton_only(t, q.device, window)
+            cases = {"ours (Triton)": lambda pargs=pargs, c=ours: at.paged_attention_prefill(*pargs, config=c)}
             if window is None:  # the engine's cuDNN path: gather, padding, cuDNN, the sinks' Triton launch
                 engine = dataclasses.replace(at.prefill_config(t, None, q.device), cudnn_min_tokens=1)
                 cases["attention_cudnn (engine)"] = lambda pargs=pargs, c=engine: at.paged_attention_prefill(
