@@ -230,6 +230,36 @@ PY
         echo "== $fmt"; grep -E "^round|median|Error" "$OUT/prefill_ab_prefix_$fmt.txt"
     done
 fi
+# GLUE=1: the prefill MoE's gather and SiLU-and-mul launches with several rows a program (twenty-seventh session):
+# their GPU tests, each launch's variants against index_select / one row a program (kernels_moe_glue.py), the
+# prefill attention benchmark's Triton rows with cuDNN off (before, its "ours" rows ran the cuDNN path), then the 8K
+# prefill in one step and in 2,048-token steps against `one_row_glue` (BF16: the NVFP4 experts' copies stay on the
+# Triton kernels under torch 2.11), and the 8K BF16 prefill's kernels by name. ~8 minutes.
+if [ "${GLUE:-0}" = 1 ]; then
+    gpu_tests "glue tests" glue_tests 300 tests/test_kernels_router_act.py tests/test_kernels_moe_align.py \
+        tests/test_kernels_moe_grouped_gemm.py -k "silu or gather or grouped or sort"
+    timeout 300 python3 benchmarks/kernels_moe_glue.py --out "$OUT/kernels_moe_glue.json" > "$OUT/kernels_moe_glue.txt" 2>&1
+    grep -vE "^wrote" "$OUT/kernels_moe_glue.txt" | tail -40
+    timeout 300 python3 benchmarks/prefill_attention_sdpa.py --ts --chunks 8192:8192 24576:8192 8192:5000 \
+        --out "$OUT/prefill_attention_chunks.json" > "$OUT/prefill_attention_chunks.txt" 2>&1
+    grep -E "^full after|Error" "$OUT/prefill_attention_chunks.txt"
+    for chunk in ${GLUE_CHUNKS:-0 2048}; do
+        timeout 500 python3 benchmarks/prefill_ab.py --format bf16 --chunk "$chunk" --variant one_row_glue \
+            --rounds "${GLUE_ROUNDS:-3}" --out "$OUT/prefill_ab_glue_bf16_$chunk.json" \
+            > "$OUT/prefill_ab_glue_bf16_$chunk.txt" 2>&1
+        echo "== bf16, chunk $chunk"; grep -E "^round|median|Error" "$OUT/prefill_ab_glue_bf16_$chunk.txt"
+    done
+    timeout 300 python3 benchmarks/decode.py --formats bf16 --batches 1 --contexts 1024 --prefill 8192 \
+        --check-steps 0 --check-batches --no-plain-timing --reps 3 --out "$OUT/prefill_kernels_bf16.json" \
+        > "$OUT/prefill_kernels_bf16.txt" 2>&1
+    python3 - "$OUT/prefill_kernels_bf16.json" <<'PY'
+import json, sys
+row = next(r for r in json.load(open(sys.argv[1]))["rows"] if "prefill_kernels_by_name" in r)
+print("8K BF16 prefill", row["prefill_ms"], "ms; by family", row["prefill_time_by_family_ms"])
+for k in row["prefill_kernels_by_name"][:30]:
+    print(" ", str(k)[:160])
+PY
+fi
 # SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
 # 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared
 # expert folded only up to 4 tokens and the MMA down (all codes asked before the PDL wait) at 5-8; gd8: the MMA

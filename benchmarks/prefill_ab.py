@@ -6,6 +6,8 @@ Variants (each a patch applied for its rounds only):
   (`gemv_triton.dequant_matmul(alpha=False)`), as before the twenty-first session's alpha epilogue.
 - `fresh_only`: full layers' chunks after a cached prefix on the Triton kernel (`attention_cudnn.SEGMENT = 0`), as
   before the twenty-sixth session; fresh prompts stay on cuDNN. With `--tokens 32768 --chunk 8192`.
+- `one_row_glue`: the grouped GEMM's gather by torch's index_select and both SiLU-and-mul launches one row a program,
+  as before the twenty-seventh session.
 
     python benchmarks/prefill_ab.py --variant scale_pass --rounds 3 --out benchmarks/results/prefill_ab.json
     python benchmarks/prefill_ab.py --variant-tuning-file T.json --chunk 2048 --rounds 3
@@ -58,7 +60,26 @@ def _fresh_only() -> Callable[[], None]:
     return undo
 
 
-VARIANTS: dict[str, Callable[[], Callable[[], None]]] = {"scale_pass": _scale_pass, "fresh_only": _fresh_only}
+def _one_row_glue() -> Callable[[], None]:
+    from flint_kernels import activation_triton as act
+    from flint_kernels import moe_align_triton as mat
+    from flint_kernels import moe_grouped_gemm as mg
+
+    before = (act.ROWS_MIN, mg.SCALED_ROWS, mat.gather_rows)
+    act.ROWS_MIN, mg.SCALED_ROWS = 1 << 62, 1
+    mat.gather_rows = lambda x, src: x.index_select(0, src)
+
+    def undo() -> None:
+        act.ROWS_MIN, mg.SCALED_ROWS, mat.gather_rows = before
+
+    return undo
+
+
+VARIANTS: dict[str, Callable[[], Callable[[], None]]] = {
+    "scale_pass": _scale_pass,
+    "fresh_only": _fresh_only,
+    "one_row_glue": _one_row_glue,
+}
 
 
 def _tuning_file(path: Path) -> Callable[[], None]:

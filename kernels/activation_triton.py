@@ -9,6 +9,12 @@ import triton.language as tl
 from .pdl import launch_options, pdl_entry
 
 _BLOCK = 1024
+# From this many rows (a prefill's) a program takes ROWS rows of up to ROWS_BLOCK columns: one row a program moves
+# 3 KB in 8-byte pieces at Flint's expert width, too little to keep the memory system busy. Decode keeps one row a
+# program, so its launches and their compiled variants are what they were.
+ROWS_MIN = 256
+ROWS = 8
+ROWS_BLOCK = 512
 
 
 @triton.jit
@@ -36,6 +42,33 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + r * stride_out + c, y.to(g.dtype), mask=ok)
 
 
+# The row count changes with every prefill: not specialised on, so no new prompt length compiles a variant.
+@triton.jit(do_not_specialize=["rows"])
+def _silu_and_mul_rows_kernel(
+    gate_up_ptr,
+    out_ptr,
+    rows,
+    inter,
+    stride_in,
+    stride_out,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """`_silu_and_mul_kernel` for ROWS rows x BLOCK columns a program."""
+    pdl_entry(PDL)
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = (r < rows)[:, None] & (c < inter)[None, :]
+    row = gate_up_ptr + r.to(tl.int64)[:, None] * stride_in + c[None, :]
+    g = tl.load(row, mask=ok, other=0.0)
+    u = tl.load(row + inter, mask=ok, other=0.0)
+    g32 = g.to(tl.float32)
+    act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
+    y = act.to(tl.float32) * u.to(tl.float32)
+    tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_out + c[None, :], y.to(g.dtype), mask=ok)
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2I] (gate columns first) -> [..., I]; same contract as `silu_and_mul_ref`."""
     two_i = gate_up.shape[-1]
@@ -47,7 +80,13 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
     rows = x.shape[0]
     out = torch.empty((rows, inter), dtype=gate_up.dtype, device=gate_up.device)
-    if rows and inter:
+    if rows >= ROWS_MIN and inter:
+        block = min(ROWS_BLOCK, triton.next_power_of_2(inter))
+        _silu_and_mul_rows_kernel[(triton.cdiv(rows, ROWS), triton.cdiv(inter, block))](
+            x, out, rows, inter, x.stride(0), out.stride(0), ROWS=ROWS, BLOCK=block, num_warps=4,
+            **launch_options(x.device),
+        )  # fmt: skip
+    elif rows and inter:
         block = min(_BLOCK, triton.next_power_of_2(inter))
         _silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](
             x, out, inter, x.stride(0), out.stride(0), BLOCK=block, num_warps=4, **launch_options(x.device)

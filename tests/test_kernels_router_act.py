@@ -47,13 +47,36 @@ def test_silu_and_mul_interp(poison: None, shape: tuple[int, ...], dtype: torch.
     _check_silu(shape, dtype, "cpu")
 
 
+class _Refused:
+    """Stands in for a kernel that must not launch."""
+
+    def __getitem__(self, grid: object) -> object:
+        raise AssertionError("the one-row-a-program kernel ran")
+
+
+@pytest.mark.parametrize("shape", [(300, 2 * 96), (257, 2 * 600)], ids=["ragged-rows", "two-column-tiles"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_silu_and_mul_rows_interp(
+    poison: None, monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """From ROWS_MIN rows (a prefill's) a program takes several rows: a last partial group of rows, and an
+    intermediate width over ROWS_BLOCK in two column tiles, the second partial."""
+    from flint_kernels import activation_triton
+
+    assert shape[0] >= activation_triton.ROWS_MIN and shape[0] % activation_triton.ROWS
+    monkeypatch.setattr(activation_triton, "_silu_and_mul_kernel", _Refused())
+    _check_silu(shape, dtype, "cpu")
+
+
 def test_silu_and_mul_empty_interp() -> None:
     assert silu_and_mul(torch.zeros((0, 8))).shape == (0, 4)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("shape", [(1, 2 * 768), (64, 2 * 768), (8192, 2 * 768), (37, 2 * 5000)])
+@pytest.mark.parametrize(
+    "shape", [(1, 2 * 768), (64, 2 * 768), (8192, 2 * 768), (37, 2 * 5000), (300, 2 * 512), (4099, 2 * 6144)]
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_silu_and_mul_gpu(poison: None, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     _check_silu(shape, dtype, "cuda")
