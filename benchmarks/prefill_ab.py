@@ -6,8 +6,7 @@ Variants (each a patch applied for its rounds only):
   (`gemv_triton.dequant_matmul(alpha=False)`), as before the twenty-first session's alpha epilogue.
 - `fresh_only`: full layers' chunks after a cached prefix on the Triton kernel (`attention_cudnn.SEGMENT = 0`), as
   before the twenty-sixth session; fresh prompts stay on cuDNN. With `--tokens 32768 --chunk 8192`.
-- `one_row_glue`: the grouped GEMM's gather by torch's index_select and both SiLU-and-mul launches one row a program,
-  as before the twenty-seventh session.
+- `one_row_glue`: SiLU-and-mul one row a program at every row count, as before the twenty-seventh session.
 
     python benchmarks/prefill_ab.py --variant scale_pass --rounds 3 --out benchmarks/results/prefill_ab.json
     python benchmarks/prefill_ab.py --variant-tuning-file T.json --chunk 2048 --rounds 3
@@ -62,15 +61,12 @@ def _fresh_only() -> Callable[[], None]:
 
 def _one_row_glue() -> Callable[[], None]:
     from flint_kernels import activation_triton as act
-    from flint_kernels import moe_align_triton as mat
-    from flint_kernels import moe_grouped_gemm as mg
 
-    before = (act.ROWS_MIN, mg.SCALED_ROWS, mat.gather_rows)
-    act.ROWS_MIN, mg.SCALED_ROWS = 1 << 62, 1
-    mat.gather_rows = lambda x, src: x.index_select(0, src)
+    before = act.ROWS_MIN
+    act.ROWS_MIN = 1 << 62
 
     def undo() -> None:
-        act.ROWS_MIN, mg.SCALED_ROWS, mat.gather_rows = before
+        act.ROWS_MIN = before
 
     return undo
 

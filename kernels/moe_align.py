@@ -52,8 +52,3 @@ def sort_ref(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, to
     counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     return order // k, pos, torch.cumsum(counts, 0, dtype=torch.int32)
-
-
-def gather_rows_ref(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """x [T, H] -> [len(src), H], row r = x[src[r]]: the grouped GEMM's A rows in sorted order (`sort_ref`'s src)."""
-    return x.index_select(0, src)

@@ -131,45 +131,6 @@ def sort(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.
     return src, pos, cursor  # each cursor has moved past its expert's last row: the end rows
 
 
-# Rows a program of the gather, and columns: 4 x 1024 BF16 values are 32 a thread in 16-byte pieces (4 warps).
-GATHER_ROWS = 4
-GATHER_BLOCK = 1024
-
-
-# The row count changes with every prefill: not specialised on, so no new prompt length compiles a variant.
-@triton.jit(do_not_specialize=["n"])
-def _gather_rows_kernel(
-    x_ptr, src_ptr, out_ptr, n, H, stride_x, stride_out, ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
-):  # fmt: skip
-    """out[r] = x[src[r]] for ROWS rows x BLOCK columns a program."""
-    pdl_entry(PDL)
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    r_ok = r < n
-    ok = r_ok[:, None] & (c < H)[None, :]
-    s = tl.load(src_ptr + r, mask=r_ok, other=0).to(tl.int64)
-    v = tl.load(x_ptr + s[:, None] * stride_x + c[None, :], mask=ok, other=0.0)
-    tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_out + c[None, :], v, mask=ok)
-
-
-def gather_rows(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """`gather_rows_ref`: x [T, H] (unit stride on H) -> [len(src), H], row r = x[src[r]] (src int32 or int64, each in
-    [0, T)), in one launch of many rows a program; torch's index_select moved 2.6 TB/s here (H200, 8K prefill)."""
-    n = src.numel()
-    hidden = x.shape[1]
-    out = torch.empty((n, hidden), dtype=x.dtype, device=x.device)
-    if n == 0 or hidden == 0:
-        return out
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    block = min(GATHER_BLOCK, triton.next_power_of_2(hidden))
-    _gather_rows_kernel[(triton.cdiv(n, GATHER_ROWS), triton.cdiv(hidden, block))](
-        x, src, out, n, hidden, x.stride(0), out.stride(0), ROWS=GATHER_ROWS, BLOCK=block, num_warps=4,
-        **launch_options(x.device),
-    )  # fmt: skip
-    return out
-
-
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """`align_ref`'s (order, meta, blocks) from Triton launches; within an expert the pairs' order may differ."""
     ids = topk_ids.reshape(-1)

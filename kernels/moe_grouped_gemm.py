@@ -117,7 +117,7 @@ def routed(
     d13 = w13.data if isinstance(w13, ScaledWeight) else w13
     d2 = w2.data if isinstance(w2, ScaledWeight) else w2
     # Each intermediate goes as soon as the next is made: the peak is x's gathered rows and gate_up together.
-    xs = moe_align_triton.gather_rows(x, src)
+    xs = x.index_select(0, src)
     gate_up = GROUPED_MM(xs, d13.transpose(1, 2), offs=offs, **acc)
     del xs
     if isinstance(w13, ScaledWeight):
@@ -134,43 +134,32 @@ def routed(
 
 @triton.jit
 def _row_expert(offs_ptr, r, E, E_PAD: tl.constexpr):
-    """The expert whose rows hold each sorted row of r [ROWS]: how many experts end at or before it."""
+    """The expert whose rows hold sorted row r: how many experts end at or before it."""
     ex = tl.arange(0, E_PAD)
     ends = tl.load(offs_ptr + ex, mask=ex < E, other=2**31 - 1)
-    return tl.sum((ends[None, :] <= r[:, None]).to(tl.int32), axis=1)
+    return tl.sum((ends <= r).to(tl.int32), axis=0)
 
 
-# The row count changes with every prefill: not specialised on, so no new prompt length compiles a variant.
-@triton.jit(do_not_specialize=["rows"])
+@triton.jit
 def _scaled_silu_and_mul_kernel(
-    gu_ptr, offs_ptr, gs_ptr, out_ptr, rows, inter, stride_in, stride_out, stride_gs, E, UP_SCALE: tl.constexpr,
-    E_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    gu_ptr, offs_ptr, gs_ptr, out_ptr, inter, stride_in, stride_out, stride_gs, E, UP_SCALE: tl.constexpr,
+    E_PAD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[r, c] = `_silu_and_mul_kernel`'s result for gate = round(acc_gate[r, c] * gs[e, 0]) and up =
     round(acc_up[r, c] * gs[e, UP_SCALE]), e the expert of sorted row r: each segment's global scale on the FP32
-    accumulator before the one rounding, as `linear_ref` applies it. ROWS rows x BLOCK columns a program."""
+    accumulator before the one rounding, as `linear_ref` applies it."""
     pdl_entry(PDL)
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    r_ok = r < rows
-    ok = r_ok[:, None] & (c < inter)[None, :]
+    ok = c < inter
     e = _row_expert(offs_ptr, r, E, E_PAD).to(tl.int64)
-    gs_row = gs_ptr + e * stride_gs
-    g_scale = tl.load(gs_row, mask=r_ok, other=0.0)[:, None]
-    u_scale = tl.load(gs_row + UP_SCALE, mask=r_ok, other=0.0)[:, None]
     xdt = out_ptr.dtype.element_ty
-    row = gu_ptr + r.to(tl.int64)[:, None] * stride_in + c[None, :]
-    g = (tl.load(row, mask=ok, other=0.0) * g_scale).to(xdt)
-    u = (tl.load(row + inter, mask=ok, other=0.0) * u_scale).to(xdt)
+    row = gu_ptr + r * stride_in
+    g = (tl.load(row + c, mask=ok, other=0.0) * tl.load(gs_ptr + e * stride_gs)).to(xdt)
+    u = (tl.load(row + inter + c, mask=ok, other=0.0) * tl.load(gs_ptr + e * stride_gs + UP_SCALE)).to(xdt)
     g32 = g.to(tl.float32)
     act = (g32 / (1.0 + tl.exp(-g32))).to(xdt)
-    out = (act.to(tl.float32) * u.to(tl.float32)).to(xdt)
-    tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_out + c[None, :], out, mask=ok)
-
-
-# Rows a program of the scaled SiLU-and-mul: its rows are a prefill's sorted pairs, thousands of them.
-SCALED_ROWS = 8
-SCALED_BLOCK = 512
+    tl.store(out_ptr + r * stride_out + c, (act.to(tl.float32) * u.to(tl.float32)).to(xdt), mask=ok)
 
 
 def scaled_silu_and_mul(
@@ -182,12 +171,12 @@ def scaled_silu_and_mul(
     inter = two_i // 2
     out = torch.empty((rows, inter), dtype=dtype, device=gate_up.device)
     if rows:
-        block = min(SCALED_BLOCK, triton.next_power_of_2(inter))
+        block = min(1024, triton.next_power_of_2(inter))
         e = offs.numel()
-        _scaled_silu_and_mul_kernel[(triton.cdiv(rows, SCALED_ROWS), triton.cdiv(inter, block))](
-            gate_up, offs, global_scale, out, rows, inter, gate_up.stride(0), out.stride(0), global_scale.stride(0),
-            e, UP_SCALE=global_scale.shape[1] - 1, E_PAD=triton.next_power_of_2(e), ROWS=SCALED_ROWS, BLOCK=block,
-            num_warps=4, **launch_options(gate_up.device),
+        _scaled_silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](
+            gate_up, offs, global_scale, out, inter, gate_up.stride(0), out.stride(0), global_scale.stride(0), e,
+            UP_SCALE=global_scale.shape[1] - 1, E_PAD=triton.next_power_of_2(e), BLOCK=block, num_warps=4,
+            **launch_options(gate_up.device),
         )  # fmt: skip
     return out
 

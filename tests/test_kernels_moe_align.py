@@ -14,8 +14,8 @@ import pytest
 import torch
 from flint_kernels import moe_triton as mt
 from flint_kernels.moe import moe_ref
-from flint_kernels.moe_align import align_ref, gather_rows_ref, max_blocks
-from flint_kernels.moe_align_triton import align, gather_rows
+from flint_kernels.moe_align import align_ref, max_blocks
+from flint_kernels.moe_align_triton import align
 from kernel_checks import rel_err
 
 HAS_CUDA = torch.cuda.is_available()
@@ -126,20 +126,3 @@ def test_gpu_align_and_grouped_moe_at_flint_shapes(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(mt, "align", align_ref)
     stable = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=0)
     assert torch.equal(first, again) and torch.equal(first, stable)
-
-
-@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=["int64", "int32"])
-@pytest.mark.parametrize(
-    ("t", "h", "n"), [(37, 96, 223), (5, 1500, 7), (64, 2048, 0)], ids=["ragged-rows", "two-column-tiles", "empty"]
-)
-def test_gather_rows_equals_index_select(t: int, h: int, n: int, index_dtype: torch.dtype) -> None:
-    """The grouped GEMM's A rows: every row of x any number of times, a last partial group of rows, a width over
-    one column tile (the second partial), from a strided view of x (every other row); exact copies."""
-    g = torch.Generator(device=DEVICE).manual_seed(t + h)
-    for dtype in (torch.float32, torch.float16) if not HAS_CUDA else (torch.bfloat16, torch.float32):
-        base = torch.randn(2 * t, h, generator=g, device=DEVICE).to(dtype)
-        x = base[::2]
-        src = torch.randint(0, t, (n,), generator=g, device=DEVICE).to(index_dtype)
-        out = gather_rows(x, src)
-        assert out.shape == (n, h) and out.dtype == dtype and out.is_contiguous()
-        assert torch.equal(out, gather_rows_ref(x, src))
