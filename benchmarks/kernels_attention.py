@@ -294,7 +294,7 @@ def sweep_prefill(
     orders: tuple[bool, ...] = (False, True),
 ) -> list[dict]:
     """Time prefill attention (an 8K chunk, full and sliding) over its launch parameters (`orders`: longest_first
-    values); sliding windows also with every key tile in one loop (`one_loop`)."""
+    values)."""
     from dataclasses import asdict
 
     from flint_kernels import attention_triton as at
@@ -309,11 +309,10 @@ def sweep_prefill(
         shape = f"{'full' if window is None else 'sliding'} 8K"
         for bm in (64, 128):
             for bn in (64, 128):
-                loops = (False, True) if window else (False,)
-                for warps, stages, longest, one in itertools.product((4, 8), (2, 3), orders, loops):
+                for warps, stages, longest in itertools.product((4, 8), (2, 3), orders):
                     if bm < 128 and warps == 8:
                         continue  # row tiles under 128 always take 4 warps
-                    cfg = AttentionPrefillConfig(bn, bm, warps, stages, longest_first=longest, one_loop=one)
+                    cfg = AttentionPrefillConfig(bn, bm, warps, stages, longest_first=longest)
                     row = {"kind": "prefill", "shape": shape, "sliding": window is not None, "config": asdict(cfg)}
                     _timed(b, found, row, lambda args=args, c=cfg: at.paged_attention_prefill(*args, config=c), ref)
         del q, k, v, table, ref

@@ -547,10 +547,8 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr,
     LONGEST_FIRST: tl.constexpr,
-    ONE_LOOP: tl.constexpr,
 ):
-    """One tile of BLOCK_Q queries x GROUP heads of one sequence against its causal (and windowed) keys. ONE_LOOP:
-    every key tile in one masked loop, instead of the unmasked middle and the masked edges in three."""
+    """One tile of BLOCK_Q queries x GROUP heads of one sequence against its causal (and windowed) keys."""
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     if LONGEST_FIRST:
         pid = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -608,29 +606,21 @@ def _prefill_kernel(
     l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     bt_row = bt_ptr + s_idx.to(tl.int64) * stride_bt
-    if ONE_LOOP:
-        # A sliding window leaves ~9 key tiles a program: three loops are three pipelines to fill and drain.
-        acc, m_i, l_i = _attend_keys(
-            acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
-            stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, first_tile, kv_hi, qk_scale,
-            WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, True,
-        )  # fmt: skip
-    else:
-        acc, m_i, l_i = _attend_keys(
-            acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
-            stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, full_lo, full_hi, qk_scale,
-            WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, False,
-        )  # fmt: skip
-        acc, m_i, l_i = _attend_keys(
-            acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
-            stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, first_tile, full_lo, qk_scale,
-            WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, True,
-        )  # fmt: skip
-        acc, m_i, l_i = _attend_keys(
-            acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
-            stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, full_hi, kv_hi, qk_scale,
-            WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, True,
-        )  # fmt: skip
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
+        stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, full_lo, full_hi, qk_scale,
+        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, False,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
+        stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, first_tile, full_lo, qk_scale,
+        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, True,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
+        stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, full_hi, kv_hi, qk_scale,
+        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, True,
+    )  # fmt: skip
     o = acc / l_i[:, None]
     o_ptr = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
     tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -911,7 +901,6 @@ def paged_attention_prefill(
         BLOCK_N=cfg.block_n,
         DOT_PREC=_dot_precision(q.dtype),
         LONGEST_FIRST=cfg.longest_first,
-        ONE_LOOP=cfg.one_loop,
         num_warps=cfg.num_warps if block_m >= 128 else 4,
         **_stages(cfg.num_stages),
     )

@@ -133,9 +133,6 @@ class AttentionPrefillConfig:
     # Launch the query tiles last-first: in a causal chunk the last tiles see the most keys, so the grid's tail is
     # then the short tiles instead of the longest ones.
     longest_first: bool = False
-    # Every key tile in one masked loop (one software pipeline) rather than the unmasked tiles and each masked edge in
-    # a loop of its own: for sliding windows, whose programs see only ~520 keys.
-    one_loop: bool = False
     # Full layers only: a prompt of this many tokens or more with no cached prefix runs on torch's cuDNN attention
     # (`attention_cudnn`) instead of this kernel; 0: never.
     cudnn_min_tokens: int = 0

@@ -139,16 +139,6 @@ def test_prefill_longest_first_interp(poison: None, window: int | None) -> None:
     check_attention(late, case.ref(), FP32_TOL)
 
 
-@pytest.mark.parametrize("window", [7, 513, None])
-def test_prefill_one_loop_interp(poison: None, window: int | None) -> None:
-    """Every key tile in one masked loop: the edges' masks hold on the tiles the three loops left unmasked too,
-    with freed blocks behind a window, chunks after a prefix and decodes in the batch."""
-    seqs = MIXED if window != 513 else [(700, 40), (530, 20), (10, 10)]
-    case = Case(seqs, 8, 2, 16, window, block_size=4 if window != 513 else 32)
-    cfg = dataclasses.replace(at.prefill_config(case.meta.max_query_len, window, case.q.device), one_loop=True)
-    check_attention(at.paged_attention_prefill(*case.args(), block_m=16, config=cfg), case.ref(), FP32_TOL)
-
-
 def test_prefill_window_513_interp(poison: None) -> None:
     """A chunk whose queries straddle the window edge, with freed blocks behind it."""
     case = Case([(700, 40), (530, 20), (10, 10)], 8, 1, 16, 513, block_size=32)
@@ -228,22 +218,6 @@ def test_prefill_mixed_gpu(poison: None, hq: int, hkv: int, d: int, window: int 
     seqs = [(3000, 1000), (777, 777), (2000, 1), (600, 77), (5, 1), (1500, 1)]
     case = Case(seqs, hq, hkv, d, window, dtype, device="cuda")
     check_attention(at.paged_attention(*case.args()), case.ref(), BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("window", [513, 7, None])
-@pytest.mark.parametrize(("block_m", "block_n"), [(64, 64), (128, 64), (64, 128)])
-def test_prefill_one_loop_gpu(poison: None, window: int | None, block_m: int, block_n: int) -> None:
-    """Every key tile in one masked loop at Flint's heads in BF16, against the reference and near the three-loop
-    kernel's output (the same tiles in another order only where rows see different edges)."""
-    seqs = [(3000, 1000), (2048, 2048), (600, 77), (5, 1), (1500, 1)]
-    case = Case(seqs, 32, 4, 128, window, torch.bfloat16, device="cuda")
-    cfg = dataclasses.replace(at.prefill_config(case.meta.max_query_len, window, case.q.device), block_n=block_n)
-    one = at.paged_attention_prefill(*case.args(), block_m=block_m, config=dataclasses.replace(cfg, one_loop=True))
-    three = at.paged_attention_prefill(*case.args(), block_m=block_m, config=dataclasses.replace(cfg, one_loop=False))
-    check_attention(one, case.ref(), BF16_TOL)
-    check_attention(one, three, BF16_TOL)
 
 
 @pytest.mark.gpu
