@@ -7,8 +7,6 @@ Variants (each a patch applied for its rounds only):
 - `fresh_only`: full layers' chunks after a cached prefix on the Triton kernel (`attention_cudnn.SEGMENT = 0`), as
   before the twenty-sixth session; fresh prompts stay on cuDNN. With `--tokens 32768 --chunk 8192`.
 - `one_row_glue`: SiLU-and-mul one row a program at every row count, as before the twenty-seventh session.
-- `one_token_qk_norm`: the Q/K norm + RoPE + cache write one token a program at every token count, as before the
-  twenty-seventh session's rows kernel.
 
     python benchmarks/prefill_ab.py --variant scale_pass --rounds 3 --out benchmarks/results/prefill_ab.json
     python benchmarks/prefill_ab.py --variant-tuning-file T.json --chunk 2048 --rounds 3
@@ -73,23 +71,10 @@ def _one_row_glue() -> Callable[[], None]:
     return undo
 
 
-def _one_token_qk_norm() -> Callable[[], None]:
-    from flint_kernels import qk_norm_rope_triton as qt
-
-    before = qt.TOKENS_MIN
-    qt.TOKENS_MIN = 1 << 62
-
-    def undo() -> None:
-        qt.TOKENS_MIN = before
-
-    return undo
-
-
 VARIANTS: dict[str, Callable[[], Callable[[], None]]] = {
     "scale_pass": _scale_pass,
     "fresh_only": _fresh_only,
     "one_row_glue": _one_row_glue,
-    "one_token_qk_norm": _one_token_qk_norm,
 }
 
 

@@ -21,84 +21,6 @@ from .qk_norm_rope import qk_norm_rope_write_ref
 
 # Heads per program: one GQA group of Flint (8 q heads) or its 4 k + 4 v heads.
 _BLOCK_H = 8
-# From this many tokens (a prefill's) a program takes TOKENS tokens' BLOCK_H heads: one token's 8 heads are 2 KB, too
-# little a program to keep the memory system busy. Decode keeps one token a program.
-TOKENS_MIN = 256
-TOKENS = 4
-
-
-@triton.jit
-def _norm_rope_rows(
-    qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, t2, slot2, heads, row_ok,
-    stride_qkv, stride_cos, stride_sin, stride_qo_t, stride_qo_h, stride_kc_blk, stride_kc_off, stride_kc_h,
-    stride_vc_blk, stride_vc_off, stride_vc_h, eps, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, CACHE_BLOCK: tl.constexpr, HAS_ROPE: tl.constexpr,
-):  # fmt: skip
-    """Rows of (token, head): `heads` [R] each row's head, t2 its token ([R, 1], or one scalar for all rows), slot2
-    that token's cache slot ([R, 1] or [1, 1]), row_ok [R] which rows exist. q heads normed, rotated, stored to the
-    output; k heads normed, rotated, written to the cache; v heads copied to the cache."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    c = tl.arange(0, HALF_PAD)
-    c_ok = c < HALF
-    is_q = heads < NUM_HEADS
-    is_k = (heads >= NUM_HEADS) & (heads < NUM_HEADS + NUM_KV_HEADS)
-    is_v = (heads >= NUM_HEADS + NUM_KV_HEADS) & (heads < NUM_HEADS + 2 * NUM_KV_HEADS)
-    m = row_ok[:, None] & c_ok[None, :]
-
-    row = qkv_ptr + t2 * stride_qkv + heads[:, None] * HEAD_DIM
-    x1 = tl.load(row + c[None, :], mask=m, other=0.0)
-    x2 = tl.load(row + HALF + c[None, :], mask=m, other=0.0)
-    dt = x1.dtype
-    a1 = x1.to(tl.float32)
-    a2 = x2.to(tl.float32)
-    var = (tl.sum(a1 * a1, axis=1) + tl.sum(a2 * a2, axis=1)) / HEAD_DIM
-    rstd = tl.rsqrt(var + eps)[:, None]
-    wq1 = tl.load(q_norm_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-    wq2 = tl.load(q_norm_ptr + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
-    wk1 = tl.load(k_norm_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-    wk2 = tl.load(k_norm_ptr + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
-    w1 = tl.where(is_q[:, None], wq1[None, :], wk1[None, :])
-    w2 = tl.where(is_q[:, None], wq2[None, :], wk2[None, :])
-    # rms_norm_ref's association: w * (x * rstd), one rounding to the activation dtype.
-    n1 = (w1 * (a1 * rstd)).to(dt).to(tl.float32)
-    n2 = (w2 * (a2 * rstd)).to(dt).to(tl.float32)
-    if HAS_ROPE:
-        # One scalar token: [1, HALF] rows of cos and sin, as before the rows kernel; rows of tokens: [R, HALF].
-        t_ok = (t2 * 0 + c[None, :]) < HALF
-        cos1 = tl.load(cos_ptr + t2 * stride_cos + c[None, :], mask=t_ok, other=0.0).to(tl.float32)
-        cos2 = tl.load(cos_ptr + t2 * stride_cos + HALF + c[None, :], mask=t_ok, other=0.0).to(tl.float32)
-        sin1 = tl.load(sin_ptr + t2 * stride_sin + c[None, :], mask=t_ok, other=0.0).to(tl.float32)
-        sin2 = tl.load(sin_ptr + t2 * stride_sin + HALF + c[None, :], mask=t_ok, other=0.0).to(tl.float32)
-        # rotate_half(x) = [-x2, x1]; each product and the sum round to the activation dtype as in PyTorch.
-        o1 = ((n1 * cos1).to(dt).to(tl.float32) + (-n2 * sin1).to(dt).to(tl.float32)).to(dt)
-        o2 = ((n2 * cos2).to(dt).to(tl.float32) + (n1 * sin2).to(dt).to(tl.float32)).to(dt)
-    else:
-        o1 = n1.to(dt)
-        o2 = n2.to(dt)
-    # v heads are written as they come.
-    o1 = tl.where(is_v[:, None], x1, o1)
-    o2 = tl.where(is_v[:, None], x2, o2)
-
-    q_dst = q_out_ptr + t2 * stride_qo_t + heads[:, None] * stride_qo_h + c[None, :]
-    mq = (is_q & row_ok)[:, None] & c_ok[None, :]
-    tl.store(q_dst, o1, mask=mq)
-    tl.store(q_dst + HALF, o2, mask=mq)
-
-    # Compared as a [R, 1] tensor: the CPU interpreter mis-types `vector & scalar-bool` masks.
-    has_slot = (heads.to(tl.int64)[:, None] * 0 + slot2) >= 0
-    blk = slot2 // CACHE_BLOCK
-    off = slot2 % CACHE_BLOCK
-    k_dst = k_cache_ptr + blk * stride_kc_blk + off * stride_kc_off + (heads - NUM_HEADS)[:, None] * stride_kc_h
-    mk = (is_k & row_ok)[:, None] & has_slot & c_ok[None, :]
-    kt = k_cache_ptr.dtype.element_ty
-    tl.store(k_dst + c[None, :], o1.to(kt), mask=mk)
-    tl.store(k_dst + HALF + c[None, :], o2.to(kt), mask=mk)
-    v_head = heads - NUM_HEADS - NUM_KV_HEADS
-    v_dst = v_cache_ptr + blk * stride_vc_blk + off * stride_vc_off + v_head[:, None] * stride_vc_h
-    mv = (is_v & row_ok)[:, None] & has_slot & c_ok[None, :]
-    vt = v_cache_ptr.dtype.element_ty
-    tl.store(v_dst + c[None, :], o1.to(vt), mask=mv)
-    tl.store(v_dst + HALF + c[None, :], o2.to(vt), mask=mv)
 
 
 @triton.jit
@@ -137,38 +59,68 @@ def _qk_norm_rope_write_kernel(
     pdl_entry(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    c = tl.arange(0, HALF_PAD)
+    c_ok = c < HALF
+    is_q = heads < NUM_HEADS
+    is_k = (heads >= NUM_HEADS) & (heads < NUM_HEADS + NUM_KV_HEADS)
+    is_v = (heads >= NUM_HEADS + NUM_KV_HEADS) & (heads < NUM_HEADS + 2 * NUM_KV_HEADS)
+    h_ok = heads < NUM_HEADS + 2 * NUM_KV_HEADS
+    m = h_ok[:, None] & c_ok[None, :]
+
+    row = qkv_ptr + t * stride_qkv + heads[:, None] * HEAD_DIM
+    x1 = tl.load(row + c[None, :], mask=m, other=0.0)
+    x2 = tl.load(row + HALF + c[None, :], mask=m, other=0.0)
+    dt = x1.dtype
+    a1 = x1.to(tl.float32)
+    a2 = x2.to(tl.float32)
+    var = (tl.sum(a1 * a1, axis=1) + tl.sum(a2 * a2, axis=1)) / HEAD_DIM
+    rstd = tl.rsqrt(var + eps)[:, None]
+    wq1 = tl.load(q_norm_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    wq2 = tl.load(q_norm_ptr + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
+    wk1 = tl.load(k_norm_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    wk2 = tl.load(k_norm_ptr + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
+    w1 = tl.where(is_q[:, None], wq1[None, :], wk1[None, :])
+    w2 = tl.where(is_q[:, None], wq2[None, :], wk2[None, :])
+    # rms_norm_ref's association: w * (x * rstd), one rounding to the activation dtype.
+    n1 = (w1 * (a1 * rstd)).to(dt).to(tl.float32)
+    n2 = (w2 * (a2 * rstd)).to(dt).to(tl.float32)
+    if HAS_ROPE:
+        cos1 = tl.load(cos_ptr + t * stride_cos + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        cos2 = tl.load(cos_ptr + t * stride_cos + HALF + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        sin1 = tl.load(sin_ptr + t * stride_sin + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        sin2 = tl.load(sin_ptr + t * stride_sin + HALF + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        # rotate_half(x) = [-x2, x1]; each product and the sum round to the activation dtype as in PyTorch.
+        o1 = ((n1 * cos1).to(dt).to(tl.float32) + (-n2 * sin1).to(dt).to(tl.float32)).to(dt)
+        o2 = ((n2 * cos2).to(dt).to(tl.float32) + (n1 * sin2).to(dt).to(tl.float32)).to(dt)
+    else:
+        o1 = n1.to(dt)
+        o2 = n2.to(dt)
+    # v heads are written as they come.
+    o1 = tl.where(is_v[:, None], x1, o1)
+    o2 = tl.where(is_v[:, None], x2, o2)
+
+    q_dst = q_out_ptr + t * stride_qo_t + heads[:, None] * stride_qo_h + c[None, :]
+    mq = is_q[:, None] & c_ok[None, :]
+    tl.store(q_dst, o1, mask=mq)
+    tl.store(q_dst + HALF, o2, mask=mq)
+
     slot = tl.load(slot_ptr + t).to(tl.int64)
-    _norm_rope_rows(
-        qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, t, slot, heads,
-        heads < NUM_HEADS + 2 * NUM_KV_HEADS, stride_qkv, stride_cos, stride_sin, stride_qo_t, stride_qo_h,
-        stride_kc_blk, stride_kc_off, stride_kc_h, stride_vc_blk, stride_vc_off, stride_vc_h, eps, NUM_HEADS,
-        NUM_KV_HEADS, HEAD_DIM, HALF_PAD, CACHE_BLOCK, HAS_ROPE,
-    )  # fmt: skip
-
-
-# The token count changes with every prefill: not specialised on, so no new prompt length compiles a variant.
-@triton.jit(do_not_specialize=["num_tokens"])
-def _qk_norm_rope_write_rows_kernel(
-    qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num_tokens,
-    stride_qkv, stride_cos, stride_sin, stride_qo_t, stride_qo_h, stride_kc_blk, stride_kc_off, stride_kc_h,
-    stride_vc_blk, stride_vc_off, stride_vc_h, eps, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_H: tl.constexpr, TOKENS: tl.constexpr,
-    CACHE_BLOCK: tl.constexpr, HAS_ROPE: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """`_qk_norm_rope_write_kernel` for TOKENS tokens x BLOCK_H heads a program."""
-    pdl_entry(PDL)
-    r = tl.arange(0, TOKENS * BLOCK_H)
-    tok = tl.program_id(0) * TOKENS + r // BLOCK_H
-    heads = tl.program_id(1) * BLOCK_H + r % BLOCK_H
-    row_ok = (tok < num_tokens) & (heads < NUM_HEADS + 2 * NUM_KV_HEADS)
-    t2 = tok.to(tl.int64)[:, None]
-    slot2 = tl.load(slot_ptr + t2, mask=(tok < num_tokens)[:, None], other=-1).to(tl.int64)
-    _norm_rope_rows(
-        qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, t2, slot2, heads,
-        row_ok, stride_qkv, stride_cos, stride_sin, stride_qo_t, stride_qo_h, stride_kc_blk, stride_kc_off,
-        stride_kc_h, stride_vc_blk, stride_vc_off, stride_vc_h, eps, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HALF_PAD,
-        CACHE_BLOCK, HAS_ROPE,
-    )  # fmt: skip
+    # Compared as a vector: the CPU interpreter mis-types `vector & scalar-bool` masks.
+    has_slot = (heads.to(tl.int64) * 0 + slot) >= 0
+    blk = slot // CACHE_BLOCK
+    off = slot % CACHE_BLOCK
+    k_dst = k_cache_ptr + blk * stride_kc_blk + off * stride_kc_off + (heads - NUM_HEADS)[:, None] * stride_kc_h
+    mk = (is_k & has_slot)[:, None] & c_ok[None, :]
+    kt = k_cache_ptr.dtype.element_ty
+    tl.store(k_dst + c[None, :], o1.to(kt), mask=mk)
+    tl.store(k_dst + HALF + c[None, :], o2.to(kt), mask=mk)
+    v_head = heads - NUM_HEADS - NUM_KV_HEADS
+    v_dst = v_cache_ptr + blk * stride_vc_blk + off * stride_vc_off + v_head[:, None] * stride_vc_h
+    mv = (is_v & has_slot)[:, None] & c_ok[None, :]
+    vt = v_cache_ptr.dtype.element_ty
+    tl.store(v_dst + c[None, :], o1.to(vt), mask=mv)
+    tl.store(v_dst + HALF + c[None, :], o2.to(vt), mask=mv)
 
 
 def qk_norm_rope_write(
@@ -210,17 +162,6 @@ def qk_norm_rope_write(
         return q
     cos, sin = cos_sin if cos_sin is not None else (qkv, qkv)  # dummies, never read without RoPE
     total = num_heads + 2 * num_kv_heads
-    if t >= TOKENS_MIN:
-        _qk_norm_rope_write_rows_kernel[(triton.cdiv(t, TOKENS), triton.cdiv(total, _BLOCK_H))](
-            qkv, q_norm, k_norm, cos, sin, q, k_cache, v_cache, slot_mapping, t, qkv.stride(0), cos.stride(0),
-            sin.stride(0), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), eps, NUM_HEADS=num_heads,
-            NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, HALF_PAD=triton.next_power_of_2(d // 2), BLOCK_H=_BLOCK_H,
-            TOKENS=TOKENS, CACHE_BLOCK=k_cache.shape[1], HAS_ROPE=cos_sin is not None, num_warps=4,
-            **launch_options(qkv.device),
-            enable_fp_fusion=False,
-        )  # fmt: skip
-        return q
     _qk_norm_rope_write_kernel[(t, triton.cdiv(total, _BLOCK_H))](
         qkv,
         q_norm,

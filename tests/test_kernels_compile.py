@@ -255,18 +255,6 @@ def test_silu_and_mul_rows_compiles_for_sm90() -> None:
     assert waits == 1
 
 
-@pytest.mark.parametrize("rope", [True, False], ids=["sliding", "full"])
-def test_qk_norm_rope_write_rows_compiles_for_sm90(rope: bool) -> None:
-    """The prefill's Q/K norm + RoPE + cache write, 4 tokens' 8 heads a program (Flint's heads, block size 16)."""
-    pointers = {"qkv_ptr": "bf16", "q_norm_ptr": "fp32", "k_norm_ptr": "fp32", "cos_ptr": "bf16", "sin_ptr": "bf16",
-                "q_out_ptr": "bf16", "k_cache_ptr": "bf16", "v_cache_ptr": "bf16", "slot_ptr": "i64"}  # fmt: skip
-    constexprs = dict(NUM_HEADS=32, NUM_KV_HEADS=4, HEAD_DIM=128, HALF_PAD=64, BLOCK_H=8, TOKENS=4, CACHE_BLOCK=16,
-                      HAS_ROPE=rope, PDL=True)  # fmt: skip
-    kernel = "_qk_norm_rope_write_rows_kernel"
-    _, waits = _compile("flint_kernels.qk_norm_rope_triton", kernel, pointers, constexprs, 4, 1)
-    assert waits == 1
-
-
 @pytest.mark.parametrize("kernel", ["_count_kernel", "_blocks_kernel", "_scatter_kernel", "_rank_kernel"])
 def test_moe_align_compiles_for_sm90(kernel: str) -> None:
     """The prefill MoE's grouping launches (int32 atomics, the block table's binary search; the grouped GEMM's ranks)

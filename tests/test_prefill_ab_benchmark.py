@@ -52,20 +52,6 @@ def test_one_row_glue_variant_patches_and_restores(benchmark_script: Callable[[s
     assert before == act.ROWS_MIN
 
 
-def test_one_token_qk_norm_variant_patches_and_restores(benchmark_script: Callable[[str], ModuleType]) -> None:
-    """`one_token_qk_norm` puts the Q/K norm back on one token a program at every token count, then restores it."""
-    from flint_kernels import qk_norm_rope_triton as qt
-
-    prefill_ab = benchmark_script("prefill_ab")
-    before = qt.TOKENS_MIN
-    undo = prefill_ab.VARIANTS["one_token_qk_norm"]()
-    try:
-        assert qt.TOKENS_MIN > 1 << 40 and before <= 2048
-    finally:
-        undo()
-    assert before == qt.TOKENS_MIN
-
-
 def test_rounds_on_a_tiny_model(
     benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
