@@ -69,10 +69,20 @@ def _stages(n: int | None) -> dict:
     return {} if n is None else {"num_stages": n}
 
 
+# Key tiles' masks (`_attend_keys`' MASKED): none, every condition, or only the one an edge tile needs.
+NO_MASK, FULL_MASK, WINDOW_EDGE, CAUSAL_EDGE = 0, 1, 2, 3
+_WINDOW_EDGE = tl.constexpr(WINDOW_EDGE)
+_CAUSAL_EDGE = tl.constexpr(CAUSAL_EDGE)
+
+
 @triton.jit
 def _tile_rows(bt_row_ptr, pos, kv_lo, kv_hi, CACHE_BLOCK: tl.constexpr, MASKED: tl.constexpr):
-    """(cache block int64, offset in it int64, live) of key positions `pos`; without MASKED every position is live."""
-    if MASKED:
+    """(cache block int64, offset in it int64, live) of key positions `pos`; without MASKED every position is live.
+    CAUSAL_EDGE: the tile is inside every row's window, so only positions past the sequence's end are dead."""
+    if MASKED == _CAUSAL_EDGE:
+        live = pos < kv_hi
+        blk = tl.load(bt_row_ptr + pos // CACHE_BLOCK, mask=live, other=0)
+    elif MASKED:
         live = (pos >= kv_lo) & (pos < kv_hi)
         # Only live positions read the block table: entries behind a sliding window may be -1.
         blk = tl.load(bt_row_ptr + pos // CACHE_BLOCK, mask=live, other=-1)
@@ -88,7 +98,14 @@ def _scores_step(m_i, l_i, q, k, pos, live, q_pos, qk_scale, WINDOW: tl.constexp
                  MASKED: tl.constexpr):  # fmt: skip
     """One key tile's online-softmax step before P @ V: (p, alpha, new running max, new running sum)."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
-    if MASKED:
+    if MASKED == _CAUSAL_EDGE:  # every key inside every row's window: only the causal bound (it excludes dead keys)
+        s = tl.where(pos[None, :] <= q_pos[:, None], s, float("-inf"))
+    elif MASKED == _WINDOW_EDGE:  # every key at or before every row's position: only the window and dead keys
+        allowed = live[None, :]
+        if WINDOW > 0:
+            allowed = allowed & (pos[None, :] > q_pos[:, None] - WINDOW)
+        s = tl.where(allowed, s, float("-inf"))
+    elif MASKED:
         allowed = live[None, :] & (pos[None, :] <= q_pos[:, None])
         if WINDOW > 0:
             allowed = allowed & (pos[None, :] > q_pos[:, None] - WINDOW)
@@ -130,8 +147,10 @@ def _attend_keys(
 ):
     """Online-softmax update of (acc, m_i, l_i) over keys [tile_begin, tile_end) ∩ [kv_lo, kv_hi), causal per row.
 
-    MASKED=False is for whole tiles every row may see entirely (live keys, inside every row's causal and window
-    range): no masks at all.
+    MASKED (NO_MASK, FULL_MASK, WINDOW_EDGE, CAUSAL_EDGE): NO_MASK is for whole tiles every row may see entirely
+    (live keys, inside every row's causal and window range), WINDOW_EDGE for tiles at or before every row's position
+    (the window and dead keys decide), CAUSAL_EDGE for tiles inside every row's window (the causal bound decides);
+    FULL_MASK checks everything.
     """
     offs_n = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
@@ -611,15 +630,19 @@ def _prefill_kernel(
         stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, full_lo, full_hi, qk_scale,
         WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, False,
     )  # fmt: skip
+    # Tiles below full_lo end at or before every row's position (full_lo <= full_hi <= first_pos + 1).
     acc, m_i, l_i = _attend_keys(
         acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
         stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, first_tile, full_lo, qk_scale,
-        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, True,
+        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, _WINDOW_EDGE,
     )  # fmt: skip
+    # Tiles from full_hi start past first_pos + 1 - BLOCK_N, so a window of BLOCK_N + BLOCK_Q keys or more holds all
+    # of them for every row; a narrower one needs every mask.
+    HIGH: tl.constexpr = _CAUSAL_EDGE if WINDOW == 0 or WINDOW >= BLOCK_N + BLOCK_Q else 1
     acc, m_i, l_i = _attend_keys(
         acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
         stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, full_hi, kv_hi, qk_scale,
-        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, True,
+        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, HIGH,
     )  # fmt: skip
     o = acc / l_i[:, None]
     o_ptr = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]

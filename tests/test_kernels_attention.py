@@ -139,6 +139,19 @@ def test_prefill_longest_first_interp(poison: None, window: int | None) -> None:
     check_attention(late, case.ref(), FP32_TOL)
 
 
+@pytest.mark.parametrize("window", [7, 60, 67, 68, 69])
+def test_prefill_edge_masks_at_their_bound_interp(poison: None, window: int) -> None:
+    """The tiles after the causal diagonal's first take only the causal mask when the window holds all of them
+    (window >= BLOCK_N + BLOCK_Q: 64 + 4 here), else every mask; the tiles before the unmasked ones only the
+    window's. Windows far under, just under, at and over that bound (taking the causal mask alone at 7 or 60 fails),
+    chunks after a prefix and whole prompts."""
+    case = Case([(300, 120), (200, 200), (90, 1)], 8, 2, 16, window, block_size=4)
+    cfg = at.prefill_config(case.meta.max_query_len, window, case.q.device)
+    assert cfg.block_n == 64
+    out = at.paged_attention_prefill(*case.args(), block_m=16, config=cfg)
+    check_attention(out, case.ref(), FP32_TOL)
+
+
 def test_prefill_window_513_interp(poison: None) -> None:
     """A chunk whose queries straddle the window edge, with freed blocks behind it."""
     case = Case([(700, 40), (530, 20), (10, 10)], 8, 1, 16, 513, block_size=32)
