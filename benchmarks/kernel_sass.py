@@ -61,10 +61,15 @@ def _moe(args: argparse.Namespace, kernel: str) -> tuple[str, str, dict, dict]:
 
 
 def compile_sm90(
-    module: str, kernel: str, pointers: dict, constexprs: dict, warps: int, stages: int = 1
+    module: str, kernel: str, pointers: dict, constexprs: dict, warps: int, stages: int = 1, aligned: bool = False
 ) -> tuple[bytes, str]:
     """(cubin, PTX) of `kernel` compiled for sm_90 (outside Triton's interpreter). Arguments not named in `pointers`
-    (those the kernel has) or `constexprs` are i32 scalars, except names ending in "eps"/"scale"/"scaling" (fp32)."""
+    (those the kernel has) or `constexprs` are i32 scalars, except names ending in "eps"/"scale"/"scaling" (fp32).
+
+    `aligned`: every pointer and i32 argument the kernel specialises on is taken as divisible by 16, as a launch with
+    such values (the engine's strides and buffers) compiles it. Without it, loads whose addresses come from strides
+    can compile to one element at a time (the prefill attention's K/V tiles: 2-byte loads instead of 16-byte
+    copies), which no launch runs."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -74,7 +79,12 @@ def compile_sm90(
     sig = {n: "fp32" if n.endswith(("eps", "scale", "scaling")) else "i32" for n in names}
     sig.update({n: "*" + t for n, t in pointers.items() if n in names})
     sig.update({n: "constexpr" for n in constexprs})
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    attrs = {}
+    if aligned:
+        skip = {names[d] if isinstance(d, int) else d for d in getattr(fn, "do_not_specialize", ())}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                 if sig[n].startswith("*") or (sig[n] == "i32" and n not in skip)}  # fmt: skip
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     return k.asm["cubin"], k.asm["ptx"]
 

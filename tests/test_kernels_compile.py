@@ -366,6 +366,32 @@ print(os.environ["TRITON_DEFAULT_FP_FUSION"], sum("fma.rn.f32" in line for line 
     assert (int(fmas) > 0) == (value == "1"), fmas
 
 
+def test_prefill_attention_copies_its_key_tiles_16_bytes_at_a_time() -> None:
+    """The sliding prefill's tiles (the H200 table's 64 x 64, 2 stages) as the engine's aligned strides compile them:
+    K and V in 16-byte asynchronous copies in every key loop and no 2-byte loads (compiled without the strides'
+    alignment, as `kernel_sass.compile_sm90` did before `aligned`, every K/V element is a load of its own), and a
+    small stack (64 bytes with Triton 3.9 here; a full layer's 128 x 128 tiles spilled 168 before the edge masks)."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(BENCHMARKS)!r})
+from kernel_sass import compile_sm90, disassemble
+pointers = {{"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "bt_ptr": "i32", "qs_ptr": "i32", "sl_ptr": "i32",
+            "sink_ptr": "fp32", "out_ptr": "bf16"}}
+cx = dict(GROUP=8, G_PAD=8, BLOCK_Q=8, WINDOW=513, CACHE_BLOCK=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
+          DOT_PREC="tf32", LONGEST_FIRST=True)
+cubin, _ = compile_sm90("flint_kernels.attention_triton", "_prefill_kernel", pointers, cx, 4, 2, aligned=True)
+code, res = disassemble(cubin)
+ops = [op.split(None, 1)[1] if op.startswith("@") else op for _, op in code]
+print(sum(o.startswith("LDGSTS.E.BYPASS.128") for o in ops), sum(o.startswith("LDG.E.U16") for o in ops),
+      res.get("STACK", 0))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    copies, narrow, stack = (int(x) for x in r.stdout.split()[-3:])
+    assert copies >= 3 * 16 and narrow == 0 and stack <= 256, (copies, narrow, stack)
+
+
 def test_add_sinks_compiles_for_sm90() -> None:
     """The sinks after cuDNN's attention: its BF16 output scaled by sigmoid(lse - sink) into the batch's rows."""
     pointers = {"o_ptr": "bf16", "lse_ptr": "fp32", "sinks_ptr": "fp32", "dst_ptr": "bf16"}
