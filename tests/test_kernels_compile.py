@@ -4,6 +4,7 @@ fails here, in CI, instead of on the GPU machine."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -410,3 +411,22 @@ def test_prefix_merge_compiles_for_sm90(sinks: bool, a_dtype: str) -> None:
     constexprs = dict(HEAD_DIM=128, BLOCK_T=16, BLOCK_D=128, SINKS=sinks, PDL=True)
     _, waits = _compile("flint_kernels.attention_cudnn", "_merge_kernel", pointers, constexprs, 4, 1)
     assert waits == 1
+
+
+def test_manifest_registers_compiles_a_recorded_variant(tmp_path: Path) -> None:
+    """benchmarks/manifest_registers.py on a manifest of two recorded variants (the decode and prefill SiLU): each
+    compiled from its spec with its alignment, its registers read, neither spilling; a repeated entry counted once."""
+    shipped = json.loads((BENCHMARKS.parent / "kernels" / "precompile" / "nvidia-h200.json").read_text())
+    entries = [e for p in shipped["profiles"].values() for e in p if "silu_and_mul" in e["kernel"]][:2]
+    assert len({e["kernel"] for e in entries}) == 2
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"profiles": {"p": [*entries, entries[0]]}}))
+    out = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = BENCHMARKS / "manifest_registers.py"
+    r = subprocess.run([sys.executable, str(script), "--manifest", str(manifest), "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and all(0 < r["REG"] <= 255 and not r["spills"] for r in rows), rows
+    assert {r["constants"]["PDL"] for r in rows} == {True}
