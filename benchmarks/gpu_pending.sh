@@ -3,7 +3,10 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twenty-sixth session (2026-12-04): long prompts' later chunks (a prefix of whole 8,192-key
+# State after the twenty-seventh session (2026-12-04): SiLU-and-mul of prefills several rows a program (GLUE=1: 8K
+# BF16 prefill 116.3 -> 114.1 ms), prefill attention's edge tiles with only the mask they need (the kernel A/B: sliding
+# -5.7%, a full layer's 8K chunk after 8K -6.7%; EDGE_AB=1 times it on whole prefills, next). Before, the
+# twenty-sixth (2026-12-04): long prompts' later chunks (a prefix of whole 8,192-key
 # segments) run their full layers on cuDNN too (CUDNN_PREFIX=1: a 32K prompt in 8K chunks BF16 718.6 -> 629.8 ms, NVFP4
 # 860.3 -> 770.3), both manifest profiles recorded with it. The twenty-fifth: full layers' fresh prompts from 4,096
 # tokens on cuDNN's attention (CUDNN_ATTN=1: 8K prefill BF16 119.4 -> 112.5 ms, NVFP4 150.5 -> 143.6). Before, the
@@ -271,6 +274,32 @@ fi
 if [ "${RECORD_BOTH:-0}" = 1 ]; then
     (OUT=$OUT/record_nvfp4 bash benchmarks/gpu_record_manifest.sh 2>&1 | tail -3)
     (OUT=$OUT/record_bf16 MODEL=random:full bash benchmarks/gpu_record_manifest.sh 2>&1 | tail -3)
+fi
+# EDGE_AB=1 (next): the twenty-seventh session's edge masks on the whole prefill, which its device time did not
+# reach. Before the call: `git show e9437d1:kernels/attention_triton.py > .probe/attention_before.py` and carry
+# [".whl", ".probe"]. The prefill attention GPU tests, the kernel A/B (prefill_attention_ab.py), the 8K BF16 prefill
+# in one step and a 32K prompt in 2,048-token steps against `attention_before`, and the sliding sweep again (the
+# masks' cost changed, so other tiles may win now). ~7 minutes.
+if [ "${EDGE_AB:-0}" = 1 ]; then
+    gpu_tests "prefill attention tests" edge_tests 300 tests/test_kernels_attention.py -k "prefill"
+    timeout 200 python3 benchmarks/prefill_attention_ab.py --before .probe/attention_before.py \
+        --out "$OUT/prefill_attention_ab.json" 2>&1 | grep -v "^wrote"
+    export FLINT_AB_ATTENTION_BEFORE=$PWD/.probe/attention_before.py
+    for spec in "8192 0" "32768 2048"; do
+        set -- $spec
+        timeout 500 python3 benchmarks/prefill_ab.py --format bf16 --tokens "$1" --chunk "$2" \
+            --variant attention_before --rounds 3 --out "$OUT/prefill_ab_edges_$1_$2.json" \
+            > "$OUT/prefill_ab_edges_$1_$2.txt" 2>&1
+        echo "== bf16 $1 tokens, chunk $2"; grep -E "^round|median|Error" "$OUT/prefill_ab_edges_$1_$2.txt"
+    done
+    unset FLINT_AB_ATTENTION_BEFORE
+    timeout 300 python3 benchmarks/kernels_attention.py --sweep --sweep-parts prefill-sliding > "$OUT/sweep_sliding.txt" 2>&1
+    cp benchmarks/results/kernels_attention_sweep.json "$OUT/kernels_attention_sweep_sliding.json"
+    python3 - "$OUT/kernels_attention_sweep_sliding.json" <<'PY'
+import json, sys
+for r in sorted(json.load(open(sys.argv[1])), key=lambda r: r["ms"])[:6]:
+    print(f"  {r['ms']:.4f} ms  err {r['rel_err']:.1e}  {r['config']}")
+PY
 fi
 # SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
 # 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared

@@ -7,6 +7,8 @@ Variants (each a patch applied for its rounds only):
 - `fresh_only`: full layers' chunks after a cached prefix on the Triton kernel (`attention_cudnn.SEGMENT = 0`), as
   before the twenty-sixth session; fresh prompts stay on cuDNN. With `--tokens 32768 --chunk 8192`.
 - `one_row_glue`: SiLU-and-mul one row a program at every row count, as before the twenty-seventh session.
+- `attention_before`: the prefill attention of an older `kernels/attention_triton.py`, the file named by
+  FLINT_AB_ATTENTION_BEFORE (e.g. `git show e9437d1:kernels/attention_triton.py`, before the edge masks).
 
     python benchmarks/prefill_ab.py --variant scale_pass --rounds 3 --out benchmarks/results/prefill_ab.json
     python benchmarks/prefill_ab.py --variant-tuning-file T.json --chunk 2048 --rounds 3
@@ -71,10 +73,27 @@ def _one_row_glue() -> Callable[[], None]:
     return undo
 
 
+def _attention_before() -> Callable[[], None]:
+    from flint_kernels import attention_triton as at
+
+    sys.path.insert(0, str(HERE))
+    from prefill_attention_ab import load_before
+
+    before = load_before(Path(os.environ["FLINT_AB_ATTENTION_BEFORE"]))
+    original = at.paged_attention_prefill
+    at.paged_attention_prefill = before.paged_attention_prefill  # what `paged_attention` calls for prefills
+
+    def undo() -> None:
+        at.paged_attention_prefill = original
+
+    return undo
+
+
 VARIANTS: dict[str, Callable[[], Callable[[], None]]] = {
     "scale_pass": _scale_pass,
     "fresh_only": _fresh_only,
     "one_row_glue": _one_row_glue,
+    "attention_before": _attention_before,
 }
 
 

@@ -52,6 +52,29 @@ def test_one_row_glue_variant_patches_and_restores(benchmark_script: Callable[[s
     assert before == act.ROWS_MIN
 
 
+def test_attention_before_variant_swaps_the_prefill_kernel(
+    benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`attention_before` runs the prefills through an older attention_triton.py's kernel for its rounds, then puts
+    the installed one back."""
+    from flint_kernels import attention_triton as at
+
+    copy = tmp_path / "attention_before.py"
+    copy.write_text(Path(at.__file__).read_text())
+    monkeypatch.setenv("FLINT_AB_ATTENTION_BEFORE", str(copy))
+    prefill_ab = benchmark_script("prefill_ab")
+    original = at.paged_attention_prefill
+    undo = prefill_ab.VARIANTS["attention_before"]()
+    try:
+        swapped = at.paged_attention_prefill
+        assert swapped is not original and swapped.__module__ == "flint_kernels._attention_triton_before"
+    finally:
+        undo()
+        sys.modules.pop("flint_kernels._attention_triton_before", None)
+        sys.modules.pop("prefill_attention_ab", None)
+    assert at.paged_attention_prefill is original
+
+
 def test_rounds_on_a_tiny_model(
     benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
