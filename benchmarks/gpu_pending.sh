@@ -5,7 +5,8 @@
 #
 # State after the twenty-seventh session (2026-12-04): SiLU-and-mul of prefills several rows a program (GLUE=1: 8K
 # BF16 prefill 116.3 -> 114.1 ms), prefill attention's edge tiles with only the mask they need (the kernel A/B: sliding
-# -5.7%, a full layer's 8K chunk after 8K -6.7%; EDGE_AB=1 times it on whole prefills, next). Before, the
+# -5.7%, a full layer's 8K chunk after 8K -6.7%; EDGE_AB=1 times it on whole prefills, next; ROUTER8K=1 sweeps the
+# 8K router's tiles, next). Before, the
 # twenty-sixth (2026-12-04): long prompts' later chunks (a prefix of whole 8,192-key
 # segments) run their full layers on cuDNN too (CUDNN_PREFIX=1: a 32K prompt in 8K chunks BF16 718.6 -> 629.8 ms, NVFP4
 # 860.3 -> 770.3), both manifest profiles recorded with it. The twenty-fifth: full layers' fresh prompts from 4,096
@@ -300,6 +301,16 @@ import json, sys
 for r in sorted(json.load(open(sys.argv[1])), key=lambda r: r["ms"])[:6]:
     print(f"  {r['ms']:.4f} ms  err {r['rel_err']:.1e}  {r['config']}")
 PY
+fi
+# ROUTER8K=1 (next): the router's tiles at 4,096+ tokens beyond the four shapes swept in 2026-11 (the installed 128 x
+# 128 x 64 in 3 stages holds 192 KB of shared memory, one program an SM, 84 us a layer in the 8K prefill against ~27
+# us of MMAs): fewer stages or K steps, all 256 experts a program, K split over programs. ~2 minutes. A winner goes
+# into the table's `router.tiles` entry from 4,096 tokens and is judged on the whole prefill with
+# `prefill_ab.py --variant-tuning-file`.
+if [ "${ROUTER8K:-0}" = 1 ]; then
+    timeout 300 python3 benchmarks/kernels_router.py --tokens 4096 8192 --out "$OUT/kernels_router_8k.json" \
+        > "$OUT/kernels_router_8k.txt" 2>&1
+    tail -30 "$OUT/kernels_router_8k.txt"
 fi
 # SMALL_AB=1: the MMA MoE with its L2 requests below the batches it is installed at (twenty-third session). g16: the
 # 9-24 token entry's gate_up on the expert-major MMA kernel, two K steps ahead (4 warps; g16w8 in 8); d8: the shared

@@ -42,6 +42,19 @@ def candidates(tokens: int) -> dict:
         for bt, be, bk, w, st in ((64, 256, 64, 8, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (64, 64, 64, 4, 4)):
             for pre in (False, True):
                 out[f"t{bt} e{be} k{bk} w{w} s{st}{' presplit' if pre else ''}"] = (tc(bt, be, bk, w, st), pre)
+    if tokens >= 4096:
+        # The installed 128 x 128 x 64 tiles in 3 stages take 192 KB of shared memory: one program an SM, 128 of them
+        # at 8K tokens, one wave with nothing to hide each program's latency (84 us a layer in the 8K prefill, the
+        # MMAs ~27 us). Fewer stages or K steps fit two programs an SM; all 256 experts a program read x once; K
+        # split over programs fills the SMs. Pre-split weights, as the engine runs them.
+        for bt, be, bk, w, st, sk in (
+            (128, 128, 64, 8, 2, 1), (128, 128, 32, 8, 3, 1), (128, 128, 32, 8, 4, 1), (64, 128, 32, 4, 4, 1),
+            (128, 64, 64, 8, 3, 1), (64, 256, 32, 8, 3, 1), (128, 256, 32, 8, 2, 1), (128, 128, 64, 8, 3, 2),
+            (128, 128, 32, 8, 3, 2), (64, 128, 64, 4, 3, 2),
+        ):  # fmt: skip
+            cfg = tc(bt, be, bk, w, st, sk)
+            if rt.shared_memory_bytes(cfg, True) <= 232448:  # the H200's limit a program
+                out[f"t{bt} e{be} k{bk} w{w} s{st} splitk{sk} presplit"] = (cfg, True)
     else:
         for be, bk, st in ((16, 64, 3), (32, 64, 3), (16, 128, 3), (64, 64, 3)):
             bt = max(16, min(64, 1 << (tokens - 1).bit_length()))
