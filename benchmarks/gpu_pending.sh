@@ -234,8 +234,9 @@ PY
         echo "== $fmt"; grep -E "^round|median|Error" "$OUT/prefill_ab_prefix_$fmt.txt"
     done
 fi
-# GLUE=1: the prefill MoE's gather and SiLU-and-mul launches with several rows a program (twenty-seventh session):
-# their GPU tests, each launch's variants against index_select / one row a program (kernels_moe_glue.py), the
+# GLUE=1: the prefill's SiLU-and-mul with several rows a program (twenty-seventh session; its first run also timed a
+# Triton gather and the scaled SiLU's rows, both removed after it): their GPU tests, each launch's variants
+# (kernels_moe_glue.py), the
 # prefill attention benchmark's Triton rows with cuDNN off (before, its "ours" rows ran the cuDNN path), then the 8K
 # prefill in one step and in 2,048-token steps against `one_row_glue` (BF16: the NVFP4 experts' copies stay on the
 # Triton kernels under torch 2.11), and the 8K BF16 prefill's kernels by name. ~8 minutes.

@@ -86,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     spilling = [r for r in rows if r["spills"]]
     print(f"{len(rows)} variants, {len(spilling)} spill")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"manifest": str(args.manifest), "rows": rows}, indent=1))
+    root = HERE.parent
+    where = args.manifest.resolve()
+    # The manifest as the repository names it, so the results do not carry this machine's paths.
+    named = str(where.relative_to(root)) if where.is_relative_to(root) else args.manifest.name
+    args.out.write_text(json.dumps({"manifest": named, "rows": rows}, indent=1))
     print(f"wrote {args.out}")
     return 0
 

@@ -75,9 +75,7 @@ def _one_row_glue() -> Callable[[], None]:
 
 def _attention_before() -> Callable[[], None]:
     from flint_kernels import attention_triton as at
-
-    sys.path.insert(0, str(HERE))
-    from prefill_attention_ab import load_before
+    from prefill_attention_ab import load_before  # a sibling script: benchmarks/ is on the path as for any run
 
     before = load_before(Path(os.environ["FLINT_AB_ATTENTION_BEFORE"]))
     original = at.paged_attention_prefill

@@ -70,15 +70,16 @@ def _stages(n: int | None) -> dict:
 
 
 # Key tiles' masks (`_attend_keys`' MASKED): none, every condition, or only the one an edge tile needs.
-NO_MASK, FULL_MASK, WINDOW_EDGE, CAUSAL_EDGE = 0, 1, 2, 3
-_WINDOW_EDGE = tl.constexpr(WINDOW_EDGE)
-_CAUSAL_EDGE = tl.constexpr(CAUSAL_EDGE)
+_NO_MASK = tl.constexpr(0)
+_FULL_MASK = tl.constexpr(1)
+_WINDOW_EDGE = tl.constexpr(2)
+_CAUSAL_EDGE = tl.constexpr(3)
 
 
 @triton.jit
 def _tile_rows(bt_row_ptr, pos, kv_lo, kv_hi, CACHE_BLOCK: tl.constexpr, MASKED: tl.constexpr):
     """(cache block int64, offset in it int64, live) of key positions `pos`; without MASKED every position is live.
-    CAUSAL_EDGE: the tile is inside every row's window, so only positions past the sequence's end are dead."""
+    _CAUSAL_EDGE: the tile is inside every row's window, so only positions past the sequence's end are dead."""
     if MASKED == _CAUSAL_EDGE:
         live = pos < kv_hi
         blk = tl.load(bt_row_ptr + pos // CACHE_BLOCK, mask=live, other=0)
@@ -147,10 +148,10 @@ def _attend_keys(
 ):
     """Online-softmax update of (acc, m_i, l_i) over keys [tile_begin, tile_end) ∩ [kv_lo, kv_hi), causal per row.
 
-    MASKED (NO_MASK, FULL_MASK, WINDOW_EDGE, CAUSAL_EDGE): NO_MASK is for whole tiles every row may see entirely
-    (live keys, inside every row's causal and window range), WINDOW_EDGE for tiles at or before every row's position
-    (the window and dead keys decide), CAUSAL_EDGE for tiles inside every row's window (the causal bound decides);
-    FULL_MASK checks everything.
+    MASKED (_NO_MASK, _FULL_MASK, _WINDOW_EDGE, _CAUSAL_EDGE): _NO_MASK is for whole tiles every row may see entirely
+    (live keys, inside every row's causal and window range), _WINDOW_EDGE for tiles at or before every row's position
+    (the window and dead keys decide), _CAUSAL_EDGE for tiles inside every row's window (the causal bound decides);
+    _FULL_MASK checks everything.
     """
     offs_n = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
@@ -179,7 +180,7 @@ def _prefetch_tiles(k_ptr, v_ptr, bt_row_ptr, k_head_off, v_head_off, stride_kb,
     line = tl.where(line < HEAD_DIM, line, 0)
     for t in tl.static_range(TILES):
         pos = begin + t * BLOCK_N + tl.arange(0, BLOCK_N)
-        blk64, within, live = _tile_rows(bt_row_ptr, pos, kv_lo, kv_hi, CACHE_BLOCK, True)
+        blk64, within, live = _tile_rows(bt_row_ptr, pos, kv_lo, kv_hi, CACHE_BLOCK, _FULL_MASK)
         live = live & (pos < end)
         k_rows = tl.where(live, blk64 * stride_kb + within * stride_ko + k_head_off, 0)
         v_rows = tl.where(live, blk64 * stride_vb + within * stride_vo + v_head_off, 0)
@@ -410,7 +411,7 @@ def _decode_kernel(
         BLOCK_D,
         BLOCK_N,
         DOT_PREC,
-        True,
+        _FULL_MASK,
     )
     if NUM_SPLITS == 1:
         o = acc / l_i[:, None]
@@ -628,7 +629,7 @@ def _prefill_kernel(
     acc, m_i, l_i = _attend_keys(
         acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
         stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, full_lo, full_hi, qk_scale,
-        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, False,
+        WINDOW, CACHE_BLOCK, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC, _NO_MASK,
     )  # fmt: skip
     # Tiles below full_lo end at or before every row's position (full_lo <= full_hi <= first_pos + 1).
     acc, m_i, l_i = _attend_keys(
@@ -638,7 +639,7 @@ def _prefill_kernel(
     )  # fmt: skip
     # Tiles from full_hi start past first_pos + 1 - BLOCK_N, so a window of BLOCK_N + BLOCK_Q keys or more holds all
     # of them for every row; a narrower one needs every mask.
-    HIGH: tl.constexpr = _CAUSAL_EDGE if WINDOW == 0 or WINDOW >= BLOCK_N + BLOCK_Q else 1
+    HIGH: tl.constexpr = _CAUSAL_EDGE if WINDOW == 0 or WINDOW >= BLOCK_N + BLOCK_Q else _FULL_MASK
     acc, m_i, l_i = _attend_keys(
         acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, bt_row, kvh * stride_kh, kvh * stride_vh,
         stride_kb, stride_ko, stride_vb, stride_vo, kv_lo, kv_hi, full_hi, kv_hi, qk_scale,

@@ -10,7 +10,7 @@ from flint_kernels.activation_triton import silu_and_mul
 from flint_kernels.rmsnorm import add_rms_norm_ref
 from flint_kernels.router import add_rms_norm_sigmoid_topk_ref, sigmoid_topk_ref
 from flint_kernels.router_triton import SMALL_BATCH, add_rms_norm_sigmoid_topk, fused_norm_fits, sigmoid_topk
-from kernel_checks import poison_torch_empty
+from kernel_checks import LaunchSpy, poison_torch_empty
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -47,13 +47,6 @@ def test_silu_and_mul_interp(poison: None, shape: tuple[int, ...], dtype: torch.
     _check_silu(shape, dtype, "cpu")
 
 
-class _Refused:
-    """Stands in for a kernel that must not launch."""
-
-    def __getitem__(self, grid: object) -> object:
-        raise AssertionError("the one-row-a-program kernel ran")
-
-
 @pytest.mark.parametrize("shape", [(301, 2 * 96), (257, 2 * 600)], ids=["ragged-rows", "two-column-tiles"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_silu_and_mul_rows_interp(
@@ -64,8 +57,12 @@ def test_silu_and_mul_rows_interp(
     from flint_kernels import activation_triton
 
     assert shape[0] >= activation_triton.ROWS_MIN and shape[0] % activation_triton.ROWS
-    monkeypatch.setattr(activation_triton, "_silu_and_mul_kernel", _Refused())
+    one_row = LaunchSpy(activation_triton._silu_and_mul_kernel)
+    rows = LaunchSpy(activation_triton._silu_and_mul_rows_kernel)
+    monkeypatch.setattr(activation_triton, "_silu_and_mul_kernel", one_row)
+    monkeypatch.setattr(activation_triton, "_silu_and_mul_rows_kernel", rows)
     _check_silu(shape, dtype, "cpu")
+    assert (one_row.launches, rows.launches) == (0, 1)
 
 
 def test_silu_and_mul_empty_interp() -> None:
