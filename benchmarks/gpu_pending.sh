@@ -283,25 +283,74 @@ fi
 # in one step and a 32K prompt in 2,048-token steps against `attention_before`, and the sliding sweep again (the
 # masks' cost changed, so other tiles may win now). ~7 minutes.
 if [ "${EDGE_AB:-0}" = 1 ]; then
-    gpu_tests "prefill attention tests" edge_tests 300 tests/test_kernels_attention.py -k "prefill"
+    # Every attention GPU test: the decode kernel's mask argument changed in the review after the edge masks.
+    gpu_tests "attention GPU tests" edge_tests 300 -n 8 tests/test_kernels_attention.py
     timeout 200 python3 benchmarks/prefill_attention_ab.py --before .probe/attention_before.py \
         --out "$OUT/prefill_attention_ab.json" 2>&1 | grep -v "^wrote"
     export FLINT_AB_ATTENTION_BEFORE=$PWD/.probe/attention_before.py
-    for spec in "8192 0" "32768 2048"; do
-        set -- $spec
+    for spec in 8192:0 32768:2048; do
+        [ "$spec" = 32768:2048 ] && [ "${EDGE_32K:-1}" = 0 ] && continue
+        set -- ${spec/:/ }
         timeout 500 python3 benchmarks/prefill_ab.py --format bf16 --tokens "$1" --chunk "$2" \
             --variant attention_before --rounds 3 --out "$OUT/prefill_ab_edges_$1_$2.json" \
             > "$OUT/prefill_ab_edges_$1_$2.txt" 2>&1
         echo "== bf16 $1 tokens, chunk $2"; grep -E "^round|median|Error" "$OUT/prefill_ab_edges_$1_$2.txt"
     done
     unset FLINT_AB_ATTENTION_BEFORE
-    timeout 300 python3 benchmarks/kernels_attention.py --sweep --sweep-parts prefill-sliding > "$OUT/sweep_sliding.txt" 2>&1
+    [ "${EDGE_SWEEP:-1}" = 1 ] && timeout 300 python3 benchmarks/kernels_attention.py --sweep --sweep-parts prefill-sliding > "$OUT/sweep_sliding.txt" 2>&1
+    if [ "${EDGE_SWEEP:-1}" = 1 ]; then
     cp benchmarks/results/kernels_attention_sweep.json "$OUT/kernels_attention_sweep_sliding.json"
     python3 - "$OUT/kernels_attention_sweep_sliding.json" <<'PY'
 import json, sys
 for r in sorted(json.load(open(sys.argv[1])), key=lambda r: r["ms"])[:6]:
     print(f"  {r['ms']:.4f} ms  err {r['rel_err']:.1e}  {r['config']}")
 PY
+    fi
+fi
+# SLIDING_CUDNN=1 (twenty-eighth session): a sliding layer's fresh prompt on cuDNN cut into blocks (flipped: two
+# causal calls over 512-query blocks, merged; band: one call with a bias over 128 / 256-query blocks) against our
+# Triton kernel, each path's error and its cuDNN calls alone. ~1 minute.
+if [ "${SLIDING_CUDNN:-0}" = 1 ]; then
+    timeout 200 python3 benchmarks/sliding_attention_cudnn.py --ts 4096 8192 --out "$OUT/sliding_attention_cudnn.json" \
+        > "$OUT/sliding_attention_cudnn.txt" 2>&1
+    sed -n '/^Sliding prefill/,$p' "$OUT/sliding_attention_cudnn.txt" | grep -v "^wrote"; grep Traceback -A5 "$OUT/sliding_attention_cudnn.txt"
+fi
+# L2_AHEAD=1 (twenty-eighth session): the next layer's static weights asked into L2 on a side stream of the decode
+# graphs (op l2_ahead, flint_engine/weights_ahead.py): its GPU test, then the whole step at batch 1 (and 8) against
+# the table as installed, forking before each layer's MLP (NVFP4 and BF16) and at each layer's start (NVFP4); BF16
+# also with only the attention's projections and norms (its static weights are ~52 MB a layer, more than L2). ~6 min.
+if [ "${L2_AHEAD:-0}" = 1 ]; then
+    gpu_tests "weights-ahead GPU test" ahead_tests 200 tests/test_weights_ahead.py
+    # L2_AHEAD_SPECS: FORK:FORMAT:PARTS items; L2_AHEAD_BATCHES the batches.
+    for spec in ${L2_AHEAD_SPECS:-mlp:nvfp4:all layer:nvfp4:all mlp:bf16:all mlp:bf16:qkv,o,norms}; do
+        set -- ${spec//:/ }
+        # shellcheck disable=SC2086
+        FLINT_L2_AHEAD_AT=$1 FLINT_L2_AHEAD_PARTS=$([ "$3" = all ] && echo qkv,o,mlp,norms || echo "$3") \
+            timeout 240 python3 benchmarks/decode.py --formats "$2" --batches ${L2_AHEAD_BATCHES:-1 8} --contexts 1024 --prefill 0 \
+            --reps 30 --check-steps 0 --no-plain-timing --ab-ops all,l2_ahead \
+            --out "$OUT/decode_l2_ahead_$1_$2_${3//,/_}.json" > "$OUT/decode_l2_ahead_$1_$2_${3//,/_}.txt" 2>&1
+        echo "== l2_ahead at $1, $2, parts $3"; grep -h "A/B rounds\|Error" "$OUT/decode_l2_ahead_$1_$2_${3//,/_}.txt"
+    done
+fi
+# AHEAD_TABLE=1 (twenty-eighth session, after L2_AHEAD=1 found NVFP4 batch 1 faster with the next layer's q|k|v and o
+# asked ahead, 2.273 -> 2.140 ms, and every BF16 and 2-8 token variant slower): the op as the tuning table's
+# `weights_ahead` entries, NVFP4 at one token: n2 (next_qkv, next_o), n2m (and own_mlp), n1om (next_qkv, own_o,
+# own_mlp), n1o (next_qkv, own_o). Its GPU tests, then the whole step at batch 1. ~3 minutes.
+if [ "${AHEAD_TABLE:-0}" = 1 ]; then
+    gpu_tests "weights-ahead GPU tests" ahead_tests 200 tests/test_weights_ahead.py
+    V=/tmp/variants; mkdir -p $V
+    one='{"nvfp4": true, "tokens_max": 1}'
+    for spec in n2:next_qkv,next_o n2m:next_qkv,next_o,own_mlp n1om:next_qkv,own_o,own_mlp n1o:next_qkv,own_o; do
+        fields=${spec#*:}
+        # shellcheck disable=SC2046
+        python3 benchmarks/tuning_variant.py --op weights_ahead --new --when "$one" \
+            --set $(echo "$fields" | tr ',' '\n' | sed 's/$/=true/') --out "$V/${spec%%:*}.json" > /dev/null
+    done
+    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 1 --contexts 1024 --prefill 0 --reps 30 \
+        --check-steps 0 --no-plain-timing --ab-tuning-file $V/n2.json $V/n2m.json $V/n1om.json $V/n1o.json \
+        --out "$OUT/decode_ahead_table.json" > "$OUT/decode_ahead_table.txt" 2>&1
+    echo "== whole step: table vs n2 / n2m / n1om / n1o"
+    ab_rounds "$OUT/decode_ahead_table.txt"
 fi
 # ROUTER8K=1 (next): the router's tiles at 4,096+ tokens beyond the four shapes swept in 2026-11 (the installed 128 x
 # 128 x 64 in 3 stages holds 192 KB of shared memory, one program an SM, 84 us a layer in the 8K prefill against ~27

@@ -10,8 +10,12 @@ Copies the table (default: the H200's shipped one), changes the config fields na
 every entry of --op whose conditions equal --when (`--when all`: every entry of the op), checks that the result
 loads (`flint_kernels.tuning`), and writes it. With --add the matching entries stay as they are: a copy of each,
 with the --add conditions and the --set fields, goes in just before it (the first matching entry wins a lookup, so
-the copy takes the shapes it names). An entry that does not exist, a field the op's config lacks or a value of the
-wrong type is an error.
+the copy takes the shapes it names). With --new, an entry of its own (conditions --when, the --set fields) goes
+first in the op's list, which is made when the table has none. An entry that does not exist, a field the op's
+config lacks or a value of the wrong type is an error.
+
+    python benchmarks/tuning_variant.py --op weights_ahead --new --when '{"nvfp4": true, "tokens_max": 1}' \
+        --set next_qkv=true next_o=true --out /tmp/variant.json
 """
 
 from __future__ import annotations
@@ -25,10 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 H200_TABLE = ROOT / "kernels" / "tuning" / "nvidia-h200.json"
 
 
-def make_variant(table: dict, op: str, when: dict | None, changes: dict, add: dict | None = None) -> tuple[dict, int]:
+def make_variant(
+    table: dict, op: str, when: dict | None, changes: dict, add: dict | None = None, new: bool = False
+) -> tuple[dict, int]:
     """A copy of `table` with `changes` applied to the config of each `op` entry whose "when" equals `when` (None:
-    every entry), or with `add`, to a copy of each (conditions `add`) inserted before it; and how many matched."""
+    every entry), or with `add`, to a copy of each (conditions `add`) inserted before it; and how many matched.
+    `new`: one entry of its own with conditions `when` and config `changes`, first in the op's list."""
     out = json.loads(json.dumps(table))
+    if new:
+        entry = {"when": when or {}, "config": changes, "source": "variant: a new entry"}
+        out[op] = [entry, *out.get(op, [])]
+        return out, 1
     hits = 0
     entries = []
     for entry in out.get(op, []):
@@ -67,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--when", required=True, help="the entry's conditions as JSON, e.g. '{\"nvfp4\": false}', or all")
     ap.add_argument("--set", nargs="+", required=True, metavar="FIELD=VALUE", help="config fields, values as JSON")
     ap.add_argument("--add", metavar="WHEN", help="insert a changed copy with these conditions (JSON) instead")
+    ap.add_argument("--new", action="store_true", help="a new first entry of --op with conditions --when")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     from flint_kernels import tuning
@@ -78,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, json.JSONDecodeError) as e:
         print(f"tuning_variant: {e}", file=sys.stderr)
         return 2
-    variant, hits = make_variant(json.loads(args.table.read_text()), args.op, when, changes, add)
+    variant, hits = make_variant(json.loads(args.table.read_text()), args.op, when, changes, add, args.new)
     if hits == 0:
         which = "entry" if when is None else f"entry with when == {when}"
         print(f"tuning_variant: {args.table} has no {args.op} {which}", file=sys.stderr)

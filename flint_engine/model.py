@@ -14,6 +14,7 @@ from flint_kernels.rope import rope_cos_sin
 from .forward_batch import ForwardBatch, fresh_sequences_batch
 from .kv_cache import KVCache
 from .weights import DenseMLPWeights, FlintWeights, LayerWeights, MoEWeights, Projection
+from .weights_ahead import WeightsAhead
 
 # The router's output: top-k weights (FP32) and expert ids, [T, k] each.
 Routing = tuple[torch.Tensor, torch.Tensor]
@@ -30,6 +31,12 @@ class FlintModel:
             for layer in weights.layers:
                 if isinstance(layer.mlp, MoEWeights):
                     kernels.prepare_router(layer.mlp.router)
+        # Weights asked into L2 ahead of their kernels on a side stream of captured graphs (op `l2_ahead`).
+        self.weights_ahead = (
+            WeightsAhead(weights, kernels.l2_ahead)
+            if kernels.l2_ahead is not None and weights.device.type == "cuda"
+            else None
+        )
 
     # ------------------------------------------------------------------ building blocks
     def _linear(self, x: torch.Tensor, w: Projection) -> torch.Tensor:
@@ -139,12 +146,17 @@ class FlintModel:
         # block's MLP output stays `pending` until that projection.
         h, residual = k.rms_norm(x, layers[0].input_norm, c.rms_norm_eps), x
         pending: torch.Tensor | None = None
+        ahead = self.weights_ahead
+        if ahead is not None and not ahead.begin(batch.input_ids.shape[0]):
+            ahead = None
         for i, lw in enumerate(layers):
             k_cache, v_cache, sliding = cache.layer(i)
             if pending is not None:
                 qkv, residual = k.add_rms_norm_linear(pending, residual, lw.input_norm, c.rms_norm_eps, lw.qkv)
             else:
                 qkv = self._linear(h, lw.qkv)
+            if ahead is not None:
+                ahead.after_qkv(i)
             qkv_args = (
                 qkv,
                 lw.q_norm,
@@ -169,6 +181,8 @@ class FlintModel:
             else:
                 attn = k.attention(k.qk_norm_rope_write(*qkv_args), k_cache, v_cache, *attn_args)
             h, residual, routing = self._attn_add_norm(attn.reshape(attn.shape[0], -1), lw, residual)
+            if ahead is not None:
+                ahead.before_mlp(i)
             nxt = layers[i + 1] if i + 1 < len(layers) else None
             if k.add_rms_norm_linear is not None and nxt is not None and not isinstance(nxt.qkv, tuple):
                 pending = self._mlp_out(h, lw.mlp, routing)
@@ -176,6 +190,8 @@ class FlintModel:
                 pending = None
                 next_norm = nxt.input_norm if nxt is not None else self.weights.final_norm
                 h, residual = self._mlp_add_norm(h, lw.mlp, residual, next_norm, routing)
+        if ahead is not None:
+            ahead.join()
         return h
 
     @torch.inference_mode()

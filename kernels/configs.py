@@ -139,6 +139,21 @@ class AttentionPrefillConfig:
 
 
 @dataclass(frozen=True)
+class WeightsAheadConfig:
+    """Which of a layer's static weights (never the routed experts) a decode graph asks L2 for on a side stream, and
+    when (`l2_prefetch.prefetch_chunks`, `flint_engine.weights_ahead`); everything off by default."""
+
+    # When layer i's MLP is next (its attention block and router queued): layer i+1's q|k|v projection with its
+    # norms and sinks; its o projection; its MLP's static parts (the router and shared expert, or the dense MLP).
+    next_qkv: bool = False
+    next_o: bool = False
+    next_mlp: bool = False
+    # When layer i's q|k|v projection is queued: layer i's o projection; its MLP's static parts.
+    own_o: bool = False
+    own_mlp: bool = False
+
+
+@dataclass(frozen=True)
 class RouterTilesConfig:
     """Launch parameters of the many-token router kernel (`router_triton`, above its small-batch limit)."""
 

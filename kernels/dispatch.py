@@ -48,6 +48,9 @@ class Kernels:
     add_rms_norm_router: Callable | None = None
     # add_rms_norm then a projection of the normed rows: (projection, new residual).
     add_rms_norm_linear: Callable | None = None
+    # Asks L2 for the lines of an `l2_prefetch.chunk_table` (no result): the model then runs it on a side stream of its
+    # CUDA graphs, a layer ahead of the kernels that read those weights (`flint_engine.weights_ahead`).
+    l2_ahead: Callable | None = None
     # Called once per router weight when a model is built, so the router op can keep data derived from it.
     prepare_router: Callable | None = None
     # Called by the prefill warm-up with (max prefill tokens, query heads, KV heads, head_dim, dtype, device), so an

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .dispatch import Kernels, with_ops
+from .l2_prefetch import no_prefetch
 from .linear import add_rms_norm_linear_ref, linear_add_rms_norm_ref
 from .moe import moe_add_rms_norm_ref
 from .qkv_attention import qkv_attention_ref
@@ -32,6 +33,8 @@ OPS = (
     "lm_head",
     "sample_top_k",
     "add_rms_norm_router",
+    # Does nothing unless the tuning table's `weights_ahead` entry for the step's shape turns a part on.
+    "l2_ahead",
 )
 # Fused only when named in $FLINT_FAST_OPS or the op list: correct (CPU interpreter, H200 tests), but slower on the
 # H200 than the two launches each replaces. The add+RMSNorm epilogues (batch-1 step 2.46 vs 2.44 ms NVFP4, 3.12 vs
@@ -86,6 +89,7 @@ _composed: dict[str, Callable] = {
     "qkv_attention": qkv_attention_ref,
     "add_rms_norm_router": add_rms_norm_sigmoid_topk_ref,
     "add_rms_norm_linear": add_rms_norm_linear_ref,
+    "l2_ahead": no_prefetch,
 }
 
 
@@ -95,6 +99,7 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         activation_triton,
         attention_triton,
         gemv_triton,
+        l2_prefetch,
         moe_triton,
         qk_norm_rope_triton,
         qkv_attention_triton,
@@ -119,6 +124,7 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         "qkv_attention": qkv_attention_triton.qkv_attention,
         "add_rms_norm_router": router_triton.add_rms_norm_sigmoid_topk,
         "add_rms_norm_linear": gemv_triton.add_rms_norm_linear,
+        "l2_ahead": l2_prefetch.prefetch_chunks,
     }
     if ops is None:
         ops = parse_ops(os.environ.get("FLINT_FAST_OPS", "all"))

@@ -53,6 +53,7 @@ from .configs import (
     MoEPaths,
     RouterTilesConfig,
     TileConfig,
+    WeightsAheadConfig,
 )
 
 TABLES = Path(__file__).resolve().parent / "tuning"
@@ -82,6 +83,8 @@ OPS: dict[str, Op] = {
     "attention.prefill": Op(AttentionPrefillConfig, {"tokens": int, "sliding": bool, "elem_bytes": int}),
     # The many-token router (router_triton's tensor-core tiles, above its small-batch limit).
     "router.tiles": Op(RouterTilesConfig, {"tokens": int, "experts": int}),
+    # A decode graph's side stream asking L2 for the next weights (l2_prefetch); tokens: the step's batch.
+    "weights_ahead": Op(WeightsAheadConfig, {"tokens": int, "nvfp4": bool}),
 }
 TESTS = ("min", "max", "multiple")
 MEMO_LIMIT = 4096

@@ -430,3 +430,10 @@ def test_manifest_registers_compiles_a_recorded_variant(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 2 and all(0 < r["REG"] <= 255 and not r["spills"] for r in rows), rows
     assert {r["constants"]["PDL"] for r in rows} == {True}
+
+
+def test_l2_prefetch_chunks_compiles_for_sm90() -> None:
+    """The side stream's prefetch kernel: its table's two words and one L2 prefetch a line, no PDL wait."""
+    loads, waits = _compile("flint_kernels.l2_prefetch", "_prefetch_chunks_kernel", {"table_ptr": "i64"},
+                            {"LINES": 256}, 4, 1)  # fmt: skip
+    assert loads >= 3 and waits == 0
