@@ -345,6 +345,9 @@ def run_format(
                             step()
                         row["step_ms"] = round(timed(g.replay, dev, args.reps), 4)
                         row["cuda_graph"] = True
+                        if fast.weights_ahead is not None and fast.weights_ahead.last_forks:
+                            # Off the step's critical path, and not in the eager step `kernels_per_step` counts.
+                            row["side_stream_kernels"] = fast.weights_ahead.last_forks
                         if variant is not None:
                             row.update(ab_rounds(g, step, variant, batch, dev, args.reps, args.ab_tuning_file))
                     except Exception as exc:  # a non-capturable op: measure eagerly and say why
@@ -514,6 +517,10 @@ def main() -> None:
                     f"{r['format']:>6} b{r['batch']} ctx {r['context']} A/B rounds: default {r['ab_main_ms']} ms,"
                     f" variant (--ab-ops {args.ab_ops!r}, --ab-tuning-file {v['tuning_file']!r}) {v['ms']} ms"
                 )
+    for r in rows:
+        if r.get("side_stream_kernels"):
+            print(f"{r['format']:>6} b{r['batch']} ctx {r['context']}: the graph also runs {r['side_stream_kernels']}"
+                  " kernels on its side stream (weights asked into L2 ahead, op l2_ahead)")  # fmt: skip
     for r in rows:
         if "time_by_family_ms" in r:
             fams = ", ".join(f"{k} {v:.3f}" for k, v in r["time_by_family_ms"].items())

@@ -3,10 +3,13 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twenty-seventh session (2026-12-04): SiLU-and-mul of prefills several rows a program (GLUE=1: 8K
-# BF16 prefill 116.3 -> 114.1 ms), prefill attention's edge tiles with only the mask they need (the kernel A/B: sliding
-# -5.7%, a full layer's 8K chunk after 8K -6.7%; EDGE_AB=1 times it on whole prefills, next; ROUTER8K=1 sweeps the
-# 8K router's tiles, next). Before, the
+# State after the twenty-eighth session (2026-12-04): NVFP4 decode graphs at one token ask L2 for the next layer's q|k|v
+# and o projections on a side stream (L2_AHEAD=1 and AHEAD_TABLE=1: batch 1 2.292 -> 2.142 ms, installed, NVFP4
+# manifest recorded with it); EDGE_AB=1 found the edge masks even on the whole 8K prefill, ROUTER8K=1 no better 8K
+# router tiles, SLIDING_CUDNN=1 the sliding layers slower on cuDNN in blocks (docs/performance.md). Before, the
+# twenty-seventh: SiLU-and-mul of prefills several rows a program (GLUE=1: 8K BF16 prefill 116.3 -> 114.1 ms), prefill
+# attention's edge tiles with only the mask they need (the kernel A/B: sliding -5.7%, a full layer's 8K chunk after
+# 8K -6.7%). Before, the
 # twenty-sixth (2026-12-04): long prompts' later chunks (a prefix of whole 8,192-key
 # segments) run their full layers on cuDNN too (CUDNN_PREFIX=1: a 32K prompt in 8K chunks BF16 718.6 -> 629.8 ms, NVFP4
 # 860.3 -> 770.3), both manifest profiles recorded with it. The twenty-fifth: full layers' fresh prompts from 4,096
@@ -277,7 +280,7 @@ if [ "${RECORD_BOTH:-0}" = 1 ]; then
     (OUT=$OUT/record_nvfp4 bash benchmarks/gpu_record_manifest.sh 2>&1 | tail -3)
     (OUT=$OUT/record_bf16 MODEL=random:full bash benchmarks/gpu_record_manifest.sh 2>&1 | tail -3)
 fi
-# EDGE_AB=1 (next): the twenty-seventh session's edge masks on the whole prefill, which its device time did not
+# EDGE_AB=1 (run in the twenty-eighth session: even on the whole prefill): the twenty-seventh session's edge masks on the whole prefill, which its device time did not
 # reach. Before the call: `git show e9437d1:kernels/attention_triton.py > .probe/attention_before.py` and carry
 # [".whl", ".probe"]. The prefill attention GPU tests, the kernel A/B (prefill_attention_ab.py), the 8K BF16 prefill
 # in one step and a 32K prompt in 2,048-token steps against `attention_before`, and the sliding sweep again (the
@@ -352,7 +355,7 @@ if [ "${AHEAD_TABLE:-0}" = 1 ]; then
     echo "== whole step: table vs n2 / n2m / n1om / n1o"
     ab_rounds "$OUT/decode_ahead_table.txt"
 fi
-# ROUTER8K=1 (next): the router's tiles at 4,096+ tokens beyond the four shapes swept in 2026-11 (the installed 128 x
+# ROUTER8K=1 (run in the twenty-eighth session: the installed tiles stay): the router's tiles at 4,096+ tokens beyond the four shapes swept in 2026-11 (the installed 128 x
 # 128 x 64 in 3 stages holds 192 KB of shared memory, one program an SM, 84 us a layer in the 8K prefill against ~27
 # us of MMAs): fewer stages or K steps, all 256 experts a program, K split over programs. ~2 minutes. A winner goes
 # into the table's `router.tiles` entry from 4,096 tokens and is judged on the whole prefill with

@@ -76,6 +76,7 @@ class WeightsAhead:
         self._side = torch.cuda.Stream(self.device)
         self._config = WeightsAheadConfig()
         self._forked = False
+        self.last_forks = 0  # side launches the last captured forward pass made
 
     def layer_bytes(self, *parts: str) -> list[int]:
         """Bytes each layer's `parts` ask for (whole 128-byte lines)."""
@@ -86,6 +87,7 @@ class WeightsAhead:
         while a CUDA graph is captured)."""
         if not torch.cuda.is_current_stream_capturing():
             return False
+        self.last_forks = 0
         self._config = tuning.tuned("weights_ahead", WeightsAheadConfig(), self.device, tokens=tokens, nvfp4=self.nvfp4)
         return any(dataclasses.astuple(self._config))
 
@@ -96,6 +98,7 @@ class WeightsAhead:
         with torch.cuda.stream(self._side):
             self._launch(self._tables[parts][layer])
         self._forked = True
+        self.last_forks += 1
 
     def after_qkv(self, layer: int) -> None:
         """`layer`'s q|k|v projection is queued."""

@@ -115,3 +115,5 @@ def test_graphs_with_weights_ahead_decode_the_same_tokens(
     assert not forks  # eager steps never fork
     assert run(ahead, True) == eager
     assert forks and all(n > 0 for n in forks)  # the captures forked
+    own = "own_o" in config or "own_mlp" in config  # a fork at every layer's q|k|v too
+    assert ahead.weights_ahead.last_forks == len(w.layers) - 1 + (len(w.layers) if own else 0)
