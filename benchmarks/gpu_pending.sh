@@ -355,30 +355,11 @@ if [ "${AHEAD_TABLE:-0}" = 1 ]; then
     echo "== whole step: table vs n2 / n2m / n1om / n1o"
     ab_rounds "$OUT/decode_ahead_table.txt"
 fi
-# AHEAD_DATA=1 (twenty-eighth session, built after AHEAD_TABLE=1): the data-dependent prefetches on the same side
-# stream at batch 1, each on top of the installed entry (NVFP4) or as a new one (BF16): e (a layer's routed experts'
-# down projections from the router's ids, while its gate_up runs), k (the next layer's K/V blocks, up to 64 a
-# sequence), ek (both). Their GPU tests, then the whole step, NVFP4 and BF16. ~4 minutes.
-if [ "${AHEAD_DATA:-0}" = 1 ]; then
-    gpu_tests "weights-ahead GPU tests" ahead_tests 200 tests/test_weights_ahead.py
-    V=/tmp/variants; mkdir -p $V
-    nv='{"nvfp4": true, "tokens_max": 1}'
-    bf='{"nvfp4": false, "tokens_max": 1}'
-    for spec in e:own_experts_down=true k:next_kv_blocks=64 ek:own_experts_down=true,next_kv_blocks=64; do
-        name=${spec%%:*}
-        # shellcheck disable=SC2046
-        python3 benchmarks/tuning_variant.py --op weights_ahead --when "$nv" --set $(echo "${spec#*:}" | tr ',' ' ') \
-            --out "$V/$name.nv.json" > /dev/null || echo "variant failed: $spec"
-        # shellcheck disable=SC2046
-        python3 benchmarks/tuning_variant.py --table "$V/$name.nv.json" --op weights_ahead --new --when "$bf" \
-            --set $(echo "${spec#*:}" | tr ',' ' ') --out "$V/$name.json" > /dev/null || echo "variant failed: $spec"
-    done
-    timeout 300 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 --contexts 1024 --prefill 0 --reps 30 \
-        --check-steps 0 --no-plain-timing --ab-tuning-file $V/e.json $V/k.json $V/ek.json \
-        --out "$OUT/decode_ahead_data.json" > "$OUT/decode_ahead_data.txt" 2>&1
-    echo "== whole step: table vs e / k / ek"
-    ab_rounds "$OUT/decode_ahead_data.txt"
-fi
+# AHEAD_DATA (twenty-eighth session, removed after its run): side-stream kernels that asked for a layer's routed
+# experts' down projections from the router's ids, and the next layer's newest K/V blocks, on top of the installed
+# entry. NVFP4 batch 1 2.137 -> 2.150 / 2.143 / 2.134 ms (experts / K/V / both), BF16 2.786 -> 2.875 / 2.849 / 2.910
+# (benchmarks/results/decode_h200_weights_ahead_data_ab_s28.json): both kernels already ask for them before their
+# PDL wait.
 # ROUTER8K=1 (run in the twenty-eighth session: the installed tiles stay): the router's tiles at 4,096+ tokens beyond the four shapes swept in 2026-11 (the installed 128 x
 # 128 x 64 in 3 stages holds 192 KB of shared memory, one program an SM, 84 us a layer in the 8K prefill against ~27
 # us of MMAs): fewer stages or K steps, all 256 experts a program, K split over programs. ~2 minutes. A winner goes

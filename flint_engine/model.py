@@ -133,18 +133,6 @@ class FlintModel:
         """The MLP block's output before the residual add (the next op does the add and the norm)."""
         return self._moe(h, mlp, routing) if isinstance(mlp, MoEWeights) else self._dense_mlp(h, mlp)
 
-    def _ahead_of_mlp(
-        self, ahead: WeightsAhead, i: int, routing: Routing | None, batch: ForwardBatch, cache: KVCache
-    ) -> None:
-        """Layer i's MLP is next: what the tuning table has asked L2 for from here (`weights_ahead`)."""
-        next_kv = None
-        if ahead.wants_kv and i + 1 < len(self.weights.layers):
-            k_cache, v_cache, sliding = cache.layer(i + 1)
-            tables = batch.sliding_block_tables if sliding else batch.full_block_tables
-            window = self.config.sliding_window if sliding else None
-            next_kv = (k_cache, v_cache, tables, batch.attn.seq_lens_t, window)
-        ahead.before_mlp(i, None if routing is None else routing[1], next_kv)
-
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
@@ -194,7 +182,7 @@ class FlintModel:
                 attn = k.attention(k.qk_norm_rope_write(*qkv_args), k_cache, v_cache, *attn_args)
             h, residual, routing = self._attn_add_norm(attn.reshape(attn.shape[0], -1), lw, residual)
             if ahead is not None:
-                self._ahead_of_mlp(ahead, i, routing, batch, cache)
+                ahead.before_mlp(i)
             nxt = layers[i + 1] if i + 1 < len(layers) else None
             if k.add_rms_norm_linear is not None and nxt is not None and not isinstance(nxt.qkv, tuple):
                 pending = self._mlp_out(h, lw.mlp, routing)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from flint_kernels import tuning
 from flint_kernels.configs import WeightsAheadConfig
-from flint_kernels.l2_prefetch import chunk_table, indexed_table, prefetch_indexed, prefetch_kv
+from flint_kernels.l2_prefetch import chunk_table
 from flint_kernels.linear import NVFP4Weight
 
 from .weights import DenseMLPWeights, FlintWeights, LayerWeights, MoEWeights, Projection
@@ -73,13 +73,6 @@ class WeightsAhead:
                     for lw in weights.layers]
             for parts in subsets
         }  # fmt: skip
-        # The routed experts' down projections, a row an expert (MoE layers only).
-        self._experts: list[tuple[torch.Tensor, int] | None] = []
-        for lw in weights.layers:
-            down = lw.mlp.experts_down if isinstance(lw.mlp, MoEWeights) else None
-            parts = [down.qweight, down.scales] if isinstance(down, NVFP4Weight) else [down] if down is not None else []
-            table = indexed_table(parts, self.device) if parts else None
-            self._experts.append(None if table is None else (table, int(table[:, 2].max())))
         self._side = torch.cuda.Stream(self.device)
         self._config = WeightsAheadConfig()
         self._forked = False
@@ -98,52 +91,25 @@ class WeightsAhead:
         self._config = tuning.tuned("weights_ahead", WeightsAheadConfig(), self.device, tokens=tokens, nvfp4=self.nvfp4)
         return any(dataclasses.astuple(self._config))
 
-    @property
-    def wants_kv(self) -> bool:
-        """Whether this pass asks for the next layer's K/V blocks (`before_mlp` then needs them)."""
-        return self._config.next_kv_blocks > 0
-
-    def _fork(self, launches: list[Callable[[], None]]) -> None:
-        """The launches on the side stream, after what the main stream has queued so far."""
-        if not launches:
+    def _fork(self, layer: int, parts: frozenset[str]) -> None:
+        if not parts or layer >= len(self._tables[parts]):
             return
         self._side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._side):
-            for launch in launches:
-                launch()
+            self._launch(self._tables[parts][layer])
         self._forked = True
-        self.last_forks += len(launches)
-
-    def _static(self, layer: int, parts: frozenset[str]) -> list[Callable[[], None]]:
-        if not parts or layer >= len(self._tables[parts]):
-            return []
-        table = self._tables[parts][layer]
-        return [lambda: self._launch(table)]
+        self.last_forks += 1
 
     def after_qkv(self, layer: int) -> None:
         """`layer`'s q|k|v projection is queued."""
         cfg = self._config
-        self._fork(self._static(layer, frozenset(p for p, on in (("o", cfg.own_o), ("mlp", cfg.own_mlp)) if on)))
+        self._fork(layer, frozenset(p for p, on in (("o", cfg.own_o), ("mlp", cfg.own_mlp)) if on))
 
-    def before_mlp(
-        self,
-        layer: int,
-        expert_ids: torch.Tensor | None = None,
-        next_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int | None] | None = None,
-    ) -> None:
-        """`layer`'s attention block is queued, its MLP is next; `expert_ids` its router's picks when they are known,
-        `next_kv` the next layer's (k_cache, v_cache, block tables, sequence lengths, window) when `wants_kv`."""
+    def before_mlp(self, layer: int) -> None:
+        """`layer`'s attention block is queued, its MLP is next."""
         cfg = self._config
         on = (("qkv", cfg.next_qkv), ("o", cfg.next_o), ("mlp", cfg.next_mlp))
-        launches = self._static(layer + 1, frozenset(p for p, o in on if o))
-        experts = self._experts[layer]
-        if cfg.own_experts_down and expert_ids is not None and experts is not None:
-            # Its memory must not go to a later tensor of the main stream before the side stream has read it.
-            expert_ids.record_stream(self._side)
-            launches.append(lambda: prefetch_indexed(expert_ids, *experts))
-        if cfg.next_kv_blocks > 0 and next_kv is not None:
-            launches.append(lambda: prefetch_kv(*next_kv[:4], cfg.next_kv_blocks, next_kv[4]))
-        self._fork(launches)
+        self._fork(layer + 1, frozenset(p for p, o in on if o))
 
     def join(self) -> None:
         """The main stream waits for the side stream (a captured graph must end with every stream joined)."""

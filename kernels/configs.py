@@ -151,11 +151,6 @@ class WeightsAheadConfig:
     # When layer i's q|k|v projection is queued: layer i's o projection; its MLP's static parts.
     own_o: bool = False
     own_mlp: bool = False
-    # When layer i's MLP is next: its routed experts' down projections, from the router's ids (read on the device;
-    # only where the router returns them with the norm, small decode batches).
-    own_experts_down: bool = False
-    # When layer i's MLP is next: each sequence's newest blocks of layer i+1's K/V cache, at most this many (0: none).
-    next_kv_blocks: int = 0
 
 
 @dataclass(frozen=True)

@@ -432,18 +432,8 @@ def test_manifest_registers_compiles_a_recorded_variant(tmp_path: Path) -> None:
     assert {r["constants"]["PDL"] for r in rows} == {True}
 
 
-@pytest.mark.parametrize(
-    ("kernel", "pointers", "constexprs"),
-    [
-        ("_prefetch_chunks_kernel", {"table_ptr": "i64"}, {"LINES": 256}),
-        ("_prefetch_indexed_kernel", {"index_ptr": "i64", "table_ptr": "i64", "record_ptr": "i64"}, {"LINES": 256}),
-        ("_prefetch_kv_kernel", {"tables_ptr": "i32", "seq_lens_ptr": "i32", "record_ptr": "i64"},
-         {"CACHE_BLOCK": 16, "BLOCK_LINES": 128, "BLOCKS": 4}),
-    ],
-    ids=["chunks", "indexed", "kv"],
-)  # fmt: skip
-def test_l2_prefetch_kernels_compile_for_sm90(kernel: str, pointers: dict, constexprs: dict) -> None:
-    """The side stream's prefetch kernels: their loads and L2 prefetches, no PDL wait."""
-    record = {} if kernel == "_prefetch_chunks_kernel" else {"RECORD": False}
-    loads, waits = _compile("flint_kernels.l2_prefetch", kernel, pointers, {**constexprs, **record}, 4, 1)
+def test_l2_prefetch_chunks_compiles_for_sm90() -> None:
+    """The side stream's prefetch kernel: its table's two words and one L2 prefetch a line, no PDL wait."""
+    loads, waits = _compile("flint_kernels.l2_prefetch", "_prefetch_chunks_kernel", {"table_ptr": "i64"},
+                            {"LINES": 256}, 4, 1)  # fmt: skip
     assert loads >= 3 and waits == 0
