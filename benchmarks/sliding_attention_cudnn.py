@@ -20,7 +20,6 @@ each alone, so the glue's share shows.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -32,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels_attention import HQ, WINDOW, D, _paged_case, _rel_err
+from prefill_attention_sdpa import measured, triton_only
 
 ATEN = torch.ops.aten
 
@@ -122,23 +122,6 @@ def band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor,
     }
 
 
-def measured(row: dict, fn: Callable[[], object], ref: torch.Tensor | None, flops: float) -> dict:
-    """`row` with the variant's error against `ref` (when given), median ms and TFLOP/s, or what it raised."""
-    from triton.testing import do_bench
-
-    try:
-        out = fn()
-        torch.cuda.synchronize()
-        if ref is not None:
-            row["rel_err"] = _rel_err(out, ref)
-        row["ms"] = float(do_bench(fn, warmup=5, rep=60, return_mode="median"))
-        row["TFLOP/s"] = round(flops / row["ms"] / 1e9, 1)
-    except Exception as e:  # a variant cuDNN refuses here is a row, not the end of the run
-        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    print(json.dumps(row), flush=True)
-    return row
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ts", type=int, nargs="*", default=[4096, 8192])
@@ -158,7 +141,7 @@ def main() -> int:
         ref = paged_attention_ref(*pargs)
         k, v = (gather_kv(c, table[0], 0, t) for c in (kc, vc))
         flops = 4.0 * sum(min(WINDOW, i + 1) for i in range(t)) * HQ * D
-        ours = dataclasses.replace(at.prefill_config(t, WINDOW, q.device), cudnn_min_tokens=0)
+        ours = triton_only(t, q.device, WINDOW)
         cases: dict[str, Callable[[], object]] = {
             "ours (Triton)": lambda pargs=pargs, c=ours: at.paged_attention_prefill(*pargs, config=c),
             "gather K/V from the cache": lambda t=t, kc=kc, vc=vc, table=table: [
@@ -170,7 +153,8 @@ def main() -> int:
             cases.update(band(q, k, v, sinks, WINDOW, bq))
         for name, fn in cases.items():
             judged = name.endswith("(whole)") or name.startswith("ours")
-            rows.append(measured({"T": t, "variant": name}, fn, ref if judged else None, flops))
+            judge = (lambda out, ref=ref: _rel_err(out, ref)) if judged else (lambda out: None)
+            rows.append(measured({"T": t, "variant": name}, fn, judge, flops, 60))
         del q, kc, vc, table, meta, sinks, ref, k, v, cases
         torch.cuda.empty_cache()
     print(f"\nSliding prefill attention (513 keys) on {torch.cuda.get_device_name()} (torch {torch.__version__}):")
@@ -179,7 +163,7 @@ def main() -> int:
         if "error" in r:
             print(f"{r['T']:6d} {r['variant']:34s} {r['error']}")
         else:
-            err = f"{r['rel_err']:9.1e}" if "rel_err" in r else f"{'':9s}"
+            err = f"{r['rel_err']:9.1e}" if r.get("rel_err") is not None else f"{'':9s}"
             print(f"{r['T']:6d} {r['variant']:34s} {r['ms']:8.4f} {r['TFLOP/s']:8.1f} {err}")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date.today().isoformat()}
     meta["command"] = "python benchmarks/sliding_attention_cudnn.py " + " ".join(sys.argv[1:])
