@@ -355,6 +355,24 @@ if [ "${AHEAD_TABLE:-0}" = 1 ]; then
     echo "== whole step: table vs n2 / n2m / n1om / n1o"
     ab_rounds "$OUT/decode_ahead_table.txt"
 fi
+# AHEAD_CHUNKS=1 (twenty-eighth session): the side stream's programs asking for 1,024 or 4,096 lines each instead of
+# 256 (fewer programs holding the SMs' slots the step's kernels want): c1 / c4 on the installed NVFP4 entry, a4 with
+# the next layer's MLP parts too in 4,096-line chunks. Its GPU tests, then the whole step at batch 1. ~2 minutes.
+if [ "${AHEAD_CHUNKS:-0}" = 1 ]; then
+    gpu_tests "weights-ahead GPU tests" ahead_tests 100 tests/test_weights_ahead.py
+    V=/tmp/variants; mkdir -p $V
+    nv='{"nvfp4": true, "tokens_max": 1}'
+    for spec in c1:chunk_lines=1024 c4:chunk_lines=4096 a4:chunk_lines=4096,next_mlp=true; do
+        # shellcheck disable=SC2046
+        python3 benchmarks/tuning_variant.py --op weights_ahead --when "$nv" --set $(echo "${spec#*:}" | tr ',' ' ') \
+            --out "$V/${spec%%:*}.json" > /dev/null || echo "variant failed: $spec"
+    done
+    timeout 150 python3 benchmarks/decode.py --formats nvfp4 --batches 1 --contexts 1024 --prefill 0 --reps 30 \
+        --check-steps 0 --no-plain-timing --ab-tuning-file $V/c1.json $V/c4.json $V/a4.json \
+        --out "$OUT/decode_ahead_chunks.json" > "$OUT/decode_ahead_chunks.txt" 2>&1
+    echo "== whole step: table vs c1 / c4 / a4"
+    ab_rounds "$OUT/decode_ahead_chunks.txt"
+fi
 # AHEAD_DATA (twenty-eighth session, removed after its run): side-stream kernels that asked for a layer's routed
 # experts' down projections from the router's ids, and the next layer's newest K/V blocks, on top of the installed
 # entry. NVFP4 batch 1 2.137 -> 2.150 / 2.143 / 2.134 ms (experts / K/V / both), BF16 2.786 -> 2.875 / 2.849 / 2.910

@@ -16,7 +16,6 @@ captured (the decode graphs): an eager step would pay the side launches on the h
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable
 
@@ -29,6 +28,8 @@ from flint_kernels.linear import NVFP4Weight
 from .weights import DenseMLPWeights, FlintWeights, LayerWeights, MoEWeights, Projection
 
 PARTS = ("qkv", "o", "mlp")
+# Lines a side-stream program asks for, the sizes tables are made for (`WeightsAheadConfig.chunk_lines` picks).
+CHUNKS = (256, 1024, 4096)
 
 
 def _projection_tensors(w: Projection | None) -> list[torch.Tensor]:
@@ -69,18 +70,22 @@ class WeightsAhead:
         self._launch = launch
         subsets = [frozenset(c) for n in range(1, len(PARTS) + 1) for c in itertools.combinations(PARTS, n)]
         self._tables = {
-            parts: [chunk_table([t for p in PARTS if p in parts for t in layer_tensors(lw, p)], self.device)
-                    for lw in weights.layers]
+            (parts, lines): [
+                chunk_table([t for p in PARTS if p in parts for t in layer_tensors(lw, p)], self.device, lines)
+                for lw in weights.layers
+            ]
             for parts in subsets
-        }  # fmt: skip
+            for lines in CHUNKS
+        }
         self._side = torch.cuda.Stream(self.device)
         self._config = WeightsAheadConfig()
+        self._chunk = CHUNKS[0]
         self._forked = False
         self.last_forks = 0  # side launches the last captured forward pass made
 
     def layer_bytes(self, *parts: str) -> list[int]:
         """Bytes each layer's `parts` ask for (whole 128-byte lines)."""
-        return [int(t[:, 1].sum()) * 128 for t in self._tables[frozenset(parts)]]
+        return [int(t[:, 1].sum()) * 128 for t in self._tables[frozenset(parts), CHUNKS[0]]]
 
     def begin(self, tokens: int) -> bool:
         """Take the table's config for a forward pass of `tokens` tokens; whether it asks for anything now (only
@@ -89,14 +94,17 @@ class WeightsAhead:
             return False
         self.last_forks = 0
         self._config = tuning.tuned("weights_ahead", WeightsAheadConfig(), self.device, tokens=tokens, nvfp4=self.nvfp4)
-        return any(dataclasses.astuple(self._config))
+        # The largest prepared chunk size not above the table's.
+        self._chunk = max([c for c in CHUNKS if c <= self._config.chunk_lines], default=CHUNKS[0])
+        return self._config.parts_on
 
     def _fork(self, layer: int, parts: frozenset[str]) -> None:
-        if not parts or layer >= len(self._tables[parts]):
+        tables = self._tables.get((parts, self._chunk), [])
+        if layer >= len(tables):
             return
         self._side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._side):
-            self._launch(self._tables[parts][layer])
+            self._launch(tables[layer])
         self._forked = True
         self.last_forks += 1
 

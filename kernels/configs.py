@@ -151,6 +151,14 @@ class WeightsAheadConfig:
     # When layer i's q|k|v projection is queued: layer i's o projection; its MLP's static parts.
     own_o: bool = False
     own_mlp: bool = False
+    # 128-byte lines a side-stream program asks for: fewer, longer programs hold fewer of the SMs' slots that the
+    # step's kernels want (`flint_engine.weights_ahead.CHUNKS` lists the sizes it prepares tables for).
+    chunk_lines: int = field(default=256, metadata=POW2)
+
+    @property
+    def parts_on(self) -> bool:
+        """Whether it asks for anything."""
+        return self.next_qkv or self.next_o or self.next_mlp or self.own_o or self.own_mlp
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 LINE = 128  # bytes a prefetch asks for
-CHUNK_LINES = 256  # lines a `prefetch_chunks` program asks for (32 KB)
+CHUNK_LINES = 256  # lines a `prefetch_chunks` program asks for at a time (32 KB); its chunk may hold more
 
 
 @triton.jit
@@ -49,12 +49,14 @@ def chunk_table(tensors: list[torch.Tensor], device: torch.device, lines: int = 
 
 @triton.jit
 def _prefetch_chunks_kernel(table_ptr, LINES: tl.constexpr):
-    """Program p asks L2 for the lines of chunk p of the table (`chunk_table`); a short chunk repeats its last line."""
+    """Program p asks L2 for the lines of chunk p of the table (`chunk_table`), LINES at a time; a short last step
+    repeats its chunk's last line."""
     p = tl.program_id(0).to(tl.int64)
     first = tl.load(table_ptr + 2 * p)
     count = tl.load(table_ptr + 2 * p + 1)
-    line = tl.minimum(tl.arange(0, LINES).to(tl.int64), count - 1)
-    prefetch_lines((first + line * 128).to(tl.pointer_type(tl.int8)))
+    for start in range(0, count, LINES):
+        line = tl.minimum(start + tl.arange(0, LINES).to(tl.int64), count - 1)
+        prefetch_lines((first + line * 128).to(tl.pointer_type(tl.int8)))
 
 
 def no_prefetch(table: torch.Tensor) -> None:
