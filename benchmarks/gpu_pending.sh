@@ -318,23 +318,12 @@ if [ "${SLIDING_CUDNN:-0}" = 1 ]; then
         > "$OUT/sliding_attention_cudnn.txt" 2>&1
     sed -n '/^Sliding prefill/,$p' "$OUT/sliding_attention_cudnn.txt" | grep -v "^wrote"; grep Traceback -A5 "$OUT/sliding_attention_cudnn.txt"
 fi
-# L2_AHEAD=1 (twenty-eighth session): the next layer's static weights asked into L2 on a side stream of the decode
-# graphs (op l2_ahead, flint_engine/weights_ahead.py): its GPU test, then the whole step at batch 1 (and 8) against
-# the table as installed, forking before each layer's MLP (NVFP4 and BF16) and at each layer's start (NVFP4); BF16
-# also with only the attention's projections and norms (its static weights are ~52 MB a layer, more than L2). ~6 min.
-if [ "${L2_AHEAD:-0}" = 1 ]; then
-    gpu_tests "weights-ahead GPU test" ahead_tests 200 tests/test_weights_ahead.py
-    # L2_AHEAD_SPECS: FORK:FORMAT:PARTS items; L2_AHEAD_BATCHES the batches.
-    for spec in ${L2_AHEAD_SPECS:-mlp:nvfp4:all layer:nvfp4:all mlp:bf16:all mlp:bf16:qkv,o,norms}; do
-        set -- ${spec//:/ }
-        # shellcheck disable=SC2086
-        FLINT_L2_AHEAD_AT=$1 FLINT_L2_AHEAD_PARTS=$([ "$3" = all ] && echo qkv,o,mlp,norms || echo "$3") \
-            timeout 240 python3 benchmarks/decode.py --formats "$2" --batches ${L2_AHEAD_BATCHES:-1 8} --contexts 1024 --prefill 0 \
-            --reps 30 --check-steps 0 --no-plain-timing --ab-ops all,l2_ahead \
-            --out "$OUT/decode_l2_ahead_$1_$2_${3//,/_}.json" > "$OUT/decode_l2_ahead_$1_$2_${3//,/_}.txt" 2>&1
-        echo "== l2_ahead at $1, $2, parts $3"; grep -h "A/B rounds\|Error" "$OUT/decode_l2_ahead_$1_$2_${3//,/_}.txt"
-    done
-fi
+# L2_AHEAD (twenty-eighth session, its first build; the block is a comment now that the tuning table's
+# weights_ahead op holds those settings): the next layer's static weights asked into L2 on a side stream of the decode
+# graphs, forked before each layer's MLP or at its start, by parts, as `decode.py --ab-ops all,l2_ahead` runs:
+# NVFP4 b1 all parts 2.274 -> 2.199 ms, q|k|v and o 2.273 -> 2.140 (installed), q|k|v 2.293 -> 2.186, router + shared
+# expert 2.278 -> 2.199, a layer earlier 2.286 -> 2.316; b2-b8 and every BF16 variant slower
+# (benchmarks/results/decode_h200_l2_ahead_*_s28.json).
 # AHEAD_TABLE=1 (twenty-eighth session, after L2_AHEAD=1 found NVFP4 batch 1 faster with the next layer's q|k|v and o
 # asked ahead, 2.273 -> 2.140 ms, and every BF16 and 2-8 token variant slower): the op as the tuning table's
 # `weights_ahead` entries, NVFP4 at one token: n2 (next_qkv, next_o), n2m (and own_mlp), n1om (next_qkv, own_o,
