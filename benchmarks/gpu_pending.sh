@@ -5,7 +5,7 @@
 #
 # State after the twenty-eighth session (2026-12-04): NVFP4 decode graphs at one token ask L2 for the next layer's q|k|v
 # and o projections on a side stream (L2_AHEAD=1 and AHEAD_TABLE=1: batch 1 2.292 -> 2.142 ms, installed, NVFP4
-# manifest recorded with it); EDGE_AB=1 found the edge masks even on the whole 8K prefill, ROUTER8K=1 no better 8K
+# manifest recorded with it; 1,024 lines a side program, CHUNK_SWEEP=1 next); EDGE_AB=1 found the edge masks even on the whole 8K prefill, ROUTER8K=1 no better 8K
 # router tiles, SLIDING_CUDNN=1 the sliding layers slower on cuDNN in blocks (docs/performance.md). Before, the
 # twenty-seventh: SiLU-and-mul of prefills several rows a program (GLUE=1: 8K BF16 prefill 116.3 -> 114.1 ms), prefill
 # attention's edge tiles with only the mask they need (the kernel A/B: sliding -5.7%, a full layer's 8K chunk after
@@ -361,6 +361,23 @@ if [ "${AHEAD_CHUNKS:-0}" = 1 ]; then
         --out "$OUT/decode_ahead_chunks.json" > "$OUT/decode_ahead_chunks.txt" 2>&1
     echo "== whole step: table vs c1 / c4 / a4"
     ab_rounds "$OUT/decode_ahead_chunks.txt"
+fi
+# CHUNK_SWEEP=1 (next): the side programs' lines around the installed 1,024 (256 lost 0.8%, 4,096 lost 11%): c512,
+# c2048 on the installed NVFP4 entry, and the 1,024-line entry with the next layer's MLP parts (router, shared expert)
+# too, m1 (in 256-line programs they lost with q|k|v and o, 2.200 vs 2.140). ~2 minutes.
+if [ "${CHUNK_SWEEP:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    nv='{"nvfp4": true, "tokens_max": 1}'
+    for spec in c512:chunk_lines=512 c2048:chunk_lines=2048 m1:next_mlp=true; do
+        # shellcheck disable=SC2046
+        python3 benchmarks/tuning_variant.py --op weights_ahead --when "$nv" --set $(echo "${spec#*:}" | tr ',' ' ') \
+            --out "$V/${spec%%:*}.json" > /dev/null || echo "variant failed: $spec"
+    done
+    timeout 150 python3 benchmarks/decode.py --formats nvfp4 --batches 1 --contexts 1024 --prefill 0 --reps 30 \
+        --check-steps 0 --no-plain-timing --ab-tuning-file $V/c512.json $V/c2048.json $V/m1.json \
+        --out "$OUT/decode_ahead_chunk_sweep.json" > "$OUT/decode_ahead_chunk_sweep.txt" 2>&1
+    echo "== whole step: table vs c512 / c2048 / m1"
+    ab_rounds "$OUT/decode_ahead_chunk_sweep.txt"
 fi
 # AHEAD_DATA (twenty-eighth session, removed after its run): side-stream kernels that asked for a layer's routed
 # experts' down projections from the router's ids, and the next layer's newest K/V blocks, on top of the installed

@@ -16,7 +16,9 @@ captured (the decode graphs): an eager step would pay the side launches on the h
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 from collections.abc import Callable
 
 import torch
@@ -27,9 +29,11 @@ from flint_kernels.linear import NVFP4Weight
 
 from .weights import DenseMLPWeights, FlintWeights, LayerWeights, MoEWeights, Projection
 
+log = logging.getLogger(__name__)
+
 PARTS = ("qkv", "o", "mlp")
 # Lines a side-stream program asks for, the sizes tables are made for (`WeightsAheadConfig.chunk_lines` picks).
-CHUNKS = (256, 1024, 4096)
+CHUNKS = (256, 512, 1024, 2048, 4096)
 
 
 def _projection_tensors(w: Projection | None) -> list[torch.Tensor]:
@@ -80,6 +84,7 @@ class WeightsAhead:
         self._side = torch.cuda.Stream(self.device)
         self._config = WeightsAheadConfig()
         self._chunk = CHUNKS[0]
+        self._logged: set[tuple[int, WeightsAheadConfig]] = set()
         self._forked = False
         self.last_forks = 0  # side launches the last captured forward pass made
 
@@ -96,6 +101,12 @@ class WeightsAhead:
         self._config = tuning.tuned("weights_ahead", WeightsAheadConfig(), self.device, tokens=tokens, nvfp4=self.nvfp4)
         # The largest prepared chunk size not above the table's.
         self._chunk = max([c for c in CHUNKS if c <= self._config.chunk_lines], default=CHUNKS[0])
+        if self._config.parts_on and (tokens, self._config) not in self._logged:
+            self._logged.add((tokens, self._config))
+            cfg = self._config
+            parts = [f.name for f in dataclasses.fields(cfg) if f.type == "bool" and getattr(cfg, f.name)]
+            log.info("decode graph of %d tokens asks L2 ahead for %s, %d lines a side program (tuning table's "
+                     "weights_ahead)", tokens, ", ".join(parts), self._chunk)  # fmt: skip
         return self._config.parts_on
 
     def _fork(self, layer: int, parts: frozenset[str]) -> None:
