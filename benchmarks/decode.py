@@ -336,6 +336,7 @@ def run_format(
 
                 row: dict[str, Any] = {"format": fmt, "batch": b, "context": c, "kernels": kernels.name}
                 graph_error = None
+                captured: torch.cuda.CUDAGraph | None = None
                 if use_graphs:
                     try:
                         step()
@@ -345,6 +346,7 @@ def run_format(
                             step()
                         row["step_ms"] = round(timed(g.replay, dev, args.reps), 4)
                         row["cuda_graph"] = True
+                        captured = g
                         if fast.weights_ahead is not None and fast.weights_ahead.last_forks:
                             # Off the step's critical path, and not in the eager step `kernels_per_step` counts.
                             row["side_stream_kernels"] = fast.weights_ahead.last_forks
@@ -363,7 +365,12 @@ def run_format(
                 row["tokens_per_s"] = round(b / row["step_ms"] * 1e3, 1)
                 profiled = args.profile_batches if args.profile_batches is not None else [min(args.batches)]
                 if dev.type == "cuda" and b in profiled and c == min(args.contexts):
-                    row["kernels_per_step"], row["time_by_family_ms"], row["kernels_by_name"] = count_kernels(step, dev)
+                    # The graph's replay: its kernels as the step runs them (PDL overlaps, side-stream launches).
+                    on_graph = args.profile_graph and captured is not None
+                    row["profiled"] = "graph replay" if on_graph else "eager step"
+                    row["kernels_per_step"], row["time_by_family_ms"], row["kernels_by_name"] = count_kernels(
+                        captured.replay if on_graph and captured is not None else step, dev
+                    )
                 first = b == min(args.batches) and c == min(args.contexts)
                 if dev.type == "cuda" and first and not args.no_plain_timing:
                     plain_ms = timed(lambda batch=batch: step(plain, batch), dev, 3, warmup=1)
@@ -440,6 +447,12 @@ def main() -> None:
         nargs="*",
         default=None,
         help="batches whose step is profiled by kernel (at the smallest context; default: the smallest batch)",
+    )
+    ap.add_argument(
+        "--profile-graph",
+        action="store_true",
+        help="profile the captured graph's replay instead of an eager step (side-stream launches included, each kernel"
+        " as long as it runs there)",
     )
     ap.add_argument(
         "--ab-ops",

@@ -379,6 +379,15 @@ if [ "${CHUNK_SWEEP:-0}" = 1 ]; then
     echo "== whole step: table vs c512 / c2048 / m1"
     ab_rounds "$OUT/decode_ahead_chunk_sweep.txt"
 fi
+# GRAPH_PROFILE=1 (next): NVFP4 batch 1 profiled as its graph replays (`decode.py --profile-graph`: the side stream's
+# prefetch launches beside the step's kernels, each kernel as long as it runs there), to see which kernels the L2
+# requests shortened and by how much. ~1 minute.
+if [ "${GRAPH_PROFILE:-0}" = 1 ]; then
+    timeout 150 python3 benchmarks/decode.py --formats nvfp4 --batches 1 --contexts 1024 --prefill 0 --reps 30 \
+        --check-steps 0 --no-plain-timing --profile-graph --out "$OUT/decode_graph_profile.json" \
+        > "$OUT/decode_graph_profile.txt" 2>&1
+    sed -n '/GPU ms by kernel family/,$p' "$OUT/decode_graph_profile.txt" | head -16
+fi
 # AHEAD_DATA (twenty-eighth session, removed after its run): side-stream kernels that asked for a layer's routed
 # experts' down projections from the router's ids, and the next layer's newest K/V blocks, on top of the installed
 # entry. NVFP4 batch 1 2.137 -> 2.150 / 2.143 / 2.134 ms (experts / K/V / both), BF16 2.786 -> 2.875 / 2.849 / 2.910
