@@ -344,24 +344,9 @@ if [ "${AHEAD_TABLE:-0}" = 1 ]; then
     echo "== whole step: table vs n2 / n2m / n1om / n1o"
     ab_rounds "$OUT/decode_ahead_table.txt"
 fi
-# AHEAD_CHUNKS=1 (twenty-eighth session): the side stream's programs asking for 1,024 or 4,096 lines each instead of
-# 256 (fewer programs holding the SMs' slots the step's kernels want): c1 / c4 on the installed NVFP4 entry, a4 with
-# the next layer's MLP parts too in 4,096-line chunks. Its GPU tests, then the whole step at batch 1. ~2 minutes.
-if [ "${AHEAD_CHUNKS:-0}" = 1 ]; then
-    gpu_tests "weights-ahead GPU tests" ahead_tests 100 tests/test_weights_ahead.py
-    V=/tmp/variants; mkdir -p $V
-    nv='{"nvfp4": true, "tokens_max": 1}'
-    for spec in c1:chunk_lines=1024 c4:chunk_lines=4096 a4:chunk_lines=4096,next_mlp=true; do
-        # shellcheck disable=SC2046
-        python3 benchmarks/tuning_variant.py --op weights_ahead --when "$nv" --set $(echo "${spec#*:}" | tr ',' ' ') \
-            --out "$V/${spec%%:*}.json" > /dev/null || echo "variant failed: $spec"
-    done
-    timeout 150 python3 benchmarks/decode.py --formats nvfp4 --batches 1 --contexts 1024 --prefill 0 --reps 30 \
-        --check-steps 0 --no-plain-timing --ab-tuning-file $V/c1.json $V/c4.json $V/a4.json \
-        --out "$OUT/decode_ahead_chunks.json" > "$OUT/decode_ahead_chunks.txt" 2>&1
-    echo "== whole step: table vs c1 / c4 / a4"
-    ab_rounds "$OUT/decode_ahead_chunks.txt"
-fi
+# AHEAD_CHUNKS (twenty-eighth session, run; CHUNK_SWEEP below is its recipe): 1,024 lines a side program 2.195 ->
+# 2.177 ms (installed), 4,096 lines 2.451, 4,096 with the MLP parts 2.548
+# (benchmarks/results/decode_h200_weights_ahead_chunks_ab_s28.json).
 # CHUNK_SWEEP=1 (next): the side programs' lines around the installed 1,024 (256 lost 0.8%, 4,096 lost 11%): c512,
 # c2048 on the installed NVFP4 entry, and the 1,024-line entry with the next layer's MLP parts (router, shared expert)
 # too, m1 (in 256-line programs they lost with q|k|v and o, 2.200 vs 2.140). ~2 minutes.

@@ -147,7 +147,7 @@ class FlintModel:
         h, residual = k.rms_norm(x, layers[0].input_norm, c.rms_norm_eps), x
         pending: torch.Tensor | None = None
         ahead = self.weights_ahead
-        if ahead is not None and not ahead.begin(batch.input_ids.shape[0]):
+        if ahead is not None and not ahead.begin(batch.num_tokens):
             ahead = None
         for i, lw in enumerate(layers):
             k_cache, v_cache, sliding = cache.layer(i)

@@ -16,7 +16,6 @@ captured (the decode graphs): an eager step would pay the side launches on the h
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 from collections.abc import Callable
@@ -65,22 +64,23 @@ def layer_tensors(lw: LayerWeights, part: str) -> list[torch.Tensor]:
 
 
 class WeightsAhead:
-    """Per layer and set of parts, a chunk table of their lines (built once, before any capture: a graph cannot
-    copy from the host), and the side stream that asks L2 for them: one launch a fork point a layer."""
+    """Per set of parts and chunk size, one chunk table of every layer's lines with each layer's rows in it (built
+    once, before any capture: a graph cannot copy from the host; a fork launches on a slice of it), and the side
+    stream that asks L2 for them: one launch a fork point a layer."""
 
     def __init__(self, weights: FlintWeights, launch: Callable[[torch.Tensor], None]) -> None:
         self.device = weights.device
         self.nvfp4 = any(isinstance(lw.qkv, NVFP4Weight) for lw in weights.layers)
         self._launch = launch
         subsets = [frozenset(c) for n in range(1, len(PARTS) + 1) for c in itertools.combinations(PARTS, n)]
-        self._tables = {
-            (parts, lines): [
-                chunk_table([t for p in PARTS if p in parts for t in layer_tensors(lw, p)], self.device, lines)
-                for lw in weights.layers
-            ]
-            for parts in subsets
-            for lines in CHUNKS
-        }
+        # (parts, lines) -> (table, row offsets of each layer and the end)
+        self._tables: dict[tuple[frozenset[str], int], tuple[torch.Tensor, list[int]]] = {}
+        for parts in subsets:
+            tensors = [[t for p in PARTS if p in parts for t in layer_tensors(lw, p)] for lw in weights.layers]
+            for lines in CHUNKS:
+                per_layer = [chunk_table(ts, torch.device("cpu"), lines) for ts in tensors]
+                offsets = list(itertools.accumulate((len(t) for t in per_layer), initial=0))
+                self._tables[parts, lines] = (torch.cat(per_layer).to(self.device), offsets)
         self._side = torch.cuda.Stream(self.device)
         self._config = WeightsAheadConfig()
         self._chunk = CHUNKS[0]
@@ -88,9 +88,16 @@ class WeightsAhead:
         self._forked = False
         self.last_forks = 0  # side launches the last captured forward pass made
 
+    def _layer_table(self, parts: frozenset[str], lines: int, layer: int) -> torch.Tensor:
+        table, offsets = self._tables[parts, lines]
+        return table[offsets[layer] : offsets[layer + 1]]
+
     def layer_bytes(self, *parts: str) -> list[int]:
         """Bytes each layer's `parts` ask for (whole 128-byte lines)."""
-        return [int(t[:, 1].sum()) * 128 for t in self._tables[frozenset(parts), CHUNKS[0]]]
+        _, offsets = self._tables[frozenset(parts), CHUNKS[0]]
+        return [
+            int(self._layer_table(frozenset(parts), CHUNKS[0], i)[:, 1].sum()) * 128 for i in range(len(offsets) - 1)
+        ]
 
     def begin(self, tokens: int) -> bool:
         """Take the table's config for a forward pass of `tokens` tokens; whether it asks for anything now (only
@@ -103,19 +110,17 @@ class WeightsAhead:
         self._chunk = max([c for c in CHUNKS if c <= self._config.chunk_lines], default=CHUNKS[0])
         if self._config.parts_on and (tokens, self._config) not in self._logged:
             self._logged.add((tokens, self._config))
-            cfg = self._config
-            parts = [f.name for f in dataclasses.fields(cfg) if f.type == "bool" and getattr(cfg, f.name)]
             log.info("decode graph of %d tokens asks L2 ahead for %s, %d lines a side program (tuning table's "
-                     "weights_ahead)", tokens, ", ".join(parts), self._chunk)  # fmt: skip
+                     "weights_ahead)", tokens, ", ".join(self._config.parts), self._chunk)  # fmt: skip
         return self._config.parts_on
 
     def _fork(self, layer: int, parts: frozenset[str]) -> None:
-        tables = self._tables.get((parts, self._chunk), [])
-        if layer >= len(tables):
+        if not parts or layer >= len(self._tables[parts, self._chunk][1]) - 1:
             return
+        table = self._layer_table(parts, self._chunk, layer)
         self._side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._side):
-            self._launch(tables[layer])
+            self._launch(table)
         self._forked = True
         self.last_forks += 1
 

@@ -7,7 +7,7 @@ table that breaks that is refused when it loads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 POW2 = {"power_of_two": True}
 # Portable default of `MoEPaths.dequant_min_tokens` (the engine's activation reserve reads it too).
@@ -156,9 +156,14 @@ class WeightsAheadConfig:
     chunk_lines: int = field(default=256, metadata=POW2)
 
     @property
+    def parts(self) -> tuple[str, ...]:
+        """The names of the parts it asks for (the boolean fields set)."""
+        return tuple(f.name for f in fields(self) if getattr(self, f.name) is True)
+
+    @property
     def parts_on(self) -> bool:
         """Whether it asks for anything."""
-        return self.next_qkv or self.next_o or self.next_mlp or self.own_o or self.own_mlp
+        return bool(self.parts)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from flint_kernels import l2_prefetch, tuning
+from flint_kernels.configs import WeightsAheadConfig
 from flint_kernels.dispatch import select_kernels, with_ops
 from flint_kernels.linear import NVFP4Weight
 
@@ -17,7 +18,7 @@ from flint_engine.engine_config import EngineConfig
 from flint_engine.model import FlintModel
 from flint_engine.sampling_params import SamplingParams
 from flint_engine.weights import MoEWeights, random_weights
-from flint_engine.weights_ahead import PARTS, layer_tensors
+from flint_engine.weights_ahead import CHUNKS, PARTS, WeightsAhead, layer_tensors
 
 CPU = torch.device("cpu")
 
@@ -61,6 +62,22 @@ def test_layer_tensors_are_the_static_weights_and_never_the_routed_experts(nvfp4
         layer_tensors(w.layers[0], "experts")
 
 
+def test_each_layers_slice_of_the_shared_tables_is_its_own_chunk_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One table per set of parts and chunk size holds every layer's chunks; a fork's slice is that layer's alone
+    (built here on the CPU, with a stand-in for the side stream)."""
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)
+    w = random_weights(preset("tiny"), torch.bfloat16, seed=3, nvfp4_linears=True)
+    ahead = WeightsAhead(w, l2_prefetch.no_prefetch)
+    for parts in (("qkv",), ("qkv", "o"), ("o", "mlp")):
+        for lines in CHUNKS:
+            for i, lw in enumerate(w.layers):
+                want = l2_prefetch.chunk_table([t for p in parts for t in layer_tensors(lw, p)], CPU, lines)
+                assert torch.equal(ahead._layer_table(frozenset(parts), lines, i), want)
+    bytes_qkv = ahead.layer_bytes("qkv")
+    assert len(bytes_qkv) == len(w.layers) and all(b > 0 for b in bytes_qkv)
+    assert WeightsAheadConfig(next_qkv=True, own_o=True, chunk_lines=1024).parts == ("next_qkv", "own_o")
+
+
 def test_a_cpu_model_has_no_side_stream() -> None:
     w = random_weights(preset("tiny"), torch.float32, seed=3)
     kernels = with_ops(select_kernels(CPU, torch.float32, torch.float32), l2_ahead=l2_prefetch.no_prefetch)
@@ -69,8 +86,6 @@ def test_a_cpu_model_has_no_side_stream() -> None:
 
 def test_the_shipped_tables_ask_only_for_single_tokens_of_nvfp4_weights() -> None:
     """What the H200 table turns on is what its A/B measured faster: NVFP4 at batch 1 (BF16 and batches 2-8 lost)."""
-    from flint_kernels.configs import WeightsAheadConfig
-
     table = tuning.load(tuning.TABLES / "nvidia-h200.json")
     on = [e for e in table.ops["weights_ahead"] if any(e.config.values())]
     assert on and all(("nvfp4", "eq", True) in e.when and ("tokens", "max", 1) in e.when for e in on)
