@@ -105,52 +105,75 @@ def _rank_kernel(ids_ptr, cursor_ptr, src_ptr, pos_ptr, P, TOPK: tl.constexpr, B
     tl.store(pos_ptr + offs, row.to(tl.int64), mask=ok)
 
 
-def sort(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`sort_ref`'s (src, pos, offs) in four launches (a memset, the counts, the first rows, the ranks); within an
-    expert the rows' order may differ from the stable reference's."""
-    k = topk_ids.shape[-1]
+def _flat(topk_ids: torch.Tensor) -> torch.Tensor:
     ids = topk_ids.reshape(-1)
-    ids = ids if ids.is_contiguous() else ids.contiguous()
-    p = ids.numel()
-    src = torch.empty(p, dtype=torch.int64, device=ids.device)
-    pos = torch.empty(p, dtype=torch.int64, device=ids.device)
-    e_pad = triton.next_power_of_2(num_experts)
-    work = torch.zeros(2 * num_experts + 4 * e_pad, dtype=torch.int32, device=ids.device)
-    counts, cursor, scratch = work[:num_experts], work[num_experts : 2 * num_experts], work[2 * num_experts :]
-    if p == 0:
-        return src, pos, cursor
-    grid = (triton.cdiv(p, _BLOCK),)
-    opts = launch_options(ids.device)
-    _count_kernel[grid](ids, counts, p, BLOCK=_BLOCK, num_warps=4, **opts)
-    # With no blocks to describe, the block-table program only sets each expert's first row (the cursors).
-    _blocks_kernel[(1,)](
-        counts, cursor, scratch, scratch, num_experts, 0, BLOCK_M=1, E_PAD=e_pad, STEPS=num_experts.bit_length(),
-        CHUNK=_CHUNK, num_warps=4, **opts,
-    )  # fmt: skip
-    _rank_kernel[grid](ids, cursor, src, pos, p, TOPK=k, BLOCK=_BLOCK, num_warps=4, **opts)
-    return src, pos, cursor  # each cursor has moved past its expert's last row: the end rows
+    return ids if ids.is_contiguous() else ids.contiguous()
 
 
-def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """`align_ref`'s (order, meta, blocks) from Triton launches; within an expert the pairs' order may differ."""
-    ids = topk_ids.reshape(-1)
-    ids = ids if ids.is_contiguous() else ids.contiguous()
-    p = ids.numel()
-    n_blocks = max_blocks(p, num_experts, block_m)
-    order = torch.empty(p, dtype=torch.int64, device=ids.device)
-    meta = torch.empty((n_blocks, 3), dtype=torch.int32, device=ids.device)
-    if p == 0:
-        return order, meta, n_blocks
+def _cursors(ids: torch.Tensor, num_experts: int, meta: torch.Tensor | None = None, block_m: int = 1) -> torch.Tensor:
+    """Each expert's first sorted row (int32 [E]) from one memset and two launches (the counts, then the block-table
+    program, which also fills `meta` [B, 3] for blocks of `block_m` rows when given); the rank or scatter launch then
+    moves each cursor past its expert's rows."""
     e_pad = triton.next_power_of_2(num_experts)
     # counts | cursors | scratch (4 rows of e_pad): one allocation, one memset.
     work = torch.zeros(2 * num_experts + 4 * e_pad, dtype=torch.int32, device=ids.device)
     counts, cursor, scratch = work[:num_experts], work[num_experts : 2 * num_experts], work[2 * num_experts :]
-    grid = (triton.cdiv(p, _BLOCK),)
+    p = ids.numel()
+    if p == 0:
+        return cursor
     opts = launch_options(ids.device)
-    _count_kernel[grid](ids, counts, p, BLOCK=_BLOCK, num_warps=4, **opts)
+    _count_kernel[(triton.cdiv(p, _BLOCK),)](ids, counts, p, BLOCK=_BLOCK, num_warps=4, **opts)
+    # With no block table asked for, the block-table program only sets each expert's first row.
     _blocks_kernel[(1,)](
-        counts, cursor, scratch, meta, num_experts, n_blocks, BLOCK_M=block_m, E_PAD=e_pad,
-        STEPS=num_experts.bit_length(), CHUNK=_CHUNK, num_warps=4, **opts,
+        counts, cursor, scratch, scratch if meta is None else meta, num_experts, 0 if meta is None else meta.shape[0],
+        BLOCK_M=block_m, E_PAD=e_pad, STEPS=num_experts.bit_length(), CHUNK=_CHUNK, num_warps=4, **opts,
     )  # fmt: skip
-    _scatter_kernel[grid](ids, cursor, order, p, BLOCK=_BLOCK, num_warps=4, **opts)
+    return cursor
+
+
+def sort(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sort_ref`'s (src, pos, offs) in four launches (a memset, the counts, the first rows, the ranks); within an
+    expert the rows' order may differ from the stable reference's."""
+    ids = _flat(topk_ids)
+    p = ids.numel()
+    src = torch.empty(p, dtype=torch.int64, device=ids.device)
+    pos = torch.empty(p, dtype=torch.int64, device=ids.device)
+    cursor = _cursors(ids, num_experts)
+    if p:
+        _rank_kernel[(triton.cdiv(p, _BLOCK),)](
+            ids, cursor, src, pos, p, TOPK=topk_ids.shape[-1], BLOCK=_BLOCK, num_warps=4, **launch_options(ids.device)
+        )
+    return src, pos, cursor  # each cursor has moved past its expert's last row: the end rows
+
+
+def sort_blocks(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sort`'s (src, pos) with `align`'s block table over the sorted rows: meta int32 [B, 3] = (expert, first sorted
+    row, rows) per block of at most `block_m` rows of one expert, B = `max_blocks` (the rest hold 0 rows)."""
+    ids = _flat(topk_ids)
+    p = ids.numel()
+    src = torch.empty(p, dtype=torch.int64, device=ids.device)
+    pos = torch.empty(p, dtype=torch.int64, device=ids.device)
+    meta = torch.empty((max_blocks(p, num_experts, block_m), 3), dtype=torch.int32, device=ids.device)
+    if p:
+        cursor = _cursors(ids, num_experts, meta, block_m)
+        _rank_kernel[(triton.cdiv(p, _BLOCK),)](
+            ids, cursor, src, pos, p, TOPK=topk_ids.shape[-1], BLOCK=_BLOCK, num_warps=4, **launch_options(ids.device)
+        )
+    return src, pos, meta
+
+
+def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`align_ref`'s (order, meta, blocks) from Triton launches; within an expert the pairs' order may differ."""
+    ids = _flat(topk_ids)
+    p = ids.numel()
+    n_blocks = max_blocks(p, num_experts, block_m)
+    order = torch.empty(p, dtype=torch.int64, device=ids.device)
+    meta = torch.empty((n_blocks, 3), dtype=torch.int32, device=ids.device)
+    if p:
+        cursor = _cursors(ids, num_experts, meta, block_m)
+        _scatter_kernel[(triton.cdiv(p, _BLOCK),)](
+            ids, cursor, order, p, BLOCK=_BLOCK, num_warps=4, **launch_options(ids.device)
+        )
     return order, meta, n_blocks
