@@ -77,7 +77,8 @@ def compile_sm90(
     fn = getattr(importlib.import_module(module), kernel)
     names = fn.arg_names
     sig = {n: "fp32" if n.endswith(("eps", "scale", "scaling")) else "i32" for n in names}
-    sig.update({n: "*" + t for n, t in pointers.items() if n in names})
+    # A TMA descriptor argument is named by its full type ("tensordesc<bf16[128, 64]>"), a pointer by its element type.
+    sig.update({n: t if t.startswith("tensordesc") else "*" + t for n, t in pointers.items() if n in names})
     sig.update({n: "constexpr" for n in constexprs})
     attrs = {}
     if aligned:

@@ -104,6 +104,28 @@ class MoEPaths:
     # From this many tokens (0: never) the grouped path runs BF16 experts on torch's grouped GEMM instead
     # (`moe_grouped_gemm`; CUTLASS beats our grouped kernels at long prefills on the H200, not at 2K tokens).
     grouped_gemm_min_tokens: int = 0
+    # From this many tokens (0: never) the grouped path runs on our TMA-fed tensor-core launches
+    # (`moe_grouped_tma_triton`: BF16 experts, or NVFP4's copies) where torch's grouped GEMM does not take the batch.
+    tma_min_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class MoETmaConfig:
+    """Tiles of the TMA-fed grouped MoE launches (`moe_grouped_tma_triton`); both take one block table of at most
+    BLOCK_M sorted rows of one expert a block."""
+
+    block_m: int = field(default=64, metadata=POW2)
+    gate_up_block_n: int = field(default=128, metadata=POW2)  # columns of gate and as many of up
+    gate_up_block_k: int = field(default=64, metadata=POW2)
+    gate_up_warps: int = field(default=4, metadata=POW2)
+    gate_up_stages: int = 4
+    # x's rows loaded by pointer from the unsorted activations through each row's token (no sorted copy of x made);
+    # otherwise from that copy through a TMA descriptor.
+    gather: bool = True
+    down_block_n: int = field(default=128, metadata=POW2)
+    down_block_k: int = field(default=64, metadata=POW2)
+    down_warps: int = field(default=4, metadata=POW2)
+    down_stages: int = 4
 
 
 @dataclass(frozen=True)

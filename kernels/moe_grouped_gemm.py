@@ -14,7 +14,8 @@ twenty-fourth session); at 2,048 they do not. Which batches take this path is th
 (`MoEPaths.grouped_gemm_min_tokens`, 0: none). NVFP4 experts reach it as the BF16 copies `moe_triton` makes for long
 prefills (`ScaledWeight`): their global scales multiply the FP32 accumulators, so both GEMMs give FP32 results
 (`out_dtype`) and the scales are applied, before the one rounding, in the SiLU-and-mul launch (gate_up) and in the
-slot reduce (down).
+slot reduce (down). Where torch's grouped GEMM cannot give FP32 results (torch 2.11), those copies take
+`moe_grouped_tma_triton`'s launches instead, which scale in their own epilogues.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _fp32_out(device: torch.device) -> bool:
     return out.dtype == torch.float32
 
 
-def _plain_fits(x: torch.Tensor, w: object) -> bool:
+def plain_fits(x: torch.Tensor, w: object) -> bool:
     return (
         isinstance(w, torch.Tensor)
         and w.dim() == 3
@@ -61,9 +62,9 @@ def _plain_fits(x: torch.Tensor, w: object) -> bool:
     )
 
 
-def _scaled_fits(x: torch.Tensor, w: object, segments: tuple[tuple[int, ...], ...]) -> bool:
+def scaled_fits(x: torch.Tensor, w: object, segments: tuple[tuple[int, ...], ...]) -> bool:
     """A `ScaledWeight` whose data fits as a plain stack and whose segments are one of `segments`."""
-    if not isinstance(w, ScaledWeight) or not _plain_fits(x, w.data) or w.segments not in segments:
+    if not isinstance(w, ScaledWeight) or not plain_fits(x, w.data) or w.segments not in segments:
         return False
     gs = w.global_scale
     return (
@@ -82,8 +83,8 @@ def fits(x: torch.Tensor, w13: object, w2: object) -> bool:
     if GROUPED_MM is None or x.dim() != 2 or w13.shape[0] != w2.shape[0]:  # type: ignore[attr-defined]
         return False
     inter, hidden = w2.shape[-1], x.shape[1]  # type: ignore[attr-defined]
-    if not (_plain_fits(x, w13) and _plain_fits(x, w2)):
-        scaled = _scaled_fits(x, w13, ((2 * inter,), (inter, inter))) and _scaled_fits(x, w2, ((hidden,),))
+    if not (plain_fits(x, w13) and plain_fits(x, w2)):
+        scaled = scaled_fits(x, w13, ((2 * inter,), (inter, inter))) and scaled_fits(x, w2, ((hidden,),))
         if not scaled or not (x.dtype == torch.float32 or _fp32_out(x.device)):
             return False
     if x.is_cuda:

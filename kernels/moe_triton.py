@@ -29,7 +29,9 @@ no host sync happens. A grouped GEMM with tl.dot computes each block of up to BL
 that expert's weight tile (NVFP4 decoded in registers), with the SiLU-and-mul epilogue for gate|up and the rounded
 expert output y [T*k, H] for down; a last kernel sums each token's k slots in slot order and adds the shared
 expert's output (run apart) in x's dtype. Every result is independent of scheduling, so both paths are
-deterministic and CUDA-graph capturable.
+deterministic and CUDA-graph capturable. Two other prefill paths take batches by the table's token thresholds
+(`MoEPaths`): torch's grouped GEMM (`moe_grouped_gemm`, CUTLASS) first, then the TMA-fed tensor-core launches of
+`moe_grouped_tma_triton` (gate_up with SiLU-and-mul in its epilogue, down; BF16 experts or NVFP4's BF16 copies).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import activation_triton, gemv_triton, moe_grouped_gemm, rmsnorm_triton, tuning
+from . import activation_triton, gemv_triton, moe_grouped_gemm, moe_grouped_tma_triton, rmsnorm_triton, tuning
 from .configs import MoEConfig, MoEPaths
 from .gemv_triton import (
     _INTERPRET,
@@ -746,14 +748,16 @@ def fused_moe(
     fold_max_tokens: int | None = None,
     dequant_min_tokens: int | None = None,
     grouped_gemm_min_tokens: int | None = None,
+    tma_min_tokens: int | None = None,
 ) -> torch.Tensor:
     """`moe_ref` through the Triton kernels; `decode_max_tokens` picks the path (tests force either).
 
     A shared expert runs inside the decode launches when `foldable` and the batch has at most `fold_max_tokens`
     tokens (default: `paths_config`); otherwise it runs on its own and is added. On the grouped path, from
     `dequant_min_tokens` tokens NVFP4 experts are dequantised to x's dtype for the call, and from
-    `grouped_gemm_min_tokens` (0: never) plain experts run on torch's grouped GEMM (`moe_grouped_gemm`; both
-    default to `paths_config`'s).
+    `grouped_gemm_min_tokens` (0: never) plain experts run on torch's grouped GEMM (`moe_grouped_gemm`), and
+    otherwise from `tma_min_tokens` (0: never) on the TMA-fed launches (`moe_grouped_tma_triton`, unless a `config`
+    of the Triton grouped kernels is given); all default to `paths_config`'s.
     """
     t = topk_ids.shape[0]
     decode, fold, copies = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens, dequant_min_tokens, config)
@@ -762,17 +766,24 @@ def fused_moe(
         w13, w2 = (_dequantized(w, x.dtype) for w in (w13, w2))
     if grouped_gemm_min_tokens is None:
         grouped_gemm_min_tokens = paths_config(nv, x.device).grouped_gemm_min_tokens
-    # NVFP4 experts fit only as the copies (`ScaledWeight`), so their threshold counts from `dequant_min_tokens`.
+    if tma_min_tokens is None:
+        tma_min_tokens = paths_config(nv, x.device).tma_min_tokens
+    # NVFP4 experts fit only as the copies (`ScaledWeight`), so their thresholds count from `dequant_min_tokens`.
     gemm = not decode and 0 < grouped_gemm_min_tokens <= t and moe_grouped_gemm.fits(x, w13, w2)
+    tma_cfg = None
+    if not decode and not gemm and 0 < tma_min_tokens <= t and config is None:
+        tma_cfg = moe_grouped_tma_triton.config(t * topk_ids.shape[1] / w13.shape[0], nv, x.device)
+        tma_cfg = tma_cfg if moe_grouped_tma_triton.fits(x, w13, w2, tma_cfg) else None
+    extra = None
     if shared is not None and not fold:
         # The shared expert first, so the routed path's slot-reduce launch (when it has one) adds it too.
         extra = shared_expert(x, shared)
-        if gemm:
-            return moe_grouped_gemm.routed(x, topk_weights, topk_ids, w13, w2, add=extra)  # type: ignore[arg-type]
-        return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, None, add=extra)
+        shared = None
     if gemm:
-        return moe_grouped_gemm.routed(x, topk_weights, topk_ids, w13, w2)  # type: ignore[arg-type]
-    return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared)
+        return moe_grouped_gemm.routed(x, topk_weights, topk_ids, w13, w2, add=extra)  # type: ignore[arg-type]
+    if tma_cfg is not None:
+        return moe_grouped_tma_triton.routed(x, topk_weights, topk_ids, w13, w2, tma_cfg, add=extra)  # type: ignore[arg-type]
+    return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared, add=extra)
 
 
 def _dequantized(w: Weight, dtype: torch.dtype) -> Weight:

@@ -51,6 +51,7 @@ from .configs import (
     AttentionPrefillConfig,
     MoEConfig,
     MoEPaths,
+    MoETmaConfig,
     RouterTilesConfig,
     TileConfig,
     WeightsAheadConfig,
@@ -77,6 +78,7 @@ OPS: dict[str, Op] = {
     "moe.paths": Op(MoEPaths, {"nvfp4": bool}),
     "moe.decode": Op(MoEConfig, {"tokens": int, "nvfp4": bool}),
     "moe.grouped": Op(MoEConfig, {"pairs_per_expert": float, "nvfp4": bool}),
+    "moe.grouped_tma": Op(MoETmaConfig, {"pairs_per_expert": float, "nvfp4": bool}),
     # Paged attention (attention_triton): context is the batch's longest sequence, sliding a windowed layer.
     # elem_bytes: the cache's element size (tiles tuned in BF16 can overflow shared memory in FP32).
     "attention.decode": Op(AttentionDecodeConfig, {"seqs": int, "context": int, "sliding": bool, "elem_bytes": int}),

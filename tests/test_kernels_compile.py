@@ -437,3 +437,47 @@ def test_l2_prefetch_chunks_compiles_for_sm90() -> None:
     loads, waits = _compile("flint_kernels.l2_prefetch", "_prefetch_chunks_kernel", {"table_ptr": "i64"},
                             {"LINES": 256}, 4, 1)  # fmt: skip
     assert loads >= 3 and waits == 0
+
+
+def _ptx_counts(module: str, kernel: str, pointers: dict, constexprs: dict, warps: int, stages: int,
+                needles: tuple[str, ...]) -> list[int]:  # fmt: skip
+    """How many PTX lines of `kernel` compiled for sm_90 (in a fresh process, as `_compile`) contain each needle."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(BENCHMARKS)!r})
+from kernel_sass import compile_sm90
+_, ptx = compile_sm90({module!r}, {kernel!r}, {pointers!r}, {constexprs!r}, {warps}, {stages}, aligned=True)
+print(*[sum(n in line for line in ptx.splitlines()) for n in {needles!r}])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [int(v) for v in r.stdout.split()[-len(needles) :]]
+
+
+TMA_NEEDLES = ("wgmma.mma_async", "cp.async.bulk.tensor", "griddepcontrol.wait")
+
+
+@pytest.mark.parametrize("gather", [True, False], ids=["gather", "sorted-copy"])
+@pytest.mark.parametrize("gscale", [False, True], ids=["bf16", "nvfp4-copies"])
+def test_moe_grouped_tma_gate_up_compiles_for_sm90(gather: bool, gscale: bool) -> None:
+    """The TMA-fed gate_up (H200 table tiles: 128-row blocks, 8 warps, 4 stages): weights by TMA, x's rows by TMA
+    or gathered by pointer, on wgmma, with one PDL wait."""
+    desc = "tensordesc<bf16[128, 64]>"
+    pointers = {"x_desc": desc, "x_ptr": "bf16", "src_ptr": "i64", "meta_ptr": "i32", "w_desc": desc,
+                "gs_ptr": "fp32" if gscale else "bf16", "h_ptr": "bf16"}  # fmt: skip
+    constexprs = dict(GATHER=gather, GSCALE=gscale, UP_SCALE=1 if gscale else 0, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
+                      PDL=True)  # fmt: skip
+    mma, tma, waits = _ptx_counts("flint_kernels.moe_grouped_tma_triton", "_gate_up_kernel", pointers, constexprs, 8, 4,
+                                  TMA_NEEDLES)  # fmt: skip
+    assert mma > 0 and tma > 0 and waits == 1
+
+
+def test_moe_grouped_tma_down_compiles_for_sm90() -> None:
+    """The TMA-fed down (64-row blocks, 4 warps, 4 stages): both operands by TMA, on wgmma, one PDL wait."""
+    pointers = {"h_desc": "tensordesc<bf16[64, 64]>", "meta_ptr": "i32", "w_desc": "tensordesc<bf16[128, 64]>",
+                "gs_ptr": "bf16", "y_ptr": "bf16"}  # fmt: skip
+    constexprs = dict(GSCALE=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, PDL=True)
+    mma, tma, waits = _ptx_counts("flint_kernels.moe_grouped_tma_triton", "_down_kernel", pointers, constexprs, 4, 4,
+                                  TMA_NEEDLES)  # fmt: skip
+    assert mma > 0 and tma >= 2 and waits == 1

@@ -19,10 +19,18 @@ import pytest
 import torch
 from flint_kernels import attention_triton as at
 from flint_kernels import gemv_triton as gt
+from flint_kernels import moe_grouped_tma_triton as mgt
 from flint_kernels import moe_triton as mt
 from flint_kernels import router_triton as rt
 from flint_kernels import tuning
-from flint_kernels.configs import AttentionDecodeConfig, AttentionPrefillConfig, MoEConfig, MoEPaths, TileConfig
+from flint_kernels.configs import (
+    AttentionDecodeConfig,
+    AttentionPrefillConfig,
+    MoEConfig,
+    MoEPaths,
+    MoETmaConfig,
+    TileConfig,
+)
 from flint_kernels.linear import linear_ref
 from kernel_checks import rel_err
 
@@ -70,6 +78,7 @@ CONFIG_CALLS: list[tuple[str, Callable[[torch.device], object]]] = [
     *[(f"moe decode nv={nv} t={t}", lambda d, nv=nv, t=t: mt.decode_config(nv, t, d))
       for nv in (False, True) for t in (1, 2, 3, 4, 5, 8, 32, 64)],
     *[(f"moe grouped ppe={p}", lambda d, p=p: mt.grouped_config(p, False, d)) for p in (0.2, 16, 16.5, 48, 49, 192)],
+    *[(f"moe grouped tma ppe={p}", lambda d, p=p: mgt.config(p, False, d)) for p in (3, 12, 13, 95, 96, 192)],
     *[(f"attn decode b={b} ctx={c} w={w}", lambda d, b=b, c=c, w=w: at.decode_config(c, w, b, d))
       for b in (1, 64) for c in (1024, 32768) for w in (None, 513)],
     *[(f"attn prefill w={w}", lambda d, w=w: at.prefill_config(8192, w, d)) for w in (None, 513)],
@@ -211,10 +220,18 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert mt.grouped_config(12, True, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
     assert mt.grouped_config(48, True, h200) == MoEConfig(64, 64, 64, 64, 64, True, 4, 3)
     assert mt.grouped_config(192, False, h200) == MoEConfig(128, 64, 64, 128, 64, True, 8, 3)
+    # Prefill MoE paths (twenty-ninth session): the TMA-fed launches from 128 tokens (BF16) and for NVFP4's copies
+    # from 2,048, torch's grouped GEMM from 6,144 (BF16).
     assert mt.paths_config(False, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8,
-                                                    grouped_gemm_min_tokens=3072)  # fmt: skip
+                                                    grouped_gemm_min_tokens=6144, tma_min_tokens=128)  # fmt: skip
     assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8,
-                                                   dequant_min_tokens=3072)  # fmt: skip
+                                                   dequant_min_tokens=2048, tma_min_tokens=2048)  # fmt: skip
+    # Their tiles: 64-row blocks with x's rows from the sorted copy up to 12 pairs an expert, gathered by pointer
+    # above; 128-row blocks (8 warps, 256-column down tiles) from 96.
+    small, large = mgt.config(12, False, h200), mgt.config(96, True, h200)
+    assert small == MoETmaConfig(gather=False) and mgt.config(12.1, False, h200) == MoETmaConfig()
+    assert mgt.config(95.9, True, h200) == MoETmaConfig()
+    assert large == MoETmaConfig(128, 128, 64, 8, 4, True, 256, 64, 8, 3)
     assert at.decode_config(32768, None, 1, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
     assert at.decode_config(1024, 513, 1, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
     # From 12 sequences: one split in sliding layers, 512 keys a split at least in full ones (a 2026-11-30 sweep and
@@ -252,7 +269,8 @@ RETUNED = ("small_m m=1 ", "attn decode b=1 ctx=1024 w=513", "attn decode b=1 ct
            "moe decode nv=False t=32", "moe decode nv=False t=64",
            "paths nv=False", "moe decode nv=True t=5", "moe decode nv=True t=8", "attn decode b=64 ctx=1024 w=None",
            "attn decode b=64 ctx=32768 w=None", "attn prefill", "moe grouped ppe=48", "paths nv=True",
-           "moe decode nv=True t=2", "moe decode nv=True t=3", "moe decode nv=True t=4")  # fmt: skip
+           "moe decode nv=True t=2", "moe decode nv=True t=3", "moe decode nv=True t=4",
+           "moe grouped tma")  # fmt: skip
 
 
 KEPT = [c for c in CONFIG_CALLS if not c[0].startswith(RETUNED)]
@@ -265,8 +283,8 @@ def test_h200_table_keeps_the_h200_behaviour(
     """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
     M = 1 GEMV tiles, NVFP4 at M = 2-64, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
     the BF16 ones from 3, NVFP4's at 2-16 tokens, full layers' decode splits from 12 sequences and BF16's
-    decode-path limit, the prefill attention tiles, BF16's grouped tiles at 40-48 pairs an expert and NVFP4's copies
-    from 3072 tokens (RETUNED; their H200 values are checked above)."""
+    decode-path limit, the prefill attention tiles, BF16's grouped tiles at 40-48 pairs an expert, NVFP4's copies
+    from 3072 tokens and the TMA-fed MoE launches' tiles (RETUNED; their H200 values are checked above)."""
     assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
 
 
@@ -511,7 +529,8 @@ def test_tune_rewrites_from_its_h200_sweeps_the_table_it_wrote_there(
     assert path.read_text() == TUNED.read_text()
     # tune.py does not sweep the large-M GEMM or the router's tiles (benchmarks/kernels_router.py times those), nor
     # which weights the decode graphs ask L2 for ahead (whole-step A/Bs of benchmarks/decode.py chose those).
-    untuned = {"gemv.large_m", "router.tiles", "weights_ahead"}
+    # Nor the TMA-fed MoE launches' tiles (benchmarks/moe_grouped_tma.py).
+    untuned = {"gemv.large_m", "router.tiles", "weights_ahead", "moe.grouped_tma"}
     assert tuning.load(path).ops.keys() == written.keys() - {"device"} == set(tuning.OPS) - untuned
 
     monkeypatch.setenv(tuning.ENV, str(path))

@@ -1,0 +1,220 @@
+"""The routed MoE of long prefills: our TMA-fed grouped launches (`flint_kernels.moe_grouped_tma_triton`: gate_up
+with SiLU-and-mul in its epilogue, down) against the installed path (BF16: torch's grouped GEMM, CUTLASS on sm_90;
+NVFP4: the BF16 copies on whichever path the table picks), both on the same routing.
+
+CUDA only (sm_90+). Every variant is checked against `moe_ref` (rel. error) and timed inside CUDA graphs over two
+weight stacks (the harness of `kernels_moe_gemv.py`); each launch is also timed alone against CUTLASS's matching
+GEMM, so the tiles can be chosen per launch. NVFP4 rows include making the BF16 copies, as the engine does.
+
+    python benchmarks/moe_grouped_tma.py --ts 512 1024 2048 4096 8192 --formats bf16 nvfp4 --out moe_grouped_tma.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels_moe_gemv import EXPERTS, HIDDEN, INTER, TOPK, moe_weights, rel_err, routing, time_graph
+
+# (block_m, block_n, block_k, warps, stages, gather): gate_up's block_n is each of gate and up. The twenty-ninth
+# session's first sweep also had Triton's warp specialisation (`tl.range(warp_specialize=True)`): it failed to compile
+# at 64 rows (Triton 3.6, sm_90) and was no faster at 128.
+GATE_UP_TILES = [
+    (64, 128, 64, 4, 4, True),
+    (64, 128, 64, 4, 5, True),
+    (64, 128, 64, 4, 4, False),
+    (128, 128, 64, 8, 3, True),
+    (128, 128, 64, 8, 4, True),
+    (128, 128, 64, 8, 4, False),
+]
+DOWN_TILES = [
+    (64, 128, 64, 4, 4),
+    (64, 256, 64, 4, 3),
+    (128, 256, 64, 8, 3),
+    (128, 128, 64, 8, 5),
+]
+
+
+def gate_up_cfg(c: tuple):
+    from flint_kernels.configs import MoETmaConfig
+
+    return MoETmaConfig(
+        block_m=c[0], gate_up_block_n=c[1], gate_up_block_k=c[2], gate_up_warps=c[3], gate_up_stages=c[4], gather=c[5]
+    )
+
+
+def down_cfg(c: tuple, base=None):
+    import dataclasses
+
+    from flint_kernels.configs import MoETmaConfig
+
+    return dataclasses.replace(
+        base or MoETmaConfig(), block_m=c[0], down_block_n=c[1], down_block_k=c[2], down_warps=c[3], down_stages=c[4]
+    )
+
+
+def cfg_name(c: tuple) -> str:
+    return f"m{c[0]} n{c[1]} k{c[2]} w{c[3]} s{c[4]}" + (" gather" if len(c) > 5 and c[5] else "")
+
+
+def run(t: int, fmt: str, stacks: list, gen: torch.Generator, only_paths: bool = False) -> dict:
+    from flint_kernels import moe_align_triton, moe_triton
+    from flint_kernels import moe_grouped_gemm as mg
+    from flint_kernels import moe_grouped_tma_triton as tma
+    from flint_kernels.moe import moe_ref
+
+    x = torch.randn(t, HIDDEN, generator=gen, device="cuda").bfloat16()
+    tw, ids = routing(t, gen)
+    w13, w2 = stacks[0]
+    ref = moe_ref(x, tw, ids, w13, w2)
+    flops = 2 * t * TOPK * 3 * HIDDEN * INTER
+    row: dict = {"format": fmt, "T": t}
+
+    def copies(a, b):  # NVFP4: the BF16 copies the engine makes for long prefills
+        if fmt == "bf16":
+            return a, b
+        return moe_triton._dequantized(a, torch.bfloat16), moe_triton._dequantized(b, torch.bfloat16)
+
+    def installed(a, b):  # the table as it is
+        return moe_triton.fused_moe(x, tw, ids, a, b, decode_max_tokens=0)
+
+    def before(a, b):  # the H200 table before the TMA launches: grouped GEMM (BF16) and copies from 3,072
+        return moe_triton.fused_moe(
+            x, tw, ids, a, b, decode_max_tokens=0, dequant_min_tokens=3072, tma_min_tokens=0,
+            grouped_gemm_min_tokens=3072 if fmt == "bf16" else 0,
+        )  # fmt: skip
+
+    for key, fn in (("installed", installed), ("before", before)):
+        row[f"{key}_rel_err"] = rel_err(fn(w13, w2), ref)
+        row[f"{key}_ms"] = time_graph([lambda s=s, fn=fn: fn(*s) for s in stacks], reps=4)
+        print(f"{fmt} T {t}: {key} {row[f'{key}_ms']:.3f} ms", flush=True)
+    if only_paths:
+        return row
+    c13, c2 = copies(w13, w2)
+    # Each launch alone, on block tables made once per block_m.
+    tables = {m: moe_align_triton.sort_blocks(ids, EXPERTS, m) for m in (64, 128)}
+    src, _, offs = moe_align_triton.sort(ids, EXPERTS)
+    launches: dict = {}
+    if fmt == "bf16":
+        xs = x.index_select(0, src)
+        gu = mg.GROUPED_MM(xs, c13.transpose(1, 2), offs=offs)
+        from flint_kernels import activation_triton
+
+        hh = activation_triton.silu_and_mul(gu)
+        launches["cutlass gate_up + silu (us)"] = round(
+            time_graph(
+                [lambda: activation_triton.silu_and_mul(mg.GROUPED_MM(xs, c13.transpose(1, 2), offs=offs))], reps=8
+            )
+            * 1000,
+            1,
+        )
+        launches["cutlass gather x (us)"] = round(time_graph([lambda: x.index_select(0, src)], reps=8) * 1000, 1)
+        launches["cutlass down (us)"] = round(
+            time_graph([lambda: mg.GROUPED_MM(hh, c2.transpose(1, 2), offs=offs)], reps=8) * 1000, 1
+        )
+    gate_up_us, down_us = {}, {}
+    h_ref = {}
+    for c in GATE_UP_TILES:
+        cfg = gate_up_cfg(c)
+        s_, _, meta = tables[cfg.block_m]
+        try:
+            h = tma.gate_up(x, s_, meta, c13, cfg)
+            h_ref.setdefault(cfg.block_m, h)
+            gate_up_us[cfg_name(c)] = round(
+                time_graph([lambda cfg=cfg, s_=s_, meta=meta: tma.gate_up(x, s_, meta, c13, cfg)], reps=8) * 1000, 1
+            )
+        except Exception as e:  # report, keep the others
+            gate_up_us[cfg_name(c)] = f"{type(e).__name__}: {e}"[:200]
+        print(f"  gate_up {cfg_name(c)}: {gate_up_us[cfg_name(c)]}", flush=True)
+    for c in DOWN_TILES:
+        cfg = down_cfg(c)
+        _, _, meta = tables[cfg.block_m]
+        h = h_ref.get(cfg.block_m)
+        if h is None:
+            continue
+        try:
+            down_us[cfg_name(c)] = round(
+                time_graph([lambda cfg=cfg, meta=meta, h=h: tma.down(h, meta, c2, cfg)], reps=8) * 1000, 1
+            )
+        except Exception as e:
+            down_us[cfg_name(c)] = f"{type(e).__name__}: {e}"[:200]
+        print(f"  down {cfg_name(c)}: {down_us[cfg_name(c)]}", flush=True)
+    row["launches_us"] = launches
+    row["gate_up_us"] = gate_up_us
+    row["down_us"] = down_us
+    # The whole path with the best tiles of each block_m.
+    whole = {}
+    for m in (64, 128):
+
+        def best(us: dict, m: int = m) -> tuple | None:
+            ok = [(v, k) for k, v in us.items() if isinstance(v, float) and k.startswith(f"m{m} ")]
+            return min(ok)[1] if ok else None
+
+        g_name, d_name = best(gate_up_us), best(down_us)
+        if g_name is None or d_name is None:
+            continue
+        cfg = down_cfg(
+            next(c for c in DOWN_TILES if cfg_name(c) == d_name),
+            gate_up_cfg(next(c for c in GATE_UP_TILES if cfg_name(c) == g_name)),
+        )
+
+        def call(a, b, cfg=cfg):
+            a, b = copies(a, b)
+            return tma.routed(x, tw, ids, a, b, cfg)
+
+        key = f"tma m{m} [{g_name} | {d_name}]"
+        whole[key] = {
+            "config": dataclasses.asdict(cfg),
+            "rel_err": rel_err(call(w13, w2), ref),
+            "ms": time_graph([lambda s=s, c=call: c(*s) for s in stacks], reps=4),
+        }
+        whole[key]["TFLOP/s"] = round(flops / whole[key]["ms"] / 1e9, 1)
+        print(f"  {key}: {whole[key]}", flush=True)
+    row["whole"] = whole
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192], help="tokens")
+    ap.add_argument("--formats", nargs="+", default=["bf16", "nvfp4"], choices=("bf16", "nvfp4"))
+    ap.add_argument("--paths-only", action="store_true", help="only the installed path against the one before")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/moe_grouped_tma.json"))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("moe_grouped_tma.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    rows = []
+    for fmt in args.formats:
+        stacks = [moe_weights(fmt, gen)[:2] for _ in range(2)]
+        for t in args.ts:
+            rows.append(run(t, fmt, stacks, gen, args.paths_only))
+        del stacks
+        torch.cuda.empty_cache()
+    print(f"\nRouted MoE on {torch.cuda.get_device_name()} (ms a layer; rel. error against moe_ref)")
+    for r in rows:
+        print(
+            f"{r['format']:>5} T {r['T']:>5}: installed {r['installed_ms']:.3f} ({r['installed_rel_err']:.1e}), "
+            f"before {r['before_ms']:.3f}"
+        )
+        for k, v in r.get("whole", {}).items():
+            print(f"      {k}: {v['ms']:.3f} ({v['rel_err']:.1e}, {v['TFLOP/s']} TFLOP/s)")
+        if r.get("launches_us"):
+            print("      CUTLASS launches (us): " + ", ".join(f"{k} {v}" for k, v in r["launches_us"].items()))
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

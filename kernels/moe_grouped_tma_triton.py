@@ -1,0 +1,208 @@
+"""The routed MoE of long prefills on tensor-core tiles fed by TMA (sm_90+), beside `moe_grouped_gemm`'s CUTLASS path.
+
+Same grouping and numerics as `moe_grouped_gemm.routed` (pairs sorted by expert, each pair's y rounded, the slots
+summed in slot order by `reduce_sorted`), in two launches of our own instead of torch's grouped GEMMs:
+- gate_up with SiLU-and-mul in its epilogue: each program holds a gate tile and the matching up tile of one block of
+  up to BLOCK_M sorted rows of one expert, so the [P, 2I] gate_up never goes through memory and no SiLU launch runs;
+  x's rows come either gathered by pointer from the unsorted activations (`gather`: no gathered copy of x) or from
+  the sorted copy through a TMA descriptor;
+- down: each block's h rows against the expert's [H, I] weights, y rounded once (after the global scale for NVFP4's
+  BF16 copies).
+Blocks come from `moe_align_triton.sort_blocks`: (expert, first sorted row, rows) per block, so a block never mixes
+experts and 64-row blocks fit 192 pairs an expert (an 8K prefill) with no padding rows, where CUTLASS's 128-row
+tiles compute a third more. Rows of a tile past its block's belong to the next expert (or are TMA's zero fill):
+computed and never stored.
+
+Numerics (`moe_ref`'s): gate and up rounded to x's dtype after each segment's global scale on the FP32 accumulator,
+silu(gate) rounded, times up rounded; y rounded after its scale. Only the FP32 accumulation order differs from
+CUTLASS's, as any GEMM's does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import moe_align_triton, moe_grouped_gemm, tuning
+from .configs import MoETmaConfig
+from .linear import ScaledWeight
+from .pdl import launch_options, pdl_entry
+
+try:  # Triton >= 3.4: host-side TMA descriptors
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    HAVE_TMA = True
+except ImportError:
+    HAVE_TMA = False
+
+
+def config(pairs_per_expert: float, nvfp4: bool = False, device: torch.device | None = None) -> MoETmaConfig:
+    """The launches' tiles for a batch of `pairs_per_expert` pairs an expert on average; table op "moe.grouped_tma"
+    (shape pairs_per_expert, nvfp4). The default (64-row blocks, gate_up rows gathered by pointer) is the H200's
+    best at 512-2,048 tokens."""
+    return tuning.tuned(
+        "moe.grouped_tma", MoETmaConfig(), device, pairs_per_expert=float(pairs_per_expert), nvfp4=nvfp4
+    )
+
+
+def fits(x: torch.Tensor, w13: object, w2: object, cfg: MoETmaConfig) -> bool:
+    """Whether these launches take x [T, H] against w13 [E, 2I, H] and w2 [E, H, I]: contiguous stacks of x's dtype or
+    NVFP4's `ScaledWeight` copies (as `moe_grouped_gemm.fits` takes them, whatever torch's grouped GEMM returns), BF16
+    or FP16 on an sm_90 or sm_100 device (any float dtype in the interpreter: the tests), the tiles dividing H and
+    I."""
+    if not HAVE_TMA or x.dim() != 2 or w13.shape[0] != w2.shape[0]:  # type: ignore[attr-defined]
+        return False
+    inter, hidden = w2.shape[-1], x.shape[1]  # type: ignore[attr-defined]
+    plain = moe_grouped_gemm.plain_fits(x, w13) and moe_grouped_gemm.plain_fits(x, w2)
+    # NVFP4's BF16 copies: the global scales multiply the FP32 accumulators in the epilogues (whatever torch's grouped
+    # GEMM can return).
+    scaled = moe_grouped_gemm.scaled_fits(x, w13, ((2 * inter,), (inter, inter))) and moe_grouped_gemm.scaled_fits(
+        x, w2, ((hidden,),)
+    )
+    if not (plain or scaled):
+        return False
+    if x.is_cuda:
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        # sm_90 and sm_100 (H100/H200, B200): TMA with the ~228 KB of shared memory the pipelined tiles take
+        # (consumer Blackwell's ~100 KB would not hold them).
+        if x.dtype not in (torch.bfloat16, torch.float16) or torch.cuda.get_device_capability(index)[0] not in (9, 10):
+            return False
+    return (
+        hidden % cfg.gate_up_block_k == 0
+        and inter % cfg.gate_up_block_n == 0
+        and inter % cfg.down_block_k == 0
+        and hidden % cfg.down_block_n == 0
+    )
+
+
+@triton.jit
+def _block(meta_ptr):
+    """(expert, first sorted row, rows) of this program's block (program axis 1)."""
+    b = tl.program_id(1)
+    return tl.load(meta_ptr + b * 3), tl.load(meta_ptr + b * 3 + 1), tl.load(meta_ptr + b * 3 + 2)
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_desc, x_ptr, src_ptr, meta_ptr, w_desc, gs_ptr, h_ptr, H, INTER, stride_x, stride_h, stride_gs,
+    GATHER: tl.constexpr, GSCALE: tl.constexpr, UP_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """h[r, n] = round(round(silu(round(gate[r, n]))) * round(up[r, n])) for the block's rows r and BLOCK_N columns."""
+    pdl_entry(PDL)
+    e, row0, rows = _block(meta_ptr)
+    if rows == 0:
+        return
+    n0 = tl.program_id(0) * BLOCK_N
+    w_gate = e * 2 * INTER + n0
+    w_up = w_gate + INTER
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < rows
+    if GATHER:
+        tok = tl.load(src_ptr + row0 + m, mask=m_ok, other=0)
+        a_ptrs = x_ptr + tok[:, None] * stride_x + tl.arange(0, BLOCK_K)[None, :]
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, H, BLOCK_K):
+        if GATHER:
+            a = tl.load(a_ptrs + k)
+        else:
+            a = x_desc.load([row0, k])
+        acc_g = tl.dot(a, w_desc.load([w_gate, k]).T, acc_g)
+        acc_u = tl.dot(a, w_desc.load([w_up, k]).T, acc_u)
+    if GSCALE:
+        acc_g = acc_g * tl.load(gs_ptr + e * stride_gs)
+        acc_u = acc_u * tl.load(gs_ptr + e * stride_gs + UP_SCALE)
+    xdt = h_ptr.dtype.element_ty
+    g32 = acc_g.to(xdt).to(tl.float32)
+    act = (g32 / (1.0 + tl.exp(-g32))).to(xdt)
+    h = (act.to(tl.float32) * acc_u.to(xdt).to(tl.float32)).to(xdt)
+    n = n0 + tl.arange(0, BLOCK_N)
+    tl.store(h_ptr + (row0 + m).to(tl.int64)[:, None] * stride_h + n[None, :], h, mask=m_ok[:, None])
+
+
+@triton.jit
+def _down_kernel(
+    h_desc, meta_ptr, w_desc, gs_ptr, y_ptr, INTER, HID, stride_y, stride_gs, GSCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """y[r, n] = round(gs[e] * sum_k h[r, k] w2[e, n, k]) for the block's rows r and BLOCK_N columns."""
+    pdl_entry(PDL)
+    e, row0, rows = _block(meta_ptr)
+    if rows == 0:
+        return
+    n0 = tl.program_id(0) * BLOCK_N
+    w_row = e * HID + n0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, INTER, BLOCK_K):
+        acc = tl.dot(h_desc.load([row0, k]), w_desc.load([w_row, k]).T, acc)
+    if GSCALE:
+        acc = acc * tl.load(gs_ptr + e * stride_gs)
+    m = tl.arange(0, BLOCK_M)
+    n = n0 + tl.arange(0, BLOCK_N)
+    y = acc.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + (row0 + m).to(tl.int64)[:, None] * stride_y + n[None, :], y, mask=(m < rows)[:, None])
+
+
+def _plain(w: torch.Tensor | ScaledWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(w, ScaledWeight):
+        return w.data, w.global_scale
+    return w, None
+
+
+def gate_up(
+    x: torch.Tensor, src: torch.Tensor, meta: torch.Tensor, w13: torch.Tensor | ScaledWeight, cfg: MoETmaConfig
+) -> torch.Tensor:
+    """h [P, I] (sorted rows) of x [T, H] through the stacked gate|up experts w13 [E, 2I, H], blocks from `meta`."""
+    data, gs = _plain(w13)
+    experts, two_i, hidden = data.shape
+    inter = two_i // 2
+    h = torch.empty((src.numel(), inter), dtype=x.dtype, device=x.device)
+    bn, bk = cfg.gate_up_block_n, cfg.gate_up_block_k
+    w_desc = TensorDescriptor.from_tensor(data.view(experts * two_i, hidden), [bn, bk])
+    xs = x if cfg.gather else x.index_select(0, src)
+    x_desc = w_desc if cfg.gather else TensorDescriptor.from_tensor(xs, [cfg.block_m, bk])  # unused when gathering
+    _gate_up_kernel[(inter // bn, meta.shape[0])](
+        x_desc, x, src, meta, w_desc, gs if gs is not None else h, h, hidden, inter, x.stride(0), h.stride(0),
+        gs.stride(0) if gs is not None else 0, GATHER=cfg.gather, GSCALE=gs is not None,
+        UP_SCALE=gs.shape[1] - 1 if gs is not None else 0, BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages, **launch_options(x.device),
+    )  # fmt: skip
+    return h
+
+
+def down(h: torch.Tensor, meta: torch.Tensor, w2: torch.Tensor | ScaledWeight, cfg: MoETmaConfig) -> torch.Tensor:
+    """y [P, H] (sorted rows, each rounded) of h [P, I] through the stacked down experts w2 [E, H, I]."""
+    data, gs = _plain(w2)
+    experts, hidden, inter = data.shape
+    y = torch.empty((h.shape[0], hidden), dtype=h.dtype, device=h.device)
+    bn, bk = cfg.down_block_n, cfg.down_block_k
+    w_desc = TensorDescriptor.from_tensor(data.view(experts * hidden, inter), [bn, bk])
+    h_desc = TensorDescriptor.from_tensor(h, [cfg.block_m, bk])
+    _down_kernel[(hidden // bn, meta.shape[0])](
+        h_desc, meta, w_desc, gs if gs is not None else y, y, inter, hidden, y.stride(0),
+        gs.stride(0) if gs is not None else 0, GSCALE=gs is not None, BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=cfg.down_warps, num_stages=cfg.down_stages, **launch_options(h.device),
+    )  # fmt: skip
+    return y
+
+
+def routed(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: torch.Tensor | ScaledWeight,
+    w2: torch.Tensor | ScaledWeight,
+    cfg: MoETmaConfig,
+    add: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`moe_grouped_gemm.routed`'s result [T, H] (plus `add`) through these launches; the caller checks `fits`."""
+    out = torch.empty_like(x)
+    if topk_ids.shape[0] == 0:
+        return out
+    src, pos, meta = moe_align_triton.sort_blocks(topk_ids, w13.shape[0], cfg.block_m)
+    h = gate_up(x, src, meta, w13, cfg)
+    y = down(h, meta, w2, cfg)
+    del h
+    return moe_grouped_gemm.reduce_sorted(y, pos, topk_weights, out, add)
