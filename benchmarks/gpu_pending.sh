@@ -3,7 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the twenty-eighth session (2026-12-04): NVFP4 decode graphs at one token ask L2 for the next layer's q|k|v
+# State after the twenty-ninth session (2026-12-04): prefill MoE steps on our TMA-fed tensor-core launches
+# (`moe_grouped_tma_triton`, TMA_MOE=1: BF16 from 128 tokens, NVFP4's copies from 2,048; an 8K prompt in 2048-token
+# steps 195.0 -> 164.0 ms GPU BF16, 302.7 -> 272.6 NVFP4; 8K NVFP4 in one step 146.1 -> 138.8 ms), both manifest
+# profiles recorded with them; GRAPH_PROFILE=1 ran (the graph's kernel spans include their PDL waits); CHUNK_SWEEP=1
+# is still to run. Before, the twenty-eighth (2026-12-04): NVFP4 decode graphs at one token ask L2 for the next layer's q|k|v
 # and o projections on a side stream (L2_AHEAD=1 and AHEAD_TABLE=1: batch 1 2.292 -> 2.142 ms, installed, NVFP4
 # manifest recorded with it; 1,024 lines a side program, CHUNK_SWEEP=1 next); EDGE_AB=1 found the edge masks even on the whole 8K prefill, ROUTER8K=1 no better 8K
 # router tiles, SLIDING_CUDNN=1 the sliding layers slower on cuDNN in blocks (docs/performance.md). Before, the
@@ -364,7 +368,23 @@ if [ "${CHUNK_SWEEP:-0}" = 1 ]; then
     echo "== whole step: table vs c512 / c2048 / m1"
     ab_rounds "$OUT/decode_ahead_chunk_sweep.txt"
 fi
-# GRAPH_PROFILE=1 (next): NVFP4 batch 1 profiled as its graph replays (`decode.py --profile-graph`: the side stream's
+# TMA_MOE=1: the TMA-fed MoE launches' tiles against the installed paths at prefill sizes, each launch alone and the
+# whole routed MoE (benchmarks/moe_grouped_tma.py; the twenty-ninth session's run chose the H200 table's entries), then
+# the whole 8K prefill in 2048-token steps against the table before them (TMA_BEFORE: that table's file). ~4 minutes.
+if [ "${TMA_MOE:-0}" = 1 ]; then
+    timeout 300 python3 benchmarks/moe_grouped_tma.py --ts 512 2048 8192 --formats bf16 nvfp4 \
+        --out "$OUT/moe_grouped_tma.json" > "$OUT/moe_grouped_tma.txt" 2>&1
+    sed -n '/^Routed MoE/,$p' "$OUT/moe_grouped_tma.txt"
+    if [ -n "${TMA_BEFORE:-}" ]; then
+        for f in bf16 nvfp4; do
+            timeout 200 python3 benchmarks/prefill_ab.py --variant-tuning-file "$TMA_BEFORE" --format $f --chunk 2048 \
+                --rounds 2 --out "$OUT/prefill_ab_${f}_tma.json" 2>&1 | grep -i "median"
+        done
+    fi
+fi
+# GRAPH_PROFILE=1 (ran in the twenty-ninth session: by family moe 1.359, gemv/gemm 0.901, norm 0.587, other 0.503 with
+# the side stream's prefetches 0.481, router 0.435, attention 0.434 ms; under PDL each kernel's span includes its wait
+# for the one before, so the spans overlap and do not say which kernel the L2 requests shortened): NVFP4 batch 1 profiled as its graph replays (`decode.py --profile-graph`: the side stream's
 # prefetch launches beside the step's kernels, each kernel as long as it runs there), to see which kernels the L2
 # requests shortened and by how much. ~1 minute.
 if [ "${GRAPH_PROFILE:-0}" = 1 ]; then
