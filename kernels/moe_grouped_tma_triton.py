@@ -51,7 +51,9 @@ def fits(x: torch.Tensor, w13: object, w2: object, cfg: MoETmaConfig) -> bool:
     NVFP4's `ScaledWeight` copies (as `moe_grouped_gemm.fits` takes them, whatever torch's grouped GEMM returns), BF16
     or FP16 on an sm_90 or sm_100 device (any float dtype in the interpreter: the tests), the tiles dividing H and
     I."""
-    if not HAVE_TMA or x.dim() != 2 or w13.shape[0] != w2.shape[0]:  # type: ignore[attr-defined]
+    # x's rows are read by pointer with unit steps along H (the gather) or copied (index_select), so its last stride
+    # must be 1.
+    if not HAVE_TMA or x.dim() != 2 or x.stride(-1) != 1 or w13.shape[0] != w2.shape[0]:  # type: ignore[attr-defined]
         return False
     inter, hidden = w2.shape[-1], x.shape[1]  # type: ignore[attr-defined]
     plain = moe_grouped_gemm.plain_fits(x, w13) and moe_grouped_gemm.plain_fits(x, w2)

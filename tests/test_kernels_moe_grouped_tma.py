@@ -109,7 +109,7 @@ def test_nvfp4_copies_scaled_in_the_epilogues(up_scales: int) -> None:
 
 
 def test_fits_declines_what_it_cannot_run() -> None:
-    """Tiles that do not divide H or I, mixed dtypes, non-contiguous stacks."""
+    """Tiles that do not divide H or I, mixed dtypes, non-contiguous stacks or rows of x."""
     g = gen(4)
     e, h, i = 4, 64, 32
     dtype = MOE_DTYPES[0]
@@ -120,6 +120,7 @@ def test_fits_declines_what_it_cannot_run() -> None:
     assert not mt2.fits(x, w13, w2, dataclasses.replace(SMALL, down_block_n=128))  # 128 columns of H = 64
     assert not mt2.fits(x, w13.half() if dtype != torch.float16 else w13.float(), w2, SMALL)
     assert not mt2.fits(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, SMALL)
+    assert not mt2.fits(x.t().contiguous().t(), w13, w2, SMALL)  # x's rows not contiguous
 
 
 @pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "shared"])
