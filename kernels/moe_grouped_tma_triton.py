@@ -1,4 +1,4 @@
-"""The routed MoE of long prefills on tensor-core tiles fed by TMA (sm_90+), beside `moe_grouped_gemm`'s CUTLASS path.
+"""The routed MoE of prefills on tensor-core tiles fed by TMA (sm_90, sm_100), beside `moe_grouped_gemm`'s CUTLASS path.
 
 Same grouping and numerics as `moe_grouped_gemm.routed` (pairs sorted by expert, each pair's y rounded, the slots
 summed in slot order by `reduce_sorted`), in two launches of our own instead of torch's grouped GEMMs:
@@ -9,9 +9,9 @@ summed in slot order by `reduce_sorted`), in two launches of our own instead of 
 - down: each block's h rows against the expert's [H, I] weights, y rounded once (after the global scale for NVFP4's
   BF16 copies).
 Blocks come from `moe_align_triton.sort_blocks`: (expert, first sorted row, rows) per block, so a block never mixes
-experts and 64-row blocks fit 192 pairs an expert (an 8K prefill) with no padding rows, where CUTLASS's 128-row
-tiles compute a third more. Rows of a tile past its block's belong to the next expert (or are TMA's zero fill):
-computed and never stored.
+experts. The table picks the block height by pairs an expert (`MoETmaConfig`): 64-row blocks compute fewer unused
+rows at a few dozen pairs an expert, 128-row ones read each weight tile once for more rows. Rows of a tile past its
+block's belong to the next expert (or are TMA's zero fill): computed and never stored.
 
 Numerics (`moe_ref`'s): gate and up rounded to x's dtype after each segment's global scale on the FP32 accumulator,
 silu(gate) rounded, times up rounded; y rounded after its scale. Only the FP32 accumulation order differs from
