@@ -1,6 +1,8 @@
 """The routed MoE of long prefills: our TMA-fed grouped launches (`flint_kernels.moe_grouped_tma_triton`: gate_up
 with SiLU-and-mul in its epilogue, down) against the installed path (BF16: torch's grouped GEMM, CUTLASS on sm_90;
-NVFP4: the BF16 copies on whichever path the table picks), both on the same routing.
+NVFP4: the BF16 copies on whichever path the table picks), both on the same routing. For NVFP4 also the launches'
+twins that decode NVFP4 in registers with no copy (`MoETmaConfig.w_operand_a`: the decoded tile as the MMA's left
+operand), each checked against the copies' result (equal expected).
 
 CUDA only (sm_90+). Every variant is checked against `moe_ref` (rel. error) and timed inside CUDA graphs over two
 weight stacks (the harness of `kernels_moe_gemv.py`); each launch is also timed alone against CUTLASS's matching
@@ -178,7 +180,88 @@ def run(t: int, fmt: str, stacks: list, gen: torch.Generator, only_paths: bool =
         whole[key]["TFLOP/s"] = round(flops / whole[key]["ms"] / 1e9, 1)
         print(f"  {key}: {whole[key]}", flush=True)
     row["whole"] = whole
+    if fmt == "nvfp4":
+        row["nvfp4_in_launches"] = nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops)
     return row
+
+
+# NVFP4 decoded in the launches (no BF16 copy): (block_m, block_n, block_k, warps, stages, gather, w_operand_a).
+NV_GATE_UP_TILES = [
+    (64, 128, 64, 4, 4, True, False),
+    (64, 128, 64, 4, 4, True, True),
+    (64, 128, 64, 4, 3, False, False),
+    (64, 64, 64, 4, 4, True, False),
+    (128, 128, 64, 8, 3, True, False),
+    (128, 128, 64, 8, 3, True, True),
+]
+NV_DOWN_TILES = [
+    (64, 128, 64, 4, 4, False),
+    (64, 128, 64, 4, 4, True),
+    (64, 64, 64, 4, 4, False),
+    (128, 128, 64, 8, 3, False),
+    (128, 128, 64, 8, 3, True),
+]
+
+
+def nv_name(c: tuple, down: bool = False) -> str:
+    side = c[6] if not down else c[5]
+    return cfg_name(c[:6] if not down else c[:5]) + (" w-left" if side else "")
+
+
+def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops) -> dict:
+    """Each launch alone and the whole routed MoE with NVFP4 decoded in the launches, against the copies' path (the
+    same tiles on BF16 copies: equal results expected, w-right)."""
+    from flint_kernels import moe_grouped_tma_triton as tma
+    from flint_kernels import moe_triton
+
+    w13, w2 = stacks[0]
+    out: dict = {"gate_up_us": {}, "down_us": {}, "whole": {}}
+    h_by_m = {}
+    for c in NV_GATE_UP_TILES:
+        cfg = dataclasses.replace(gate_up_cfg(c[:6]), w_operand_a=c[6])
+        s_, _, meta = tables[cfg.block_m]
+        try:
+            h_by_m.setdefault(cfg.block_m, tma.gate_up(x, s_, meta, w13, cfg))
+            us = time_graph([lambda cfg=cfg, s_=s_, meta=meta: tma.gate_up(x, s_, meta, w13, cfg)], reps=8) * 1000
+            out["gate_up_us"][nv_name(c)] = round(us, 1)
+        except Exception as e:  # report, keep the others
+            out["gate_up_us"][nv_name(c)] = f"{type(e).__name__}: {e}"[:200]
+        print(f"  nvfp4 in launches gate_up {nv_name(c)}: {out['gate_up_us'][nv_name(c)]}", flush=True)
+    for c in NV_DOWN_TILES:
+        cfg = dataclasses.replace(down_cfg(c[:5]), w_operand_a=c[5])
+        _, _, meta = tables[cfg.block_m]
+        h = h_by_m.get(cfg.block_m)
+        if h is None:
+            continue
+        try:
+            us = time_graph([lambda cfg=cfg, meta=meta, h=h: tma.down(h, meta, w2, cfg)], reps=8) * 1000
+            out["down_us"][nv_name(c, True)] = round(us, 1)
+        except Exception as e:
+            out["down_us"][nv_name(c, True)] = f"{type(e).__name__}: {e}"[:200]
+        print(f"  nvfp4 in launches down {nv_name(c, True)}: {out['down_us'][nv_name(c, True)]}", flush=True)
+    for m in (64, 128):
+        gus = [(v, k) for k, v in out["gate_up_us"].items() if isinstance(v, float) and k.startswith(f"m{m} ")]
+        dus = [(v, k) for k, v in out["down_us"].items() if isinstance(v, float) and k.startswith(f"m{m} ")]
+        if not gus or not dus:
+            continue
+        g = next(c for c in NV_GATE_UP_TILES if nv_name(c) == min(gus)[1])
+        d = next(c for c in NV_DOWN_TILES if nv_name(c, True) == min(dus)[1])
+        # One operand side for both launches: the gate_up's.
+        cfg = dataclasses.replace(down_cfg(d[:5], gate_up_cfg(g[:6])), w_operand_a=g[6])
+        key = f"nvfp4 in launches m{m} [{nv_name(g)} | {nv_name(d, True)}]"
+        got = tma.routed(x, tw, ids, w13, w2, cfg)
+        c13, c2 = (moe_triton._dequantized(w, torch.bfloat16) for w in (w13, w2))
+        copies = tma.routed(x, tw, ids, c13, c2, dataclasses.replace(cfg, w_operand_a=False))
+        ms = time_graph([lambda s=s, cfg=cfg: tma.routed(x, tw, ids, s[0], s[1], cfg) for s in stacks], reps=4)
+        out["whole"][key] = {
+            "config": dataclasses.asdict(cfg),
+            "rel_err": rel_err(got, ref),
+            "equal_to_copies": bool(torch.equal(got, copies)),
+            "ms": ms,
+            "TFLOP/s": round(flops / ms / 1e9, 1),
+        }
+        print(f"  {key}: {out['whole'][key]}", flush=True)
+    return out
 
 
 def main() -> int:
@@ -207,6 +290,8 @@ def main() -> int:
         )
         for k, v in r.get("whole", {}).items():
             print(f"      {k}: {v['ms']:.3f} ({v['rel_err']:.1e}, {v['TFLOP/s']} TFLOP/s)")
+        for k, v in r.get("nvfp4_in_launches", {}).get("whole", {}).items():
+            print(f"      {k}: {v['ms']:.3f} ({v['rel_err']:.1e}, equal to the copies' {v['equal_to_copies']})")
         if r.get("launches_us"):
             print("      CUTLASS launches (us): " + ", ".join(f"{k} {v}" for k, v in r["launches_us"].items()))
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}

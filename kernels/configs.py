@@ -107,6 +107,9 @@ class MoEPaths:
     # From this many tokens (0: never) the grouped path runs on our TMA-fed tensor-core launches
     # (`moe_grouped_tma_triton`: BF16 experts, or NVFP4's copies) where torch's grouped GEMM does not take the batch.
     tma_min_tokens: int = 0
+    # From this many tokens (0: never) NVFP4 experts run on those launches' twins that decode NVFP4 in registers, with
+    # no BF16 copy made (ahead of `dequant_min_tokens`).
+    tma_nvfp4_min_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,9 @@ class MoETmaConfig:
     down_block_k: int = field(default=64, metadata=POW2)
     down_warps: int = field(default=4, metadata=POW2)
     down_stages: int = 4
+    # NVFP4 experts decoded in the launches (no BF16 copy): the decoded weight tile as the MMA's left operand, from
+    # registers (the product transposed), instead of its right one through shared memory.
+    w_operand_a: bool = False
 
 
 @dataclass(frozen=True)

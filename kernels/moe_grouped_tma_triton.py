@@ -16,6 +16,12 @@ block's belong to the next expert (or are TMA's zero fill): computed and never s
 Numerics (`moe_ref`'s): gate and up rounded to x's dtype after each segment's global scale on the FP32 accumulator,
 silu(gate) rounded, times up rounded; y rounded after its scale. Only the FP32 accumulation order differs from
 CUTLASS's, as any GEMM's does.
+
+NVFP4 experts run either as the BF16 copies `moe_triton` makes (`ScaledWeight`, through the launches above) or, with
+no copy, through twin launches that decode each K step of codes and scales in registers (`_nvfp4_weights`: exact
+values, times 2**-62 in BF16 as the Triton GEMV's tensor-core path keeps them; the accumulator gets the 2**62 back),
+the decoded tile the MMA's right operand (through shared memory) or, with `MoETmaConfig.w_operand_a`, its left one
+from registers (the product transposed). The decoded values equal the copies', so the sums are the copies' too.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import triton.language as tl
 
 from . import moe_align_triton, moe_grouped_gemm, tuning
 from .configs import MoETmaConfig
-from .linear import ScaledWeight
+from .gemv_triton import nvfp4_planes
+from .linear import NVFP4Weight, ScaledWeight
 from .pdl import launch_options, pdl_entry
 
 try:  # Triton >= 3.4: host-side TMA descriptors
@@ -62,7 +69,7 @@ def fits(x: torch.Tensor, w13: object, w2: object, cfg: MoETmaConfig) -> bool:
     scaled = moe_grouped_gemm.scaled_fits(x, w13, ((2 * inter,), (inter, inter))) and moe_grouped_gemm.scaled_fits(
         x, w2, ((hidden,),)
     )
-    if not (plain or scaled):
+    if not (plain or scaled or (_nvfp4_fits(x, w13, (2 * inter,), (inter, inter)) and _nvfp4_fits(x, w2, (hidden,)))):
         return False
     if x.is_cuda:
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
@@ -75,6 +82,22 @@ def fits(x: torch.Tensor, w13: object, w2: object, cfg: MoETmaConfig) -> bool:
         and inter % cfg.gate_up_block_n == 0
         and inter % cfg.down_block_k == 0
         and hidden % cfg.down_block_n == 0
+    )
+
+
+def _nvfp4_fits(x: torch.Tensor, w: object, *segments: tuple[int, ...]) -> bool:
+    """A stack of NVFP4 experts the twin launches read: contiguous codes and scales, FP32 global scales [E, G] for
+    one of `segments`, on x's device."""
+    if not isinstance(w, NVFP4Weight) or w.qweight.dim() != 3 or w.segments not in segments:
+        return False
+    gs = w.global_scale
+    return (
+        w.qweight.is_contiguous()
+        and w.scales.is_contiguous()
+        and w.qweight.device == x.device
+        and gs.dim() == 2
+        and gs.shape == (w.qweight.shape[0], len(w.segments))
+        and gs.dtype == torch.float32
     )
 
 
@@ -147,6 +170,120 @@ def _down_kernel(
     tl.store(y_ptr + (row0 + m).to(tl.int64)[:, None] * stride_y + n[None, :], y, mask=(m < rows)[:, None])
 
 
+@triton.jit
+def _nvfp4_weights(
+    w_ptr, s_ptr, row0, k, stride_wn, stride_sn, wdt: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):  # fmt: skip
+    """Rows row0..row0+BLOCK_N, columns k..k+BLOCK_K of an NVFP4 stack, decoded to `wdt` in K order: the true values for
+    FP16 (whose range is narrow), the true values times 2**-62 otherwise (exact in BF16 and FP32)."""
+    rows = row0.to(tl.int64) + tl.arange(0, BLOCK_N)
+    lo, hi, scale = nvfp4_planes(
+        w_ptr, s_ptr, rows, rows >= 0, k, k + BLOCK_K, stride_wn, stride_sn, True, BLOCK_N, BLOCK_K
+    )  # [BLOCK_N, G, 8] nibble planes (times 2**-127), [BLOCK_N, G] E4M3 scales
+    if wdt == tl.float16:
+        sc = scale[:, :, None]
+        lo = lo * sc * 8.507059173023462e37  # 2**126
+        hi = hi * sc * 8.507059173023462e37
+    else:
+        sc = (scale * 1.8446744073709552e19)[:, :, None]  # 2**64
+        lo = lo * sc
+        hi = hi * sc
+    return tl.reshape(tl.join(lo.to(wdt), hi.to(wdt)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _mma(a, w, acc, W_AS_A: tl.constexpr):
+    """acc += a @ w^T ([BLOCK_M, BLOCK_N]); with W_AS_A acc is the transpose [BLOCK_N, BLOCK_M] += w @ a^T."""
+    # One return: Triton also traces the statements after a constexpr branch that returns.
+    if W_AS_A:
+        out = tl.dot(w, tl.trans(a), acc)
+    else:
+        out = tl.dot(a, tl.trans(w), acc)
+    return out
+
+
+@triton.jit
+def _store_rows(out_ptr, vals, row0, rows, n0, stride, W_AS_A: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):  # fmt: skip
+    """out[row0 + m, n0 + n] = vals for the block's rows m (vals [BLOCK_M, BLOCK_N], or its transpose with W_AS_A)."""
+    m = tl.arange(0, BLOCK_M)
+    n = n0 + tl.arange(0, BLOCK_N)
+    r = (row0 + m).to(tl.int64)
+    if W_AS_A:
+        tl.store(out_ptr + r[None, :] * stride + n[:, None], vals, mask=(m < rows)[None, :])
+    else:
+        tl.store(out_ptr + r[:, None] * stride + n[None, :], vals, mask=(m < rows)[:, None])
+
+
+@triton.jit
+def _gate_up_nvfp4_kernel(
+    x_desc, x_ptr, src_ptr, meta_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, H, INTER, stride_x, stride_h, stride_wn,
+    stride_sn, stride_gs, GATHER: tl.constexpr, UP_SCALE: tl.constexpr, W_AS_A: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """`_gate_up_kernel` on NVFP4 experts, each K step of gate and up rows decoded in registers (no BF16 copy)."""
+    pdl_entry(PDL)
+    e, row0, rows = _block(meta_ptr)
+    if rows == 0:
+        return
+    n0 = tl.program_id(0) * BLOCK_N
+    w_gate = e * 2 * INTER + n0
+    w_up = w_gate + INTER
+    xdt = h_ptr.dtype.element_ty
+    if GATHER:
+        m = tl.arange(0, BLOCK_M)
+        tok = tl.load(src_ptr + row0 + m, mask=m < rows, other=0)
+        a_ptrs = x_ptr + tok[:, None] * stride_x + tl.arange(0, BLOCK_K)[None, :]
+    if W_AS_A:
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, H, BLOCK_K):
+        if GATHER:
+            a = tl.load(a_ptrs + k)
+        else:
+            a = x_desc.load([row0, k])
+        wg = _nvfp4_weights(w_ptr, s_ptr, w_gate, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
+        acc_g = _mma(a, wg, acc_g, W_AS_A)
+        wu = _nvfp4_weights(w_ptr, s_ptr, w_up, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
+        acc_u = _mma(a, wu, acc_u, W_AS_A)
+    if xdt != tl.float16:  # the decoded weights were the true ones times 2**-62 (exact)
+        acc_g = acc_g * 4.611686018427388e18
+        acc_u = acc_u * 4.611686018427388e18
+    g32 = (acc_g * tl.load(gs_ptr + e * stride_gs)).to(xdt).to(tl.float32)
+    up = (acc_u * tl.load(gs_ptr + e * stride_gs + UP_SCALE)).to(xdt).to(tl.float32)
+    act = (g32 / (1.0 + tl.exp(-g32))).to(xdt)
+    _store_rows(h_ptr, (act.to(tl.float32) * up).to(xdt), row0, rows, n0, stride_h, W_AS_A, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _down_nvfp4_kernel(
+    h_desc, meta_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, INTER, HID, stride_y, stride_wn, stride_sn, stride_gs,
+    W_AS_A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """`_down_kernel` on NVFP4 experts, each K step decoded in registers (no BF16 copy)."""
+    pdl_entry(PDL)
+    e, row0, rows = _block(meta_ptr)
+    if rows == 0:
+        return
+    n0 = tl.program_id(0) * BLOCK_N
+    w_row = e * HID + n0
+    xdt = y_ptr.dtype.element_ty
+    if W_AS_A:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, INTER, BLOCK_K):
+        w = _nvfp4_weights(w_ptr, s_ptr, w_row, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
+        acc = _mma(h_desc.load([row0, k]), w, acc, W_AS_A)
+    if xdt != tl.float16:
+        acc = acc * 4.611686018427388e18
+    y = (acc * tl.load(gs_ptr + e * stride_gs)).to(xdt)
+    _store_rows(y_ptr, y, row0, rows, n0, stride_y, W_AS_A, BLOCK_M, BLOCK_N)
+
+
 def _plain(w: torch.Tensor | ScaledWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(w, ScaledWeight):
         return w.data, w.global_scale
@@ -154,9 +291,15 @@ def _plain(w: torch.Tensor | ScaledWeight) -> tuple[torch.Tensor, torch.Tensor |
 
 
 def gate_up(
-    x: torch.Tensor, src: torch.Tensor, meta: torch.Tensor, w13: torch.Tensor | ScaledWeight, cfg: MoETmaConfig
+    x: torch.Tensor,
+    src: torch.Tensor,
+    meta: torch.Tensor,
+    w13: torch.Tensor | ScaledWeight | NVFP4Weight,
+    cfg: MoETmaConfig,
 ) -> torch.Tensor:
     """h [P, I] (sorted rows) of x [T, H] through the stacked gate|up experts w13 [E, 2I, H], blocks from `meta`."""
+    if isinstance(w13, NVFP4Weight):
+        return _gate_up_nvfp4(x, src, meta, w13, cfg)
     data, gs = _plain(w13)
     experts, two_i, hidden = data.shape
     inter = two_i // 2
@@ -174,8 +317,12 @@ def gate_up(
     return h
 
 
-def down(h: torch.Tensor, meta: torch.Tensor, w2: torch.Tensor | ScaledWeight, cfg: MoETmaConfig) -> torch.Tensor:
+def down(
+    h: torch.Tensor, meta: torch.Tensor, w2: torch.Tensor | ScaledWeight | NVFP4Weight, cfg: MoETmaConfig
+) -> torch.Tensor:
     """y [P, H] (sorted rows, each rounded) of h [P, I] through the stacked down experts w2 [E, H, I]."""
+    if isinstance(w2, NVFP4Weight):
+        return _down_nvfp4(h, meta, w2, cfg)
     data, gs = _plain(w2)
     experts, hidden, inter = data.shape
     y = torch.empty((h.shape[0], hidden), dtype=h.dtype, device=h.device)
@@ -190,12 +337,46 @@ def down(h: torch.Tensor, meta: torch.Tensor, w2: torch.Tensor | ScaledWeight, c
     return y
 
 
+def _gate_up_nvfp4(
+    x: torch.Tensor, src: torch.Tensor, meta: torch.Tensor, w13: NVFP4Weight, cfg: MoETmaConfig
+) -> torch.Tensor:
+    two_i, half_k = w13.qweight.shape[1:]
+    inter = two_i // 2
+    h = torch.empty((src.numel(), inter), dtype=x.dtype, device=x.device)
+    bn, bk = cfg.gate_up_block_n, cfg.gate_up_block_k
+    xs = x if cfg.gather else x.index_select(0, src)
+    # Unused when gathering: any descriptor of the kernel's block shape.
+    x_desc = TensorDescriptor.from_tensor(xs, [cfg.block_m, bk])
+    gs = w13.global_scale
+    _gate_up_nvfp4_kernel[(inter // bn, meta.shape[0])](
+        x_desc, x, src, meta, w13.qweight, w13.scales, gs, h, 2 * half_k, inter, x.stride(0), h.stride(0),
+        w13.qweight.stride(1), w13.scales.stride(1), gs.stride(0), GATHER=cfg.gather, UP_SCALE=gs.shape[1] - 1,
+        W_AS_A=cfg.w_operand_a, BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.gate_up_warps,
+        num_stages=cfg.gate_up_stages, **launch_options(x.device),
+    )  # fmt: skip
+    return h
+
+
+def _down_nvfp4(h: torch.Tensor, meta: torch.Tensor, w2: NVFP4Weight, cfg: MoETmaConfig) -> torch.Tensor:
+    hidden, half_k = w2.qweight.shape[1:]
+    y = torch.empty((h.shape[0], hidden), dtype=h.dtype, device=h.device)
+    bn, bk = cfg.down_block_n, cfg.down_block_k
+    h_desc = TensorDescriptor.from_tensor(h, [cfg.block_m, bk])
+    gs = w2.global_scale
+    _down_nvfp4_kernel[(hidden // bn, meta.shape[0])](
+        h_desc, meta, w2.qweight, w2.scales, gs, y, 2 * half_k, hidden, y.stride(0), w2.qweight.stride(1),
+        w2.scales.stride(1), gs.stride(0), W_AS_A=cfg.w_operand_a, BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=cfg.down_warps, num_stages=cfg.down_stages, **launch_options(h.device),
+    )  # fmt: skip
+    return y
+
+
 def routed(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    w13: torch.Tensor | ScaledWeight,
-    w2: torch.Tensor | ScaledWeight,
+    w13: torch.Tensor | ScaledWeight | NVFP4Weight,
+    w2: torch.Tensor | ScaledWeight | NVFP4Weight,
     cfg: MoETmaConfig,
     add: torch.Tensor | None = None,
 ) -> torch.Tensor:

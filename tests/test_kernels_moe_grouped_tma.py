@@ -103,9 +103,29 @@ def test_nvfp4_copies_scaled_in_the_epilogues(up_scales: int) -> None:
     w13 = random_nvfp4_experts(e, 2 * i, h, g, (i, i) if up_scales == 2 else (2 * i,))
     w2 = random_nvfp4_experts(e, h, i, g, (h,))
     c13, c2 = (mt._dequantized(w, dtype) for w in (w13, w2))
-    assert mt2.fits(x, c13, c2, SMALL) and not mt2.fits(x, w13, w2, SMALL)  # NVFP4 itself never
+    assert mt2.fits(x, c13, c2, SMALL) and not mt2.fits(x, c13, w2, SMALL)  # copies and NVFP4 not mixed
     out = mt2.routed(x, tw, ids, c13, c2, SMALL)
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", MOE_DTYPES, ids=str)
+@pytest.mark.parametrize("gather", [True, False], ids=["gather", "sorted-copy"])
+@pytest.mark.parametrize("w_operand_a", [False, True], ids=["w-right", "w-left"])
+def test_nvfp4_decoded_in_the_launches(dtype: torch.dtype, gather: bool, w_operand_a: bool) -> None:
+    """NVFP4 experts with no copy: each K step decoded in registers (as the left or right MMA operand), global scales
+    on the accumulators; `moe_ref` on the NVFP4 weights, and the copies' result through the plain launches."""
+    g = gen(7)
+    e, h, i, k, t = 8, 128, 64, 3, 37
+    x = torch.randn(t, h, generator=g, device=DEVICE).to(dtype)
+    tw, ids = routing(t, e - 1, k, g)
+    w13 = random_nvfp4_experts(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4_experts(e, h, i, g, (h,))
+    cfg = dataclasses.replace(SMALL, gather=gather, w_operand_a=w_operand_a)
+    assert mt2.fits(x, w13, w2, cfg)
+    out = mt2.routed(x, tw, ids, w13, w2, cfg)
+    assert not out.isnan().any() and rel_err(out, moe_ref(x, tw, ids, w13, w2)) < TOL[dtype]
+    c13, c2 = (mt._dequantized(w, dtype) for w in (w13, w2))
+    assert rel_err(out, mt2.routed(x, tw, ids, c13, c2, cfg)) < TOL[dtype]
 
 
 def test_fits_declines_what_it_cannot_run() -> None:
@@ -163,8 +183,9 @@ def test_fused_moe_takes_the_tma_launches_from_their_threshold(
 @pytest.mark.parametrize("t", [512, 2048, 4096])
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 def test_flint_sizes_on_the_gpu(t: int, fmt: str) -> None:
-    """Flint's experts (256 x 2048 x 512, top-6) in BF16, or NVFP4's copies, with the tiles the GPU's table gives at
-    this size (the H200's: 64-row blocks below 96 pairs an expert, 128-row from there)."""
+    """Flint's experts (256 x 2048 x 512, top-6) in BF16, or NVFP4's copies and NVFP4 decoded in the launches, with
+    the tiles the GPU's table gives at this size (the H200's: 64-row blocks below 96 pairs an expert, 128-row from
+    there)."""
     g = gen(6)
     e, h, i, k = 256, 2048, 512, 6
     x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
@@ -178,6 +199,37 @@ def test_flint_sizes_on_the_gpu(t: int, fmt: str) -> None:
         c13, c2 = (mt._dequantized(w, torch.bfloat16) for w in (w13, w2))
     cfg = mt2.config(t * k / e, fmt == "nvfp4", x.device)
     assert mt2.fits(x, c13, c2, cfg)
+    ref = moe_ref(x, tw, ids, w13, w2)
     for gather in (cfg.gather, not cfg.gather):
         out = mt2.routed(x, tw, ids, c13, c2, dataclasses.replace(cfg, gather=gather))
-        assert not out.isnan().any() and rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-2
+        assert not out.isnan().any() and rel_err(out, ref) < 1e-2
+    if fmt == "nvfp4":  # decoded in the launches: the copies' values, so the copies' sums on the same tiles
+        copies = mt2.routed(x, tw, ids, c13, c2, cfg)
+        assert torch.equal(mt2.routed(x, tw, ids, w13, w2, cfg), copies)
+        left = mt2.routed(x, tw, ids, w13, w2, dataclasses.replace(cfg, w_operand_a=True))
+        assert rel_err(left, ref) < 1e-2
+
+
+def test_fused_moe_decodes_nvfp4_in_the_launches_from_their_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From `tma_nvfp4_min_tokens` NVFP4 experts run on the decoding twins with no BF16 copy made, ahead of the
+    copies' threshold; below it the copies (from `dequant_min_tokens`) take the plain TMA launches."""
+    g = gen(8)
+    e, h, i, k, t = 8, 128, 64, 3, 20
+    dtype = MOE_DTYPES[0]
+    x = torch.randn(t, h, generator=g, device=DEVICE).to(dtype)
+    tw, ids = routing(t, e - 1, k, g)
+    w13 = random_nvfp4_experts(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4_experts(e, h, i, g, (h,))
+    ref = moe_ref(x, tw, ids, w13, w2)
+    monkeypatch.setattr(mt2, "config", lambda *a, **kw: SMALL)
+    twin, plain = LaunchSpy(mt2._gate_up_nvfp4_kernel), LaunchSpy(mt2._gate_up_kernel)
+    monkeypatch.setattr(mt2, "_gate_up_nvfp4_kernel", twin)
+    monkeypatch.setattr(mt2, "_gate_up_kernel", plain)
+    made = []
+    dequantized = mt._dequantized
+    monkeypatch.setattr(mt, "_dequantized", lambda w, dt: made.append(w) or dequantized(w, dt))
+    base = dict(decode_max_tokens=0, grouped_gemm_min_tokens=0, dequant_min_tokens=t, tma_min_tokens=t)
+    out = mt.fused_moe(x, tw, ids, w13, w2, tma_nvfp4_min_tokens=t, **base)
+    assert (twin.launches, plain.launches, len(made)) == (1, 0, 0) and rel_err(out, ref) < TOL[dtype]
+    out = mt.fused_moe(x, tw, ids, w13, w2, tma_nvfp4_min_tokens=t + 1, **base)  # the copies instead
+    assert (twin.launches, plain.launches, len(made)) == (1, 1, 2) and rel_err(out, ref) < TOL[dtype]
