@@ -35,12 +35,17 @@ GATE_UP_TILES = [
     (128, 128, 64, 8, 3, True),
     (128, 128, 64, 8, 4, True),
     (128, 128, 64, 8, 4, False),
+    # Deeper K steps, fewer stages: more bytes a TMA request where few rows leave the launch waiting on memory
+    # (twenty-ninth session: every launch read the experts at ~2 TB/s below 1,024 tokens). Not yet run.
+    (64, 128, 128, 4, 2, True),
+    (64, 128, 128, 4, 2, False),
 ]
 DOWN_TILES = [
     (64, 128, 64, 4, 4),
     (64, 256, 64, 4, 3),
     (128, 256, 64, 8, 3),
     (128, 128, 64, 8, 5),
+    (64, 128, 128, 4, 3),
 ]
 
 
