@@ -77,7 +77,7 @@ def run(t: int, fmt: str, stacks: list, gen: torch.Generator, only_paths: bool =
     from flint_kernels import moe_grouped_tma_triton as tma
     from flint_kernels.moe import moe_ref
 
-    x = torch.randn(t, HIDDEN, generator=gen, device="cuda").bfloat16()
+    x = torch.randn(t, HIDDEN, generator=gen, device=gen.device).bfloat16()
     tw, ids = routing(t, gen)
     w13, w2 = stacks[0]
     ref = moe_ref(x, tw, ids, w13, w2)
@@ -172,18 +172,22 @@ def run(t: int, fmt: str, stacks: list, gen: torch.Generator, only_paths: bool =
             gate_up_cfg(next(c for c in GATE_UP_TILES if cfg_name(c) == g_name)),
         )
 
-        def call(a, b, cfg=cfg):
-            a, b = copies(a, b)
-            return tma.routed(x, tw, ids, a, b, cfg)
+        # 128-row blocks also with each expert's last block of at most 64 rows on 64-row tiles (`tail_block_m`).
+        variants = [(cfg, "")] + ([(dataclasses.replace(cfg, tail_block_m=64), " + tail 64")] if m == 128 else [])
+        for v_cfg, suffix in variants:
 
-        key = f"tma m{m} [{g_name} | {d_name}]"
-        whole[key] = {
-            "config": dataclasses.asdict(cfg),
-            "rel_err": rel_err(call(w13, w2), ref),
-            "ms": time_graph([lambda s=s, c=call: c(*s) for s in stacks], reps=4),
-        }
-        whole[key]["TFLOP/s"] = round(flops / whole[key]["ms"] / 1e9, 1)
-        print(f"  {key}: {whole[key]}", flush=True)
+            def call(a, b, cfg=v_cfg):
+                a, b = copies(a, b)
+                return tma.routed(x, tw, ids, a, b, cfg)
+
+            key = f"tma m{m} [{g_name} | {d_name}]{suffix}"
+            whole[key] = {
+                "config": dataclasses.asdict(v_cfg),
+                "rel_err": rel_err(call(w13, w2), ref),
+                "ms": time_graph([lambda s=s, c=call: c(*s) for s in stacks], reps=4),
+            }
+            whole[key]["TFLOP/s"] = round(flops / whole[key]["ms"] / 1e9, 1)
+            print(f"  {key}: {whole[key]}", flush=True)
     row["whole"] = whole
     if fmt == "nvfp4":
         row["nvfp4_in_launches"] = nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops)
@@ -266,6 +270,15 @@ def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops) -> dict:
             "TFLOP/s": round(flops / ms / 1e9, 1),
         }
         print(f"  {key}: {out['whole'][key]}", flush=True)
+        if m == 128:  # each expert's last block of at most 64 rows on 64-row tiles
+            tail = dataclasses.replace(cfg, tail_block_m=64)
+            ms = time_graph([lambda s=s, c=tail: tma.routed(x, tw, ids, s[0], s[1], c) for s in stacks], reps=4)
+            got = tma.routed(x, tw, ids, w13, w2, tail)
+            out["whole"][key + " + tail 64"] = {
+                "config": dataclasses.asdict(tail), "rel_err": rel_err(got, ref), "equal_to_copies": None, "ms": ms,
+                "TFLOP/s": round(flops / ms / 1e9, 1),
+            }  # fmt: skip
+            print(f"  {key} + tail 64: {out['whole'][key + ' + tail 64']}", flush=True)
     return out
 
 

@@ -132,6 +132,10 @@ class MoETmaConfig:
     # NVFP4 experts decoded in the launches (no BF16 copy): the decoded weight tile as the MMA's left operand, from
     # registers (the product transposed), instead of its right one through shared memory.
     w_operand_a: bool = False
+    # When non-zero (a power of two below block_m): each expert's last block, when it has at most this many rows,
+    # runs in launches of its own on tiles of this many rows (the portable default's other tiles, x's rows gathered),
+    # so an expert of 192 pairs computes 128 + 64 rows instead of 2 x 128.
+    tail_block_m: int = 0
 
 
 @dataclass(frozen=True)

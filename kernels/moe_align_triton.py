@@ -39,21 +39,16 @@ def _count_kernel(ids_ptr, counts_ptr, P, BLOCK: tl.constexpr, PDL: tl.constexpr
     tl.atomic_add(counts_ptr + e, 1, mask=ok, sem="relaxed")
 
 
-@triton.jit(do_not_specialize=["n_blocks"])
-def _blocks_kernel(
-    counts_ptr, cursor_ptr, scratch_ptr, meta_ptr, E, n_blocks, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr,
-    STEPS: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+@triton.jit
+def _block_table(
+    counts, start, nblocks, block_end, scratch_ptr, meta_ptr, E, n_blocks, BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr, STEPS: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """One program: cursor[e] = e's first sorted row; meta[b] = (expert, first row, rows) for every block b, the
-    expert found by a binary search for the first block end above b (searchsorted, right)."""
-    pdl_entry(PDL)
+    """meta[b] = (expert, first row, rows) for every block b of `nblocks` [E_PAD] an expert (their running sum
+    `block_end`; BLOCK_M rows each, an expert's last as many as it has left), the expert found by a binary search for
+    the first block end above b (searchsorted, right); blocks past the total hold 0 rows."""
     ex = tl.arange(0, E_PAD)
     e_ok = ex < E
-    counts = tl.load(counts_ptr + ex, mask=e_ok, other=0)
-    nblocks = (counts + BLOCK_M - 1) // BLOCK_M
-    block_end = tl.cumsum(nblocks, axis=0)
-    start = tl.cumsum(counts, axis=0) - counts
-    tl.store(cursor_ptr + ex, start, mask=e_ok)
     # The per-expert values the blocks gather, by expert: block ends, first blocks, first rows, counts.
     tl.store(scratch_ptr + ex, block_end, mask=e_ok)
     tl.store(scratch_ptr + E_PAD + ex, block_end - nblocks, mask=e_ok)
@@ -80,6 +75,47 @@ def _blocks_kernel(
         tl.store(meta_ptr + b * 3, e, mask=b_ok)
         tl.store(meta_ptr + b * 3 + 1, row0, mask=b_ok)
         tl.store(meta_ptr + b * 3 + 2, rows, mask=b_ok)
+
+
+@triton.jit(do_not_specialize=["n_blocks"])
+def _blocks_kernel(
+    counts_ptr, cursor_ptr, scratch_ptr, meta_ptr, E, n_blocks, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr,
+    STEPS: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """One program: cursor[e] = e's first sorted row; meta = `_block_table` of blocks of BLOCK_M rows."""
+    pdl_entry(PDL)
+    ex = tl.arange(0, E_PAD)
+    e_ok = ex < E
+    counts = tl.load(counts_ptr + ex, mask=e_ok, other=0)
+    nblocks = (counts + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(nblocks, axis=0)
+    start = tl.cumsum(counts, axis=0) - counts
+    tl.store(cursor_ptr + ex, start, mask=e_ok)
+    _block_table(counts, start, nblocks, block_end, scratch_ptr, meta_ptr, E, n_blocks, BLOCK_M, E_PAD, STEPS, CHUNK)
+
+
+@triton.jit(do_not_specialize=["n_blocks"])
+def _split_blocks_kernel(
+    counts_ptr, cursor_ptr, scratch_ptr, meta_ptr, tail_ptr, E, n_blocks, BLOCK_M: tl.constexpr, TAIL: tl.constexpr,
+    E_PAD: tl.constexpr, STEPS: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """`_blocks_kernel` with each expert's last block of at most TAIL rows moved to a table of its own: tail[e] =
+    (e, first row, rows), 0 rows for an expert whose last block is whole or longer than TAIL (or that has no pairs),
+    so launches of BLOCK_M-row tiles take meta and launches of TAIL-row tiles take tail."""
+    pdl_entry(PDL)
+    ex = tl.arange(0, E_PAD)
+    e_ok = ex < E
+    counts = tl.load(counts_ptr + ex, mask=e_ok, other=0)
+    rem = counts % BLOCK_M
+    short = (rem > 0) & (rem <= TAIL)
+    nblocks = counts // BLOCK_M + (rem > TAIL).to(tl.int32)
+    block_end = tl.cumsum(nblocks, axis=0)
+    start = tl.cumsum(counts, axis=0) - counts
+    tl.store(cursor_ptr + ex, start, mask=e_ok)
+    tl.store(tail_ptr + ex * 3, ex, mask=e_ok)
+    tl.store(tail_ptr + ex * 3 + 1, start + (counts // BLOCK_M) * BLOCK_M, mask=e_ok)
+    tl.store(tail_ptr + ex * 3 + 2, tl.where(short, rem, 0), mask=e_ok)
+    _block_table(counts, start, nblocks, block_end, scratch_ptr, meta_ptr, E, n_blocks, BLOCK_M, E_PAD, STEPS, CHUNK)
 
 
 @triton.jit(do_not_specialize=["P"])
@@ -110,10 +146,18 @@ def _flat(topk_ids: torch.Tensor) -> torch.Tensor:
     return ids if ids.is_contiguous() else ids.contiguous()
 
 
-def _cursors(ids: torch.Tensor, num_experts: int, meta: torch.Tensor | None = None, block_m: int = 1) -> torch.Tensor:
+def _cursors(
+    ids: torch.Tensor,
+    num_experts: int,
+    meta: torch.Tensor | None = None,
+    block_m: int = 1,
+    tail: torch.Tensor | None = None,
+    tail_rows: int = 0,
+) -> torch.Tensor:
     """Each expert's first sorted row (int32 [E]) from one memset and two launches (the counts, then the block-table
-    program, which also fills `meta` [B, 3] for blocks of `block_m` rows when given); the rank or scatter launch then
-    moves each cursor past its expert's rows."""
+    program, which also fills `meta` [B, 3] for blocks of `block_m` rows when given, and with `tail` [E, 3] moves
+    each expert's last block of at most `tail_rows` rows there); the rank or scatter launch then moves each cursor
+    past its expert's rows."""
     e_pad = triton.next_power_of_2(num_experts)
     # counts | cursors | scratch (4 rows of e_pad): one allocation, one memset.
     work = torch.zeros(2 * num_experts + 4 * e_pad, dtype=torch.int32, device=ids.device)
@@ -123,6 +167,13 @@ def _cursors(ids: torch.Tensor, num_experts: int, meta: torch.Tensor | None = No
         return cursor
     opts = launch_options(ids.device)
     _count_kernel[(triton.cdiv(p, _BLOCK),)](ids, counts, p, BLOCK=_BLOCK, num_warps=4, **opts)
+    if tail is not None:
+        assert meta is not None
+        _split_blocks_kernel[(1,)](
+            counts, cursor, scratch, meta, tail, num_experts, meta.shape[0], BLOCK_M=block_m, TAIL=tail_rows,
+            E_PAD=e_pad, STEPS=num_experts.bit_length(), CHUNK=_CHUNK, num_warps=4, **opts,
+        )  # fmt: skip
+        return cursor
     # With no block table asked for, the block-table program only sets each expert's first row.
     _blocks_kernel[(1,)](
         counts, cursor, scratch, scratch if meta is None else meta, num_experts, 0 if meta is None else meta.shape[0],
@@ -162,6 +213,26 @@ def sort_blocks(
             ids, cursor, src, pos, p, TOPK=topk_ids.shape[-1], BLOCK=_BLOCK, num_warps=4, **launch_options(ids.device)
         )
     return src, pos, meta
+
+
+def sort_split_blocks(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, tail_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sort_blocks` with each expert's last block of at most `tail_rows` rows in a table of its own: (src, pos, meta
+    [B, 3] of blocks with more than `tail_rows` rows (whole ones of `block_m`, and last ones longer than the tail),
+    tail [E, 3] = (expert, first row, rows), 0 rows where an expert has no such block)."""
+    ids = _flat(topk_ids)
+    p = ids.numel()
+    src = torch.empty(p, dtype=torch.int64, device=ids.device)
+    pos = torch.empty(p, dtype=torch.int64, device=ids.device)
+    meta = torch.empty((max_blocks(p, num_experts, block_m), 3), dtype=torch.int32, device=ids.device)
+    tail = torch.zeros((num_experts, 3), dtype=torch.int32, device=ids.device)
+    if p:
+        cursor = _cursors(ids, num_experts, meta, block_m, tail, tail_rows)
+        _rank_kernel[(triton.cdiv(p, _BLOCK),)](
+            ids, cursor, src, pos, p, TOPK=topk_ids.shape[-1], BLOCK=_BLOCK, num_warps=4, **launch_options(ids.device)
+        )
+    return src, pos, meta, tail
 
 
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -26,6 +26,8 @@ from registers (the product transposed). The decoded values equal the copies', s
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -71,6 +73,9 @@ def fits(x: torch.Tensor, w13: object, w2: object, cfg: MoETmaConfig) -> bool:
     )
     if not (plain or scaled or (_nvfp4_fits(x, w13, (2 * inter,), (inter, inter)) and _nvfp4_fits(x, w2, (hidden,)))):
         return False
+    tail = cfg.tail_block_m
+    if tail and (tail & (tail - 1) or not 16 <= tail < cfg.block_m or not fits(x, w13, w2, tail_config(cfg))):
+        return False
     if x.is_cuda:
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
         # sm_90 and sm_100 (H100/H200, B200): TMA with the ~228 KB of shared memory the pipelined tiles take
@@ -82,6 +87,23 @@ def fits(x: torch.Tensor, w13: object, w2: object, cfg: MoETmaConfig) -> bool:
         and inter % cfg.gate_up_block_n == 0
         and inter % cfg.down_block_k == 0
         and hidden % cfg.down_block_n == 0
+    )
+
+
+def tail_config(cfg: MoETmaConfig) -> MoETmaConfig:
+    """The tiles of the launches that take each expert's short last block (`MoETmaConfig.tail_block_m`): that many
+    rows, the portable default's warps and stages, at most its columns (the main tiles' K steps), x's rows gathered,
+    the weights on the same MMA operand side."""
+    base = MoETmaConfig()
+    return dataclasses.replace(
+        base,
+        block_m=cfg.tail_block_m,
+        gate_up_block_n=min(cfg.gate_up_block_n, base.gate_up_block_n),
+        gate_up_block_k=cfg.gate_up_block_k,
+        down_block_n=min(cfg.down_block_n, base.down_block_n),
+        down_block_k=cfg.down_block_k,
+        gather=True,
+        w_operand_a=cfg.w_operand_a,
     )
 
 
@@ -296,14 +318,16 @@ def gate_up(
     meta: torch.Tensor,
     w13: torch.Tensor | ScaledWeight | NVFP4Weight,
     cfg: MoETmaConfig,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """h [P, I] (sorted rows) of x [T, H] through the stacked gate|up experts w13 [E, 2I, H], blocks from `meta`."""
+    """h [P, I] (sorted rows; into `out` when given) of x [T, H] through the stacked gate|up experts w13 [E, 2I, H],
+    for the blocks of `meta`."""
     if isinstance(w13, NVFP4Weight):
-        return _gate_up_nvfp4(x, src, meta, w13, cfg)
+        return _gate_up_nvfp4(x, src, meta, w13, cfg, out)
     data, gs = _plain(w13)
     experts, two_i, hidden = data.shape
     inter = two_i // 2
-    h = torch.empty((src.numel(), inter), dtype=x.dtype, device=x.device)
+    h = torch.empty((src.numel(), inter), dtype=x.dtype, device=x.device) if out is None else out
     bn, bk = cfg.gate_up_block_n, cfg.gate_up_block_k
     w_desc = TensorDescriptor.from_tensor(data.view(experts * two_i, hidden), [bn, bk])
     xs = x if cfg.gather else x.index_select(0, src)
@@ -318,14 +342,19 @@ def gate_up(
 
 
 def down(
-    h: torch.Tensor, meta: torch.Tensor, w2: torch.Tensor | ScaledWeight | NVFP4Weight, cfg: MoETmaConfig
+    h: torch.Tensor,
+    meta: torch.Tensor,
+    w2: torch.Tensor | ScaledWeight | NVFP4Weight,
+    cfg: MoETmaConfig,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y [P, H] (sorted rows, each rounded) of h [P, I] through the stacked down experts w2 [E, H, I]."""
+    """y [P, H] (sorted rows, each rounded; into `out` when given) of h [P, I] through the stacked down experts w2
+    [E, H, I], for the blocks of `meta`."""
     if isinstance(w2, NVFP4Weight):
-        return _down_nvfp4(h, meta, w2, cfg)
+        return _down_nvfp4(h, meta, w2, cfg, out)
     data, gs = _plain(w2)
     experts, hidden, inter = data.shape
-    y = torch.empty((h.shape[0], hidden), dtype=h.dtype, device=h.device)
+    y = torch.empty((h.shape[0], hidden), dtype=h.dtype, device=h.device) if out is None else out
     bn, bk = cfg.down_block_n, cfg.down_block_k
     w_desc = TensorDescriptor.from_tensor(data.view(experts * hidden, inter), [bn, bk])
     h_desc = TensorDescriptor.from_tensor(h, [cfg.block_m, bk])
@@ -338,11 +367,16 @@ def down(
 
 
 def _gate_up_nvfp4(
-    x: torch.Tensor, src: torch.Tensor, meta: torch.Tensor, w13: NVFP4Weight, cfg: MoETmaConfig
+    x: torch.Tensor,
+    src: torch.Tensor,
+    meta: torch.Tensor,
+    w13: NVFP4Weight,
+    cfg: MoETmaConfig,
+    out: torch.Tensor | None,
 ) -> torch.Tensor:
     two_i, half_k = w13.qweight.shape[1:]
     inter = two_i // 2
-    h = torch.empty((src.numel(), inter), dtype=x.dtype, device=x.device)
+    h = torch.empty((src.numel(), inter), dtype=x.dtype, device=x.device) if out is None else out
     bn, bk = cfg.gate_up_block_n, cfg.gate_up_block_k
     xs = x if cfg.gather else x.index_select(0, src)
     # Unused when gathering: any descriptor of the kernel's block shape.
@@ -357,9 +391,11 @@ def _gate_up_nvfp4(
     return h
 
 
-def _down_nvfp4(h: torch.Tensor, meta: torch.Tensor, w2: NVFP4Weight, cfg: MoETmaConfig) -> torch.Tensor:
+def _down_nvfp4(
+    h: torch.Tensor, meta: torch.Tensor, w2: NVFP4Weight, cfg: MoETmaConfig, out: torch.Tensor | None
+) -> torch.Tensor:
     hidden, half_k = w2.qweight.shape[1:]
-    y = torch.empty((h.shape[0], hidden), dtype=h.dtype, device=h.device)
+    y = torch.empty((h.shape[0], hidden), dtype=h.dtype, device=h.device) if out is None else out
     bn, bk = cfg.down_block_n, cfg.down_block_k
     h_desc = TensorDescriptor.from_tensor(h, [cfg.block_m, bk])
     gs = w2.global_scale
@@ -384,8 +420,16 @@ def routed(
     out = torch.empty_like(x)
     if topk_ids.shape[0] == 0:
         return out
-    src, pos, meta = moe_align_triton.sort_blocks(topk_ids, w13.shape[0], cfg.block_m)
-    h = gate_up(x, src, meta, w13, cfg)
-    y = down(h, meta, w2, cfg)
+    if cfg.tail_block_m:
+        src, pos, meta, tail = moe_align_triton.sort_split_blocks(topk_ids, w13.shape[0], cfg.block_m, cfg.tail_block_m)
+        short = tail_config(cfg)
+        h = gate_up(x, src, meta, w13, cfg)
+        gate_up(x, src, tail, w13, short, out=h)
+        y = down(h, meta, w2, cfg)
+        down(h, tail, w2, short, out=y)
+    else:
+        src, pos, meta = moe_align_triton.sort_blocks(topk_ids, w13.shape[0], cfg.block_m)
+        h = gate_up(x, src, meta, w13, cfg)
+        y = down(h, meta, w2, cfg)
     del h
     return moe_grouped_gemm.reduce_sorted(y, pos, topk_weights, out, add)

@@ -46,3 +46,49 @@ def test_needs_a_gpu(benchmark_script: Callable[[str], ModuleType], monkeypatch:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr("sys.argv", ["moe_grouped_tma.py"])
     assert bench.main() == 1
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_a_dry_run_reaches_every_variant(
+    benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """`run` on small experts in the interpreter, each timing replaced by one call: every tile of the sweep, the
+    whole paths (128-row blocks with and without the 64-row tail launches) and, for NVFP4, the twins that decode in
+    registers all run and report a time (no error strings), so a device call spends its time measuring."""
+    from kernel_checks import random_nvfp4_experts
+
+    bench = benchmark_script("moe_grouped_tma")
+    hidden, inter, experts, topk, t = 256, 128, 4, 2, 24
+    monkeypatch.setattr(bench, "HIDDEN", hidden)
+    monkeypatch.setattr(bench, "INTER", inter)
+    monkeypatch.setattr(bench, "EXPERTS", experts)
+    monkeypatch.setattr(bench, "TOPK", topk)
+    g = torch.Generator().manual_seed(1)
+
+    def routing(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        w, ids = torch.topk(torch.rand(n, experts, generator=gen), topk, dim=-1)
+        return w / w.sum(-1, keepdim=True), ids
+
+    calls = []
+    monkeypatch.setattr(bench, "routing", routing)
+    monkeypatch.setattr(bench, "time_graph", lambda fns, reps=None: calls.append([f() for f in fns]) or 1.0)
+    if fmt == "bf16":
+        stacks = [
+            (torch.randn(experts, 2 * inter, hidden, generator=g).bfloat16(),
+             torch.randn(experts, hidden, inter, generator=g).bfloat16())
+        ]  # fmt: skip
+    else:
+        stacks = [
+            (random_nvfp4_experts(experts, 2 * inter, hidden, g, (inter, inter)),
+             random_nvfp4_experts(experts, hidden, inter, g, (hidden,)))
+        ]  # fmt: skip
+    row = bench.run(t, fmt, stacks, g)
+    for key in ("gate_up_us", "down_us"):
+        assert set(row[key]) == {bench.cfg_name(c) for c in getattr(bench, key.split("_us")[0].upper() + "_TILES")}
+        assert all(isinstance(v, float) for v in row[key].values()), row[key]
+    assert any(k.endswith("+ tail 64") for k in row["whole"]) and len(row["whole"]) == 3
+    if fmt == "nvfp4":
+        twins = row["nvfp4_in_launches"]
+        assert all(isinstance(v, float) for part in ("gate_up_us", "down_us") for v in twins[part].values()), twins
+        assert len(twins["whole"]) == 3
+    assert calls
