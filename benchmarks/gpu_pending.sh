@@ -377,6 +377,10 @@ fi
 # for NVFP4 gets `tma_nvfp4_min_tokens` (the A/B: `python benchmarks/tuning_variant.py --op moe.paths --when
 # '{"nvfp4": true}' --set tma_nvfp4_min_tokens=512 --out .probe/twins.json`, then `prefill_ab.py
 # --variant-tuning-file .probe/twins.json --format nvfp4 [--chunk 2048]`) and the NVFP4 manifest profile is recorded.
+# The whole rows also time 128-row blocks with each expert's last block of at most 64 rows on 64-row tiles ("+ tail
+# 64", `MoETmaConfig.tail_block_m`; estimated 8K ~0.82 ms a layer against CUTLASS's 0.952): if it wins at 8K, the
+# A/B is the `moe.grouped_tma` entry from 96 pairs an expert with tail_block_m=64 and BF16's grouped_gemm_min_tokens
+# moved above 8,192 (`prefill_ab.py --variant-tuning-file ... --format bf16`), then both manifest profiles recorded.
 if [ "${TMA_MOE:-0}" = 1 ]; then
     gpu_tests "TMA MoE launches" tma_moe_tests 200 tests/test_kernels_moe_grouped_tma.py
     timeout 400 python3 benchmarks/moe_grouped_tma.py --ts 512 2048 8192 --formats nvfp4 bf16 \
