@@ -172,7 +172,11 @@ def test_nvfp4_decoded_in_the_launches(dtype: torch.dtype, gather: bool, w_opera
     out = mt2.routed(x, tw, ids, w13, w2, cfg)
     assert not out.isnan().any() and rel_err(out, moe_ref(x, tw, ids, w13, w2)) < TOL[dtype]
     c13, c2 = (mt._dequantized(w, dtype) for w in (w13, w2))
-    assert rel_err(out, mt2.routed(x, tw, ids, c13, c2, cfg)) < TOL[dtype]
+    copies = mt2.routed(x, tw, ids, c13, c2, cfg)
+    if w_operand_a:  # the product transposed: another order of the FP32 sums
+        assert rel_err(out, copies) < TOL[dtype]
+    else:  # the copies' values on the same tiles (times a power of two): the same sums
+        assert torch.equal(out, copies)
 
 
 def test_fits_declines_what_it_cannot_run() -> None:
