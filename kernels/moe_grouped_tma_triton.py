@@ -131,6 +131,46 @@ def _block(meta_ptr):
 
 
 @triton.jit
+def _x_rows(x_ptr, src_ptr, row0, rows, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Pointers to the first K step of x's rows for the block's sorted rows (each row's token; padding rows read
+    token 0, never stored)."""
+    m = tl.arange(0, BLOCK_M)
+    tok = tl.load(src_ptr + row0 + m, mask=m < rows, other=0)
+    return x_ptr + tok[:, None] * stride_x + tl.arange(0, BLOCK_K)[None, :]
+
+
+@triton.jit
+def _x_step(x_desc, a_ptrs, row0, k, GATHER: tl.constexpr):
+    """x's [BLOCK_M, BLOCK_K] tile at K step k: gathered by pointer, or from the sorted copy through TMA."""
+    if GATHER:
+        a = tl.load(a_ptrs + k)
+    else:
+        a = x_desc.load([row0, k])
+    return a
+
+
+@triton.jit
+def _swiglu(acc_g, acc_u, xdt: tl.constexpr):
+    """round(round(silu(round(gate))) * round(up)) of the scaled FP32 gate and up accumulators."""
+    g32 = acc_g.to(xdt).to(tl.float32)
+    act = (g32 / (1.0 + tl.exp(-g32))).to(xdt)
+    return (act.to(tl.float32) * acc_u.to(xdt).to(tl.float32)).to(xdt)
+
+
+@triton.jit
+def _store_rows(out_ptr, vals, row0, rows, n0, stride, W_AS_A: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):  # fmt: skip
+    """out[row0 + m, n0 + n] = vals for the block's rows m (vals [BLOCK_M, BLOCK_N], or its transpose with W_AS_A)."""
+    m = tl.arange(0, BLOCK_M)
+    n = n0 + tl.arange(0, BLOCK_N)
+    r = (row0 + m).to(tl.int64)
+    if W_AS_A:
+        tl.store(out_ptr + r[None, :] * stride + n[:, None], vals, mask=(m < rows)[None, :])
+    else:
+        tl.store(out_ptr + r[:, None] * stride + n[None, :], vals, mask=(m < rows)[:, None])
+
+
+@triton.jit
 def _gate_up_kernel(
     x_desc, x_ptr, src_ptr, meta_ptr, w_desc, gs_ptr, h_ptr, H, INTER, stride_x, stride_h, stride_gs,
     GATHER: tl.constexpr, GSCALE: tl.constexpr, UP_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -144,29 +184,18 @@ def _gate_up_kernel(
     n0 = tl.program_id(0) * BLOCK_N
     w_gate = e * 2 * INTER + n0
     w_up = w_gate + INTER
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < rows
-    if GATHER:
-        tok = tl.load(src_ptr + row0 + m, mask=m_ok, other=0)
-        a_ptrs = x_ptr + tok[:, None] * stride_x + tl.arange(0, BLOCK_K)[None, :]
+    a_ptrs = _x_rows(x_ptr, src_ptr, row0, rows, stride_x, BLOCK_M, BLOCK_K) if GATHER else x_ptr
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, H, BLOCK_K):
-        if GATHER:
-            a = tl.load(a_ptrs + k)
-        else:
-            a = x_desc.load([row0, k])
+        a = _x_step(x_desc, a_ptrs, row0, k, GATHER)
         acc_g = tl.dot(a, w_desc.load([w_gate, k]).T, acc_g)
         acc_u = tl.dot(a, w_desc.load([w_up, k]).T, acc_u)
     if GSCALE:
         acc_g = acc_g * tl.load(gs_ptr + e * stride_gs)
         acc_u = acc_u * tl.load(gs_ptr + e * stride_gs + UP_SCALE)
-    xdt = h_ptr.dtype.element_ty
-    g32 = acc_g.to(xdt).to(tl.float32)
-    act = (g32 / (1.0 + tl.exp(-g32))).to(xdt)
-    h = (act.to(tl.float32) * acc_u.to(xdt).to(tl.float32)).to(xdt)
-    n = n0 + tl.arange(0, BLOCK_N)
-    tl.store(h_ptr + (row0 + m).to(tl.int64)[:, None] * stride_h + n[None, :], h, mask=m_ok[:, None])
+    h = _swiglu(acc_g, acc_u, h_ptr.dtype.element_ty)
+    _store_rows(h_ptr, h, row0, rows, n0, stride_h, False, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -186,10 +215,7 @@ def _down_kernel(
         acc = tl.dot(h_desc.load([row0, k]), w_desc.load([w_row, k]).T, acc)
     if GSCALE:
         acc = acc * tl.load(gs_ptr + e * stride_gs)
-    m = tl.arange(0, BLOCK_M)
-    n = n0 + tl.arange(0, BLOCK_N)
-    y = acc.to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + (row0 + m).to(tl.int64)[:, None] * stride_y + n[None, :], y, mask=(m < rows)[:, None])
+    _store_rows(y_ptr, acc.to(y_ptr.dtype.element_ty), row0, rows, n0, stride_y, False, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -225,19 +251,6 @@ def _mma(a, w, acc, W_AS_A: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(out_ptr, vals, row0, rows, n0, stride, W_AS_A: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):  # fmt: skip
-    """out[row0 + m, n0 + n] = vals for the block's rows m (vals [BLOCK_M, BLOCK_N], or its transpose with W_AS_A)."""
-    m = tl.arange(0, BLOCK_M)
-    n = n0 + tl.arange(0, BLOCK_N)
-    r = (row0 + m).to(tl.int64)
-    if W_AS_A:
-        tl.store(out_ptr + r[None, :] * stride + n[:, None], vals, mask=(m < rows)[None, :])
-    else:
-        tl.store(out_ptr + r[:, None] * stride + n[None, :], vals, mask=(m < rows)[:, None])
-
-
-@triton.jit
 def _gate_up_nvfp4_kernel(
     x_desc, x_ptr, src_ptr, meta_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, H, INTER, stride_x, stride_h, stride_wn,
     stride_sn, stride_gs, GATHER: tl.constexpr, UP_SCALE: tl.constexpr, W_AS_A: tl.constexpr,
@@ -252,10 +265,7 @@ def _gate_up_nvfp4_kernel(
     w_gate = e * 2 * INTER + n0
     w_up = w_gate + INTER
     xdt = h_ptr.dtype.element_ty
-    if GATHER:
-        m = tl.arange(0, BLOCK_M)
-        tok = tl.load(src_ptr + row0 + m, mask=m < rows, other=0)
-        a_ptrs = x_ptr + tok[:, None] * stride_x + tl.arange(0, BLOCK_K)[None, :]
+    a_ptrs = _x_rows(x_ptr, src_ptr, row0, rows, stride_x, BLOCK_M, BLOCK_K) if GATHER else x_ptr
     if W_AS_A:
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -263,10 +273,7 @@ def _gate_up_nvfp4_kernel(
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, H, BLOCK_K):
-        if GATHER:
-            a = tl.load(a_ptrs + k)
-        else:
-            a = x_desc.load([row0, k])
+        a = _x_step(x_desc, a_ptrs, row0, k, GATHER)
         wg = _nvfp4_weights(w_ptr, s_ptr, w_gate, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
         acc_g = _mma(a, wg, acc_g, W_AS_A)
         wu = _nvfp4_weights(w_ptr, s_ptr, w_up, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
@@ -274,10 +281,8 @@ def _gate_up_nvfp4_kernel(
     if xdt != tl.float16:  # the decoded weights were the true ones times 2**-62 (exact)
         acc_g = acc_g * 4.611686018427388e18
         acc_u = acc_u * 4.611686018427388e18
-    g32 = (acc_g * tl.load(gs_ptr + e * stride_gs)).to(xdt).to(tl.float32)
-    up = (acc_u * tl.load(gs_ptr + e * stride_gs + UP_SCALE)).to(xdt).to(tl.float32)
-    act = (g32 / (1.0 + tl.exp(-g32))).to(xdt)
-    _store_rows(h_ptr, (act.to(tl.float32) * up).to(xdt), row0, rows, n0, stride_h, W_AS_A, BLOCK_M, BLOCK_N)
+    h = _swiglu(acc_g * tl.load(gs_ptr + e * stride_gs), acc_u * tl.load(gs_ptr + e * stride_gs + UP_SCALE), xdt)
+    _store_rows(h_ptr, h, row0, rows, n0, stride_h, W_AS_A, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
