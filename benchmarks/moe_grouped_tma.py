@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels_moe_gemv import EXPERTS, HIDDEN, INTER, TOPK, moe_weights, rel_err, routing, time_graph
+from results_file import write_results
 
 # (block_m, block_n, block_k, warps, stages, gather): gate_up's block_n is each of gate and up. The twenty-ninth
 # session's first sweep also had Triton's warp specialisation (`tl.range(warp_specialize=True)`): it failed to compile
@@ -312,10 +311,7 @@ def main() -> int:
             print(f"      {k}: {v['ms']:.3f} ({v['rel_err']:.1e}, equal to the copies' {v['equal_to_copies']})")
         if r.get("launches_us"):
             print("      CUTLASS launches (us): " + ", ".join(f"{k} {v}" for k, v in r["launches_us"].items()))
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"wrote {args.out}")
+    write_results(args.out, "python benchmarks/moe_grouped_tma.py " + " ".join(sys.argv[1:]), rows)
     return 0
 
 

@@ -20,11 +20,9 @@ each alone, so the glue's share shows.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable
-from datetime import date
 from pathlib import Path
 
 import torch
@@ -32,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels_attention import HQ, WINDOW, D, _paged_case, _rel_err
 from prefill_attention_sdpa import measured, triton_only
+from results_file import write_results
 
 ATEN = torch.ops.aten
 
@@ -165,11 +164,7 @@ def main() -> int:
         else:
             err = f"{r['rel_err']:9.1e}" if r.get("rel_err") is not None else f"{'':9s}"
             print(f"{r['T']:6d} {r['variant']:34s} {r['ms']:8.4f} {r['TFLOP/s']:8.1f} {err}")
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date.today().isoformat()}
-    meta["command"] = "python benchmarks/sliding_attention_cudnn.py " + " ".join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"wrote {args.out}")
+    write_results(args.out, "python benchmarks/sliding_attention_cudnn.py " + " ".join(sys.argv[1:]), rows)
     return 0
 
 
