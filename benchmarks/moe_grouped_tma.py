@@ -1,8 +1,8 @@
 """The routed MoE of long prefills: our TMA-fed grouped launches (`flint_kernels.moe_grouped_tma_triton`: gate_up
 with SiLU-and-mul in its epilogue, down) against the installed path (BF16: torch's grouped GEMM, CUTLASS on sm_90;
 NVFP4: the BF16 copies on whichever path the table picks), both on the same routing. For NVFP4 also the launches'
-twins that decode NVFP4 in registers with no copy (`MoETmaConfig.w_operand_a`: the decoded tile as the MMA's left
-operand), each checked against the copies' result (equal expected).
+twins that decode NVFP4 in registers with no copy (the decoded tile the MMA's left operand), each checked against the
+copies' result (equal expected); `--twins-only` times only those and the installed paths.
 
 CUDA only (sm_90+). Every variant is checked against `moe_ref` (rel. error) and timed inside CUDA graphs over two
 weight stacks (the harness of `kernels_moe_gemv.py`); each launch is also timed alone against CUTLASS's matching
@@ -70,7 +70,9 @@ def cfg_name(c: tuple) -> str:
     return f"m{c[0]} n{c[1]} k{c[2]} w{c[3]} s{c[4]}" + (" gather" if len(c) > 5 and c[5] else "")
 
 
-def run(t: int, fmt: str, stacks: list, gen: torch.Generator, only_paths: bool = False) -> dict:
+def run(
+    t: int, fmt: str, stacks: list, gen: torch.Generator, only_paths: bool = False, twins_only: bool = False
+) -> dict:
     from flint_kernels import moe_align_triton, moe_triton
     from flint_kernels import moe_grouped_gemm as mg
     from flint_kernels import moe_grouped_tma_triton as tma
@@ -103,9 +105,13 @@ def run(t: int, fmt: str, stacks: list, gen: torch.Generator, only_paths: bool =
         print(f"{fmt} T {t}: {key} {row[f'{key}_ms']:.3f} ms", flush=True)
     if only_paths:
         return row
-    c13, c2 = copies(w13, w2)
     # Each launch alone, on block tables made once per block_m.
     tables = {m: moe_align_triton.sort_blocks(ids, EXPERTS, m) for m in (64, 128)}
+    if twins_only:
+        if fmt == "nvfp4":
+            row["nvfp4_in_launches"] = nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops)
+        return row
+    c13, c2 = copies(w13, w2)
     src, _, offs = moe_align_triton.sort(ids, EXPERTS)
     launches: dict = {}
     if fmt == "bf16":
@@ -171,54 +177,48 @@ def run(t: int, fmt: str, stacks: list, gen: torch.Generator, only_paths: bool =
             gate_up_cfg(next(c for c in GATE_UP_TILES if cfg_name(c) == g_name)),
         )
 
-        # 128-row blocks also with each expert's last block of at most 64 rows on 64-row tiles (`tail_block_m`).
-        variants = [(cfg, "")] + ([(dataclasses.replace(cfg, tail_block_m=64), " + tail 64")] if m == 128 else [])
-        for v_cfg, suffix in variants:
+        def call(a, b, cfg=cfg):
+            a, b = copies(a, b)
+            return tma.routed(x, tw, ids, a, b, cfg)
 
-            def call(a, b, cfg=v_cfg):
-                a, b = copies(a, b)
-                return tma.routed(x, tw, ids, a, b, cfg)
-
-            key = f"tma m{m} [{g_name} | {d_name}]{suffix}"
-            whole[key] = {
-                "config": dataclasses.asdict(v_cfg),
-                "rel_err": rel_err(call(w13, w2), ref),
-                "ms": time_graph([lambda s=s, c=call: c(*s) for s in stacks], reps=4),
-            }
-            whole[key]["TFLOP/s"] = round(flops / whole[key]["ms"] / 1e9, 1)
-            print(f"  {key}: {whole[key]}", flush=True)
+        key = f"tma m{m} [{g_name} | {d_name}]"
+        whole[key] = {
+            "config": dataclasses.asdict(cfg),
+            "rel_err": rel_err(call(w13, w2), ref),
+            "ms": time_graph([lambda s=s, c=call: c(*s) for s in stacks], reps=4),
+        }
+        whole[key]["TFLOP/s"] = round(flops / whole[key]["ms"] / 1e9, 1)
+        print(f"  {key}: {whole[key]}", flush=True)
     row["whole"] = whole
     if fmt == "nvfp4":
         row["nvfp4_in_launches"] = nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops)
     return row
 
 
-# NVFP4 decoded in the launches (no BF16 copy): (block_m, block_n, block_k, warps, stages, gather, w_operand_a).
+# NVFP4 decoded in the launches (no BF16 copy), as GATE_UP_TILES and DOWN_TILES. The twenty-ninth session's tiles
+# also put the decoded tile on the MMA's right operand: Triton 3.6 fails to compile that (TritonGPUOptimizeDotOperands).
 NV_GATE_UP_TILES = [
-    (64, 128, 64, 4, 4, True, False),
-    (64, 128, 64, 4, 4, True, True),
-    (64, 128, 64, 4, 3, False, False),
-    (64, 64, 64, 4, 4, True, False),
-    (128, 128, 64, 8, 3, True, False),
-    (128, 128, 64, 8, 3, True, True),
+    (64, 128, 64, 4, 4, True),
+    (64, 128, 64, 4, 3, True),
+    (64, 128, 64, 4, 5, True),
+    (64, 128, 64, 4, 4, False),
+    (64, 64, 64, 4, 4, True),
+    (128, 128, 64, 8, 3, True),
+    (128, 64, 64, 4, 3, True),
 ]
 NV_DOWN_TILES = [
-    (64, 128, 64, 4, 4, False),
-    (64, 128, 64, 4, 4, True),
-    (64, 64, 64, 4, 4, False),
-    (128, 128, 64, 8, 3, False),
-    (128, 128, 64, 8, 3, True),
+    (64, 128, 64, 4, 4),
+    (64, 128, 64, 4, 3),
+    (64, 64, 64, 4, 4),
+    (64, 256, 64, 8, 3),
+    (128, 128, 64, 8, 3),
+    (128, 64, 64, 4, 3),
 ]
-
-
-def nv_name(c: tuple, down: bool = False) -> str:
-    side = c[6] if not down else c[5]
-    return cfg_name(c[:6] if not down else c[:5]) + (" w-left" if side else "")
 
 
 def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops) -> dict:
     """Each launch alone and the whole routed MoE with NVFP4 decoded in the launches, against the copies' path (the
-    same tiles on BF16 copies: equal results expected, w-right)."""
+    same tiles on BF16 copies: equal results expected)."""
     from flint_kernels import moe_grouped_tma_triton as tma
     from flint_kernels import moe_triton
 
@@ -226,40 +226,39 @@ def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops) -> dict:
     out: dict = {"gate_up_us": {}, "down_us": {}, "whole": {}}
     h_by_m = {}
     for c in NV_GATE_UP_TILES:
-        cfg = dataclasses.replace(gate_up_cfg(c[:6]), w_operand_a=c[6])
+        cfg = gate_up_cfg(c)
         s_, _, meta = tables[cfg.block_m]
         try:
             h_by_m.setdefault(cfg.block_m, tma.gate_up(x, s_, meta, w13, cfg))
             us = time_graph([lambda cfg=cfg, s_=s_, meta=meta: tma.gate_up(x, s_, meta, w13, cfg)], reps=8) * 1000
-            out["gate_up_us"][nv_name(c)] = round(us, 1)
+            out["gate_up_us"][cfg_name(c)] = round(us, 1)
         except Exception as e:  # report, keep the others
-            out["gate_up_us"][nv_name(c)] = f"{type(e).__name__}: {e}"[:200]
-        print(f"  nvfp4 in launches gate_up {nv_name(c)}: {out['gate_up_us'][nv_name(c)]}", flush=True)
+            out["gate_up_us"][cfg_name(c)] = f"{type(e).__name__}: {e}"[:200]
+        print(f"  nvfp4 in launches gate_up {cfg_name(c)}: {out['gate_up_us'][cfg_name(c)]}", flush=True)
     for c in NV_DOWN_TILES:
-        cfg = dataclasses.replace(down_cfg(c[:5]), w_operand_a=c[5])
+        cfg = down_cfg(c)
         _, _, meta = tables[cfg.block_m]
         h = h_by_m.get(cfg.block_m)
         if h is None:
             continue
         try:
             us = time_graph([lambda cfg=cfg, meta=meta, h=h: tma.down(h, meta, w2, cfg)], reps=8) * 1000
-            out["down_us"][nv_name(c, True)] = round(us, 1)
+            out["down_us"][cfg_name(c)] = round(us, 1)
         except Exception as e:
-            out["down_us"][nv_name(c, True)] = f"{type(e).__name__}: {e}"[:200]
-        print(f"  nvfp4 in launches down {nv_name(c, True)}: {out['down_us'][nv_name(c, True)]}", flush=True)
+            out["down_us"][cfg_name(c)] = f"{type(e).__name__}: {e}"[:200]
+        print(f"  nvfp4 in launches down {cfg_name(c)}: {out['down_us'][cfg_name(c)]}", flush=True)
     for m in (64, 128):
         gus = [(v, k) for k, v in out["gate_up_us"].items() if isinstance(v, float) and k.startswith(f"m{m} ")]
         dus = [(v, k) for k, v in out["down_us"].items() if isinstance(v, float) and k.startswith(f"m{m} ")]
         if not gus or not dus:
             continue
-        g = next(c for c in NV_GATE_UP_TILES if nv_name(c) == min(gus)[1])
-        d = next(c for c in NV_DOWN_TILES if nv_name(c, True) == min(dus)[1])
-        # One operand side for both launches: the gate_up's.
-        cfg = dataclasses.replace(down_cfg(d[:5], gate_up_cfg(g[:6])), w_operand_a=g[6])
-        key = f"nvfp4 in launches m{m} [{nv_name(g)} | {nv_name(d, True)}]"
+        g = next(c for c in NV_GATE_UP_TILES if cfg_name(c) == min(gus)[1])
+        d = next(c for c in NV_DOWN_TILES if cfg_name(c) == min(dus)[1])
+        cfg = down_cfg(d, gate_up_cfg(g))
+        key = f"nvfp4 in launches m{m} [{cfg_name(g)} | {cfg_name(d)}]"
         got = tma.routed(x, tw, ids, w13, w2, cfg)
         c13, c2 = (moe_triton._dequantized(w, torch.bfloat16) for w in (w13, w2))
-        copies = tma.routed(x, tw, ids, c13, c2, dataclasses.replace(cfg, w_operand_a=False))
+        copies = tma.routed(x, tw, ids, c13, c2, cfg)
         ms = time_graph([lambda s=s, cfg=cfg: tma.routed(x, tw, ids, s[0], s[1], cfg) for s in stacks], reps=4)
         out["whole"][key] = {
             "config": dataclasses.asdict(cfg),
@@ -269,15 +268,6 @@ def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops) -> dict:
             "TFLOP/s": round(flops / ms / 1e9, 1),
         }
         print(f"  {key}: {out['whole'][key]}", flush=True)
-        if m == 128:  # each expert's last block of at most 64 rows on 64-row tiles
-            tail = dataclasses.replace(cfg, tail_block_m=64)
-            ms = time_graph([lambda s=s, c=tail: tma.routed(x, tw, ids, s[0], s[1], c) for s in stacks], reps=4)
-            got = tma.routed(x, tw, ids, w13, w2, tail)
-            out["whole"][key + " + tail 64"] = {
-                "config": dataclasses.asdict(tail), "rel_err": rel_err(got, ref), "equal_to_copies": None, "ms": ms,
-                "TFLOP/s": round(flops / ms / 1e9, 1),
-            }  # fmt: skip
-            print(f"  {key} + tail 64: {out['whole'][key + ' + tail 64']}", flush=True)
     return out
 
 
@@ -286,6 +276,7 @@ def main() -> int:
     ap.add_argument("--ts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192], help="tokens")
     ap.add_argument("--formats", nargs="+", default=["bf16", "nvfp4"], choices=("bf16", "nvfp4"))
     ap.add_argument("--paths-only", action="store_true", help="only the installed path against the one before")
+    ap.add_argument("--twins-only", action="store_true", help="only the paths and NVFP4 decoded in the launches")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/moe_grouped_tma.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -296,7 +287,7 @@ def main() -> int:
     for fmt in args.formats:
         stacks = [moe_weights(fmt, gen)[:2] for _ in range(2)]
         for t in args.ts:
-            rows.append(run(t, fmt, stacks, gen, args.paths_only))
+            rows.append(run(t, fmt, stacks, gen, args.paths_only, args.twins_only))
         del stacks
         torch.cuda.empty_cache()
     print(f"\nRouted MoE on {torch.cuda.get_device_name()} (ms a layer; rel. error against moe_ref)")

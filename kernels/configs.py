@@ -107,9 +107,12 @@ class MoEPaths:
     # From this many tokens (0: never) the grouped path runs on our TMA-fed tensor-core launches
     # (`moe_grouped_tma_triton`: BF16 experts, or NVFP4's copies) where torch's grouped GEMM does not take the batch.
     tma_min_tokens: int = 0
-    # From this many tokens (0: never) NVFP4 experts run on those launches' twins that decode NVFP4 in registers, with
-    # no BF16 copy made (ahead of `dequant_min_tokens`).
+    # From this many tokens (0: never) up to `tma_nvfp4_max_tokens` (0: any) NVFP4 experts run on those launches'
+    # twins that decode NVFP4 in registers, with no BF16 copy made (ahead of `dequant_min_tokens`). The decode slows
+    # the main loop, so at long prefills the copies win again (H200: 0.81 against 0.99 ms a layer at 2,048 tokens,
+    # 2.08 against 1.48 at 8,192).
     tma_nvfp4_min_tokens: int = 0
+    tma_nvfp4_max_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,9 +132,6 @@ class MoETmaConfig:
     down_block_k: int = field(default=64, metadata=POW2)
     down_warps: int = field(default=4, metadata=POW2)
     down_stages: int = 4
-    # NVFP4 experts decoded in the launches (no BF16 copy): the decoded weight tile as the MMA's left operand, from
-    # registers (the product transposed), instead of its right one through shared memory.
-    w_operand_a: bool = False
     # When non-zero (a power of two below block_m): each expert's last block, when it has at most this many rows,
     # runs in launches of its own on tiles of this many rows (the portable default's other tiles, x's rows gathered),
     # so an expert of 192 pairs computes 128 + 64 rows instead of 2 x 128.

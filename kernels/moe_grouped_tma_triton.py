@@ -20,8 +20,9 @@ CUTLASS's, as any GEMM's does.
 NVFP4 experts run either as the BF16 copies `moe_triton` makes (`ScaledWeight`, through the launches above) or, with
 no copy, through twin launches that decode each K step of codes and scales in registers (`_nvfp4_weights`: exact
 values, times 2**-62 in BF16 as the Triton GEMV's tensor-core path keeps them; the accumulator gets the 2**62 back),
-the decoded tile the MMA's right operand (through shared memory) or, with `MoETmaConfig.w_operand_a`, its left one
-from registers (the product transposed). The decoded values equal the copies', so the sums are the copies' too.
+the decoded tile the MMA's left operand from registers (the product transposed: Triton 3.6 fails to compile the
+decoded tile as the right operand, through shared memory, at these tiles). The decoded values equal the copies', so
+the sums are the copies' too.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ except ImportError:
 
 def config(pairs_per_expert: float, nvfp4: bool = False, device: torch.device | None = None) -> MoETmaConfig:
     """The launches' tiles for a batch of `pairs_per_expert` pairs an expert on average; table op "moe.grouped_tma"
-    (shape pairs_per_expert, nvfp4). The default (64-row blocks, gate_up rows gathered by pointer) is the H200's
+    (shape pairs_per_expert, nvfp4: the twins that decode NVFP4 in registers; NVFP4's BF16 copies take BF16's). The
+    default (64-row blocks, gate_up rows gathered by pointer) is the H200's
     best at 512-2,048 tokens."""
     return tuning.tuned(
         "moe.grouped_tma", MoETmaConfig(), device, pairs_per_expert=float(pairs_per_expert), nvfp4=nvfp4
@@ -103,7 +105,6 @@ def tail_config(cfg: MoETmaConfig) -> MoETmaConfig:
         down_block_n=min(cfg.down_block_n, base.down_block_n),
         down_block_k=cfg.down_block_k,
         gather=True,
-        w_operand_a=cfg.w_operand_a,
     )
 
 
@@ -158,13 +159,13 @@ def _swiglu(acc_g, acc_u, xdt: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(out_ptr, vals, row0, rows, n0, stride, W_AS_A: tl.constexpr, BLOCK_M: tl.constexpr,
+def _store_rows(out_ptr, vals, row0, rows, n0, stride, TRANSPOSED: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr):  # fmt: skip
-    """out[row0 + m, n0 + n] = vals for the block's rows m (vals [BLOCK_M, BLOCK_N], or its transpose with W_AS_A)."""
+    """out[row0 + m, n0 + n] = vals for the block's rows m (vals [BLOCK_M, BLOCK_N], or its transpose)."""
     m = tl.arange(0, BLOCK_M)
     n = n0 + tl.arange(0, BLOCK_N)
     r = (row0 + m).to(tl.int64)
-    if W_AS_A:
+    if TRANSPOSED:
         tl.store(out_ptr + r[None, :] * stride + n[:, None], vals, mask=(m < rows)[None, :])
     else:
         tl.store(out_ptr + r[:, None] * stride + n[None, :], vals, mask=(m < rows)[:, None])
@@ -240,23 +241,13 @@ def _nvfp4_weights(
 
 
 @triton.jit
-def _mma(a, w, acc, W_AS_A: tl.constexpr):
-    """acc += a @ w^T ([BLOCK_M, BLOCK_N]); with W_AS_A acc is the transpose [BLOCK_N, BLOCK_M] += w @ a^T."""
-    # One return: Triton also traces the statements after a constexpr branch that returns.
-    if W_AS_A:
-        out = tl.dot(w, tl.trans(a), acc)
-    else:
-        out = tl.dot(a, tl.trans(w), acc)
-    return out
-
-
-@triton.jit
 def _gate_up_nvfp4_kernel(
     x_desc, x_ptr, src_ptr, meta_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, H, INTER, stride_x, stride_h, stride_wn,
-    stride_sn, stride_gs, GATHER: tl.constexpr, UP_SCALE: tl.constexpr, W_AS_A: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    stride_sn, stride_gs, GATHER: tl.constexpr, UP_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """`_gate_up_kernel` on NVFP4 experts, each K step of gate and up rows decoded in registers (no BF16 copy)."""
+    """`_gate_up_kernel` on NVFP4 experts, each K step of gate and up rows decoded in registers (no BF16 copy), the
+    products transposed ([BLOCK_N, BLOCK_M] accumulators)."""
     pdl_entry(PDL)
     e, row0, rows = _block(meta_ptr)
     if rows == 0:
@@ -266,31 +257,27 @@ def _gate_up_nvfp4_kernel(
     w_up = w_gate + INTER
     xdt = h_ptr.dtype.element_ty
     a_ptrs = _x_rows(x_ptr, src_ptr, row0, rows, stride_x, BLOCK_M, BLOCK_K) if GATHER else x_ptr
-    if W_AS_A:
-        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in range(0, H, BLOCK_K):
         a = _x_step(x_desc, a_ptrs, row0, k, GATHER)
         wg = _nvfp4_weights(w_ptr, s_ptr, w_gate, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
-        acc_g = _mma(a, wg, acc_g, W_AS_A)
+        acc_g = tl.dot(wg, tl.trans(a), acc_g)
         wu = _nvfp4_weights(w_ptr, s_ptr, w_up, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
-        acc_u = _mma(a, wu, acc_u, W_AS_A)
+        acc_u = tl.dot(wu, tl.trans(a), acc_u)
     if xdt != tl.float16:  # the decoded weights were the true ones times 2**-62 (exact)
         acc_g = acc_g * 4.611686018427388e18
         acc_u = acc_u * 4.611686018427388e18
     h = _swiglu(acc_g * tl.load(gs_ptr + e * stride_gs), acc_u * tl.load(gs_ptr + e * stride_gs + UP_SCALE), xdt)
-    _store_rows(h_ptr, h, row0, rows, n0, stride_h, W_AS_A, BLOCK_M, BLOCK_N)
+    _store_rows(h_ptr, h, row0, rows, n0, stride_h, True, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
 def _down_nvfp4_kernel(
     h_desc, meta_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, INTER, HID, stride_y, stride_wn, stride_sn, stride_gs,
-    W_AS_A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """`_down_kernel` on NVFP4 experts, each K step decoded in registers (no BF16 copy)."""
+    """`_down_kernel` on NVFP4 experts, each K step decoded in registers (no BF16 copy), the product transposed."""
     pdl_entry(PDL)
     e, row0, rows = _block(meta_ptr)
     if rows == 0:
@@ -298,17 +285,14 @@ def _down_nvfp4_kernel(
     n0 = tl.program_id(0) * BLOCK_N
     w_row = e * HID + n0
     xdt = y_ptr.dtype.element_ty
-    if W_AS_A:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in range(0, INTER, BLOCK_K):
         w = _nvfp4_weights(w_ptr, s_ptr, w_row, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
-        acc = _mma(h_desc.load([row0, k]), w, acc, W_AS_A)
+        acc = tl.dot(w, tl.trans(h_desc.load([row0, k])), acc)
     if xdt != tl.float16:
         acc = acc * 4.611686018427388e18
     y = (acc * tl.load(gs_ptr + e * stride_gs)).to(xdt)
-    _store_rows(y_ptr, y, row0, rows, n0, stride_y, W_AS_A, BLOCK_M, BLOCK_N)
+    _store_rows(y_ptr, y, row0, rows, n0, stride_y, True, BLOCK_M, BLOCK_N)
 
 
 def _plain(w: torch.Tensor | ScaledWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -390,8 +374,8 @@ def _gate_up_nvfp4(
     _gate_up_nvfp4_kernel[(inter // bn, meta.shape[0])](
         x_desc, x, src, meta, w13.qweight, w13.scales, gs, h, 2 * half_k, inter, x.stride(0), h.stride(0),
         w13.qweight.stride(1), w13.scales.stride(1), gs.stride(0), GATHER=cfg.gather, UP_SCALE=gs.shape[1] - 1,
-        W_AS_A=cfg.w_operand_a, BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.gate_up_warps,
-        num_stages=cfg.gate_up_stages, **launch_options(x.device),
+        BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages,
+        **launch_options(x.device),
     )  # fmt: skip
     return h
 
@@ -406,7 +390,7 @@ def _down_nvfp4(
     gs = w2.global_scale
     _down_nvfp4_kernel[(hidden // bn, meta.shape[0])](
         h_desc, meta, w2.qweight, w2.scales, gs, y, 2 * half_k, hidden, y.stride(0), w2.qweight.stride(1),
-        w2.scales.stride(1), gs.stride(0), W_AS_A=cfg.w_operand_a, BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk,
+        w2.scales.stride(1), gs.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=cfg.down_warps, num_stages=cfg.down_stages, **launch_options(h.device),
     )  # fmt: skip
     return y

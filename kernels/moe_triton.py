@@ -750,6 +750,7 @@ def fused_moe(
     grouped_gemm_min_tokens: int | None = None,
     tma_min_tokens: int | None = None,
     tma_nvfp4_min_tokens: int | None = None,
+    tma_nvfp4_max_tokens: int | None = None,
 ) -> torch.Tensor:
     """`moe_ref` through the Triton kernels; `decode_max_tokens` picks the path (tests force either).
 
@@ -758,8 +759,9 @@ def fused_moe(
     `dequant_min_tokens` tokens NVFP4 experts are dequantised to x's dtype for the call, and from
     `grouped_gemm_min_tokens` (0: never) plain experts run on torch's grouped GEMM (`moe_grouped_gemm`), and
     otherwise from `tma_min_tokens` (0: never) on the TMA-fed launches (`moe_grouped_tma_triton`, unless a `config`
-    of the Triton grouped kernels is given). From `tma_nvfp4_min_tokens` (0: never) NVFP4 experts run on those
-    launches' twins that decode NVFP4 in registers, before any copy is made. All default to `paths_config`'s.
+    of the Triton grouped kernels is given). From `tma_nvfp4_min_tokens` (0: never) to `tma_nvfp4_max_tokens` (0: any)
+    NVFP4 experts run on those launches' twins that decode NVFP4 in registers, before any copy is made. All default
+    to `paths_config`'s.
     """
     t = topk_ids.shape[0]
     decode, fold, copies = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens, dequant_min_tokens, config)
@@ -771,9 +773,12 @@ def fused_moe(
         tma_min_tokens = limits.tma_min_tokens
     if tma_nvfp4_min_tokens is None:
         tma_nvfp4_min_tokens = limits.tma_nvfp4_min_tokens
+    if tma_nvfp4_max_tokens is None:
+        tma_nvfp4_max_tokens = limits.tma_nvfp4_max_tokens
     pairs_per_expert = t * topk_ids.shape[-1] / w13.shape[0]
     tma_cfg = None
-    if nv and not decode and config is None and 0 < tma_nvfp4_min_tokens <= t:
+    twins = 0 < tma_nvfp4_min_tokens <= t and (tma_nvfp4_max_tokens == 0 or t <= tma_nvfp4_max_tokens)
+    if nv and not decode and config is None and twins:
         # NVFP4 decoded inside the TMA-fed launches: no BF16 copy.
         tma_cfg = moe_grouped_tma_triton.config(pairs_per_expert, True, x.device)
         tma_cfg = tma_cfg if moe_grouped_tma_triton.fits(x, w13, w2, tma_cfg) else None
@@ -785,7 +790,8 @@ def fused_moe(
     gemm = tma_cfg is None and not decode and 0 < grouped_gemm_min_tokens <= t and moe_grouped_gemm.fits(x, w13, w2)
     dense = not isinstance(w13, NVFP4Weight) and not isinstance(w2, NVFP4Weight)  # BF16 experts or NVFP4's copies
     if tma_cfg is None and dense and not decode and not gemm and 0 < tma_min_tokens <= t and config is None:
-        tma_cfg = moe_grouped_tma_triton.config(pairs_per_expert, nv, x.device)
+        # NVFP4's copies are BF16 launches with scaled epilogues: BF16's tiles ("nvfp4" picks the twins').
+        tma_cfg = moe_grouped_tma_triton.config(pairs_per_expert, False, x.device)
         tma_cfg = tma_cfg if moe_grouped_tma_triton.fits(x, w13, w2, tma_cfg) else None
     extra = None
     if shared is not None and not fold:

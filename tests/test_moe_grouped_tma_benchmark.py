@@ -3,7 +3,6 @@ call spends no time on configurations `fits` refuses), the NVFP4 twins' too, and
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from types import ModuleType
 
@@ -32,10 +31,9 @@ def test_swept_tiles_fit_flints_experts(benchmark_script: Callable[[str], Module
         assert mt2.fits(x, w13, w2, bench.down_cfg(c)), c
     assert len(names) == len(bench.GATE_UP_TILES)  # each row of the table is told apart
     for c in bench.NV_GATE_UP_TILES:
-        cfg = dataclasses.replace(bench.gate_up_cfg(c[:6]), w_operand_a=c[6])
-        assert mt2.fits(x, w13, w2, cfg) and bench.nv_name(c).endswith(" w-left") == c[6]
+        assert mt2.fits(x, w13, w2, bench.gate_up_cfg(c)), c
     for c in bench.NV_DOWN_TILES:
-        assert mt2.fits(x, w13, w2, dataclasses.replace(bench.down_cfg(c[:5]), w_operand_a=c[5]))
+        assert mt2.fits(x, w13, w2, bench.down_cfg(c)), c
     # A joined config keeps the gate_up's fields and takes the down's.
     joined = bench.down_cfg(bench.DOWN_TILES[1], bench.gate_up_cfg(bench.GATE_UP_TILES[0]))
     assert joined.gather == bench.GATE_UP_TILES[0][5] and joined.down_block_n == bench.DOWN_TILES[1][1]
@@ -53,8 +51,8 @@ def test_a_dry_run_reaches_every_variant(
     benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch, fmt: str
 ) -> None:
     """`run` on small experts in the interpreter, each timing replaced by one call: every tile of the sweep, the
-    whole paths (128-row blocks with and without the 64-row tail launches) and, for NVFP4, the twins that decode in
-    registers all run and report a time (no error strings), so a device call spends its time measuring."""
+    whole paths (64- and 128-row blocks) and, for NVFP4, the twins that decode in registers all run and report a time
+    (no error strings), so a device call spends its time measuring; `--twins-only` runs only the twins."""
     from kernel_checks import random_nvfp4_experts
 
     bench = benchmark_script("moe_grouped_tma")
@@ -86,9 +84,11 @@ def test_a_dry_run_reaches_every_variant(
     for key in ("gate_up_us", "down_us"):
         assert set(row[key]) == {bench.cfg_name(c) for c in getattr(bench, key.split("_us")[0].upper() + "_TILES")}
         assert all(isinstance(v, float) for v in row[key].values()), row[key]
-    assert any(k.endswith("+ tail 64") for k in row["whole"]) and len(row["whole"]) == 3
+    assert len(row["whole"]) == 2
     if fmt == "nvfp4":
         twins = row["nvfp4_in_launches"]
         assert all(isinstance(v, float) for part in ("gate_up_us", "down_us") for v in twins[part].values()), twins
-        assert len(twins["whole"]) == 3
+        assert len(twins["whole"]) == 2 and all(w["equal_to_copies"] is not None for w in twins["whole"].values())
+        only = bench.run(t, fmt, stacks, g, twins_only=True)
+        assert "gate_up_us" not in only and len(only["nvfp4_in_launches"]["whole"]) == 2
     assert calls
