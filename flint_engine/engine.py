@@ -210,7 +210,7 @@ class LLMEngine:
             return ec.kv_cache_memory
         dev = self.model.device
         if dev.type == "cuda":
-            from flint_kernels.moe_triton import paths_config
+            from flint_kernels.moe_triton import copies_min_tokens, paths_config
 
             free, total = torch.cuda.mem_get_info(dev)
             return gpu_kv_budget(
@@ -221,7 +221,8 @@ class LLMEngine:
                 ec.max_num_seqs,
                 self.prefill_tokens,
                 self.model.weights.has_nvfp4_experts(),
-                paths_config(True, dev).dequant_min_tokens,  # the GPU's table may start the copies earlier
+                # The GPU's table may start the copies earlier, or take steps on launches that need none.
+                copies_min_tokens(paths_config(True, dev)),
             )
         return 512 * 2**20
 

@@ -36,6 +36,8 @@ deterministic and CUDA-graph capturable. Two other prefill paths take batches by
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -615,6 +617,16 @@ def paths_config(nvfp4: bool, device: torch.device | None = None) -> MoEPaths:
     else:
         default = MoEPaths(DECODE_MAX_TOKENS_BF16, SHARED_FOLD_MAX_TOKENS_BF16)
     return tuning.tuned("moe.paths", default, device, nvfp4=nvfp4)
+
+
+def copies_min_tokens(limits: MoEPaths) -> int:
+    """The fewest tokens of a step for which `fused_moe` makes BF16 copies of NVFP4 experts (the engine keeps memory
+    free for them), given NVFP4's `paths_config`: the copies' threshold, past the twins that decode in registers where
+    those take the steps from there on."""
+    lo, hi, copies = limits.tma_nvfp4_min_tokens, limits.tma_nvfp4_max_tokens, limits.dequant_min_tokens
+    if 0 < lo <= copies:
+        return sys.maxsize if hi == 0 else max(copies, hi + 1)
+    return copies
 
 
 def decode_config(nvfp4: bool, tokens: int = 1, device: torch.device | None = None) -> MoEConfig:

@@ -437,6 +437,25 @@ def test_activation_reserve_counts_the_expert_copy_of_long_prefills() -> None:
     assert early - activation_reserve(cfg, 8, 3072) == copy
 
 
+def test_steps_on_the_twins_that_decode_nvfp4_in_registers_need_no_copy() -> None:
+    """Where the table runs NVFP4 experts of steps up to N tokens on launches that decode them in registers, the
+    copies (and the memory kept for them) start above N; with no upper bound they never start."""
+    import dataclasses
+
+    from flint_kernels.configs import MoEPaths
+    from flint_kernels.moe_triton import copies_min_tokens
+
+    base = MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8, dequant_min_tokens=2048)
+    assert copies_min_tokens(base) == 2048
+    assert copies_min_tokens(dataclasses.replace(base, tma_nvfp4_min_tokens=256, tma_nvfp4_max_tokens=4096)) == 4097
+    assert copies_min_tokens(dataclasses.replace(base, tma_nvfp4_min_tokens=256, tma_nvfp4_max_tokens=1024)) == 2048
+    assert copies_min_tokens(dataclasses.replace(base, tma_nvfp4_min_tokens=4096)) == 2048  # copies first
+    assert copies_min_tokens(dataclasses.replace(base, tma_nvfp4_min_tokens=256)) > 2**40
+    # The H200's table: steps up to 4,096 tokens on the twins, so a 4,096-token budget keeps no copy's memory free.
+    h200 = copies_min_tokens(_h200_paths())
+    assert h200 == 4097
+
+
 def test_token_times_are_stamped_once_the_tokens_are_on_the_host(window7, monkeypatch) -> None:
     """On a GPU the model step only queues kernels; the sampler's copy of the tokens to the host waits for them. The
     first-token and inter-token times (TTFT, ITL metrics) must be taken after that copy, not before it."""
@@ -459,3 +478,15 @@ def test_token_times_are_stamped_once_the_tokens_are_on_the_host(window7, monkey
     assert req.first_token_time is not None and req.first_token_time >= done[0]
     engine.step()
     assert req.last_token_time >= done[1] > req.first_token_time
+
+
+def _h200_paths():
+    """NVFP4's `moe.paths` of the H200's shipped table."""
+    from pathlib import Path
+
+    from flint_kernels import tuning
+    from flint_kernels.configs import MoEPaths
+
+    table = tuning.load(Path(__file__).resolve().parents[1] / "kernels" / "tuning" / "nvidia-h200.json")
+    entry = next(e for e in table.ops["moe.paths"] if e.matches({"nvfp4": True}))
+    return MoEPaths(**entry.config)

@@ -79,6 +79,7 @@ CONFIG_CALLS: list[tuple[str, Callable[[torch.device], object]]] = [
       for nv in (False, True) for t in (1, 2, 3, 4, 5, 8, 32, 64)],
     *[(f"moe grouped ppe={p}", lambda d, p=p: mt.grouped_config(p, False, d)) for p in (0.2, 16, 16.5, 48, 49, 192)],
     *[(f"moe grouped tma ppe={p}", lambda d, p=p: mgt.config(p, False, d)) for p in (3, 12, 13, 95, 96, 192)],
+    *[(f"moe grouped tma nvfp4 ppe={p}", lambda d, p=p: mgt.config(p, True, d)) for p in (3, 71, 72, 192)],
     *[(f"attn decode b={b} ctx={c} w={w}", lambda d, b=b, c=c, w=w: at.decode_config(c, w, b, d))
       for b in (1, 64) for c in (1024, 32768) for w in (None, 513)],
     *[(f"attn prefill w={w}", lambda d, w=w: at.prefill_config(8192, w, d)) for w in (None, 513)],
@@ -224,14 +225,20 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     # from 2,048, torch's grouped GEMM from 6,144 (BF16).
     assert mt.paths_config(False, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8,
                                                     grouped_gemm_min_tokens=6144, tma_min_tokens=128)  # fmt: skip
+    # NVFP4 steps of 256-4,096 tokens on the twins that decode in registers (thirtieth session), the copies above.
     assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8,
-                                                   dequant_min_tokens=2048, tma_min_tokens=2048)  # fmt: skip
+                                                   dequant_min_tokens=2048, tma_min_tokens=2048,
+                                                   tma_nvfp4_min_tokens=256, tma_nvfp4_max_tokens=4096)  # fmt: skip
     # Their tiles: 64-row blocks with x's rows from the sorted copy up to 12 pairs an expert, gathered by pointer
     # above; 128-row blocks (8 warps, 256-column down tiles) from 96.
-    small, large = mgt.config(12, False, h200), mgt.config(96, True, h200)
+    small, large = mgt.config(12, False, h200), mgt.config(96, False, h200)
     assert small == MoETmaConfig(gather=False) and mgt.config(12.1, False, h200) == MoETmaConfig()
-    assert mgt.config(95.9, True, h200) == MoETmaConfig()
+    assert mgt.config(95.9, False, h200) == MoETmaConfig()
     assert large == MoETmaConfig(128, 128, 64, 8, 4, True, 256, 64, 8, 3)
+    # The twins: 3 stages of 64-row blocks, x gathered at every size; from 72 pairs an expert 128-row blocks of 64
+    # columns, 4 warps, 2 stages.
+    assert mgt.config(3, True, h200) == mgt.config(71.9, True, h200) == MoETmaConfig(gate_up_stages=3, down_stages=3)
+    assert mgt.config(72, True, h200) == MoETmaConfig(128, 64, 64, 4, 2, True, 64, 64, 4, 2)
     assert at.decode_config(32768, None, 1, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
     assert at.decode_config(1024, 513, 1, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
     # From 12 sequences: one split in sliding layers, 512 keys a split at least in full ones (a 2026-11-30 sweep and
