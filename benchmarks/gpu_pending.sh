@@ -7,7 +7,8 @@
 # (`moe_grouped_tma_triton`, TMA_MOE=1: BF16 from 128 tokens, NVFP4's copies from 2,048; an 8K prompt in 2048-token
 # steps 195.0 -> 164.0 ms GPU BF16, 302.7 -> 272.6 NVFP4; 8K NVFP4 in one step 146.1 -> 138.8 ms), both manifest
 # profiles recorded with them; GRAPH_PROFILE=1 ran (the graph's kernel spans include their PDL waits); CHUNK_SWEEP=1
-# is still to run, and TMA_MOE=1 for the NVFP4 twins that decode in registers (built without a GPU: first in line). Before, the twenty-eighth (2026-12-04): NVFP4 decode graphs at one token ask L2 for the next layer's q|k|v
+# is still to run. The thirtieth (2026-12-04): TMA_MOE=1 judged the NVFP4 twins (installed from 256 to 4,096 tokens) and the
+# tail launches (removed). Before, the twenty-eighth (2026-12-04): NVFP4 decode graphs at one token ask L2 for the next layer's q|k|v
 # and o projections on a side stream (L2_AHEAD=1 and AHEAD_TABLE=1: batch 1 2.292 -> 2.142 ms, installed, NVFP4
 # manifest recorded with it; 1,024 lines a side program, CHUNK_SWEEP=1 next); EDGE_AB=1 found the edge masks even on the whole 8K prefill, ROUTER8K=1 no better 8K
 # router tiles, SLIDING_CUDNN=1 the sliding layers slower on cuDNN in blocks (docs/performance.md). Before, the
@@ -371,16 +372,9 @@ fi
 # TMA_MOE=1: the TMA-fed MoE launches' tiles against the installed paths at prefill sizes, each launch alone and the
 # whole routed MoE (benchmarks/moe_grouped_tma.py; the twenty-ninth session's run chose the H200 table's entries), then
 # the whole 8K prefill in 2048-token steps against the table before them (TMA_BEFORE: that table's file). ~4 minutes.
-# NEXT (built in the twenty-ninth session without a GPU): the NVFP4 rows now also time the launches' twins that decode
-# NVFP4 in registers with no BF16 copy (the copies cost ~0.55 ms of the 0.99 a layer at 2,048 tokens), both MMA operand
-# sides, and check them against the copies' result; the GPU tests first. If they win, the table's `moe.paths` entry
-# for NVFP4 gets `tma_nvfp4_min_tokens` (the A/B: `python benchmarks/tuning_variant.py --op moe.paths --when
-# '{"nvfp4": true}' --set tma_nvfp4_min_tokens=512 --out .probe/twins.json`, then `prefill_ab.py
-# --variant-tuning-file .probe/twins.json --format nvfp4 [--chunk 2048]`) and the NVFP4 manifest profile is recorded.
-# The whole rows also time 128-row blocks with each expert's last block of at most 64 rows on 64-row tiles ("+ tail
-# 64", `MoETmaConfig.tail_block_m`; estimated 8K ~0.82 ms a layer against CUTLASS's 0.952): if it wins at 8K, the
-# A/B is the `moe.grouped_tma` entry from 96 pairs an expert with tail_block_m=64 and BF16's grouped_gemm_min_tokens
-# moved above 8,192 (`prefill_ab.py --variant-tuning-file ... --format bf16`), then both manifest profiles recorded.
+# Thirtieth session: the NVFP4 twins that decode in registers won from 256 to 4,096 tokens with 3 stages (0.992 ->
+# 0.607 ms a layer at 2,048; installed, 8K NVFP4 in 2048-token steps 273.4 -> 215.5 ms GPU); each expert's short last
+# block on 64-row tiles ("tail") lost at every size and was removed. The benchmark's --twins-only times the twins alone.
 if [ "${TMA_MOE:-0}" = 1 ]; then
     gpu_tests "TMA MoE launches" tma_moe_tests 200 tests/test_kernels_moe_grouped_tma.py
     timeout 400 python3 benchmarks/moe_grouped_tma.py --ts 512 2048 8192 --formats nvfp4 bf16 \

@@ -132,10 +132,6 @@ class MoETmaConfig:
     down_block_k: int = field(default=64, metadata=POW2)
     down_warps: int = field(default=4, metadata=POW2)
     down_stages: int = 4
-    # When non-zero (a power of two below block_m): each expert's last block, when it has at most this many rows,
-    # runs in launches of its own on tiles of this many rows (the portable default's other tiles, x's rows gathered),
-    # so an expert of 192 pairs computes 128 + 64 rows instead of 2 x 128.
-    tail_block_m: int = 0
 
 
 @dataclass(frozen=True)

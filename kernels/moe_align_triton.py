@@ -94,30 +94,6 @@ def _blocks_kernel(
     _block_table(counts, start, nblocks, block_end, scratch_ptr, meta_ptr, E, n_blocks, BLOCK_M, E_PAD, STEPS, CHUNK)
 
 
-@triton.jit(do_not_specialize=["n_blocks"])
-def _split_blocks_kernel(
-    counts_ptr, cursor_ptr, scratch_ptr, meta_ptr, tail_ptr, E, n_blocks, BLOCK_M: tl.constexpr, TAIL: tl.constexpr,
-    E_PAD: tl.constexpr, STEPS: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """`_blocks_kernel` with each expert's last block of at most TAIL rows moved to a table of its own: tail[e] =
-    (e, first row, rows), 0 rows for an expert whose last block is whole or longer than TAIL (or that has no pairs),
-    so launches of BLOCK_M-row tiles take meta and launches of TAIL-row tiles take tail."""
-    pdl_entry(PDL)
-    ex = tl.arange(0, E_PAD)
-    e_ok = ex < E
-    counts = tl.load(counts_ptr + ex, mask=e_ok, other=0)
-    rem = counts % BLOCK_M
-    short = (rem > 0) & (rem <= TAIL)
-    nblocks = counts // BLOCK_M + (rem > TAIL).to(tl.int32)
-    block_end = tl.cumsum(nblocks, axis=0)
-    start = tl.cumsum(counts, axis=0) - counts
-    tl.store(cursor_ptr + ex, start, mask=e_ok)
-    tl.store(tail_ptr + ex * 3, ex, mask=e_ok)
-    tl.store(tail_ptr + ex * 3 + 1, start + (counts // BLOCK_M) * BLOCK_M, mask=e_ok)
-    tl.store(tail_ptr + ex * 3 + 2, tl.where(short, rem, 0), mask=e_ok)
-    _block_table(counts, start, nblocks, block_end, scratch_ptr, meta_ptr, E, n_blocks, BLOCK_M, E_PAD, STEPS, CHUNK)
-
-
 @triton.jit(do_not_specialize=["P"])
 def _scatter_kernel(ids_ptr, cursor_ptr, order_ptr, P, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """order[next row of e's range] = p for every pair p routed to e."""
@@ -146,18 +122,10 @@ def _flat(topk_ids: torch.Tensor) -> torch.Tensor:
     return ids if ids.is_contiguous() else ids.contiguous()
 
 
-def _cursors(
-    ids: torch.Tensor,
-    num_experts: int,
-    meta: torch.Tensor | None = None,
-    block_m: int = 1,
-    tail: torch.Tensor | None = None,
-    tail_rows: int = 0,
-) -> torch.Tensor:
+def _cursors(ids: torch.Tensor, num_experts: int, meta: torch.Tensor | None = None, block_m: int = 1) -> torch.Tensor:
     """Each expert's first sorted row (int32 [E]) from one memset and two launches (the counts, then the block-table
-    program, which also fills `meta` [B, 3] for blocks of `block_m` rows when given, and with `tail` [E, 3] moves
-    each expert's last block of at most `tail_rows` rows there); the rank or scatter launch then moves each cursor
-    past its expert's rows."""
+    program, which also fills `meta` [B, 3] for blocks of `block_m` rows when given); the rank or scatter launch then
+    moves each cursor past its expert's rows."""
     e_pad = triton.next_power_of_2(num_experts)
     # counts | cursors | scratch (4 rows of e_pad): one allocation, one memset.
     work = torch.zeros(2 * num_experts + 4 * e_pad, dtype=torch.int32, device=ids.device)
@@ -167,13 +135,6 @@ def _cursors(
         return cursor
     opts = launch_options(ids.device)
     _count_kernel[(triton.cdiv(p, _BLOCK),)](ids, counts, p, BLOCK=_BLOCK, num_warps=4, **opts)
-    if tail is not None:
-        assert meta is not None
-        _split_blocks_kernel[(1,)](
-            counts, cursor, scratch, meta, tail, num_experts, meta.shape[0], BLOCK_M=block_m, TAIL=tail_rows,
-            E_PAD=e_pad, STEPS=num_experts.bit_length(), CHUNK=_CHUNK, num_warps=4, **opts,
-        )  # fmt: skip
-        return cursor
     # With no block table asked for, the block-table program only sets each expert's first row.
     _blocks_kernel[(1,)](
         counts, cursor, scratch, scratch if meta is None else meta, num_experts, 0 if meta is None else meta.shape[0],
@@ -213,26 +174,6 @@ def sort_blocks(
             ids, cursor, src, pos, p, TOPK=topk_ids.shape[-1], BLOCK=_BLOCK, num_warps=4, **launch_options(ids.device)
         )
     return src, pos, meta
-
-
-def sort_split_blocks(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int, tail_rows: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`sort_blocks` with each expert's last block of at most `tail_rows` rows in a table of its own: (src, pos, meta
-    [B, 3] of blocks with more than `tail_rows` rows (whole ones of `block_m`, and last ones longer than the tail),
-    tail [E, 3] = (expert, first row, rows), 0 rows where an expert has no such block)."""
-    ids = _flat(topk_ids)
-    p = ids.numel()
-    src = torch.empty(p, dtype=torch.int64, device=ids.device)
-    pos = torch.empty(p, dtype=torch.int64, device=ids.device)
-    meta = torch.empty((max_blocks(p, num_experts, block_m), 3), dtype=torch.int32, device=ids.device)
-    tail = torch.zeros((num_experts, 3), dtype=torch.int32, device=ids.device)
-    if p:
-        cursor = _cursors(ids, num_experts, meta, block_m, tail, tail_rows)
-        _rank_kernel[(triton.cdiv(p, _BLOCK),)](
-            ids, cursor, src, pos, p, TOPK=topk_ids.shape[-1], BLOCK=_BLOCK, num_warps=4, **launch_options(ids.device)
-        )
-    return src, pos, meta, tail
 
 
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -27,8 +27,6 @@ the sums are the copies' too.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -75,9 +73,6 @@ def fits(x: torch.Tensor, w13: object, w2: object, cfg: MoETmaConfig) -> bool:
     )
     if not (plain or scaled or (_nvfp4_fits(x, w13, (2 * inter,), (inter, inter)) and _nvfp4_fits(x, w2, (hidden,)))):
         return False
-    tail = cfg.tail_block_m
-    if tail and (tail & (tail - 1) or not 16 <= tail < cfg.block_m or not fits(x, w13, w2, tail_config(cfg))):
-        return False
     if x.is_cuda:
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
         # sm_90 and sm_100 (H100/H200, B200): TMA with the ~228 KB of shared memory the pipelined tiles take
@@ -89,22 +84,6 @@ def fits(x: torch.Tensor, w13: object, w2: object, cfg: MoETmaConfig) -> bool:
         and inter % cfg.gate_up_block_n == 0
         and inter % cfg.down_block_k == 0
         and hidden % cfg.down_block_n == 0
-    )
-
-
-def tail_config(cfg: MoETmaConfig) -> MoETmaConfig:
-    """The tiles of the launches that take each expert's short last block (`MoETmaConfig.tail_block_m`): that many
-    rows, the portable default's warps and stages, at most its columns (the main tiles' K steps), x's rows gathered,
-    the weights on the same MMA operand side."""
-    base = MoETmaConfig()
-    return dataclasses.replace(
-        base,
-        block_m=cfg.tail_block_m,
-        gate_up_block_n=min(cfg.gate_up_block_n, base.gate_up_block_n),
-        gate_up_block_k=cfg.gate_up_block_k,
-        down_block_n=min(cfg.down_block_n, base.down_block_n),
-        down_block_k=cfg.down_block_k,
-        gather=True,
     )
 
 
@@ -409,16 +388,8 @@ def routed(
     out = torch.empty_like(x)
     if topk_ids.shape[0] == 0:
         return out
-    if cfg.tail_block_m:
-        src, pos, meta, tail = moe_align_triton.sort_split_blocks(topk_ids, w13.shape[0], cfg.block_m, cfg.tail_block_m)
-        short = tail_config(cfg)
-        h = gate_up(x, src, meta, w13, cfg)
-        gate_up(x, src, tail, w13, short, out=h)
-        y = down(h, meta, w2, cfg)
-        down(h, tail, w2, short, out=y)
-    else:
-        src, pos, meta = moe_align_triton.sort_blocks(topk_ids, w13.shape[0], cfg.block_m)
-        h = gate_up(x, src, meta, w13, cfg)
-        y = down(h, meta, w2, cfg)
+    src, pos, meta = moe_align_triton.sort_blocks(topk_ids, w13.shape[0], cfg.block_m)
+    h = gate_up(x, src, meta, w13, cfg)
+    y = down(h, meta, w2, cfg)
     del h
     return moe_grouped_gemm.reduce_sorted(y, pos, topk_weights, out, add)

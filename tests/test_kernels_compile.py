@@ -256,30 +256,19 @@ def test_silu_and_mul_rows_compiles_for_sm90() -> None:
     assert waits == 1
 
 
-@pytest.mark.parametrize(
-    "kernel", ["_count_kernel", "_blocks_kernel", "_split_blocks_kernel", "_scatter_kernel", "_rank_kernel"]
-)
+@pytest.mark.parametrize("kernel", ["_count_kernel", "_blocks_kernel", "_scatter_kernel", "_rank_kernel"])
 def test_moe_align_compiles_for_sm90(kernel: str) -> None:
     """The prefill MoE's grouping launches (int32 atomics, the block table's binary search; the grouped GEMM's ranks)
     with PDL."""
     pointers = {
         "_count_kernel": {"ids_ptr": "i64", "counts_ptr": "i32"},
         "_blocks_kernel": {"counts_ptr": "i32", "cursor_ptr": "i32", "scratch_ptr": "i32", "meta_ptr": "i32"},
-        "_split_blocks_kernel": {
-            "counts_ptr": "i32",
-            "cursor_ptr": "i32",
-            "scratch_ptr": "i32",
-            "meta_ptr": "i32",
-            "tail_ptr": "i32",
-        },
         "_scatter_kernel": {"ids_ptr": "i64", "cursor_ptr": "i32", "order_ptr": "i64"},
         "_rank_kernel": {"ids_ptr": "i64", "cursor_ptr": "i32", "src_ptr": "i64", "pos_ptr": "i64"},
     }[kernel]
     constexprs: dict = {"PDL": True}
-    if kernel in ("_blocks_kernel", "_split_blocks_kernel"):
+    if kernel == "_blocks_kernel":
         constexprs.update(BLOCK_M=64, E_PAD=256, STEPS=9, CHUNK=1024)
-        if kernel == "_split_blocks_kernel":
-            constexprs.update(TAIL=32)
     else:
         constexprs.update(BLOCK=1024)
     if kernel == "_rank_kernel":

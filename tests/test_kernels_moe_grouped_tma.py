@@ -71,53 +71,6 @@ def test_sort_blocks_is_sort_with_aligns_block_table(t: int) -> None:
     assert torch.equal(torch.sort(src).values, torch.sort(ref_src).values)
 
 
-@pytest.mark.parametrize("t", [1, 37, 400])
-def test_sort_split_blocks_moves_short_last_blocks_to_the_tail_table(t: int) -> None:
-    """Blocks of more than `tail_rows` rows stay in meta (whole ones, and last ones longer than the tail); each
-    expert's last block of at most `tail_rows` rows is its tail row; together they cover every sorted row once."""
-    g = gen(9)
-    e, k, block_m, tail_rows = 9, 3, 32, 16
-    _, ids = routing(t, e - 2, k, g)
-    src, pos, meta, tail = moe_align_triton.sort_split_blocks(ids, e, block_m, tail_rows)
-    ref_src, ref_pos, _ = moe_align_triton.sort(ids, e)
-    assert torch.equal(torch.sort(src).values, torch.sort(ref_src).values) and torch.equal(src[pos], ref_src[ref_pos])
-    counts = torch.bincount(ids.reshape(-1).long(), minlength=e)
-    covered = torch.zeros(t * k, dtype=torch.int64, device=DEVICE)
-    for table in (meta, tail):
-        for _, row0, rows in table.tolist():
-            if rows:
-                covered[row0 : row0 + rows] += 1
-    assert torch.equal(covered, torch.ones_like(covered))
-    assert tail.shape == (e, 3) and torch.equal(tail[:, 0].cpu(), torch.arange(e))
-    for ex in range(e):
-        rem = int(counts[ex]) % block_m
-        assert int(tail[ex, 2]) == (rem if 0 < rem <= tail_rows else 0)
-        blocks = int((meta[:, 0] == ex).logical_and(meta[:, 2] > 0).sum())
-        assert blocks == int(counts[ex]) // block_m + (rem > tail_rows)
-    assert bool((meta[:, 2][meta[:, 2] > 0] > tail_rows).all())
-
-
-@pytest.mark.parametrize("dtype", MOE_DTYPES, ids=str)
-@pytest.mark.parametrize("fmt", ["plain", "nvfp4"])
-def test_short_last_blocks_on_tiles_of_their_own(dtype: torch.dtype, fmt: str) -> None:
-    """`tail_block_m`: 32-row blocks, each expert's last block of at most 16 rows on 16-row tiles, into the same h
-    and y: `moe_ref`'s result, plain experts and NVFP4 decoded in the launches."""
-    g = gen(10)
-    e, h, i, k, t = 8, 128, 64, 3, 61
-    x = torch.randn(t, h, generator=g, device=DEVICE).to(dtype)
-    tw, ids = routing(t, e - 1, k, g)
-    if fmt == "plain":
-        w13, w2 = experts(e, h, i, dtype, g)
-    else:
-        w13 = random_nvfp4_experts(e, 2 * i, h, g, (i, i))
-        w2 = random_nvfp4_experts(e, h, i, g, (h,))
-    cfg = dataclasses.replace(SMALL, block_m=32, tail_block_m=16)
-    assert mt2.fits(x, w13, w2, cfg)
-    assert mt2.tail_config(cfg).block_m == 16 and mt2.tail_config(cfg).tail_block_m == 0
-    out = mt2.routed(x, tw, ids, w13, w2, cfg)
-    assert not out.isnan().any() and rel_err(out, moe_ref(x, tw, ids, w13, w2)) < TOL[dtype]
-
-
 @pytest.mark.parametrize("dtype", MOE_DTYPES, ids=str)
 @pytest.mark.parametrize("gather", [True, False], ids=["gather", "sorted-copy"])
 @pytest.mark.parametrize("with_add", [False, True], ids=["plain", "add"])
@@ -190,8 +143,6 @@ def test_fits_declines_what_it_cannot_run() -> None:
     assert not mt2.fits(x, w13.half() if dtype != torch.float16 else w13.float(), w2, SMALL)
     assert not mt2.fits(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, SMALL)
     assert not mt2.fits(x.t().contiguous().t(), w13, w2, SMALL)  # x's rows not contiguous
-    for tail in (24, 16):  # not a power of two; not below the blocks' 16 rows
-        assert not mt2.fits(x, w13, w2, dataclasses.replace(SMALL, tail_block_m=tail))
 
 
 @pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "shared"])
