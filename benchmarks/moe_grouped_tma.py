@@ -204,6 +204,7 @@ NV_GATE_UP_TILES = [
     (64, 64, 64, 4, 3, True),
     (128, 64, 64, 4, 3, True),
     (128, 64, 64, 4, 2, True),
+    (128, 128, 64, 8, 3, True),
 ]
 NV_DOWN_TILES = [
     (64, 128, 64, 4, 3),
@@ -211,61 +212,74 @@ NV_DOWN_TILES = [
     (64, 64, 64, 4, 3),
     (128, 64, 64, 4, 3),
     (128, 64, 64, 4, 2),
+    (128, 128, 64, 8, 3),
 ]
+# The fields a gate_up tile sets (`gate_up_cfg`); a joined config takes the down's others.
+GATE_UP_FIELDS = ("block_m", "gate_up_block_n", "gate_up_block_k", "gate_up_warps", "gate_up_stages", "gather")
+
+
+def nv_name(c: tuple, packed: bool) -> str:
+    return cfg_name(c) + (" packed" if packed else "")
 
 
 def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops) -> dict:
-    """Each launch alone and the whole routed MoE with NVFP4 decoded in the launches, against the copies' path (the
-    same tiles on BF16 copies: equal results expected)."""
+    """Each launch alone and the whole routed MoE with NVFP4 decoded in the launches, by byte planes and by packed
+    pairs (`packed_decode`), against the copies' path (the same tiles on BF16 copies: equal results expected)."""
     from flint_kernels import moe_grouped_tma_triton as tma
     from flint_kernels import moe_triton
 
     w13, w2 = stacks[0]
     out: dict = {"gate_up_us": {}, "down_us": {}, "whole": {}}
     h_by_m = {}
-    for c in NV_GATE_UP_TILES:
-        cfg = gate_up_cfg(c)
+    gate_ups = {nv_name(c, p): dataclasses.replace(gate_up_cfg(c), packed_decode=p) for c in NV_GATE_UP_TILES
+                for p in (False, True)}  # fmt: skip
+    downs = {nv_name(c, p): dataclasses.replace(down_cfg(c), packed_decode=p) for c in NV_DOWN_TILES
+             for p in (False, True)}  # fmt: skip
+    for name, cfg in gate_ups.items():
         s_, _, meta = tables[cfg.block_m]
         try:
             h_by_m.setdefault(cfg.block_m, tma.gate_up(x, s_, meta, w13, cfg))
             us = time_graph([lambda cfg=cfg, s_=s_, meta=meta: tma.gate_up(x, s_, meta, w13, cfg)], reps=8) * 1000
-            out["gate_up_us"][cfg_name(c)] = round(us, 1)
+            out["gate_up_us"][name] = round(us, 1)
         except Exception as e:  # report, keep the others
-            out["gate_up_us"][cfg_name(c)] = f"{type(e).__name__}: {e}"[:200]
-        print(f"  nvfp4 in launches gate_up {cfg_name(c)}: {out['gate_up_us'][cfg_name(c)]}", flush=True)
-    for c in NV_DOWN_TILES:
-        cfg = down_cfg(c)
+            out["gate_up_us"][name] = f"{type(e).__name__}: {e}"[:200]
+        print(f"  nvfp4 in launches gate_up {name}: {out['gate_up_us'][name]}", flush=True)
+    for name, cfg in downs.items():
         _, _, meta = tables[cfg.block_m]
         h = h_by_m.get(cfg.block_m)
         if h is None:
             continue
         try:
             us = time_graph([lambda cfg=cfg, meta=meta, h=h: tma.down(h, meta, w2, cfg)], reps=8) * 1000
-            out["down_us"][cfg_name(c)] = round(us, 1)
+            out["down_us"][name] = round(us, 1)
         except Exception as e:
-            out["down_us"][cfg_name(c)] = f"{type(e).__name__}: {e}"[:200]
-        print(f"  nvfp4 in launches down {cfg_name(c)}: {out['down_us'][cfg_name(c)]}", flush=True)
+            out["down_us"][name] = f"{type(e).__name__}: {e}"[:200]
+        print(f"  nvfp4 in launches down {name}: {out['down_us'][name]}", flush=True)
+    c13, c2 = (moe_triton._dequantized(w, torch.bfloat16) for w in (w13, w2))
     for m in (64, 128):
-        gus = [(v, k) for k, v in out["gate_up_us"].items() if isinstance(v, float) and k.startswith(f"m{m} ")]
-        dus = [(v, k) for k, v in out["down_us"].items() if isinstance(v, float) and k.startswith(f"m{m} ")]
-        if not gus or not dus:
-            continue
-        g = next(c for c in NV_GATE_UP_TILES if cfg_name(c) == min(gus)[1])
-        d = next(c for c in NV_DOWN_TILES if cfg_name(c) == min(dus)[1])
-        cfg = down_cfg(d, gate_up_cfg(g))
-        key = f"nvfp4 in launches m{m} [{cfg_name(g)} | {cfg_name(d)}]"
-        got = tma.routed(x, tw, ids, w13, w2, cfg)
-        c13, c2 = (moe_triton._dequantized(w, torch.bfloat16) for w in (w13, w2))
-        copies = tma.routed(x, tw, ids, c13, c2, cfg)
-        ms = time_graph([lambda s=s, cfg=cfg: tma.routed(x, tw, ids, s[0], s[1], cfg) for s in stacks], reps=4)
-        out["whole"][key] = {
-            "config": dataclasses.asdict(cfg),
-            "rel_err": rel_err(got, ref),
-            "equal_to_copies": bool(torch.equal(got, copies)),
-            "ms": ms,
-            "TFLOP/s": round(flops / ms / 1e9, 1),
-        }
-        print(f"  {key}: {out['whole'][key]}", flush=True)
+        for packed in (False, True):
+
+            def best(us: dict, m: int = m, packed: bool = packed) -> str | None:
+                ok = [(v, k) for k, v in us.items() if isinstance(v, float) and k.startswith(f"m{m} ")
+                      and k.endswith(" packed") == packed]  # fmt: skip
+                return min(ok)[1] if ok else None
+
+            g, d = best(out["gate_up_us"]), best(out["down_us"])
+            if g is None or d is None:
+                continue
+            cfg = dataclasses.replace(downs[d], **{f: getattr(gate_ups[g], f) for f in GATE_UP_FIELDS})
+            key = f"nvfp4 in launches m{m} [{g} | {d}]"
+            got = tma.routed(x, tw, ids, w13, w2, cfg)
+            copies = tma.routed(x, tw, ids, c13, c2, cfg)
+            ms = time_graph([lambda s=s, cfg=cfg: tma.routed(x, tw, ids, s[0], s[1], cfg) for s in stacks], reps=4)
+            out["whole"][key] = {
+                "config": dataclasses.asdict(cfg),
+                "rel_err": rel_err(got, ref),
+                "equal_to_copies": bool(torch.equal(got, copies)),
+                "ms": ms,
+                "TFLOP/s": round(flops / ms / 1e9, 1),
+            }
+            print(f"  {key}: {out['whole'][key]}", flush=True)
     return out
 
 

@@ -132,6 +132,9 @@ class MoETmaConfig:
     down_block_k: int = field(default=64, metadata=POW2)
     down_warps: int = field(default=4, metadata=POW2)
     down_stages: int = 4
+    # NVFP4 decoded in the launches two values at a time (one FMA.BF16X2 a pair, `gemv_triton.nvfp4_packed_weights`
+    # in K order) instead of byte planes.
+    packed_decode: bool = False
 
 
 @dataclass(frozen=True)

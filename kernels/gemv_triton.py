@@ -184,6 +184,114 @@ def bf16x2_scaled(packed, scale2):
 
 
 @triton.jit
+def packed_k(k0, BLOCK_K: tl.constexpr):
+    """The K index of each column of an `nvfp4_packed_weights` tile: position (g, w, h, p) holds value 16g + 8w + 4h +
+    p, its pairs (p, p + 4 nibbles) kept together."""
+    G: tl.constexpr = BLOCK_K // 16
+    return tl.reshape(
+        k0
+        + tl.arange(0, G)[:, None, None, None, None] * 16
+        + tl.arange(0, 2)[None, :, None, None, None] * 8
+        + tl.arange(0, 2)[None, None, :, None, None] * 4
+        + tl.arange(0, 2)[None, None, None, :, None]
+        + tl.arange(0, 2)[None, None, None, None, :] * 2,
+        (BLOCK_K,),
+    )
+
+
+@triton.jit
+def nvfp4_packed_weights(
+    w_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    k0,
+    k_end,
+    stride_wn,
+    stride_sn,
+    EVEN_K: tl.constexpr,
+    EMULATE: tl.constexpr,
+    WDT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    IN_ORDER: tl.constexpr = False,
+):
+    """NVFP4 weight rows, columns k0..k0+BLOCK_K, decoded two at a time as the true values times 2**-62: [BLOCK_N,
+    BLOCK_K] of WDT (BF16; FP32 when EMULATE) with K permuted within every 16 values as `packed_k` says, or in K
+    order with IN_ORDER.
+
+    Each int32 word (values 8w..8w+7) gives four packed BF16 pairs (nibbles p, p + 4), each scaled by one
+    FMA.BF16X2 and split into two BF16 registers: about two instructions a value against five for the byte planes.
+    IN_ORDER first re-pairs them as neighbours (p, p + 1: one byte permute a pair), so the tile is in K order and
+    its operand loads stay whole rows. EMULATE (the CPU interpreter, which runs no PTX) builds the same values with
+    FP32 operations.
+    """
+    G: tl.constexpr = BLOCK_K // 16
+    groups, scale = fma_weights(
+        w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, True, EVEN_K, BLOCK_N, BLOCK_K
+    )  # [BLOCK_N, G] int64 groups, [BLOCK_N, G] FP32 block scales
+    words = tl.join(groups.to(tl.int32), (groups >> 32).to(tl.int32))  # [BLOCK_N, G, 2]: values 8w .. 8w + 7
+    sc = scale * 1.8446744073709552e19  # 2**64: weights times 2**-62 (exact)
+    if IN_ORDER:
+        return _nvfp4_pairs_in_order(words, sc, EMULATE, WDT, BLOCK_N, BLOCK_K)
+    if EMULATE:
+        sc3 = sc[:, :, None]
+        l0, h0 = e2m1_pair_bits(words, 0)
+        l1, h1 = e2m1_pair_bits(words, 1)
+        l2, h2 = e2m1_pair_bits(words, 2)
+        l3, h3 = e2m1_pair_bits(words, 3)
+        w0 = tl.join(l0 * sc3, h0 * sc3).to(WDT)
+        w1 = tl.join(l1 * sc3, h1 * sc3).to(WDT)
+        w2 = tl.join(l2 * sc3, h2 * sc3).to(WDT)
+        w3 = tl.join(l3 * sc3, h3 * sc3).to(WDT)
+    else:
+        s16 = sc.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        s2 = tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, G, 2))
+        l0, h0 = bf16x2_scaled(e2m1_pair_packed(words, 0), s2)
+        l1, h1 = bf16x2_scaled(e2m1_pair_packed(words, 1), s2)
+        l2, h2 = bf16x2_scaled(e2m1_pair_packed(words, 2), s2)
+        l3, h3 = bf16x2_scaled(e2m1_pair_packed(words, 3), s2)
+        w0 = tl.join(l0, h0)
+        w1 = tl.join(l1, h1)
+        w2 = tl.join(l2, h2)
+        w3 = tl.join(l3, h3)
+    # [BLOCK_N, G, w, h, p & 1, p >> 1] -> [BLOCK_N, BLOCK_K]
+    return tl.reshape(tl.join(tl.join(w0, w1), tl.join(w2, w3)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _nvfp4_pairs_in_order(words, sc, EMULATE: tl.constexpr, WDT: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):  # fmt: skip
+    """`nvfp4_packed_weights` in K order: words [BLOCK_N, G, 2] (values 8w..8w+7), sc [BLOCK_N, G] (the scales times
+    2**64). The pairs (p, p + 4) become (2q, 2q + 1) by byte permutes of their bit patterns before the scaling FMA."""
+    G: tl.constexpr = BLOCK_K // 16
+    if EMULATE:
+        sc3 = sc[:, :, None]
+        v0, v4 = e2m1_pair_bits(words, 0)
+        v1, v5 = e2m1_pair_bits(words, 1)
+        v2, v6 = e2m1_pair_bits(words, 2)
+        v3, v7 = e2m1_pair_bits(words, 3)
+        # lo = (v0, v2, v4, v6), hi = (v1, v3, v5, v7): join(join(a, b), join(c, d)) flattens to a, c, b, d.
+        lo = tl.join(tl.join(v0 * sc3, v4 * sc3), tl.join(v2 * sc3, v6 * sc3)).to(WDT)
+        hi = tl.join(tl.join(v1 * sc3, v5 * sc3), tl.join(v3 * sc3, v7 * sc3)).to(WDT)
+    else:
+        s16 = sc.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        s2 = tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, G, 2))
+        p0 = e2m1_pair_packed(words, 0)  # (v0, v4)
+        p1 = e2m1_pair_packed(words, 1)  # (v1, v5)
+        p2 = e2m1_pair_packed(words, 2)
+        p3 = e2m1_pair_packed(words, 3)
+        a0, a1 = bf16x2_scaled((p0 & 0xFFFF) | (p1 << 16), s2)  # (v0, v1)
+        b0, b1 = bf16x2_scaled(((p0 >> 16) & 0xFFFF) | (p1 & -65536), s2)  # (v4, v5)
+        c0, c1 = bf16x2_scaled((p2 & 0xFFFF) | (p3 << 16), s2)  # (v2, v3)
+        d0, d1 = bf16x2_scaled(((p2 >> 16) & 0xFFFF) | (p3 & -65536), s2)  # (v6, v7)
+        lo = tl.join(tl.join(a0, b0), tl.join(c0, d0))  # v0, v2, v4, v6
+        hi = tl.join(tl.join(a1, b1), tl.join(c1, d1))  # v1, v3, v5, v7
+    # [BLOCK_N, G, w, 2, 2, pair] -> values 16g + 8w + 0..7 in order
+    return tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
 def nvfp4_packed_dot_step(
     acc,
     w_ptr,
@@ -204,54 +312,14 @@ def nvfp4_packed_dot_step(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """acc [BLOCK_N, BLOCK_M] += one BLOCK_K step of W @ x^T on tensor cores, the weights decoded two at a time.
-
-    Each int32 word (values 8w..8w+7) gives four packed BF16 pairs (nibbles p, p + 4), each scaled by one
-    FMA.BF16X2 and split into two BF16 registers: about two instructions a value against five for the byte planes.
-    The tile keeps the pairs' order, K permuted within every 8 values (position (g, w, h, p) holds value 16g + 8w +
-    4h + p), and x is loaded in the same order, so one dot covers the step (a permutation of K changes only the
-    order of the FP32 sums). Weights are the true values times 2**-62, as on the byte path. EMULATE (the CPU
-    interpreter, which runs no PTX) builds the same values with FP32 operations.
-    """
-    G: tl.constexpr = BLOCK_K // 16
-    xdt = x_ptr.dtype.element_ty
-    groups, scale = fma_weights(
-        w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, True, EVEN_K, BLOCK_N, BLOCK_K
-    )  # [BLOCK_N, G] int64 groups, [BLOCK_N, G] FP32 block scales
-    words = tl.join(groups.to(tl.int32), (groups >> 32).to(tl.int32))  # [BLOCK_N, G, 2]: values 8w .. 8w + 7
-    sc = scale * 1.8446744073709552e19  # 2**64: weights times 2**-62 (exact)
-    if EMULATE:
-        sc3 = sc[:, :, None]
-        l0, h0 = e2m1_pair_bits(words, 0)
-        l1, h1 = e2m1_pair_bits(words, 1)
-        l2, h2 = e2m1_pair_bits(words, 2)
-        l3, h3 = e2m1_pair_bits(words, 3)
-        w0 = tl.join(l0 * sc3, h0 * sc3).to(xdt)
-        w1 = tl.join(l1 * sc3, h1 * sc3).to(xdt)
-        w2 = tl.join(l2 * sc3, h2 * sc3).to(xdt)
-        w3 = tl.join(l3 * sc3, h3 * sc3).to(xdt)
-    else:
-        s16 = sc.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        s2 = tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, G, 2))
-        l0, h0 = bf16x2_scaled(e2m1_pair_packed(words, 0), s2)
-        l1, h1 = bf16x2_scaled(e2m1_pair_packed(words, 1), s2)
-        l2, h2 = bf16x2_scaled(e2m1_pair_packed(words, 2), s2)
-        l3, h3 = bf16x2_scaled(e2m1_pair_packed(words, 3), s2)
-        w0 = tl.join(l0, h0)
-        w1 = tl.join(l1, h1)
-        w2 = tl.join(l2, h2)
-        w3 = tl.join(l3, h3)
-    # [BLOCK_N, G, w, h, p & 1, p >> 1] -> [BLOCK_N, BLOCK_K]
-    w = tl.reshape(tl.join(tl.join(w0, w1), tl.join(w2, w3)), (BLOCK_N, BLOCK_K))
-    kk = tl.reshape(
-        k0
-        + tl.arange(0, G)[:, None, None, None, None] * 16
-        + tl.arange(0, 2)[None, :, None, None, None] * 8
-        + tl.arange(0, 2)[None, None, :, None, None] * 4
-        + tl.arange(0, 2)[None, None, None, :, None]
-        + tl.arange(0, 2)[None, None, None, None, :] * 2,
-        (BLOCK_K,),
-    )
+    """acc [BLOCK_N, BLOCK_M] += one BLOCK_K step of W @ x^T on tensor cores, the weights decoded two at a time
+    (`nvfp4_packed_weights`) and x loaded in the same permuted K order, so one dot covers the step (a permutation of
+    K changes only the order of the FP32 sums)."""
+    w = nvfp4_packed_weights(
+        w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, EVEN_K, EMULATE, x_ptr.dtype.element_ty, BLOCK_N,
+        BLOCK_K,
+    )  # fmt: skip
+    kk = packed_k(k0, BLOCK_K)
     x_mask = x_ok[None, :]
     if not EVEN_K:
         x_mask = x_mask & (kk < k_end)[:, None]

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from . import moe_align_triton, moe_grouped_gemm, tuning
 from .configs import MoETmaConfig
-from .gemv_triton import nvfp4_planes
+from .gemv_triton import _INTERPRET, nvfp4_packed_weights, nvfp4_planes
 from .linear import NVFP4Weight, ScaledWeight
 from .pdl import launch_options, pdl_entry
 
@@ -200,11 +200,18 @@ def _down_kernel(
 
 @triton.jit
 def _nvfp4_weights(
-    w_ptr, s_ptr, row0, k, stride_wn, stride_sn, wdt: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+    w_ptr, s_ptr, row0, k, stride_wn, stride_sn, wdt: tl.constexpr, PACKED: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """Rows row0..row0+BLOCK_N, columns k..k+BLOCK_K of an NVFP4 stack, decoded to `wdt` in K order: the true values for
-    FP16 (whose range is narrow), the true values times 2**-62 otherwise (exact in BF16 and FP32)."""
+    FP16 (whose range is narrow), the true values times 2**-62 otherwise (exact in BF16 and FP32). PACKED (BF16; 2:
+    emulated in FP32 by the interpreter): two at a time by FMA.BF16X2 (`nvfp4_packed_weights`, in K order)."""
     rows = row0.to(tl.int64) + tl.arange(0, BLOCK_N)
+    if PACKED:
+        return nvfp4_packed_weights(
+            w_ptr, s_ptr, rows, rows >= 0, k, k + BLOCK_K, stride_wn, stride_sn, True, PACKED == 2, wdt, BLOCK_N,
+            BLOCK_K, IN_ORDER=True,
+        )  # fmt: skip
     lo, hi, scale = nvfp4_planes(
         w_ptr, s_ptr, rows, rows >= 0, k, k + BLOCK_K, stride_wn, stride_sn, True, BLOCK_N, BLOCK_K
     )  # [BLOCK_N, G, 8] nibble planes (times 2**-127), [BLOCK_N, G] E4M3 scales
@@ -222,11 +229,11 @@ def _nvfp4_weights(
 @triton.jit
 def _gate_up_nvfp4_kernel(
     x_desc, x_ptr, src_ptr, meta_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, H, INTER, stride_x, stride_h, stride_wn,
-    stride_sn, stride_gs, GATHER: tl.constexpr, UP_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    stride_sn, stride_gs, GATHER: tl.constexpr, UP_SCALE: tl.constexpr, PACKED: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """`_gate_up_kernel` on NVFP4 experts, each K step of gate and up rows decoded in registers (no BF16 copy), the
-    products transposed ([BLOCK_N, BLOCK_M] accumulators)."""
+    products transposed ([BLOCK_N, BLOCK_M] accumulators); PACKED: the weights decoded two at a time."""
     pdl_entry(PDL)
     e, row0, rows = _block(meta_ptr)
     if rows == 0:
@@ -240,9 +247,9 @@ def _gate_up_nvfp4_kernel(
     acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in range(0, H, BLOCK_K):
         a = _x_step(x_desc, a_ptrs, row0, k, GATHER)
-        wg = _nvfp4_weights(w_ptr, s_ptr, w_gate, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
+        wg = _nvfp4_weights(w_ptr, s_ptr, w_gate, k, stride_wn, stride_sn, xdt, PACKED, BLOCK_N, BLOCK_K)
         acc_g = tl.dot(wg, tl.trans(a), acc_g)
-        wu = _nvfp4_weights(w_ptr, s_ptr, w_up, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
+        wu = _nvfp4_weights(w_ptr, s_ptr, w_up, k, stride_wn, stride_sn, xdt, PACKED, BLOCK_N, BLOCK_K)
         acc_u = tl.dot(wu, tl.trans(a), acc_u)
     if xdt != tl.float16:  # the decoded weights were the true ones times 2**-62 (exact)
         acc_g = acc_g * 4.611686018427388e18
@@ -254,9 +261,10 @@ def _gate_up_nvfp4_kernel(
 @triton.jit
 def _down_nvfp4_kernel(
     h_desc, meta_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, INTER, HID, stride_y, stride_wn, stride_sn, stride_gs,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """`_down_kernel` on NVFP4 experts, each K step decoded in registers (no BF16 copy), the product transposed."""
+    """`_down_kernel` on NVFP4 experts, each K step decoded in registers (no BF16 copy), the product transposed;
+    PACKED: the weights decoded two at a time."""
     pdl_entry(PDL)
     e, row0, rows = _block(meta_ptr)
     if rows == 0:
@@ -266,7 +274,7 @@ def _down_nvfp4_kernel(
     xdt = y_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in range(0, INTER, BLOCK_K):
-        w = _nvfp4_weights(w_ptr, s_ptr, w_row, k, stride_wn, stride_sn, xdt, BLOCK_N, BLOCK_K)
+        w = _nvfp4_weights(w_ptr, s_ptr, w_row, k, stride_wn, stride_sn, xdt, PACKED, BLOCK_N, BLOCK_K)
         acc = tl.dot(w, tl.trans(h_desc.load([row0, k])), acc)
     if xdt != tl.float16:
         acc = acc * 4.611686018427388e18
@@ -353,10 +361,21 @@ def _gate_up_nvfp4(
     _gate_up_nvfp4_kernel[(inter // bn, meta.shape[0])](
         x_desc, x, src, meta, w13.qweight, w13.scales, gs, h, 2 * half_k, inter, x.stride(0), h.stride(0),
         w13.qweight.stride(1), w13.scales.stride(1), gs.stride(0), GATHER=cfg.gather, UP_SCALE=gs.shape[1] - 1,
-        BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages,
-        **launch_options(x.device),
+        PACKED=_packed(cfg, x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.gate_up_warps,
+        num_stages=cfg.gate_up_stages, **launch_options(x.device),
     )  # fmt: skip
     return h
+
+
+def _packed(cfg: MoETmaConfig, dtype: torch.dtype) -> int:
+    """The twins' PACKED constexpr for `packed_decode`: 1 with BF16 activations, 2 under the interpreter (which runs
+    no PTX: the same values from FP32 operations), 0 otherwise (FP16 needs the true weights, which the packed pairs
+    times 2**-62 are not; GPUs take only BF16 and FP16)."""
+    if not cfg.packed_decode or dtype == torch.float16:
+        return 0
+    if _INTERPRET:
+        return 2
+    return 1 if dtype == torch.bfloat16 else 0
 
 
 def _down_nvfp4(
@@ -369,7 +388,7 @@ def _down_nvfp4(
     gs = w2.global_scale
     _down_nvfp4_kernel[(hidden // bn, meta.shape[0])](
         h_desc, meta, w2.qweight, w2.scales, gs, y, 2 * half_k, hidden, y.stride(0), w2.qweight.stride(1),
-        w2.scales.stride(1), gs.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk,
+        w2.scales.stride(1), gs.stride(0), PACKED=_packed(cfg, h.dtype), BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=cfg.down_warps, num_stages=cfg.down_stages, **launch_options(h.device),
     )  # fmt: skip
     return y

@@ -483,20 +483,21 @@ def test_moe_grouped_tma_down_compiles_for_sm90() -> None:
     assert mma > 0 and tma >= 2 and waits == 1
 
 
+@pytest.mark.parametrize("packed", [0, 1], ids=["planes", "packed"])
 @pytest.mark.parametrize("block_m", [64, 128])
-def test_moe_grouped_tma_nvfp4_twins_compile_for_sm90(block_m: int) -> None:
-    """The launches that decode NVFP4 in registers, the decoded tile the MMA's left operand, on wgmma, one PDL
-    wait."""
-    warps, stages = (4, 4) if block_m == 64 else (8, 3)
+def test_moe_grouped_tma_nvfp4_twins_compile_for_sm90(block_m: int, packed: int) -> None:
+    """The launches that decode NVFP4 in registers (byte planes, or packed pairs by FMA.BF16X2's inline PTX), the
+    decoded tile the MMA's left operand, on wgmma, one PDL wait."""
+    warps, stages = (4, 3) if block_m == 64 else (4, 2)
     desc = f"tensordesc<bf16[{block_m}, 64]>"
     pointers = {"x_desc": desc, "x_ptr": "bf16", "src_ptr": "i64", "meta_ptr": "i32", "w_ptr": "u8", "s_ptr": "u8",
                 "gs_ptr": "fp32", "h_ptr": "bf16"}  # fmt: skip
-    constexprs = dict(GATHER=True, UP_SCALE=1, BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=64, PDL=True)
+    constexprs = dict(GATHER=True, UP_SCALE=1, PACKED=packed, BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=64, PDL=True)
     mma, _, waits = _ptx_counts("flint_kernels.moe_grouped_tma_triton", "_gate_up_nvfp4_kernel", pointers, constexprs,
                                 warps, stages, TMA_NEEDLES)  # fmt: skip
     assert mma > 0 and waits == 1
     pointers = {"h_desc": desc, "meta_ptr": "i32", "w_ptr": "u8", "s_ptr": "u8", "gs_ptr": "fp32", "y_ptr": "bf16"}
-    constexprs = dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=64, PDL=True)
+    constexprs = dict(PACKED=packed, BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=64, PDL=True)
     mma, tma, waits = _ptx_counts("flint_kernels.moe_grouped_tma_triton", "_down_nvfp4_kernel", pointers, constexprs,
                                   warps, stages, TMA_NEEDLES)  # fmt: skip
     assert mma > 0 and tma > 0 and waits == 1

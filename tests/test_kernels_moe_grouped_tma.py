@@ -130,6 +130,27 @@ def test_nvfp4_decoded_in_the_launches(dtype: torch.dtype, gather: bool) -> None
     assert rel_err(out, copies) < TOL[dtype]
 
 
+@pytest.mark.parametrize("gather", [True, False], ids=["gather", "sorted-copy"])
+def test_nvfp4_packed_decode_in_the_launches(gather: bool) -> None:
+    """`packed_decode`: the weights decoded two at a time and re-paired into K order; FP32 runs the interpreter's
+    emulation, FP16 falls back to the byte planes. `moe_ref` on the NVFP4 weights, and the copies' sums (K in order:
+    the same values in the same places)."""
+    g = gen(11)
+    e, h, i, k, t = 8, 128, 64, 3, 45
+    w13 = random_nvfp4_experts(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4_experts(e, h, i, g, (h,))
+    cfg = dataclasses.replace(SMALL, gather=gather, packed_decode=True)
+    for dtype in MOE_DTYPES:
+        x = torch.randn(t, h, generator=g, device=DEVICE).to(dtype)
+        tw, ids = routing(t, e - 1, k, g)
+        assert mt2._packed(cfg, dtype) == {torch.float32: 2, torch.float16: 0, torch.bfloat16: 1}[dtype]
+        out = mt2.routed(x, tw, ids, w13, w2, cfg)
+        assert not out.isnan().any() and rel_err(out, moe_ref(x, tw, ids, w13, w2)) < TOL[dtype]
+        c13, c2 = (mt._dequantized(w, dtype) for w in (w13, w2))
+        assert torch.equal(out, mt2.routed(x, tw, ids, w13, w2, dataclasses.replace(cfg, packed_decode=False)))
+        assert rel_err(out, mt2.routed(x, tw, ids, c13, c2, cfg)) < TOL[dtype]
+
+
 def test_fits_declines_what_it_cannot_run() -> None:
     """Tiles that do not divide H or I, mixed dtypes, non-contiguous stacks or rows of x."""
     g = gen(4)
@@ -208,7 +229,10 @@ def test_flint_sizes_on_the_gpu(t: int, fmt: str) -> None:
         assert not out.isnan().any() and rel_err(out, ref) < 1e-2
     if fmt == "nvfp4":  # decoded in the launches: the copies' values, and the H200 gives the copies' sums
         copies = mt2.routed(x, tw, ids, c13, c2, cfg)
-        assert torch.equal(mt2.routed(x, tw, ids, w13, w2, cfg), copies)
+        twins = dataclasses.replace(cfg, packed_decode=False)
+        assert torch.equal(mt2.routed(x, tw, ids, w13, w2, twins), copies)
+        # Decoded two at a time and re-paired into K order: the same tiles, so the same sums.
+        assert torch.equal(mt2.routed(x, tw, ids, w13, w2, dataclasses.replace(cfg, packed_decode=True)), copies)
 
 
 def test_fused_moe_decodes_nvfp4_in_the_launches_from_their_threshold(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -88,7 +88,9 @@ def test_a_dry_run_reaches_every_variant(
     if fmt == "nvfp4":
         twins = row["nvfp4_in_launches"]
         assert all(isinstance(v, float) for part in ("gate_up_us", "down_us") for v in twins[part].values()), twins
-        assert len(twins["whole"]) == 2 and all(w["equal_to_copies"] is not None for w in twins["whole"].values())
+        assert len(twins["gate_up_us"]) == 2 * len(bench.NV_GATE_UP_TILES)  # byte planes and packed pairs
+        assert len(twins["whole"]) == 4 and all(w["equal_to_copies"] is not None for w in twins["whole"].values())
+        assert sum(w["config"]["packed_decode"] for w in twins["whole"].values()) == 2
         only = bench.run(t, fmt, stacks, g, twins_only=True)
-        assert "gate_up_us" not in only and len(only["nvfp4_in_launches"]["whole"]) == 2
+        assert "gate_up_us" not in only and len(only["nvfp4_in_launches"]["whole"]) == 4
     assert calls
