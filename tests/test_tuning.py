@@ -235,10 +235,9 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert small == MoETmaConfig(gather=False) and mgt.config(12.1, False, h200) == MoETmaConfig()
     assert mgt.config(95.9, False, h200) == MoETmaConfig()
     assert large == MoETmaConfig(128, 128, 64, 8, 4, True, 256, 64, 8, 3)
-    # The twins: 3 stages of 64-row blocks, x gathered at every size; from 72 pairs an expert 128-row blocks of 64
-    # columns, 4 warps, 2 stages.
-    assert mgt.config(3, True, h200) == mgt.config(71.9, True, h200) == MoETmaConfig(gate_up_stages=3, down_stages=3)
-    assert mgt.config(72, True, h200) == MoETmaConfig(128, 64, 64, 4, 2, True, 64, 64, 4, 2)
+    # The twins: the packed decode on 64-row blocks of 64 columns, 3 stages, x gathered, at every size.
+    twins = MoETmaConfig(64, 64, 64, 4, 3, True, 64, 64, 4, 3, packed_decode=True)
+    assert mgt.config(3, True, h200) == mgt.config(72, True, h200) == mgt.config(192, True, h200) == twins
     assert at.decode_config(32768, None, 1, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
     assert at.decode_config(1024, 513, 1, h200) == AttentionDecodeConfig(128, 4, None, 128, 64, 16384)
     # From 12 sequences: one split in sliding layers, 512 keys a split at least in full ones (a 2026-11-30 sweep and
