@@ -372,9 +372,10 @@ fi
 # TMA_MOE=1: the TMA-fed MoE launches' tiles against the installed paths at prefill sizes, each launch alone and the
 # whole routed MoE (benchmarks/moe_grouped_tma.py; the twenty-ninth session's run chose the H200 table's entries), then
 # the whole 8K prefill in 2048-token steps against the table before them (TMA_BEFORE: that table's file). ~4 minutes.
-# Thirtieth session: the NVFP4 twins that decode in registers won from 256 to 4,096 tokens with 3 stages (0.992 ->
-# 0.607 ms a layer at 2,048; installed, 8K NVFP4 in 2048-token steps 273.4 -> 215.5 ms GPU); each expert's short last
-# block on 64-row tiles ("tail") lost at every size and was removed. The benchmark's --twins-only times the twins alone.
+# Thirtieth session: the NVFP4 twins that decode in registers won from 256 to 4,096 tokens (installed), then with
+# the weights decoded two at a time on 64-row blocks of 64 columns (`packed_decode`, installed: 8K NVFP4 in 2048-token
+# steps 273.4 -> 215.5 -> 175.5 ms GPU); each expert's short last block on 64-row tiles ("tail") lost at every size
+# and was removed. The benchmark's --twins-only times the twins alone (both decodes).
 if [ "${TMA_MOE:-0}" = 1 ]; then
     gpu_tests "TMA MoE launches" tma_moe_tests 200 tests/test_kernels_moe_grouped_tma.py
     timeout 400 python3 benchmarks/moe_grouped_tma.py --ts 512 2048 8192 --formats nvfp4 bf16 \
@@ -386,6 +387,26 @@ if [ "${TMA_MOE:-0}" = 1 ]; then
                 --rounds 2 --out "$OUT/prefill_ab_${f}_tma.json" 2>&1 | grep -i "median"
         done
     fi
+fi
+# TWINS=1 (NEXT, first in line): the packed twins where the table does not yet use them at their best. Each launch
+# and the whole routed MoE at 3,072-8,192 tokens, then two whole-prefill A/Bs: (a) 128-row packed blocks of 64
+# columns from 72 pairs an expert (4,096 tokens: 0.789 against the installed 0.856 ms a layer), in 4096-token steps;
+# (b) the twins also for 8,192-token steps (level with the copies there, 1.453 against 1.475), the 8K prompt in one
+# step. Whichever wins goes into the table, then `bash benchmarks/gpu_record_manifest.sh` (NVFP4). ~5 minutes.
+if [ "${TWINS:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    timeout 240 python3 benchmarks/moe_grouped_tma.py --twins-only --ts 3072 4096 6144 8192 --formats nvfp4 \
+        --out "$OUT/moe_twins_large.json" > "$OUT/moe_twins_large.txt" 2>&1
+    sed -n '/^Routed MoE/,$p' "$OUT/moe_twins_large.txt" | cut -c1-150
+    python3 benchmarks/tuning_variant.py --op moe.grouped_tma --new --when '{"nvfp4": true, "pairs_per_expert_min": 72.0}' \
+        --set block_m=128 gate_up_block_n=64 gate_up_warps=4 gate_up_stages=3 down_block_n=64 down_warps=4 \
+        down_stages=3 gather=true packed_decode=true --out $V/m128.json > /dev/null
+    python3 benchmarks/tuning_variant.py --op moe.paths --when '{"nvfp4": true}' --set tma_nvfp4_max_tokens=0 \
+        --out $V/all.json > /dev/null
+    timeout 150 python3 benchmarks/prefill_ab.py --variant-tuning-file $V/m128.json --format nvfp4 --chunk 4096 \
+        --rounds 2 --out "$OUT/prefill_ab_twins_m128.json" 2>&1 | grep -i "^round\|median\|error"
+    timeout 150 python3 benchmarks/prefill_ab.py --variant-tuning-file $V/all.json --format nvfp4 --rounds 2 \
+        --out "$OUT/prefill_ab_twins_8k.json" 2>&1 | grep -i "^round\|median\|error"
 fi
 # GRAPH_PROFILE=1 (ran in the twenty-ninth session: by family moe 1.359, gemv/gemm 0.901, norm 0.587, other 0.503 with
 # the side stream's prefetches 0.481, router 0.435, attention 0.434 ms; under PDL each kernel's span includes its wait
