@@ -389,13 +389,14 @@ if [ "${TMA_MOE:-0}" = 1 ]; then
     fi
 fi
 # TWINS=1 (NEXT, first in line): the packed twins where the table does not yet use them at their best. Each launch
-# and the whole routed MoE at 3,072-8,192 tokens, then two whole-prefill A/Bs: (a) 128-row packed blocks of 64
+# and the whole routed MoE at 96-192 tokens (below the twins' 256, where the Triton grouped kernels run: if the twins
+# win there, lower `tma_nvfp4_min_tokens` towards the decode path's 65) and at 3,072-8,192, then two whole-prefill A/Bs: (a) 128-row packed blocks of 64
 # columns from 72 pairs an expert (4,096 tokens: 0.789 against the installed 0.856 ms a layer), in 4096-token steps;
 # (b) the twins also for 8,192-token steps (level with the copies there, 1.453 against 1.475), the 8K prompt in one
 # step. Whichever wins goes into the table, then `bash benchmarks/gpu_record_manifest.sh` (NVFP4). ~5 minutes.
 if [ "${TWINS:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
-    timeout 240 python3 benchmarks/moe_grouped_tma.py --twins-only --ts 3072 4096 6144 8192 --formats nvfp4 \
+    timeout 240 python3 benchmarks/moe_grouped_tma.py --twins-only --ts 96 192 3072 4096 6144 8192 --formats nvfp4 \
         --out "$OUT/moe_twins_large.json" > "$OUT/moe_twins_large.txt" 2>&1
     sed -n '/^Routed MoE/,$p' "$OUT/moe_twins_large.txt" | cut -c1-150
     python3 benchmarks/tuning_variant.py --op moe.grouped_tma --new --when '{"nvfp4": true, "pairs_per_expert_min": 72.0}' \
