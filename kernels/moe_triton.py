@@ -36,6 +36,7 @@ deterministic and CUDA-graph capturable. Two other prefill paths take batches by
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -778,18 +779,14 @@ def fused_moe(
     t = topk_ids.shape[0]
     decode, fold, copies = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens, dequant_min_tokens, config)
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
-    limits = paths_config(nv, x.device)
-    if grouped_gemm_min_tokens is None:
-        grouped_gemm_min_tokens = limits.grouped_gemm_min_tokens
-    if tma_min_tokens is None:
-        tma_min_tokens = limits.tma_min_tokens
-    if tma_nvfp4_min_tokens is None:
-        tma_nvfp4_min_tokens = limits.tma_nvfp4_min_tokens
-    if tma_nvfp4_max_tokens is None:
-        tma_nvfp4_max_tokens = limits.tma_nvfp4_max_tokens
+    limits = _limits(
+        nv, x.device, grouped_gemm_min_tokens=grouped_gemm_min_tokens, tma_min_tokens=tma_min_tokens,
+        tma_nvfp4_min_tokens=tma_nvfp4_min_tokens, tma_nvfp4_max_tokens=tma_nvfp4_max_tokens,
+    )  # fmt: skip
     pairs_per_expert = t * topk_ids.shape[-1] / w13.shape[0]
     tma_cfg = None
-    twins = 0 < tma_nvfp4_min_tokens <= t and (tma_nvfp4_max_tokens == 0 or t <= tma_nvfp4_max_tokens)
+    hi = limits.tma_nvfp4_max_tokens
+    twins = 0 < limits.tma_nvfp4_min_tokens <= t and (hi == 0 or t <= hi)
     if nv and not decode and config is None and twins:
         # NVFP4 decoded inside the TMA-fed launches: no BF16 copy.
         tma_cfg = moe_grouped_tma_triton.config(pairs_per_expert, True, x.device)
@@ -799,9 +796,10 @@ def fused_moe(
         w13, w2 = (_dequantized(w, x.dtype) for w in (w13, w2))
     # NVFP4 experts fit the next two only as the copies (`ScaledWeight`): their thresholds count from
     # `dequant_min_tokens`.
-    gemm = tma_cfg is None and not decode and 0 < grouped_gemm_min_tokens <= t and moe_grouped_gemm.fits(x, w13, w2)
+    gemm = tma_cfg is None and not decode and 0 < limits.grouped_gemm_min_tokens <= t
+    gemm = gemm and moe_grouped_gemm.fits(x, w13, w2)
     dense = not isinstance(w13, NVFP4Weight) and not isinstance(w2, NVFP4Weight)  # BF16 experts or NVFP4's copies
-    if tma_cfg is None and dense and not decode and not gemm and 0 < tma_min_tokens <= t and config is None:
+    if tma_cfg is None and dense and not decode and not gemm and 0 < limits.tma_min_tokens <= t and config is None:
         # NVFP4's copies are BF16 launches with scaled epilogues: BF16's tiles ("nvfp4" picks the twins').
         tma_cfg = moe_grouped_tma_triton.config(pairs_per_expert, False, x.device)
         tma_cfg = tma_cfg if moe_grouped_tma_triton.fits(x, w13, w2, tma_cfg) else None
@@ -845,19 +843,21 @@ def _paths(
     in the down launch (`config`, else `decode_config`) fold a foldable shared expert at any size: it runs there as
     blocks of BLOCK_M tokens, its weights read once a block, not once a token."""
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
-    limits = paths_config(nv, x.device)
-    if decode_max_tokens is None:
-        decode_max_tokens = limits.decode_max_tokens
-    if fold_max_tokens is None:
-        fold_max_tokens = limits.shared_fold_max_tokens
-    if dequant_min_tokens is None:
-        dequant_min_tokens = limits.dequant_min_tokens
-    decode = t <= decode_max_tokens
+    limits = _limits(
+        nv, x.device, decode_max_tokens=decode_max_tokens, shared_fold_max_tokens=fold_max_tokens,
+        dequant_min_tokens=dequant_min_tokens,
+    )  # fmt: skip
+    decode = t <= limits.decode_max_tokens
     fold = shared is not None and decode and t > 0 and foldable(shared, x, w13, w2)
-    if fold and t > fold_max_tokens:
+    if fold and t > limits.shared_fold_max_tokens:
         cfg = config or decode_config(nv, t, x.device)
         fold = _unsorted_grouped(cfg, shared)
-    return decode, fold, nv and not decode and t >= dequant_min_tokens
+    return decode, fold, nv and not decode and t >= limits.dequant_min_tokens
+
+
+def _limits(nvfp4: bool, device: torch.device, **given: int | None) -> MoEPaths:
+    """`paths_config` with the limits a caller gave (None: the table's)."""
+    return dataclasses.replace(paths_config(nvfp4, device), **{k: v for k, v in given.items() if v is not None})
 
 
 def _mma_fits(x: torch.Tensor, w: Weight | ScaledWeight) -> bool:
