@@ -288,6 +288,17 @@ def _plain(w: torch.Tensor | ScaledWeight) -> tuple[torch.Tensor, torch.Tensor |
     return w, None
 
 
+def _packed(cfg: MoETmaConfig, dtype: torch.dtype) -> int:
+    """The twins' PACKED constexpr for `packed_decode`: 1 with BF16 activations, 2 under the interpreter (which runs
+    no PTX: the same values from FP32 operations), 0 otherwise (FP16 needs the true weights, which the packed pairs
+    times 2**-62 are not; GPUs take only BF16 and FP16)."""
+    if not cfg.packed_decode or dtype == torch.float16:
+        return 0
+    if _INTERPRET:
+        return 2
+    return 1 if dtype == torch.bfloat16 else 0
+
+
 def gate_up(
     x: torch.Tensor,
     src: torch.Tensor,
@@ -298,21 +309,29 @@ def gate_up(
 ) -> torch.Tensor:
     """h [P, I] (sorted rows; into `out` when given) of x [T, H] through the stacked gate|up experts w13 [E, 2I, H],
     for the blocks of `meta`."""
-    if isinstance(w13, NVFP4Weight):
-        return _gate_up_nvfp4(x, src, meta, w13, cfg, out)
-    data, gs = _plain(w13)
-    experts, two_i, hidden = data.shape
-    inter = two_i // 2
+    hidden, inter = x.shape[1], w13.shape[1] // 2  # type: ignore[union-attr]
     h = torch.empty((src.numel(), inter), dtype=x.dtype, device=x.device) if out is None else out
     bn, bk = cfg.gate_up_block_n, cfg.gate_up_block_k
-    w_desc = TensorDescriptor.from_tensor(data.view(experts * two_i, hidden), [bn, bk])
     xs = x if cfg.gather else x.index_select(0, src)
+    grid = (inter // bn, meta.shape[0])
+    opts = dict(BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.gate_up_warps,
+                num_stages=cfg.gate_up_stages, **launch_options(x.device))  # fmt: skip
+    if isinstance(w13, NVFP4Weight):
+        gs = w13.global_scale
+        x_desc = TensorDescriptor.from_tensor(xs, [cfg.block_m, bk])  # unused when gathering
+        _gate_up_nvfp4_kernel[grid](
+            x_desc, x, src, meta, w13.qweight, w13.scales, gs, h, hidden, inter, x.stride(0), h.stride(0),
+            w13.qweight.stride(1), w13.scales.stride(1), gs.stride(0), GATHER=cfg.gather, UP_SCALE=gs.shape[1] - 1,
+            PACKED=_packed(cfg, x.dtype), **opts,
+        )  # fmt: skip
+        return h
+    data, gs = _plain(w13)
+    w_desc = TensorDescriptor.from_tensor(data.view(-1, hidden), [bn, bk])
     x_desc = w_desc if cfg.gather else TensorDescriptor.from_tensor(xs, [cfg.block_m, bk])  # unused when gathering
-    _gate_up_kernel[(inter // bn, meta.shape[0])](
+    _gate_up_kernel[grid](
         x_desc, x, src, meta, w_desc, gs if gs is not None else h, h, hidden, inter, x.stride(0), h.stride(0),
         gs.stride(0) if gs is not None else 0, GATHER=cfg.gather, GSCALE=gs is not None,
-        UP_SCALE=gs.shape[1] - 1 if gs is not None else 0, BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages, **launch_options(x.device),
+        UP_SCALE=gs.shape[1] - 1 if gs is not None else 0, **opts,
     )  # fmt: skip
     return h
 
@@ -326,70 +345,25 @@ def down(
 ) -> torch.Tensor:
     """y [P, H] (sorted rows, each rounded; into `out` when given) of h [P, I] through the stacked down experts w2
     [E, H, I], for the blocks of `meta`."""
+    hidden, inter = w2.shape[1], h.shape[1]  # type: ignore[union-attr]
+    y = torch.empty((h.shape[0], hidden), dtype=h.dtype, device=h.device) if out is None else out
+    bn, bk = cfg.down_block_n, cfg.down_block_k
+    h_desc = TensorDescriptor.from_tensor(h, [cfg.block_m, bk])
+    grid = (hidden // bn, meta.shape[0])
+    opts = dict(BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.down_warps, num_stages=cfg.down_stages,
+                **launch_options(h.device))  # fmt: skip
     if isinstance(w2, NVFP4Weight):
-        return _down_nvfp4(h, meta, w2, cfg, out)
+        gs = w2.global_scale
+        _down_nvfp4_kernel[grid](
+            h_desc, meta, w2.qweight, w2.scales, gs, y, inter, hidden, y.stride(0), w2.qweight.stride(1),
+            w2.scales.stride(1), gs.stride(0), PACKED=_packed(cfg, h.dtype), **opts,
+        )  # fmt: skip
+        return y
     data, gs = _plain(w2)
-    experts, hidden, inter = data.shape
-    y = torch.empty((h.shape[0], hidden), dtype=h.dtype, device=h.device) if out is None else out
-    bn, bk = cfg.down_block_n, cfg.down_block_k
-    w_desc = TensorDescriptor.from_tensor(data.view(experts * hidden, inter), [bn, bk])
-    h_desc = TensorDescriptor.from_tensor(h, [cfg.block_m, bk])
-    _down_kernel[(hidden // bn, meta.shape[0])](
+    w_desc = TensorDescriptor.from_tensor(data.view(-1, inter), [bn, bk])
+    _down_kernel[grid](
         h_desc, meta, w_desc, gs if gs is not None else y, y, inter, hidden, y.stride(0),
-        gs.stride(0) if gs is not None else 0, GSCALE=gs is not None, BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=cfg.down_warps, num_stages=cfg.down_stages, **launch_options(h.device),
-    )  # fmt: skip
-    return y
-
-
-def _gate_up_nvfp4(
-    x: torch.Tensor,
-    src: torch.Tensor,
-    meta: torch.Tensor,
-    w13: NVFP4Weight,
-    cfg: MoETmaConfig,
-    out: torch.Tensor | None,
-) -> torch.Tensor:
-    two_i, half_k = w13.qweight.shape[1:]
-    inter = two_i // 2
-    h = torch.empty((src.numel(), inter), dtype=x.dtype, device=x.device) if out is None else out
-    bn, bk = cfg.gate_up_block_n, cfg.gate_up_block_k
-    xs = x if cfg.gather else x.index_select(0, src)
-    # Unused when gathering: any descriptor of the kernel's block shape.
-    x_desc = TensorDescriptor.from_tensor(xs, [cfg.block_m, bk])
-    gs = w13.global_scale
-    _gate_up_nvfp4_kernel[(inter // bn, meta.shape[0])](
-        x_desc, x, src, meta, w13.qweight, w13.scales, gs, h, 2 * half_k, inter, x.stride(0), h.stride(0),
-        w13.qweight.stride(1), w13.scales.stride(1), gs.stride(0), GATHER=cfg.gather, UP_SCALE=gs.shape[1] - 1,
-        PACKED=_packed(cfg, x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.gate_up_warps,
-        num_stages=cfg.gate_up_stages, **launch_options(x.device),
-    )  # fmt: skip
-    return h
-
-
-def _packed(cfg: MoETmaConfig, dtype: torch.dtype) -> int:
-    """The twins' PACKED constexpr for `packed_decode`: 1 with BF16 activations, 2 under the interpreter (which runs
-    no PTX: the same values from FP32 operations), 0 otherwise (FP16 needs the true weights, which the packed pairs
-    times 2**-62 are not; GPUs take only BF16 and FP16)."""
-    if not cfg.packed_decode or dtype == torch.float16:
-        return 0
-    if _INTERPRET:
-        return 2
-    return 1 if dtype == torch.bfloat16 else 0
-
-
-def _down_nvfp4(
-    h: torch.Tensor, meta: torch.Tensor, w2: NVFP4Weight, cfg: MoETmaConfig, out: torch.Tensor | None
-) -> torch.Tensor:
-    hidden, half_k = w2.qweight.shape[1:]
-    y = torch.empty((h.shape[0], hidden), dtype=h.dtype, device=h.device) if out is None else out
-    bn, bk = cfg.down_block_n, cfg.down_block_k
-    h_desc = TensorDescriptor.from_tensor(h, [cfg.block_m, bk])
-    gs = w2.global_scale
-    _down_nvfp4_kernel[(hidden // bn, meta.shape[0])](
-        h_desc, meta, w2.qweight, w2.scales, gs, y, 2 * half_k, hidden, y.stride(0), w2.qweight.stride(1),
-        w2.scales.stride(1), gs.stride(0), PACKED=_packed(cfg, h.dtype), BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=cfg.down_warps, num_stages=cfg.down_stages, **launch_options(h.device),
+        gs.stride(0) if gs is not None else 0, GSCALE=gs is not None, **opts,
     )  # fmt: skip
     return y
 
