@@ -71,7 +71,13 @@ def cfg_name(c: tuple) -> str:
 
 
 def run(
-    t: int, fmt: str, stacks: list, gen: torch.Generator, only_paths: bool = False, twins_only: bool = False
+    t: int,
+    fmt: str,
+    stacks: list,
+    gen: torch.Generator,
+    only_paths: bool = False,
+    twins_only: bool = False,
+    decode_path: bool = False,
 ) -> dict:
     from flint_kernels import moe_align_triton, moe_triton
     from flint_kernels import moe_grouped_gemm as mg
@@ -99,7 +105,11 @@ def run(
             grouped_gemm_min_tokens=3072 if fmt == "bf16" else 0,
         )  # fmt: skip
 
-    for key, fn in (("installed", installed), ("before", before)):
+    def decode(a, b):  # the decode path (no sorting) at this many tokens: where the grouped paths should start
+        return moe_triton.fused_moe(x, tw, ids, a, b, decode_max_tokens=t)
+
+    paths = [("installed", installed), ("before", before)] + ([("decode", decode)] if decode_path else [])
+    for key, fn in paths:
         row[f"{key}_rel_err"] = rel_err(fn(w13, w2), ref)
         row[f"{key}_ms"] = time_graph([lambda s=s, fn=fn: fn(*s) for s in stacks], reps=4)
         print(f"{fmt} T {t}: {key} {row[f'{key}_ms']:.3f} ms", flush=True)
@@ -289,6 +299,7 @@ def main() -> int:
     ap.add_argument("--formats", nargs="+", default=["bf16", "nvfp4"], choices=("bf16", "nvfp4"))
     ap.add_argument("--paths-only", action="store_true", help="only the installed path against the one before")
     ap.add_argument("--twins-only", action="store_true", help="only the paths and NVFP4 decoded in the launches")
+    ap.add_argument("--decode-path", action="store_true", help="also time the decode path at each size")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/moe_grouped_tma.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -299,14 +310,14 @@ def main() -> int:
     for fmt in args.formats:
         stacks = [moe_weights(fmt, gen)[:2] for _ in range(2)]
         for t in args.ts:
-            rows.append(run(t, fmt, stacks, gen, args.paths_only, args.twins_only))
+            rows.append(run(t, fmt, stacks, gen, args.paths_only, args.twins_only, args.decode_path))
         del stacks
         torch.cuda.empty_cache()
     print(f"\nRouted MoE on {torch.cuda.get_device_name()} (ms a layer; rel. error against moe_ref)")
     for r in rows:
         print(
             f"{r['format']:>5} T {r['T']:>5}: installed {r['installed_ms']:.3f} ({r['installed_rel_err']:.1e}), "
-            f"before {r['before_ms']:.3f}"
+            f"before {r['before_ms']:.3f}" + (f", decode path {r['decode_ms']:.3f}" if "decode_ms" in r else "")
         )
         for k, v in r.get("whole", {}).items():
             print(f"      {k}: {v['ms']:.3f} ({v['rel_err']:.1e}, {v['TFLOP/s']} TFLOP/s)")
