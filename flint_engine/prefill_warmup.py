@@ -24,9 +24,10 @@ log = logging.getLogger(__name__)
 # fold (<= 16) and decode path (<= 64), the expert-major MoE's ids-scan widths (pairs padded to 64 / 128 / 256 /
 # 512 from 9 / 11 / 22 / 43 tokens), the GEMV's tensor-core small-M tiles (<= 64) and the large-M paths, the
 # router's tile sizes (from 1024 and from 4096 tokens), the NVFP4 MoE's expert copies (portable default: from 4096)
-# and, in the H200 table, the MoE's TMA-fed launches (BF16 from 128 tokens, NVFP4's copies from 2048; x's rows from
-# the sorted copy up to 512 tokens, 128-row blocks from 4096) and the BF16 grouped GEMM (from 6144).
-PREFILL_LENGTHS = (2, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128, 257, 1024, 1025, 4097)
+# and, in the H200 table, the MoE's TMA-fed launches (BF16 from 128 tokens, NVFP4 decoded in them from 65 tokens
+# past the decode path; x's rows from the sorted copy up to 512 tokens, 128-row blocks from 4096), NVFP4's decode
+# path up to 192 tokens (ids-scan widths 1024 from 86 tokens, 2048 from 171) and the BF16 grouped GEMM (from 6144).
+PREFILL_LENGTHS = (2, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128, 192, 257, 1024, 1025, 4097)
 # Decode rows riding along a prefill chunk (mixed steps), and their context length. The chunk lengths give the
 # prefill attention's three row-tile sizes (16, 32, 64 rows: the chunk's longest query times the 8 query heads a
 # KV head serves, capped at 64): a request's last chunk is often a few tokens beside many decode rows.

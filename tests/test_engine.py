@@ -451,9 +451,8 @@ def test_steps_on_the_twins_that_decode_nvfp4_in_registers_need_no_copy() -> Non
     assert copies_min_tokens(dataclasses.replace(base, tma_nvfp4_min_tokens=256, tma_nvfp4_max_tokens=1024)) == 2048
     assert copies_min_tokens(dataclasses.replace(base, tma_nvfp4_min_tokens=4096)) == 2048  # copies first
     assert copies_min_tokens(dataclasses.replace(base, tma_nvfp4_min_tokens=256)) > 2**40
-    # The H200's table: steps up to 4,096 tokens on the twins, so a 4,096-token budget keeps no copy's memory free.
-    h200 = copies_min_tokens(_h200_paths())
-    assert h200 == 4097
+    # The H200's table: every grouped step on the twins, so no step budget keeps a copy's memory free.
+    assert copies_min_tokens(_h200_paths()) > 2**40
 
 
 def test_token_times_are_stamped_once_the_tokens_are_on_the_host(window7, monkeypatch) -> None:

@@ -29,6 +29,7 @@ def test_shapes_stay_within_the_scheduler_budgets() -> None:
     # Mixed steps in each of the prefill attention's row-tile sizes (a last chunk of 2, 3 or >= 5 tokens).
     assert {n for n, rows in shapes if rows} == {2, 3, 64}
     assert (9, 0) in shapes  # the expert-major MoE's narrowest ids scan (54 pairs, padded to 64)
+    assert (192, 0) in shapes  # and its widest on the H200's NVFP4 decode path (1,152 pairs, padded to 2,048)
     assert all(n + rows <= 2048 for n, rows in shapes)
     small = warmup_batches(16, 1)
     assert small == [(2, 0), (3, 0), (8, 0), (9, 0), (16, 0)]  # no room for a second sequence, nothing over 16 tokens

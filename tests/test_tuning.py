@@ -225,10 +225,12 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     # from 2,048, torch's grouped GEMM from 6,144 (BF16).
     assert mt.paths_config(False, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8,
                                                     grouped_gemm_min_tokens=6144, tma_min_tokens=128)  # fmt: skip
-    # NVFP4 steps of 256-4,096 tokens on the twins that decode in registers (thirtieth session), the copies above.
-    assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8,
+    # NVFP4: the decode path up to 192 tokens, then every step on the twins that decode in registers (thirty-first
+    # session), so no BF16 copies are made.
+    assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=192, shared_fold_max_tokens=8,
                                                    dequant_min_tokens=2048, tma_min_tokens=2048,
-                                                   tma_nvfp4_min_tokens=256, tma_nvfp4_max_tokens=4096)  # fmt: skip
+                                                   tma_nvfp4_min_tokens=65, tma_nvfp4_max_tokens=0)  # fmt: skip
+    assert mt.copies_min_tokens(mt.paths_config(True, h200)) > 2**40
     # Their tiles: 64-row blocks with x's rows from the sorted copy up to 12 pairs an expert, gathered by pointer
     # above; 128-row blocks (8 warps, 256-column down tiles) from 96.
     small, large = mgt.config(12, False, h200), mgt.config(96, False, h200)
