@@ -5,6 +5,8 @@ Each op is one call into `self.kernels`, so a fused kernel replaces its referenc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from flint_kernels.dispatch import REFERENCE, Kernels
 from flint_kernels.linear import NVFP4Weight
@@ -18,6 +20,19 @@ from .weights_ahead import WeightsAhead
 
 # The router's output: top-k weights (FP32) and expert ids, [T, k] each.
 Routing = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class Carry:
+    """What the forward carries from layer to layer: the normed input of the next projection (`h`), the residual
+    stream, an MLP output whose add and norm the next qkv projection does (`pending`), the RoPE table, and the side
+    stream that asks L2 for weights ahead (decode graphs only)."""
+
+    h: torch.Tensor
+    residual: torch.Tensor
+    cos_sin: torch.Tensor
+    ahead: WeightsAhead | None = None
+    pending: torch.Tensor | None = None
 
 
 class FlintModel:
@@ -137,62 +152,94 @@ class FlintModel:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, for every token of the batch; K/V land in `cache`."""
+        k = self.kernels
+        carry = self.begin(batch, ahead=True)
+        for i in range(len(self.weights.layers)):
+            if k.qkv_attention is not None:
+                attn = self._qkv_attention(i, carry, batch, cache)
+            else:
+                attn = self.attend(i, self.layer_queries(i, carry, batch, cache), batch, cache)
+            self.layer_mlp(i, attn, carry)
+        if carry.ahead is not None:
+            carry.ahead.join()
+        return carry.h
+
+    # The forward in pieces around attention, the one op that reads the batch's sequence structure (host lists):
+    # `begin`, then for each layer `layer_queries`, `attend` and `layer_mlp`. `StepGraphs` captures the rest of a
+    # step as CUDA graphs and runs only `attend` eagerly.
+    def begin(self, batch: ForwardBatch, ahead: bool = False) -> Carry:
+        """The embedding, the RoPE table and the first input norm; `ahead`: ask L2 for weights on a side stream where
+        the op table says so (decode graphs)."""
         c, k = self.config, self.kernels
         layers = self.weights.layers
         x = self._embed(batch.input_ids)
         cos_sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
-        # Each block ends with the residual add and the next norm (the next layer's input norm, or the final norm),
-        # unless the op table's add_rms_norm_linear does the next input norm inside the qkv projection: then the
-        # block's MLP output stays `pending` until that projection.
-        h, residual = k.rms_norm(x, layers[0].input_norm, c.rms_norm_eps), x
-        pending: torch.Tensor | None = None
-        ahead = self.weights_ahead
-        if ahead is not None and not ahead.begin(batch.num_tokens):
-            ahead = None
-        for i, lw in enumerate(layers):
-            k_cache, v_cache, sliding = cache.layer(i)
-            if pending is not None:
-                qkv, residual = k.add_rms_norm_linear(pending, residual, lw.input_norm, c.rms_norm_eps, lw.qkv)
-            else:
-                qkv = self._linear(h, lw.qkv)
-            if ahead is not None:
-                ahead.after_qkv(i)
-            qkv_args = (
-                qkv,
-                lw.q_norm,
-                lw.k_norm,
-                c.rms_norm_eps,
-                cos_sin if c.uses_rope(i) else None,
-                k_cache,
-                v_cache,
-                batch.sliding_slots if sliding else batch.full_slots,
-                c.num_attention_heads,
-                c.num_key_value_heads,
+        wa = self.weights_ahead if ahead else None
+        if wa is not None and not wa.begin(batch.num_tokens):
+            wa = None
+        return Carry(k.rms_norm(x, layers[0].input_norm, c.rms_norm_eps), x, cos_sin, wa)
+
+    def _qkv(self, i: int, carry: Carry) -> torch.Tensor:
+        """Layer i's q|k|v projection (with the pending MLP output's add and norm where the op table fuses them)."""
+        lw, c = self.weights.layers[i], self.config
+        if carry.pending is not None:
+            qkv, carry.residual = self.kernels.add_rms_norm_linear(
+                carry.pending, carry.residual, lw.input_norm, c.rms_norm_eps, lw.qkv
             )
-            attn_args = (
-                batch.sliding_block_tables if sliding else batch.full_block_tables,
-                batch.attn,
-                lw.sinks,
-                c.head_dim**-0.5,
-                c.sliding_window if sliding else None,
-            )
-            if k.qkv_attention is not None:
-                attn = k.qkv_attention(*qkv_args, *attn_args)
-            else:
-                attn = k.attention(k.qk_norm_rope_write(*qkv_args), k_cache, v_cache, *attn_args)
-            h, residual, routing = self._attn_add_norm(attn.reshape(attn.shape[0], -1), lw, residual)
-            if ahead is not None:
-                ahead.before_mlp(i)
-            nxt = layers[i + 1] if i + 1 < len(layers) else None
-            if k.add_rms_norm_linear is not None and nxt is not None and not isinstance(nxt.qkv, tuple):
-                pending = self._mlp_out(h, lw.mlp, routing)
-            else:
-                pending = None
-                next_norm = nxt.input_norm if nxt is not None else self.weights.final_norm
-                h, residual = self._mlp_add_norm(h, lw.mlp, residual, next_norm, routing)
-        if ahead is not None:
-            ahead.join()
-        return h
+            carry.pending = None
+        else:
+            qkv = self._linear(carry.h, lw.qkv)
+        if carry.ahead is not None:
+            carry.ahead.after_qkv(i)
+        return qkv
+
+    def _qkv_args(self, i: int, qkv: torch.Tensor, carry: Carry, batch: ForwardBatch, cache: KVCache) -> tuple:
+        c, lw = self.config, self.weights.layers[i]
+        k_cache, v_cache, sliding = cache.layer(i)
+        rope = carry.cos_sin if c.uses_rope(i) else None
+        slots = batch.sliding_slots if sliding else batch.full_slots
+        heads = (c.num_attention_heads, c.num_key_value_heads)
+        return (qkv, lw.q_norm, lw.k_norm, c.rms_norm_eps, rope, k_cache, v_cache, slots, *heads)
+
+    def _attn_args(self, i: int, batch: ForwardBatch, cache: KVCache) -> tuple:
+        c, lw = self.config, self.weights.layers[i]
+        sliding = cache.layer(i)[2]
+        tables = batch.sliding_block_tables if sliding else batch.full_block_tables
+        return (tables, batch.attn, lw.sinks, c.head_dim**-0.5, c.sliding_window if sliding else None)
+
+    def layer_queries(self, i: int, carry: Carry, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Layer i up to its attention: the q|k|v projection, then the Q/K norm, RoPE and the K/V cache write.
+        Returns the queries [T, Hq, D]."""
+        qkv = self._qkv(i, carry)
+        return self.kernels.qk_norm_rope_write(*self._qkv_args(i, qkv, carry, batch, cache))
+
+    def attend(self, i: int, q: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Layer i's attention of queries `q` over the cache: [T, Hq, D]."""
+        k_cache, v_cache, _ = cache.layer(i)
+        return self.kernels.attention(q, k_cache, v_cache, *self._attn_args(i, batch, cache))
+
+    def _qkv_attention(self, i: int, carry: Carry, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Layer i up to and with its attention in the op table's one launch (`qkv_attention`)."""
+        qkv = self._qkv(i, carry)
+        return self.kernels.qkv_attention(
+            *self._qkv_args(i, qkv, carry, batch, cache), *self._attn_args(i, batch, cache)
+        )
+
+    def layer_mlp(self, i: int, attn: torch.Tensor, carry: Carry) -> None:
+        """Layer i after its attention (`attn` [T, Hq, D] or [T, Hq * D]): the o projection, the residual adds, the
+        MLP and the next norm, into `carry`."""
+        k, layers = self.kernels, self.weights.layers
+        lw = layers[i]
+        h, carry.residual, routing = self._attn_add_norm(attn.reshape(attn.shape[0], -1), lw, carry.residual)
+        if carry.ahead is not None:
+            carry.ahead.before_mlp(i)
+        nxt = layers[i + 1] if i + 1 < len(layers) else None
+        if k.add_rms_norm_linear is not None and nxt is not None and not isinstance(nxt.qkv, tuple):
+            # The next input norm happens inside that layer's qkv projection: the MLP output stays pending.
+            carry.pending = self._mlp_out(h, lw.mlp, routing)
+        else:
+            next_norm = nxt.input_norm if nxt is not None else self.weights.final_norm
+            carry.h, carry.residual = self._mlp_add_norm(h, lw.mlp, carry.residual, next_norm, routing)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
