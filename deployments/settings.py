@@ -31,6 +31,7 @@ class ServeSettings(BaseModel):
     max_waiting_requests: int = Field(default=256, ge=1)
     kernels: Literal["auto", "reference", "fast"] = "auto"
     cuda_graphs: bool = True
+    step_graphs: bool = Field(default=True, description="prefill and mixed steps up to 2048 tokens on CUDA graphs too")
     prefill_warmup: bool = True
     precompile_kernels: bool = Field(default=True, description="compile the GPU's kernel manifest in parallel at start")
     async_decode: bool = Field(default=True, description="launch a decode step before the last one's tokens are read")
@@ -95,6 +96,7 @@ class ServeSettings(BaseModel):
             max_waiting_requests=self.max_waiting_requests,
             kernels=self.kernels,
             cuda_graphs=self.cuda_graphs,
+            step_graphs=self.step_graphs,
             prefill_warmup=self.prefill_warmup,
             precompile_kernels=self.precompile_kernels,
             async_decode=self.async_decode,

@@ -28,6 +28,7 @@ from .request import Request
 from .sampler import SampleResult, SamplingRow, draw_tokens, is_plain, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
+from .step_graphs import MAX_TOKENS as STEP_GRAPH_MAX_TOKENS
 from .stop_strings import StopStringText
 from .token_readback import TokenReadback
 
@@ -152,6 +153,8 @@ class LLMEngine:
                 warm_up_prefill(model, self.cache, self.prefill_tokens, ec.max_num_seqs, (ec.max_num_batched_tokens,))
             if fused_on_gpu and ec.cuda_graphs:
                 self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
+                if ec.step_graphs:
+                    self.runner.enable_step_graphs(min(ec.max_num_batched_tokens, STEP_GRAPH_MAX_TOKENS))
         self.warmup_compiles = compiled.entries
         if fused_on_gpu:
             log.info("the warm-up compiled %d Triton kernel variants the manifest did not list", len(compiled.entries))

@@ -32,6 +32,10 @@ class EngineConfig:
     max_waiting_requests: int = 256
     kernels: str = "auto"  # auto | reference | fast
     cuda_graphs: bool = True
+    # With cuda_graphs on the fused GPU path: prefill and mixed steps of up to min(max_num_batched_tokens, 2048)
+    # tokens on CUDA graphs too, every op but attention captured per token bucket (flint_engine.step_graphs): an
+    # eager step's launches cost the host several times its kernels' GPU time.
+    step_graphs: bool = True
     prefill_warmup: bool = True  # on the fused GPU path: compile prefill kernels at start, not in the first requests
     # On the fused GPU path: compile the kernels the shipped manifest lists for this GPU and model in parallel
     # before the warm-up (flint_kernels.precompile); off: the warm-up compiles them one by one.

@@ -12,8 +12,13 @@ from .kv_cache import KVCache
 from .kv_cache_manager import NO_BLOCK, KVCacheManager
 from .model import FlintModel
 from .scheduler import ScheduledChunk
+from .step_graphs import StepGraphs
 
 log = logging.getLogger(__name__)
+
+# Step graphs pad a step to their bucket, so some launches run on more rows than the eager forward would (other
+# kernel tiles, other roundings); a capture that baked in stale state is off by far more.
+STEP_GRAPH_TOLERANCE = 5e-2
 
 
 class ModelRunner:
@@ -24,6 +29,7 @@ class ModelRunner:
         self.device = model.device
         self.block_size = cache.block_size
         self.graphs: DecodeGraphs | None = None
+        self.step_graphs: StepGraphs | None = None
 
     def enable_cuda_graphs(self, max_batch: int, max_context: int) -> None:
         """Capture decode graphs; on any failure keep running eagerly (and say so)."""
@@ -40,6 +46,23 @@ class ModelRunner:
             self.graphs = None
         else:
             self.graphs = graphs
+
+    def enable_step_graphs(self, max_tokens: int) -> None:
+        """Capture the prefill/mixed step graphs; on any failure run those steps eagerly (and say so)."""
+        try:
+            graphs = StepGraphs(self.model, self.cache, max_tokens)
+            graphs.capture()
+            error = graphs.self_check()
+        except Exception:
+            log.exception("step graph capture failed; prefill and mixed steps run eagerly")
+            self.step_graphs = None
+            return
+        if error > STEP_GRAPH_TOLERANCE:
+            log.error("step graphs differ from the eager forward (relative %.2e); running those steps eagerly", error)
+            self.step_graphs = None
+        else:
+            log.info("step graphs agree with the eager forward (relative difference %.1e)", error)
+            self.step_graphs = graphs
 
     def _slots(self, full: list[int], sliding: list[int], pos: int) -> tuple[int, int]:
         """Where position `pos`'s K/V go in the full and the sliding pool (-1: nowhere)."""
@@ -147,7 +170,10 @@ class ModelRunner:
                     return None, sampled
                 return (logits if len(sampled) == len(chunks) else logits[sampled]), sampled
         batch, sample_rows = self.build_batch(chunks)
-        hidden = self.model.forward(batch, self.cache)
+        if self.step_graphs is not None and self.step_graphs.covers(batch):
+            hidden = self.step_graphs.run(batch)
+        else:
+            hidden = self.model.forward(batch, self.cache)
         if not sample_rows:
             return None, sample_rows
         return self.model.compute_logits(hidden[batch.logits_indices]), sample_rows

@@ -1,0 +1,203 @@
+"""Prefill and mixed steps on CUDA graphs, in pieces around attention.
+
+Outside the decode graphs every step ran eagerly, and on the fused path its ~600-1,200 launches cost the host far more
+than the GPU: on the H200 an eager NVFP4 forward of 128 tokens took 240 ms of host time for 22 ms of kernels, one of
+2,048 tokens 140 ms for 46 (`benchmarks/prefill_host.py`, thirty-first session). A short prompt's time to first token
+and each mixed step's gap between tokens paid that.
+
+Here everything but attention is captured once per token-count bucket: attention is the one op that reads the batch's
+sequence structure (host lists of query starts and lengths), so it runs eagerly between the pieces, on the batch's
+real rows. Piece 0 is the embedding, the RoPE table, the first norm and layer 0 up to its queries (projection, Q/K
+norm, RoPE and the K/V cache write); piece i is layer i-1 after its attention (o projection, residual adds, router,
+MoE, next norm) and layer i up to its queries; the last piece ends with the final norm. A step copies its token ids,
+positions and cache slots into the bucket's static buffers (padding rows: slot -1, so they write nowhere), then
+replays piece 0, and for each layer runs attention on its real rows and replays the next piece. The padding rows
+cost a little compute (buckets double) and touch no live state.
+
+All buckets' pieces share one memory pool: a step replays one bucket's pieces in order, so a piece may reuse another
+piece's dead temporaries. What crosses an attention boundary lives in the bucket's static buffers (queries and
+attention output) or in the piece outputs the next piece reads (the residual stream), which stay referenced.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .forward_batch import ForwardBatch, blocks_needed
+from .kv_cache import KVCache
+from .model import Carry, FlintModel
+
+log = logging.getLogger(__name__)
+
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+# The largest bucket by default: from ~4K tokens a step's kernels take longer than its launches (an 8K NVFP4 prompt:
+# ~136 ms of GPU time), so bigger steps gain little from graphs and would hold more memory in the pool.
+MAX_TOKENS = 2048
+
+Piece = Callable[[], None]
+
+
+@dataclass
+class _Bucket:
+    tokens: int
+    inputs: torch.Tensor  # int64 [4, tokens]: token ids, positions, full-pool slots, sliding-pool slots
+    batch: ForwardBatch  # static: one sequence of `tokens` over the scratch block (what the pieces were captured on)
+    queries: torch.Tensor  # [tokens, Hq, D]: each layer's queries, written by a piece, read by attention
+    attn: torch.Tensor  # [tokens, Hq * D]: attention's output, read by the next piece
+    pieces: list[Piece] = field(default_factory=list)
+    carry: Carry | None = None  # the last piece's: its `h` is the step's hidden states
+
+
+class StepGraphs:
+    def __init__(self, model: FlintModel, cache: KVCache, max_tokens: int = MAX_TOKENS, scratch_block: int = 0) -> None:
+        if model.kernels.qkv_attention is not None:
+            raise ValueError("step graphs need attention as an op of its own (the op table fuses it with the qkv)")
+        self.model = model
+        self.cache = cache
+        self.device = model.device
+        self.buckets = (*tuple(b for b in TOKEN_BUCKETS if b < max_tokens), max_tokens)
+        self.scratch_block = scratch_block
+        self.graphs: dict[int, _Bucket] = {}
+        self.pool = None
+
+    def covers(self, batch: ForwardBatch) -> bool:
+        return 0 < batch.num_tokens <= self.buckets[-1]
+
+    # ------------------------------------------------------------------ capture
+    def _scratch_table(self, seqs: int, tokens: int) -> torch.Tensor:
+        """Block tables of `seqs` rows whose every entry is the scratch block."""
+        width = blocks_needed(tokens, self.cache.block_size)
+        return torch.full((seqs, width), self.scratch_block, dtype=torch.int32, device=self.device)
+
+    def _static_bucket(self, t: int) -> _Bucket:
+        dev, c = self.device, self.model.config
+        inputs = torch.zeros((4, t), dtype=torch.int64, device=dev)
+        inputs[2:].fill_(-1)
+        table = torch.full(
+            (1, blocks_needed(t, self.cache.block_size)), self.scratch_block, dtype=torch.int32, device=dev
+        )
+        batch = ForwardBatch(
+            input_ids=inputs[0],
+            positions=inputs[1],
+            query_start=[0, t],
+            seq_lens=[t],
+            full_block_tables=table,
+            sliding_block_tables=table.clone(),
+            full_slots=inputs[2],
+            sliding_slots=inputs[3],
+            logits_indices=torch.tensor([t - 1], device=dev),
+        )
+        dtype, hq, d = self.model.dtype, c.num_attention_heads, c.head_dim
+        queries = torch.zeros((t, hq, d), dtype=dtype, device=dev)
+        return _Bucket(t, inputs, batch, queries, torch.zeros((t, hq * d), dtype=dtype, device=dev))
+
+    def _pieces(self, b: _Bucket) -> list[Piece]:
+        """The step's pieces as plain functions of the bucket's static buffers, in order."""
+        model, cache, batch = self.model, self.cache, b.batch
+        layers = len(model.weights.layers)
+
+        def first() -> None:
+            b.carry = model.begin(batch)
+            b.queries.copy_(model.layer_queries(0, b.carry, batch, cache))
+
+        def after(i: int) -> Piece:
+            def piece() -> None:
+                assert b.carry is not None
+                model.layer_mlp(i, b.attn, b.carry)
+                if i + 1 < layers:
+                    b.queries.copy_(model.layer_queries(i + 1, b.carry, batch, cache))
+
+            return piece
+
+        return [first, *(after(i) for i in range(layers))]
+
+    def _attend(self, b: _Bucket, i: int, batch: ForwardBatch) -> None:
+        t = batch.num_tokens
+        out = self.model.attend(i, b.queries[:t], batch, self.cache)
+        b.attn[:t].copy_(out.reshape(t, -1))
+
+    def _capture_piece(self, fn: Piece) -> Piece:
+        """`fn` captured as a CUDA graph in the shared pool; its replay."""
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            fn()
+        return g.replay
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        start = time.monotonic()
+        if self.device.type == "cuda":
+            self.pool = torch.cuda.graph_pool_handle()
+        for t in reversed(self.buckets):  # largest first, so smaller buckets reuse its memory
+            b = self._static_bucket(t)
+            pieces = self._pieces(b)
+            for piece_index, fn in enumerate(pieces):  # once eagerly: Triton compiles outside the capture
+                fn()
+                if piece_index < len(pieces) - 1:
+                    self._attend(b, piece_index, b.batch)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            b.pieces = [self._capture_piece(fn) for fn in pieces]
+            self.graphs[t] = b
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        log.info(
+            "captured prefill/mixed step graphs for %d token buckets (<= %d tokens, %d pieces each) in %.1f s",
+            len(self.graphs),
+            self.buckets[-1],
+            len(self.model.weights.layers) + 1,
+            time.monotonic() - start,
+        )
+
+    @torch.inference_mode()
+    def self_check(self) -> float:
+        """Relative difference between the pieces and an eager forward over the scratch block (reads only, writes
+        nothing), for two prompts in one step: a capture that baked in stale state shows here, before serving."""
+        dev, n = self.device, min(self.buckets[-1], 11)
+        first = max(1, n // 3)
+        query_start, seq_lens = [0, first, n], [first, n - first]
+        table = torch.full(
+            (2, blocks_needed(n, self.cache.block_size)), self.scratch_block, dtype=torch.int32, device=dev
+        )
+        nowhere = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        gen = torch.Generator().manual_seed(0)
+        batch = ForwardBatch(
+            input_ids=torch.randint(0, self.model.config.vocab_size, (n,), generator=gen).to(dev),
+            positions=torch.tensor([*range(first), *range(n - first)], dtype=torch.int64, device=dev),
+            query_start=query_start,
+            seq_lens=seq_lens,
+            full_block_tables=table,
+            sliding_block_tables=table.clone(),
+            full_slots=nowhere,
+            sliding_slots=nowhere.clone(),
+            logits_indices=torch.tensor([first - 1, n - 1], device=dev),
+        )
+        eager = self.model.forward(batch, self.cache)[batch.logits_indices].float()
+        replay = self.run(batch)[batch.logits_indices].float()
+        return ((replay - eager).norm() / eager.norm().clamp_min(1e-30)).item()
+
+    # ------------------------------------------------------------------ replay
+    @torch.inference_mode()
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states [T, H] after the final norm, as `FlintModel.forward` gives them; K/V land in the cache."""
+        t = batch.num_tokens
+        b = self.graphs[self.buckets[bisect.bisect_left(self.buckets, t)]]
+        inputs = b.inputs
+        inputs[0, :t].copy_(batch.input_ids)
+        inputs[1, :t].copy_(batch.positions)
+        inputs[2, :t].copy_(batch.full_slots)
+        inputs[3, :t].copy_(batch.sliding_slots)
+        if t < b.tokens:
+            inputs[2:, t:].fill_(-1)  # padding rows write nowhere
+        b.pieces[0]()
+        for i in range(len(b.pieces) - 1):
+            self._attend(b, i, batch)
+            b.pieces[i + 1]()
+        assert b.carry is not None
+        return b.carry.h[:t]
