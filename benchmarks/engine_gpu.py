@@ -284,6 +284,9 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["python benchmarks/engine_gpu.py"]
     for k, v in vars(args).items():
         flag = "--" + k.replace("_", "-")
+        if k in ("async_decode", "step_graphs") and v is False:
+            parts.append(f"--no-{k.replace('_', '-')}")
+            continue
         if k == "out" or v is None or v is False:
             continue
         parts.append(flag if v is True else f"{flag} {' '.join(map(str, v)) if isinstance(v, list) else v}")
@@ -312,6 +315,12 @@ def main() -> None:
         default=True,
         help="EngineConfig.async_decode (next step launched ahead; the default)",
     )
+    ap.add_argument(
+        "--step-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="EngineConfig.step_graphs (prefill and mixed steps on CUDA graphs; the default)",
+    )
     ap.add_argument("--host-profile", type=int, nargs="*", default=[], help="profile decode steps at these batches")
     ap.add_argument("--host-profile-prompt", type=int, nargs="+", default=[64], help="the host-profile prompt lengths")
     ap.add_argument("--host-profile-steps", type=int, default=200, help="steps timed (and as many profiled) per case")
@@ -329,6 +338,7 @@ def main() -> None:
         max_num_batched_tokens=args.max_num_batched_tokens,
         idle_prefill_tokens=args.idle_prefill_tokens,
         async_decode=args.async_decode,
+        step_graphs=args.step_graphs,
     )
     engine = LLMEngine.from_checkpoint(cfg, progress=False)
     startup = time.perf_counter() - t0
