@@ -65,6 +65,7 @@ class StepGraphs:
         self.scratch_block = scratch_block
         self.graphs: dict[int, _Bucket] = {}
         self.pool = None
+        self.memory = 0  # bytes the capture added to the allocator's reserve (the pool and the static buffers)
 
     def covers(self, batch: ForwardBatch) -> bool:
         return 0 < batch.num_tokens <= self.buckets[-1]
@@ -132,7 +133,9 @@ class StepGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         start = time.monotonic()
-        if self.device.type == "cuda":
+        cuda = self.device.type == "cuda"
+        reserved = torch.cuda.memory_reserved(self.device) if cuda else 0
+        if cuda:
             self.pool = torch.cuda.graph_pool_handle()
         for t in reversed(self.buckets):  # largest first, so smaller buckets reuse its memory
             b = self._static_bucket(t)
@@ -145,14 +148,17 @@ class StepGraphs:
                 torch.cuda.synchronize(self.device)
             b.pieces = [self._capture_piece(fn) for fn in pieces]
             self.graphs[t] = b
-        if self.device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(self.device)
+            self.memory = torch.cuda.memory_reserved(self.device) - reserved
         log.info(
-            "captured prefill/mixed step graphs for %d token buckets (<= %d tokens, %d pieces each) in %.1f s",
+            "captured prefill/mixed step graphs for %d token buckets (<= %d tokens, %d pieces each) in %.1f s,"
+            " holding %.0f MiB",
             len(self.graphs),
             self.buckets[-1],
             len(self.model.weights.layers) + 1,
             time.monotonic() - start,
+            self.memory / 2**20,
         )
 
     @torch.inference_mode()
