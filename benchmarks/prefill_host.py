@@ -141,9 +141,8 @@ def main() -> int:
         t0 = time.monotonic()
         graphs = StepGraphs(model, cache, max_tokens=max(n for n in args.lengths if n <= MAX_TOKENS))
         graphs.capture()
-        print(
-            f"step graphs captured in {time.monotonic() - t0:.1f} s; self-check {graphs.self_check():.2e}", flush=True
-        )
+        took, mib = time.monotonic() - t0, graphs.memory / 2**20
+        print(f"step graphs captured in {took:.1f} s ({mib:.0f} MiB); self-check {graphs.self_check():.2e}", flush=True)
     rows, profiled = [], None
     for n in args.lengths:
         for g in (None, graphs) if graphs is not None and graphs.buckets[-1] >= n else (None,):
