@@ -287,7 +287,7 @@ def command_line(args: argparse.Namespace) -> str:
         if k in ("async_decode", "step_graphs") and v is False:
             parts.append(f"--no-{k.replace('_', '-')}")
             continue
-        if k == "out" or v is None or v is False:
+        if k == "out" or v is None or v is False or v == []:
             continue
         parts.append(flag if v is True else f"{flag} {' '.join(map(str, v)) if isinstance(v, list) else v}")
     return " ".join(parts)

@@ -3,6 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
+# State after the thirty-first session (2026-12-04): prefill and mixed steps of up to 2,048 tokens on step graphs
+# (every op but attention on CUDA graphs: under mixed traffic TTFT p50 202 -> 67 ms, ITL p99 130 -> 57, NVFP4); the
+# NVFP4 MoE's decode path to 192 tokens and its twins at every larger size (TWINS=1 ran). Next: STEP_GRAPHS=1 (the
+# engine at the serving default of 64 sequences, with and without step graphs), then `benchmarks/gpu_serve.sh` through
+# Ray; CHUNK_SWEEP=1 still to run.
 # State after the twenty-ninth session (2026-12-04): prefill MoE steps on our TMA-fed tensor-core launches
 # (`moe_grouped_tma_triton`, TMA_MOE=1: BF16 from 128 tokens, NVFP4's copies from 2,048; an 8K prompt in 2048-token
 # steps 195.0 -> 164.0 ms GPU BF16, 302.7 -> 272.6 NVFP4; 8K NVFP4 in one step 146.1 -> 138.8 ms), both manifest
@@ -388,7 +393,8 @@ if [ "${TMA_MOE:-0}" = 1 ]; then
         done
     fi
 fi
-# TWINS=1 (NEXT, first in line): the packed twins where the table does not yet use them at their best. Each launch
+# TWINS=1 (ran in the thirty-first session: the twins from 65 tokens at every size, the 128-row entry not installed;
+# see docs/performance.md "Prefill and mixed steps on CUDA graphs"): the packed twins where the table does not yet use them at their best. Each launch
 # and the whole routed MoE at 96-192 tokens (below the twins' 256, where the Triton grouped kernels run: if the twins
 # win there, lower `tma_nvfp4_min_tokens` towards the decode path's 65) and at 3,072-8,192, then two whole-prefill A/Bs: (a) 128-row packed blocks of 64
 # columns from 72 pairs an expert (4,096 tokens: 0.789 against the installed 0.856 ms a layer), in 4096-token steps;
@@ -408,6 +414,18 @@ if [ "${TWINS:-0}" = 1 ]; then
         --rounds 2 --out "$OUT/prefill_ab_twins_m128.json" 2>&1 | grep -i "^round\|median\|error"
     timeout 150 python3 benchmarks/prefill_ab.py --variant-tuning-file $V/all.json --format nvfp4 --rounds 2 \
         --out "$OUT/prefill_ab_twins_8k.json" 2>&1 | grep -i "^round\|median\|error"
+fi
+# STEP_GRAPHS=1 (NEXT): the engine under mixed traffic at the serving default (64 sequences, 128 requests) with and
+# without step graphs, NVFP4 (`engine_gpu.py --churn`; the thirty-first session ran 16 sequences), and the host cost of
+# BF16 forwards (`prefill_host.py --step-graphs`). ~5 minutes.
+if [ "${STEP_GRAPHS:-0}" = 1 ]; then
+    for sg in step-graphs no-step-graphs; do
+        timeout 200 python3 benchmarks/engine_gpu.py --model random:full:nvfp4 --max-num-seqs 64 --churn 128 \
+            --long-prompt 2048 --no-sampling-rows --$sg --out "$OUT/engine_gpu_churn64_$sg.json" > "$OUT/churn64_$sg.txt" 2>&1
+        echo "== $sg"; grep -h '^churn\|TTFT\|captured' "$OUT/churn64_$sg.txt" | cut -c1-200
+    done
+    timeout 200 python3 benchmarks/prefill_host.py --format bf16 --lengths 16 128 512 2048 --step-graphs \
+        --profile-length 0 --out "$OUT/prefill_host_bf16.json" 2>&1 | grep -v Warn | tail -12
 fi
 # GRAPH_PROFILE=1 (ran in the twenty-ninth session: by family moe 1.359, gemv/gemm 0.901, norm 0.587, other 0.503 with
 # the side stream's prefetches 0.481, router 0.435, attention 0.434 ms; under PDL each kernel's span includes its wait
