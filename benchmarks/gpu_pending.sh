@@ -3,11 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
-# State after the thirty-first session (2026-12-04): prefill and mixed steps of up to 2,048 tokens on step graphs
-# (every op but attention on CUDA graphs: under mixed traffic TTFT p50 202 -> 67 ms, ITL p99 130 -> 57, NVFP4); the
-# NVFP4 MoE's decode path to 192 tokens and its twins at every larger size (TWINS=1 ran). Next: STEP_GRAPHS=1 (the
-# engine at the serving default of 64 sequences, with and without step graphs), then `benchmarks/gpu_serve.sh` through
-# Ray; CHUNK_SWEEP=1 still to run.
+# State after the thirty-first session (2026-12-04): prefill and mixed steps of up to 4,096 tokens on step graphs
+# (every op but attention on CUDA graphs: under mixed traffic at 64 sequences ITL p50 88 -> 40 ms, p99 156 -> 62,
+# NVFP4); the NVFP4 MoE's decode path to 192 tokens and its twins at every larger size (TWINS=1 ran). Next:
+# STEP_GRAPHS=1 (BF16's host cost and the engine at 64 sequences with more requests), then `benchmarks/gpu_serve.sh`
+# through Ray; CHUNK_SWEEP=1 still to run.
 # State after the twenty-ninth session (2026-12-04): prefill MoE steps on our TMA-fed tensor-core launches
 # (`moe_grouped_tma_triton`, TMA_MOE=1: BF16 from 128 tokens, NVFP4's copies from 2,048; an 8K prompt in 2048-token
 # steps 195.0 -> 164.0 ms GPU BF16, 302.7 -> 272.6 NVFP4; 8K NVFP4 in one step 146.1 -> 138.8 ms), both manifest
@@ -416,8 +416,8 @@ if [ "${TWINS:-0}" = 1 ]; then
         --out "$OUT/prefill_ab_twins_8k.json" 2>&1 | grep -i "^round\|median\|error"
 fi
 # STEP_GRAPHS=1 (NEXT): the engine under mixed traffic at the serving default (64 sequences, 128 requests) with and
-# without step graphs, NVFP4 (`engine_gpu.py --churn`; the thirty-first session ran 16 sequences), and the host cost of
-# BF16 forwards (`prefill_host.py --step-graphs`). ~5 minutes.
+# without step graphs, NVFP4 (`engine_gpu.py --churn`; the thirty-first session ran 16 sequences and 64 with 96
+# requests), and the host cost of BF16 forwards (`prefill_host.py --step-graphs`). ~5 minutes.
 if [ "${STEP_GRAPHS:-0}" = 1 ]; then
     for sg in step-graphs no-step-graphs; do
         timeout 200 python3 benchmarks/engine_gpu.py --model random:full:nvfp4 --max-num-seqs 64 --churn 128 \

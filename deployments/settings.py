@@ -31,7 +31,7 @@ class ServeSettings(BaseModel):
     max_waiting_requests: int = Field(default=256, ge=1)
     kernels: Literal["auto", "reference", "fast"] = "auto"
     cuda_graphs: bool = True
-    step_graphs: bool = Field(default=True, description="prefill and mixed steps up to 2048 tokens on CUDA graphs too")
+    step_graphs: bool = Field(default=True, description="prefill and mixed steps on CUDA graphs too")
     prefill_warmup: bool = True
     precompile_kernels: bool = Field(default=True, description="compile the GPU's kernel manifest in parallel at start")
     async_decode: bool = Field(default=True, description="launch a decode step before the last one's tokens are read")

@@ -154,7 +154,7 @@ class LLMEngine:
             if fused_on_gpu and ec.cuda_graphs:
                 self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
                 if ec.step_graphs:
-                    self.runner.enable_step_graphs(min(ec.max_num_batched_tokens, STEP_GRAPH_MAX_TOKENS))
+                    self.runner.enable_step_graphs(min(self.prefill_tokens, STEP_GRAPH_MAX_TOKENS))
         self.warmup_compiles = compiled.entries
         if fused_on_gpu:
             log.info("the warm-up compiled %d Triton kernel variants the manifest did not list", len(compiled.entries))

@@ -32,9 +32,9 @@ class EngineConfig:
     max_waiting_requests: int = 256
     kernels: str = "auto"  # auto | reference | fast
     cuda_graphs: bool = True
-    # With cuda_graphs on the fused GPU path: prefill and mixed steps of up to min(max_num_batched_tokens, 2048)
-    # tokens on CUDA graphs too, every op but attention captured per token bucket (flint_engine.step_graphs): an
-    # eager step's launches cost the host several times its kernels' GPU time.
+    # With cuda_graphs on the fused GPU path: prefill and mixed steps of up to 4,096 tokens (or the prefill-only
+    # step budget below that) on CUDA graphs too, every op but attention captured per token bucket
+    # (flint_engine.step_graphs): an eager step's launches cost the host up to 15x its kernels' GPU time.
     step_graphs: bool = True
     prefill_warmup: bool = True  # on the fused GPU path: compile prefill kernels at start, not in the first requests
     # On the fused GPU path: compile the kernels the shipped manifest lists for this GPU and model in parallel

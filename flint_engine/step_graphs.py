@@ -1,8 +1,8 @@
 """Prefill and mixed steps on CUDA graphs, in pieces around attention.
 
 Outside the decode graphs every step ran eagerly, and on the fused path its ~600-1,200 launches cost the host far more
-than the GPU: on the H200 an eager NVFP4 forward of 128 tokens took 240 ms of host time for 22 ms of kernels, one of
-2,048 tokens 140 ms for 46 (`benchmarks/prefill_host.py`, thirty-first session). A short prompt's time to first token
+than the GPU: on the H200 an eager NVFP4 forward of 16 tokens took 107 ms of host time for 7 ms of kernels, one of
+2,048 tokens 119 ms for 46 (`benchmarks/prefill_host.py`, thirty-first session). A short prompt's time to first token
 and each mixed step's gap between tokens paid that.
 
 Here everything but attention is captured once per token-count bucket: attention is the one op that reads the batch's
@@ -12,11 +12,12 @@ norm, RoPE and the K/V cache write); piece i is layer i-1 after its attention (o
 MoE, next norm) and layer i up to its queries; the last piece ends with the final norm. A step copies its token ids,
 positions and cache slots into the bucket's static buffers (padding rows: slot -1, so they write nowhere), then
 replays piece 0, and for each layer runs attention on its real rows and replays the next piece. The padding rows
-cost a little compute (buckets double) and touch no live state.
+cost some compute (a bucket holds at most twice its smallest step, 1.5x above 2,048 tokens) and touch no live
+state.
 
-All buckets' pieces share one memory pool: a step replays one bucket's pieces in order, so a piece may reuse another
-piece's dead temporaries. What crosses an attention boundary lives in the bucket's static buffers (queries and
-attention output) or in the piece outputs the next piece reads (the residual stream), which stay referenced.
+All buckets' pieces share one memory pool, and one pair of query and attention-output buffers: a step replays one
+bucket's pieces in order, so a piece may reuse another piece's dead temporaries. What crosses an attention boundary
+lives in those buffers or in the piece outputs the next piece reads (the residual stream), which stay referenced.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ from .model import Carry, FlintModel
 
 log = logging.getLogger(__name__)
 
-TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
-# The largest bucket by default: from ~4K tokens a step's kernels take longer than its launches (an 8K NVFP4 prompt:
-# ~136 ms of GPU time), so bigger steps gain little from graphs and would hold more memory in the pool.
-MAX_TOKENS = 2048
+# Doubling up to 2,048 tokens, then by halves: a step pads to at most 1.5x its tokens where the GPU's time counts.
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 3072, 4096)
+# The largest bucket by default. H200, NVFP4 (`prefill_host.py`, thirty-first session): an eager step's launches take
+# the host ~55-140 ms at any size; on the pieces 3,000 tokens took 61.8 ms against 94.5 eagerly and 4,096 76.2
+# against 102.2, but 8,192 141.4 against 139.9 (its kernels alone ~139 ms; the pieces add two copies a layer).
+MAX_TOKENS = 4096
 
 Piece = Callable[[], None]
 
@@ -66,6 +69,8 @@ class StepGraphs:
         self.graphs: dict[int, _Bucket] = {}
         self.pool = None
         self.memory = 0  # bytes the capture added to the allocator's reserve (the pool and the static buffers)
+        self._queries: torch.Tensor | None = None
+        self._attn: torch.Tensor | None = None
 
     def covers(self, batch: ForwardBatch) -> bool:
         return 0 < batch.num_tokens <= self.buckets[-1]
@@ -94,9 +99,12 @@ class StepGraphs:
             sliding_slots=inputs[3],
             logits_indices=torch.tensor([t - 1], device=dev),
         )
-        dtype, hq, d = self.model.dtype, c.num_attention_heads, c.head_dim
-        queries = torch.zeros((t, hq, d), dtype=dtype, device=dev)
-        return _Bucket(t, inputs, batch, queries, torch.zeros((t, hq * d), dtype=dtype, device=dev))
+        if self._queries is None or self._attn is None:
+            # One pair of buffers for every bucket (a step replays one bucket), sized for the largest.
+            dtype, hq, d, most = self.model.dtype, c.num_attention_heads, c.head_dim, self.buckets[-1]
+            self._queries = torch.zeros((most, hq, d), dtype=dtype, device=dev)
+            self._attn = torch.zeros((most, hq * d), dtype=dtype, device=dev)
+        return _Bucket(t, inputs, batch, self._queries[:t], self._attn[:t])
 
     def _pieces(self, b: _Bucket) -> list[Piece]:
         """The step's pieces as plain functions of the bucket's static buffers, in order."""
@@ -150,6 +158,8 @@ class StepGraphs:
             self.graphs[t] = b
         if cuda:
             torch.cuda.synchronize(self.device)
+            # The eager warm-up's blocks go back: steps up to the largest bucket allocate only from the pool now.
+            torch.cuda.empty_cache()
             self.memory = torch.cuda.memory_reserved(self.device) - reserved
         log.info(
             "captured prefill/mixed step graphs for %d token buckets (<= %d tokens, %d pieces each) in %.1f s,"
