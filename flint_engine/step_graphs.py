@@ -85,9 +85,7 @@ class StepGraphs:
         dev, c = self.device, self.model.config
         inputs = torch.zeros((4, t), dtype=torch.int64, device=dev)
         inputs[2:].fill_(-1)
-        table = torch.full(
-            (1, blocks_needed(t, self.cache.block_size)), self.scratch_block, dtype=torch.int32, device=dev
-        )
+        table = self._scratch_table(1, t)
         batch = ForwardBatch(
             input_ids=inputs[0],
             positions=inputs[1],
@@ -152,7 +150,7 @@ class StepGraphs:
                 fn()
                 if piece_index < len(pieces) - 1:
                     self._attend(b, piece_index, b.batch)
-            if self.device.type == "cuda":
+            if cuda:
                 torch.cuda.synchronize(self.device)
             b.pieces = [self._capture_piece(fn) for fn in pieces]
             self.graphs[t] = b
@@ -178,9 +176,7 @@ class StepGraphs:
         dev, n = self.device, min(self.buckets[-1], 11)
         first = max(1, n // 3)
         query_start, seq_lens = [0, first, n], [first, n - first]
-        table = torch.full(
-            (2, blocks_needed(n, self.cache.block_size)), self.scratch_block, dtype=torch.int32, device=dev
-        )
+        table = self._scratch_table(2, n)
         nowhere = torch.full((n,), -1, dtype=torch.int64, device=dev)
         gen = torch.Generator().manual_seed(0)
         batch = ForwardBatch(
