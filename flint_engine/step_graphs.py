@@ -33,6 +33,7 @@ import torch
 from .forward_batch import ForwardBatch, blocks_needed
 from .kv_cache import KVCache
 from .model import Carry, FlintModel
+from .prefill_warmup import scratch_batch
 
 log = logging.getLogger(__name__)
 
@@ -172,24 +173,13 @@ class StepGraphs:
     @torch.inference_mode()
     def self_check(self) -> float:
         """Relative difference between the pieces and an eager forward over the scratch block (reads only, writes
-        nothing), for two prompts in one step: a capture that baked in stale state shows here, before serving."""
-        dev, n = self.device, min(self.buckets[-1], 11)
-        first = max(1, n // 3)
-        query_start, seq_lens = [0, first, n], [first, n - first]
-        table = self._scratch_table(2, n)
-        nowhere = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        nothing) for a mixed step, a prompt and decode rows: a capture that baked in stale state shows here, before
+        serving."""
+        prompt = max(1, min(8, self.buckets[-1] - 3))
+        batch = scratch_batch(prompt, 3, self.cache.block_size, self.device, self.scratch_block)
         gen = torch.Generator().manual_seed(0)
-        batch = ForwardBatch(
-            input_ids=torch.randint(0, self.model.config.vocab_size, (n,), generator=gen).to(dev),
-            positions=torch.tensor([*range(first), *range(n - first)], dtype=torch.int64, device=dev),
-            query_start=query_start,
-            seq_lens=seq_lens,
-            full_block_tables=table,
-            sliding_block_tables=table.clone(),
-            full_slots=nowhere,
-            sliding_slots=nowhere.clone(),
-            logits_indices=torch.tensor([first - 1, n - 1], device=dev),
-        )
+        ids = torch.randint(0, self.model.config.vocab_size, (batch.num_tokens,), generator=gen)
+        batch.input_ids.copy_(ids)
         eager = self.model.forward(batch, self.cache)[batch.logits_indices].float()
         replay = self.run(batch)[batch.logits_indices].float()
         return ((replay - eager).norm() / eager.norm().clamp_min(1e-30)).item()
