@@ -153,6 +153,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     from .checkpoint.gguf_writer import plan_tensors
     from .kv_cache_plan import gpu_kv_budget, plan_kv_cache
+    from .step_graphs import MAX_TOKENS as STEP_GRAPH_MAX_TOKENS
 
     config = preset(args.preset)
     total = int(args.gpu_memory_gib * 2**30)
@@ -174,6 +175,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             args.max_num_seqs,
             step_tokens,
             nvfp4_experts=fmt == "nvfp4",
+            # The step graphs' pool, as the engine keeps it with its defaults (cuda_graphs, step_graphs).
+            graph_tokens=min(step_tokens, STEP_GRAPH_MAX_TOKENS),
         )
         plan = plan_kv_cache(config, budget, args.block_size, args.max_num_seqs, step_tokens)
         rows.append((fmt, weight_bytes, plan))

@@ -154,7 +154,7 @@ class LLMEngine:
             if fused_on_gpu and ec.cuda_graphs:
                 self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
                 if ec.step_graphs:
-                    self.runner.enable_step_graphs(min(self.prefill_tokens, STEP_GRAPH_MAX_TOKENS))
+                    self.runner.enable_step_graphs(self._step_graph_tokens())
         self.warmup_compiles = compiled.entries
         if fused_on_gpu:
             log.info("the warm-up compiled %d Triton kernel variants the manifest did not list", len(compiled.entries))
@@ -207,6 +207,14 @@ class LLMEngine:
                 precompiling.cancel()
             raise
 
+    def _step_graph_tokens(self) -> int:
+        """The largest step the step graphs take (0: none), as `enable_step_graphs` is given it at start."""
+        ec = self.engine_config
+        fused_on_gpu = self.model.device.type == "cuda" and self.model.kernels.name != "reference"
+        if not (fused_on_gpu and ec.cuda_graphs and ec.step_graphs):
+            return 0
+        return min(self.prefill_tokens, STEP_GRAPH_MAX_TOKENS)
+
     def _kv_budget(self) -> int:
         ec = self.engine_config
         if ec.kv_cache_memory is not None:
@@ -226,6 +234,7 @@ class LLMEngine:
                 self.model.weights.has_nvfp4_experts(),
                 # The GPU's table may start the copies earlier, or take steps on launches that need none.
                 copies_min_tokens(paths_config(True, dev)),
+                self._step_graph_tokens(),
             )
         return 512 * 2**20
 

@@ -435,6 +435,9 @@ def test_activation_reserve_counts_the_expert_copy_of_long_prefills() -> None:
     # A GPU whose table starts the copies earlier (the H200's: 3072 tokens) reserves from there.
     early = activation_reserve(cfg, 8, 3072, dequant_min_tokens=3072)
     assert early - activation_reserve(cfg, 8, 3072) == copy
+    # Step graphs hold a step's activations of their largest bucket in their pool, beside the eager steps'.
+    graphs = activation_reserve(cfg, 8, 8192, graph_tokens=4096)
+    assert graphs - activation_reserve(cfg, 8, 8192) == 4096 * 96 * 1024
 
 
 def test_steps_on_the_twins_that_decode_nvfp4_in_registers_need_no_copy() -> None:
