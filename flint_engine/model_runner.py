@@ -49,6 +49,9 @@ class ModelRunner:
 
     def enable_step_graphs(self, max_tokens: int) -> None:
         """Capture the prefill/mixed step graphs; on any failure run those steps eagerly (and say so)."""
+        if self.model.kernels.qkv_attention is not None:
+            log.info("no step graphs: the op table runs attention inside the qkv launch; those steps run eagerly")
+            return
         try:
             graphs = StepGraphs(self.model, self.cache, max_tokens)
             graphs.capture()
