@@ -77,7 +77,11 @@ def test_engine_on_step_graphs_generates_like_eager() -> None:
     model = FlintModel(random_weights(CFG, torch.float32, seed=7))
     prompts = [list(range(3, 3 + n)) for n in (5, 20, 2, 40)]  # the 40-token prompt runs in two chunks
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-    eager = [r.output_token_ids for r in _engine(model).generate(prompts, params)]
+    # A second round shares the first prompts' cached blocks: its chunks start after a cached prefix.
+    again = [[*p, 7, 8, 9] for p in prompts]
+    eager_engine = _engine(model)
+    eager = [r.output_token_ids for r in eager_engine.generate(prompts, params)]
+    eager_again = [r.output_token_ids for r in eager_engine.generate(again, params)]
     engine = _engine(model)
     graphs = HostPieces(model, engine.cache, max_tokens=16)
     graphs.capture()
@@ -86,6 +90,8 @@ def test_engine_on_step_graphs_generates_like_eager() -> None:
     original = graphs.run
     graphs.run = lambda batch: ran.append(batch.num_tokens) or original(batch)  # type: ignore[method-assign]
     assert [r.output_token_ids for r in engine.generate(prompts, params)] == eager
+    assert [r.output_token_ids for r in engine.generate(again, params)] == eager_again
+    assert engine.metrics.snapshot()["prefix_cache_hits_total"] > 0
     # Steps of up to 16 tokens went through the pieces (decode steps too: no decode graphs here); longer ones did not.
     assert ran and max(ran) <= 16
     assert engine.kv.all_free()
