@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .forward_batch import ForwardBatch, blocks_needed
+from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .model import Carry, FlintModel
 from .prefill_warmup import scratch_batch
@@ -50,8 +50,9 @@ Piece = Callable[[], None]
 @dataclass
 class _Bucket:
     tokens: int
-    inputs: torch.Tensor  # int64 [4, tokens]: token ids, positions, full-pool slots, sliding-pool slots
-    batch: ForwardBatch  # static: one sequence of `tokens` over the scratch block (what the pieces were captured on)
+    # Static: one sequence of `tokens` over the scratch block, writing nowhere (what the pieces were captured on); a
+    # step's token ids, positions and slots are copied into its tensors.
+    batch: ForwardBatch
     queries: torch.Tensor  # [tokens, Hq, D]: each layer's queries, written by a piece, read by attention
     attn: torch.Tensor  # [tokens, Hq * D]: attention's output, read by the next piece
     pieces: list[Piece] = field(default_factory=list)
@@ -70,41 +71,11 @@ class StepGraphs:
         self.graphs: dict[int, _Bucket] = {}
         self.pool = None
         self.memory = 0  # bytes the capture added to the allocator's reserve (the pool and the static buffers)
-        self._queries: torch.Tensor | None = None
-        self._attn: torch.Tensor | None = None
 
     def covers(self, batch: ForwardBatch) -> bool:
         return 0 < batch.num_tokens <= self.buckets[-1]
 
     # ------------------------------------------------------------------ capture
-    def _scratch_table(self, seqs: int, tokens: int) -> torch.Tensor:
-        """Block tables of `seqs` rows whose every entry is the scratch block."""
-        width = blocks_needed(tokens, self.cache.block_size)
-        return torch.full((seqs, width), self.scratch_block, dtype=torch.int32, device=self.device)
-
-    def _static_bucket(self, t: int) -> _Bucket:
-        dev, c = self.device, self.model.config
-        inputs = torch.zeros((4, t), dtype=torch.int64, device=dev)
-        inputs[2:].fill_(-1)
-        table = self._scratch_table(1, t)
-        batch = ForwardBatch(
-            input_ids=inputs[0],
-            positions=inputs[1],
-            query_start=[0, t],
-            seq_lens=[t],
-            full_block_tables=table,
-            sliding_block_tables=table.clone(),
-            full_slots=inputs[2],
-            sliding_slots=inputs[3],
-            logits_indices=torch.tensor([t - 1], device=dev),
-        )
-        if self._queries is None or self._attn is None:
-            # One pair of buffers for every bucket (a step replays one bucket), sized for the largest.
-            dtype, hq, d, most = self.model.dtype, c.num_attention_heads, c.head_dim, self.buckets[-1]
-            self._queries = torch.zeros((most, hq, d), dtype=dtype, device=dev)
-            self._attn = torch.zeros((most, hq * d), dtype=dtype, device=dev)
-        return _Bucket(t, inputs, batch, self._queries[:t], self._attn[:t])
-
     def _pieces(self, b: _Bucket) -> list[Piece]:
         """The step's pieces as plain functions of the bucket's static buffers, in order."""
         model, cache, batch = self.model, self.cache, b.batch
@@ -144,8 +115,13 @@ class StepGraphs:
         reserved = torch.cuda.memory_reserved(self.device) if cuda else 0
         if cuda:
             self.pool = torch.cuda.graph_pool_handle()
+        # One pair of buffers for every bucket (a step replays one bucket), sized for the largest.
+        c, most = self.model.config, self.buckets[-1]
+        queries = torch.zeros((most, c.num_attention_heads, c.head_dim), dtype=self.model.dtype, device=self.device)
+        attn = torch.zeros((most, c.num_attention_heads * c.head_dim), dtype=self.model.dtype, device=self.device)
         for t in reversed(self.buckets):  # largest first, so smaller buckets reuse its memory
-            b = self._static_bucket(t)
+            batch = scratch_batch(t, 0, self.cache.block_size, self.device, self.scratch_block)
+            b = _Bucket(t, batch, queries[:t], attn[:t])
             pieces = self._pieces(b)
             for piece_index, fn in enumerate(pieces):  # once eagerly: Triton compiles outside the capture
                 fn()
@@ -190,13 +166,12 @@ class StepGraphs:
         """Hidden states [T, H] after the final norm, as `FlintModel.forward` gives them; K/V land in the cache."""
         t = batch.num_tokens
         b = self.graphs[self.buckets[bisect.bisect_left(self.buckets, t)]]
-        inputs = b.inputs
-        inputs[0, :t].copy_(batch.input_ids)
-        inputs[1, :t].copy_(batch.positions)
-        inputs[2, :t].copy_(batch.full_slots)
-        inputs[3, :t].copy_(batch.sliding_slots)
-        if t < b.tokens:
-            inputs[2:, t:].fill_(-1)  # padding rows write nowhere
+        s = b.batch
+        s.input_ids[:t].copy_(batch.input_ids)
+        s.positions[:t].copy_(batch.positions)
+        for static, slots in ((s.full_slots, batch.full_slots), (s.sliding_slots, batch.sliding_slots)):
+            static[:t].copy_(slots)
+            static[t:].fill_(-1)  # padding rows write nowhere
         b.pieces[0]()
         for i in range(len(b.pieces) - 1):
             self._attend(b, i, batch)
