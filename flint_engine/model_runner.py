@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -15,6 +18,7 @@ from .scheduler import ScheduledChunk
 from .step_graphs import StepGraphs
 
 log = logging.getLogger(__name__)
+G = TypeVar("G", DecodeGraphs, StepGraphs)
 
 # Step graphs pad a step to their bucket, so some launches run on more rows than the eager forward would (other
 # kernel tiles, other roundings); a capture that baked in stale state is off by far more.
@@ -33,39 +37,16 @@ class ModelRunner:
 
     def enable_cuda_graphs(self, max_batch: int, max_context: int) -> None:
         """Capture decode graphs; on any failure keep running eagerly (and say so)."""
-        try:
-            graphs = DecodeGraphs(self.model, self.cache, max_batch, max_context)
-            graphs.capture()
-            error = graphs.self_check()
-        except Exception:
-            log.exception("CUDA graph capture failed; decoding without graphs")
-            self.graphs = None
-            return
-        if error > 1e-3:
-            log.error("CUDA graph replay differs from eager decoding (relative %.2e); decoding without graphs", error)
-            self.graphs = None
-        else:
-            self.graphs = graphs
+        make = functools.partial(DecodeGraphs, self.model, self.cache, max_batch, max_context)
+        self.graphs = _checked(make, 1e-3, "decode graphs", "decoding without graphs")
 
     def enable_step_graphs(self, max_tokens: int) -> None:
         """Capture the prefill/mixed step graphs; on any failure run those steps eagerly (and say so)."""
         if self.model.kernels.qkv_attention is not None:
             log.info("no step graphs: the op table runs attention inside the qkv launch; those steps run eagerly")
             return
-        try:
-            graphs = StepGraphs(self.model, self.cache, max_tokens)
-            graphs.capture()
-            error = graphs.self_check()
-        except Exception:
-            log.exception("step graph capture failed; prefill and mixed steps run eagerly")
-            self.step_graphs = None
-            return
-        if error > STEP_GRAPH_TOLERANCE:
-            log.error("step graphs differ from the eager forward (relative %.2e); running those steps eagerly", error)
-            self.step_graphs = None
-        else:
-            log.info("step graphs agree with the eager forward (relative difference %.1e)", error)
-            self.step_graphs = graphs
+        make = functools.partial(StepGraphs, self.model, self.cache, max_tokens)
+        self.step_graphs = _checked(make, STEP_GRAPH_TOLERANCE, "step graphs", "prefill and mixed steps run eagerly")
 
     def _slots(self, full: list[int], sliding: list[int], pos: int) -> tuple[int, int]:
         """Where position `pos`'s K/V go in the full and the sliding pool (-1: nowhere)."""
@@ -180,3 +161,20 @@ class ModelRunner:
         if not sample_rows:
             return None, sample_rows
         return self.model.compute_logits(hidden[batch.logits_indices]), sample_rows
+
+
+def _checked(make: Callable[[], G], tolerance: float, what: str, fallback: str) -> G | None:
+    """`make()`'s graphs captured and compared with the eager forward (their `self_check`), or None, logged with
+    `fallback`, if the capture fails or they differ by more than `tolerance`."""
+    try:
+        graphs = make()
+        graphs.capture()
+        error = graphs.self_check()
+    except Exception:
+        log.exception("%s: capture failed; %s", what, fallback)
+        return None
+    if error > tolerance:
+        log.error("%s differ from the eager forward (relative %.2e); %s", what, error, fallback)
+        return None
+    log.info("%s agree with the eager forward (relative difference %.1e)", what, error)
+    return graphs

@@ -142,3 +142,25 @@ def test_gpu_step_graphs_replay_like_eager() -> None:
     b = [r.output_token_ids for r in fresh_off.generate(prompts, params)]
     agree = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb)) / sum(len(r) for r in a)
     assert agree >= 0.9  # BF16 near-ties may part a sequence; a broken replay agrees on almost nothing
+
+
+def test_graphs_that_fail_or_differ_are_not_used(caplog: pytest.LogCaptureFixture) -> None:
+    """The runner keeps captured graphs only when the capture works and replays like the eager forward."""
+    from flint_engine.model_runner import _checked
+
+    class Fake:
+        def __init__(self, error: float, fails: bool = False) -> None:
+            self.error, self.fails = error, fails
+
+        def capture(self) -> None:
+            if self.fails:
+                raise RuntimeError("operation not permitted when stream is capturing")
+
+        def self_check(self) -> float:
+            return self.error
+
+    good = Fake(1e-4)
+    assert _checked(lambda: good, 1e-3, "decode graphs", "decoding without graphs") is good
+    assert _checked(lambda: Fake(0.5), 1e-3, "decode graphs", "decoding without graphs") is None
+    assert _checked(lambda: Fake(0.0, fails=True), 1e-3, "step graphs", "steps run eagerly") is None
+    assert "differ from the eager forward" in caplog.text and "capture failed; steps run eagerly" in caplog.text
