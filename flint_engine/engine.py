@@ -107,6 +107,9 @@ class LLMEngine:
         fused_on_gpu = model.device.type == "cuda" and model.kernels.name != "reference"
         # The largest step: prefill-only steps may take more tokens than max_num_batched_tokens (EngineConfig).
         self.prefill_tokens = ec.prefill_tokens(fused_on_gpu)
+        # The largest step on step graphs (0: none); the KV budget keeps their pool's memory free.
+        graphs = fused_on_gpu and ec.cuda_graphs and ec.step_graphs
+        self.step_graph_tokens = min(self.prefill_tokens, STEP_GRAPH_MAX_TOKENS) if graphs else 0
         self.plan = kv_plan or plan_kv_cache(
             self.config, self._kv_budget(), ec.block_size, ec.max_num_seqs, self.prefill_tokens
         )
@@ -153,8 +156,8 @@ class LLMEngine:
                 warm_up_prefill(model, self.cache, self.prefill_tokens, ec.max_num_seqs, (ec.max_num_batched_tokens,))
             if fused_on_gpu and ec.cuda_graphs:
                 self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
-                if ec.step_graphs:
-                    self.runner.enable_step_graphs(self._step_graph_tokens())
+                if self.step_graph_tokens:
+                    self.runner.enable_step_graphs(self.step_graph_tokens)
         self.warmup_compiles = compiled.entries
         if fused_on_gpu:
             log.info("the warm-up compiled %d Triton kernel variants the manifest did not list", len(compiled.entries))
@@ -207,14 +210,6 @@ class LLMEngine:
                 precompiling.cancel()
             raise
 
-    def _step_graph_tokens(self) -> int:
-        """The largest step the step graphs take (0: none), as `enable_step_graphs` is given it at start."""
-        ec = self.engine_config
-        fused_on_gpu = self.model.device.type == "cuda" and self.model.kernels.name != "reference"
-        if not (fused_on_gpu and ec.cuda_graphs and ec.step_graphs):
-            return 0
-        return min(self.prefill_tokens, STEP_GRAPH_MAX_TOKENS)
-
     def _kv_budget(self) -> int:
         ec = self.engine_config
         if ec.kv_cache_memory is not None:
@@ -234,7 +229,7 @@ class LLMEngine:
                 self.model.weights.has_nvfp4_experts(),
                 # The GPU's table may start the copies earlier, or take steps on launches that need none.
                 copies_min_tokens(paths_config(True, dev)),
-                self._step_graph_tokens(),
+                self.step_graph_tokens,
             )
         return 512 * 2**20
 
