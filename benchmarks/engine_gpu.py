@@ -18,10 +18,12 @@ Prints a table and writes benchmarks/results/engine_gpu.json (or --out).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import itertools
 import json
 import logging
+import pstats
 import random
 import re
 import statistics
@@ -142,13 +144,24 @@ def long_prompt(engine: LLMEngine, prompt_len: int, profile: bool = False) -> di
     return row
 
 
+def cprofile_rows(prof: cProfile.Profile, steps: int) -> list[dict]:
+    """A profile's functions per step (calls, self and cumulative us), by self time, most first."""
+    rows = []
+    for (file, line, name), (_, calls, tottime, cumtime, _) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        rows.append({
+            "function": f"{Path(file).name}:{line}:{name}",
+            "calls_per_step": round(calls / steps, 2),
+            "self_us_per_step": round(tottime / steps * 1e6, 1),
+            "cumulative_us_per_step": round(cumtime / steps * 1e6, 1),
+        })  # fmt: skip
+    return sorted(rows, key=lambda r: -r["self_us_per_step"])
+
+
 def host_profile(
     engine: LLMEngine, concurrency: int, temperature: float, prompt_len: int = 64, steps: int = 200, top: int = 25
 ) -> dict:
     """Decode steps of `concurrency` requests: wall ms per step, the GPU time of its decode graph alone, and the host
     functions by time (cProfile, on further steps; its own overhead inflates the host times)."""
-    import cProfile
-    import pstats
 
     rng = random.Random(concurrency)
     vocab = engine.config.vocab_size
@@ -187,16 +200,7 @@ def host_profile(
         replay_ms = start.elapsed_time(end) / 50
     for rid in list(engine.requests):
         engine.abort(rid)
-    stats = pstats.Stats(prof)
-    rows = []
-    for (file, line, name), (_, calls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append({
-            "function": f"{Path(file).name}:{line}:{name}",
-            "calls_per_step": round(calls / steps, 2),
-            "self_us_per_step": round(tottime / steps * 1e6, 1),
-            "cumulative_us_per_step": round(cumtime / steps * 1e6, 1),
-        })  # fmt: skip
-    rows.sort(key=lambda r: -r["self_us_per_step"])
+    rows = cprofile_rows(prof, steps)
     return {
         "concurrency": concurrency,
         "temperature": temperature,

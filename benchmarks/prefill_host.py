@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import pstats
 import statistics
 import sys
 import time
@@ -24,7 +23,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode import count_kernels, prefill_batches, sync  # a sibling script
+from decode import count_kernels, prefill_batches, sync  # sibling scripts
+from engine_gpu import cprofile_rows
 from results_file import write_results
 
 from flint_engine.config import preset
@@ -56,15 +56,7 @@ def profile_rows(fn, reps: int, top: int = 30) -> list[dict]:
         fn()
         prof.disable()
         torch.cuda.synchronize()
-    rows = []
-    for (file, line, name), (_, calls, tottime, cumtime, _) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
-        rows.append({
-            "function": f"{Path(file).name}:{line}:{name}",
-            "calls": round(calls / reps, 1),
-            "self_us": round(tottime / reps * 1e6, 1),
-            "cumulative_us": round(cumtime / reps * 1e6, 1),
-        })  # fmt: skip
-    return sorted(rows, key=lambda r: -r["self_us"])[:top]
+    return cprofile_rows(prof, reps)[:top]
 
 
 def measure(
@@ -163,7 +155,10 @@ def main() -> int:
     if profiled is not None:
         print(f"\nhost functions at {profiled['tokens']} tokens (self us a forward, under cProfile):")
         for p in profiled["host_profile"][:25]:
-            print(f"{p['self_us']:>9.1f} {p['cumulative_us']:>9.1f} {p['calls']:>7} {p['function']}")
+            print(
+                f"{p['self_us_per_step']:>9.1f} {p['cumulative_us_per_step']:>9.1f} {p['calls_per_step']:>7}"
+                f" {p['function']}"
+            )
     write_results(args.out, "python benchmarks/prefill_host.py " + " ".join(sys.argv[1:]), rows)
     return 0
 
