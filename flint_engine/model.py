@@ -207,16 +207,20 @@ class FlintModel:
         tables = batch.sliding_block_tables if sliding else batch.full_block_tables
         return (tables, batch.attn, lw.sinks, c.head_dim**-0.5, c.sliding_window if sliding else None)
 
-    def layer_queries(self, i: int, carry: Carry, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def layer_queries(
+        self, i: int, carry: Carry, batch: ForwardBatch, cache: KVCache, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Layer i up to its attention: the q|k|v projection, then the Q/K norm, RoPE and the K/V cache write.
-        Returns the queries [T, Hq, D]."""
+        Returns the queries [T, Hq, D] (in `out` if given)."""
         qkv = self._qkv(i, carry)
-        return self.kernels.qk_norm_rope_write(*self._qkv_args(i, qkv, carry, batch, cache))
+        return self.kernels.qk_norm_rope_write(*self._qkv_args(i, qkv, carry, batch, cache), out=out)
 
-    def attend(self, i: int, q: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
-        """Layer i's attention of queries `q` over the cache: [T, Hq, D]."""
+    def attend(
+        self, i: int, q: torch.Tensor, batch: ForwardBatch, cache: KVCache, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Layer i's attention of queries `q` over the cache: [T, Hq, D] (in `out` if given)."""
         k_cache, v_cache, _ = cache.layer(i)
-        return self.kernels.attention(q, k_cache, v_cache, *self._attn_args(i, batch, cache))
+        return self.kernels.attention(q, k_cache, v_cache, *self._attn_args(i, batch, cache), out=out)
 
     def _qkv_attention(self, i: int, carry: Carry, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """Layer i up to and with its attention in the op table's one launch (`qkv_attention`)."""

@@ -17,7 +17,9 @@ state.
 
 All buckets' pieces share one memory pool, and one pair of query and attention-output buffers: a step replays one
 bucket's pieces in order, so a piece may reuse another piece's dead temporaries. What crosses an attention boundary
-lives in those buffers or in the piece outputs the next piece reads (the residual stream), which stay referenced.
+lives in those buffers or in the piece outputs the next piece reads (the residual stream), which stay referenced. The
+Q/K norm writes the queries into their buffer and attention its output into the other (the ops' `out`), so no copy
+runs at a boundary.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ log = logging.getLogger(__name__)
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 3072, 4096)
 # The largest bucket by default. H200, NVFP4 (`prefill_host.py`, thirty-first session): an eager step's launches take
 # the host ~55-140 ms at any size; on the pieces 3,000 tokens took 61.8 ms against 94.5 eagerly and 4,096 76.2
-# against 102.2, but 8,192 141.4 against 139.9 (its kernels alone ~139 ms; the pieces add two copies a layer).
+# against 102.2, but 8,192 141.4 against 139.9 (its kernels alone ~139 ms; the pieces then added two copies a layer,
+# which the ops' `out` arguments have since taken away).
 MAX_TOKENS = 4096
 
 Piece = Callable[[], None]
@@ -83,14 +86,14 @@ class StepGraphs:
 
         def first() -> None:
             b.carry = model.begin(batch)
-            b.queries.copy_(model.layer_queries(0, b.carry, batch, cache))
+            model.layer_queries(0, b.carry, batch, cache, out=b.queries)
 
         def after(i: int) -> Piece:
             def piece() -> None:
                 assert b.carry is not None
                 model.layer_mlp(i, b.attn, b.carry)
                 if i + 1 < layers:
-                    b.queries.copy_(model.layer_queries(i + 1, b.carry, batch, cache))
+                    model.layer_queries(i + 1, b.carry, batch, cache, out=b.queries)
 
             return piece
 
@@ -98,8 +101,7 @@ class StepGraphs:
 
     def _attend(self, b: _Bucket, i: int, batch: ForwardBatch) -> None:
         t = batch.num_tokens
-        out = self.model.attend(i, b.queries[:t], batch, self.cache)
-        b.attn[:t].copy_(out.reshape(t, -1))
+        self.model.attend(i, b.queries[:t], batch, self.cache, out=b.attn[:t].view(b.queries[:t].shape))
 
     def _capture_piece(self, fn: Piece) -> Piece:
         """`fn` captured as a CUDA graph in the shared pool; its replay."""

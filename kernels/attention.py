@@ -42,6 +42,20 @@ class AttnMeta:
         return cls(query_start, seq_lens, q, s, max_q, max(seq_lens, default=0))
 
 
+def result_buffer(
+    out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """`out` checked against the result's shape, dtype and device (and a unit last stride), or a new tensor."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device or out.stride(-1) != 1:
+        raise ValueError(
+            f"out is {tuple(out.shape)} {out.dtype} on {out.device} (last stride {out.stride(-1)}), the result is"
+            f" {tuple(shape)} {dtype} on {device}"
+        )
+    return out
+
+
 def write_kv_ref(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
@@ -76,8 +90,9 @@ def paged_attention_ref(
     sinks: torch.Tensor,
     scale: float,
     window: int | None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [T, Hq, D] for the new tokens of each sequence -> output [T, Hq, D] in q's dtype.
+    """q [T, Hq, D] for the new tokens of each sequence -> output [T, Hq, D] in q's dtype (into `out` if given).
 
     `window` counts keys including the current one (Flint: 513); None is full causal attention.
     """
@@ -85,7 +100,7 @@ def paged_attention_ref(
     hq = q.shape[1]
     hkv = k_cache.shape[2]
     group = hq // hkv
-    out = torch.empty_like(q)
+    out = result_buffer(out, tuple(q.shape), q.dtype, q.device)
     sink_logit = sinks.to(torch.float32).view(hq, 1, 1)
     for s in range(len(seq_lens)):
         q0, q1 = query_start[s], query_start[s + 1]

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from . import attention_cudnn, tuning
-from .attention import AttnMeta, paged_attention_ref
+from .attention import AttnMeta, paged_attention_ref, result_buffer
 from .configs import AttentionDecodeConfig, AttentionPrefillConfig
 from .gemv_triton import COUNTER_SLOTS, counters
 from .l2_prefetch import prefetch_lines
@@ -753,10 +753,12 @@ def paged_attention_decode(
     num_splits: int | None = None,
     config: AttentionDecodeConfig | None = None,
     packed: PackedQKV | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode path of `paged_attention` (each sequence has at most one query); `num_splits` overrides the heuristic,
     `config` the launch parameters (`decode_config`). With `packed`, q is the packed qkv rows [T, (Hq + 2 Hkv) D]
-    and the launch also does `qk_norm_rope_write` (the caller checks `packed_supported`)."""
+    and the launch also does `qk_norm_rope_write` (the caller checks `packed_supported`). The result goes into `out`
+    if given."""
     hkv = k_cache.shape[2]
     d = k_cache.shape[3]
     t = q.shape[0]
@@ -768,7 +770,7 @@ def paged_attention_decode(
         num_splits = decode_num_splits(meta.max_seq_len, window, num_seqs, hkv, q.device, cfg)
     if num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
-    out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    out = result_buffer(out, (t, hq, d), q.dtype, q.device)
     if t == 0 or num_seqs == 0:
         return out
     block_d = triton.next_power_of_2(d)
@@ -868,14 +870,15 @@ def paged_attention_prefill(
     window: int | None,
     block_m: int | None = None,
     config: AttentionPrefillConfig | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Prefill / mixed path of `paged_attention` (any query counts); `block_m` overrides the row-tile size, `config`
-    the launch parameters (`prefill_config`)."""
+    the launch parameters (`prefill_config`); the result goes into `out` if given."""
     t, hq, d = q.shape
     hkv = k_cache.shape[2]
     group = hq // hkv
     num_seqs = len(meta.seq_lens)
-    out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    out = result_buffer(out, (t, hq, d), q.dtype, q.device)
     if t == 0 or num_seqs == 0:
         return out
     cfg = config or prefill_config(t, window, q.device, k_cache.element_size())
@@ -1016,14 +1019,16 @@ def paged_attention(
     sinks: torch.Tensor,
     scale: float,
     window: int | None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [T, Hq, D] for the new tokens of each sequence -> output [T, Hq, D] in q's dtype; as `paged_attention_ref`.
+    """q [T, Hq, D] for the new tokens of each sequence -> output [T, Hq, D] in q's dtype (into `out` if given); as
+    `paged_attention_ref`.
 
     Decode batches (one query per sequence) take the split-KV decode kernel, anything else the varlen prefill
     kernel. Mixed dtypes, head_dim < 16 or a strided last dimension run the reference.
     """
     if not _supported(q, k_cache, v_cache):
-        return paged_attention_ref(q, k_cache, v_cache, block_tables, meta, sinks, scale, window)
+        return paged_attention_ref(q, k_cache, v_cache, block_tables, meta, sinks, scale, window, out)
     if meta.max_query_len == 1 and q.shape[0] == len(meta.seq_lens):
-        return paged_attention_decode(q, k_cache, v_cache, block_tables, meta, sinks, scale, window)
-    return paged_attention_prefill(q, k_cache, v_cache, block_tables, meta, sinks, scale, window)
+        return paged_attention_decode(q, k_cache, v_cache, block_tables, meta, sinks, scale, window, out=out)
+    return paged_attention_prefill(q, k_cache, v_cache, block_tables, meta, sinks, scale, window, out=out)

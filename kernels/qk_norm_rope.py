@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import write_kv_ref
+from .attention import result_buffer, write_kv_ref
 from .rmsnorm import rms_norm_ref
 from .rope import apply_rope_ref
 
@@ -20,8 +20,10 @@ def qk_norm_rope_write_ref(
     slot_mapping: torch.Tensor,
     num_heads: int,
     num_kv_heads: int,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D]; K (normed, rotated if RoPE) and V are written to the cache.
+    """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D] (into `out` if given); K (normed, rotated if RoPE) and V are written
+    to the cache.
 
     Norm rounds to the activation dtype before RoPE, as the reference does; `cos_sin` None means no RoPE (NoPE).
     """
@@ -35,4 +37,6 @@ def qk_norm_rope_write_ref(
         q = apply_rope_ref(q, cos, sin)
         k = apply_rope_ref(k, cos, sin)
     write_kv_ref(k, v.reshape(t, num_kv_heads, d), k_cache, v_cache, slot_mapping)
-    return q
+    if out is None:
+        return q
+    return result_buffer(out, tuple(q.shape), q.dtype, q.device).copy_(q)

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention import result_buffer
 from .pdl import launch_options, pdl_entry
 from .qk_norm_rope import qk_norm_rope_write_ref
 
@@ -134,8 +135,10 @@ def qk_norm_rope_write(
     slot_mapping: torch.Tensor,
     num_heads: int,
     num_kv_heads: int,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D]; K (normed, rotated if RoPE) and V are written to the cache.
+    """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D] (into `out` if given); K (normed, rotated if RoPE) and V are written
+    to the cache.
 
     Same contract as `qk_norm_rope_write_ref`. Shapes the kernel does not cover (odd head_dim, cos/sin in another
     dtype than qkv, a cache whose last dimension is strided) run the reference instead.
@@ -155,9 +158,9 @@ def qk_norm_rope_write(
     )
     if not supported:
         return qk_norm_rope_write_ref(
-            qkv, q_norm, k_norm, eps, cos_sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads
+            qkv, q_norm, k_norm, eps, cos_sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, out
         )
-    q = torch.empty((t, num_heads, d), dtype=dt, device=qkv.device)
+    q = result_buffer(out, (t, num_heads, d), dt, qkv.device)
     if t == 0:
         return q
     cos, sin = cos_sin if cos_sin is not None else (qkv, qkv)  # dummies, never read without RoPE

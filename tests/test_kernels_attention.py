@@ -167,6 +167,22 @@ def test_zero_query_sequences_and_decode_batch_through_prefill_interp(poison: No
     check_attention(at.paged_attention_prefill(*dec.args()), dec.ref(), FP32_TOL)
 
 
+@pytest.mark.parametrize("seqs", [MIXED, [(37, 1), (5, 1), (64, 1)]], ids=["mixed", "decode"])
+def test_results_into_out_interp(poison: None, seqs: list[tuple[int, int]]) -> None:
+    """With `out` (the rows of a larger [T, Hq * D] buffer, as the step graphs pass it), the prefill and the decode
+    kernels and the reference write their result there, equal to the one they allocate, and nothing past it; an `out`
+    of the wrong shape is refused."""
+    case = Case(seqs, 8, 2, 32, 7)
+    t = case.q.shape[0]
+    for op in (at.paged_attention, paged_attention_ref):
+        want = op(*case.args())
+        buf = torch.full((t + 4, 8 * 32), float("nan"))
+        got = op(*case.args(), out=buf[:t].view(t, 8, 32))
+        assert got.data_ptr() == buf.data_ptr() and torch.equal(got, want) and buf[t:].isnan().all()
+        with pytest.raises(ValueError, match="out is"):
+            op(*case.args(), out=torch.empty((t, 8, 16)))
+
+
 def test_unsupported_falls_back_to_reference() -> None:
     case = Case([(9, 3)], 4, 2, 8, None)  # head_dim 8 is below tl.dot's minimum
     assert torch.equal(at.paged_attention(*case.args()), case.ref())

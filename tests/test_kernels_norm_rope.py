@@ -155,6 +155,25 @@ def test_qk_norm_rope_write_edge_interp(poison: None) -> None:
     assert q.shape == (0, 2, 16)
 
 
+@pytest.mark.parametrize("op", [qk_norm_rope_write, qk_norm_rope_write_ref], ids=["triton", "reference"])
+def test_qk_norm_rope_write_into_out_interp(poison: None, op) -> None:
+    """With `out` (rows of a larger buffer, as the step graphs pass it) the queries land there, equal to those the op
+    allocates, and the rows past them stay untouched; an `out` of the wrong shape is refused."""
+    t, hq, hkv, d = 5, 4, 2, 32
+    qkv = _rand((t, (hq + 2 * hkv) * d), torch.float32, 20)
+    q_norm, k_norm = _rand((d,), torch.float32, 21) * 0.3 + 1, _rand((d,), torch.float32, 22) * 0.3 + 1
+    cos_sin = rope_cos_sin(torch.arange(3, 3 + t), d, 10000.0, torch.float32)
+    caches = [torch.zeros((4, 4, hkv, d)) for _ in range(2)]
+    slots = torch.tensor([0, 5, -1, 9, 2])
+    args = (qkv, q_norm, k_norm, EPS, cos_sin, *caches, slots, hq, hkv)
+    want = op(*args)
+    buf = torch.full((t + 3, hq, d), float("nan"))
+    got = op(*args, out=buf[:t])
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(buf[:t], want) and buf[t:].isnan().all()
+    with pytest.raises(ValueError, match="out is"):
+        op(*args, out=torch.empty((t, hq, d // 2)))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(32, 4, 128), (4, 2, 32), (8, 1, 16)])
