@@ -18,7 +18,7 @@ CHECK_STEPS=${CHECK_STEPS:-16}
 [ -d .rayA ] && mkdir -p /tmp/stash && cp .rayA/* /tmp/stash/
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
 
-timeout 130 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 \
+timeout "${TESTS_S:-130}" python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider -n 12 \
     tests/test_kernels_gemv.py tests/test_kernels_moe.py tests/test_kernels_attention.py \
     tests/test_kernels_norm_rope.py tests/test_kernels_router_act.py tests/test_cuda_graphs.py \
     tests/test_kernels_sampling.py tests/test_kernels_qkv_attention.py tests/test_kernels_moe_align.py \
