@@ -3,6 +3,9 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
+# State after the thirty-second session (2026-12-04): STEP_GRAPHS=1 and CHUNK_SWEEP=1 ran (512-line L2 requests
+# installed, NVFP4 b1 2.145 -> 2.127 ms), `gpu_serve.sh` through Ray on step graphs (concurrency 32: 1,110 tokens/s,
+# ITL p99 53 ms); the step graphs' attention boundaries without copies (-1.6 to -2.5%). Nothing built is left unjudged.
 # State after the thirty-first session (2026-12-04): prefill and mixed steps of up to 4,096 tokens on step graphs
 # (every op but attention on CUDA graphs: under mixed traffic at 64 sequences ITL p50 88 -> 40 ms, p99 156 -> 62,
 # NVFP4); the NVFP4 MoE's decode path to 192 tokens and its twins at every larger size (TWINS=1 ran). Next:
@@ -357,7 +360,8 @@ fi
 # AHEAD_CHUNKS (twenty-eighth session, run; CHUNK_SWEEP below is its recipe): 1,024 lines a side program 2.195 ->
 # 2.177 ms (installed), 4,096 lines 2.451, 4,096 with the MLP parts 2.548
 # (benchmarks/results/decode_h200_weights_ahead_chunks_ab_s28.json).
-# CHUNK_SWEEP=1 (next): the side programs' lines around the installed 1,024 (256 lost 0.8%, 4,096 lost 11%): c512,
+# CHUNK_SWEEP=1 (ran in the thirty-second session: 512 lines 2.127 against 1,024's 2.145 ms, installed; 2,048 lines
+# 2.255, the MLP parts 2.171): the side programs' lines around the installed 1,024 (256 lost 0.8%, 4,096 lost 11%): c512,
 # c2048 on the installed NVFP4 entry, and the 1,024-line entry with the next layer's MLP parts (router, shared expert)
 # too, m1 (in 256-line programs they lost with q|k|v and o, 2.200 vs 2.140). ~2 minutes.
 if [ "${CHUNK_SWEEP:-0}" = 1 ]; then
@@ -415,7 +419,7 @@ if [ "${TWINS:-0}" = 1 ]; then
     timeout 150 python3 benchmarks/prefill_ab.py --variant-tuning-file $V/all.json --format nvfp4 --rounds 2 \
         --out "$OUT/prefill_ab_twins_8k.json" 2>&1 | grep -i "^round\|median\|error"
 fi
-# STEP_GRAPHS=1 (NEXT): the engine under mixed traffic at the serving default (64 sequences, 128 requests) with and
+# STEP_GRAPHS=1 (ran in the thirty-second session with step graphs only: TTFT p50 116 ms, ITL p99 63 ms): the engine under mixed traffic at the serving default (64 sequences, 128 requests) with and
 # without step graphs, NVFP4 (`engine_gpu.py --churn`; the thirty-first session ran 16 sequences and 64 with 96
 # requests), and the host cost of BF16 forwards (`prefill_host.py --step-graphs`). ~5 minutes.
 if [ "${STEP_GRAPHS:-0}" = 1 ]; then
