@@ -94,6 +94,11 @@ def main() -> None:
         default=[],
         help="also the linear in 4 warps, 16-byte loads, with these K splits (else the kernel's own choice)",
     )
+    ap.add_argument(
+        "--wide",
+        action="store_true",
+        help="also each 16-byte linear variant with 32 weight rows a warp (`wide`, 9-32 rows of x)",
+    )
     ap.add_argument("--moe-tokens", type=int, nargs="*", default=[1, 2, 8, 16, 32, 64])
     ap.add_argument(
         "--moe-l2-ahead",
@@ -144,6 +149,8 @@ def main() -> None:
             if kw["num_warps"] % s == 0
         ]
     )
+    wide = [(f"{label}_wide", {**kw, "wide": True}) for label, kw in mma if kw["vec"] and not kw["prefetch"]]
+    wide = wide if args.wide else []
     rows = []
     for name in args.shapes:
         n, k = SHAPES[name]
@@ -160,6 +167,8 @@ def main() -> None:
                 variants[label] = lambda x, w, kw=kw: nm.linear(x, w, **kw)
             for sk in args.splits:
                 variants[f"mma_w4_k{sk}"] = lambda x, w, sk=sk: nm.linear(x, w, num_warps=4, split_k=sk, vec=True)
+            for label, kw in wide:
+                variants[label] = lambda x, w, kw=kw: nm.linear(x, w, **kw)
             row = {"shape": name, "n": n, "k": k, "m": m}
             for label, fn in variants.items():
                 try:
@@ -173,6 +182,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     labels = ["engine"] + [label for label, _ in mma] + [f"mma_w4_k{sk}" for sk in args.splits]
+    labels += [label for label, _ in wide]
     print(f"\nNVFP4 linear on {torch.cuda.get_device_name()}, us per call (GB/s), ok = within 2 BF16 ulps")
     print(f"{'shape':>15} {'m':>2} " + " ".join(f"{lb:>20}" for lb in labels))
     for r in rows:

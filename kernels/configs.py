@@ -37,6 +37,11 @@ class TileConfig:
     # the o projection 16 ways (19.7 -> 22.1 us at 64 rows against the tensor-core tiles); 8 splits win alone (16.4
     # us) but in the whole step 2 and 4 lost and 8 was even (H200, twenty-second session), so no table sets it.
     mma_split_k: int = 0
+    # With mma at 9-32 rows: 32 weight rows a warp whose two tiles share each K step's x loads
+    # (`nvfp4_mma_triton._nvfp4_mma_wide_kernel`): there a warp's x loads are ~7x its weight bytes. H200 (thirty-second
+    # session): the lm_head at 32 rows 218 -> 138 us, o_proj 13.9 -> 11.4, qkv 13.6 -> 12.4; whole step b32 10.83 ->
+    # 10.68 ms, b16 7.79 -> 7.82. No table sets it yet: its variants are not in the kernel manifest.
+    mma_wide: bool = False
 
 
 @dataclass(frozen=True)

@@ -636,6 +636,118 @@ def _nvfp4_mma_rows_kernel(
                         ok1, gs0, gs1, 2 * c + 32, M, stride_om)  # fmt: skip
 
 
+@triton.jit
+def _k_loop4_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_base, sc_base, sd_base, x64, xa, xb, xc,
+                  xd, k_lo, k_hi, NT: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    """`_k_loop4` for two 16-row weight tiles (rows g / g + 8 at wa / wb, rows g + 16 / g + 24 at wc / wd): each K
+    step's x words are loaded once for both tiles' MMAs. Returns tile one's D fragments, then tile two's."""
+    d0 = tl.zeros((NT,), dtype=tl.float32)
+    d1, d2, d3 = d0, d0, d0
+    e0, e1, e2, e3 = d0, d0, d0, d0
+    f0, f1, f2, f3 = d0, d0, d0, d0
+    h0, h1, h2, h3 = d0, d0, d0, d0
+    i0, i1, i2, i3 = d0, d0, d0, d0
+    j0, j1, j2, j3 = d0, d0, d0, d0
+    l0, l1, l2, l3 = d0, d0, d0, d0
+    o0, o1, o2, o3 = d0, d0, d0, d0
+    for k0 in range(k_lo, k_hi, 128):
+        wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC)
+        wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1 = _load_w(w64, wc_base, wd_base, s_ptr, sc_base, sd_base, k0, VEC)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa, k0, VEC)
+        y0, y1, y2, y3, y4, y5, y6, y7 = _load_x(x64, xb, k0, VEC)
+        u0, u1, u2, u3, u4, u5, u6, u7 = _load_x(x64, xc, k0, VEC)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _load_x(x64, xd, k0, VEC)
+        d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _mma_step4(
+            wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+            x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
+            u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
+            d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
+        )  # fmt: skip
+        i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3 = _mma_step4(
+            wc0, wc1, wd0, wd1, _scale2(sc0), _scale2(sc1), _scale2(sd0), _scale2(sd1),
+            x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
+            u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
+            i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3,
+        )  # fmt: skip
+    return (d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
+            i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["M"])
+def _nvfp4_mma_wide_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    k_split,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    seg1,
+    seg2,
+    seg3,
+    SPLIT_K: tl.constexpr,
+    NW: tl.constexpr,
+    PDL: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """The rows kernel (9-32 rows of x, one quad) with 32 weight rows a warp, two 16-row tiles whose MMAs share each K
+    step's x words: at 32 rows a warp's x loads are ~7x its weight bytes, and the MMA kernels were found bound by
+    the L1's throughput, so the wide tiles halve the x loads a weight row."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    NT: tl.constexpr = 32 * NW
+    t = tl.arange(0, NT)
+    lane = t % 32
+    c = lane % 4
+    row0 = pid_n * (32 * NW) + (t // 32) * 32 + lane // 4  # 2 * ROWS_PER_WARP a warp
+    row1, row2, row3 = row0 + 8, row0 + 16, row0 + 24
+    ok0, ok1, ok2, ok3 = row0 < N, row1 < N, row2 < N, row3 < N
+    w64, sp, wa_base, wb_base, sa_base, sb_base = _tile_weights(w_ptr, s_ptr, row0, row1, c, N, stride_wn, stride_sn)
+    _, _, wc_base, wd_base, sc_base, sd_base = _tile_weights(w_ptr, s_ptr, row2, row3, c, N, stride_wn, stride_sn)
+    g = lane // 4
+    xrow = stride_xm // 4  # int64 words a row of x
+    xa = tl.minimum(g, M - 1).to(tl.int64) * xrow + c * 8
+    xb = tl.minimum(g + 8, M - 1).to(tl.int64) * xrow + c * 8
+    xc = tl.minimum(g + 16, M - 1).to(tl.int64) * xrow + c * 8
+    xd = tl.minimum(g + 24, M - 1).to(tl.int64) * xrow + c * 8
+    x64 = x_ptr.to(tl.pointer_type(tl.int64))
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(k_lo + k_split, K)
+    pdl_entry(PDL)
+    (d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
+     i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3) = _k_loop4_wide(
+        w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, x64, xa, xb, xc, xd, k_lo,
+        k_hi, NT, VEC,
+    )  # fmt: skip
+    store = True
+    if SPLIT_K > 1:
+        per: tl.constexpr = 32 * NT  # a split's workspace slot: two tiles' four D fragments
+        base = ws_ptr + pid_n.to(tl.int64) * (SPLIT_K * per) + t
+        slot = base + pid_k * per
+        _quad_put(slot, d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3, NT)
+        _quad_put(slot + 16 * NT, i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3, NT)
+        store = _arrive(cnt_ptr, pid_n, SPLIT_K)
+        if store:
+            d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _quad_sum(base, per, SPLIT_K, NT)
+            i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3 = _quad_sum(base + 16 * NT, per, SPLIT_K, NT)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+    if store:
+        gs0, gs1 = _row_scales(gs_ptr, row0, row1, ok0, ok1, seg1, seg2, seg3)
+        _quad_store(out_ptr, d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3, row0, row1, ok0, ok1,
+                    gs0, gs1, 2 * c, M, stride_om)  # fmt: skip
+        gs2, gs3 = _row_scales(gs_ptr, row2, row3, ok2, ok3, seg1, seg2, seg3)
+        _quad_store(out_ptr, i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3, row2, row3, ok2, ok3,
+                    gs2, gs3, 2 * c, M, stride_om)  # fmt: skip
+
+
 @triton.jit(do_not_specialize=["M"])
 def _nvfp4_mma_kernel(
     x_ptr,
@@ -1183,6 +1295,7 @@ def linear(
     split_k: int | None = None,
     prefetch: bool = PREFETCH,
     vec: bool = False,
+    wide: bool = False,
 ) -> torch.Tensor:
     """x [M <= 64, K] @ W^T in BF16 with `linear_ref`'s numerics (FP32 accumulation in the MMA's order)."""
     if not supported(x, w):
@@ -1191,7 +1304,7 @@ def linear(
             f"a multiple of {BLOCK_K}; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight {w.shape}"
         )
     out = torch.empty((x.shape[0], w.qweight.shape[0]), dtype=x.dtype, device=x.device)
-    launch_linear(x, w, out, num_warps, split_k, prefetch, vec)
+    launch_linear(x, w, out, num_warps, split_k, prefetch, vec, wide)
     return out
 
 
@@ -1203,20 +1316,23 @@ def launch_linear(
     split_k: int | None = None,
     prefetch: bool = PREFETCH,
     vec: bool = False,
+    wide: bool = False,
 ) -> None:
     """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
-    GPU. Up to 8 rows `_nvfp4_mma_kernel`, 9-32 the rows kernel in four groups of 8, 33-64 in eight. K splits:
-    `split_k`, else `gemv_triton.choose_split_k`'s (~4 programs per SM). vec: 16-byte loads where the rows are
-    aligned for them. prefetch: the 1-8 row kernel only."""
+    GPU. Up to 8 rows `_nvfp4_mma_kernel`, 9-32 the rows kernel in four groups of 8 (`wide`: 32 weight rows a warp,
+    `_nvfp4_mma_wide_kernel`), 33-64 in eight. K splits: `split_k`, else `gemv_triton.choose_split_k`'s (~4
+    programs per SM). vec: 16-byte loads where the rows are aligned for them. prefetch: the 1-8 row kernel only."""
     m, k = x.shape
     n = w.qweight.shape[0]
-    tiles = triton.cdiv(n, ROWS_PER_WARP * num_warps)
+    groups = 1 if m <= MAX_M else 4 if m <= 32 else 8
+    wide = wide and groups == 4
+    tiles = triton.cdiv(n, ROWS_PER_WARP * num_warps * (2 if wide else 1))
     split, per = choose_split_k(tiles, k, BLOCK_K, x.device)
     if split_k is not None and tiles <= COUNTER_SLOTS:  # one arrival counter a tile
         per = triton.cdiv(k // BLOCK_K, min(split_k, k // BLOCK_K)) * BLOCK_K
         split = triton.cdiv(k, per)
-    groups = 1 if m <= MAX_M else 4 if m <= 32 else 8
-    ws = torch.empty((tiles * split * 4 * groups * 32 * num_warps,) if split > 1 else (1,), dtype=torch.float32,
+    fragments = 4 * groups * (2 if wide else 1)  # FP32 values a thread keeps
+    ws = torch.empty((tiles * split * fragments * 32 * num_warps,) if split > 1 else (1,), dtype=torch.float32,
                      device=x.device)  # fmt: skip
     seg1, seg2, seg3 = segment_bounds(w.segments, n)
     vec = vec and _vec_fits(x, w)
@@ -1228,6 +1344,8 @@ def launch_linear(
     if groups == 1:
         kernel = _nvfp4_mma_vec_kernel if vec else _nvfp4_mma_kernel
         kernel[(tiles, split)](*args, PREFETCH=prefetch, **opts)
+    elif wide:
+        _nvfp4_mma_wide_kernel[(tiles, split)](*args, VEC=vec, **opts)
     else:
         _nvfp4_mma_rows_kernel[(tiles, split)](*args, VEC=vec, GROUPS=groups, **opts)
 

@@ -266,6 +266,35 @@ def test_linear_rows_kernel(emulated_ptx: None, m: int, split_k: int, vec: bool)
     _close_to_exact(out, _exact(x, w), l1)
 
 
+@pytest.mark.parametrize("vec", [False, True], ids=["8B", "16B"])
+@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("m", [9, 30])
+def test_linear_wide_kernel(emulated_ptx: None, m: int, split_k: int, vec: bool) -> None:
+    """`_nvfp4_mma_wide_kernel` (`wide`: 32 weight rows a warp, two tiles sharing x): 9 and 30 rows of x; N = 80 in
+    programs of 64 rows, so the second program's second warp has both tiles' rows past N and its first warp the
+    second tile's; two segments; K in one split or two (the semaphore sum over 32 accumulators a thread)."""
+    w = random_nvfp4(80, 384, seeded(m), (48, 32))
+    x = (torch.randn(m, 384, generator=torch.Generator().manual_seed(30 + m)) * 0.5).to(torch.bfloat16)
+    out = torch.full((m, 80), float("nan"))
+    with _spied("_nvfp4_mma_wide_kernel", False) as wide, _spied("_nvfp4_mma_rows_kernel", False) as rows:
+        nm.launch_linear(x, w, out, num_warps=2, split_k=split_k, vec=vec, wide=True)
+    assert (wide.launches, rows.launches) == (1, 0)
+    l1 = x.double().abs() @ w.dequantize(torch.float64, with_global=True).abs().T
+    _close_to_exact(out, _exact(x, w), l1)
+
+
+def test_wide_only_for_one_quad_of_rows(emulated_ptx: None) -> None:
+    """`wide` applies to 9-32 rows only: 40 rows still take the rows kernel's two quads."""
+    w = random_nvfp4(48, 256, seeded(3), (48,))
+    x = (torch.randn(40, 256, generator=torch.Generator().manual_seed(3)) * 0.5).to(torch.bfloat16)
+    out = torch.full((40, 48), float("nan"))
+    with _spied("_nvfp4_mma_wide_kernel", False) as wide, _spied("_nvfp4_mma_rows_kernel", False) as rows:
+        nm.launch_linear(x, w, out, num_warps=2, split_k=1, wide=True)
+    assert (wide.launches, rows.launches) == (0, 1)
+    l1 = x.double().abs() @ w.dequantize(torch.float64, with_global=True).abs().T
+    _close_to_exact(out, _exact(x, w), l1)
+
+
 def test_decode_is_exact_for_each_code(emulated_ptx: None) -> None:
     """One-hot x: every E2M1 code (both nibbles of a byte, every pair position) comes out as its dequantised value
     exactly, so the decode itself is exact, not just close."""
@@ -508,6 +537,7 @@ cases = [
     (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=False, GROUPS=4)),
     (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=True, GROUPS=4)),
     (nm._nvfp4_mma_rows_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=True, GROUPS=8)),
+    (nm._nvfp4_mma_wide_kernel, lin, dict(SPLIT_K=4, NW=4, PDL=True, VEC=True)),
     (nm._moe_gate_up_mma_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True)),
     (nm._moe_gate_up_mma_vec_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=False, PDL=True)),
     (nm._moe_gate_up_mma_l2_kernel, gate_up, dict(P_PAD=512, NW=4, PREFETCH=True, PDL=True, L2_AHEAD=2)),
@@ -542,19 +572,23 @@ for fn, ptrs, cx in cases:
     ks = "_ks_" in fn.__name__
     name = fn.__name__ + ("_vec_" if cx.get("VEC") or ks else "") + ("_l2_" if ks and cx["L2_AHEAD"] else "")
     spills = res.get("LOCAL", 0) + res.get("STACK", 0)
-    print(name, cx.get("GROUPS", 1), identity, ttgir.count("convert_layout"), hmma, spills, wide, l2)
+    # the wide kernel runs one quad of groups against two weight tiles: 64 HMMAs a K step
+    groups = cx.get("GROUPS", 8 if "_wide_" in fn.__name__ else 1)
+    print(name, groups, identity, ttgir.count("convert_layout"), hmma, spills, wide, l2)
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-16:]]
-    assert len(lines) == 16, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-17:]]
+    assert len(lines) == 17, r.stdout
     for name, groups, identity, converts, hmma, spills, wide, l2 in lines:
         assert identity == "1" and spills == "0", (name, identity, spills)
         assert int(hmma) >= 8 * int(groups), (name, groups, hmma)
         if name.startswith("_nvfp4_mma"):
             assert converts == "0", (name, converts)
-        if "_vec_" in name or "_l2_" in name:
+        if "_wide_" in name:  # x of four groups (4 each) and both tiles' codes (2 each)
+            assert int(wide) >= 4 * 4 + 2 * 2, (name, wide)
+        elif "_vec_" in name or "_l2_" in name:
             assert int(wide) >= 2 + 4 * int(groups), (name, groups, wide)
         # L2 requests only where asked for (two a K step's rows, in the loop and its prefetching form).
         assert (int(l2) >= 2) == ("_l2_" in name), (name, l2)
@@ -579,12 +613,14 @@ def test_linear_on_the_gpu(m: int, n: int, k: int, segments: tuple[int, ...], sp
 @pytest.mark.parametrize("m", [9, 16, 32, 40, 64])
 @pytest.mark.parametrize("n,k,segments", [(5120, 2048, (4096, 512, 512)), (1000, 512, (1000,))])
 @pytest.mark.parametrize("vec", [False, True], ids=["8B", "16B"])
-def test_linear_rows_on_the_gpu(m: int, n: int, k: int, segments: tuple[int, ...], vec: bool) -> None:
-    """9-64 rows (the rows kernel, 40 and 64 in launches of 32 and the rest) against `linear_ref`: qkv, a ragged N."""
+@pytest.mark.parametrize("wide", [False, True], ids=["16rows", "32rows"])
+def test_linear_rows_on_the_gpu(m: int, n: int, k: int, segments: tuple[int, ...], vec: bool, wide: bool) -> None:
+    """9-64 rows (the rows kernel, 40 and 64 in launches of 32 and the rest; `wide` at 9-32) against `linear_ref`:
+    qkv, a ragged N."""
     w = random_nvfp4(n, k, seeded(m + n), segments)
     w = NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda(), segments)
     x = (torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 0.5).to(torch.bfloat16).cuda()
-    _close_in_bf16(nm.linear(x, w, vec=vec), linear_ref(x, w), x, w)
+    _close_in_bf16(nm.linear(x, w, vec=vec, wide=wide), linear_ref(x, w), x, w)
 
 
 @pytest.mark.gpu
