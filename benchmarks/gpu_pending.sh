@@ -5,7 +5,9 @@
 #
 # State after the thirty-second session (2026-12-04): STEP_GRAPHS=1 and CHUNK_SWEEP=1 ran (512-line L2 requests
 # installed, NVFP4 b1 2.145 -> 2.127 ms), `gpu_serve.sh` through Ray on step graphs (concurrency 32: 1,110 tokens/s,
-# ITL p99 53 ms); the step graphs' attention boundaries without copies (-1.6 to -2.5%). Nothing built is left unjudged.
+# ITL p99 53 ms); the step graphs' attention boundaries without copies (-1.6 to -2.5%). The NVFP4 linear with 32
+# weight rows a warp (`mma_wide`) measured b32 -1.4%, b16 +0.5%: WIDE=1 (next) installs it at 17-32 rows with the
+# manifest recorded.
 # State after the thirty-first session (2026-12-04): prefill and mixed steps of up to 4,096 tokens on step graphs
 # (every op but attention on CUDA graphs: under mixed traffic at 64 sequences ITL p50 88 -> 40 ms, p99 156 -> 62,
 # NVFP4); the NVFP4 MoE's decode path to 192 tokens and its twins at every larger size (TWINS=1 ran). Next:
@@ -430,6 +432,25 @@ if [ "${STEP_GRAPHS:-0}" = 1 ]; then
     done
     timeout 200 python3 benchmarks/prefill_host.py --format bf16 --lengths 16 128 512 2048 --step-graphs \
         --profile-length 0 --out "$OUT/prefill_host_bf16.json" 2>&1 | grep -v Warn | tail -12
+fi
+# WIDE=1 (NEXT): the NVFP4 linear with 32 weight rows a warp at 17-32 rows (`TileConfig.mma_wide`; thirty-second
+# session: lm_head at 32 rows 218 -> 138 us, whole step b32 10.83 -> 10.68 ms with it at 9-32 rows, b16 7.79 -> 7.83):
+# the table with it on the 17-32-row NVFP4 entry recorded into the manifest's NVFP4 profile (copy
+# $OUT/nvidia-h200.json to kernels/precompile/ and the variant table to kernels/tuning/ if it holds), then b24 / b32 /
+# b64 against the installed table in alternating rounds. ~6 minutes.
+if [ "${WIDE:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op gemv.small_m --when '{"m_min": 17, "m_max": 32, "nvfp4": true}' \
+        --set mma_wide=true --out $V/wide.json > /dev/null
+    cp kernels/tuning/nvidia-h200.json $V/installed.json
+    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 24 32 64 --contexts 1024 --prefill 0 --reps 30 \
+        --check-steps 0 --no-plain-timing --ab-tuning-file $V/wide.json --out "$OUT/decode_wide_ab.json" \
+        > "$OUT/decode_wide_ab.txt" 2>&1
+    echo "== whole step: table vs wide at 17-32 rows"
+    ab_rounds "$OUT/decode_wide_ab.txt"
+    cp $V/wide.json kernels/tuning/nvidia-h200.json && OUT="$OUT" bash benchmarks/gpu_record_manifest.sh
+    cp $V/wide.json "$OUT/nvidia-h200-tuning-wide.json"
+    cp $V/installed.json kernels/tuning/nvidia-h200.json
 fi
 # GRAPH_PROFILE=1 (ran in the twenty-ninth session: by family moe 1.359, gemv/gemm 0.901, norm 0.587, other 0.503 with
 # the side stream's prefetches 0.481, router 0.435, attention 0.434 ms; under PDL each kernel's span includes its wait
