@@ -500,6 +500,18 @@ def _quad_store(out_ptr, d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1,
 
 
 @triton.jit
+def _quad_x(g, c, M, stride_xm, first):
+    """The lane's int64 word offsets of x rows first + g + 8q (q = 0..3) for a quad of groups, rows past M reading
+    row M - 1 (their columns of D are never stored)."""
+    xrow = stride_xm // 4  # int64 words a row of x
+    xa = tl.minimum(first + g, M - 1).to(tl.int64) * xrow + c * 8
+    xb = tl.minimum(first + g + 8, M - 1).to(tl.int64) * xrow + c * 8
+    xc = tl.minimum(first + g + 16, M - 1).to(tl.int64) * xrow + c * 8
+    xd = tl.minimum(first + g + 24, M - 1).to(tl.int64) * xrow + c * 8
+    return xa, xb, xc, xd
+
+
+@triton.jit
 def _linear_body(
     x_ptr,
     w_ptr,
@@ -589,20 +601,13 @@ def _nvfp4_mma_rows_kernel(
     t, c, row0, row1, ok0, ok1 = _lanes(pid_n, N, NW)
     w64, sp, wa_base, wb_base, sa_base, sb_base = _tile_weights(w_ptr, s_ptr, row0, row1, c, N, stride_wn, stride_sn)
     g = (t % 32) // 4
-    xrow = stride_xm // 4  # int64 words a row of x
-    xa = tl.minimum(g, M - 1).to(tl.int64) * xrow + c * 8
-    xb = tl.minimum(g + 8, M - 1).to(tl.int64) * xrow + c * 8
-    xc = tl.minimum(g + 16, M - 1).to(tl.int64) * xrow + c * 8
-    xd = tl.minimum(g + 24, M - 1).to(tl.int64) * xrow + c * 8
+    xa, xb, xc, xd = _quad_x(g, c, M, stride_xm, 0)
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
     pdl_entry(PDL)
     if GROUPS == 8:
-        xe = tl.minimum(g + 32, M - 1).to(tl.int64) * xrow + c * 8
-        xf = tl.minimum(g + 40, M - 1).to(tl.int64) * xrow + c * 8
-        xg = tl.minimum(g + 48, M - 1).to(tl.int64) * xrow + c * 8
-        xh = tl.minimum(g + 56, M - 1).to(tl.int64) * xrow + c * 8
+        xe, xf, xg, xh = _quad_x(g, c, M, stride_xm, 32)
         (d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
          i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3) = _k_loop8(
             w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa, xb, xc, xd, xe, xf, xg, xh, k_lo, k_hi, NT, VEC
@@ -713,11 +718,7 @@ def _nvfp4_mma_wide_kernel(
     w64, sp, wa_base, wb_base, sa_base, sb_base = _tile_weights(w_ptr, s_ptr, row0, row1, c, N, stride_wn, stride_sn)
     _, _, wc_base, wd_base, sc_base, sd_base = _tile_weights(w_ptr, s_ptr, row2, row3, c, N, stride_wn, stride_sn)
     g = lane // 4
-    xrow = stride_xm // 4  # int64 words a row of x
-    xa = tl.minimum(g, M - 1).to(tl.int64) * xrow + c * 8
-    xb = tl.minimum(g + 8, M - 1).to(tl.int64) * xrow + c * 8
-    xc = tl.minimum(g + 16, M - 1).to(tl.int64) * xrow + c * 8
-    xd = tl.minimum(g + 24, M - 1).to(tl.int64) * xrow + c * 8
+    xa, xb, xc, xd = _quad_x(g, c, M, stride_xm, 0)
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
