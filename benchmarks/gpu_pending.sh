@@ -433,7 +433,37 @@ if [ "${STEP_GRAPHS:-0}" = 1 ]; then
     timeout 200 python3 benchmarks/prefill_host.py --format bf16 --lengths 16 128 512 2048 --step-graphs \
         --profile-length 0 --out "$OUT/prefill_host_bf16.json" 2>&1 | grep -v Warn | tail -12
 fi
-# WIDE=1 (NEXT): the NVFP4 linear with 32 weight rows a warp at 17-32 rows (`TileConfig.mma_wide`; thirty-second
+# MOE_WIDE=1 (NEXT): the MMA MoE with two weight tiles a warp sharing the activations' loads (MoEConfig.mma_wide for
+# the gate_up, 16 columns a warp; mma_down_wide for the down, 32 rows a warp; thirty-third session, built on CPU after
+# the linear's wide tiles won): their GPU tests, the kernels alone at 8-64 tokens in 4 and 8 warps, then the whole
+# step at 16-64 tokens with either or both on the table's MMA entries (gu: gate_up from 17 tokens, dn: down from 9,
+# both). ~6 minutes on a fresh machine.
+if [ "${MOE_WIDE:-0}" = 1 ]; then
+    gpu_tests "MMA MoE GPU tests" moe_wide_tests 240 -n 4 tests/test_nvfp4_mma.py -k "moe"
+    timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --prefetch 0 1 \
+        --moe-tokens 8 16 32 64 --moe-l2-ahead 2 --moe-down-l2 2 --moe-wide --out "$OUT/nvfp4_mma_moe_wide.json" \
+        > "$OUT/nvfp4_mma_moe_wide.txt" 2>&1
+    sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_moe_wide.txt" | grep -v "^wrote"
+    V=/tmp/variants; mkdir -p $V
+    moe_entries_variant mma_wide=true $V/gu.json 17 25 33
+    moe_entries_variant mma_down_wide=true $V/dn.json 9 17 25 33
+    python3 - "$V" <<'PY'
+import json, sys
+v = sys.argv[1]
+gu, dn = json.load(open(f"{v}/gu.json")), json.load(open(f"{v}/dn.json"))
+for a, b in zip(gu["moe.decode"], dn["moe.decode"]):  # both: the gate_up's entries from gu, the down's from dn
+    if b["config"].get("mma_down_wide"):
+        a["config"]["mma_down_wide"] = True
+json.dump(gu, open(f"{v}/both.json", "w"), indent=2)
+PY
+    timeout 330 python3 benchmarks/decode.py --formats nvfp4 --batches 16 24 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/gu.json $V/dn.json $V/both.json \
+        --out "$OUT/decode_moe_wide_ab.json" > "$OUT/decode_moe_wide_ab.txt" 2>&1
+    echo "== whole step: table vs wide gate_up (gu), wide down (dn), both"
+    ab_rounds "$OUT/decode_moe_wide_ab.txt"
+    cp $V/gu.json $V/dn.json $V/both.json "$OUT/"
+fi
+# WIDE=1 (ran in the thirty-third session: installed, b24 -0.8%, b32 -1.6%): the NVFP4 linear with 32 weight rows a warp at 17-32 rows (`TileConfig.mma_wide`; thirty-second
 # session: lm_head at 32 rows 218 -> 138 us, whole step b32 10.83 -> 10.68 ms with it at 9-32 rows, b16 7.79 -> 7.83):
 # the table with it on the 17-32-row NVFP4 entry recorded into the manifest's NVFP4 profile (copy
 # $OUT/nvidia-h200.json to kernels/precompile/ and the variant table to kernels/tuning/ if it holds), then b24 / b32 /

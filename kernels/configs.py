@@ -90,6 +90,13 @@ class MoEConfig:
     # dividing num_warps; 1: off), so each warp's chain of dependent K steps is that many times shorter; the parts
     # are summed across warps in order. Built in the twenty-third session, not yet measured.
     mma_warp_k: int = 1
+    # With mma and mma_vec (not with mma_warp_k): the gate_up with 16 columns a warp, two weight tiles whose MMAs
+    # share each K step's x loads (`nvfp4_mma_triton._moe_gate_up_mma_wide_kernel`): Nsight Compute put the MMA MoE
+    # kernels at 75-90% of the L1's throughput, their x loads first (thirty-second session), and the linear's wide
+    # tiles took lm_head at 32 rows 218 -> 138 us. Built in the thirty-third session.
+    mma_wide: bool = False
+    # With mma_down and mma_vec: the down with 32 rows a warp, two tiles sharing each K step's h loads.
+    mma_down_wide: bool = False
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ ROWS_PER_WARP = 16
 PREFETCH = False
 # The gate_up whose warps split K: ptxas gives it ~140 registers a thread in 8 warps unless capped (sm_90, Triton
 # 3.6), which leaves one 8-warp program an SM; at 128 it needs ~117 with no spills (`kernel_sass.py`-style compile,
-# 2026-12-03), so two fit, as for the unsplit kernel (108).
+# 2026-12-03), so two fit, as for the unsplit kernel (108). The wide gate_up with its loads a step ahead takes 176
+# uncapped and fits 128 with no spills too (2026-12-04).
 KS_MAXNREG = 128
 
 
@@ -329,6 +330,59 @@ def _k_loop(
                 x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
             )  # fmt: skip
     return d0, d1, d2, d3
+
+
+@triton.jit
+def _k_loop_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_base, sc_base, sd_base, x64, xa_base, k_lo,
+                 k_hi, NT: tl.constexpr, PREFETCH: tl.constexpr, VEC: tl.constexpr,
+                 L2_AHEAD: tl.constexpr):  # fmt: skip
+    """`_k_loop` for two 16-row weight tiles (rows g / g + 8 at wa / wb, tile two's at wc / wd) against the same x rows:
+    each K step's x words are loaded once for both tiles' MMAs (the MoE's `mma_wide`). Returns tile one's D fragment,
+    then tile two's."""
+    d0 = tl.zeros((NT,), dtype=tl.float32)
+    d1, d2, d3 = d0, d0, d0
+    e0, e1, e2, e3 = d0, d0, d0, d0
+    if PREFETCH:
+        k_last = k_hi - 128
+        wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k_lo, VEC)
+        wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1 = _load_w(w64, wc_base, wd_base, s_ptr, sc_base, sd_base, k_lo, VEC)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa_base, k_lo, VEC)
+        for k0 in range(k_lo, k_hi, 128):
+            if L2_AHEAD > 0:
+                _l2_ahead(w64, wa_base, wb_base, k0, k_hi, L2_AHEAD)
+                _l2_ahead(w64, wc_base, wd_base, k0, k_hi, L2_AHEAD)
+            kn = tl.minimum(k0 + 128, k_last)  # the last step loads itself again (cached): no load past k_hi
+            na0, na1, nb0, nb1, ta0, ta1, tb0, tb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, kn, VEC)
+            nc0, nc1, nd0, nd1, tc0, tc1, td0, td1 = _load_w(w64, wc_base, wd_base, s_ptr, sc_base, sd_base, kn, VEC)
+            y0, y1, y2, y3, y4, y5, y6, y7 = _load_x(x64, xa_base, kn, VEC)
+            d0, d1, d2, d3 = _mma_step(
+                wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+                x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
+            )  # fmt: skip
+            e0, e1, e2, e3 = _mma_step(
+                wc0, wc1, wd0, wd1, _scale2(sc0), _scale2(sc1), _scale2(sd0), _scale2(sd1),
+                x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3,
+            )  # fmt: skip
+            wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = na0, na1, nb0, nb1, ta0, ta1, tb0, tb1
+            wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1 = nc0, nc1, nd0, nd1, tc0, tc1, td0, td1
+            x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
+    else:
+        for k0 in range(k_lo, k_hi, 128):
+            if L2_AHEAD > 0:
+                _l2_ahead(w64, wa_base, wb_base, k0, k_hi, L2_AHEAD)
+                _l2_ahead(w64, wc_base, wd_base, k0, k_hi, L2_AHEAD)
+            wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC)
+            wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1 = _load_w(w64, wc_base, wd_base, s_ptr, sc_base, sd_base, k0, VEC)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa_base, k0, VEC)
+            d0, d1, d2, d3 = _mma_step(
+                wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+                x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
+            )  # fmt: skip
+            e0, e1, e2, e3 = _mma_step(
+                wc0, wc1, wd0, wd1, _scale2(sc0), _scale2(sc1), _scale2(sd0), _scale2(sd1),
+                x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3,
+            )  # fmt: skip
+    return d0, d1, d2, d3, e0, e1, e2, e3
 
 
 @triton.jit
@@ -822,11 +876,12 @@ def _silu_mul(gate, up):
 
 
 @triton.jit
-def _gate_up_columns(pid_i, t, NG: tl.constexpr):
+def _gate_up_columns(pid_i, t, NG: tl.constexpr, WIDE: tl.constexpr = False):
     """Lane t's (c, column j) in the gate_up's column tile pid_i of NG warps' 8 columns; with the warps splitting K,
-    warp w's columns are those of warp w % NG."""
+    warp w's columns are those of warp w % NG. WIDE: 16 columns a warp, j and j + 8 the lane's."""
     lane = t % 32
-    return lane % 4, pid_i * (8 * NG) + ((t // 32) % NG) * 8 + lane // 4
+    CW: tl.constexpr = 16 if WIDE else 8  # columns a warp
+    return lane % 4, pid_i * (CW * NG) + ((t // 32) % NG) * CW + lane // 4
 
 
 @triton.jit
@@ -858,26 +913,34 @@ def _moe_gate_up_body(
     VEC: tl.constexpr,
     L2_AHEAD: tl.constexpr,
     KSPLIT: tl.constexpr = 1,
+    WIDE: tl.constexpr = False,
 ):
     """Expert-major MoE gate_up (NVFP4): program (column tile, expert e) finds e's pairs in the router's ids and
     computes their h = silu(gate) * up columns, 8 pairs an MMA. A lane's fragment rows are gate row j and up row
     INTER + j, so its D fragment holds gate and up of the same column for pairs 2c, 2c + 1: SiLU-and-mul in
     registers. An expert without pairs does no K loop. KSPLIT > 1: the warps split K as well as the columns (NW /
     KSPLIT groups of 8 columns, each in KSPLIT parts of K, one a warp), so each warp's chain of dependent K steps is
-    KSPLIT times shorter; the parts' D fragments are summed across warps in part order (deterministic)."""
+    KSPLIT times shorter; the parts' D fragments are summed across warps in part order (deterministic). WIDE (with
+    KSPLIT 1): 16 columns a warp, two 16-row weight tiles (columns j and j + 8) whose MMAs share each K step's x
+    words."""
     pid_i = tl.program_id(0)
     e = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
     NG: tl.constexpr = NW // KSPLIT  # warps (groups of 8 columns) a K part
     t = tl.arange(0, NT)
     g = (t % 32) // 4
-    c, j = _gate_up_columns(pid_i, t, NG)
+    c, j = _gate_up_columns(pid_i, t, NG, WIDE)
     ja = tl.minimum(j, INTER - 1).to(tl.int64)
     jb = ja + INTER
     e64 = e.to(tl.int64)
     w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(
         w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, ja, jb, c, stride_wn, stride_sn
     )
+    if WIDE:  # tile two: gate and up rows of column j + 8
+        jc = tl.minimum(j + 8, INTER - 1).to(tl.int64)
+        _, _, wc_base, wd_base, sc_base, sd_base = _weight_bases(
+            w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, jc, jc + INTER, c, stride_wn, stride_sn
+        )
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
     k_part = K // KSPLIT  # a multiple of 256 (`launch_moe_gate_up`): the parts keep the 16-byte and line alignment
     if KSPLIT > 1:  # warp w's part of K, (w // NG) * k_part onward, as offsets in int64 code words and scale bytes
@@ -898,6 +961,11 @@ def _moe_gate_up_body(
     post = 4.611686018427388e18  # 2**62
     gs_a = segment_scale(gs_ptr + e64 * stride_gse, joa, ok, seg1, seg2, seg3) * post
     gs_b = segment_scale(gs_ptr + e64 * stride_gse, joa + INTER, ok, seg1, seg2, seg3) * post
+    if WIDE:
+        ok2 = jo + 8 < INTER
+        jca = tl.minimum(jo + 8, INTER - 1).to(tl.int64)
+        gs_c = segment_scale(gs_ptr + e64 * stride_gse, jca, ok2, seg1, seg2, seg3) * post
+        gs_d = segment_scale(gs_ptr + e64 * stride_gse, jca + INTER, ok2, seg1, seg2, seg3) * post
     xdt = h_ptr.dtype.element_ty
     pdl_entry(PDL)  # the ids are the router's, the previous kernel's
     pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
@@ -908,9 +976,15 @@ def _moe_gate_up_body(
         xa_base = (tl.gather(pairs, g, 0) // TOPK) * (stride_xt // 4) + c * 8
         if KSPLIT > 1:
             xa_base += k_off // 4
-        d0, d1, d2, d3 = _k_loop(
-            w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, 0, k_part, NT, PREFETCH, VEC, L2_AHEAD
-        )  # fmt: skip
+        if WIDE:
+            d0, d1, d2, d3, f0, f1, f2, f3 = _k_loop_wide(
+                w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, x64, xa_base, 0,
+                k_part, NT, PREFETCH, VEC, L2_AHEAD,
+            )  # fmt: skip
+        else:
+            d0, d1, d2, d3 = _k_loop(
+                w64, wa_base, wb_base, sp, sa_base, sb_base, x64, xa_base, 0, k_part, NT, PREFETCH, VEC, L2_AHEAD
+            )  # fmt: skip
         if KSPLIT > 1:
             d0 = tl.sum(tl.reshape(d0, (KSPLIT, NO)), axis=0)
             d1 = tl.sum(tl.reshape(d1, (KSPLIT, NO)), axis=0)
@@ -922,6 +996,11 @@ def _moe_gate_up_body(
         h_hi = _silu_mul((d1 * gs_a).to(xdt), (d3 * gs_b).to(xdt))
         tl.store(h_ptr + p_lo * stride_h + jo, h_lo, mask=ok & (c0 + 2 * co < count))
         tl.store(h_ptr + p_hi * stride_h + jo, h_hi, mask=ok & (c0 + 2 * co + 1 < count))
+        if WIDE:
+            h_lo = _silu_mul((f0 * gs_c).to(xdt), (f2 * gs_d).to(xdt))
+            h_hi = _silu_mul((f1 * gs_c).to(xdt), (f3 * gs_d).to(xdt))
+            tl.store(h_ptr + p_lo * stride_h + jo + 8, h_lo, mask=ok2 & (c0 + 2 * co < count))
+            tl.store(h_ptr + p_hi * stride_h + jo + 8, h_hi, mask=ok2 & (c0 + 2 * co + 1 < count))
 
 
 @triton.jit(do_not_specialize=["P"])
@@ -1065,6 +1144,43 @@ def _moe_gate_up_mma_ks_kernel(
     )  # fmt: skip
 
 
+@triton.jit(do_not_specialize=["P"])
+def _moe_gate_up_mma_wide_kernel(
+    x_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    h_ptr,
+    P,
+    K,
+    INTER,
+    TOPK,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_h,
+    seg1,
+    seg2,
+    seg3,
+    P_PAD: tl.constexpr,
+    NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+    L2_AHEAD: tl.constexpr,
+):
+    """The VEC MoE gate_up with 16 columns a warp, two weight tiles sharing each K step's x words (MoEConfig.mma_wide),
+    L2 requests L2_AHEAD K steps ahead (0: none); a twin, so the installed kernels' signatures and the manifest stay
+    as they are."""
+    _moe_gate_up_body(
+        x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
+        stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD, 1, True
+    )  # fmt: skip
+
+
 @triton.jit
 def _moe_down_body(
     h_ptr,
@@ -1092,13 +1208,15 @@ def _moe_down_body(
     PDL: tl.constexpr,
     VEC: tl.constexpr,
     L2_MODE: tl.constexpr,
+    WIDE: tl.constexpr = False,
 ):
     """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for
     e's pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s.
     L2_MODE (MoEConfig.mma_down_l2): 1 asks L2 for the codes two K steps ahead in the K loop (`_l2_ahead`); 2 asks
     for all of the tile's codes before the PDL wait, for an expert with pairs: the ids are the router's, written two
     grids back, and the gate_up launch before this one lets it start only after each of its programs has waited for
-    its own predecessor (`pdl_entry`), so the router has finished by then."""
+    its own predecessor (`pdl_entry`), so the router has finished by then. WIDE: 32 rows a warp, two 16-row tiles
+    whose MMAs share each K step's h words."""
     pid_n = tl.program_id(0)
     e = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -1106,7 +1224,8 @@ def _moe_down_body(
     lane = t % 32
     g = lane // 4
     c = lane % 4
-    row0 = pid_n * (16 * NW) + (t // 32) * 16 + g
+    RW: tl.constexpr = 32 if WIDE else 16  # weight rows a warp
+    row0 = pid_n * (RW * NW) + (t // 32) * RW + g
     row1 = row0 + 8
     ok0 = row0 < N
     ok1 = row1 < N
@@ -1120,6 +1239,18 @@ def _moe_down_body(
     post = 4.611686018427388e18  # 2**62
     gs0 = segment_scale(gs_ptr + e64 * stride_gse, r0, ok0, seg1, seg2, seg3) * post
     gs1 = segment_scale(gs_ptr + e64 * stride_gse, r1, ok1, seg1, seg2, seg3) * post
+    if WIDE:  # tile two: rows g + 16 / g + 24 of the warp's 32
+        row2 = row0 + 16
+        row3 = row0 + 24
+        ok2 = row2 < N
+        ok3 = row3 < N
+        r2 = tl.minimum(row2, N - 1).to(tl.int64)
+        r3 = tl.minimum(row3, N - 1).to(tl.int64)
+        _, _, wc_base, wd_base, sc_base, sd_base = _weight_bases(
+            w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, r2, r3, c, stride_wn, stride_sn
+        )
+        gs2 = segment_scale(gs_ptr + e64 * stride_gse, r2, ok2, seg1, seg2, seg3) * post
+        gs3 = segment_scale(gs_ptr + e64 * stride_gse, r3, ok3, seg1, seg2, seg3) * post
     ydt = y_ptr.dtype.element_ty
     if L2_MODE != 2:
         pdl_entry(PDL)  # h is the gate_up launch's
@@ -1129,14 +1260,23 @@ def _moe_down_body(
             for kl in range(0, K, 256):  # a row's 128-byte lines (256 codes each)
                 prefetch_lines(w64 + wa_base + kl // 16)
                 prefetch_lines(w64 + wb_base + kl // 16)
+                if WIDE:
+                    prefetch_lines(w64 + wc_base + kl // 16)
+                    prefetch_lines(w64 + wd_base + kl // 16)
         pdl_entry(PDL)
     for c0 in range(0, count, 8):
         if c0 > 0:
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
         ha_base = tl.gather(pairs, g, 0) * (stride_h // 4) + c * 8
-        d0, d1, d2, d3 = _k_loop(
-            w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, K, NT, PREFETCH, VEC, 2 * (L2_MODE == 1)
-        )  # fmt: skip
+        if WIDE:
+            d0, d1, d2, d3, f0, f1, f2, f3 = _k_loop_wide(
+                w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, h64, ha_base, 0, K,
+                NT, PREFETCH, VEC, 2 * (L2_MODE == 1),
+            )  # fmt: skip
+        else:
+            d0, d1, d2, d3 = _k_loop(
+                w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, K, NT, PREFETCH, VEC, 2 * (L2_MODE == 1)
+            )  # fmt: skip
         p_lo = tl.gather(pairs, 2 * c, 0)
         p_hi = tl.gather(pairs, 2 * c + 1, 0)
         lo_ok = c0 + 2 * c < count
@@ -1145,6 +1285,11 @@ def _moe_down_body(
         tl.store(y_ptr + p_hi * stride_y + row0, (d1 * gs0).to(ydt), mask=ok0 & hi_ok)
         tl.store(y_ptr + p_lo * stride_y + row1, (d2 * gs1).to(ydt), mask=ok1 & lo_ok)
         tl.store(y_ptr + p_hi * stride_y + row1, (d3 * gs1).to(ydt), mask=ok1 & hi_ok)
+        if WIDE:
+            tl.store(y_ptr + p_lo * stride_y + row2, (f0 * gs2).to(ydt), mask=ok2 & lo_ok)
+            tl.store(y_ptr + p_hi * stride_y + row2, (f1 * gs2).to(ydt), mask=ok2 & hi_ok)
+            tl.store(y_ptr + p_lo * stride_y + row3, (f2 * gs3).to(ydt), mask=ok3 & lo_ok)
+            tl.store(y_ptr + p_hi * stride_y + row3, (f3 * gs3).to(ydt), mask=ok3 & hi_ok)
 
 
 @triton.jit(do_not_specialize=["P"])
@@ -1245,6 +1390,42 @@ def _moe_down_mma_l2_kernel(
     _moe_down_body(
         h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
         stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["P"])
+def _moe_down_mma_wide_kernel(
+    h_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    y_ptr,
+    P,
+    K,
+    N,
+    stride_h,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_y,
+    seg1,
+    seg2,
+    seg3,
+    P_PAD: tl.constexpr,
+    NW: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+    L2_MODE: tl.constexpr,
+):
+    """The VEC MoE down with 32 rows a warp, two weight tiles sharing each K step's h words (MoEConfig.mma_down_wide),
+    L2 requests as L2_MODE says (`_moe_down_body`); a twin, so the installed kernels' signatures and the manifest
+    stay as they are."""
+    _moe_down_body(
+        h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
+        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE, True
     )  # fmt: skip
 
 
@@ -1366,10 +1547,12 @@ def launch_moe_down(
     prefetch: bool = PREFETCH,
     vec: bool = False,
     l2: int = 0,
+    wide: bool = False,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
     `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also
-    ask L2 for the codes, 1 two K steps ahead, 2 all of them before the PDL wait (MoEConfig.mma_down_l2)."""
+    ask L2 for the codes, 1 two K steps ahead, 2 all of them before the PDL wait (MoEConfig.mma_down_l2); wide (with
+    vec): 32 rows a warp, two tiles sharing h's loads (MoEConfig.mma_down_wide)."""
     if l2 not in (0, 1, 2):
         raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
     n_exp, n, _ = w2.qweight.shape
@@ -1377,9 +1560,12 @@ def launch_moe_down(
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
     kernel = _moe_down_mma_vec_kernel if vec and _vec_fits(h, w2) else _moe_down_mma_kernel
     extra = {}
-    if l2 and kernel is _moe_down_mma_vec_kernel:
+    rows = 16 * num_warps  # weight rows a program
+    if wide and kernel is _moe_down_mma_vec_kernel:
+        kernel, extra, rows = _moe_down_mma_wide_kernel, {"L2_MODE": l2}, 32 * num_warps
+    elif l2 and kernel is _moe_down_mma_vec_kernel:
         kernel, extra = _moe_down_mma_l2_kernel, {"L2_MODE": l2}
-    kernel[(triton.cdiv(n, 16 * num_warps), n_exp)](
+    kernel[(triton.cdiv(n, rows), n_exp)](
         h, ids, w2.qweight, w2.scales, w2.global_scale, y, pairs, h.shape[1], n,
         h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1), w2.scales.stride(0), w2.scales.stride(1),
         w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
@@ -1396,6 +1582,7 @@ def moe_down(
     prefetch: bool = PREFETCH,
     vec: bool = False,
     l2: int = 0,
+    wide: bool = False,
 ) -> torch.Tensor:
     """y [T * k, H]: `linear_ref(h[p], w2[e])` of every pair p routed to expert e, expert-major on the MMA kernel;
     h [T * k, I] BF16 (the gate_up's output), topk_ids [T, k], w2 [E, H, I]."""
@@ -1406,7 +1593,7 @@ def moe_down(
         )
     ids = topk_ids.reshape(-1).contiguous()
     y = torch.empty((ids.numel(), w2.qweight.shape[1]), dtype=h.dtype, device=h.device)
-    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec, l2)
+    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec, l2, wide)
     return y
 
 
@@ -1421,22 +1608,31 @@ def launch_moe_gate_up(
     vec: bool = False,
     l2_ahead: int = 0,
     warp_k: int = 1,
+    wide: bool = False,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec:
     16-byte loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that
     many K steps ahead; warp_k (with vec; a power of two dividing num_warps): the warps split K in that many parts
-    as well as the columns, where K is a multiple of 256 a part (else it is not split)."""
+    as well as the columns, where K is a multiple of 256 a part (else it is not split); wide (with vec, not with
+    warp_k): 16 columns a warp, two tiles sharing x's loads (MoEConfig.mma_wide)."""
     if l2_ahead < 0 or l2_ahead % 2:
         raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
     if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
         raise ValueError(f"warp_k must be a power of two dividing num_warps ({num_warps}), got {warp_k}")
+    if wide and warp_k > 1:
+        raise ValueError("wide and warp_k > 1 do not combine: the wide gate_up's warps do not split K")
     n_exp, two_i, _ = w13.qweight.shape
     pairs, inter = ids.numel(), two_i // 2
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
     kernel = _moe_gate_up_mma_vec_kernel if vec and _vec_fits(x, w13) else _moe_gate_up_mma_kernel
     extra = {}
     groups = num_warps  # warps a K part: 8 columns each
-    if warp_k > 1 and kernel is _moe_gate_up_mma_vec_kernel and x.shape[1] % (256 * warp_k) == 0:
+    columns = 8  # a warp's
+    if wide and kernel is _moe_gate_up_mma_vec_kernel:
+        kernel, extra, columns = _moe_gate_up_mma_wide_kernel, {"L2_AHEAD": l2_ahead}, 16
+        if not _INTERPRET:
+            extra["maxnreg"] = KS_MAXNREG
+    elif warp_k > 1 and kernel is _moe_gate_up_mma_vec_kernel and x.shape[1] % (256 * warp_k) == 0:
         # 256 values a part at least: a part starts on a 128-byte code line, as `_l2_ahead`'s pairs of steps assume
         kernel, extra = _moe_gate_up_mma_ks_kernel, {"L2_AHEAD": l2_ahead, "KSPLIT": warp_k}
         if not _INTERPRET:
@@ -1444,7 +1640,7 @@ def launch_moe_gate_up(
         groups = num_warps // warp_k
     elif l2_ahead and kernel is _moe_gate_up_mma_vec_kernel:
         kernel, extra = _moe_gate_up_mma_l2_kernel, {"L2_AHEAD": l2_ahead}
-    kernel[(triton.cdiv(inter, 8 * groups), n_exp)](
+    kernel[(triton.cdiv(inter, columns * groups), n_exp)](
         x, ids, w13.qweight, w13.scales, w13.global_scale, h, pairs, x.shape[1], inter, topk,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1), w13.scales.stride(0), w13.scales.stride(1),
         w13.global_scale.stride(0), h.stride(0), seg1, seg2, seg3,
@@ -1462,6 +1658,7 @@ def moe_gate_up(
     vec: bool = False,
     l2_ahead: int = 0,
     warp_k: int = 1,
+    wide: bool = False,
 ) -> torch.Tensor:
     """h [T * k, I]: `silu_and_mul_ref(linear_ref(x[t], w13[e]))` of every (token t, slot) pair routed to expert e,
     expert-major on the MMA kernel (`_moe_gate_up_mma_kernel`); x [T, H] BF16, topk_ids [T, k], w13 [E, 2I, H]."""
@@ -1474,5 +1671,5 @@ def moe_gate_up(
         )
     ids = topk_ids.reshape(-1).contiguous()
     h = torch.empty((ids.numel(), w13.qweight.shape[1] // 2), dtype=x.dtype, device=x.device)
-    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch, vec, l2_ahead, warp_k)
+    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch, vec, l2_ahead, warp_k, wide)
     return h
