@@ -433,7 +433,24 @@ if [ "${STEP_GRAPHS:-0}" = 1 ]; then
     timeout 200 python3 benchmarks/prefill_host.py --format bf16 --lengths 16 128 512 2048 --step-graphs \
         --profile-length 0 --out "$OUT/prefill_host_bf16.json" 2>&1 | grep -v Warn | tail -12
 fi
-# MOE_WIDE=1 (NEXT): the MMA MoE with two weight tiles a warp sharing the activations' loads (MoEConfig.mma_wide for
+# MOE_WIDE2=1 (NEXT): after MOE_WIDE installed both wide MoE kernels (b32 10.593 -> 10.116 ms): the kernels alone
+# had the wide ones faster in 4 warps than in 8 at 32 tokens (gate_up 91.4 vs 98.8 us, down 43.0 vs 46.7), so w4: the
+# 25-32-token entry in 4 warps; g9: the wide MMA gate_up from 9 tokens (the 9-16 entry runs the FMA one; the plain
+# MMA gate_up lost there at 12 tokens in the twenty-third session). ~3 minutes.
+if [ "${MOE_WIDE2:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_min": 25}' \
+        --set num_warps=4 --out $V/w4.json > /dev/null
+    python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_min": 9}' \
+        --set mma=true mma_prefetch=true mma_l2_ahead=2 expert_major=true mma_wide=true --out $V/g9.json > /dev/null
+    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 12 16 32 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/w4.json $V/g9.json \
+        --out "$OUT/decode_moe_wide2_ab.json" > "$OUT/decode_moe_wide2_ab.txt" 2>&1
+    echo "== whole step: table vs w4 (25-32 tokens in 4 warps), g9 (the wide MMA gate_up from 9 tokens)"
+    ab_rounds "$OUT/decode_moe_wide2_ab.txt"
+    cp $V/w4.json $V/g9.json "$OUT/"
+fi
+# MOE_WIDE=1 (ran in the thirty-third session: both installed, b16 -1.3%, b24 -3.8%, b32 -4.5%, b64 -6.8%): the MMA MoE with two weight tiles a warp sharing the activations' loads (MoEConfig.mma_wide for
 # the gate_up, 16 columns a warp; mma_down_wide for the down, 32 rows a warp; thirty-third session, built on CPU after
 # the linear's wide tiles won): their GPU tests, the kernels alone at 8-64 tokens in 4 and 8 warps, then the whole
 # step at 16-64 tokens with either or both on the table's MMA entries (gu: gate_up from 17 tokens, dn: down from 9,
