@@ -93,10 +93,15 @@ class MoEConfig:
     # With mma and mma_vec (not with mma_warp_k): the gate_up with 16 columns a warp, two weight tiles whose MMAs
     # share each K step's x loads (`nvfp4_mma_triton._moe_gate_up_mma_wide_kernel`): Nsight Compute put the MMA MoE
     # kernels at 75-90% of the L1's throughput, their x loads first (thirty-second session), and the linear's wide
-    # tiles took lm_head at 32 rows 218 -> 138 us. Built in the thirty-third session.
+    # tiles took lm_head at 32 rows 218 -> 138 us. On the H200 with mma_down_wide (thirty-third session): b24 -3.8%,
+    # b32 -4.5%, b64 -6.8%; from 9 tokens (the wide MMA gate_up instead of the FMA one at 9-16) b12 +2.3%.
     mma_wide: bool = False
-    # With mma_down and mma_vec: the down with 32 rows a warp, two tiles sharing each K step's h loads.
+    # With mma_down and mma_vec: the down with 32 rows a warp, two tiles sharing each K step's h loads (alone on the
+    # H200: b16 -1.1%, b32 -2.2%, b64 -6.0%; kernel at 64 tokens 81.9 -> 62.1 us).
     mma_down_wide: bool = False
+    # With mma_wide / mma_down_wide: that many weight tiles a warp (2 or 4; at 4 no loads a step ahead).
+    mma_wide_tiles: int = 2
+    mma_down_wide_tiles: int = 2
 
 
 @dataclass(frozen=True)
