@@ -433,7 +433,8 @@ if [ "${STEP_GRAPHS:-0}" = 1 ]; then
     timeout 200 python3 benchmarks/prefill_host.py --format bf16 --lengths 16 128 512 2048 --step-graphs \
         --profile-length 0 --out "$OUT/prefill_host_bf16.json" 2>&1 | grep -v Warn | tail -12
 fi
-# MOE_WIDE3=1 (NEXT): four weight tiles a warp (mma_wide_tiles / mma_down_wide_tiles 4: 32 gate_up columns, 64 down
+# MOE_WIDE3=1 (ran in the thirty-third session, nothing installed: t4 b32 9.914-10.140 -> 11.42-11.68 ms, b64 +8.5%;
+# dn4 even at b16-b32, b64 +2.3%; d8w b5 +7.9%, b8 even; gd8w b5 +23%; the four-tile kernels were then removed): four weight tiles a warp (mma_wide_tiles / mma_down_wide_tiles 4: 32 gate_up columns, 64 down
 # rows a warp, no loads a step ahead; built in the thirty-third session after two tiles won), and the wide MMA kernels
 # below 9 tokens, where the shared expert is folded into the FMA launches up to 8 (the plain MMA down lost at 5-8 in the
 # twenty-third session). Their GPU tests, the kernels alone at 16-64 tokens, then the whole step at 5-64 tokens:
