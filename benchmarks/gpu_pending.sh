@@ -433,43 +433,11 @@ if [ "${STEP_GRAPHS:-0}" = 1 ]; then
     timeout 200 python3 benchmarks/prefill_host.py --format bf16 --lengths 16 128 512 2048 --step-graphs \
         --profile-length 0 --out "$OUT/prefill_host_bf16.json" 2>&1 | grep -v Warn | tail -12
 fi
-# MOE_WIDE3=1 (ran in the thirty-third session, nothing installed: t4 b32 9.914-10.140 -> 11.42-11.68 ms, b64 +8.5%;
-# dn4 even at b16-b32, b64 +2.3%; d8w b5 +7.9%, b8 even; gd8w b5 +23%; the four-tile kernels were then removed): four weight tiles a warp (mma_wide_tiles / mma_down_wide_tiles 4: 32 gate_up columns, 64 down
-# rows a warp, no loads a step ahead; built in the thirty-third session after two tiles won), and the wide MMA kernels
-# below 9 tokens, where the shared expert is folded into the FMA launches up to 8 (the plain MMA down lost at 5-8 in the
-# twenty-third session). Their GPU tests, the kernels alone at 16-64 tokens, then the whole step at 5-64 tokens:
-# t4 (both kernels in four tiles from 17 tokens, the down from 9), dn4 (the down only), d8w (the shared expert folded
-# only up to 4 tokens, the wide MMA down at 5-8), gd8w (and the wide MMA gate_up there). ~6 minutes.
-if [ "${MOE_WIDE3:-0}" = 1 ]; then
-    gpu_tests "MMA MoE GPU tests" moe_wide4_tests 240 -n 8 tests/test_nvfp4_mma.py \
-        -k "moe_gate_up_on or moe_down_on or fused_moe_with"
-    timeout 200 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --prefetch 0 1 \
-        --moe-tokens 16 32 64 --moe-l2-ahead 2 --moe-down-l2 2 --moe-wide 2 4 --out "$OUT/nvfp4_mma_moe_wide4.json" \
-        > "$OUT/nvfp4_mma_moe_wide4.txt" 2>&1
-    sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_moe_wide4.txt" | grep -v "^wrote"
-    V=/tmp/variants; mkdir -p $V
-    variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
-    moe_entries_variant mma_down_wide_tiles=4 $V/dn4.json 9 17 25 33
-    cp $V/dn4.json $V/t4.json
-    for lo in 17 25 33; do
-        variant --table $V/t4.json --op moe.decode --when "{\"nvfp4\": true, \"tokens_min\": $lo}" \
-            --set mma_wide_tiles=4 --out $V/t4.json
-    done
-    variant --op moe.paths --when '{"nvfp4": true}' --set shared_fold_max_tokens=4 --out $V/f4.json
-    small='{"nvfp4": true, "tokens_min": 5, "tokens_max": 8}'
-    dn="mma_down=true mma_vec=true mma_down_l2=2 mma_down_wide=true"
-    # shellcheck disable=SC2086
-    variant --table $V/f4.json --op moe.decode --when '{"nvfp4": true}' --add "$small" --set $dn --out $V/d8w.json
-    # shellcheck disable=SC2086
-    variant --table $V/f4.json --op moe.decode --when '{"nvfp4": true}' --add "$small" --set $dn mma=true \
-        mma_prefetch=true mma_l2_ahead=2 expert_major=true mma_wide=true --out $V/gd8w.json
-    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 5 8 16 32 64 --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/t4.json $V/dn4.json $V/d8w.json $V/gd8w.json \
-        --out "$OUT/decode_moe_wide3_ab.json" > "$OUT/decode_moe_wide3_ab.txt" 2>&1
-    echo "== whole step: table vs t4, dn4 (four tiles a warp), d8w, gd8w (the wide MMA kernels at 5-8 tokens)"
-    ab_rounds "$OUT/decode_moe_wide3_ab.txt"
-    cp $V/t4.json $V/dn4.json $V/d8w.json $V/gd8w.json "$OUT/"
-fi
+# MOE_WIDE3 (thirty-third session, removed after its run; benchmarks/results/decode_h200_nvfp4_moe_wide4_ab_s33.json,
+# nvfp4_mma_moe_wide4_h200_s33.json): four weight tiles a warp (32 gate_up columns, 64 down rows, no loads a step
+# ahead: 154 registers uncapped) lost, both from 17 tokens b32 +15%, b64 +8.5%, the down alone even to +2.3%; the
+# wide MMA kernels at 5-8 tokens with the shared expert folded only up to 4 lost too (the down b5 +7.9%, b8 even;
+# with the gate_up b5 +23%).
 # MOE_WIDE2=1 (ran in the thirty-third session: w4 installed, b32 -2.5%; g9 lost, b12 +2.3%): after MOE_WIDE installed both wide MoE kernels (b32 10.593 -> 10.116 ms): the kernels alone
 # had the wide ones faster in 4 warps than in 8 at 32 tokens (gate_up 91.4 vs 98.8 us, down 43.0 vs 46.7), so w4: the
 # 25-32-token entry in 4 warps; g9: the wide MMA gate_up from 9 tokens (the 9-16 entry runs the FMA one; the plain
@@ -495,7 +463,7 @@ fi
 if [ "${MOE_WIDE:-0}" = 1 ]; then
     gpu_tests "MMA MoE GPU tests" moe_wide_tests 240 -n 4 tests/test_nvfp4_mma.py -k "moe"
     timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --prefetch 0 1 \
-        --moe-tokens 8 16 32 64 --moe-l2-ahead 2 --moe-down-l2 2 --moe-wide 2 --out "$OUT/nvfp4_mma_moe_wide.json" \
+        --moe-tokens 8 16 32 64 --moe-l2-ahead 2 --moe-down-l2 2 --moe-wide --out "$OUT/nvfp4_mma_moe_wide.json" \
         > "$OUT/nvfp4_mma_moe_wide.txt" 2>&1
     sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_moe_wide.txt" | grep -v "^wrote"
     V=/tmp/variants; mkdir -p $V

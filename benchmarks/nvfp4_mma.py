@@ -8,7 +8,7 @@ with 8-byte loads and with 16-byte ones ("_v", the VEC kernels), optionally with
 split-K chosen by the kernel, or --splits). In the MoE, "_l2N" asks L2 for the gate_up's codes N K steps ahead
 (--moe-l2-ahead), "_dN" for the down's (--moe-down-l2: 1 two steps ahead, 2 all before the PDL wait), "_kN" the
 gate_up with its warps splitting K in N parts (--moe-warp-k; with each --moe-l2-ahead too), "_wide" both with two
-or four weight tiles a warp sharing the activations' loads (--moe-wide 2 4; "_wide4"). One
+weight tiles a warp sharing the activations' loads (--moe-wide). One
 expert's gate_up and down stand for the MoE.
 
 The MoE (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernels' expert-major
@@ -125,12 +125,8 @@ def main() -> None:
     )
     ap.add_argument(
         "--moe-wide",
-        type=int,
-        nargs="*",
-        default=[],
-        choices=[2, 4],
-        help="also each 16-byte MoE variant (not splitting K) with this many weight tiles a warp (mma_wide, "
-        "mma_down_wide, their _tiles)",
+        action="store_true",
+        help="also each 16-byte MoE variant (not splitting K) with two weight tiles a warp (mma_wide, mma_down_wide)",
     )
     ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
     args = ap.parse_args()
@@ -159,12 +155,12 @@ def main() -> None:
             if kw["num_warps"] % s == 0
         ]
     )
-    moe_variants += [
-        (f"{label}_wide{'' if tiles == 2 else tiles}", {**kw, "wide": True, "wide_tiles": tiles})
-        for tiles in args.moe_wide
-        for label, kw in moe_variants
-        if kw["vec"] and kw.get("warp_k", 1) == 1 and not (tiles == 4 and kw["prefetch"])  # 4 tiles: no prefetch
-    ]
+    if args.moe_wide:
+        moe_variants += [
+            (f"{label}_wide", {**kw, "wide": True})
+            for label, kw in moe_variants
+            if kw["vec"] and kw.get("warp_k", 1) == 1
+        ]
     wide = [(f"{label}_wide", {**kw, "wide": True}) for label, kw in mma if kw["vec"] and not kw["prefetch"]]
     wide = wide if args.wide else []
     rows = []

@@ -99,9 +99,6 @@ class MoEConfig:
     # With mma_down and mma_vec: the down with 32 rows a warp, two tiles sharing each K step's h loads (alone on the
     # H200: b16 -1.1%, b32 -2.2%, b64 -6.0%; kernel at 64 tokens 81.9 -> 62.1 us).
     mma_down_wide: bool = False
-    # With mma_wide / mma_down_wide: that many weight tiles a warp (2 or 4; at 4 no loads a step ahead).
-    mma_wide_tiles: int = 2
-    mma_down_wide_tiles: int = 2
 
 
 @dataclass(frozen=True)

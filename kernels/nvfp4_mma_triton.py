@@ -386,47 +386,6 @@ def _k_loop_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_bas
 
 
 @triton.jit
-def _k_loop_wide4(w64, wa, wb, wc, wd, wf, wg, wh, wi, s_ptr, sa, sb, sc, sd, sf, sg, sh, si, x64, xa_base, k_lo, k_hi,
-                  NT: tl.constexpr, VEC: tl.constexpr, L2_AHEAD: tl.constexpr):  # fmt: skip
-    """`_k_loop_wide` for four 16-row weight tiles (code / scale bases a-b, c-d, f-g, h-i) against the same x rows,
-    each K step's loads all issued before its MMAs; no loads a step ahead (four tiles' operands twice would not fit
-    the register cap). Returns the four tiles' D fragments in order."""
-    d0 = tl.zeros((NT,), dtype=tl.float32)
-    d1, d2, d3 = d0, d0, d0
-    e0, e1, e2, e3 = d0, d0, d0, d0
-    u0, u1, u2, u3 = d0, d0, d0, d0
-    v0, v1, v2, v3 = d0, d0, d0, d0
-    for k0 in range(k_lo, k_hi, 128):
-        if L2_AHEAD > 0:
-            _l2_ahead(w64, wa, wb, k0, k_hi, L2_AHEAD)
-            _l2_ahead(w64, wc, wd, k0, k_hi, L2_AHEAD)
-            _l2_ahead(w64, wf, wg, k0, k_hi, L2_AHEAD)
-            _l2_ahead(w64, wh, wi, k0, k_hi, L2_AHEAD)
-        a0, a1, b0, b1, ta0, ta1, tb0, tb1 = _load_w(w64, wa, wb, s_ptr, sa, sb, k0, VEC)
-        c0, c1, q0, q1, tc0, tc1, tq0, tq1 = _load_w(w64, wc, wd, s_ptr, sc, sd, k0, VEC)
-        f0, f1, g0, g1, tf0, tf1, tg0, tg1 = _load_w(w64, wf, wg, s_ptr, sf, sg, k0, VEC)
-        h0, h1, i0, i1, th0, th1, ti0, ti1 = _load_w(w64, wh, wi, s_ptr, sh, si, k0, VEC)
-        x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa_base, k0, VEC)
-        d0, d1, d2, d3 = _mma_step(
-            a0, a1, b0, b1, _scale2(ta0), _scale2(ta1), _scale2(tb0), _scale2(tb1),
-            x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
-        )  # fmt: skip
-        e0, e1, e2, e3 = _mma_step(
-            c0, c1, q0, q1, _scale2(tc0), _scale2(tc1), _scale2(tq0), _scale2(tq1),
-            x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3,
-        )  # fmt: skip
-        u0, u1, u2, u3 = _mma_step(
-            f0, f1, g0, g1, _scale2(tf0), _scale2(tf1), _scale2(tg0), _scale2(tg1),
-            x0, x1, x2, x3, x4, x5, x6, x7, u0, u1, u2, u3,
-        )  # fmt: skip
-        v0, v1, v2, v3 = _mma_step(
-            h0, h1, i0, i1, _scale2(th0), _scale2(th1), _scale2(ti0), _scale2(ti1),
-            x0, x1, x2, x3, x4, x5, x6, x7, v0, v1, v2, v3,
-        )  # fmt: skip
-    return d0, d1, d2, d3, e0, e1, e2, e3, u0, u1, u2, u3, v0, v1, v2, v3
-
-
-@triton.jit
 def _quad_step(wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xa, xb, xc, xd, k0, VEC: tl.constexpr,
                d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3):  # fmt: skip
     """One K step of four groups of 8 x rows (the lane's rows at int64 words xa, xb, xc, xd; BF16x2 scales s0-s3):
@@ -919,7 +878,7 @@ def _silu_mul(gate, up):
 @triton.jit
 def _gate_up_columns(pid_i, t, NG: tl.constexpr, TILES: tl.constexpr = 1):
     """Lane t's (c, column j) in the gate_up's column tile pid_i of NG warps' 8 columns; with the warps splitting K,
-    warp w's columns are those of warp w % NG. TILES > 1: 8 * TILES columns a warp, j, j + 8, ... the lane's."""
+    warp w's columns are those of warp w % NG. TILES 2: 16 columns a warp, j and j + 8 the lane's."""
     lane = t % 32
     CW: tl.constexpr = 8 * TILES  # columns a warp
     return lane % 4, pid_i * (CW * NG) + ((t // 32) % NG) * CW + lane // 4
@@ -990,9 +949,9 @@ def _moe_gate_up_body(
     INTER + j, so its D fragment holds gate and up of the same column for pairs 2c, 2c + 1: SiLU-and-mul in
     registers. An expert without pairs does no K loop. KSPLIT > 1: the warps split K as well as the columns (NW /
     KSPLIT groups of 8 columns, each in KSPLIT parts of K, one a warp), so each warp's chain of dependent K steps is
-    KSPLIT times shorter; the parts' D fragments are summed across warps in part order (deterministic). TILES 2 or 4
-    (with KSPLIT 1): 8 * TILES columns a warp, TILES 16-row weight tiles (columns j, j + 8, ...) whose MMAs share
-    each K step's x words."""
+    KSPLIT times shorter; the parts' D fragments are summed across warps in part order (deterministic). TILES 2 (with
+    KSPLIT 1): 16 columns a warp, two 16-row weight tiles (columns j and j + 8) whose MMAs share each K step's x
+    words. (Four tiles, 32 columns a warp, lost on the H200: b32 +15%, thirty-third session.)"""
     pid_i = tl.program_id(0)
     e = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -1006,12 +965,9 @@ def _moe_gate_up_body(
     w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(
         w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, ja, jb, c, stride_wn, stride_sn
     )
-    if TILES >= 2:  # tiles two (columns j + 8) and on
+    if TILES == 2:  # tile two: gate and up rows of column j + 8
         we_ptr, se_ptr = w_ptr + e64 * stride_we, s_ptr + e64 * stride_se
         wc_base, wd_base, sc_base, sd_base = _gate_up_tile(we_ptr, se_ptr, j + 8, INTER, c, stride_wn, stride_sn)
-        if TILES == 4:
-            wf_base, wg_base, sf_base, sg_base = _gate_up_tile(we_ptr, se_ptr, j + 16, INTER, c, stride_wn, stride_sn)
-            wh_base, wi_base, sh_base, si_base = _gate_up_tile(we_ptr, se_ptr, j + 24, INTER, c, stride_wn, stride_sn)
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
     k_part = K // KSPLIT  # a multiple of 256 (`launch_moe_gate_up`): the parts keep the 16-byte and line alignment
     if KSPLIT > 1:  # warp w's part of K, (w // NG) * k_part onward, as offsets in int64 code words and scale bytes
@@ -1032,11 +988,8 @@ def _moe_gate_up_body(
     post = 4.611686018427388e18  # 2**62
     gs_a = segment_scale(gs_ptr + e64 * stride_gse, joa, ok, seg1, seg2, seg3) * post
     gs_b = segment_scale(gs_ptr + e64 * stride_gse, joa + INTER, ok, seg1, seg2, seg3) * post
-    if TILES >= 2:
+    if TILES == 2:
         ok2, gs_c, gs_d = _gate_up_scales(gs_ptr + e64 * stride_gse, jo + 8, INTER, seg1, seg2, seg3)
-        if TILES == 4:
-            ok3, gs_f, gs_g = _gate_up_scales(gs_ptr + e64 * stride_gse, jo + 16, INTER, seg1, seg2, seg3)
-            ok4, gs_h, gs_i = _gate_up_scales(gs_ptr + e64 * stride_gse, jo + 24, INTER, seg1, seg2, seg3)
     xdt = h_ptr.dtype.element_ty
     pdl_entry(PDL)  # the ids are the router's, the previous kernel's
     pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
@@ -1047,12 +1000,7 @@ def _moe_gate_up_body(
         xa_base = (tl.gather(pairs, g, 0) // TOPK) * (stride_xt // 4) + c * 8
         if KSPLIT > 1:
             xa_base += k_off // 4
-        if TILES == 4:
-            (d0, d1, d2, d3, f0, f1, f2, f3, u0, u1, u2, u3, v0, v1, v2, v3) = _k_loop_wide4(
-                w64, wa_base, wb_base, wc_base, wd_base, wf_base, wg_base, wh_base, wi_base, sp, sa_base, sb_base,
-                sc_base, sd_base, sf_base, sg_base, sh_base, si_base, x64, xa_base, 0, k_part, NT, VEC, L2_AHEAD,
-            )  # fmt: skip
-        elif TILES == 2:
+        if TILES == 2:
             d0, d1, d2, d3, f0, f1, f2, f3 = _k_loop_wide(
                 w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, x64, xa_base, 0,
                 k_part, NT, PREFETCH, VEC, L2_AHEAD,
@@ -1072,12 +1020,9 @@ def _moe_gate_up_body(
         h_hi = _silu_mul((d1 * gs_a).to(xdt), (d3 * gs_b).to(xdt))
         tl.store(h_ptr + p_lo * stride_h + jo, h_lo, mask=ok & (c0 + 2 * co < count))
         tl.store(h_ptr + p_hi * stride_h + jo, h_hi, mask=ok & (c0 + 2 * co + 1 < count))
-        if TILES >= 2:
+        if TILES == 2:
             lo_ok, hi_ok = c0 + 2 * co < count, c0 + 2 * co + 1 < count
             _gate_up_store(h_ptr, f0, f1, f2, f3, ok2, gs_c, gs_d, p_lo, p_hi, lo_ok, hi_ok, jo + 8, stride_h)
-            if TILES == 4:
-                _gate_up_store(h_ptr, u0, u1, u2, u3, ok3, gs_f, gs_g, p_lo, p_hi, lo_ok, hi_ok, jo + 16, stride_h)
-                _gate_up_store(h_ptr, v0, v1, v2, v3, ok4, gs_h, gs_i, p_lo, p_hi, lo_ok, hi_ok, jo + 24, stride_h)
 
 
 @triton.jit(do_not_specialize=["P"])
@@ -1258,42 +1203,6 @@ def _moe_gate_up_mma_wide_kernel(
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["P"])
-def _moe_gate_up_mma_wide4_kernel(
-    x_ptr,
-    ids_ptr,
-    w_ptr,
-    s_ptr,
-    gs_ptr,
-    h_ptr,
-    P,
-    K,
-    INTER,
-    TOPK,
-    stride_xt,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    stride_gse,
-    stride_h,
-    seg1,
-    seg2,
-    seg3,
-    P_PAD: tl.constexpr,
-    NW: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    PDL: tl.constexpr,
-    L2_AHEAD: tl.constexpr,
-):
-    """The VEC MoE gate_up with 32 columns a warp, four weight tiles sharing each K step's x words (MoEConfig.mma_wide
-    with mma_wide_tiles 4; no loads a step ahead: PREFETCH is not used), L2 requests L2_AHEAD K steps ahead."""
-    _moe_gate_up_body(
-        x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
-        stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD, 1, 4
-    )  # fmt: skip
-
-
 @triton.jit
 def _down_tile(w_ptr, s_ptr, gs_ptr, row, N, c, stride_wn, stride_sn, seg1, seg2, seg3):
     """One expert's 16-row tile at rows row / row + 8: code and scale bases (`_weight_bases`; rows past N read row
@@ -1351,8 +1260,8 @@ def _moe_down_body(
     L2_MODE (MoEConfig.mma_down_l2): 1 asks L2 for the codes two K steps ahead in the K loop (`_l2_ahead`); 2 asks
     for all of the tile's codes before the PDL wait, for an expert with pairs: the ids are the router's, written two
     grids back, and the gate_up launch before this one lets it start only after each of its programs has waited for
-    its own predecessor (`pdl_entry`), so the router has finished by then. TILES 2 or 4: 16 * TILES rows a warp,
-    TILES 16-row tiles whose MMAs share each K step's h words."""
+    its own predecessor (`pdl_entry`), so the router has finished by then. TILES 2: 32 rows a warp, two 16-row tiles
+    whose MMAs share each K step's h words. (Four tiles, 64 rows a warp, were even to +2.3% on the H200.)"""
     pid_n = tl.program_id(0)
     e = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -1375,18 +1284,11 @@ def _moe_down_body(
     post = 4.611686018427388e18  # 2**62
     gs0 = segment_scale(gs_ptr + e64 * stride_gse, r0, ok0, seg1, seg2, seg3) * post
     gs1 = segment_scale(gs_ptr + e64 * stride_gse, r1, ok1, seg1, seg2, seg3) * post
-    if TILES >= 2:  # tiles two (rows g + 16 / g + 24 of the warp's) and on
+    if TILES == 2:  # tile two: rows g + 16 / g + 24 of the warp's 32
         we_ptr, se_ptr, ge_ptr = w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, gs_ptr + e64 * stride_gse
         wc_base, wd_base, sc_base, sd_base, ok2, ok3, gs2, gs3 = _down_tile(
             we_ptr, se_ptr, ge_ptr, row0 + 16, N, c, stride_wn, stride_sn, seg1, seg2, seg3
         )
-        if TILES == 4:
-            wf_base, wg_base, sf_base, sg_base, ok4, ok5, gs4, gs5 = _down_tile(
-                we_ptr, se_ptr, ge_ptr, row0 + 32, N, c, stride_wn, stride_sn, seg1, seg2, seg3
-            )
-            wh_base, wi_base, sh_base, si_base, ok6, ok7, gs6, gs7 = _down_tile(
-                we_ptr, se_ptr, ge_ptr, row0 + 48, N, c, stride_wn, stride_sn, seg1, seg2, seg3
-            )
     ydt = y_ptr.dtype.element_ty
     if L2_MODE != 2:
         pdl_entry(PDL)  # h is the gate_up launch's
@@ -1396,25 +1298,15 @@ def _moe_down_body(
             for kl in range(0, K, 256):  # a row's 128-byte lines (256 codes each)
                 prefetch_lines(w64 + wa_base + kl // 16)
                 prefetch_lines(w64 + wb_base + kl // 16)
-                if TILES >= 2:
+                if TILES == 2:
                     prefetch_lines(w64 + wc_base + kl // 16)
                     prefetch_lines(w64 + wd_base + kl // 16)
-                if TILES == 4:
-                    prefetch_lines(w64 + wf_base + kl // 16)
-                    prefetch_lines(w64 + wg_base + kl // 16)
-                    prefetch_lines(w64 + wh_base + kl // 16)
-                    prefetch_lines(w64 + wi_base + kl // 16)
         pdl_entry(PDL)
     for c0 in range(0, count, 8):
         if c0 > 0:
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
         ha_base = tl.gather(pairs, g, 0) * (stride_h // 4) + c * 8
-        if TILES == 4:
-            (d0, d1, d2, d3, f0, f1, f2, f3, u0, u1, u2, u3, v0, v1, v2, v3) = _k_loop_wide4(
-                w64, wa_base, wb_base, wc_base, wd_base, wf_base, wg_base, wh_base, wi_base, sp, sa_base, sb_base,
-                sc_base, sd_base, sf_base, sg_base, sh_base, si_base, h64, ha_base, 0, K, NT, VEC, 2 * (L2_MODE == 1),
-            )  # fmt: skip
-        elif TILES == 2:
+        if TILES == 2:
             d0, d1, d2, d3, f0, f1, f2, f3 = _k_loop_wide(
                 w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, h64, ha_base, 0, K,
                 NT, PREFETCH, VEC, 2 * (L2_MODE == 1),
@@ -1431,11 +1323,8 @@ def _moe_down_body(
         tl.store(y_ptr + p_hi * stride_y + row0, (d1 * gs0).to(ydt), mask=ok0 & hi_ok)
         tl.store(y_ptr + p_lo * stride_y + row1, (d2 * gs1).to(ydt), mask=ok1 & lo_ok)
         tl.store(y_ptr + p_hi * stride_y + row1, (d3 * gs1).to(ydt), mask=ok1 & hi_ok)
-        if TILES >= 2:
+        if TILES == 2:
             _down_store(y_ptr, f0, f1, f2, f3, row0 + 16, ok2, ok3, gs2, gs3, p_lo, p_hi, lo_ok, hi_ok, stride_y)
-        if TILES == 4:
-            _down_store(y_ptr, u0, u1, u2, u3, row0 + 32, ok4, ok5, gs4, gs5, p_lo, p_hi, lo_ok, hi_ok, stride_y)
-            _down_store(y_ptr, v0, v1, v2, v3, row0 + 48, ok6, ok7, gs6, gs7, p_lo, p_hi, lo_ok, hi_ok, stride_y)
 
 
 @triton.jit(do_not_specialize=["P"])
@@ -1575,41 +1464,6 @@ def _moe_down_mma_wide_kernel(
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["P"])
-def _moe_down_mma_wide4_kernel(
-    h_ptr,
-    ids_ptr,
-    w_ptr,
-    s_ptr,
-    gs_ptr,
-    y_ptr,
-    P,
-    K,
-    N,
-    stride_h,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    stride_gse,
-    stride_y,
-    seg1,
-    seg2,
-    seg3,
-    P_PAD: tl.constexpr,
-    NW: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    PDL: tl.constexpr,
-    L2_MODE: tl.constexpr,
-):
-    """The VEC MoE down with 64 rows a warp, four weight tiles sharing each K step's h words (MoEConfig.mma_down_wide
-    with mma_down_wide_tiles 4; no loads a step ahead: PREFETCH is not used), L2 requests as L2_MODE says."""
-    _moe_down_body(
-        h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
-        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE, 4
-    )  # fmt: skip
-
-
 def _fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
     """What every kernel here needs: a CUDA GPU of sm_80 or later (not the interpreter, which runs no PTX), BF16
     activations [rows, K] with rows on 8 bytes, NVFP4 weights [..., N, K] with K a multiple of BLOCK_K and code rows
@@ -1729,16 +1583,13 @@ def launch_moe_down(
     vec: bool = False,
     l2: int = 0,
     wide: bool = False,
-    wide_tiles: int = 2,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
     `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also
     ask L2 for the codes, 1 two K steps ahead, 2 all of them before the PDL wait (MoEConfig.mma_down_l2); wide (with
-    vec): 16 * wide_tiles rows a warp, wide_tiles (2 or 4) tiles sharing h's loads (MoEConfig.mma_down_wide)."""
+    vec): 32 rows a warp, two tiles sharing h's loads (MoEConfig.mma_down_wide)."""
     if l2 not in (0, 1, 2):
         raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
-    if wide_tiles not in (2, 4):
-        raise ValueError(f"wide_tiles must be 2 or 4, got {wide_tiles}")
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
@@ -1746,9 +1597,7 @@ def launch_moe_down(
     extra = {}
     rows = 16 * num_warps  # weight rows a program
     if wide and kernel is _moe_down_mma_vec_kernel:
-        kernel = _moe_down_mma_wide_kernel if wide_tiles == 2 else _moe_down_mma_wide4_kernel
-        extra, rows = {"L2_MODE": l2}, 16 * wide_tiles * num_warps
-        prefetch = prefetch and wide_tiles == 2
+        kernel, extra, rows = _moe_down_mma_wide_kernel, {"L2_MODE": l2}, 32 * num_warps
     elif l2 and kernel is _moe_down_mma_vec_kernel:
         kernel, extra = _moe_down_mma_l2_kernel, {"L2_MODE": l2}
     kernel[(triton.cdiv(n, rows), n_exp)](
@@ -1769,7 +1618,6 @@ def moe_down(
     vec: bool = False,
     l2: int = 0,
     wide: bool = False,
-    wide_tiles: int = 2,
 ) -> torch.Tensor:
     """y [T * k, H]: `linear_ref(h[p], w2[e])` of every pair p routed to expert e, expert-major on the MMA kernel;
     h [T * k, I] BF16 (the gate_up's output), topk_ids [T, k], w2 [E, H, I]."""
@@ -1780,7 +1628,7 @@ def moe_down(
         )
     ids = topk_ids.reshape(-1).contiguous()
     y = torch.empty((ids.numel(), w2.qweight.shape[1]), dtype=h.dtype, device=h.device)
-    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec, l2, wide, wide_tiles)
+    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec, l2, wide)
     return y
 
 
@@ -1796,22 +1644,18 @@ def launch_moe_gate_up(
     l2_ahead: int = 0,
     warp_k: int = 1,
     wide: bool = False,
-    wide_tiles: int = 2,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec:
     16-byte loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that
     many K steps ahead; warp_k (with vec; a power of two dividing num_warps): the warps split K in that many parts
     as well as the columns, where K is a multiple of 256 a part (else it is not split); wide (with vec, not with
-    warp_k): 8 * wide_tiles columns a warp, wide_tiles (2 or 4) tiles sharing x's loads (MoEConfig.mma_wide; at 4 no
-    loads a step ahead)."""
+    warp_k): 16 columns a warp, two tiles sharing x's loads (MoEConfig.mma_wide)."""
     if l2_ahead < 0 or l2_ahead % 2:
         raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
     if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
         raise ValueError(f"warp_k must be a power of two dividing num_warps ({num_warps}), got {warp_k}")
     if wide and warp_k > 1:
         raise ValueError("wide and warp_k > 1 do not combine: the wide gate_up's warps do not split K")
-    if wide_tiles not in (2, 4):
-        raise ValueError(f"wide_tiles must be 2 or 4, got {wide_tiles}")
     n_exp, two_i, _ = w13.qweight.shape
     pairs, inter = ids.numel(), two_i // 2
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
@@ -1820,10 +1664,8 @@ def launch_moe_gate_up(
     groups = num_warps  # warps a K part: 8 columns each
     columns = 8  # a warp's
     if wide and kernel is _moe_gate_up_mma_vec_kernel:
-        kernel = _moe_gate_up_mma_wide_kernel if wide_tiles == 2 else _moe_gate_up_mma_wide4_kernel
-        extra, columns = {"L2_AHEAD": l2_ahead}, 8 * wide_tiles
-        prefetch = prefetch and wide_tiles == 2
-        if not _INTERPRET and wide_tiles == 2:  # four tiles spill at the cap (154 registers uncapped, sm_90)
+        kernel, extra, columns = _moe_gate_up_mma_wide_kernel, {"L2_AHEAD": l2_ahead}, 16
+        if not _INTERPRET:
             extra["maxnreg"] = KS_MAXNREG
     elif warp_k > 1 and kernel is _moe_gate_up_mma_vec_kernel and x.shape[1] % (256 * warp_k) == 0:
         # 256 values a part at least: a part starts on a 128-byte code line, as `_l2_ahead`'s pairs of steps assume
@@ -1852,7 +1694,6 @@ def moe_gate_up(
     l2_ahead: int = 0,
     warp_k: int = 1,
     wide: bool = False,
-    wide_tiles: int = 2,
 ) -> torch.Tensor:
     """h [T * k, I]: `silu_and_mul_ref(linear_ref(x[t], w13[e]))` of every (token t, slot) pair routed to expert e,
     expert-major on the MMA kernel (`_moe_gate_up_mma_kernel`); x [T, H] BF16, topk_ids [T, k], w13 [E, 2I, H]."""
@@ -1865,5 +1706,5 @@ def moe_gate_up(
         )
     ids = topk_ids.reshape(-1).contiguous()
     h = torch.empty((ids.numel(), w13.qweight.shape[1] // 2), dtype=x.dtype, device=x.device)
-    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch, vec, l2_ahead, warp_k, wide, wide_tiles)
+    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch, vec, l2_ahead, warp_k, wide)
     return h

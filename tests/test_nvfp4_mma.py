@@ -411,17 +411,12 @@ def test_moe_gate_up_asking_l2_ahead(emulated_ptx: None, l2_requests: list[int],
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-@pytest.mark.parametrize(
-    "tiles,l2_ahead,prefetch", [(2, 0, False), (2, 0, True), (2, 2, True), (2, 4, False), (4, 0, False), (4, 2, True)]
-)
-def test_moe_gate_up_wide_kernel(
-    emulated_ptx: None, l2_requests: list[int], tiles: int, l2_ahead: int, prefetch: bool
-) -> None:
-    """`_moe_gate_up_mma_wide_kernel` / `_wide4_kernel` (MoEConfig.mma_wide, mma_wide_tiles): 8 * tiles columns a
-    warp, the tiles sharing x's loads. The same h as the VEC kernel, bit for bit (each tile's MMAs run in the same
-    order), with I = 40 in programs of 32 (2 tiles) or 64 columns (4: tiles past I in both warps); its L2 requests
-    only for later steps of the warp's own rows (K of 6 steps); wide with the warps splitting K, and other tile
-    counts, refused."""
+@pytest.mark.parametrize("l2_ahead,prefetch", [(0, False), (0, True), (2, True), (4, False)])
+def test_moe_gate_up_wide_kernel(emulated_ptx: None, l2_requests: list[int], l2_ahead: int, prefetch: bool) -> None:
+    """`_moe_gate_up_mma_wide_kernel` (MoEConfig.mma_wide): 16 columns a warp, two tiles sharing x's loads. The same
+    h as the VEC kernel, bit for bit (each tile's MMAs run in the same order), with I = 40 in programs of 32 columns
+    (the second program's tile two and warp two past I); its L2 requests only for later steps of the warp's own rows
+    (K of 6 steps); wide with the warps splitting K refused."""
     w13 = random_experts(5, 40, 768, seed=31)
     ids = _routing().reshape(-1).contiguous()
     x = (torch.randn(10, 768, generator=torch.Generator().manual_seed(32)) * 0.5).to(torch.bfloat16)
@@ -429,14 +424,11 @@ def test_moe_gate_up_wide_kernel(
     nm.launch_moe_gate_up(x, ids, w13, want, 3, 2, prefetch=prefetch, vec=True)
     assert not l2_requests
     got = torch.full((30, 40), float("nan"))
-    name = "_moe_gate_up_mma_wide_kernel" if tiles == 2 else "_moe_gate_up_mma_wide4_kernel"
-    spy = LaunchSpy(getattr(nm, name))
+    spy = LaunchSpy(nm._moe_gate_up_mma_wide_kernel)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nm, name, spy)
-        nm.launch_moe_gate_up(
-            x, ids, w13, got, 3, 2, prefetch=prefetch, vec=True, l2_ahead=l2_ahead, wide=True, wide_tiles=tiles
-        )  # fmt: skip
-    assert spy.launches == 1 and spy.grids == [(2 if tiles == 2 else 1, 5)]
+        mp.setattr(nm, "_moe_gate_up_mma_wide_kernel", spy)
+        nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, prefetch=prefetch, vec=True, l2_ahead=l2_ahead, wide=True)
+    assert spy.launches == 1 and spy.grids == [(2, 5)]
     assert torch.equal(got, want)
     _assert_h_exact(got, x, ids.reshape(10, 3), w13)
     if l2_ahead:
@@ -448,8 +440,6 @@ def test_moe_gate_up_wide_kernel(
         assert not l2_requests
     with pytest.raises(ValueError, match="wide and warp_k"):
         nm.launch_moe_gate_up(x, ids, w13, got, 3, 4, vec=True, warp_k=2, wide=True)
-    with pytest.raises(ValueError, match="wide_tiles must be 2 or 4"):
-        nm.launch_moe_gate_up(x, ids, w13, got, 3, 4, vec=True, wide=True, wide_tiles=3)
 
 
 @pytest.mark.parametrize("vec,prefetch", [(False, False), (False, True), (True, False)], ids=["8B", "prefetch", "16B"])
@@ -499,24 +489,23 @@ def test_moe_down_asking_l2(emulated_ptx: None, l2_requests: list[int], mode: in
         nm.launch_moe_down(h, ids, w2, got, num_warps=2, vec=True, l2=3)
 
 
-@pytest.mark.parametrize("tiles,mode", [(2, 0), (2, 1), (2, 2), (4, 0), (4, 2)])
-def test_moe_down_wide_kernel(emulated_ptx: None, l2_requests: list[int], tiles: int, mode: int) -> None:
-    """`_moe_down_mma_wide_kernel` / `_wide4_kernel` (MoEConfig.mma_down_wide, mma_down_wide_tiles): 16 * tiles rows
-    a warp, the tiles sharing h's loads. The same y as the VEC kernel, bit for bit, with N = 136 in programs of 64 or
-    128 rows (the last with one real half-tile); its L2 requests as the VEC kernel's modes (mode 2: every line of
-    every row of the experts with pairs, none of expert 4's); other tile counts refused."""
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_moe_down_wide_kernel(emulated_ptx: None, l2_requests: list[int], mode: int) -> None:
+    """`_moe_down_mma_wide_kernel` (MoEConfig.mma_down_wide): 32 rows a warp, two tiles sharing h's loads. The same y
+    as the VEC kernel, bit for bit, with N = 136 in programs of 64 rows (the last with one real half-tile); its L2
+    requests as the VEC kernel's modes (mode 2: every line of every row of the experts with pairs, none of expert
+    4's)."""
     w2 = random_experts(5, 68, 768, seed=41)  # [E, 136, 768], segments (68, 68)
     ids = _routing().reshape(-1).contiguous()
     h = (torch.randn(30, 768, generator=torch.Generator().manual_seed(42)) * 0.5).to(torch.bfloat16)
     want = torch.full((30, 136), float("nan"))
     nm.launch_moe_down(h, ids, w2, want, num_warps=2, vec=True)
     got = torch.full((30, 136), float("nan"))
-    name = "_moe_down_mma_wide_kernel" if tiles == 2 else "_moe_down_mma_wide4_kernel"
-    spy = LaunchSpy(getattr(nm, name))
+    spy = LaunchSpy(nm._moe_down_mma_wide_kernel)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nm, name, spy)
-        nm.launch_moe_down(h, ids, w2, got, num_warps=2, vec=True, l2=mode, wide=True, wide_tiles=tiles)
-    assert spy.launches == 1 and spy.grids == [(3 if tiles == 2 else 2, 5)]
+        mp.setattr(nm, "_moe_down_mma_wide_kernel", spy)
+        nm.launch_moe_down(h, ids, w2, got, num_warps=2, vec=True, l2=mode, wide=True)
+    assert spy.launches == 1 and spy.grids == [(3, 5)]
     assert not torch.isnan(got).any() and torch.equal(got, want)
     q = w2.qweight
     offsets = np.array(l2_requests, dtype=np.int64) - q.data_ptr()
@@ -529,8 +518,6 @@ def test_moe_down_wide_kernel(emulated_ptx: None, l2_requests: list[int], tiles:
     else:
         asked = set(zip(expert.tolist(), row.tolist(), line.tolist(), strict=True))
         assert asked == {(e, r, ln) for e in range(4) for r in range(136) for ln in range(3)}
-    with pytest.raises(ValueError, match="wide_tiles must be 2 or 4"):
-        nm.launch_moe_down(h, ids, w2, got, num_warps=2, vec=True, wide=True, wide_tiles=8)
 
 
 # silu(gate) of a very negative gate: exp(-gate) overflows to inf in the interpreter, which gives the right -0.
@@ -595,7 +582,7 @@ def test_kernels_compile_for_sm90_one_element_a_thread() -> None:
     conversion at all and 8 HMMAs a K step; no spills; the VEC kernels load codes and x 16 bytes at a time (six
     LDG.E.128 a K step at least; the rows kernel 8 HMMAs a group of 8 rows a K step, 2 + 4 a group LDG.E.128); the
     same for the gate_up whose warps split K too (`_moe_gate_up_mma_ks_kernel`); the MoE's wide twins (two tiles a
-    warp, 16 HMMAs a K step, in at most 128 registers a thread; four tiles, 32 HMMAs, at most 168)."""
+    warp, 16 HMMAs a K step) in at most 128 registers a thread."""
     code = f"""
 import re, sys
 sys.path.insert(0, {str(BENCHMARKS)!r})
@@ -628,15 +615,13 @@ cases = [
     (nm._moe_gate_up_mma_wide_kernel, gate_up, dict(P_PAD=256, NW=8, PREFETCH=True, PDL=True, L2_AHEAD=2)),
     (nm._moe_gate_up_mma_wide_kernel, gate_up, dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True, L2_AHEAD=0)),
     (nm._moe_down_mma_wide_kernel, down, dict(P_PAD=256, NW=8, PREFETCH=False, PDL=True, L2_MODE=2)),
-    (nm._moe_gate_up_mma_wide4_kernel, gate_up, dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True, L2_AHEAD=2)),
-    (nm._moe_down_mma_wide4_kernel, down, dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True, L2_MODE=2)),
 ]
 for fn, ptrs, cx in cases:
     ptrs = dict(common, **ptrs)
     sig = {{n: ptrs.get(n, "constexpr" if n in cx else "i32") for n in fn.arg_names}}
     src = ASTSource(fn=fn, signature=sig, constexprs={{(fn.arg_names.index(k),): v for k, v in cx.items()}})
     opts = {{"num_warps": cx["NW"], "num_stages": 1}}
-    if "_ks_" in fn.__name__ or "_gate_up_mma_wide_" in fn.__name__:  # launched with their register cap (not wide4)
+    if "_ks_" in fn.__name__ or "_gate_up_mma_wide_" in fn.__name__:  # launched with their register cap
         opts["maxnreg"] = nm.KS_MAXNREG
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     ttgir = k.asm["ttgir"]
@@ -652,30 +637,29 @@ for fn, ptrs, cx in cases:
     l2 = sum("CCTL.E.PF2" in op for _, op in code)  # prefetch.global.L2 (CCTL.IVALL is a semaphore's acquire)
     # the twins splitting K across warps and the MoE's wide twins are VEC kernels, with L2 requests where L2_AHEAD
     # or L2_MODE asks for them
-    twin = "_ks_" in fn.__name__ or fn.__name__.startswith("_moe_") and "_wide" in fn.__name__
+    twin = "_ks_" in fn.__name__ or fn.__name__.startswith("_moe_") and "_wide_" in fn.__name__
     asks = cx.get("L2_AHEAD", 0) or cx.get("L2_MODE", 0)
     name = fn.__name__ + ("_vec_" if cx.get("VEC") or twin else "") + ("_l2_" if twin and asks else "")
     spills = res.get("LOCAL", 0) + res.get("STACK", 0)
     # the linear's wide kernel runs one quad of groups against two weight tiles: 64 HMMAs a K step; the MoE's wide
     # kernels one group against two tiles: 16
-    moe_tiles = 4 if "_wide4_" in fn.__name__ else 2
-    groups = cx.get("GROUPS", (moe_tiles if fn.__name__.startswith("_moe_") else 8) if "_wide" in fn.__name__ else 1)
+    groups = cx.get("GROUPS", (2 if fn.__name__.startswith("_moe_") else 8) if "_wide_" in fn.__name__ else 1)
     print(name, groups, identity, ttgir.count("convert_layout"), hmma, spills, wide, l2, res.get("REG", 0))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-22:]]
-    assert len(lines) == 22, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-20:]]
+    assert len(lines) == 20, r.stdout
     for name, groups, identity, converts, hmma, spills, wide, l2, regs in lines:
         assert identity == "1" and spills == "0", (name, identity, spills)
         assert int(hmma) >= 8 * int(groups), (name, groups, hmma)
         if name.startswith("_nvfp4_mma"):
             assert converts == "0", (name, converts)
-        if name.startswith("_moe_") and "_wide" in name:  # x of one group (4) and each tile's codes (2 each)
-            assert int(wide) >= 4 + 2 * int(groups), (name, wide)
-            # two tiles: two 8-warp programs an SM, as for the installed kernels; four: three 4-warp programs
-            assert int(regs) <= (128 if groups == "2" else 168), (name, regs)
+        if name.startswith("_moe_") and "_wide_" in name:  # x of one group (4) and both tiles' codes (2 each)
+            assert int(wide) >= 4 + 2 * 2, (name, wide)
+            # two 8-warp programs an SM, as for the installed kernels
+            assert int(regs) <= 128, (name, regs)
         elif "_wide_" in name:  # x of four groups (4 each) and both tiles' codes (2 each)
             assert int(wide) >= 4 * 4 + 2 * 2, (name, wide)
         elif "_vec_" in name or "_l2_" in name:
@@ -738,11 +722,9 @@ def test_moe_gate_up_on_the_gpu(tokens: int, vec: bool) -> None:
             split = split.float()
             assert ((split - want).abs() <= tol).all(), (warps, warp_k, (split - want).abs().max())
         # Two tiles a warp (MoEConfig.mma_wide) sum each tile in the same order: the same h, bit for bit.
-        for warps, l2_ahead, prefetch, tiles in ((8, 2, True, 2), (4, 0, False, 2), (4, 2, False, 4), (8, 0, False, 4)):
-            wide = nm.moe_gate_up(
-                x, ids, w13, warps, vec=True, prefetch=prefetch, l2_ahead=l2_ahead, wide=True, wide_tiles=tiles
-            )  # fmt: skip
-            assert torch.equal(wide.float(), got), (warps, l2_ahead, prefetch, tiles)
+        for warps, l2_ahead, prefetch in ((8, 2, True), (4, 0, False)):
+            wide = nm.moe_gate_up(x, ids, w13, warps, vec=True, prefetch=prefetch, l2_ahead=l2_ahead, wide=True)
+            assert torch.equal(wide.float(), got), (warps, l2_ahead, prefetch)
 
 
 @pytest.mark.gpu
@@ -757,16 +739,15 @@ def test_moe_gate_up_on_the_gpu(tokens: int, vec: bool) -> None:
         (True, True, True, 1, False),
         (True, True, True, 2, False),
         (True, True, True, 1, True),
-        (True, True, True, 1, 4),
     ],
 )
 def test_fused_moe_with_the_mma_kernels_on_the_gpu(
-    tokens: int, mma: bool, mma_down: bool, vec: bool, warp_k: int, wide: bool | int
+    tokens: int, mma: bool, mma_down: bool, vec: bool, warp_k: int, wide: bool
 ) -> None:
     """`moe_triton.fused_moe` with MoEConfig.mma (expert-major, shared expert apart) launches the MMA gate_up, with
     mma_down the MMA down and the slot reduce (also after the per-pair FMA gate_up), with mma_vec their 16-byte
-    kernels, with mma_warp_k the gate_up whose warps split K, with mma_wide / mma_down_wide the wide twins (wide 4:
-    four tiles a warp, `mma_wide_tiles`), and stays within the MoE tests' BF16 tolerance of `moe_ref`."""
+    kernels, with mma_warp_k the gate_up whose warps split K, with mma_wide / mma_down_wide the wide twins, and
+    stays within the MoE tests' BF16 tolerance of `moe_ref`."""
     import dataclasses
 
     from flint_kernels import moe_triton as mt
@@ -783,10 +764,9 @@ def test_fused_moe_with_the_mma_kernels_on_the_gpu(
     cfg = dataclasses.replace(
         mt.decode_config(True, tokens, x.device),
         expert_major=mma, mma=mma, mma_down=mma_down, mma_vec=vec, use_dot=False, mma_l2_ahead=0, mma_down_l2=0,
-        mma_warp_k=warp_k, mma_wide=bool(wide), mma_down_wide=bool(wide), mma_wide_tiles=4 if wide == 4 else 2,
-        mma_down_wide_tiles=4 if wide == 4 else 2,
+        mma_warp_k=warp_k, mma_wide=wide, mma_down_wide=wide,
     )  # fmt: skip
-    v = "_wide4" if wide == 4 else "_wide" if wide else "_vec" if vec else ""
+    v = "_wide" if wide else "_vec" if vec else ""
     gate_up = "_moe_gate_up_mma_ks_kernel" if warp_k > 1 else f"_moe_gate_up_mma{v}_kernel"
     names = [gate_up] * mma + [f"_moe_down_mma{v}_kernel"] * mma_down
     spies = {n: LaunchSpy(getattr(nm, n)) for n in names}
@@ -816,9 +796,8 @@ def test_moe_down_on_the_gpu(tokens: int, vec: bool) -> None:
     if vec:  # asking L2 for the codes changes no result (MoEConfig.mma_down_l2), nor two tiles a warp (mma_down_wide)
         for mode in (1, 2):
             assert torch.equal(nm.moe_down(h, ids, w2, vec=True, l2=mode), y), mode
-        for mode, warps, tiles in ((0, 4, 2), (2, 8, 2), (2, 4, 4), (1, 8, 4)):
-            wide = nm.moe_down(h, ids, w2, warps, vec=True, l2=mode, wide=True, wide_tiles=tiles)
-            assert torch.equal(wide, y), (mode, warps, tiles)
+        for mode, warps in ((0, 4), (2, 8)):
+            assert torch.equal(nm.moe_down(h, ids, w2, warps, vec=True, l2=mode, wide=True), y), (mode, warps)
 
 
 @pytest.mark.gpu
