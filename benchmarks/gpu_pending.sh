@@ -3,6 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
+# State after the thirty-third session (2026-12-04): WIDE=1 installed the wide linear at 17-32 rows (b32 -1.6%);
+# MOE_WIDE=1 and MOE_WIDE2=1 installed the MoE's two-tile MMA kernels (b32 -4.5%, then -2.5% in 4 warps; NVFP4 b32
+# 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nothing is
+# pending; next (docs/performance.md, "Two weight tiles a warp"): fewer instructions a weight value in the MMA K loops
+# (the block scales repacked at load, x pre-permuted), and Nsight Compute on the wide kernels (`gpu_ncu.sh`).
 # State after the thirty-second session (2026-12-04): STEP_GRAPHS=1 and CHUNK_SWEEP=1 ran (512-line L2 requests
 # installed, NVFP4 b1 2.145 -> 2.127 ms), `gpu_serve.sh` through Ray on step graphs (concurrency 32: 1,110 tokens/s,
 # ITL p99 53 ms); the step graphs' attention boundaries without copies (-1.6 to -2.5%). The NVFP4 linear with 32
