@@ -328,6 +328,17 @@ def _assert_h_exact(h: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, w13: NV
         assert torch.allclose(h[p].double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()), p
 
 
+def _assert_later_steps(l2_requests: list[int], qweight: torch.Tensor, l2_ahead: int, steps: int = 6) -> None:
+    """Some lines were asked for, all inside the expert codes, each the line of a K step l2_ahead or more on (at most
+    the last of `steps`; a row's K step is 64 code bytes), the last step's among them."""
+    assert l2_requests
+    offsets = np.array(l2_requests) - qweight.data_ptr()
+    assert ((offsets >= 0) & (offsets < qweight.numel())).all()
+    asked = (offsets % qweight.stride(-2)) // 64
+    last = steps - 1
+    assert set(asked.tolist()) <= {min(s, last) for s in range(l2_ahead, steps + l2_ahead)} and last in asked
+
+
 # silu(gate) of a very negative gate: exp(-gate) overflows to inf in the interpreter, which gives the right -0.
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 @pytest.mark.parametrize("vec,prefetch", [(False, False), (False, True), (True, False)], ids=["8B", "prefetch", "16B"])
@@ -400,12 +411,7 @@ def test_moe_gate_up_asking_l2_ahead(emulated_ptx: None, l2_requests: list[int],
         mp.setattr(nm, "_moe_gate_up_mma_l2_kernel", spy)
         nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, prefetch=prefetch, vec=True, l2_ahead=l2_ahead)
     assert spy.launches == 1 and torch.equal(got, want)
-    base, row = w13.qweight.data_ptr(), w13.qweight.stride(1)
-    assert l2_requests
-    offsets = np.array(l2_requests) - base
-    assert ((offsets >= 0) & (offsets < w13.qweight.numel())).all()
-    steps = (offsets % row) // 64  # 64 code bytes a row's K step
-    assert set(steps.tolist()) <= {min(s, 5) for s in range(l2_ahead, 6 + l2_ahead)} and 5 in steps
+    _assert_later_steps(l2_requests, w13.qweight, l2_ahead)
     with pytest.raises(ValueError, match="even number"):
         nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, vec=True, l2_ahead=3)
 
@@ -432,10 +438,7 @@ def test_moe_gate_up_wide_kernel(emulated_ptx: None, l2_requests: list[int], l2_
     assert torch.equal(got, want)
     _assert_h_exact(got, x, ids.reshape(10, 3), w13)
     if l2_ahead:
-        offsets = np.array(l2_requests) - w13.qweight.data_ptr()
-        assert ((offsets >= 0) & (offsets < w13.qweight.numel())).all()
-        steps = (offsets % w13.qweight.stride(1)) // 64
-        assert set(steps.tolist()) <= {min(s, 5) for s in range(l2_ahead, 6 + l2_ahead)} and 5 in steps
+        _assert_later_steps(l2_requests, w13.qweight, l2_ahead)
     else:
         assert not l2_requests
     with pytest.raises(ValueError, match="wide and warp_k"):
