@@ -328,6 +328,27 @@ def _assert_h_exact(h: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, w13: NV
         assert torch.allclose(h[p].double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()), p
 
 
+def _gate_up_twin(
+    twin: str, l2_requests: list[int], seed: int, prefetch: bool, **kw: object
+) -> tuple[NVFP4Weight, torch.Tensor, torch.Tensor, torch.Tensor, LaunchSpy]:
+    """One launch of the VEC gate_up twin `twin` (its options `kw`) against the VEC kernel on the same random experts
+    (I = 40, K of 6 steps) and routing, which asks L2 for nothing: h equal bit for bit. Returns (w13, flat ids, x,
+    the twin's h, its launch spy)."""
+    w13 = random_experts(5, 40, 768, seed=seed)
+    ids = _routing().reshape(-1).contiguous()
+    x = (torch.randn(10, 768, generator=torch.Generator().manual_seed(seed + 1)) * 0.5).to(torch.bfloat16)
+    want = torch.full((30, 40), float("nan"))
+    nm.launch_moe_gate_up(x, ids, w13, want, 3, 2, prefetch=prefetch, vec=True)
+    assert not l2_requests
+    got = torch.full((30, 40), float("nan"))
+    spy = LaunchSpy(getattr(nm, twin))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nm, twin, spy)
+        nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, prefetch=prefetch, vec=True, **kw)
+    assert spy.launches == 1 and torch.equal(got, want)
+    return w13, ids, x, got, spy
+
+
 def _assert_later_steps(l2_requests: list[int], qweight: torch.Tensor, l2_ahead: int, steps: int = 6) -> None:
     """Some lines were asked for, all inside the expert codes, each the line of a K step l2_ahead or more on (at most
     the last of `steps`; a row's K step is 64 code bytes), the last step's among them."""
@@ -399,18 +420,9 @@ def test_moe_gate_up_asking_l2_ahead(emulated_ptx: None, l2_requests: list[int],
     """`_moe_gate_up_mma_l2_kernel` (MoEConfig.mma_l2_ahead): the same h as the VEC kernel, bit for bit, and every
     line it asks L2 for is one of the expert codes a later K step of the same rows loads (K of 6 steps, so the
     requests both run ahead and stop at the last step)."""
-    w13 = random_experts(5, 40, 768, seed=11)
-    ids = _routing().reshape(-1).contiguous()
-    x = (torch.randn(10, 768, generator=torch.Generator().manual_seed(12)) * 0.5).to(torch.bfloat16)
-    want = torch.full((30, 40), float("nan"))
-    nm.launch_moe_gate_up(x, ids, w13, want, 3, 2, prefetch=prefetch, vec=True)
-    assert not l2_requests
-    got = torch.full((30, 40), float("nan"))
-    spy = LaunchSpy(nm._moe_gate_up_mma_l2_kernel)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nm, "_moe_gate_up_mma_l2_kernel", spy)
-        nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, prefetch=prefetch, vec=True, l2_ahead=l2_ahead)
-    assert spy.launches == 1 and torch.equal(got, want)
+    w13, ids, x, got, _ = _gate_up_twin(
+        "_moe_gate_up_mma_l2_kernel", l2_requests, 11, prefetch=prefetch, l2_ahead=l2_ahead
+    )  # fmt: skip
     _assert_later_steps(l2_requests, w13.qweight, l2_ahead)
     with pytest.raises(ValueError, match="even number"):
         nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, vec=True, l2_ahead=3)
@@ -423,19 +435,10 @@ def test_moe_gate_up_wide_kernel(emulated_ptx: None, l2_requests: list[int], l2_
     h as the VEC kernel, bit for bit (each tile's MMAs run in the same order), with I = 40 in programs of 32 columns
     (the second program's tile two and warp two past I); its L2 requests only for later steps of the warp's own rows
     (K of 6 steps); wide with the warps splitting K refused."""
-    w13 = random_experts(5, 40, 768, seed=31)
-    ids = _routing().reshape(-1).contiguous()
-    x = (torch.randn(10, 768, generator=torch.Generator().manual_seed(32)) * 0.5).to(torch.bfloat16)
-    want = torch.full((30, 40), float("nan"))
-    nm.launch_moe_gate_up(x, ids, w13, want, 3, 2, prefetch=prefetch, vec=True)
-    assert not l2_requests
-    got = torch.full((30, 40), float("nan"))
-    spy = LaunchSpy(nm._moe_gate_up_mma_wide_kernel)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nm, "_moe_gate_up_mma_wide_kernel", spy)
-        nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, prefetch=prefetch, vec=True, l2_ahead=l2_ahead, wide=True)
-    assert spy.launches == 1 and spy.grids == [(2, 5)]
-    assert torch.equal(got, want)
+    w13, ids, x, got, spy = _gate_up_twin(
+        "_moe_gate_up_mma_wide_kernel", l2_requests, 31, prefetch=prefetch, l2_ahead=l2_ahead, wide=True
+    )  # fmt: skip
+    assert spy.grids == [(2, 5)]
     _assert_h_exact(got, x, ids.reshape(10, 3), w13)
     if l2_ahead:
         _assert_later_steps(l2_requests, w13.qweight, l2_ahead)
