@@ -5,9 +5,9 @@
 #
 # State after the thirty-third session (2026-12-04): WIDE=1 installed the wide linear at 17-32 rows (b32 -1.6%);
 # MOE_WIDE=1 and MOE_WIDE2=1 installed the MoE's two-tile MMA kernels (b32 -4.5%, then -2.5% in 4 warps; NVFP4 b32
-# 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nothing is
-# pending; next (docs/performance.md, "Two weight tiles a warp"): fewer instructions a weight value in the MMA K loops
-# (the block scales repacked at load, x pre-permuted), and Nsight Compute on the wide kernels (`gpu_ncu.sh`).
+# 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nsight Compute
+# then had the wide MoE kernels issuing on 63-65% of cycles, so the session built ready scale bytes (fewer
+# instructions a weight value): READY=1 (next) judges them.
 # State after the thirty-second session (2026-12-04): STEP_GRAPHS=1 and CHUNK_SWEEP=1 ran (512-line L2 requests
 # installed, NVFP4 b1 2.145 -> 2.127 ms), `gpu_serve.sh` through Ray on step graphs (concurrency 32: 1,110 tokens/s,
 # ITL p99 53 ms); the step graphs' attention boundaries without copies (-1.6 to -2.5%). The NVFP4 linear with 32
@@ -437,6 +437,33 @@ if [ "${STEP_GRAPHS:-0}" = 1 ]; then
     done
     timeout 200 python3 benchmarks/prefill_host.py --format bf16 --lengths 16 128 512 2048 --step-graphs \
         --profile-length 0 --out "$OUT/prefill_host_bf16.json" 2>&1 | grep -v Warn | tail -12
+fi
+# READY=1 (NEXT): the MMA kernels reading ready scale bytes (`kernels/nvfp4_mma_scales.py`: each block scale's BF16
+# pair in one multiply-add instead of the E4M3 decode, 11-14% fewer instructions in the K loops on sm_90; built on CPU
+# in the thirty-third session after Nsight Compute had the wide MoE kernels' schedulers issuing on 63-65% of cycles).
+# FLINT_MMA_READY_SCALES=1 makes the bytes when the model is built (both tables then run on the same weights); the
+# variant sets mma_ready on every gemv.small_m and moe.decode entry (it matters only where the MMA kernels run). Its
+# GPU tests (every output the same bits), the kernels alone, then the whole step at 1-64. ~5 minutes. If it wins:
+# make the bytes by default (~6% more NVFP4 weight bytes, or move every NVFP4 path to them), record the manifest.
+if [ "${READY:-0}" = 1 ]; then
+    export FLINT_MMA_READY_SCALES=1
+    gpu_tests "ready scales GPU tests" ready_tests 240 -n 4 tests/test_nvfp4_mma.py -k "ready_scales_on_the_gpu"
+    timeout 200 python3 benchmarks/nvfp4_mma.py --ms 8 32 --shapes qkv o_proj lm_head --warps 4 --vec 1 --wide \
+        --ready --moe-tokens 16 32 64 --moe-l2-ahead 2 --moe-down-l2 2 --moe-wide --out "$OUT/nvfp4_mma_ready.json" \
+        > "$OUT/nvfp4_mma_ready.txt" 2>&1
+    sed -n '/^NVFP4 linear on/,$p' "$OUT/nvfp4_mma_ready.txt" | grep -v "^wrote"
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op gemv.small_m --when all --set mma_ready=true --out $V/r_gemv.json \
+        > /dev/null
+    python3 benchmarks/tuning_variant.py --table $V/r_gemv.json --op moe.decode --when all --set mma_ready=true \
+        --out $V/ready.json > /dev/null
+    timeout 330 python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 16 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/ready.json \
+        --out "$OUT/decode_ready_ab.json" > "$OUT/decode_ready_ab.txt" 2>&1
+    echo "== whole step: table vs mma_ready everywhere (ready bytes made for both)"
+    ab_rounds "$OUT/decode_ready_ab.txt"
+    cp $V/ready.json "$OUT/"
+    unset FLINT_MMA_READY_SCALES
 fi
 # MOE_WIDE3 (thirty-third session, removed after its run; benchmarks/results/decode_h200_nvfp4_moe_wide4_ab_s33.json,
 # nvfp4_mma_moe_wide4_h200_s33.json): four weight tiles a warp (32 gate_up columns, 64 down rows, no loads a step

@@ -8,7 +8,8 @@ with 8-byte loads and with 16-byte ones ("_v", the VEC kernels), optionally with
 split-K chosen by the kernel, or --splits). In the MoE, "_l2N" asks L2 for the gate_up's codes N K steps ahead
 (--moe-l2-ahead), "_dN" for the down's (--moe-down-l2: 1 two steps ahead, 2 all before the PDL wait), "_kN" the
 gate_up with its warps splitting K in N parts (--moe-warp-k; with each --moe-l2-ahead too), "_wide" both with two
-weight tiles a warp sharing the activations' loads (--moe-wide). One
+weight tiles a warp sharing the activations' loads (--moe-wide), "_r" any 16-byte variant reading ready scale bytes
+(--ready: `nvfp4_mma_scales`, made for every weight first; the E4M3 variants are unchanged by them). One
 expert's gate_up and down stand for the MoE.
 
 The MoE (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernels' expert-major
@@ -128,11 +129,16 @@ def main() -> None:
         action="store_true",
         help="also each 16-byte MoE variant (not splitting K) with two weight tiles a warp (mma_wide, mma_down_wide)",
     )
+    ap.add_argument(
+        "--ready",
+        action="store_true",
+        help="also each 16-byte variant reading ready scale bytes (`nvfp4_mma_scales`, mma_ready; label _r)",
+    )
     ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/nvfp4_mma.py needs a CUDA GPU")
-    from flint_kernels import gemv_triton
+    from flint_kernels import gemv_triton, nvfp4_mma_scales
     from flint_kernels import nvfp4_mma_triton as nm
     from flint_kernels.linear import linear_ref
 
@@ -163,12 +169,18 @@ def main() -> None:
         ]
     wide = [(f"{label}_wide", {**kw, "wide": True}) for label, kw in mma if kw["vec"] and not kw["prefetch"]]
     wide = wide if args.wide else []
+    if args.ready:  # the same kernels reading ready scale bytes (made for every weight below)
+        wide += [(f"{label}_r", {**kw, "ready": True}) for label, kw in mma + wide if kw["vec"]]
+        moe_variants += [(f"{label}_r", {**kw, "ready": True}) for label, kw in moe_variants if kw["vec"]]
     rows = []
     for name in args.shapes:
         n, k = SHAPES[name]
         nbytes = n * k // 2 + n * k // 16
         copies = max(2, min(64, -(-200_000_000 // nbytes)))
         ws = [random_weight(n, k, seed) for seed in range(copies)]
+        if args.ready:
+            for w in ws:
+                nvfp4_mma_scales.prepare(w)
         for m in args.ms:
             x = (torch.randn(m, k, device="cuda") * 0.5).to(torch.bfloat16)
             want = linear_ref(x, ws[0]).float()
@@ -240,6 +252,11 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]]) -> li
     n_exp, inter, hidden, topk = 256, 512, 2048, 6
 
     w13, w2 = random_experts(n_exp, 2 * inter, hidden, 1, gate_up=True), random_experts(n_exp, hidden, inter, 2)
+    if any(kw.get("ready") for _, kw in mma):
+        from flint_kernels import nvfp4_mma_scales
+
+        nvfp4_mma_scales.prepare(w13)
+        nvfp4_mma_scales.prepare(w2)
     rows = []
     for t in token_counts:
         routes = []

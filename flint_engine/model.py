@@ -46,6 +46,9 @@ class FlintModel:
             for layer in weights.layers:
                 if isinstance(layer.mlp, MoEWeights):
                     kernels.prepare_router(layer.mlp.router)
+        if kernels.prepare_nvfp4 is not None:
+            for w in weights.nvfp4_weights():
+                kernels.prepare_nvfp4(w)
         # Weights asked into L2 ahead of their kernels on a side stream of captured graphs (op `l2_ahead`).
         self.weights_ahead = (
             WeightsAhead(weights, kernels.l2_ahead)

@@ -85,6 +85,13 @@ class FlintWeights:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
+    def nvfp4_weights(self) -> Iterator[NVFP4Weight]:
+        """Every NVFP4 weight the linear and MoE kernels read (the embedding's rows are dequantised, not read so)."""
+        yield from _nvfp4_in(self.lm_head)
+        for layer in self.layers:
+            for value in vars(layer).values():
+                yield from _nvfp4_in(value)
+
     def is_nvfp4(self) -> bool:
         return any(isinstance(w, NVFP4Weight) for w in _linears(self))
 
@@ -132,12 +139,25 @@ def _walk(obj: object) -> Iterator[torch.Tensor]:
         yield obj.qweight
         yield obj.scales
         yield obj.global_scale
+        if obj.ready_scales is not None:
+            yield obj.ready_scales
     elif isinstance(obj, tuple):
         for o in obj:
             yield from _walk(o)
     elif isinstance(obj, (DenseMLPWeights, MoEWeights)):
         for value in vars(obj).values():
             yield from _walk(value)
+
+
+def _nvfp4_in(obj: object) -> Iterator[NVFP4Weight]:
+    if isinstance(obj, NVFP4Weight):
+        yield obj
+    elif isinstance(obj, tuple):
+        for o in obj:
+            yield from _nvfp4_in(o)
+    elif isinstance(obj, (DenseMLPWeights, MoEWeights)):
+        for value in vars(obj).values():
+            yield from _nvfp4_in(value)
 
 
 def _linears(w: FlintWeights) -> Iterator[object]:

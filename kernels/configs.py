@@ -40,8 +40,12 @@ class TileConfig:
     # With mma at 9-32 rows: 32 weight rows a warp whose two tiles share each K step's x loads
     # (`nvfp4_mma_triton._nvfp4_mma_wide_kernel`): there a warp's x loads are ~7x its weight bytes. H200 (thirty-second
     # session): the lm_head at 32 rows 218 -> 138 us, o_proj 13.9 -> 11.4, qkv 13.6 -> 12.4; whole step b32 10.83 ->
-    # 10.68 ms, b16 7.79 -> 7.82. No table sets it yet: its variants are not in the kernel manifest.
+    # 10.68 ms, b16 7.79 -> 7.82; installed at 17-32 rows in the thirty-third (b24 -0.8%, b32 -1.6%).
     mma_wide: bool = False
+    # With mma: read the weight's ready scale bytes where it has them (`nvfp4_mma_scales`, made at load with
+    # FLINT_MMA_READY_SCALES=1): each scale pair in one multiply-add instead of the E4M3 decode, 11-14% fewer
+    # instructions in the K loops (sm_90 SASS, thirty-third session); not yet measured on a GPU.
+    mma_ready: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class MoEConfig:
     # With mma_down and mma_vec: the down with 32 rows a warp, two tiles sharing each K step's h loads (alone on the
     # H200: b16 -1.1%, b32 -2.2%, b64 -6.0%; kernel at 64 tokens 81.9 -> 62.1 us).
     mma_down_wide: bool = False
+    # With mma / mma_down: read the experts' ready scale bytes where they have them (TileConfig.mma_ready).
+    mma_ready: bool = False
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,8 @@ class Kernels:
     l2_ahead: Callable | None = None
     # Called once per router weight when a model is built, so the router op can keep data derived from it.
     prepare_router: Callable | None = None
+    # Called once for each NVFP4 weight when the model is built (`nvfp4_mma_scales.prepare`).
+    prepare_nvfp4: Callable | None = None
     # Called by the prefill warm-up with (max prefill tokens, query heads, KV heads, head_dim, dtype, device), so an
     # op can build before serving what its first long prefill would (cuDNN's attention plans); returns a list.
     prepare_prefill: Callable | None = None

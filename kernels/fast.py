@@ -101,6 +101,7 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         gemv_triton,
         l2_prefetch,
         moe_triton,
+        nvfp4_mma_scales,
         qk_norm_rope_triton,
         qkv_attention_triton,
         rmsnorm_triton,
@@ -134,6 +135,8 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
     table = {name: _guarded(name, fast[name], getattr(base, name) or _composed[name]) for name in ops}
     if "router" in ops:
         table["prepare_router"] = router_triton.prepare
+    if ("linear" in ops or "moe" in ops) and nvfp4_mma_scales.enabled():
+        table["prepare_nvfp4"] = nvfp4_mma_scales.prepare
     if "attention" in ops or "qkv_attention" in ops:
         table["prepare_prefill"] = attention_triton.prepare_cudnn_plans
     return with_ops(base, name="triton", **table)

@@ -1141,8 +1141,9 @@ def _matmul(
         if nvfp4_mma_triton.supported(x, w):
             splits = split_k if split_k is not None else cfg.mma_split_k or None
             nvfp4_mma_triton.launch_linear(
-                x, w, out, num_warps=cfg.num_warps, split_k=splits, vec=cfg.mma_vec, wide=cfg.mma_wide
-            )
+                x, w, out, num_warps=cfg.num_warps, split_k=splits, vec=cfg.mma_vec, wide=cfg.mma_wide,
+                ready=cfg.mma_ready,
+            )  # fmt: skip
             return out
     if nv:
         qw, sc, gs = w.qweight, w.scales, w.global_scale.reshape(-1)

@@ -25,6 +25,8 @@ class NVFP4Weight:
     global_scale: torch.Tensor
     segments: tuple[int, ...]
     _host_scales: tuple[float, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    # int8 [..., N, K/16]: the scales as `nvfp4_mma_scales` ready bytes, made at load when asked for (else None).
+    ready_scales: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n, half_k = self.qweight.shape[-2:]
@@ -49,7 +51,8 @@ class NVFP4Weight:
 
     @property
     def nbytes(self) -> int:
-        return self.qweight.nbytes + self.scales.nbytes + self.global_scale.nbytes
+        ready = 0 if self.ready_scales is None else self.ready_scales.nbytes
+        return self.qweight.nbytes + self.scales.nbytes + self.global_scale.nbytes + ready
 
     def column_scale(self) -> torch.Tensor:
         """FP32 [..., N]: the global scale of each output row."""

@@ -955,7 +955,7 @@ def _routed(
 
         nvfp4_mma_triton.launch_moe_gate_up(
             x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec, cfg.mma_l2_ahead,
-            cfg.mma_warp_k, cfg.mma_wide,
+            cfg.mma_warp_k, cfg.mma_wide, cfg.mma_ready,
         )  # fmt: skip
     elif expert_major:  # h keeps the per-pair layout the down launch reads
         _moe_gate_up_expert_kernel[(gu_tiles, num_experts)](
@@ -982,8 +982,9 @@ def _routed(
         # Each pair's rounded y, then the slot-reduce launch (routing weights, slot order, the shared expert's add).
         y = _empty((p, hidden), x.dtype, x.device)
         nvfp4_mma_triton.launch_moe_down(
-            h, ids.reshape(-1), w2, y, cfg.num_warps, vec=cfg.mma_vec, l2=cfg.mma_down_l2, wide=cfg.mma_down_wide
-        )
+            h, ids.reshape(-1), w2, y, cfg.num_warps, vec=cfg.mma_vec, l2=cfg.mma_down_l2, wide=cfg.mma_down_wide,
+            ready=cfg.mma_ready,
+        )  # fmt: skip
         return _reduce_slots_launch(y, tw, out, add)
     if decode:
         n_shared_tokens = 0 if shared is None else t

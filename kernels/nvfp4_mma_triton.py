@@ -57,6 +57,7 @@ from .gemv_triton import (
 from .l2_prefetch import prefetch_lines
 from .linear import NVFP4Weight
 from .moe_triton import _ranked_pairs
+from .nvfp4_mma_scales import READY_PAIR_ADD
 from .pdl import launch_options, pdl_entry
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -183,6 +184,20 @@ def _scale2(b):
     v = (e4m3_value(b.to(tl.int32)) * 1.8446744073709552e19).to(tl.bfloat16)  # 2**64
     bits = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     return bits | (bits << 16)
+
+
+_READY_ADD = tl.constexpr(READY_PAIR_ADD)
+
+
+@triton.jit
+def _scale_pair(b, s_ptr):
+    """The BF16 pair (`_scale2`'s) of a scale byte b loaded from s_ptr: UE4M3 bytes (uint8) decoded, ready bytes (int8,
+    `nvfp4_mma_scales`: E4M3's subnormals as normals) in one multiply-add. The pointer's type picks, so no kernel
+    needs a parameter for it."""
+    if s_ptr.dtype.element_ty == tl.int8:
+        return (b.to(tl.int32) & 0xFF) * 0x100010 + _READY_ADD
+    else:
+        return _scale2(b)
 
 
 @triton.jit
@@ -313,7 +328,8 @@ def _k_loop(
                 w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, tl.minimum(k0 + 128, k_last), VEC
             )
             d0, d1, d2, d3 = _mma_step(
-                wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+                wa0, wa1, wb0, wb1,
+                _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
                 x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
             )  # fmt: skip
             wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = na0, na1, nb0, nb1, ta0, ta1, tb0, tb1
@@ -326,7 +342,8 @@ def _k_loop(
                 w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0, VEC
             )
             d0, d1, d2, d3 = _mma_step(
-                wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+                wa0, wa1, wb0, wb1,
+                _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
                 x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
             )  # fmt: skip
     return d0, d1, d2, d3
@@ -356,11 +373,13 @@ def _k_loop_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_bas
             nc0, nc1, nd0, nd1, tc0, tc1, td0, td1 = _load_w(w64, wc_base, wd_base, s_ptr, sc_base, sd_base, kn, VEC)
             y0, y1, y2, y3, y4, y5, y6, y7 = _load_x(x64, xa_base, kn, VEC)
             d0, d1, d2, d3 = _mma_step(
-                wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+                wa0, wa1, wb0, wb1,
+                _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
                 x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
             )  # fmt: skip
             e0, e1, e2, e3 = _mma_step(
-                wc0, wc1, wd0, wd1, _scale2(sc0), _scale2(sc1), _scale2(sd0), _scale2(sd1),
+                wc0, wc1, wd0, wd1,
+                _scale_pair(sc0, s_ptr), _scale_pair(sc1, s_ptr), _scale_pair(sd0, s_ptr), _scale_pair(sd1, s_ptr),
                 x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3,
             )  # fmt: skip
             wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = na0, na1, nb0, nb1, ta0, ta1, tb0, tb1
@@ -375,11 +394,13 @@ def _k_loop_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_bas
             wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1 = _load_w(w64, wc_base, wd_base, s_ptr, sc_base, sd_base, k0, VEC)
             x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa_base, k0, VEC)
             d0, d1, d2, d3 = _mma_step(
-                wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+                wa0, wa1, wb0, wb1,
+                _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
                 x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
             )  # fmt: skip
             e0, e1, e2, e3 = _mma_step(
-                wc0, wc1, wd0, wd1, _scale2(sc0), _scale2(sc1), _scale2(sd0), _scale2(sd1),
+                wc0, wc1, wd0, wd1,
+                _scale_pair(sc0, s_ptr), _scale_pair(sc1, s_ptr), _scale_pair(sd0, s_ptr), _scale_pair(sd1, s_ptr),
                 x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3,
             )  # fmt: skip
     return d0, d1, d2, d3, e0, e1, e2, e3
@@ -415,7 +436,9 @@ def _k_loop4(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa, xb, xc, xd
     for k0 in range(k_lo, k_hi, 128):
         wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC)
         d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _quad_step(
-            wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1), x64, xa, xb, xc, xd, k0, VEC,
+            wa0, wa1, wb0, wb1,
+            _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
+            x64, xa, xb, xc, xd, k0, VEC,
             d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
         )  # fmt: skip
     return d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3
@@ -437,7 +460,8 @@ def _k_loop8(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa, xb, xc, xd
     o0, o1, o2, o3 = d0, d0, d0, d0
     for k0 in range(k_lo, k_hi, 128):
         wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC)
-        s0, s1, s2, s3 = _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1)
+        s0, s1 = _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr)
+        s2, s3 = _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr)
         d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _quad_step(
             wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xa, xb, xc, xd, k0, VEC,
             d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
@@ -717,13 +741,15 @@ def _k_loop4_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_ba
         u0, u1, u2, u3, u4, u5, u6, u7 = _load_x(x64, xc, k0, VEC)
         v0, v1, v2, v3, v4, v5, v6, v7 = _load_x(x64, xd, k0, VEC)
         d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _mma_step4(
-            wa0, wa1, wb0, wb1, _scale2(sa0), _scale2(sa1), _scale2(sb0), _scale2(sb1),
+            wa0, wa1, wb0, wb1,
+            _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
             x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
             u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
             d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
         )  # fmt: skip
         i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3 = _mma_step4(
-            wc0, wc1, wd0, wd1, _scale2(sc0), _scale2(sc1), _scale2(sd0), _scale2(sd1),
+            wc0, wc1, wd0, wd1,
+            _scale_pair(sc0, s_ptr), _scale_pair(sc1, s_ptr), _scale_pair(sd0, s_ptr), _scale_pair(sd1, s_ptr),
             x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
             u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
             i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3,
@@ -1500,6 +1526,14 @@ def _vec_fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
     )
 
 
+def _with_ready_scales(w: NVFP4Weight, ready: bool) -> NVFP4Weight:
+    """w, or with `ready` the same weight reading its ready scale bytes (int8, `nvfp4_mma_scales`) where it has them:
+    the kernels then build each scale pair in one multiply-add (`_scale_pair`)."""
+    if not ready or w.ready_scales is None:
+        return w
+    return NVFP4Weight(w.qweight, w.ready_scales, w.global_scale, w.segments)
+
+
 def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
     """Whether `linear` takes this call: `_fits`, 1-64 rows of x, a 2-D weight."""
     return _fits(x, w) and w.qweight.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS
@@ -1513,6 +1547,7 @@ def linear(
     prefetch: bool = PREFETCH,
     vec: bool = False,
     wide: bool = False,
+    ready: bool = False,
 ) -> torch.Tensor:
     """x [M <= 64, K] @ W^T in BF16 with `linear_ref`'s numerics (FP32 accumulation in the MMA's order)."""
     if not supported(x, w):
@@ -1521,7 +1556,7 @@ def linear(
             f"a multiple of {BLOCK_K}; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight {w.shape}"
         )
     out = torch.empty((x.shape[0], w.qweight.shape[0]), dtype=x.dtype, device=x.device)
-    launch_linear(x, w, out, num_warps, split_k, prefetch, vec, wide)
+    launch_linear(x, w, out, num_warps, split_k, prefetch, vec, wide, ready)
     return out
 
 
@@ -1534,11 +1569,14 @@ def launch_linear(
     prefetch: bool = PREFETCH,
     vec: bool = False,
     wide: bool = False,
+    ready: bool = False,
 ) -> None:
     """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
     GPU. Up to 8 rows `_nvfp4_mma_kernel`, 9-32 the rows kernel in four groups of 8 (`wide`: 32 weight rows a warp,
     `_nvfp4_mma_wide_kernel`), 33-64 in eight. K splits: `split_k`, else `gemv_triton.choose_split_k`'s (~4
-    programs per SM). vec: 16-byte loads where the rows are aligned for them. prefetch: the 1-8 row kernel only."""
+    programs per SM). vec: 16-byte loads where the rows are aligned for them. prefetch: the 1-8 row kernel only.
+    ready: the weight's ready scale bytes where it has them (`nvfp4_mma_scales`; TileConfig.mma_ready)."""
+    w = _with_ready_scales(w, ready)
     m, k = x.shape
     n = w.qweight.shape[0]
     groups = 1 if m <= MAX_M else 4 if m <= 32 else 8
@@ -1583,11 +1621,14 @@ def launch_moe_down(
     vec: bool = False,
     l2: int = 0,
     wide: bool = False,
+    ready: bool = False,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
     `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also
     ask L2 for the codes, 1 two K steps ahead, 2 all of them before the PDL wait (MoEConfig.mma_down_l2); wide (with
-    vec): 32 rows a warp, two tiles sharing h's loads (MoEConfig.mma_down_wide)."""
+    vec): 32 rows a warp, two tiles sharing h's loads (MoEConfig.mma_down_wide); ready: the experts' ready scale bytes
+    where they have them (MoEConfig.mma_ready)."""
+    w2 = _with_ready_scales(w2, ready)
     if l2 not in (0, 1, 2):
         raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
     n_exp, n, _ = w2.qweight.shape
@@ -1618,6 +1659,7 @@ def moe_down(
     vec: bool = False,
     l2: int = 0,
     wide: bool = False,
+    ready: bool = False,
 ) -> torch.Tensor:
     """y [T * k, H]: `linear_ref(h[p], w2[e])` of every pair p routed to expert e, expert-major on the MMA kernel;
     h [T * k, I] BF16 (the gate_up's output), topk_ids [T, k], w2 [E, H, I]."""
@@ -1628,7 +1670,7 @@ def moe_down(
         )
     ids = topk_ids.reshape(-1).contiguous()
     y = torch.empty((ids.numel(), w2.qweight.shape[1]), dtype=h.dtype, device=h.device)
-    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec, l2, wide)
+    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec, l2, wide, ready)
     return y
 
 
@@ -1644,12 +1686,15 @@ def launch_moe_gate_up(
     l2_ahead: int = 0,
     warp_k: int = 1,
     wide: bool = False,
+    ready: bool = False,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec:
     16-byte loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that
     many K steps ahead; warp_k (with vec; a power of two dividing num_warps): the warps split K in that many parts
     as well as the columns, where K is a multiple of 256 a part (else it is not split); wide (with vec, not with
-    warp_k): 16 columns a warp, two tiles sharing x's loads (MoEConfig.mma_wide)."""
+    warp_k): 16 columns a warp, two tiles sharing x's loads (MoEConfig.mma_wide); ready: the experts' ready scale
+    bytes where they have them (MoEConfig.mma_ready)."""
+    w13 = _with_ready_scales(w13, ready)
     if l2_ahead < 0 or l2_ahead % 2:
         raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
     if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
@@ -1694,6 +1739,7 @@ def moe_gate_up(
     l2_ahead: int = 0,
     warp_k: int = 1,
     wide: bool = False,
+    ready: bool = False,
 ) -> torch.Tensor:
     """h [T * k, I]: `silu_and_mul_ref(linear_ref(x[t], w13[e]))` of every (token t, slot) pair routed to expert e,
     expert-major on the MMA kernel (`_moe_gate_up_mma_kernel`); x [T, H] BF16, topk_ids [T, k], w13 [E, 2I, H]."""
@@ -1706,5 +1752,5 @@ def moe_gate_up(
         )
     ids = topk_ids.reshape(-1).contiguous()
     h = torch.empty((ids.numel(), w13.qweight.shape[1] // 2), dtype=x.dtype, device=x.device)
-    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch, vec, l2_ahead, warp_k, wide)
+    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch, vec, l2_ahead, warp_k, wide, ready)
     return h

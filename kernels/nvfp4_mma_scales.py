@@ -1,0 +1,76 @@
+"""NVFP4 block scales as bytes the MMA kernels decode in one instruction ("ready scales"), made at load.
+
+`nvfp4_mma_triton`'s K loops turn each UE4M3 scale byte into the BF16 pair its PTX step multiplies the decoded codes
+by: the byte's E4M3 value times 2**64 in both halves (`_scale2`: a mask, a shift, two FP32 multiplies, a select for
+0x7F, a conversion and the pair), 13-14% of the loops' instructions on sm_90 (thirty-third session, from the SASS). A
+ready byte u holds the same value with E4M3's subnormals as normals, u = (exponent + 9) << 3 | mantissa for the value
+(1 + mantissa / 8) * 2**exponent, exponent -9..8, so the pair is u * 0x100010 + READY_PAIR_ADD, one IMAD (23296 =
+182 << 7 puts the exponent at BF16's bias plus 64). Normal bytes become u = (b & 0x7F) + 16. Zero has no such byte:
+blocks whose scale decodes to 0 (low bits 0, or 0x7F) get zero codes, each code's sign bit kept, and u = 0. Every
+weight keeps its value, so every sum with a nonzero term keeps its bits; only a zero weight's sign can change where a
+path decodes the code -0 as +0 (the torch reference's table does), which shows only in an output whose every
+product is zero.
+
+The kernels take the ready bytes as an int8 tensor (`NVFP4Weight.ready_scales`): the pointer's type picks the decode,
+so no kernel gains a parameter. Opt-in while unmeasured: with `FLINT_MMA_READY_SCALES=1` the fused path makes them
+when the model is built (`prepare`; one byte per 16 values, ~6% more NVFP4 weight bytes), and the tuning table's
+`mma_ready` (TileConfig, MoEConfig) has the MMA kernels read them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import nvfp4
+from .linear import NVFP4Weight
+
+READY_PAIR_ADD = 23296 * 0x10001  # 182 << 7 in both BF16 halves
+
+
+def enabled() -> bool:
+    """Whether the fused path makes ready scales when a model is built (`FLINT_MMA_READY_SCALES=1`)."""
+    return os.environ.get("FLINT_MMA_READY_SCALES", "0") == "1"
+
+
+def zero_scale(scales: torch.Tensor) -> torch.Tensor:
+    """Where UE4M3 scale bytes decode to 0 (`nvfp4.ue4m3_to_float`): low 7 bits 0, or the byte 0x7F."""
+    b = scales.to(torch.int32)
+    return ((b & 0x7F) == 0) | (b == 0x7F)
+
+
+def ready_bytes(scales: torch.Tensor) -> torch.Tensor:
+    """int8 ready bytes (module docstring) of uint8 UE4M3 scale bytes, 0 where the scale decodes to 0."""
+    n = scales.to(torch.int32) & 0x7F
+    m = n & 7
+    # E4M3 subnormals m * 2**-9 as normals: the mantissa's top bit gives the exponent, the bits below it the mantissa.
+    top = torch.where(m >= 4, 2, torch.where(m >= 2, 1, 0))
+    sub = (top << 3) | ((m << (3 - top)) & 7)
+    u = torch.where(n >= 8, n + 16, sub)
+    u = torch.where(zero_scale(scales), 0, u)
+    return u.to(torch.uint8).view(torch.int8)
+
+
+def ready_pair(u: torch.Tensor) -> torch.Tensor:
+    """The int32 BF16 pair the kernels build from ready bytes (for tests: it must equal `_scale2`'s)."""
+    return (u.view(torch.uint8).to(torch.int64) * 0x100010 + READY_PAIR_ADD).to(torch.int32)
+
+
+def make_ready(w: NVFP4Weight) -> None:
+    """Give `w` its ready scales, first setting the codes of blocks whose scale decodes to 0 to signed zeros (in
+    place: every path's products there are those signed zeros already)."""
+    if w.ready_scales is not None:
+        return
+    empty = zero_scale(w.scales)
+    if bool(empty.any()):
+        codes = w.qweight.unflatten(-1, (-1, nvfp4.QK_SUB // 2))  # a block's 16 values are 8 bytes
+        codes.copy_(torch.where(empty[..., None], codes & 0x88, codes))
+    w.ready_scales = ready_bytes(w.scales)
+
+
+def prepare(w: object) -> None:
+    """The op table's `prepare_nvfp4`: ready scales for an NVFP4 weight on a CUDA device (others are left as they
+    are)."""
+    if isinstance(w, NVFP4Weight) and w.qweight.is_cuda:
+        make_ready(w)
