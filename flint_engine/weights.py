@@ -132,32 +132,32 @@ def as_float32(w: FlintWeights) -> FlintWeights:
     )
 
 
-def _walk(obj: object) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
+def _leaves(obj: object) -> Iterator[torch.Tensor | NVFP4Weight]:
+    """The tensors and NVFP4 weights inside a weight, a tuple of parts or an MLP's weights."""
+    if isinstance(obj, (torch.Tensor, NVFP4Weight)):
         yield obj
-    elif isinstance(obj, NVFP4Weight):
-        yield obj.qweight
-        yield obj.scales
-        yield obj.global_scale
-        if obj.ready_scales is not None:
-            yield obj.ready_scales
     elif isinstance(obj, tuple):
         for o in obj:
-            yield from _walk(o)
+            yield from _leaves(o)
     elif isinstance(obj, (DenseMLPWeights, MoEWeights)):
         for value in vars(obj).values():
-            yield from _walk(value)
+            yield from _leaves(value)
+
+
+def _walk(obj: object) -> Iterator[torch.Tensor]:
+    for leaf in _leaves(obj):
+        if isinstance(leaf, NVFP4Weight):
+            yield leaf.qweight
+            yield leaf.scales
+            yield leaf.global_scale
+            if leaf.ready_scales is not None:
+                yield leaf.ready_scales
+        else:
+            yield leaf
 
 
 def _nvfp4_in(obj: object) -> Iterator[NVFP4Weight]:
-    if isinstance(obj, NVFP4Weight):
-        yield obj
-    elif isinstance(obj, tuple):
-        for o in obj:
-            yield from _nvfp4_in(o)
-    elif isinstance(obj, (DenseMLPWeights, MoEWeights)):
-        for value in vars(obj).values():
-            yield from _nvfp4_in(value)
+    return (leaf for leaf in _leaves(obj) if isinstance(leaf, NVFP4Weight))
 
 
 def _linears(w: FlintWeights) -> Iterator[object]:
