@@ -35,9 +35,8 @@ def enabled() -> bool:
 
 
 def zero_scale(scales: torch.Tensor) -> torch.Tensor:
-    """Where UE4M3 scale bytes decode to 0 (`nvfp4.ue4m3_to_float`): low 7 bits 0, or the byte 0x7F."""
-    b = scales.to(torch.int32)
-    return ((b & 0x7F) == 0) | (b == 0x7F)
+    """Where UE4M3 scale bytes decode to 0 by the codec's own rule (low 7 bits 0, or the byte 0x7F)."""
+    return nvfp4.ue4m3_to_float(scales) == 0
 
 
 def ready_bytes(scales: torch.Tensor) -> torch.Tensor:
