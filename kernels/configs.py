@@ -42,9 +42,10 @@ class TileConfig:
     # session): the lm_head at 32 rows 218 -> 138 us, o_proj 13.9 -> 11.4, qkv 13.6 -> 12.4; whole step b32 10.83 ->
     # 10.68 ms, b16 7.79 -> 7.82; installed at 17-32 rows in the thirty-third (b24 -0.8%, b32 -1.6%).
     mma_wide: bool = False
-    # With mma: read the weight's ready scale bytes where it has them (`nvfp4_mma_scales`, made at load with
-    # FLINT_MMA_READY_SCALES=1): each scale pair in one multiply-add instead of the E4M3 decode, 11-14% fewer
-    # instructions in the K loops (sm_90 SASS, thirty-third session); not yet measured on a GPU.
+    # With mma: read the weight's ready scale bytes where it has them (`nvfp4_mma_scales`, made at load where the
+    # device's table sets this): each scale pair in one multiply-add instead of the E4M3 decode, 11-14% fewer
+    # instructions in the K loops (sm_90 SASS, thirty-third session). H200 whole step with every MMA entry reading
+    # them (thirty-fourth session): NVFP4 b32 9.87 -> 9.35 ms, b64 14.61 -> 13.97, b1-b16 within 0.5%.
     mma_ready: bool = False
 
 

@@ -1,14 +1,17 @@
 """Ready scale bytes for the NVFP4 MMA kernels (`flint_kernels.nvfp4_mma_scales`): the pair they decode to equals the
-E4M3 decode's for every byte, the codes of zero-scale blocks become signed zeros with every value unchanged, and the
-model builder hands each NVFP4 weight to the op table's `prepare_nvfp4`."""
+E4M3 decode's for every byte, the codes of zero-scale blocks become signed zeros with every value unchanged, the
+model builder hands each NVFP4 weight to the op table's `prepare_nvfp4`, and devices whose table reads the bytes get
+them."""
 
 from __future__ import annotations
 
+import json
+import pathlib
 import struct
 
 import pytest
 import torch
-from flint_kernels import fast, nvfp4_mma_scales
+from flint_kernels import fast, nvfp4_mma_scales, tuning
 from flint_kernels.dispatch import REFERENCE, with_ops
 from kernel_checks import random_nvfp4
 
@@ -91,9 +94,38 @@ def test_the_model_builder_hands_each_nvfp4_weight_to_the_hook() -> None:
     assert id(weights.embed) not in seen
 
 
-@pytest.mark.parametrize("flag", ["0", "1"])
-def test_the_fused_table_makes_ready_scales_only_when_asked(monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
-    """`FLINT_MMA_READY_SCALES=1` puts `prepare` in the fused op table; by default there is no hook (no extra bytes)."""
+@pytest.mark.parametrize("flag", ["0", "1", "auto"])
+def test_the_fused_table_has_the_hook_unless_turned_off(monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
+    """The fused op table carries `prepare` (which asks `wanted` per device) unless `FLINT_MMA_READY_SCALES=0`."""
     monkeypatch.setenv("FLINT_MMA_READY_SCALES", flag)
     table = fast.fast_kernels(REFERENCE)
-    assert (table.prepare_nvfp4 is nvfp4_mma_scales.prepare) == (flag == "1")
+    assert (table.prepare_nvfp4 is nvfp4_mma_scales.prepare) == (flag != "0")
+
+
+def test_ready_scales_are_wanted_where_the_table_reads_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    """By default (auto) a device wants ready bytes when its tuning table has an `mma_ready` entry: the shipped H200
+    table does, a table without one and a device with no table do not; 1 and 0 force it; other values are errors."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.delenv("FLINT_MMA_READY_SCALES", raising=False)
+    monkeypatch.setenv("FLINT_TUNING_FILE", str(tuning.TABLES / "nvidia-h200.json"))
+    assert nvfp4_mma_scales.wanted(cuda)
+    plain = json.loads((tuning.TABLES / "nvidia-h200.json").read_text())
+    for op in nvfp4_mma_scales.READING_OPS:
+        for entry in plain.get(op, []):
+            entry["config"].pop("mma_ready", None)
+    (tmp_path / "plain.json").write_text(json.dumps(plain))
+    monkeypatch.setenv("FLINT_TUNING_FILE", str(tmp_path / "plain.json"))
+    assert not nvfp4_mma_scales.wanted(cuda)
+    monkeypatch.setenv("FLINT_MMA_READY_SCALES", "1")
+    assert nvfp4_mma_scales.wanted(cuda)
+    monkeypatch.setenv("FLINT_MMA_READY_SCALES", "0")
+    monkeypatch.setenv("FLINT_TUNING_FILE", str(tuning.TABLES / "nvidia-h200.json"))
+    assert not nvfp4_mma_scales.wanted(cuda)
+    monkeypatch.setenv("FLINT_MMA_READY_SCALES", "yes")
+    with pytest.raises(ValueError, match="FLINT_MMA_READY_SCALES must be auto, 0 or 1"):
+        nvfp4_mma_scales.wanted(cuda)
+    monkeypatch.delenv("FLINT_MMA_READY_SCALES")
+    monkeypatch.delenv("FLINT_TUNING_FILE")
+    assert not nvfp4_mma_scales.wanted(torch.device("cpu"))
