@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -150,6 +151,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     """How much context fits next to the weights on one GPU, from the engine's own sizing code."""
     from flint_kernels.router_triton import split_nbytes
+    from gguf import GGMLQuantizationType
 
     from .checkpoint.gguf_writer import plan_tensors
     from .kv_cache_plan import gpu_kv_budget, plan_kv_cache
@@ -166,7 +168,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     # The fused path keeps each MoE router weight also as three BF16 parts (router_triton.prepare).
     router_parts = split_nbytes(config.num_experts, config.hidden_size) * len(config.moe_layers)
     for fmt in args.weights:
-        weight_bytes = sum(p.nbytes for p in plan_tensors(config, fmt)) + router_parts
+        planned = plan_tensors(config, fmt)
+        weight_bytes = sum(p.nbytes for p in planned) + router_parts
+        if args.ready_scales:
+            # A ready scale byte per 16 NVFP4 values beside the UE4M3 ones (nvfp4_mma_scales).
+            weight_bytes += sum(math.prod(p.shape) for p in planned if p.ggml_type == GGMLQuantizationType.NVFP4) // 16
         budget = gpu_kv_budget(
             config,
             total - weight_bytes - args.runtime_overhead_gib * 2**30,
@@ -257,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="token budget of prefill-only steps (the engine's default on the fused GPU path)",
     )
     cap.add_argument("--block-size", type=int, default=16)
+    cap.add_argument(
+        "--ready-scales",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="count the NVFP4 MMA kernels' ready scale bytes (1/16 byte a value; default on, as on the H200's table)",
+    )
     cap.set_defaults(func=cmd_capacity)
 
     ins = sub.add_parser("inspect", help="print a checkpoint's architecture and tensor types")

@@ -315,16 +315,23 @@ def _flint(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_capacity_counts_the_router_parts_the_fused_path_keeps() -> None:
+@pytest.mark.parametrize("ready", [True, False])
+def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(ready: bool) -> None:
     """`flint capacity` weighs the checkpoint's tensors plus the BF16 router parts (3 x 2 bytes x 256 x 2048 for each
-    of the 47 MoE layers, 141 MB) that the fused router keeps beside them."""
+    of the 47 MoE layers, 141 MB) that the fused router keeps beside them, and by default the NVFP4 MMA kernels'
+    ready scale bytes (one per 16 NVFP4 values, 2.47 GB; `--no-ready-scales` leaves them out)."""
     from flint_engine.checkpoint.gguf_writer import plan_tensors
 
-    r = _flint("capacity", "--weights", "nvfp4")
+    r = _flint("capacity", "--weights", "nvfp4", "bf16", *([] if ready else ["--no-ready-scales"]))
     assert r.returncode == 0, r.stderr
-    row = next(line.split() for line in r.stdout.splitlines() if line.strip().startswith("nvfp4"))
-    tensors = sum(t.nbytes for t in plan_tensors(preset("full"), "nvfp4"))
-    assert float(row[1]) == pytest.approx((tensors + 3 * 2 * 256 * 2048 * 47) / 1e9, abs=0.006)
+    rows = {
+        line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["nvfp4"], ["bf16"])
+    }
+    router = 3 * 2 * 256 * 2048 * 47
+    ready_bytes = 2_465_808_384 if ready else 0
+    for fmt, extra in (("nvfp4", router + ready_bytes), ("bf16", router)):
+        tensors = sum(t.nbytes for t in plan_tensors(preset("full"), fmt))
+        assert float(rows[fmt][1]) == pytest.approx((tensors + extra) / 1e9, abs=0.006), fmt
 
 
 def test_meta_only_reports_the_real_model_size() -> None:
