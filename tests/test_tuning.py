@@ -219,8 +219,9 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     mma_both = dataclasses.replace(
         mma_down, expert_major=True, mma=True, mma_prefetch=True, mma_l2_ahead=2, mma_wide=True
     )  # fmt: skip
+    # With the ready bytes the wide MMA gate_up won at 9-16 too (b12 -0.6%, b16 -1.9%).
     assert [mt.decode_config(True, t, h200) for t in (8, 9, 16, 17, 24, 25, 32, 33, 64)] == [
-        fma_16x512, mma_down, mma_down, mma_both, mma_both, mma_both, mma_both, mma_both, mma_both
+        fma_16x512, mma_both, mma_both, mma_both, mma_both, mma_both, mma_both, mma_both, mma_both
     ]  # fmt: skip
     assert mt.grouped_config(16, False, h200) == MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     assert mt.grouped_config(30, False, h200) == MoEConfig(32, 64, 64, 128, 64, True, 4, 3)
