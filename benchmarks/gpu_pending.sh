@@ -3,6 +3,10 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
+# State after the thirty-fourth session (2026-12-04): READY=1 installed the ready scale bytes on every MMA entry (NVFP4
+# b32 9.87 -> 9.35 ms, b64 14.61 -> 13.98 in its A/B; made by default where the table reads them), NINE16=1 the wide
+# MMA gate_up at 9-16 tokens (b16 -1.9%); the MoE from 33 tokens without its L2 requests lost (b48 +3.1%, b64 +4.2%).
+# Head: b32 9.17-9.41 ms, b64 13.72. Next is CPU work: x pre-permuted for the MMA (no PRMT), then a call to judge it.
 # State after the thirty-third session (2026-12-04): WIDE=1 installed the wide linear at 17-32 rows (b32 -1.6%);
 # MOE_WIDE=1 and MOE_WIDE2=1 installed the MoE's two-tile MMA kernels (b32 -4.5%, then -2.5% in 4 warps; NVFP4 b32
 # 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nsight Compute
@@ -438,7 +442,9 @@ if [ "${STEP_GRAPHS:-0}" = 1 ]; then
     timeout 200 python3 benchmarks/prefill_host.py --format bf16 --lengths 16 128 512 2048 --step-graphs \
         --profile-length 0 --out "$OUT/prefill_host_bf16.json" 2>&1 | grep -v Warn | tail -12
 fi
-# READY=1 (NEXT): the MMA kernels reading ready scale bytes (`kernels/nvfp4_mma_scales.py`: each block scale's BF16
+# READY=1 (ran in the thirty-fourth session: installed, b32 -5.2%, b64 -4.3%; benchmarks/results/
+# decode_h200_nvfp4_ready_ab_s34.json, nvfp4_mma_ready_h200_s34.json; the table now sets mma_ready, so this block now
+# compares it against the variant with mma_ready off): the MMA kernels reading ready scale bytes (`kernels/nvfp4_mma_scales.py`: each block scale's BF16
 # pair in one multiply-add instead of the E4M3 decode, 11-14% fewer instructions in the K loops on sm_90; built on CPU
 # in the thirty-third session after Nsight Compute had the wide MoE kernels' schedulers issuing on 63-65% of cycles).
 # FLINT_MMA_READY_SCALES=1 makes the bytes when the model is built (both tables then run on the same weights); the
@@ -453,17 +459,34 @@ if [ "${READY:-0}" = 1 ]; then
         > "$OUT/nvfp4_mma_ready.txt" 2>&1
     sed -n '/^NVFP4 linear on/,$p' "$OUT/nvfp4_mma_ready.txt" | grep -v "^wrote"
     V=/tmp/variants; mkdir -p $V
-    python3 benchmarks/tuning_variant.py --op gemv.small_m --when all --set mma_ready=true --out $V/r_gemv.json \
+    python3 benchmarks/tuning_variant.py --op gemv.small_m --when all --set mma_ready=false --out $V/r_gemv.json \
         > /dev/null
-    python3 benchmarks/tuning_variant.py --table $V/r_gemv.json --op moe.decode --when all --set mma_ready=true \
+    python3 benchmarks/tuning_variant.py --table $V/r_gemv.json --op moe.decode --when all --set mma_ready=false \
         --out $V/ready.json > /dev/null
     timeout 330 python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 16 32 64 --contexts 1024 --prefill 0 \
         --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/ready.json \
         --out "$OUT/decode_ready_ab.json" > "$OUT/decode_ready_ab.txt" 2>&1
-    echo "== whole step: table vs mma_ready everywhere (ready bytes made for both)"
+    echo "== whole step: table (mma_ready on its MMA entries) vs mma_ready off (ready bytes made for both)"
     ab_rounds "$OUT/decode_ready_ab.txt"
     cp $V/ready.json "$OUT/"
     unset FLINT_MMA_READY_SCALES
+fi
+# NINE16=1 (ran in the thirty-fourth session, from a probe script: g9w installed, b12 -0.6%, b16 -1.9%; g9r b12
+# +0.9%, b16 -2.5%; l9w b12 +1.2%, b16 -0.3%; benchmarks/results/decode_h200_nvfp4_9_16_ab_s34.json): with the ready
+# bytes the MMA gate_up at 9-16 tokens against the FMA one, single-tile (g9r) and wide (g9w), and the wide linear at
+# 9-16 rows (l9w). The table now has g9w, so g9r and l9w are measured against it. ~3 minutes.
+if [ "${NINE16:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_min": 9}' \
+        --set mma_wide=false --out $V/g9r.json > /dev/null
+    python3 benchmarks/tuning_variant.py --op gemv.small_m --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' \
+        --set mma_wide=true --out $V/l9w.json > /dev/null
+    timeout 240 python3 benchmarks/decode.py --formats nvfp4 --batches 12 16 --contexts 1024 --prefill 0 --reps 30 \
+        --check-steps 0 --no-plain-timing --ab-tuning-file $V/g9r.json $V/l9w.json --out "$OUT/decode_9_16_ab.json" \
+        > "$OUT/decode_9_16_ab.txt" 2>&1
+    echo "== whole step: table vs g9r (the single-tile MMA gate_up at 9-16), l9w (the wide linear at 9-16 rows)"
+    ab_rounds "$OUT/decode_9_16_ab.txt"
+    cp $V/g9r.json $V/l9w.json "$OUT/"
 fi
 # MOE_WIDE3 (thirty-third session, removed after its run; benchmarks/results/decode_h200_nvfp4_moe_wide4_ab_s33.json,
 # nvfp4_mma_moe_wide4_h200_s33.json): four weight tiles a warp (32 gate_up columns, 64 down rows, no loads a step
