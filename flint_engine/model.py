@@ -5,6 +5,7 @@ Each op is one call into `self.kernels`, so a fused kernel replaces its referenc
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,8 @@ from .forward_batch import ForwardBatch, fresh_sequences_batch
 from .kv_cache import KVCache
 from .weights import DenseMLPWeights, FlintWeights, LayerWeights, MoEWeights, Projection
 from .weights_ahead import WeightsAhead
+
+log = logging.getLogger(__name__)
 
 # The router's output: top-k weights (FP32) and expert ids, [T, k] each.
 Routing = tuple[torch.Tensor, torch.Tensor]
@@ -49,6 +52,10 @@ class FlintModel:
         if kernels.prepare_nvfp4 is not None:
             for w in weights.nvfp4_weights():
                 kernels.prepare_nvfp4(w)
+            ready = [w.ready_scales.nbytes for w in weights.nvfp4_weights() if w.ready_scales is not None]
+            if ready:
+                # Memory the KV cache does not get: say so once (FLINT_MMA_READY_SCALES=0 leaves them out).
+                log.info("ready scale bytes for %d NVFP4 weights: %.2f GB", len(ready), sum(ready) / 1e9)
         # Weights asked into L2 ahead of their kernels on a side stream of captured graphs (op `l2_ahead`).
         self.weights_ahead = (
             WeightsAhead(weights, kernels.l2_ahead)

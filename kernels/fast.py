@@ -135,7 +135,7 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
     table = {name: _guarded(name, fast[name], getattr(base, name) or _composed[name]) for name in ops}
     if "router" in ops:
         table["prepare_router"] = router_triton.prepare
-    if ("linear" in ops or "moe" in ops) and os.environ.get(nvfp4_mma_scales.ENV) != "0":
+    if ("linear" in ops or "moe" in ops) and nvfp4_mma_scales.setting() != "0":
         table["prepare_nvfp4"] = nvfp4_mma_scales.prepare
     if "attention" in ops or "qkv_attention" in ops:
         table["prepare_prefill"] = attention_triton.prepare_cudnn_plans

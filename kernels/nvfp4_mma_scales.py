@@ -36,12 +36,18 @@ ENV = "FLINT_MMA_READY_SCALES"
 READING_OPS = ("gemv.small_m", "gemv.large_m", "moe.decode")
 
 
-def wanted(device: torch.device) -> bool:
-    """Whether weights on `device` get ready scales: `FLINT_MMA_READY_SCALES` 1 / 0, else ("auto", the default) when
-    the device's tuning table has an entry reading them."""
+def setting() -> str:
+    """`FLINT_MMA_READY_SCALES`: "auto" (the default), "0" or "1"; anything else is an error."""
     flag = os.environ.get(ENV, "auto")
     if flag not in ("auto", "0", "1"):
         raise ValueError(f"{ENV} must be auto, 0 or 1, not {flag!r}")
+    return flag
+
+
+def wanted(device: torch.device) -> bool:
+    """Whether weights on `device` get ready scales: `FLINT_MMA_READY_SCALES` 1 / 0, else ("auto", the default) when
+    the device's tuning table has an entry reading them."""
+    flag = setting()
     if flag != "auto":
         return flag == "1"
     ops = tuning.table(device).ops

@@ -94,6 +94,17 @@ def test_the_model_builder_hands_each_nvfp4_weight_to_the_hook() -> None:
     assert id(weights.embed) not in seen
 
 
+def test_the_model_builder_logs_what_the_ready_bytes_take(caplog: pytest.LogCaptureFixture) -> None:
+    """Where the hook made ready bytes, the builder logs once how many weights got them and their bytes (memory the
+    KV cache does not get)."""
+    weights = random_weights(preset("tiny"), torch.bfloat16, seed=6, nvfp4_linears=True)
+    with caplog.at_level("INFO", logger="flint_engine.model"):
+        FlintModel(weights, with_ops(REFERENCE, prepare_nvfp4=nvfp4_mma_scales.make_ready))
+    nbytes = sum(w.scales.numel() for w in weights.nvfp4_weights())
+    lines = [r.getMessage() for r in caplog.records if "ready scale bytes" in r.getMessage()]
+    assert lines == [f"ready scale bytes for {len(list(weights.nvfp4_weights()))} NVFP4 weights: {nbytes / 1e9:.2f} GB"]
+
+
 @pytest.mark.parametrize("flag", ["0", "1", "auto"])
 def test_the_fused_table_has_the_hook_unless_turned_off(monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
     """The fused op table carries `prepare` (which asks `wanted` per device) unless `FLINT_MMA_READY_SCALES=0`."""
@@ -126,6 +137,8 @@ def test_ready_scales_are_wanted_where_the_table_reads_them(
     monkeypatch.setenv("FLINT_MMA_READY_SCALES", "yes")
     with pytest.raises(ValueError, match="FLINT_MMA_READY_SCALES must be auto, 0 or 1"):
         nvfp4_mma_scales.wanted(cuda)
+    with pytest.raises(ValueError, match="FLINT_MMA_READY_SCALES must be auto, 0 or 1"):
+        fast.fast_kernels(REFERENCE)  # refused when the op table is made, before any weight
     monkeypatch.delenv("FLINT_MMA_READY_SCALES")
     monkeypatch.delenv("FLINT_TUNING_FILE")
     assert not nvfp4_mma_scales.wanted(torch.device("cpu"))
