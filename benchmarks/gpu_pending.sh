@@ -6,7 +6,8 @@
 # State after the thirty-fourth session (2026-12-04): READY=1 installed the ready scale bytes on every MMA entry (NVFP4
 # b32 9.87 -> 9.35 ms, b64 14.61 -> 13.98 in its A/B; made by default where the table reads them), NINE16=1 the wide
 # MMA gate_up at 9-16 tokens (b16 -1.9%); the MoE from 33 tokens without its L2 requests lost (b48 +3.1%, b64 +4.2%).
-# Head: b32 9.17-9.41 ms, b64 13.72. Next is CPU work: x pre-permuted for the MMA (no PRMT), then a call to judge it.
+# Head: b32 9.17-9.41 ms, b64 13.72. Built after the last call: the shared expert inside the MMA MoE launches,
+# SHARED_MOE=1 (next) judges it.
 # State after the thirty-third session (2026-12-04): WIDE=1 installed the wide linear at 17-32 rows (b32 -1.6%);
 # MOE_WIDE=1 and MOE_WIDE2=1 installed the MoE's two-tile MMA kernels (b32 -4.5%, then -2.5% in 4 warps; NVFP4 b32
 # 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nsight Compute
@@ -470,6 +471,24 @@ if [ "${READY:-0}" = 1 ]; then
     ab_rounds "$OUT/decode_ready_ab.txt"
     cp $V/ready.json "$OUT/"
     unset FLINT_MMA_READY_SCALES
+fi
+# SHARED_MOE=1 (NEXT; built in the thirty-fourth session without a GPU): the shared expert inside the MMA MoE launches
+# (MoEConfig.mma_shared: `nvfp4_mma_triton`'s wide twins with programs of their own for it), instead of two NVFP4
+# linears and a SiLU-and-mul beside them, which took ~0.85 ms of the b32 step (94 launches of ~9 us, 6 MB each). Its
+# GPU tests (the folded output against the shared expert run apart and `moe_ref`, at 9-64 tokens, with and without
+# ready bytes) and the MMA kernels' others, then the whole step with mma_shared on every NVFP4 entry from 9 tokens.
+# ~4 minutes. If it wins: set it in the table, RECORD=1 (the twins are new kernels for the manifest).
+if [ "${SHARED_MOE:-0}" = 1 ]; then
+    gpu_tests "shared expert GPU tests" shared_tests 300 -n 8 tests/test_nvfp4_mma.py
+    V=/tmp/variants; mkdir -p $V
+    moe_entries_variant mma_shared=true $V/shared.json 9 17 25 33
+    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 9 16 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 --ab-tuning-file $V/shared.json \
+        --out "$OUT/decode_shared_ab.json" > "$OUT/decode_shared_ab.txt" 2>&1
+    echo "== whole step: table vs the shared expert in the MoE launches from 9 tokens"
+    ab_rounds "$OUT/decode_shared_ab.txt"
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_ab.txt" | head -12
+    cp $V/shared.json "$OUT/"
 fi
 # NINE16=1 (ran in the thirty-fourth session, from a probe script: g9w installed, b12 -0.6%, b16 -1.9%; g9r b12
 # +0.9%, b16 -2.5%; l9w b12 +1.2%, b16 -0.3%; benchmarks/results/decode_h200_nvfp4_9_16_ab_s34.json): with the ready

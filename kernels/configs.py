@@ -106,6 +106,11 @@ class MoEConfig:
     mma_down_wide: bool = False
     # With mma / mma_down: read the experts' ready scale bytes where they have them (TileConfig.mma_ready).
     mma_ready: bool = False
+    # With mma, mma_down, mma_vec, mma_wide and mma_down_wide: the shared expert runs inside those two launches, in
+    # programs of its own (`nvfp4_mma_triton`'s shared twins), instead of as two linears and a SiLU-and-mul beside
+    # them: at NVFP4 batch 32 on the H200 those took ~0.85 of the step's 9.2 ms, 94 launches of ~9 us for 6 MB each
+    # (thirty-fourth session's profile). Built in the thirty-fourth session, not yet measured.
+    mma_shared: bool = False
 
 
 @dataclass(frozen=True)

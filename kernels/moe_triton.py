@@ -851,7 +851,7 @@ def _paths(
     fold = shared is not None and decode and t > 0 and foldable(shared, x, w13, w2)
     if fold and t > limits.shared_fold_max_tokens:
         cfg = config or decode_config(nv, t, x.device)
-        fold = _unsorted_grouped(cfg, shared)
+        fold = _unsorted_grouped(cfg, shared) or _mma_shared(cfg, x, w13, w2, shared)
     return decode, fold, nv and not decode and t >= limits.dequant_min_tokens
 
 
@@ -865,6 +865,17 @@ def _mma_fits(x: torch.Tensor, w: Weight | ScaledWeight) -> bool:
     from . import nvfp4_mma_triton  # here: that module imports this one
 
     return nvfp4_mma_triton.moe_supported(x, w)
+
+
+def _mma_shared(cfg: MoEConfig, x: torch.Tensor, w13: Weight, w2: Weight, shared: SharedExpert | None) -> bool:
+    """Whether the decode path's MMA launches take the shared expert in programs of their own (MoEConfig.mma_shared:
+    the wide 16-byte gate_up and down, `nvfp4_mma_triton.shared_fits`)."""
+    mma = cfg.mma and cfg.mma_down and cfg.mma_vec and cfg.mma_wide and cfg.mma_down_wide and cfg.expert_major
+    if not (cfg.mma_shared and mma and not cfg.use_dot and shared is not None and isinstance(w13, NVFP4Weight)):
+        return False
+    from . import nvfp4_mma_triton  # here: that module imports this one
+
+    return nvfp4_mma_triton.shared_fits(x, w13, w2, *shared)
 
 
 def _unsorted_grouped(cfg: MoEConfig, shared: SharedExpert | None) -> bool:
@@ -910,7 +921,11 @@ def _routed(
     tw = topk_weights.contiguous()
     add = add if add is None or add.stride(-1) == 1 else add.contiguous()
     p = t * topk
-    parts = 0 if shared is None else shared[1].shape[-1] // inter
+    nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
+    cfg = config or (decode_config(nv, t, x.device) if decode else grouped_config(p / num_experts, nv, x.device))
+    # The shared expert in the MMA launches' own programs (MoEConfig.mma_shared): hs and ys of its own, no FMA rows.
+    mma_shared = decode and norm is None and _mma_shared(cfg, x, w13, w2, shared)
+    parts = 0 if shared is None or mma_shared else shared[1].shape[-1] // inter
     n_shared_rows = parts * t
     h = _empty((n_shared_rows + p, inter), x.dtype, x.device)
     q13, s13, g13, we13, wn13, se13, sn13, ge13, seg13, nv13, gsc13 = _weight_args(w13, out)
@@ -918,14 +933,12 @@ def _routed(
     sh13 = _no_shared(out) if shared is None else _shared_args(shared[0], out)
     sh2 = _no_shared(out) if shared is None else _shared_args(shared[1], out)
     shared_inter = 0 if shared is None else shared[1].shape[-1]
-    nv = nv13 or nv2
-    cfg = config or (decode_config(nv, t, x.device) if decode else grouped_config(p / num_experts, nv, x.device))
     prec = precision_for(x.dtype)
     cnt = counters(x.device)
     gu_tiles = triton.cdiv(inter, cfg.gu_block_i)
     dn_tiles = triton.cdiv(hidden, cfg.dn_block_n)
     # Expert-major gate_up (`_moe_gate_up_expert_kernel`): no K split, so no workspace.
-    expert_major = decode and cfg.expert_major and nv13 and gsc13 and shared is None and not cfg.use_dot
+    expert_major = decode and cfg.expert_major and nv13 and gsc13 and not cfg.use_dot and (shared is None or mma_shared)
     # Expert-major on tensor cores: the grouped launches with blocks found in the unsorted ids (no sort launches).
     unsorted = decode and _unsorted_grouped(cfg, shared)
     decode = decode and not unsorted
@@ -953,9 +966,10 @@ def _routed(
     if mma_gate_up:
         from . import nvfp4_mma_triton  # here: that module imports this one
 
+        hs = _empty((t, shared_inter), x.dtype, x.device) if mma_shared else None
         nvfp4_mma_triton.launch_moe_gate_up(
             x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec, cfg.mma_l2_ahead,
-            cfg.mma_warp_k, cfg.mma_wide, cfg.mma_ready,
+            cfg.mma_warp_k, cfg.mma_wide, cfg.mma_ready, shared=None if hs is None else (shared[0], hs),
         )  # fmt: skip
     elif expert_major:  # h keeps the per-pair layout the down launch reads
         _moe_gate_up_expert_kernel[(gu_tiles, num_experts)](
@@ -976,16 +990,19 @@ def _routed(
             **launch_options(x.device),
         )  # fmt: skip
     even_dn = inter % cfg.dn_block_k == 0 and shared_inter % cfg.dn_block_k == 0
-    if decode and shared is None and cfg.mma_down and norm is None and _mma_fits(h, w2):  # h: a row a pair
+    mma_down = decode and (shared is None or mma_shared) and cfg.mma_down and norm is None and _mma_fits(h, w2)
+    if mma_down:  # h: a row a pair
         from . import nvfp4_mma_triton  # here: that module imports this one
 
-        # Each pair's rounded y, then the slot-reduce launch (routing weights, slot order, the shared expert's add).
+        # Each pair's rounded y, then the slot-reduce launch (routing weights, slot order, the shared expert's add:
+        # ys when its programs ran here, else `add`).
         y = _empty((p, hidden), x.dtype, x.device)
+        ys = _empty((t, hidden), x.dtype, x.device) if mma_shared else None
         nvfp4_mma_triton.launch_moe_down(
             h, ids.reshape(-1), w2, y, cfg.num_warps, vec=cfg.mma_vec, l2=cfg.mma_down_l2, wide=cfg.mma_down_wide,
-            ready=cfg.mma_ready,
+            ready=cfg.mma_ready, shared=None if ys is None else (shared[1], hs, ys),
         )  # fmt: skip
-        return _reduce_slots_launch(y, tw, out, add)
+        return _reduce_slots_launch(y, tw, out, add if ys is None else ys)
     if decode:
         n_shared_tokens = 0 if shared is None else t
         nslots = topk + (shared is not None)
@@ -1078,6 +1095,8 @@ def moe_add_rms_norm(
         and t > 0
         and (shared is None or fold)
         and not _unsorted_grouped(cfg, shared if fold else None)
+        # the MMA launches' shared programs: the slot reduce adds their ys; the norm is its own launch then
+        and not (fold and _mma_shared(cfg, x, w13, w2, shared))
         and hidden <= NORM_MAX_N
         and residual.shape == (t, hidden)
         and residual.dtype == x.dtype

@@ -911,22 +911,24 @@ def _gate_up_columns(pid_i, t, NG: tl.constexpr, TILES: tl.constexpr = 1):
 
 
 @triton.jit
-def _gate_up_tile(w_ptr, s_ptr, j, INTER, c, stride_wn, stride_sn):
-    """Code and scale bases (`_weight_bases`) of one expert's gate row j and up row INTER + j (j past INTER reads
-    INTER - 1: a column never stored)."""
-    jj = tl.minimum(j, INTER - 1).to(tl.int64)
-    _, _, wa, wb, sa, sb = _weight_bases(w_ptr, s_ptr, jj, jj + INTER, c, stride_wn, stride_sn)
+def _gate_up_tile(w_ptr, s_ptr, j, INTER, c, stride_wn, stride_sn, col, up):
+    """Code and scale bases (`_weight_bases`) of one expert's gate row col + j and up row col + up + j (j past INTER
+    reads INTER - 1: a column never stored). Routed experts: col 0, up INTER; the shared expert's part: its first
+    column and the shared expert's width (`_moe_gate_up_body`'s SHARED)."""
+    jj = tl.minimum(j, INTER - 1).to(tl.int64) + col
+    _, _, wa, wb, sa, sb = _weight_bases(w_ptr, s_ptr, jj, jj + up, c, stride_wn, stride_sn)
     return wa, wb, sa, sb
 
 
 @triton.jit
-def _gate_up_scales(gs_ptr, jo, INTER, seg1, seg2, seg3):
-    """(column jo is one of the expert's, gate row jo's and up row INTER + jo's global scales times 2**62)."""
+def _gate_up_scales(gs_ptr, jo, INTER, seg1, seg2, seg3, col, up):
+    """(column jo is one of the expert's, gate row col + jo's and up row col + up + jo's global scales times
+    2**62)."""
     ok = jo < INTER
-    jj = tl.minimum(jo, INTER - 1).to(tl.int64)
+    jj = tl.minimum(jo, INTER - 1).to(tl.int64) + col
     post = 4.611686018427388e18  # 2**62
     gs_a = segment_scale(gs_ptr, jj, ok, seg1, seg2, seg3) * post
-    return ok, gs_a, segment_scale(gs_ptr, jj + INTER, ok, seg1, seg2, seg3) * post
+    return ok, gs_a, segment_scale(gs_ptr, jj + up, ok, seg1, seg2, seg3) * post
 
 
 @triton.jit
@@ -969,6 +971,20 @@ def _moe_gate_up_body(
     L2_AHEAD: tl.constexpr,
     KSPLIT: tl.constexpr = 1,
     TILES: tl.constexpr = 1,
+    SHARED: tl.constexpr = False,
+    n_exp=0,
+    sw_ptr=None,
+    ss_ptr=None,
+    sgs_ptr=None,
+    hs_ptr=None,
+    T=0,
+    INTER_S=0,
+    stride_swn=0,
+    stride_ssn=0,
+    stride_hs=0,
+    sseg1=0,
+    sseg2=0,
+    sseg3=0,
 ):
     """Expert-major MoE gate_up (NVFP4): program (column tile, expert e) finds e's pairs in the router's ids and
     computes their h = silu(gate) * up columns, 8 pairs an MMA. A lane's fragment rows are gate row j and up row
@@ -977,7 +993,12 @@ def _moe_gate_up_body(
     KSPLIT groups of 8 columns, each in KSPLIT parts of K, one a warp), so each warp's chain of dependent K steps is
     KSPLIT times shorter; the parts' D fragments are summed across warps in part order (deterministic). TILES 2 (with
     KSPLIT 1): 16 columns a warp, two 16-row weight tiles (columns j and j + 8) whose MMAs share each K step's x
-    words. (Four tiles, 32 columns a warp, lost on the H200: b32 +15%, thirty-third session.)"""
+    words. (Four tiles, 32 columns a warp, lost on the H200: b32 +15%, thirty-third session.)
+
+    SHARED (with TILES 2, KSPLIT 1): programs e >= n_exp compute the shared expert as well (`sw_ptr`..., a 2-D NVFP4
+    gate_up of 2 * INTER_S rows, INTER_S a multiple of INTER): program n_exp + q takes part q % (INTER_S / INTER), its
+    columns INTER * part onward, for tokens 8 * (q // parts) onward of the T, and writes their silu(gate) * up into hs
+    [T, INTER_S]. The same K loop and epilogue as an expert's, so a shared launch of its own costs nothing."""
     pid_i = tl.program_id(0)
     e = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -985,15 +1006,32 @@ def _moe_gate_up_body(
     t = tl.arange(0, NT)
     g = (t % 32) // 4
     c, j = _gate_up_columns(pid_i, t, NG, TILES)
-    ja = tl.minimum(j, INTER - 1).to(tl.int64)
-    jb = ja + INTER
     e64 = e.to(tl.int64)
-    w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(
-        w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, ja, jb, c, stride_wn, stride_sn
-    )
+    we_ptr, se_ptr, ge_ptr = w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, gs_ptr + e64 * stride_gse
+    col = 0  # the expert's first column (the shared expert's part: INTER * part)
+    up = INTER  # rows from a gate row to its up row
+    wn, sn, out_ptr, out_stride = stride_wn, stride_sn, h_ptr, stride_h
+    s1, s2, s3 = seg1, seg2, seg3
+    if SHARED:
+        is_sh = e >= n_exp
+        q = tl.maximum(e - n_exp, 0)
+        parts = INTER_S // INTER
+        first = (q // parts) * 8  # the shared program's first token
+        col = tl.where(is_sh, (q % parts) * INTER, 0).to(tl.int64)
+        up = tl.where(is_sh, INTER_S, INTER)
+        we_ptr, se_ptr, ge_ptr = (
+            tl.where(is_sh, sw_ptr, we_ptr),
+            tl.where(is_sh, ss_ptr, se_ptr),
+            tl.where(is_sh, sgs_ptr, ge_ptr),
+        )
+        wn, sn = tl.where(is_sh, stride_swn, stride_wn), tl.where(is_sh, stride_ssn, stride_sn)
+        out_ptr, out_stride = tl.where(is_sh, hs_ptr, h_ptr), tl.where(is_sh, stride_hs, stride_h)
+        s1, s2, s3 = tl.where(is_sh, sseg1, seg1), tl.where(is_sh, sseg2, seg2), tl.where(is_sh, sseg3, seg3)
+    ja = tl.minimum(j, INTER - 1).to(tl.int64) + col
+    jb = ja + up
+    w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(we_ptr, se_ptr, ja, jb, c, wn, sn)
     if TILES == 2:  # tile two: gate and up rows of column j + 8
-        we_ptr, se_ptr = w_ptr + e64 * stride_we, s_ptr + e64 * stride_se
-        wc_base, wd_base, sc_base, sd_base = _gate_up_tile(we_ptr, se_ptr, j + 8, INTER, c, stride_wn, stride_sn)
+        wc_base, wd_base, sc_base, sd_base = _gate_up_tile(we_ptr, se_ptr, j + 8, INTER, c, wn, sn, col, up)
     x64 = x_ptr.to(tl.pointer_type(tl.int64))
     k_part = K // KSPLIT  # a multiple of 256 (`launch_moe_gate_up`): the parts keep the 16-byte and line alignment
     if KSPLIT > 1:  # warp w's part of K, (w // NG) * k_part onward, as offsets in int64 code words and scale bytes
@@ -1010,15 +1048,19 @@ def _moe_gate_up_body(
         co = c
         jo = j
     ok = jo < INTER
-    joa = tl.minimum(jo, INTER - 1).to(tl.int64)
+    joa = tl.minimum(jo, INTER - 1).to(tl.int64) + col
     post = 4.611686018427388e18  # 2**62
-    gs_a = segment_scale(gs_ptr + e64 * stride_gse, joa, ok, seg1, seg2, seg3) * post
-    gs_b = segment_scale(gs_ptr + e64 * stride_gse, joa + INTER, ok, seg1, seg2, seg3) * post
+    gs_a = segment_scale(ge_ptr, joa, ok, s1, s2, s3) * post
+    gs_b = segment_scale(ge_ptr, joa + up, ok, s1, s2, s3) * post
     if TILES == 2:
-        ok2, gs_c, gs_d = _gate_up_scales(gs_ptr + e64 * stride_gse, jo + 8, INTER, seg1, seg2, seg3)
+        ok2, gs_c, gs_d = _gate_up_scales(ge_ptr, jo + 8, INTER, s1, s2, s3, col, up)
     xdt = h_ptr.dtype.element_ty
     pdl_entry(PDL)  # the ids are the router's, the previous kernel's
     pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
+    if SHARED:  # the shared program's tokens as pairs of slot 0 (x row pair // TOPK; past T: the last token)
+        tokens = first + tl.arange(0, 8)
+        pairs = tl.where(is_sh, tl.minimum(tokens, T - 1).to(tl.int64) * TOPK, pairs)
+        count = tl.where(is_sh, tl.minimum(T - first, 8), count)
     for c0 in range(0, count, 8):
         if c0 > 0:
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
@@ -1042,13 +1084,16 @@ def _moe_gate_up_body(
             d3 = tl.sum(tl.reshape(d3, (KSPLIT, NO)), axis=0)
         p_lo = tl.gather(pairs, 2 * co, 0)
         p_hi = tl.gather(pairs, 2 * co + 1, 0)
+        if SHARED:  # the shared expert's rows of hs are tokens
+            p_lo = tl.where(is_sh, p_lo // TOPK, p_lo)
+            p_hi = tl.where(is_sh, p_hi // TOPK, p_hi)
         h_lo = _silu_mul((d0 * gs_a).to(xdt), (d2 * gs_b).to(xdt))
         h_hi = _silu_mul((d1 * gs_a).to(xdt), (d3 * gs_b).to(xdt))
-        tl.store(h_ptr + p_lo * stride_h + jo, h_lo, mask=ok & (c0 + 2 * co < count))
-        tl.store(h_ptr + p_hi * stride_h + jo, h_hi, mask=ok & (c0 + 2 * co + 1 < count))
+        tl.store(out_ptr + p_lo * out_stride + col + jo, h_lo, mask=ok & (c0 + 2 * co < count))
+        tl.store(out_ptr + p_hi * out_stride + col + jo, h_hi, mask=ok & (c0 + 2 * co + 1 < count))
         if TILES == 2:
             lo_ok, hi_ok = c0 + 2 * co < count, c0 + 2 * co + 1 < count
-            _gate_up_store(h_ptr, f0, f1, f2, f3, ok2, gs_c, gs_d, p_lo, p_hi, lo_ok, hi_ok, jo + 8, stride_h)
+            _gate_up_store(out_ptr, f0, f1, f2, f3, ok2, gs_c, gs_d, p_lo, p_hi, lo_ok, hi_ok, col + jo + 8, out_stride)
 
 
 @triton.jit(do_not_specialize=["P"])
@@ -1229,6 +1274,24 @@ def _moe_gate_up_mma_wide_kernel(
     )  # fmt: skip
 
 
+@triton.jit(do_not_specialize=["P", "T"])
+def _moe_gate_up_mma_wide_shared_kernel(
+    x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
+    stride_sn, stride_gse, stride_h, seg1, seg2, seg3,
+    n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2, sseg3,
+    P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_AHEAD: tl.constexpr,
+):  # fmt: skip
+    """The wide MoE gate_up that also computes the shared expert in programs of its own (MoEConfig.mma_shared,
+    `_moe_gate_up_body`'s SHARED): its launch no longer runs beside the MoE's. A twin, so the installed kernels'
+    signatures and the manifest stay as they are."""
+    _moe_gate_up_body(
+        x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
+        stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD, 1, 2,
+        True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2,
+        sseg3,
+    )  # fmt: skip
+
+
 @triton.jit
 def _down_tile(w_ptr, s_ptr, gs_ptr, row, N, c, stride_wn, stride_sn, seg1, seg2, seg3):
     """One expert's 16-row tile at rows row / row + 8: code and scale bases (`_weight_bases`; rows past N read row
@@ -1280,6 +1343,22 @@ def _moe_down_body(
     VEC: tl.constexpr,
     L2_MODE: tl.constexpr,
     TILES: tl.constexpr = 1,
+    SHARED: tl.constexpr = False,
+    n_exp=0,
+    sw_ptr=None,
+    ss_ptr=None,
+    sgs_ptr=None,
+    hs_ptr=None,
+    ys_ptr=None,
+    T=0,
+    K_S=0,
+    stride_swn=0,
+    stride_ssn=0,
+    stride_hs=0,
+    stride_ys=0,
+    sseg1=0,
+    sseg2=0,
+    sseg3=0,
 ):
     """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for
     e's pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s.
@@ -1287,7 +1366,11 @@ def _moe_down_body(
     for all of the tile's codes before the PDL wait, for an expert with pairs: the ids are the router's, written two
     grids back, and the gate_up launch before this one lets it start only after each of its programs has waited for
     its own predecessor (`pdl_entry`), so the router has finished by then. TILES 2: 32 rows a warp, two 16-row tiles
-    whose MMAs share each K step's h words. (Four tiles, 64 rows a warp, were even to +2.3% on the H200.)"""
+    whose MMAs share each K step's h words. (Four tiles, 64 rows a warp, were even to +2.3% on the H200.)
+
+    SHARED (with TILES 2): programs e >= n_exp compute the shared expert's down as well (`sw_ptr`..., a 2-D NVFP4 [N,
+    K_S]): program n_exp + q for tokens 8q onward of the T, from hs [T, K_S] into ys [T, N], rounded once as the
+    linear rounds it (the slot reduce then adds ys)."""
     pid_n = tl.program_id(0)
     e = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -1303,25 +1386,45 @@ def _moe_down_body(
     r0 = tl.minimum(row0, N - 1).to(tl.int64)
     r1 = tl.minimum(row1, N - 1).to(tl.int64)
     e64 = e.to(tl.int64)
-    w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(
-        w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, r0, r1, c, stride_wn, stride_sn
-    )
-    h64 = h_ptr.to(tl.pointer_type(tl.int64))
+    we_ptr, se_ptr, ge_ptr = w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, gs_ptr + e64 * stride_gse
+    k_hi, wn, sn, hp, h_stride, out_ptr, out_stride = K, stride_wn, stride_sn, h_ptr, stride_h, y_ptr, stride_y
+    s1, s2, s3 = seg1, seg2, seg3
+    if SHARED:
+        is_sh = e >= n_exp
+        first = tl.maximum(e - n_exp, 0) * 8  # the shared program's first token
+        we_ptr, se_ptr, ge_ptr = (
+            tl.where(is_sh, sw_ptr, we_ptr),
+            tl.where(is_sh, ss_ptr, se_ptr),
+            tl.where(is_sh, sgs_ptr, ge_ptr),
+        )
+        k_hi, wn, sn = (
+            tl.where(is_sh, K_S, K),
+            tl.where(is_sh, stride_swn, stride_wn),
+            tl.where(is_sh, stride_ssn, stride_sn),
+        )
+        hp, h_stride = tl.where(is_sh, hs_ptr, h_ptr), tl.where(is_sh, stride_hs, stride_h)
+        out_ptr, out_stride = tl.where(is_sh, ys_ptr, y_ptr), tl.where(is_sh, stride_ys, stride_y)
+        s1, s2, s3 = tl.where(is_sh, sseg1, seg1), tl.where(is_sh, sseg2, seg2), tl.where(is_sh, sseg3, seg3)
+    w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(we_ptr, se_ptr, r0, r1, c, wn, sn)
+    h64 = hp.to(tl.pointer_type(tl.int64))
     post = 4.611686018427388e18  # 2**62
-    gs0 = segment_scale(gs_ptr + e64 * stride_gse, r0, ok0, seg1, seg2, seg3) * post
-    gs1 = segment_scale(gs_ptr + e64 * stride_gse, r1, ok1, seg1, seg2, seg3) * post
+    gs0 = segment_scale(ge_ptr, r0, ok0, s1, s2, s3) * post
+    gs1 = segment_scale(ge_ptr, r1, ok1, s1, s2, s3) * post
     if TILES == 2:  # tile two: rows g + 16 / g + 24 of the warp's 32
-        we_ptr, se_ptr, ge_ptr = w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, gs_ptr + e64 * stride_gse
         wc_base, wd_base, sc_base, sd_base, ok2, ok3, gs2, gs3 = _down_tile(
-            we_ptr, se_ptr, ge_ptr, row0 + 16, N, c, stride_wn, stride_sn, seg1, seg2, seg3
+            we_ptr, se_ptr, ge_ptr, row0 + 16, N, c, wn, sn, s1, s2, s3
         )
     ydt = y_ptr.dtype.element_ty
     if L2_MODE != 2:
         pdl_entry(PDL)  # h is the gate_up launch's
     pairs, count = _ranked_pairs(ids_ptr, e, 0, P, P_PAD, 8)
+    if SHARED:  # the shared program's tokens (past T: the last one, never stored)
+        tokens = first + tl.arange(0, 8)
+        pairs = tl.where(is_sh, tl.minimum(tokens, T - 1).to(tl.int64), pairs)
+        count = tl.where(is_sh, tl.minimum(T - first, 8), count)
     if L2_MODE == 2:
         if count > 0:
-            for kl in range(0, K, 256):  # a row's 128-byte lines (256 codes each)
+            for kl in range(0, k_hi, 256):  # a row's 128-byte lines (256 codes each)
                 prefetch_lines(w64 + wa_base + kl // 16)
                 prefetch_lines(w64 + wb_base + kl // 16)
                 if TILES == 2:
@@ -1331,26 +1434,27 @@ def _moe_down_body(
     for c0 in range(0, count, 8):
         if c0 > 0:
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
-        ha_base = tl.gather(pairs, g, 0) * (stride_h // 4) + c * 8
+        ha_base = tl.gather(pairs, g, 0) * (h_stride // 4) + c * 8
         if TILES == 2:
             d0, d1, d2, d3, f0, f1, f2, f3 = _k_loop_wide(
-                w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, h64, ha_base, 0, K,
-                NT, PREFETCH, VEC, 2 * (L2_MODE == 1),
+                w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, h64, ha_base, 0,
+                k_hi, NT, PREFETCH, VEC, 2 * (L2_MODE == 1),
             )  # fmt: skip
         else:
             d0, d1, d2, d3 = _k_loop(
-                w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, K, NT, PREFETCH, VEC, 2 * (L2_MODE == 1)
+                w64, wa_base, wb_base, sp, sa_base, sb_base, h64, ha_base, 0, k_hi, NT, PREFETCH, VEC,
+                2 * (L2_MODE == 1),
             )  # fmt: skip
         p_lo = tl.gather(pairs, 2 * c, 0)
         p_hi = tl.gather(pairs, 2 * c + 1, 0)
         lo_ok = c0 + 2 * c < count
         hi_ok = c0 + 2 * c + 1 < count
-        tl.store(y_ptr + p_lo * stride_y + row0, (d0 * gs0).to(ydt), mask=ok0 & lo_ok)
-        tl.store(y_ptr + p_hi * stride_y + row0, (d1 * gs0).to(ydt), mask=ok0 & hi_ok)
-        tl.store(y_ptr + p_lo * stride_y + row1, (d2 * gs1).to(ydt), mask=ok1 & lo_ok)
-        tl.store(y_ptr + p_hi * stride_y + row1, (d3 * gs1).to(ydt), mask=ok1 & hi_ok)
+        tl.store(out_ptr + p_lo * out_stride + row0, (d0 * gs0).to(ydt), mask=ok0 & lo_ok)
+        tl.store(out_ptr + p_hi * out_stride + row0, (d1 * gs0).to(ydt), mask=ok0 & hi_ok)
+        tl.store(out_ptr + p_lo * out_stride + row1, (d2 * gs1).to(ydt), mask=ok1 & lo_ok)
+        tl.store(out_ptr + p_hi * out_stride + row1, (d3 * gs1).to(ydt), mask=ok1 & hi_ok)
         if TILES == 2:
-            _down_store(y_ptr, f0, f1, f2, f3, row0 + 16, ok2, ok3, gs2, gs3, p_lo, p_hi, lo_ok, hi_ok, stride_y)
+            _down_store(out_ptr, f0, f1, f2, f3, row0 + 16, ok2, ok3, gs2, gs3, p_lo, p_hi, lo_ok, hi_ok, out_stride)
 
 
 @triton.jit(do_not_specialize=["P"])
@@ -1490,20 +1594,45 @@ def _moe_down_mma_wide_kernel(
     )  # fmt: skip
 
 
+@triton.jit(do_not_specialize=["P", "T"])
+def _moe_down_mma_wide_shared_kernel(
+    h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
+    stride_gse, stride_y, seg1, seg2, seg3,
+    n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys, sseg1,
+    sseg2, sseg3,
+    P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_MODE: tl.constexpr,
+):  # fmt: skip
+    """The wide MoE down that also computes the shared expert's down in programs of its own (MoEConfig.mma_shared,
+    `_moe_down_body`'s SHARED); a twin, so the installed kernels' signatures and the manifest stay as they are."""
+    _moe_down_body(
+        h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
+        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE, 2,
+        True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys,
+        sseg1, sseg2, sseg3,
+    )  # fmt: skip
+
+
 def _fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
     """What every kernel here needs: a CUDA GPU of sm_80 or later (not the interpreter, which runs no PTX), BF16
     activations [rows, K] with rows on 8 bytes, NVFP4 weights [..., N, K] with K a multiple of BLOCK_K and code rows
     on 8 bytes, at most MAX_SEGMENTS segments."""
     if _INTERPRET or not (x.is_cuda and isinstance(w, NVFP4Weight) and x.dtype == torch.bfloat16 and x.dim() == 2):
         return False
-    q = w.qweight
     return (
         torch.cuda.get_device_capability(x.device) >= (8, 0)
-        and x.shape[1] == q.shape[-1] * 2
-        and x.shape[1] % BLOCK_K == 0
         and x.stride(1) == 1
         and x.stride(0) % 4 == 0
         and x.data_ptr() % 8 == 0
+        and _weight_fits(w, x.shape[1])
+    )
+
+
+def _weight_fits(w: NVFP4Weight, k: int) -> bool:
+    """The weight's part of `_fits` for activations of K = k."""
+    q = w.qweight
+    return (
+        k == q.shape[-1] * 2
+        and k % BLOCK_K == 0
         and q.stride(-1) == 1
         and all(st % 8 == 0 for st in q.stride()[:-1])
         and q.data_ptr() % 8 == 0
@@ -1515,11 +1644,14 @@ def _fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
 def _vec_fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
     """What the VEC kernels' 16-byte loads need besides `_fits`: x rows and code rows on 16 bytes, scale rows on 2
     (else the 8-byte kernels run)."""
+    return x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and _vec_weight(w)
+
+
+def _vec_weight(w: NVFP4Weight) -> bool:
+    """The weight's part of `_vec_fits`: code rows on 16 bytes, scale rows on 2."""
     q, s = w.qweight, w.scales
     return (
-        x.data_ptr() % 16 == 0
-        and x.stride(0) % 8 == 0
-        and q.data_ptr() % 16 == 0
+        q.data_ptr() % 16 == 0
         and all(st % 16 == 0 for st in q.stride()[:-1])
         and s.data_ptr() % 2 == 0
         and all(st % 2 == 0 for st in s.stride()[:-1])
@@ -1532,6 +1664,38 @@ def _with_ready_scales(w: NVFP4Weight, ready: bool) -> NVFP4Weight:
     if not ready or w.ready_scales is None:
         return w
     return NVFP4Weight(w.qweight, w.ready_scales, w.global_scale, w.segments)
+
+
+def _ready_pair(experts: NVFP4Weight, shared: NVFP4Weight, ready: bool) -> tuple[NVFP4Weight, NVFP4Weight]:
+    """Both weights reading ready scale bytes, or neither (one launch's programs pick either through one pointer
+    type): `_with_ready_scales` where both have them."""
+    both = ready and experts.ready_scales is not None and shared.ready_scales is not None
+    return _with_ready_scales(experts, both), _with_ready_scales(shared, both)
+
+
+def shared_fits(x: torch.Tensor, w13: NVFP4Weight, w2: NVFP4Weight, gate_up: object, down: object) -> bool:
+    """Whether the wide MoE kernels can run a shared expert (gate_up [2 I_s, H], down [H, I_s]) in programs of their
+    own (MoEConfig.mma_shared): x against w13 on the 16-byte kernels, w2 and both shared weights (2-D) NVFP4 for them
+    too (h and hs are the launches' own rows), I_s a multiple of the experts' I."""
+    if not (isinstance(gate_up, NVFP4Weight) and isinstance(down, NVFP4Weight) and isinstance(w2, NVFP4Weight)):
+        return False
+    if gate_up.qweight.dim() != 2 or down.qweight.dim() != 2 or w2.qweight.dim() != 3:
+        return False
+    inter, i_s, hidden = w2.shape[-1], down.shape[-1], x.shape[-1]
+    return (
+        moe_supported(x, w13)
+        and _vec_fits(x, w13)
+        and _vec_fits(x, gate_up)
+        and _weight_fits(gate_up, hidden)
+        and gate_up.shape == (2 * i_s, hidden)
+        and w2.shape[-2] == hidden
+        and _weight_fits(w2, inter)
+        and _vec_weight(w2)
+        and down.shape == (hidden, i_s)
+        and i_s % inter == 0
+        and _weight_fits(down, i_s)
+        and _vec_weight(down)
+    )
 
 
 def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
@@ -1622,15 +1786,20 @@ def launch_moe_down(
     l2: int = 0,
     wide: bool = False,
     ready: bool = False,
+    shared: tuple[NVFP4Weight, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
     `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also
     ask L2 for the codes, 1 two K steps ahead, 2 all of them before the PDL wait (MoEConfig.mma_down_l2); wide (with
     vec): 32 rows a warp, two tiles sharing h's loads (MoEConfig.mma_down_wide); ready: the experts' ready scale bytes
-    where they have them (MoEConfig.mma_ready)."""
-    w2 = _with_ready_scales(w2, ready)
+    where they have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared
+    expert's down [H, I_s], hs [T, I_s], ys [T, H]), ys filled with its rounded output in programs of the same
+    launch."""
     if l2 not in (0, 1, 2):
         raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
+    if shared is not None:
+        return _launch_down_shared(h, ids, w2, y, num_warps, prefetch, l2, ready, *shared)
+    w2 = _with_ready_scales(w2, ready)
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
@@ -1647,6 +1816,41 @@ def launch_moe_down(
         w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
         P_PAD=triton.next_power_of_2(pairs), NW=num_warps, PREFETCH=prefetch, num_warps=num_warps, num_stages=1,
         **extra, **launch_options(h.device),
+    )  # fmt: skip
+
+
+def _launch_down_shared(
+    h: torch.Tensor,
+    ids: torch.Tensor,
+    w2: NVFP4Weight,
+    y: torch.Tensor,
+    num_warps: int,
+    prefetch: bool,
+    l2: int,
+    ready: bool,
+    sw: NVFP4Weight,
+    hs: torch.Tensor,
+    ys: torch.Tensor,
+) -> None:
+    """`launch_moe_down` with the shared expert (`_moe_down_mma_wide_shared_kernel`)."""
+    n_exp, n, _ = w2.qweight.shape
+    k, (t, k_s) = h.shape[1], hs.shape
+    if not (_vec_fits(h, w2) and _vec_fits(hs, sw)) or sw.shape != (n, k_s) or ys.shape != (t, n):
+        raise ValueError(
+            f"the shared expert in the MoE down needs h, hs and weights for the 16-byte kernels, a down [{n}, I_s] "
+            f"and ys [T, {n}]; got {sw.shape}, hs {tuple(hs.shape)}, ys {tuple(ys.shape)}"
+        )
+    w2, sw = _ready_pair(w2, sw, ready)
+    seg1, seg2, seg3 = segment_bounds(w2.segments, n)
+    sseg1, sseg2, sseg3 = segment_bounds(sw.segments, n)
+    _moe_down_mma_wide_shared_kernel[(triton.cdiv(n, 32 * num_warps), n_exp + triton.cdiv(t, 8))](
+        h, ids, w2.qweight, w2.scales, w2.global_scale, y, ids.numel(), k, n,
+        h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1), w2.scales.stride(0), w2.scales.stride(1),
+        w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
+        n_exp, sw.qweight, sw.scales, sw.global_scale, hs, ys, t, k_s, sw.qweight.stride(0), sw.scales.stride(0),
+        hs.stride(0), ys.stride(0), sseg1, sseg2, sseg3,
+        P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_MODE=l2, num_warps=num_warps,
+        num_stages=1, **launch_options(h.device),
     )  # fmt: skip
 
 
@@ -1687,13 +1891,18 @@ def launch_moe_gate_up(
     warp_k: int = 1,
     wide: bool = False,
     ready: bool = False,
+    shared: tuple[NVFP4Weight, torch.Tensor] | None = None,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec:
     16-byte loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that
     many K steps ahead; warp_k (with vec; a power of two dividing num_warps): the warps split K in that many parts
     as well as the columns, where K is a multiple of 256 a part (else it is not split); wide (with vec, not with
     warp_k): 16 columns a warp, two tiles sharing x's loads (MoEConfig.mma_wide); ready: the experts' ready scale
-    bytes where they have them (MoEConfig.mma_ready)."""
+    bytes where they have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared
+    expert's gate_up [2 I_s, H], hs [T, I_s]), hs filled with its silu(gate) * up for every token of x in programs of
+    the same launch (I_s a multiple of I; `shared_fits`)."""
+    if shared is not None:
+        return _launch_gate_up_shared(x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, ready, *shared)
     w13 = _with_ready_scales(w13, ready)
     if l2_ahead < 0 or l2_ahead % 2:
         raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
@@ -1726,6 +1935,46 @@ def launch_moe_gate_up(
         w13.global_scale.stride(0), h.stride(0), seg1, seg2, seg3,
         P_PAD=triton.next_power_of_2(pairs), NW=num_warps, PREFETCH=prefetch, num_warps=num_warps, num_stages=1,
         **extra, **launch_options(x.device),
+    )  # fmt: skip
+
+
+def _launch_gate_up_shared(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    w13: NVFP4Weight,
+    h: torch.Tensor,
+    topk: int,
+    num_warps: int,
+    prefetch: bool,
+    l2_ahead: int,
+    ready: bool,
+    sw: NVFP4Weight,
+    hs: torch.Tensor,
+) -> None:
+    """`launch_moe_gate_up` with the shared expert (`_moe_gate_up_mma_wide_shared_kernel`)."""
+    n_exp, two_i, _ = w13.qweight.shape
+    inter, inter_s, (t, k) = two_i // 2, sw.qweight.shape[0] // 2, x.shape
+    aligned = _vec_fits(x, w13) and _vec_fits(x, sw)
+    if not aligned or sw.shape[1] != k or inter_s % inter or hs.shape != (t, inter_s):
+        raise ValueError(
+            f"the shared expert in the MoE gate_up needs x and weights for the 16-byte kernels, a gate_up [2 I_s, {k}] "
+            f"with I_s a multiple of {inter} and hs [{t}, I_s]; got {sw.shape}, hs {tuple(hs.shape)}"
+        )
+    if l2_ahead < 0 or l2_ahead % 2:
+        raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
+    w13, sw = _ready_pair(w13, sw, ready)
+    seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
+    sseg1, sseg2, sseg3 = segment_bounds(sw.segments, 2 * inter_s)
+    programs = n_exp + (inter_s // inter) * triton.cdiv(t, 8)
+    extra = {} if _INTERPRET else {"maxnreg": KS_MAXNREG}
+    _moe_gate_up_mma_wide_shared_kernel[(triton.cdiv(inter, 16 * num_warps), programs)](
+        x, ids, w13.qweight, w13.scales, w13.global_scale, h, ids.numel(), k, inter, topk,
+        x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1), w13.scales.stride(0), w13.scales.stride(1),
+        w13.global_scale.stride(0), h.stride(0), seg1, seg2, seg3,
+        n_exp, sw.qweight, sw.scales, sw.global_scale, hs, t, inter_s, sw.qweight.stride(0), sw.scales.stride(0),
+        hs.stride(0), sseg1, sseg2, sseg3,
+        P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_AHEAD=l2_ahead,
+        num_warps=num_warps, num_stages=1, **extra, **launch_options(x.device),
     )  # fmt: skip
 
 
