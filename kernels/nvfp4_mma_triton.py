@@ -894,6 +894,18 @@ def _nvfp4_mma_vec_kernel(
 
 
 @triton.jit
+def _shared_or_expert(is_sh, sw_ptr, ss_ptr, sgs_ptr, swn, ssn, sseg1, sseg2, sseg3,
+                      w_ptr, s_ptr, gs_ptr, wn, sn, seg1, seg2, seg3):  # fmt: skip
+    """(codes, scales, global scales, code and scale row strides, segment bounds) of the shared expert where is_sh
+    (a program of the MoE launches' SHARED twins), else the expert's."""
+    return (
+        tl.where(is_sh, sw_ptr, w_ptr), tl.where(is_sh, ss_ptr, s_ptr), tl.where(is_sh, sgs_ptr, gs_ptr),
+        tl.where(is_sh, swn, wn), tl.where(is_sh, ssn, sn),
+        tl.where(is_sh, sseg1, seg1), tl.where(is_sh, sseg2, seg2), tl.where(is_sh, sseg3, seg3),
+    )  # fmt: skip
+
+
+@triton.jit
 def _silu_mul(gate, up):
     """round(round(silu(gate)) * up) of rounded gate and up, as `silu_and_mul_ref`."""
     g32 = gate.to(tl.float32)
@@ -1019,14 +1031,11 @@ def _moe_gate_up_body(
         first = (q // parts) * 8  # the shared program's first token
         col = tl.where(is_sh, (q % parts) * INTER, 0).to(tl.int64)
         up = tl.where(is_sh, INTER_S, INTER)
-        we_ptr, se_ptr, ge_ptr = (
-            tl.where(is_sh, sw_ptr, we_ptr),
-            tl.where(is_sh, ss_ptr, se_ptr),
-            tl.where(is_sh, sgs_ptr, ge_ptr),
-        )
-        wn, sn = tl.where(is_sh, stride_swn, stride_wn), tl.where(is_sh, stride_ssn, stride_sn)
+        we_ptr, se_ptr, ge_ptr, wn, sn, s1, s2, s3 = _shared_or_expert(
+            is_sh, sw_ptr, ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2, sseg3,
+            we_ptr, se_ptr, ge_ptr, wn, sn, s1, s2, s3,
+        )  # fmt: skip
         out_ptr, out_stride = tl.where(is_sh, hs_ptr, h_ptr), tl.where(is_sh, stride_hs, stride_h)
-        s1, s2, s3 = tl.where(is_sh, sseg1, seg1), tl.where(is_sh, sseg2, seg2), tl.where(is_sh, sseg3, seg3)
     ja = tl.minimum(j, INTER - 1).to(tl.int64) + col
     jb = ja + up
     w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(we_ptr, se_ptr, ja, jb, c, wn, sn)
@@ -1392,19 +1401,13 @@ def _moe_down_body(
     if SHARED:
         is_sh = e >= n_exp
         first = tl.maximum(e - n_exp, 0) * 8  # the shared program's first token
-        we_ptr, se_ptr, ge_ptr = (
-            tl.where(is_sh, sw_ptr, we_ptr),
-            tl.where(is_sh, ss_ptr, se_ptr),
-            tl.where(is_sh, sgs_ptr, ge_ptr),
-        )
-        k_hi, wn, sn = (
-            tl.where(is_sh, K_S, K),
-            tl.where(is_sh, stride_swn, stride_wn),
-            tl.where(is_sh, stride_ssn, stride_sn),
-        )
+        we_ptr, se_ptr, ge_ptr, wn, sn, s1, s2, s3 = _shared_or_expert(
+            is_sh, sw_ptr, ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2, sseg3,
+            we_ptr, se_ptr, ge_ptr, wn, sn, s1, s2, s3,
+        )  # fmt: skip
+        k_hi = tl.where(is_sh, K_S, K)
         hp, h_stride = tl.where(is_sh, hs_ptr, h_ptr), tl.where(is_sh, stride_hs, stride_h)
         out_ptr, out_stride = tl.where(is_sh, ys_ptr, y_ptr), tl.where(is_sh, stride_ys, stride_y)
-        s1, s2, s3 = tl.where(is_sh, sseg1, seg1), tl.where(is_sh, sseg2, seg2), tl.where(is_sh, sseg3, seg3)
     w64, sp, wa_base, wb_base, sa_base, sb_base = _weight_bases(we_ptr, se_ptr, r0, r1, c, wn, sn)
     h64 = hp.to(tl.pointer_type(tl.int64))
     post = 4.611686018427388e18  # 2**62
