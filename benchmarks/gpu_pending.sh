@@ -476,19 +476,27 @@ fi
 # (MoEConfig.mma_shared: `nvfp4_mma_triton`'s wide twins with programs of their own for it), instead of two NVFP4
 # linears and a SiLU-and-mul beside them, which took ~0.85 ms of the b32 step (94 launches of ~9 us, 6 MB each). Its
 # GPU tests (the folded output against the shared expert run apart and `moe_ref`, at 9-64 tokens, with and without
-# ready bytes) and the MMA kernels' others, then the whole step with mma_shared on every NVFP4 entry from 9 tokens.
-# ~4 minutes. If it wins: set it in the table, RECORD=1 (the twins are new kernels for the manifest).
+# ready bytes, and with h in the MMA's order, MoEConfig.mma_perm_h) and the MMA kernels' others, then the whole step
+# with mma_shared on every NVFP4 entry from 9 tokens, and with mma_perm_h as well. ~5 minutes. If it wins: set it in the table, RECORD=1 (the twins are new kernels for the manifest).
 if [ "${SHARED_MOE:-0}" = 1 ]; then
     gpu_tests "shared expert GPU tests" shared_tests 300 -n 8 tests/test_nvfp4_mma.py
     V=/tmp/variants; mkdir -p $V
     moe_entries_variant mma_shared=true $V/shared.json 9 17 25 33
-    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 9 16 32 64 --contexts 1024 --prefill 0 \
+    t=$V/shared.json
+    for lo in 9 17 25 33; do  # the same entries with h in the MMA's order as well
+        python3 benchmarks/tuning_variant.py --table $t --op moe.decode --when "{\"nvfp4\": true, \"tokens_min\": $lo}" \
+            --set mma_perm_h=true --out $V/shared_perm.$lo > /dev/null || echo "variant failed: perm from $lo"
+        t=$V/shared_perm.$lo
+    done
+    cp $t $V/shared_perm.json
+    timeout 400 python3 benchmarks/decode.py --formats nvfp4 --batches 9 16 32 64 --contexts 1024 --prefill 0 \
         --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 --ab-tuning-file $V/shared.json \
-        --out "$OUT/decode_shared_ab.json" > "$OUT/decode_shared_ab.txt" 2>&1
-    echo "== whole step: table vs the shared expert in the MoE launches from 9 tokens"
+        $V/shared_perm.json --out "$OUT/decode_shared_ab.json" > "$OUT/decode_shared_ab.txt" 2>&1
+    echo "== whole step: table vs the shared expert in the MoE launches from 9 tokens (shared), and with h in the"
+    echo "   MMA's order (shared_perm)"
     ab_rounds "$OUT/decode_shared_ab.txt"
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_ab.txt" | head -12
-    cp $V/shared.json "$OUT/"
+    cp $V/shared.json $V/shared_perm.json "$OUT/"
 fi
 # NINE16=1 (ran in the thirty-fourth session, from a probe script: g9w installed, b12 -0.6%, b16 -1.9%; g9r b12
 # +0.9%, b16 -2.5%; l9w b12 +1.2%, b16 -0.3%; benchmarks/results/decode_h200_nvfp4_9_16_ab_s34.json): with the ready

@@ -111,6 +111,11 @@ class MoEConfig:
     # them: at NVFP4 batch 32 on the H200 those took ~0.85 of the step's 9.2 ms, 94 launches of ~9 us for 6 MB each
     # (thirty-fourth session's profile). Built in the thirty-fourth session, not yet measured.
     mma_shared: bool = False
+    # With mma_shared: h (and the shared expert's) kept in the MMA's order (`nvfp4_mma_triton.perm_columns`), so the
+    # down's K loop takes its words as they are: no PRMT, 16 of a K step's 371 instructions for 128 weight values a
+    # thread (the two tiles already share them; sm_90 SASS with ready scales, Triton 3.9). Built in the thirty-fourth
+    # session, not yet measured.
+    mma_perm_h: bool = False
 
 
 @dataclass(frozen=True)

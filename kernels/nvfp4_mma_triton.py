@@ -94,12 +94,14 @@ def _decode_pair(word: str, p: int, scale: str, out: str) -> list[str]:
     ]
 
 
-def step_asm(groups: int = 1) -> str:
+def step_asm(groups: int = 1, perm: bool = False) -> str:
     """The PTX of one K step: operands $0-$3 the D fragment (out), $4/$5 row g's words 0-1 / 2-3 (b64), $6/$7 row
     g + 8's, $8/$9 row g's BF16x2 scales of words 0-1 / 2-3, $10/$11 row g + 8's, $12-$19 x (b64: values 4q..4q+3
     of the lane's 32), $20-$23 the D fragment (in). With `groups` G > 1 (the rows kernel's quads, G = 4): G D
     fragments out ($0 .. $4G-1), the weights and scales after them, then G groups of 8 x words (group q: x rows
-    g + 8q) and the G D fragments in; each weight pair is decoded once for the G MMAs."""
+    g + 8q) and the G D fragments in; each weight pair is decoded once for the G MMAs. `perm`: x in the MMA's order
+    (`perm_columns`: each 8 values v0..v7 stored as v0 v4 v1 v5 v2 v6 v3 v7), so each MMA takes two of its words as
+    they are and the step has no PRMT."""
     o = 4 * groups  # the first input operand
     mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
     lines = [
@@ -123,9 +125,13 @@ def step_asm(groups: int = 1) -> str:
             lines += _decode_pair(wa, 1, sa, "a2")
             lines += _decode_pair(wb, 1, sb, "a3")
             for q in range(groups):
+                d = ", ".join(f"${4 * q + i}" for i in range(4))
+                if perm:  # word 4j + i holds values (8j + i, 8j + i + 4): pairs 2h and 2h + 1 as they are
+                    b = f"x{16 * q + 4 * j + 2 * h}, x{16 * q + 4 * j + 2 * h + 1}"
+                    lines.append(f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{{b}}}, {{{d}}};")
+                    continue
                 # x words 4j..4j+3 hold values 8j + 2i, 8j + 2i + 1; pair p is (8j + p, 8j + p + 4).
                 lo, hi = f"x{16 * q + 4 * j + h}", f"x{16 * q + 4 * j + 2 + h}"
-                d = ", ".join(f"${4 * q + i}" for i in range(4))
                 lines += [f"prmt.b32 b0, {lo}, {hi}, 0x5410;", f"prmt.b32 b1, {lo}, {hi}, 0x7632;"]
                 lines.append(f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{{d}}};")
     lines.append("}")
@@ -133,6 +139,12 @@ def step_asm(groups: int = 1) -> str:
 
 
 _STEP_ASM = tl.constexpr(step_asm())
+_STEP_PERM_ASM = tl.constexpr(step_asm(perm=True))
+
+
+def perm_columns(x: torch.Tensor) -> torch.Tensor:
+    """x's last dimension in the MMA's order (`step_asm`'s perm): each 8 values v0..v7 as v0 v4 v1 v5 v2 v6 v3 v7."""
+    return x.unflatten(-1, (-1, 2, 4)).transpose(-1, -2).flatten(-3)
 
 
 @triton.jit
@@ -150,6 +162,32 @@ def _mma_step(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6
 _STEP4_ASM = tl.constexpr(step_asm(ROW_GROUPS))
 # 16 D values out; 4 code words, 4 scales, 32 x words, 16 D values in.
 _STEP4_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 16 + ["l"] * 4 + ["r"] * 4 + ["l"] * 32 + ["f"] * 16))
+
+
+@triton.jit
+def _mma_step_perm(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3):
+    """`_mma_step` for x in the MMA's order (`step_asm`'s perm): no PRMT."""
+    return tl.inline_asm_elementwise(
+        _STEP_PERM_ASM,
+        "=f,=f,=f,=f,l,l,l,l,r,r,r,r,l,l,l,l,l,l,l,l,f,f,f,f",
+        [wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _tile_step(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
+               PERM: tl.constexpr):  # fmt: skip
+    """One 16-row tile's K step from its raw scale bytes (`_scale_pair`): `_mma_step`, or with PERM x in the MMA's
+    order `_mma_step_perm`."""
+    ta, tb = _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr)
+    tc, td = _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr)
+    if PERM:
+        return _mma_step_perm(wa0, wa1, wb0, wb1, ta, tb, tc, td, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3)
+    else:
+        return _mma_step(wa0, wa1, wb0, wb1, ta, tb, tc, td, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3)
 
 
 @triton.jit
@@ -352,10 +390,10 @@ def _k_loop(
 @triton.jit
 def _k_loop_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_base, sc_base, sd_base, x64, xa_base, k_lo,
                  k_hi, NT: tl.constexpr, PREFETCH: tl.constexpr, VEC: tl.constexpr,
-                 L2_AHEAD: tl.constexpr):  # fmt: skip
+                 L2_AHEAD: tl.constexpr, PERM: tl.constexpr = False):  # fmt: skip
     """`_k_loop` for two 16-row weight tiles (rows g / g + 8 at wa / wb, tile two's at wc / wd) against the same x rows:
     each K step's x words are loaded once for both tiles' MMAs (the MoE's `mma_wide`). Returns tile one's D fragment,
-    then tile two's."""
+    then tile two's. PERM: x in the MMA's order (`perm_columns`)."""
     d0 = tl.zeros((NT,), dtype=tl.float32)
     d1, d2, d3 = d0, d0, d0
     e0, e1, e2, e3 = d0, d0, d0, d0
@@ -372,15 +410,11 @@ def _k_loop_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_bas
             na0, na1, nb0, nb1, ta0, ta1, tb0, tb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, kn, VEC)
             nc0, nc1, nd0, nd1, tc0, tc1, td0, td1 = _load_w(w64, wc_base, wd_base, s_ptr, sc_base, sd_base, kn, VEC)
             y0, y1, y2, y3, y4, y5, y6, y7 = _load_x(x64, xa_base, kn, VEC)
-            d0, d1, d2, d3 = _mma_step(
-                wa0, wa1, wb0, wb1,
-                _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
-                x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
+            d0, d1, d2, d3 = _tile_step(
+                wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3, PERM
             )  # fmt: skip
-            e0, e1, e2, e3 = _mma_step(
-                wc0, wc1, wd0, wd1,
-                _scale_pair(sc0, s_ptr), _scale_pair(sc1, s_ptr), _scale_pair(sd0, s_ptr), _scale_pair(sd1, s_ptr),
-                x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3,
+            e0, e1, e2, e3 = _tile_step(
+                wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3, PERM
             )  # fmt: skip
             wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = na0, na1, nb0, nb1, ta0, ta1, tb0, tb1
             wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1 = nc0, nc1, nd0, nd1, tc0, tc1, td0, td1
@@ -393,15 +427,11 @@ def _k_loop_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_bas
             wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC)
             wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1 = _load_w(w64, wc_base, wd_base, s_ptr, sc_base, sd_base, k0, VEC)
             x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa_base, k0, VEC)
-            d0, d1, d2, d3 = _mma_step(
-                wa0, wa1, wb0, wb1,
-                _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
-                x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
+            d0, d1, d2, d3 = _tile_step(
+                wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3, PERM
             )  # fmt: skip
-            e0, e1, e2, e3 = _mma_step(
-                wc0, wc1, wd0, wd1,
-                _scale_pair(sc0, s_ptr), _scale_pair(sc1, s_ptr), _scale_pair(sd0, s_ptr), _scale_pair(sd1, s_ptr),
-                x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3,
+            e0, e1, e2, e3 = _tile_step(
+                wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3, PERM
             )  # fmt: skip
     return d0, d1, d2, d3, e0, e1, e2, e3
 
@@ -894,6 +924,15 @@ def _nvfp4_mma_vec_kernel(
 
 
 @triton.jit
+def _perm_col(i, PERM: tl.constexpr):
+    """Where column i of a row goes when the row is kept in the MMA's order (`perm_columns`; PERM), else i."""
+    if PERM:
+        return i - (i & 7) + 2 * (i & 3) + ((i >> 2) & 1)
+    else:
+        return i
+
+
+@triton.jit
 def _shared_or_expert(is_sh, sw_ptr, ss_ptr, sgs_ptr, swn, ssn, sseg1, sseg2, sseg3,
                       w_ptr, s_ptr, gs_ptr, wn, sn, seg1, seg2, seg3):  # fmt: skip
     """(codes, scales, global scales, code and scale row strides, segment bounds) of the shared expert where is_sh
@@ -997,6 +1036,7 @@ def _moe_gate_up_body(
     sseg1=0,
     sseg2=0,
     sseg3=0,
+    PERM: tl.constexpr = False,
 ):
     """Expert-major MoE gate_up (NVFP4): program (column tile, expert e) finds e's pairs in the router's ids and
     computes their h = silu(gate) * up columns, 8 pairs an MMA. A lane's fragment rows are gate row j and up row
@@ -1010,7 +1050,8 @@ def _moe_gate_up_body(
     SHARED (with TILES 2, KSPLIT 1): programs e >= n_exp compute the shared expert as well (`sw_ptr`..., a 2-D NVFP4
     gate_up of 2 * INTER_S rows, INTER_S a multiple of INTER): program n_exp + q takes part q % (INTER_S / INTER), its
     columns INTER * part onward, for tokens 8 * (q // parts) onward of the T, and writes their silu(gate) * up into hs
-    [T, INTER_S]. The same K loop and epilogue as an expert's, so a shared launch of its own costs nothing."""
+    [T, INTER_S]. The same K loop and epilogue as an expert's, so a shared launch of its own costs nothing. PERM: h
+    and hs are written in the MMA's order (`perm_columns`), for the down's K loop without PRMTs."""
     pid_i = tl.program_id(0)
     e = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -1098,11 +1139,13 @@ def _moe_gate_up_body(
             p_hi = tl.where(is_sh, p_hi // TOPK, p_hi)
         h_lo = _silu_mul((d0 * gs_a).to(xdt), (d2 * gs_b).to(xdt))
         h_hi = _silu_mul((d1 * gs_a).to(xdt), (d3 * gs_b).to(xdt))
-        tl.store(out_ptr + p_lo * out_stride + col + jo, h_lo, mask=ok & (c0 + 2 * co < count))
-        tl.store(out_ptr + p_hi * out_stride + col + jo, h_hi, mask=ok & (c0 + 2 * co + 1 < count))
+        at = _perm_col(col + jo, PERM)
+        tl.store(out_ptr + p_lo * out_stride + at, h_lo, mask=ok & (c0 + 2 * co < count))
+        tl.store(out_ptr + p_hi * out_stride + at, h_hi, mask=ok & (c0 + 2 * co + 1 < count))
         if TILES == 2:
             lo_ok, hi_ok = c0 + 2 * co < count, c0 + 2 * co + 1 < count
-            _gate_up_store(out_ptr, f0, f1, f2, f3, ok2, gs_c, gs_d, p_lo, p_hi, lo_ok, hi_ok, col + jo + 8, out_stride)
+            at = _perm_col(col + jo + 8, PERM)
+            _gate_up_store(out_ptr, f0, f1, f2, f3, ok2, gs_c, gs_d, p_lo, p_hi, lo_ok, hi_ok, at, out_stride)
 
 
 @triton.jit(do_not_specialize=["P"])
@@ -1289,15 +1332,16 @@ def _moe_gate_up_mma_wide_shared_kernel(
     stride_sn, stride_gse, stride_h, seg1, seg2, seg3,
     n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2, sseg3,
     P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_AHEAD: tl.constexpr,
+    PERM: tl.constexpr,
 ):  # fmt: skip
     """The wide MoE gate_up that also computes the shared expert in programs of its own (MoEConfig.mma_shared,
-    `_moe_gate_up_body`'s SHARED): its launch no longer runs beside the MoE's. A twin, so the installed kernels'
-    signatures and the manifest stay as they are."""
+    `_moe_gate_up_body`'s SHARED): its launch no longer runs beside the MoE's. PERM: h and hs in the MMA's order
+    (MoEConfig.mma_perm_h). A twin, so the installed kernels' signatures and the manifest stay as they are."""
     _moe_gate_up_body(
         x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
         stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD, 1, 2,
         True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2,
-        sseg3,
+        sseg3, PERM,
     )  # fmt: skip
 
 
@@ -1368,6 +1412,7 @@ def _moe_down_body(
     sseg1=0,
     sseg2=0,
     sseg3=0,
+    PERM: tl.constexpr = False,
 ):
     """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for
     e's pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s.
@@ -1379,7 +1424,9 @@ def _moe_down_body(
 
     SHARED (with TILES 2): programs e >= n_exp compute the shared expert's down as well (`sw_ptr`..., a 2-D NVFP4 [N,
     K_S]): program n_exp + q for tokens 8q onward of the T, from hs [T, K_S] into ys [T, N], rounded once as the
-    linear rounds it (the slot reduce then adds ys)."""
+    linear rounds it (the slot reduce then adds ys). PERM (with TILES 2): h and hs in the MMA's order (`perm_columns`,
+    as the gate_up's PERM writes them): the K loop has no PRMTs."""
+    tl.static_assert(not PERM or TILES == 2, "PERM is the wide down's")
     pid_n = tl.program_id(0)
     e = tl.program_id(1)
     NT: tl.constexpr = 32 * NW
@@ -1441,7 +1488,7 @@ def _moe_down_body(
         if TILES == 2:
             d0, d1, d2, d3, f0, f1, f2, f3 = _k_loop_wide(
                 w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, h64, ha_base, 0,
-                k_hi, NT, PREFETCH, VEC, 2 * (L2_MODE == 1),
+                k_hi, NT, PREFETCH, VEC, 2 * (L2_MODE == 1), PERM,
             )  # fmt: skip
         else:
             d0, d1, d2, d3 = _k_loop(
@@ -1604,14 +1651,16 @@ def _moe_down_mma_wide_shared_kernel(
     n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys, sseg1,
     sseg2, sseg3,
     P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_MODE: tl.constexpr,
+    PERM: tl.constexpr,
 ):  # fmt: skip
     """The wide MoE down that also computes the shared expert's down in programs of its own (MoEConfig.mma_shared,
-    `_moe_down_body`'s SHARED); a twin, so the installed kernels' signatures and the manifest stay as they are."""
+    `_moe_down_body`'s SHARED; PERM: h and hs in the MMA's order, MoEConfig.mma_perm_h); a twin, so the installed
+    kernels' signatures and the manifest stay as they are."""
     _moe_down_body(
         h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
         stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE, 2,
         True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys,
-        sseg1, sseg2, sseg3,
+        sseg1, sseg2, sseg3, PERM,
     )  # fmt: skip
 
 
@@ -1790,6 +1839,7 @@ def launch_moe_down(
     wide: bool = False,
     ready: bool = False,
     shared: tuple[NVFP4Weight, torch.Tensor, torch.Tensor] | None = None,
+    perm: bool = False,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
     `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also
@@ -1797,11 +1847,13 @@ def launch_moe_down(
     vec): 32 rows a warp, two tiles sharing h's loads (MoEConfig.mma_down_wide); ready: the experts' ready scale bytes
     where they have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared
     expert's down [H, I_s], hs [T, I_s], ys [T, H]), ys filled with its rounded output in programs of the same
-    launch."""
+    launch; perm (with shared; MoEConfig.mma_perm_h): h and hs in the MMA's order (`perm_columns`), no PRMTs."""
     if l2 not in (0, 1, 2):
         raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
     if shared is not None:
-        return _launch_down_shared(h, ids, w2, y, num_warps, prefetch, l2, ready, *shared)
+        return _launch_down_shared(h, ids, w2, y, num_warps, prefetch, l2, ready, perm, *shared)
+    if perm:
+        raise ValueError("perm (h in the MMA's order) comes with the shared expert's programs (shared)")
     w2 = _with_ready_scales(w2, ready)
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
@@ -1831,6 +1883,7 @@ def _launch_down_shared(
     prefetch: bool,
     l2: int,
     ready: bool,
+    perm: bool,
     sw: NVFP4Weight,
     hs: torch.Tensor,
     ys: torch.Tensor,
@@ -1852,8 +1905,8 @@ def _launch_down_shared(
         w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
         n_exp, sw.qweight, sw.scales, sw.global_scale, hs, ys, t, k_s, sw.qweight.stride(0), sw.scales.stride(0),
         hs.stride(0), ys.stride(0), sseg1, sseg2, sseg3,
-        P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_MODE=l2, num_warps=num_warps,
-        num_stages=1, **launch_options(h.device),
+        P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_MODE=l2, PERM=perm,
+        num_warps=num_warps, num_stages=1, **launch_options(h.device),
     )  # fmt: skip
 
 
@@ -1895,6 +1948,7 @@ def launch_moe_gate_up(
     wide: bool = False,
     ready: bool = False,
     shared: tuple[NVFP4Weight, torch.Tensor] | None = None,
+    perm: bool = False,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec:
     16-byte loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that
@@ -1903,9 +1957,12 @@ def launch_moe_gate_up(
     warp_k): 16 columns a warp, two tiles sharing x's loads (MoEConfig.mma_wide); ready: the experts' ready scale
     bytes where they have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared
     expert's gate_up [2 I_s, H], hs [T, I_s]), hs filled with its silu(gate) * up for every token of x in programs of
-    the same launch (I_s a multiple of I; `shared_fits`)."""
+    the same launch (I_s a multiple of I; `shared_fits`); perm (with shared; MoEConfig.mma_perm_h): h and hs written in
+    the MMA's order (`perm_columns`) for the down's `perm`."""
     if shared is not None:
-        return _launch_gate_up_shared(x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, ready, *shared)
+        return _launch_gate_up_shared(x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, ready, perm, *shared)
+    if perm:
+        raise ValueError("perm (h in the MMA's order) comes with the shared expert's programs (shared)")
     w13 = _with_ready_scales(w13, ready)
     if l2_ahead < 0 or l2_ahead % 2:
         raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
@@ -1951,6 +2008,7 @@ def _launch_gate_up_shared(
     prefetch: bool,
     l2_ahead: int,
     ready: bool,
+    perm: bool,
     sw: NVFP4Weight,
     hs: torch.Tensor,
 ) -> None:
@@ -1976,7 +2034,7 @@ def _launch_gate_up_shared(
         w13.global_scale.stride(0), h.stride(0), seg1, seg2, seg3,
         n_exp, sw.qweight, sw.scales, sw.global_scale, hs, t, inter_s, sw.qweight.stride(0), sw.scales.stride(0),
         hs.stride(0), sseg1, sseg2, sseg3,
-        P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_AHEAD=l2_ahead,
+        P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_AHEAD=l2_ahead, PERM=perm,
         num_warps=num_warps, num_stages=1, **extra, **launch_options(x.device),
     )  # fmt: skip
 

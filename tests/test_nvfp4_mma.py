@@ -140,9 +140,9 @@ def run_ptx(asm: str, operands: dict[int, np.ndarray], n_out: int) -> list[np.nd
 # ------------------------------------------------------------------ the real kernels, the PTX step emulated
 
 
-def _emulated(groups: int) -> Callable[..., tuple]:
-    """`_mma_step` (groups 1) or `_mma_step4` (4) under Triton's interpreter: the [threads] operands warp by warp
-    through `run_ptx` on `step_asm(groups)`."""
+def _emulated(groups: int, perm: bool = False) -> Callable[..., tuple]:
+    """`_mma_step` (groups 1; with perm `_mma_step_perm`) or `_mma_step4` (4) under Triton's interpreter: the
+    [threads] operands warp by warp through `run_ptx` on `step_asm(groups, perm)`."""
 
     def step(*args: object) -> tuple:
         from triton.language import core
@@ -161,7 +161,7 @@ def _emulated(groups: int) -> Callable[..., tuple]:
                     ops[n_out + i] = v.astype(np.int64).astype(np.uint32)
                 else:  # f32 accumulators
                     ops[n_out + i] = v.astype(np.float64)
-            for q, d in enumerate(run_ptx(nm.step_asm(groups), ops, n_out)):
+            for q, d in enumerate(run_ptx(nm.step_asm(groups, perm), ops, n_out)):
                 outs[q][w0 : w0 + 32] = d
         block = core.block_type(core.float32, [nt])
         return tuple(core.tensor(TensorHandle(o, core.float32), block) for o in outs)
@@ -207,6 +207,7 @@ def emulated_ptx(monkeypatch: pytest.MonkeyPatch) -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs TRITON_INTERPRET=1 (set by conftest on a machine without CUDA)")
     monkeypatch.setattr(nm, "_mma_step", _emulated(1))
+    monkeypatch.setattr(nm, "_mma_step_perm", _emulated(1, perm=True))
     monkeypatch.setattr(nm, "_mma_step4", _emulated(nm.ROW_GROUPS))
     monkeypatch.setattr(nm, "_ld16", _emulated_ld16)
 
@@ -356,12 +357,16 @@ def _stacked(w: NVFP4Weight) -> NVFP4Weight:
     return NVFP4Weight(w.qweight[None], w.scales[None], w.global_scale[None], w.segments)
 
 
-@pytest.mark.parametrize("ready", [False, True])
-def test_moe_with_the_shared_expert_in_its_programs(emulated_ptx: None, l2_requests: list[int], ready: bool) -> None:
+@pytest.mark.parametrize("ready,perm", [(False, False), (True, False), (True, True)])
+def test_moe_with_the_shared_expert_in_its_programs(
+    emulated_ptx: None, l2_requests: list[int], ready: bool, perm: bool
+) -> None:
     """MoEConfig.mma_shared: the wide gate_up and down launches with the shared expert (I_s twice the experts' I)
     in programs of their own give the routed h and y bit for bit as without it, and the shared expert's hs and ys bit
     for bit as the same kernels give it run as a stack of one expert that every token routes to (10 tokens: a full
-    group of 8 and a part); with ready scale bytes too (both weights need them, or neither reads them)."""
+    group of 8 and a part); with ready scale bytes too (both weights need them, or neither reads them). With perm
+    (MoEConfig.mma_perm_h) the gate_up writes h and hs in the MMA's order (`perm_columns` of the same values) and the
+    down, reading them so, gives the same bits without its PRMTs."""
     w13 = random_experts(5, 40, 768, seed=61)  # [5, 80, 768]
     w2 = random_experts(5, 68, 256, seed=62)  # [5, 136, 256]
     gate_up = random_nvfp4(160, 768, seeded(63), (80, 80))  # I_s 80
@@ -383,8 +388,12 @@ def test_moe_with_the_shared_expert_in_its_programs(emulated_ptx: None, l2_reque
     spy = LaunchSpy(nm._moe_gate_up_mma_wide_shared_kernel)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(nm, "_moe_gate_up_mma_wide_shared_kernel", spy)
-        nm.launch_moe_gate_up(x, ids, w13, h, 3, 2, vec=True, l2_ahead=2, wide=True, ready=ready, shared=(gate_up, hs))
+        nm.launch_moe_gate_up(
+            x, ids, w13, h, 3, 2, vec=True, l2_ahead=2, wide=True, ready=ready, shared=(gate_up, hs), perm=perm
+        )
     assert spy.launches == 1
+    if perm:
+        h_want, hs_want = nm.perm_columns(h_want), nm.perm_columns(hs_want)
     assert not torch.isnan(h_want).any() and torch.equal(h, h_want)
     assert not torch.isnan(hs_want).any() and torch.equal(hs, hs_want)
 
@@ -396,8 +405,19 @@ def test_moe_with_the_shared_expert_in_its_programs(emulated_ptx: None, l2_reque
     spy = LaunchSpy(nm._moe_down_mma_wide_shared_kernel)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(nm, "_moe_down_mma_wide_shared_kernel", spy)
+        hh_in, hs_down = (nm.perm_columns(hh), nm.perm_columns(hs_in)) if perm else (hh, hs_in)
         nm.launch_moe_down(
-            hh, ids, w2, y, num_warps=2, vec=True, l2=2, wide=True, ready=ready, shared=(down, hs_in, ys)
+            hh_in,
+            ids,
+            w2,
+            y,
+            num_warps=2,
+            vec=True,
+            l2=2,
+            wide=True,
+            ready=ready,
+            shared=(down, hs_down, ys),
+            perm=perm,
         )
     assert spy.launches == 1
     assert not torch.isnan(y_want).any() and torch.equal(y, y_want)
@@ -405,6 +425,16 @@ def test_moe_with_the_shared_expert_in_its_programs(emulated_ptx: None, l2_reque
     # and against float64: the shared expert's y as FP32 accumulation gives it
     l1 = hs_in.double().abs() @ down.dequantize(torch.float64, with_global=True).abs().T
     _close_to_exact(ys, _exact(hs_in, down), l1)
+
+
+def test_perm_columns_is_the_mma_order() -> None:
+    """Each 8 values v0..v7 as v0 v4 v1 v5 v2 v6 v3 v7, and the PTX step for it has no PRMT while the plain one has two
+    an MMA (16 a K step)."""
+    x = torch.arange(24).reshape(1, 24)
+    assert nm.perm_columns(x).tolist() == [[0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 16, 20, 17, 21, 18,
+                                            22, 19, 23]]  # fmt: skip
+    assert nm.step_asm().count("prmt") == 16 and "prmt" not in nm.step_asm(perm=True)
+    assert nm.step_asm(perm=True).count("mma.sync") == nm.step_asm().count("mma.sync") == 8
 
 
 def test_the_shared_expert_launches_refuse_wrong_shapes() -> None:
@@ -423,6 +453,8 @@ def test_the_shared_expert_launches_refuse_wrong_shapes() -> None:
         nm.launch_moe_down(
             hh, ids, w2, torch.empty(30, 136), 2, vec=True, wide=True, shared=(down, hs, torch.empty(10, 100))
         )
+    with pytest.raises(ValueError, match="comes with the shared expert's programs"):
+        nm.launch_moe_down(hh, ids, w2, torch.empty(30, 136), 2, vec=True, wide=True, perm=True)
 
 
 def test_decode_is_exact_for_each_code(emulated_ptx: None) -> None:
@@ -765,9 +797,11 @@ cases += [
 shared = dict(sw_ptr="*u8", ss_ptr="*i8", sgs_ptr="*fp32", hs_ptr="*bf16", ys_ptr="*bf16", **ready)
 cases += [
     (nm._moe_gate_up_mma_wide_shared_kernel, dict(gate_up, **shared), dict(P_PAD=256, NW=4, PREFETCH=True, PDL=True,
-                                                                           L2_AHEAD=2)),
+                                                                           L2_AHEAD=2, PERM=True)),
     (nm._moe_down_mma_wide_shared_kernel, dict(down, **shared), dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True,
-                                                                     L2_MODE=2)),
+                                                                     L2_MODE=2, PERM=False)),
+    (nm._moe_down_mma_wide_shared_kernel, dict(down, **shared), dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True,
+                                                                     L2_MODE=2, PERM=True)),
 ]
 for fn, ptrs, cx in cases:
     ptrs = dict(common, **ptrs)
@@ -794,6 +828,7 @@ for fn, ptrs, cx in cases:
     asks = cx.get("L2_AHEAD", 0) or cx.get("L2_MODE", 0)
     name = fn.__name__ + ("_vec_" if cx.get("VEC") or twin else "") + ("_l2_" if twin and asks else "")
     name += "_ready" if ptrs["s_ptr"] == "*i8" else ""
+    name += "_perm" if cx.get("PERM") else ""
     spills = res.get("LOCAL", 0) + res.get("STACK", 0)
     loops = [(int(m.group(1)), i) for i, op in code for m in [re.search(r"\\bBRA\\b.*->(\\d+)", op)]
              if m and int(m.group(1)) <= i and any("HMMA" in code[j][1] for j in range(int(m.group(1)), i + 1))]
@@ -808,17 +843,20 @@ for fn, ptrs, cx in cases:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-26:]]
-    assert len(lines) == 26, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-27:]]
+    assert len(lines) == 27, r.stdout
     k_loop = {line[0]: int(line[-1]) for line in lines}
     for name, groups, identity, converts, hmma, spills, wide, l2, regs, loop_spills, _ in lines:
         # The wide gate_up reading ready scales spills 16 bytes at its cap, outside its K loop (sm_90, Triton 3.6);
         # its twin with the shared expert's programs 40 on CI's Triton 3.9 (the epilogue's selected pointers).
         allowed = 16 if name.startswith("_moe_gate_up_mma_wide") and name.endswith("_ready") else 0
         allowed = 48 if name.startswith("_moe_gate_up_mma_wide_shared") else allowed
-        if "_shared_" in name:  # the shared expert's programs add nothing to the K loop
-            plain = name.replace("_shared_kernel", "_kernel")
+        down_perm = name.startswith("_moe_down") and name.endswith("_perm")
+        if "_shared_" in name and not down_perm:  # the shared expert's programs add nothing to the K loop
+            plain = name.replace("_shared_kernel", "_kernel").removesuffix("_perm")
             assert k_loop[name] <= k_loop[plain] + 4, (name, k_loop)
+        if down_perm:  # no PRMTs: a K step's 16 fewer (ptxas already shares them between the two tiles)
+            assert k_loop[name] <= k_loop[name.removesuffix("_perm")] - 16, (name, k_loop)
         assert identity == "1" and int(spills) <= allowed and loop_spills == "0", (name, identity, spills)
         if name.endswith("_ready") and "_shared_" not in name:  # one multiply-add a scale pair: >= 10% fewer a K step
             assert k_loop[name] < 0.9 * k_loop[name.removesuffix("_ready")], (name, k_loop)
@@ -1018,11 +1056,12 @@ def test_ready_scales_on_the_gpu(tokens: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("tokens", [9, 16, 32, 64])
-@pytest.mark.parametrize("ready", [False, True])
-def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bool) -> None:
+@pytest.mark.parametrize("ready,perm", [(False, False), (True, False), (True, True)])
+def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bool, perm: bool) -> None:
     """MoEConfig.mma_shared at Flint's shapes (256 experts of I 512 top-6, a shared expert of 1024, H 2048): two MoE
     launches and the slot reduce, no launch of the shared expert's own; the output within BF16 rounding of the
-    shared expert run apart (its FP32 sums in another order) and of `moe_ref`; the routed part alone bit for bit."""
+    shared expert run apart (its FP32 sums in another order) and of `moe_ref`; with perm (MoEConfig.mma_perm_h) the
+    same bits as without."""
     import dataclasses
 
     from flint_kernels import moe_triton as mt
@@ -1057,6 +1096,12 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
         folded = mt.fused_moe(
             x, tw, ids, w13, w2, decode_max_tokens=64, config=dataclasses.replace(cfg, mma_shared=True), shared=shared
         )
+    if perm:
+        permuted = mt.fused_moe(
+            x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
+            config=dataclasses.replace(cfg, mma_shared=True, mma_perm_h=True),
+        )  # fmt: skip
+        assert torch.equal(permuted, folded)
     assert spy.launches == 1
     routed = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg)
     ys = mt.shared_expert(x, shared)
