@@ -498,6 +498,28 @@ if [ "${SHARED_MOE:-0}" = 1 ]; then
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_ab.txt" | head -12
     cp $V/shared.json $V/shared_perm.json "$OUT/"
 fi
+# WIDE_SPLIT=1 (after SHARED_MOE): the wide NVFP4 linear's K splits at 17-32 rows with the ready bytes. Its own
+# choice (~4 programs an SM) splits qkv and o 8 ways at 32 rows, and each split then stores and sums 32 FP32 values a
+# thread: ~5 MB of workspace for qkv's 5.2 MB of weights (qkv 12.3, o 13.4 us against 6.9 / 6.4 at 8 rows). The
+# kernels alone with 1, 2, 4 and 8 splits, then the whole step with mma_split_k 4 and 2 on the 17-32-row NVFP4 entry
+# (new compile variants: RECORD=1 if one is installed). ~4 minutes.
+if [ "${WIDE_SPLIT:-0}" = 1 ]; then
+    timeout 200 python3 benchmarks/nvfp4_mma.py --ms 16 24 32 --shapes qkv o_proj shared_gate_up shared_down \
+        --warps 4 --vec 1 --wide --ready --splits 1 2 4 8 --moe-tokens --out "$OUT/nvfp4_mma_wide_split.json" \
+        > "$OUT/nvfp4_mma_wide_split.txt" 2>&1
+    sed -n '/^NVFP4 linear on/,$p' "$OUT/nvfp4_mma_wide_split.txt" | grep -v "^wrote"
+    V=/tmp/variants; mkdir -p $V
+    for sk in 4 2; do
+        python3 benchmarks/tuning_variant.py --op gemv.small_m --when '{"m_min": 17, "m_max": 32, "nvfp4": true}' \
+            --set mma_split_k=$sk --out $V/split$sk.json > /dev/null
+    done
+    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 24 32 --contexts 1024 --prefill 0 --reps 30 \
+        --check-steps 0 --no-plain-timing --ab-tuning-file $V/split4.json $V/split2.json \
+        --out "$OUT/decode_wide_split_ab.json" > "$OUT/decode_wide_split_ab.txt" 2>&1
+    echo "== whole step: table vs the 17-32-row NVFP4 linear in 4 and in 2 K splits"
+    ab_rounds "$OUT/decode_wide_split_ab.txt"
+    cp $V/split4.json $V/split2.json "$OUT/"
+fi
 # NINE16=1 (ran in the thirty-fourth session, from a probe script: g9w installed, b12 -0.6%, b16 -1.9%; g9r b12
 # +0.9%, b16 -2.5%; l9w b12 +1.2%, b16 -0.3%; benchmarks/results/decode_h200_nvfp4_9_16_ab_s34.json): with the ready
 # bytes the MMA gate_up at 9-16 tokens against the FMA one, single-tile (g9r) and wide (g9w), and the wide linear at

@@ -94,7 +94,8 @@ def main() -> None:
         type=int,
         nargs="*",
         default=[],
-        help="also the linear in 4 warps, 16-byte loads, with these K splits (else the kernel's own choice)",
+        help="also the linear in 4 warps, 16-byte loads, with these K splits (else the kernel's own choice); with "
+        "--wide also the wide kernel so (with --ready reading ready scale bytes)",
     )
     ap.add_argument(
         "--wide",
@@ -172,6 +173,12 @@ def main() -> None:
     if args.ready:  # the same kernels reading ready scale bytes (made for every weight below)
         wide += [(f"{label}_r", {**kw, "ready": True}) for label, kw in mma + wide if kw["vec"]]
         moe_variants += [(f"{label}_r", {**kw, "ready": True}) for label, kw in moe_variants if kw["vec"]]
+    split_labels = [f"mma_w4_k{sk}" for sk in args.splits]
+    split_kw = [dict(num_warps=4, split_k=sk, vec=True) for sk in args.splits]
+    if args.wide:
+        ready_tag = "_r" if args.ready else ""
+        split_labels += [f"mma_w4_wide{ready_tag}_k{sk}" for sk in args.splits]
+        split_kw += [dict(num_warps=4, split_k=sk, vec=True, wide=True, ready=args.ready) for sk in args.splits]
     rows = []
     for name in args.shapes:
         n, k = SHAPES[name]
@@ -189,8 +196,8 @@ def main() -> None:
             variants = {"engine": lambda x, w: gemv_triton.linear(x, w)}
             for label, kw in mma:
                 variants[label] = lambda x, w, kw=kw: nm.linear(x, w, **kw)
-            for sk in args.splits:
-                variants[f"mma_w4_k{sk}"] = lambda x, w, sk=sk: nm.linear(x, w, num_warps=4, split_k=sk, vec=True)
+            for label, kw in zip(split_labels, split_kw, strict=True):
+                variants[label] = lambda x, w, kw=kw: nm.linear(x, w, **kw)
             for label, kw in wide:
                 variants[label] = lambda x, w, kw=kw: nm.linear(x, w, **kw)
             row = {"shape": name, "n": n, "k": k, "m": m}
@@ -205,7 +212,7 @@ def main() -> None:
                     row[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    labels = ["engine"] + [label for label, _ in mma] + [f"mma_w4_k{sk}" for sk in args.splits]
+    labels = ["engine"] + [label for label, _ in mma] + split_labels
     labels += [label for label, _ in wide]
     print(f"\nNVFP4 linear on {torch.cuda.get_device_name()}, us per call (GB/s), ok = within 2 BF16 ulps")
     print(f"{'shape':>15} {'m':>2} " + " ".join(f"{lb:>20}" for lb in labels))
