@@ -520,6 +520,25 @@ if [ "${WIDE_SPLIT:-0}" = 1 ]; then
     ab_rounds "$OUT/decode_wide_split_ab.txt"
     cp $V/split4.json $V/split2.json "$OUT/"
 fi
+# TWIN8K=1: the NVFP4 prefill MoE's twins (NVFP4 decoded in the TMA-fed launches) at 4,096 and 8,192 tokens with
+# every tile of benchmarks/moe_grouped_tma.py's NV lists, three added this session (deeper K steps, 8 warps on 128
+# rows): the table runs one tile at every size (64 rows, 64 columns), and at 8,192 the twins take 1.460 ms a layer
+# where BF16's launches take ~1.0, most of the 8K prefill's NVFP4 - BF16 gap (136.0 against 112.8 ms). Prints each
+# launch's best and the whole routed MoE with them. ~3 minutes. A win: a moe.grouped_tma entry from ~144 pairs an
+# expert, a whole-prefill A/B (`prefill_ab.py --variant-tuning-file`, as TWINS did), then RECORD=1.
+if [ "${TWIN8K:-0}" = 1 ]; then
+    timeout 400 python3 benchmarks/moe_grouped_tma.py --twins-only --ts 4096 8192 --formats nvfp4 \
+        --out "$OUT/moe_twins_8k.json" > "$OUT/moe_twins_8k.txt" 2>&1
+    grep -E "installed|nvfp4 in launches m|Error" "$OUT/moe_twins_8k.txt" | cut -c1-220 | tail -12
+    python3 - "$OUT/moe_twins_8k.json" <<'PY'
+import json, sys
+for row in json.load(open(sys.argv[1])).get("rows", []):
+    nv = row.get("nvfp4_in_launches", {})
+    for part in ("gate_up_us", "down_us"):
+        ok = sorted((v, k) for k, v in nv.get(part, {}).items() if isinstance(v, float))[:3]
+        print(row["T"], part, ok)
+PY
+fi
 # NINE16=1 (ran in the thirty-fourth session, from a probe script: g9w installed, b12 -0.6%, b16 -1.9%; g9r b12
 # +0.9%, b16 -2.5%; l9w b12 +1.2%, b16 -0.3%; benchmarks/results/decode_h200_nvfp4_9_16_ab_s34.json): with the ready
 # bytes the MMA gate_up at 9-16 tokens against the FMA one, single-tile (g9r) and wide (g9w), and the wide linear at

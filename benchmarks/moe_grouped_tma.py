@@ -215,6 +215,11 @@ NV_GATE_UP_TILES = [
     (128, 64, 64, 4, 3, True),
     (128, 64, 64, 4, 2, True),
     (128, 128, 64, 8, 3, True),
+    # Thirty-fourth session, for 6,144-8,192-token steps (no sweep had run at those sizes; the twins were level with
+    # the copies at 8,192, 1.460 against 1.467 ms a layer): deeper K steps and 8 warps on 128 rows.
+    (64, 128, 128, 4, 2, True),
+    (128, 128, 64, 8, 4, True),
+    (128, 64, 128, 4, 2, True),
 ]
 NV_DOWN_TILES = [
     (64, 128, 64, 4, 3),
@@ -223,6 +228,9 @@ NV_DOWN_TILES = [
     (128, 64, 64, 4, 3),
     (128, 64, 64, 4, 2),
     (128, 128, 64, 8, 3),
+    (64, 128, 128, 4, 2),  # thirty-fourth session, as the gate_up's
+    (128, 128, 64, 8, 4),
+    (128, 64, 128, 4, 2),
 ]
 # The fields a gate_up tile sets (`gate_up_cfg`); a joined config takes the down's others.
 GATE_UP_FIELDS = ("block_m", "gate_up_block_n", "gate_up_block_k", "gate_up_warps", "gate_up_stages", "gather")
