@@ -992,6 +992,8 @@ def _routed(
         )  # fmt: skip
     even_dn = inter % cfg.dn_block_k == 0 and shared_inter % cfg.dn_block_k == 0
     mma_down = decode and (shared is None or mma_shared) and cfg.mma_down and norm is None and _mma_fits(h, w2)
+    if mma_shared and not mma_down:  # `shared_fits` checked the down's operands too, so this is a bug, not an input
+        raise RuntimeError("the shared expert's gate_up ran in the MMA launch but its down does not fit that path")
     if mma_down:  # h: a row a pair
         from . import nvfp4_mma_triton  # here: that module imports this one
 
