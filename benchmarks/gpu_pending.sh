@@ -6,8 +6,8 @@
 # State after the thirty-fourth session (2026-12-04): READY=1 installed the ready scale bytes on every MMA entry (NVFP4
 # b32 9.87 -> 9.35 ms, b64 14.61 -> 13.98 in its A/B; made by default where the table reads them), NINE16=1 the wide
 # MMA gate_up at 9-16 tokens (b16 -1.9%); the MoE from 33 tokens without its L2 requests lost (b48 +3.1%, b64 +4.2%).
-# Head: b32 9.17-9.41 ms, b64 13.72. Built after the last call: the shared expert inside the MMA MoE launches,
-# SHARED_MOE=1 (next) judges it.
+# Head: b32 9.17-9.41 ms, b64 13.72. Built after the last call, for the next: SHARED_MOE=1 (the shared expert
+# inside the MMA MoE launches; first), REPLACE=1 (the ready bytes in the UE4M3 bytes' place), WIDE_SPLIT=1, TWIN8K=1.
 # State after the thirty-third session (2026-12-04): WIDE=1 installed the wide linear at 17-32 rows (b32 -1.6%);
 # MOE_WIDE=1 and MOE_WIDE2=1 installed the MoE's two-tile MMA kernels (b32 -4.5%, then -2.5% in 4 warps; NVFP4 b32
 # 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nsight Compute
@@ -497,6 +497,22 @@ if [ "${SHARED_MOE:-0}" = 1 ]; then
     ab_rounds "$OUT/decode_shared_ab.txt"
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_ab.txt" | head -12
     cp $V/shared.json $V/shared_perm.json "$OUT/"
+fi
+# REPLACE=1 (built in the thirty-fourth session without a GPU): the ready scale bytes in the UE4M3 bytes' place
+# (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through
+# `gemv_triton.scale_value`), so the weights keep one byte a block and the 2.47 GB the ready bytes add now comes back
+# to the KV cache. Its GPU tests (every path's bits at 1-2,048 tokens), the whole step with it against the table as
+# it is (separate processes: each makes its bytes at build), and the fast path against the plain one under it. ~4
+# minutes. If all holds: make replace what auto does (then `flint capacity --no-ready-scales` is the default).
+if [ "${REPLACE:-0}" = 1 ]; then
+    gpu_tests "replaced scales GPU tests" replace_tests 300 -n 4 tests/test_ready_scales_everywhere.py
+    for mode in auto replace; do
+        FLINT_MMA_READY_SCALES=$mode timeout 200 python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 32 64 \
+            --contexts 1024 --prefill 8192 --reps 30 --check-batches 1 --check-steps 8 --no-plain-timing \
+            --out "$OUT/decode_scales_$mode.json" > "$OUT/decode_scales_$mode.txt" 2>&1
+        echo "== FLINT_MMA_READY_SCALES=$mode"
+        grep -E "^ +nvfp4 +[0-9]+ +1024|prefill|agree|match|Error" "$OUT/decode_scales_$mode.txt" | head -8
+    done
 fi
 # WIDE_SPLIT=1 (after SHARED_MOE): the wide NVFP4 linear's K splits at 17-32 rows with the ready bytes. Its own
 # choice (~4 programs an SM) splits qkv and o 8 ways at 32 rows, and each split then stores and sums 32 FP32 values a

@@ -150,7 +150,7 @@ def _walk(obj: object) -> Iterator[torch.Tensor]:
             yield leaf.qweight
             yield leaf.scales
             yield leaf.global_scale
-            if leaf.ready_scales is not None:
+            if leaf.ready_scales is not None and leaf.ready_scales is not leaf.scales:
                 yield leaf.ready_scales
         else:
             yield leaf

@@ -111,6 +111,17 @@ def e4m3_value(b):
 
 
 @triton.jit
+def scale_value(sb, s_ptr):
+    """FP32 E4M3 value (`e4m3_value`'s) of scale bytes sb loaded from s_ptr: UE4M3 bytes (uint8), or ready bytes
+    (int8, `nvfp4_mma_scales`: the value's FP32 bits are the byte plus 944, shifted; a block whose UE4M3 scale was 0
+    has zero codes instead). The pointer's type picks, so no kernel needs a parameter for it."""
+    if s_ptr.dtype.element_ty == tl.int8:
+        return (((sb.to(tl.int32) & 0xFF) + 944) << 20).to(tl.float32, bitcast=True)
+    else:
+        return e4m3_value(sb.to(tl.int32))
+
+
+@triton.jit
 def nvfp4_planes(
     w_ptr,
     s_ptr,
@@ -144,7 +155,7 @@ def nvfp4_planes(
         q = tl.load(q_ptrs, mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
         sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
     q = q.to(tl.int32)
-    return e2m1_bits(q, 0), e2m1_bits(q, 4), e4m3_value(sb.to(tl.int32))
+    return e2m1_bits(q, 0), e2m1_bits(q, 4), scale_value(sb, s_ptr)
 
 
 @triton.jit
@@ -359,7 +370,7 @@ def fma_weights(
             g_ok = offs_g < k_end // 16
             groups = tl.load(group_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
             sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
-        return groups, e4m3_value(sb.to(tl.int32))
+        return groups, scale_value(sb, s_ptr)
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         w_mask = row_ok[:, None]
@@ -580,10 +591,10 @@ def nvfp4_dot_step(
         sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
         xv = tl.load(x_ptrs, mask=x_ok[:, None, None, None] & (kk < k_end)[None, :, :, :], other=0.0)
     if xdt == tl.float16:  # FP16's narrow range needs the true weights (code * scale is an exact FP32 subnormal)
-        sc = e4m3_value(sb.to(tl.int32))[:, :, None]
+        sc = scale_value(sb, s_ptr)[:, :, None]
         post = 8.507059173023462e37  # 2**126
     else:  # weights times 2**-62, exact in BF16 and FP32; one multiply per value
-        sc = (e4m3_value(sb.to(tl.int32)) * 1.8446744073709552e19)[:, :, None]  # 2**64
+        sc = (scale_value(sb, s_ptr) * 1.8446744073709552e19)[:, :, None]  # 2**64
         post = 1.0
     x_even, x_odd = tl.split(tl.reshape(xv, (BLOCK_M, G, 2, 4, 2)))
     x_e04, x_e26 = tl.split(tl.reshape(x_even, (BLOCK_M, G, 2, 2, 2)))

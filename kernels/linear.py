@@ -25,7 +25,8 @@ class NVFP4Weight:
     global_scale: torch.Tensor
     segments: tuple[int, ...]
     _host_scales: tuple[float, ...] | None = field(default=None, init=False, repr=False, compare=False)
-    # int8 [..., N, K/16]: the scales as `nvfp4_mma_scales` ready bytes, made at load when asked for (else None).
+    # int8 [..., N, K/16]: the scales as `nvfp4_mma_scales` ready bytes, made at load when asked for (else None);
+    # `scales` itself where they replaced the UE4M3 bytes (every kernel and `nvfp4.dequantize` read either form).
     ready_scales: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -51,7 +52,7 @@ class NVFP4Weight:
 
     @property
     def nbytes(self) -> int:
-        ready = 0 if self.ready_scales is None else self.ready_scales.nbytes
+        ready = 0 if self.ready_scales is None or self.ready_scales is self.scales else self.ready_scales.nbytes
         return self.qweight.nbytes + self.scales.nbytes + self.global_scale.nbytes + ready
 
     def column_scale(self) -> torch.Tensor:

@@ -50,6 +50,19 @@ def ue4m3_to_float(b: torch.Tensor) -> torch.Tensor:
     return torch.where(zero, torch.zeros_like(raw), raw * 0.5)
 
 
+def ready_to_float(u: torch.Tensor) -> torch.Tensor:
+    """Decode ready scale bytes (int8, `nvfp4_mma_scales`: u = (exponent + 9) << 3 | mantissa) as `ue4m3_to_float`
+    decodes the UE4M3 bytes they were made from. Byte 0 is E4M3's smallest subnormal (2**-9, halved); a block whose
+    UE4M3 scale decoded to 0 has byte 0 and zero codes, so its values stay (signed) zeros."""
+    bits = (u.view(torch.uint8).to(torch.int32) + 936) << 20  # FP32 exponent field: the byte's exponent - 1 + 127
+    return bits.view(torch.float32)
+
+
+def scales_to_float(scales: torch.Tensor) -> torch.Tensor:
+    """Block scales as float32 from either form: UE4M3 bytes (uint8) or ready bytes (int8)."""
+    return ready_to_float(scales) if scales.dtype == torch.int8 else ue4m3_to_float(scales)
+
+
 def _ue4m3_table(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Sorted decoded values (without the 0.5 factor) of the canonical bytes 0x00..0x7E, and those bytes."""
     codes = torch.arange(0, 0x7F, dtype=torch.int32, device=device)
@@ -131,7 +144,7 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype =
     hi = (qweight >> 4).to(torch.int64)
     codes = torch.stack((lo, hi), dim=-1).reshape(*qweight.shape[:-1], qweight.shape[-1] * 2)
     vals = _lut(qweight.device)[codes]
-    s = ue4m3_to_float(scales).repeat_interleave(QK_SUB, dim=-1)
+    s = scales_to_float(scales).repeat_interleave(QK_SUB, dim=-1)
     return (vals * s).to(dtype)
 
 

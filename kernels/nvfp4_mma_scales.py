@@ -12,11 +12,14 @@ path decodes the code -0 as +0 (the torch reference's table does), which shows o
 product is zero.
 
 The kernels take the ready bytes as an int8 tensor (`NVFP4Weight.ready_scales`): the pointer's type picks the decode,
-so no kernel gains a parameter. The tuning table's `mma_ready` (TileConfig, MoEConfig) has the MMA kernels read
-them, and the fused path makes them when the model is built (`prepare`) where the device's table reads them: one byte
-per 16 values, 1/9 more NVFP4 weight bytes (~2.5 GB on the full model). `FLINT_MMA_READY_SCALES=1` makes them on
-every CUDA device, `=0` never (then `mma_ready` entries fall back to the UE4M3 decode). On the H200 (thirty-fourth
-session) they took the NVFP4 decode step at batch 32 from 9.87 to 9.35 ms and at 64 from 14.61 to 13.97.
+so no kernel gains a parameter. The tuning table's `mma_ready` (TileConfig, MoEConfig) has the MMA kernels read them,
+and the fused path makes them when the model is built (`prepare`) where the device's table reads them: one byte per 16
+values, 1/9 more NVFP4 weight bytes (~2.5 GB on the full model). `FLINT_MMA_READY_SCALES=1` makes them on every CUDA
+device, `=0` never (then `mma_ready` entries fall back to the UE4M3 decode), `=replace` makes them on every CUDA
+device in the UE4M3 bytes' place: every kernel then reads them (the FMA and prefill kernels through
+`gemv_triton.scale_value`), no byte is added (built in the thirty-fourth session; its GPU tests are still to run). On
+the H200 (thirty-fourth session) they took the NVFP4 decode step at batch 32 from 9.87 to 9.35 ms and at 64 from 14.61
+to 13.97.
 """
 
 from __future__ import annotations
@@ -37,19 +40,19 @@ READING_OPS = ("gemv.small_m", "gemv.large_m", "moe.decode")
 
 
 def setting() -> str:
-    """`FLINT_MMA_READY_SCALES`: "auto" (the default), "0" or "1"; anything else is an error."""
+    """`FLINT_MMA_READY_SCALES`: "auto" (the default), "0", "1" or "replace"; anything else is an error."""
     flag = os.environ.get(ENV, "auto")
-    if flag not in ("auto", "0", "1"):
-        raise ValueError(f"{ENV} must be auto, 0 or 1, not {flag!r}")
+    if flag not in ("auto", "0", "1", "replace"):
+        raise ValueError(f"{ENV} must be auto, 0, 1 or replace, not {flag!r}")
     return flag
 
 
 def wanted(device: torch.device) -> bool:
-    """Whether weights on `device` get ready scales: `FLINT_MMA_READY_SCALES` 1 / 0, else ("auto", the default) when
-    the device's tuning table has an entry reading them."""
+    """Whether weights on `device` get ready scales: `FLINT_MMA_READY_SCALES` 1 or replace / 0, else ("auto", the
+    default) when the device's tuning table has an entry reading them."""
     flag = setting()
     if flag != "auto":
-        return flag == "1"
+        return flag != "0"
     ops = tuning.table(device).ops
     return any(entry.config.get("mma_ready") for op in READING_OPS for entry in ops.get(op, ()))
 
@@ -76,9 +79,11 @@ def ready_pair(u: torch.Tensor) -> torch.Tensor:
     return (u.view(torch.uint8).to(torch.int64) * 0x100010 + READY_PAIR_ADD).to(torch.int32)
 
 
-def make_ready(w: NVFP4Weight) -> None:
+def make_ready(w: NVFP4Weight, replace: bool = False) -> None:
     """Give `w` its ready scales, first setting the codes of blocks whose scale decodes to 0 to signed zeros (in
-    place: every path's products there are those signed zeros already)."""
+    place: every path's products there are those signed zeros already). `replace`: they take the UE4M3 bytes' place
+    (`scales`), so the weight keeps one byte a block: every kernel (`gemv_triton.scale_value`, `_scale_pair`) and
+    `nvfp4.dequantize` decode either form by its dtype."""
     if w.ready_scales is not None:
         return
     empty = zero_scale(w.scales)
@@ -86,10 +91,12 @@ def make_ready(w: NVFP4Weight) -> None:
         codes = w.qweight.unflatten(-1, (-1, nvfp4.QK_SUB // 2))  # a block's 16 values are 8 bytes
         codes.copy_(torch.where(empty[..., None], codes & 0x88, codes))
     w.ready_scales = ready_bytes(w.scales)
+    if replace:
+        w.scales = w.ready_scales
 
 
 def prepare(w: object) -> None:
     """The op table's `prepare_nvfp4`: ready scales for an NVFP4 weight on a CUDA device that wants them (`wanted`;
     others are left as they are)."""
     if isinstance(w, NVFP4Weight) and w.qweight.is_cuda and wanted(w.qweight.device):
-        make_ready(w)
+        make_ready(w, replace=setting() == "replace")

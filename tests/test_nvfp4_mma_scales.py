@@ -135,9 +135,9 @@ def test_ready_scales_are_wanted_where_the_table_reads_them(
     monkeypatch.setenv("FLINT_TUNING_FILE", str(tuning.TABLES / "nvidia-h200.json"))
     assert not nvfp4_mma_scales.wanted(cuda)
     monkeypatch.setenv("FLINT_MMA_READY_SCALES", "yes")
-    with pytest.raises(ValueError, match="FLINT_MMA_READY_SCALES must be auto, 0 or 1"):
+    with pytest.raises(ValueError, match="FLINT_MMA_READY_SCALES must be auto, 0, 1 or replace"):
         nvfp4_mma_scales.wanted(cuda)
-    with pytest.raises(ValueError, match="FLINT_MMA_READY_SCALES must be auto, 0 or 1"):
+    with pytest.raises(ValueError, match="FLINT_MMA_READY_SCALES must be auto, 0, 1 or replace"):
         fast.fast_kernels(REFERENCE)  # refused when the op table is made, before any weight
     monkeypatch.delenv("FLINT_MMA_READY_SCALES")
     monkeypatch.delenv("FLINT_TUNING_FILE")
