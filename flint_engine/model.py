@@ -52,10 +52,11 @@ class FlintModel:
         if kernels.prepare_nvfp4 is not None:
             for w in weights.nvfp4_weights():
                 kernels.prepare_nvfp4(w)
-            ready = [w.ready_scales.nbytes for w in weights.nvfp4_weights() if w.ready_scales is not None]
-            if ready:
-                # Memory the KV cache does not get: say so once (FLINT_MMA_READY_SCALES=0 leaves them out).
-                log.info("ready scale bytes for %d NVFP4 weights: %.2f GB", len(ready), sum(ready) / 1e9)
+            # Ready bytes kept beside the UE4M3 ones are memory the KV cache does not get: say so once
+            # (FLINT_MMA_READY_SCALES=0 leaves them out, =replace puts them in the UE4M3 bytes' place).
+            extra = [w.extra_ready_scales.nbytes for w in weights.nvfp4_weights() if w.extra_ready_scales is not None]
+            if extra:
+                log.info("ready scale bytes for %d NVFP4 weights: %.2f GB", len(extra), sum(extra) / 1e9)
         # Weights asked into L2 ahead of their kernels on a side stream of captured graphs (op `l2_ahead`).
         self.weights_ahead = (
             WeightsAhead(weights, kernels.l2_ahead)

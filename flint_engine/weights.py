@@ -150,8 +150,8 @@ def _walk(obj: object) -> Iterator[torch.Tensor]:
             yield leaf.qweight
             yield leaf.scales
             yield leaf.global_scale
-            if leaf.ready_scales is not None and leaf.ready_scales is not leaf.scales:
-                yield leaf.ready_scales
+            if leaf.extra_ready_scales is not None:
+                yield leaf.extra_ready_scales
         else:
             yield leaf
 

@@ -51,9 +51,16 @@ class NVFP4Weight:
         return self.qweight.device
 
     @property
+    def extra_ready_scales(self) -> torch.Tensor | None:
+        """The ready scale bytes where they are kept beside the UE4M3 ones (memory of their own), else None."""
+        return None if self.ready_scales is self.scales else self.ready_scales
+
+    @property
     def nbytes(self) -> int:
-        ready = 0 if self.ready_scales is None or self.ready_scales is self.scales else self.ready_scales.nbytes
-        return self.qweight.nbytes + self.scales.nbytes + self.global_scale.nbytes + ready
+        extra = self.extra_ready_scales
+        return (
+            self.qweight.nbytes + self.scales.nbytes + self.global_scale.nbytes + (0 if extra is None else extra.nbytes)
+        )
 
     def column_scale(self) -> torch.Tensor:
         """FP32 [..., N]: the global scale of each output row."""

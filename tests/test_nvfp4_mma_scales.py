@@ -103,6 +103,13 @@ def test_the_model_builder_logs_what_the_ready_bytes_take(caplog: pytest.LogCapt
     nbytes = sum(w.scales.numel() for w in weights.nvfp4_weights())
     lines = [r.getMessage() for r in caplog.records if "ready scale bytes" in r.getMessage()]
     assert lines == [f"ready scale bytes for {len(list(weights.nvfp4_weights()))} NVFP4 weights: {nbytes / 1e9:.2f} GB"]
+    # In the UE4M3 bytes' place they take nothing more: no line.
+    caplog.clear()
+    weights = random_weights(preset("tiny"), torch.bfloat16, seed=7, nvfp4_linears=True)
+    with caplog.at_level("INFO", logger="flint_engine.model"):
+        FlintModel(weights, with_ops(REFERENCE, prepare_nvfp4=lambda w: nvfp4_mma_scales.make_ready(w, replace=True)))
+    assert all(w.scales.dtype == torch.int8 for w in weights.nvfp4_weights())
+    assert not [r for r in caplog.records if "ready scale bytes" in r.getMessage()]
 
 
 @pytest.mark.parametrize("flag", ["0", "1", "auto"])
