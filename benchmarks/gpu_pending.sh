@@ -6,8 +6,8 @@
 # State after the thirty-fourth session (2026-12-04): READY=1 installed the ready scale bytes on every MMA entry (NVFP4
 # b32 9.87 -> 9.35 ms, b64 14.61 -> 13.98 in its A/B; made by default where the table reads them), NINE16=1 the wide
 # MMA gate_up at 9-16 tokens (b16 -1.9%); the MoE from 33 tokens without its L2 requests lost (b48 +3.1%, b64 +4.2%).
-# Head: b32 9.17-9.41 ms, b64 13.72. Built after the last call, for the next: SHARED_MOE=1 (the shared expert
-# inside the MMA MoE launches; first), REPLACE=1 (the ready bytes in the UE4M3 bytes' place), WIDE_SPLIT=1, TWIN8K=1.
+# Head (thirty-fifth session): b32 8.86 ms, b64 13.51, 8K NVFP4 prefill 133.2-139.4. That session ran SHARED_MOE=1
+# and TWIN8K=1 (both installed). Next: REPLACE=1 (the ready bytes in the UE4M3 bytes' place; first), WIDE_SPLIT=1.
 # State after the thirty-third session (2026-12-04): WIDE=1 installed the wide linear at 17-32 rows (b32 -1.6%);
 # MOE_WIDE=1 and MOE_WIDE2=1 installed the MoE's two-tile MMA kernels (b32 -4.5%, then -2.5% in 4 warps; NVFP4 b32
 # 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nsight Compute
@@ -472,7 +472,8 @@ if [ "${READY:-0}" = 1 ]; then
     cp $V/ready.json "$OUT/"
     unset FLINT_MMA_READY_SCALES
 fi
-# SHARED_MOE=1 (NEXT; built in the thirty-fourth session without a GPU): the shared expert inside the MMA MoE launches
+# SHARED_MOE=1 (ran in the thirty-fifth session: shared + perm_h installed, b16 -4.7%, b32 -3.3%, b64 -3.5%;
+# benchmarks/results/decode_h200_nvfp4_shared_ab_s35.json): the shared expert inside the MMA MoE launches
 # (MoEConfig.mma_shared: `nvfp4_mma_triton`'s wide twins with programs of their own for it), instead of two NVFP4
 # linears and a SiLU-and-mul beside them, which took ~0.85 ms of the b32 step (94 launches of ~9 us, 6 MB each). Its
 # GPU tests (the folded output against the shared expert run apart and `moe_ref`, at 9-64 tokens, with and without
@@ -498,7 +499,7 @@ if [ "${SHARED_MOE:-0}" = 1 ]; then
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_ab.txt" | head -12
     cp $V/shared.json $V/shared_perm.json "$OUT/"
 fi
-# REPLACE=1 (built in the thirty-fourth session without a GPU): the ready scale bytes in the UE4M3 bytes' place
+# REPLACE=1 (NEXT; built in the thirty-fourth session without a GPU): the ready scale bytes in the UE4M3 bytes' place
 # (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through
 # `gemv_triton.scale_value`), so the weights keep one byte a block and the 2.47 GB the ready bytes add now comes back
 # to the KV cache. Its GPU tests (every path's bits at 1-2,048 tokens), the whole step with it against the table as
@@ -536,7 +537,8 @@ if [ "${WIDE_SPLIT:-0}" = 1 ]; then
     ab_rounds "$OUT/decode_wide_split_ab.txt"
     cp $V/split4.json $V/split2.json "$OUT/"
 fi
-# TWIN8K=1: the NVFP4 prefill MoE's twins (NVFP4 decoded in the TMA-fed launches) at 4,096 and 8,192 tokens with
+# TWIN8K=1 (ran in the thirty-fifth session: 128-row twins from 96 pairs an expert installed, 8K NVFP4 prefill
+# 136.1 -> 133.2 ms; benchmarks/results/prefill_ab_twin8k_h200_s35.json): the NVFP4 prefill MoE's twins (NVFP4 decoded in the TMA-fed launches) at 4,096 and 8,192 tokens with
 # every tile of benchmarks/moe_grouped_tma.py's NV lists, three added this session (deeper K steps, 8 warps on 128
 # rows): the table runs one tile at every size (64 rows, 64 columns), and at 8,192 the twins take 1.460 ms a layer
 # where BF16's launches take ~1.0, most of the 8K prefill's NVFP4 - BF16 gap (136.0 against 112.8 ms). Prints each
