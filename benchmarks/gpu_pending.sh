@@ -7,7 +7,8 @@
 # b32 9.87 -> 9.35 ms, b64 14.61 -> 13.98 in its A/B; made by default where the table reads them), NINE16=1 the wide
 # MMA gate_up at 9-16 tokens (b16 -1.9%); the MoE from 33 tokens without its L2 requests lost (b48 +3.1%, b64 +4.2%).
 # Head (thirty-fifth session): b32 8.86 ms, b64 13.51, 8K NVFP4 prefill 133.2-139.4. That session ran SHARED_MOE=1
-# and TWIN8K=1 (both installed). Next: REPLACE=1 (the ready bytes in the UE4M3 bytes' place; first), WIDE_SPLIT=1.
+# and TWIN8K=1 (both installed). Next: REPLACE=1 (the ready bytes in the UE4M3 bytes' place; first), BF16_SHARED=1
+# (BF16's shared expert inside the expert-major launches), WIDE_SPLIT=1.
 # State after the thirty-third session (2026-12-04): WIDE=1 installed the wide linear at 17-32 rows (b32 -1.6%);
 # MOE_WIDE=1 and MOE_WIDE2=1 installed the MoE's two-tile MMA kernels (b32 -4.5%, then -2.5% in 4 warps; NVFP4 b32
 # 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nsight Compute
@@ -514,6 +515,27 @@ if [ "${REPLACE:-0}" = 1 ]; then
         echo "== FLINT_MMA_READY_SCALES=$mode"
         grep -E "^ +nvfp4 +[0-9]+ +1024|prefill|agree|match|Error" "$OUT/decode_scales_$mode.txt" | head -8
     done
+fi
+# BF16_SHARED=1 (built in the thirty-fifth session without a GPU): BF16's shared expert inside the expert-major
+# tensor-core MoE launches from 9 tokens (MoEConfig.shared_blocks: blocks of 16 tokens of its own in the gate_up and
+# down, its rounded output beside the pairs' y, added by the slot-reduce launch), instead of two BF16 linears and a
+# SiLU-and-mul beside them (NVFP4's twin of this, mma_shared, won b16 -4.7%, b32 -3.3%). The GPU tests at Flint's
+# shapes (both folds against the shared expert apart and `moe_ref`), then the whole BF16 step with it on the 9+
+# token entry. ~4 minutes. If it wins: set it in the table and record the BF16 profile (RECORD_BOTH=1, or
+# MODEL=random:full bash benchmarks/gpu_record_manifest.sh).
+if [ "${BF16_SHARED:-0}" = 1 ]; then
+    gpu_tests "BF16 shared blocks GPU tests" bf16_shared_tests 240 -n 6 tests/test_kernels_moe.py \
+        -k "slots_fold_shared or expert_major_tensor_cores"
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": false}' --set shared_blocks=true \
+        --out $V/bf16_shared.json > /dev/null || echo "variant failed: bf16 shared_blocks"
+    timeout 300 python3 benchmarks/decode.py --formats bf16 --batches 9 16 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 --ab-tuning-file $V/bf16_shared.json \
+        --out "$OUT/decode_bf16_shared_ab.json" > "$OUT/decode_bf16_shared_ab.txt" 2>&1
+    echo "== whole BF16 step: table vs the shared expert in the expert-major launches from 9 tokens"
+    ab_rounds "$OUT/decode_bf16_shared_ab.txt"
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_bf16_shared_ab.txt" | head -12
+    cp $V/bf16_shared.json "$OUT/"
 fi
 # WIDE_SPLIT=1 (after SHARED_MOE): the wide NVFP4 linear's K splits at 17-32 rows with the ready bytes. Its own
 # choice (~4 programs an SM) splits qkv and o 8 ways at 32 rows, and each split then stores and sums 32 FP32 values a

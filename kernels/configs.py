@@ -71,6 +71,12 @@ class MoEConfig:
     # output tile, the last arrival adds), so the separate slot-reduce launch goes, and the shared expert folds in.
     # Slower on the H200 (BF16 b32 16.0 vs 13.7 ms, 2026-11-30): kept opt-in for other GPUs' tables.
     slots_in_down: bool = False
+    # With expert_major on tensor cores (not slots_in_down): a foldable shared expert runs in those two launches as
+    # blocks of BLOCK_M tokens of its own (gate_up in parts of I columns, down over its whole I), its rounded output
+    # stored beside the pairs' y and added by the slot-reduce launch as the separate shared expert's was: no
+    # counters, and its two linears and SiLU-and-mul launch no more (as mma_shared does for the NVFP4 MMA launches).
+    # Built in the thirty-fifth session, not yet measured.
+    shared_blocks: bool = False
     # With expert_major on the FMA path (NVFP4, BF16 x, on a GPU): the gate_up launch on `nvfp4_mma_triton`'s
     # mma.sync kernel (the weights decoded in PTX into each thread's own fragments, 8 of the expert's pairs an MMA)
     # instead of two pairs a decode.
@@ -109,12 +115,13 @@ class MoEConfig:
     # With mma, mma_down, mma_vec, mma_wide and mma_down_wide: the shared expert runs inside those two launches, in
     # programs of its own (`nvfp4_mma_triton`'s shared twins), instead of as two linears and a SiLU-and-mul beside
     # them: at NVFP4 batch 32 on the H200 those took ~0.85 of the step's 9.2 ms, 94 launches of ~9 us for 6 MB each
-    # (thirty-fourth session's profile). Built in the thirty-fourth session, not yet measured.
+    # (thirty-fourth session's profile). On the H200 with mma_perm_h from 9 tokens (thirty-fifth session): b16 -4.7%,
+    # b32 -3.3%, b64 -3.5%.
     mma_shared: bool = False
     # With mma_shared: h (and the shared expert's) kept in the MMA's order (`nvfp4_mma_triton.perm_columns`), so the
     # down's K loop takes its words as they are: no PRMT, 16 of a K step's 371 instructions for 128 weight values a
-    # thread (the two tiles already share them; sm_90 SASS with ready scales, Triton 3.9). Built in the thirty-fourth
-    # session, not yet measured.
+    # thread (the two tiles already share them; sm_90 SASS with ready scales, Triton 3.9). On the H200 (thirty-fifth
+    # session) b32 8.975 -> 8.906 ms, b64 13.695 -> 13.431 on top of mma_shared; the same bits.
     mma_perm_h: bool = False
 
 
