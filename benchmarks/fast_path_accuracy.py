@@ -30,6 +30,8 @@ from flint_kernels.fast import OPS, fast_kernels
 from flint_engine.config import preset
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
+from flint_engine.kv_cache import KVCache
+from flint_engine.kv_cache_plan import sliding_blocks_needed
 from flint_engine.model import FlintModel
 from flint_engine.request import Request
 from flint_engine.sampling_params import SamplingParams
@@ -49,8 +51,16 @@ class Decoded:
     gaps: list[list[float]]  # per step: top-1 minus top-2 logit (log-probability) of the path that decoded it
 
 
+def kv_budget(model: FlintModel, seqs: int) -> int:
+    """KV bytes for `seqs` sequences: their sliding windows as the engine plans them (a fixed 2 GiB held only ~28 at
+    full size, so a batch-32 check failed to start) and 2 GiB of full-attention blocks."""
+    cfg, ec = model.config, EngineConfig(max_num_seqs=seqs)
+    blocks = sliding_blocks_needed(cfg, ec.block_size, seqs, ec.prefill_tokens(True))  # the largest step it may plan
+    return blocks * KVCache.bytes_per_sliding_block(cfg, ec.block_size) + 2 * 2**30
+
+
 def greedy(model: FlintModel, prompts: list[list[int]], steps: int, ignore_eos: bool = True) -> Decoded:
-    ec = EngineConfig(kv_cache_memory=2 * 2**30, max_num_seqs=len(prompts), cuda_graphs=False)
+    ec = EngineConfig(kv_cache_memory=kv_budget(model, len(prompts)), max_num_seqs=len(prompts), cuda_graphs=False)
     params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=ignore_eos, logprobs=2)
     return decoded(LLMEngine(model, None, ec).generate(prompts, params))
 

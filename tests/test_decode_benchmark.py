@@ -1,15 +1,18 @@
-"""benchmarks/decode.py's chunked prefill: the chunks the engine would run give the whole prompt's logits."""
+"""benchmarks/decode.py's chunked prefill: the chunks the engine would run give the whole prompt's logits; its
+fast-vs-plain check sizes the KV cache by the batch."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
 
 from flint_engine.config import preset
+from flint_engine.engine_config import EngineConfig
 from flint_engine.kv_cache import KVCache
+from flint_engine.kv_cache_plan import KVCacheTooSmall, plan_kv_cache
 from flint_engine.model import FlintModel
 from flint_engine.weights import random_weights
 
@@ -53,3 +56,17 @@ def test_profile_families_name_the_kernels_of_a_step(decode: ModuleType) -> None
     assert decode.family("_router_tiles_kernel") == "router"
     assert decode.family("_qk_norm_rope_write_kernel") == "norm"
     assert decode.family("Memset (Device)") == "other"
+
+
+def test_fast_path_check_holds_the_sliding_windows_of_its_batch(benchmark_script: Callable[[str], ModuleType]) -> None:
+    """The fast-vs-plain check's engines size their KV cache by the batch: at full size a fixed 2 GiB held the
+    sliding windows of ~28 sequences, and a batch-32 check failed to start (thirty-fifth session, H200)."""
+    accuracy = benchmark_script("fast_path_accuracy")
+    cfg = preset("full")
+    model = SimpleNamespace(config=cfg)
+    with pytest.raises(KVCacheTooSmall):
+        plan_kv_cache(cfg, 2 * 2**30, 16, 32, EngineConfig(max_num_seqs=32).prefill_tokens(True))
+    for seqs in (1, 8, 32, 64, 128):
+        budget = accuracy.kv_budget(model, seqs)
+        plan = plan_kv_cache(cfg, budget, 16, seqs, EngineConfig(max_num_seqs=seqs).prefill_tokens(True))
+        assert plan.num_full_blocks * plan.full_block_bytes > 2 * 2**30 - plan.full_block_bytes
