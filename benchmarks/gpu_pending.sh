@@ -8,7 +8,8 @@
 # MMA gate_up at 9-16 tokens (b16 -1.9%); the MoE from 33 tokens without its L2 requests lost (b48 +3.1%, b64 +4.2%).
 # Head (thirty-fifth session): b32 8.86 ms, b64 13.51, 8K NVFP4 prefill 133.2-139.4. That session ran SHARED_MOE=1
 # and TWIN8K=1 (both installed). Next: REPLACE=1 (the ready bytes in the UE4M3 bytes' place; first), BF16_SHARED=1
-# (BF16's shared expert inside the expert-major launches), WIDE_SPLIT=1.
+# (BF16's shared expert inside the expert-major launches), SHARED_FIRST=1 (NVFP4's shared programs first in the
+# grids), WIDE_SPLIT=1.
 # State after the thirty-third session (2026-12-04): WIDE=1 installed the wide linear at 17-32 rows (b32 -1.6%);
 # MOE_WIDE=1 and MOE_WIDE2=1 installed the MoE's two-tile MMA kernels (b32 -4.5%, then -2.5% in 4 warps; NVFP4 b32
 # 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nsight Compute
@@ -539,6 +540,24 @@ if [ "${BF16_SHARED:-0}" = 1 ]; then
     ab_rounds "$OUT/decode_bf16_shared_ab.txt"
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_bf16_shared_ab.txt" | head -12
     cp $V/bf16_shared.json "$OUT/"
+fi
+# SHARED_FIRST=1 (built in the thirty-fifth session without a GPU): the shared expert's programs first in the MMA
+# MoE launches' grids (MoEConfig.mma_shared_first) instead of last. With them the b32 gate_up went 70.2 -> 74.7 us a
+# layer and the down 40.6 -> 44.7 for ~3.5 MB more; the down's shared programs run K_S = 1,024, twice an expert's
+# K, and started last. Its GPU test (the same bits as without, at 9-64 tokens), then the whole step with it on the
+# four entries from 9 tokens. ~4 minutes. A win: set it in the table, RECORD=1 (FIRST is a new compile variant).
+if [ "${SHARED_FIRST:-0}" = 1 ]; then
+    gpu_tests "shared-first GPU tests" shared_first_tests 240 -n 4 tests/test_nvfp4_mma.py \
+        -k "shared_expert_in_the_moe and True-True"
+    V=/tmp/variants; mkdir -p $V
+    moe_entries_variant mma_shared_first=true $V/shared_first.json 9 17 25 33
+    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 9 16 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 --ab-tuning-file $V/shared_first.json \
+        --out "$OUT/decode_shared_first_ab.json" > "$OUT/decode_shared_first_ab.txt" 2>&1
+    echo "== whole step: table vs the shared expert's programs first in the MMA MoE launches"
+    ab_rounds "$OUT/decode_shared_first_ab.txt"
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_first_ab.txt" | head -6
+    cp $V/shared_first.json "$OUT/"
 fi
 # WIDE_SPLIT=1 (after SHARED_MOE): the wide NVFP4 linear's K splits at 17-32 rows with the ready bytes. Its own
 # choice (~4 programs an SM) splits qkv and o 8 ways at 32 rows, and each split then stores and sums 32 FP32 values a

@@ -123,6 +123,11 @@ class MoEConfig:
     # thread (the two tiles already share them; sm_90 SASS with ready scales, Triton 3.9). On the H200 (thirty-fifth
     # session) b32 8.975 -> 8.906 ms, b64 13.695 -> 13.431 on top of mma_shared; the same bits.
     mma_perm_h: bool = False
+    # With mma_shared: the shared expert's programs first in both launches' grids (else last). With them the b32
+    # gate_up went 70.2 -> 74.7 us a layer and the down 40.6 -> 44.7 for ~3.5 MB more (thirty-fifth session's
+    # profile): the down's shared programs take K_S = 2K and ran as the launch's last. Built in the thirty-fifth
+    # session, not yet measured.
+    mma_shared_first: bool = False
 
 
 @dataclass(frozen=True)

@@ -933,6 +933,19 @@ def _perm_col(i, PERM: tl.constexpr):
 
 
 @triton.jit
+def _expert_of_program(n_exp, SHARED: tl.constexpr, FIRST: tl.constexpr):
+    """The program's expert index (with SHARED, n_exp onward: the shared expert's programs). FIRST: the launch's grid
+    puts the shared expert's programs before the experts', so they start first (the down's take K_S, twice an
+    expert's K, and would otherwise be the launch's last); the index is mapped back so the body reads as without."""
+    e = tl.program_id(1)
+    if SHARED:  # noqa: SIM102 (constexpr tests: Triton compiles them apart)
+        if FIRST:
+            n_sh = tl.num_programs(1) - n_exp
+            e = tl.where(e < n_sh, e + n_exp, e - n_sh)
+    return e
+
+
+@triton.jit
 def _shared_or_expert(is_sh, sw_ptr, ss_ptr, sgs_ptr, swn, ssn, sseg1, sseg2, sseg3,
                       w_ptr, s_ptr, gs_ptr, wn, sn, seg1, seg2, seg3):  # fmt: skip
     """(codes, scales, global scales, code and scale row strides, segment bounds) of the shared expert where is_sh
@@ -1037,6 +1050,7 @@ def _moe_gate_up_body(
     sseg2=0,
     sseg3=0,
     PERM: tl.constexpr = False,
+    FIRST: tl.constexpr = False,
 ):
     """Expert-major MoE gate_up (NVFP4): program (column tile, expert e) finds e's pairs in the router's ids and
     computes their h = silu(gate) * up columns, 8 pairs an MMA. A lane's fragment rows are gate row j and up row
@@ -1053,7 +1067,7 @@ def _moe_gate_up_body(
     [T, INTER_S]. The same K loop and epilogue as an expert's, so a shared launch of its own costs nothing. PERM: h
     and hs are written in the MMA's order (`perm_columns`), for the down's K loop without PRMTs."""
     pid_i = tl.program_id(0)
-    e = tl.program_id(1)
+    e = _expert_of_program(n_exp, SHARED, FIRST)
     NT: tl.constexpr = 32 * NW
     NG: tl.constexpr = NW // KSPLIT  # warps (groups of 8 columns) a K part
     t = tl.arange(0, NT)
@@ -1332,7 +1346,7 @@ def _moe_gate_up_mma_wide_shared_kernel(
     stride_sn, stride_gse, stride_h, seg1, seg2, seg3,
     n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2, sseg3,
     P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_AHEAD: tl.constexpr,
-    PERM: tl.constexpr,
+    PERM: tl.constexpr, FIRST: tl.constexpr = False,
 ):  # fmt: skip
     """The wide MoE gate_up that also computes the shared expert in programs of its own (MoEConfig.mma_shared,
     `_moe_gate_up_body`'s SHARED): its launch no longer runs beside the MoE's. PERM: h and hs in the MMA's order
@@ -1341,7 +1355,7 @@ def _moe_gate_up_mma_wide_shared_kernel(
         x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
         stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD, 1, 2,
         True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2,
-        sseg3, PERM,
+        sseg3, PERM, FIRST,
     )  # fmt: skip
 
 
@@ -1413,6 +1427,7 @@ def _moe_down_body(
     sseg2=0,
     sseg3=0,
     PERM: tl.constexpr = False,
+    FIRST: tl.constexpr = False,
 ):
     """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for
     e's pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s.
@@ -1428,7 +1443,7 @@ def _moe_down_body(
     as the gate_up's PERM writes them): the K loop has no PRMTs."""
     tl.static_assert(not PERM or TILES == 2, "PERM is the wide down's")
     pid_n = tl.program_id(0)
-    e = tl.program_id(1)
+    e = _expert_of_program(n_exp, SHARED, FIRST)
     NT: tl.constexpr = 32 * NW
     t = tl.arange(0, NT)
     lane = t % 32
@@ -1651,7 +1666,7 @@ def _moe_down_mma_wide_shared_kernel(
     n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys, sseg1,
     sseg2, sseg3,
     P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_MODE: tl.constexpr,
-    PERM: tl.constexpr,
+    PERM: tl.constexpr, FIRST: tl.constexpr = False,
 ):  # fmt: skip
     """The wide MoE down that also computes the shared expert's down in programs of its own (MoEConfig.mma_shared,
     `_moe_down_body`'s SHARED; PERM: h and hs in the MMA's order, MoEConfig.mma_perm_h); a twin, so the installed
@@ -1660,7 +1675,7 @@ def _moe_down_mma_wide_shared_kernel(
         h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
         stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE, 2,
         True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys,
-        sseg1, sseg2, sseg3, PERM,
+        sseg1, sseg2, sseg3, PERM, FIRST,
     )  # fmt: skip
 
 
@@ -1840,6 +1855,7 @@ def launch_moe_down(
     ready: bool = False,
     shared: tuple[NVFP4Weight, torch.Tensor, torch.Tensor] | None = None,
     perm: bool = False,
+    first: bool = False,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
     `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also
@@ -1847,13 +1863,14 @@ def launch_moe_down(
     vec): 32 rows a warp, two tiles sharing h's loads (MoEConfig.mma_down_wide); ready: the experts' ready scale bytes
     where they have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared
     expert's down [H, I_s], hs [T, I_s], ys [T, H]), ys filled with its rounded output in programs of the same
-    launch; perm (with shared; MoEConfig.mma_perm_h): h and hs in the MMA's order (`perm_columns`), no PRMTs."""
+    launch; perm (with shared; MoEConfig.mma_perm_h): h and hs in the MMA's order (`perm_columns`), no PRMTs; first
+    (with shared; MoEConfig.mma_shared_first): the shared expert's programs before the experts' in the grid."""
     if l2 not in (0, 1, 2):
         raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
     if shared is not None:
-        return _launch_down_shared(h, ids, w2, y, num_warps, prefetch, l2, ready, perm, *shared)
-    if perm:
-        raise ValueError("perm (h in the MMA's order) comes with the shared expert's programs (shared)")
+        return _launch_down_shared(h, ids, w2, y, num_warps, prefetch, l2, ready, perm, first, *shared)
+    if perm or first:
+        raise ValueError("perm and first come with the shared expert's programs (shared)")
     w2 = _with_ready_scales(w2, ready)
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
@@ -1884,6 +1901,7 @@ def _launch_down_shared(
     l2: int,
     ready: bool,
     perm: bool,
+    first: bool,
     sw: NVFP4Weight,
     hs: torch.Tensor,
     ys: torch.Tensor,
@@ -1906,7 +1924,7 @@ def _launch_down_shared(
         n_exp, sw.qweight, sw.scales, sw.global_scale, hs, ys, t, k_s, sw.qweight.stride(0), sw.scales.stride(0),
         hs.stride(0), ys.stride(0), sseg1, sseg2, sseg3,
         P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_MODE=l2, PERM=perm,
-        num_warps=num_warps, num_stages=1, **launch_options(h.device),
+        FIRST=first, num_warps=num_warps, num_stages=1, **launch_options(h.device),
     )  # fmt: skip
 
 
@@ -1949,6 +1967,7 @@ def launch_moe_gate_up(
     ready: bool = False,
     shared: tuple[NVFP4Weight, torch.Tensor] | None = None,
     perm: bool = False,
+    first: bool = False,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec:
     16-byte loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that
@@ -1958,11 +1977,14 @@ def launch_moe_gate_up(
     bytes where they have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared
     expert's gate_up [2 I_s, H], hs [T, I_s]), hs filled with its silu(gate) * up for every token of x in programs of
     the same launch (I_s a multiple of I; `shared_fits`); perm (with shared; MoEConfig.mma_perm_h): h and hs written in
-    the MMA's order (`perm_columns`) for the down's `perm`."""
+    the MMA's order (`perm_columns`) for the down's `perm`; first (with shared; MoEConfig.mma_shared_first): the
+    shared expert's programs before the experts' in the grid."""
     if shared is not None:
-        return _launch_gate_up_shared(x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, ready, perm, *shared)
-    if perm:
-        raise ValueError("perm (h in the MMA's order) comes with the shared expert's programs (shared)")
+        return _launch_gate_up_shared(
+            x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, ready, perm, first, *shared
+        )  # fmt: skip
+    if perm or first:
+        raise ValueError("perm and first come with the shared expert's programs (shared)")
     w13 = _with_ready_scales(w13, ready)
     if l2_ahead < 0 or l2_ahead % 2:
         raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
@@ -2009,6 +2031,7 @@ def _launch_gate_up_shared(
     l2_ahead: int,
     ready: bool,
     perm: bool,
+    first: bool,
     sw: NVFP4Weight,
     hs: torch.Tensor,
 ) -> None:
@@ -2035,7 +2058,7 @@ def _launch_gate_up_shared(
         n_exp, sw.qweight, sw.scales, sw.global_scale, hs, t, inter_s, sw.qweight.stride(0), sw.scales.stride(0),
         hs.stride(0), sseg1, sseg2, sseg3,
         P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_AHEAD=l2_ahead, PERM=perm,
-        num_warps=num_warps, num_stages=1, **extra, **launch_options(x.device),
+        FIRST=first, num_warps=num_warps, num_stages=1, **extra, **launch_options(x.device),
     )  # fmt: skip
 
 

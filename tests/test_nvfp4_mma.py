@@ -357,16 +357,17 @@ def _stacked(w: NVFP4Weight) -> NVFP4Weight:
     return NVFP4Weight(w.qweight[None], w.scales[None], w.global_scale[None], w.segments)
 
 
-@pytest.mark.parametrize("ready,perm", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("ready,perm,first", [(False, False, False), (True, False, False), (True, True, True)])
 def test_moe_with_the_shared_expert_in_its_programs(
-    emulated_ptx: None, l2_requests: list[int], ready: bool, perm: bool
+    emulated_ptx: None, l2_requests: list[int], ready: bool, perm: bool, first: bool
 ) -> None:
     """MoEConfig.mma_shared: the wide gate_up and down launches with the shared expert (I_s twice the experts' I)
     in programs of their own give the routed h and y bit for bit as without it, and the shared expert's hs and ys bit
     for bit as the same kernels give it run as a stack of one expert that every token routes to (10 tokens: a full
     group of 8 and a part); with ready scale bytes too (both weights need them, or neither reads them). With perm
     (MoEConfig.mma_perm_h) the gate_up writes h and hs in the MMA's order (`perm_columns` of the same values) and the
-    down, reading them so, gives the same bits without its PRMTs."""
+    down, reading them so, gives the same bits without its PRMTs. With first (MoEConfig.mma_shared_first) the shared
+    expert's programs come first in the grids: the same bits again."""
     w13 = random_experts(5, 40, 768, seed=61)  # [5, 80, 768]
     w2 = random_experts(5, 68, 256, seed=62)  # [5, 136, 256]
     gate_up = random_nvfp4(160, 768, seeded(63), (80, 80))  # I_s 80
@@ -389,8 +390,9 @@ def test_moe_with_the_shared_expert_in_its_programs(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(nm, "_moe_gate_up_mma_wide_shared_kernel", spy)
         nm.launch_moe_gate_up(
-            x, ids, w13, h, 3, 2, vec=True, l2_ahead=2, wide=True, ready=ready, shared=(gate_up, hs), perm=perm
-        )
+            x, ids, w13, h, 3, 2, vec=True, l2_ahead=2, wide=True, ready=ready, shared=(gate_up, hs), perm=perm,
+            first=first,
+        )  # fmt: skip
     assert spy.launches == 1
     if perm:
         h_want, hs_want = nm.perm_columns(h_want), nm.perm_columns(hs_want)
@@ -418,6 +420,7 @@ def test_moe_with_the_shared_expert_in_its_programs(
             ready=ready,
             shared=(down, hs_down, ys),
             perm=perm,
+            first=first,
         )
     assert spy.launches == 1
     assert not torch.isnan(y_want).any() and torch.equal(y, y_want)
@@ -453,8 +456,11 @@ def test_the_shared_expert_launches_refuse_wrong_shapes() -> None:
         nm.launch_moe_down(
             hh, ids, w2, torch.empty(30, 136), 2, vec=True, wide=True, shared=(down, hs, torch.empty(10, 100))
         )
-    with pytest.raises(ValueError, match="comes with the shared expert's programs"):
-        nm.launch_moe_down(hh, ids, w2, torch.empty(30, 136), 2, vec=True, wide=True, perm=True)
+    for flag in ("perm", "first"):
+        with pytest.raises(ValueError, match="come with the shared expert's programs"):
+            nm.launch_moe_down(hh, ids, w2, torch.empty(30, 136), 2, vec=True, wide=True, **{flag: True})
+        with pytest.raises(ValueError, match="come with the shared expert's programs"):
+            nm.launch_moe_gate_up(x, ids, w13, torch.empty(30, 40), 3, 2, vec=True, wide=True, **{flag: True})
 
 
 def test_decode_is_exact_for_each_code(emulated_ptx: None) -> None:
@@ -751,7 +757,8 @@ def test_kernels_compile_for_sm90_one_element_a_thread() -> None:
     LDG.E.128 a K step at least; the rows kernel 8 HMMAs a group of 8 rows a K step, 2 + 4 a group LDG.E.128); the
     same for the gate_up whose warps split K too (`_moe_gate_up_mma_ks_kernel`); the MoE's wide twins (two tiles a
     warp, 16 HMMAs a K step) in at most 128 registers a thread; with ready scale bytes (an int8 scale pointer) the K
-    loops at least 10% shorter and free of spills."""
+    loops at least 10% shorter and free of spills; the shared expert's twins with its programs first in the grid the
+    same K loop as without."""
     code = f"""
 import re, sys
 sys.path.insert(0, {str(BENCHMARKS)!r})
@@ -802,6 +809,11 @@ cases += [
                                                                      L2_MODE=2, PERM=False)),
     (nm._moe_down_mma_wide_shared_kernel, dict(down, **shared), dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True,
                                                                      L2_MODE=2, PERM=True)),
+    # and with the shared expert's programs first in the grid (MoEConfig.mma_shared_first)
+    (nm._moe_gate_up_mma_wide_shared_kernel, dict(gate_up, **shared), dict(P_PAD=256, NW=4, PREFETCH=True, PDL=True,
+                                                                           L2_AHEAD=2, PERM=True, FIRST=True)),
+    (nm._moe_down_mma_wide_shared_kernel, dict(down, **shared), dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True,
+                                                                     L2_MODE=2, PERM=True, FIRST=True)),
 ]
 for fn, ptrs, cx in cases:
     ptrs = dict(common, **ptrs)
@@ -829,6 +841,7 @@ for fn, ptrs, cx in cases:
     name = fn.__name__ + ("_vec_" if cx.get("VEC") or twin else "") + ("_l2_" if twin and asks else "")
     name += "_ready" if ptrs["s_ptr"] == "*i8" else ""
     name += "_perm" if cx.get("PERM") else ""
+    name += "_first" if cx.get("FIRST") else ""
     spills = res.get("LOCAL", 0) + res.get("STACK", 0)
     loops = [(int(m.group(1)), i) for i, op in code for m in [re.search(r"\\bBRA\\b.*->(\\d+)", op)]
              if m and int(m.group(1)) <= i and any("HMMA" in code[j][1] for j in range(int(m.group(1)), i + 1))]
@@ -843,14 +856,18 @@ for fn, ptrs, cx in cases:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-27:]]
-    assert len(lines) == 27, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-29:]]
+    assert len(lines) == 29, r.stdout
     k_loop = {line[0]: int(line[-1]) for line in lines}
     for name, groups, identity, converts, hmma, spills, wide, l2, regs, loop_spills, _ in lines:
         # The wide gate_up reading ready scales spills 16 bytes at its cap, outside its K loop (sm_90, Triton 3.6);
         # its twin with the shared expert's programs 40 on CI's Triton 3.9 (the epilogue's selected pointers).
         allowed = 16 if name.startswith("_moe_gate_up_mma_wide") and name.endswith("_ready") else 0
         allowed = 48 if name.startswith("_moe_gate_up_mma_wide_shared") else allowed
+        if name.endswith("_first"):  # the grid's order maps the program index back: the same K loop
+            assert identity == "1" and int(spills) <= allowed and loop_spills == "0", (name, identity, spills)
+            assert abs(k_loop[name] - k_loop[name.removesuffix("_first")]) <= 4 and int(regs) <= 128, (name, k_loop)
+            continue
         down_perm = name.startswith("_moe_down") and name.endswith("_perm")
         if "_shared_" in name and not down_perm:  # the shared expert's programs add nothing to the K loop
             plain = name.replace("_shared_kernel", "_kernel").removesuffix("_perm")
@@ -1061,7 +1078,7 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
     """MoEConfig.mma_shared at Flint's shapes (256 experts of I 512 top-6, a shared expert of 1024, H 2048): two MoE
     launches and the slot reduce, no launch of the shared expert's own; the output within BF16 rounding of the
     shared expert run apart (its FP32 sums in another order) and near `moe_ref`; with perm (MoEConfig.mma_perm_h) the
-    same bits as without."""
+    same bits as without, and with the shared expert's programs first (MoEConfig.mma_shared_first) too."""
     import dataclasses
 
     from flint_kernels import activation_triton, gemv_triton
@@ -1103,6 +1120,12 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
             config=dataclasses.replace(cfg, mma_shared=True, mma_perm_h=True),
         )  # fmt: skip
         assert torch.equal(permuted, folded)
+        # the shared expert's programs first in the grids (MoEConfig.mma_shared_first): the same bits
+        first = mt.fused_moe(
+            x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
+            config=dataclasses.replace(cfg, mma_shared=True, mma_perm_h=True, mma_shared_first=True),
+        )  # fmt: skip
+        assert torch.equal(first, folded)
     assert spy.launches == 1
     ys = mt.shared_expert(x, shared)
     # The two paths differ only where the shared expert's FP32 sums (another order) round to other BF16 values: its
