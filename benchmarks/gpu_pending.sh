@@ -73,6 +73,18 @@ gpu_tests() {
 ab_rounds() {
     grep -h "A/B rounds\|Error" "$@" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 }
+# step_ab FORMAT NAME VARIANT LABEL: the whole step at 9, 16, 32 and 64 sequences (1K context), the table against
+# the VARIANT table in alternating rounds, into $OUT/decode_NAME_ab.*; prints the rounds and the b32 profile's top.
+step_ab() {
+    local fmt=$1 name=$2 variant=$3 label=$4
+    timeout 300 python3 benchmarks/decode.py --formats "$fmt" --batches 9 16 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 --ab-tuning-file "$variant" \
+        --out "$OUT/decode_${name}_ab.json" > "$OUT/decode_${name}_ab.txt" 2>&1
+    echo "== whole $fmt step: table vs $label"
+    ab_rounds "$OUT/decode_${name}_ab.txt"
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_${name}_ab.txt" | head -8
+    cp "$variant" "$OUT/"
+}
 # moe_entries_variant FIELD=VALUE OUT LO...: the table with FIELD set in each NVFP4 moe.decode entry from LO tokens.
 moe_entries_variant() {
     local set=$1 out=$2 t="" lo
@@ -533,13 +545,7 @@ if [ "${BF16_SHARED:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": false}' --set shared_blocks=true \
         --out $V/bf16_shared.json > /dev/null || echo "variant failed: bf16 shared_blocks"
-    timeout 300 python3 benchmarks/decode.py --formats bf16 --batches 9 16 32 64 --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 --ab-tuning-file $V/bf16_shared.json \
-        --out "$OUT/decode_bf16_shared_ab.json" > "$OUT/decode_bf16_shared_ab.txt" 2>&1
-    echo "== whole BF16 step: table vs the shared expert in the expert-major launches from 9 tokens"
-    ab_rounds "$OUT/decode_bf16_shared_ab.txt"
-    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_bf16_shared_ab.txt" | head -12
-    cp $V/bf16_shared.json "$OUT/"
+    step_ab bf16 bf16_shared $V/bf16_shared.json "the shared expert in the expert-major launches from 9 tokens"
 fi
 # SHARED_FIRST=1 (built in the thirty-fifth session without a GPU): the shared expert's programs first in the MMA
 # MoE launches' grids (MoEConfig.mma_shared_first) instead of last. With them the b32 gate_up went 70.2 -> 74.7 us a
@@ -551,13 +557,7 @@ if [ "${SHARED_FIRST:-0}" = 1 ]; then
         -k "shared_expert_in_the_moe and True-True"
     V=/tmp/variants; mkdir -p $V
     moe_entries_variant mma_shared_first=true $V/shared_first.json 9 17 25 33
-    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 9 16 32 64 --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 --ab-tuning-file $V/shared_first.json \
-        --out "$OUT/decode_shared_first_ab.json" > "$OUT/decode_shared_first_ab.txt" 2>&1
-    echo "== whole step: table vs the shared expert's programs first in the MMA MoE launches"
-    ab_rounds "$OUT/decode_shared_first_ab.txt"
-    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_first_ab.txt" | head -6
-    cp $V/shared_first.json "$OUT/"
+    step_ab nvfp4 shared_first $V/shared_first.json "the shared expert's programs first in the MMA MoE launches"
 fi
 # WIDE_SPLIT=1 (after SHARED_MOE): the wide NVFP4 linear's K splits at 17-32 rows with the ready bytes. Its own
 # choice (~4 programs an SM) splits qkv and o 8 ways at 32 rows, and each split then stores and sums 32 FP32 values a
