@@ -9,7 +9,7 @@
 # Head (thirty-fifth session): b32 8.86 ms, b64 13.51, 8K NVFP4 prefill 133.2-139.4. That session ran SHARED_MOE=1
 # and TWIN8K=1 (both installed). Next: REPLACE=1 (the ready bytes in the UE4M3 bytes' place; first), BF16_SHARED=1
 # (BF16's shared expert inside the expert-major launches), SHARED_FIRST=1 (NVFP4's shared programs first in the
-# grids), WIDE_SPLIT=1.
+# grids), ATTN_WARPS=1 (decode attention in 8 warps at 32-64 sequences), WIDE_SPLIT=1.
 # State after the thirty-third session (2026-12-04): WIDE=1 installed the wide linear at 17-32 rows (b32 -1.6%);
 # MOE_WIDE=1 and MOE_WIDE2=1 installed the MoE's two-tile MMA kernels (b32 -4.5%, then -2.5% in 4 warps; NVFP4 b32
 # 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nsight Compute
@@ -558,6 +558,29 @@ if [ "${SHARED_FIRST:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     moe_entries_variant mma_shared_first=true $V/shared_first.json 9 17 25 33
     step_ab nvfp4 shared_first $V/shared_first.json "the shared expert's programs first in the MMA MoE launches"
+fi
+# ATTN_WARPS=1 (thirty-fifth session, no kernel change): decode attention at 32-64 sequences in 8 warps. At b32 1K
+# the step's 49 attention launches take 19 us each (0.93 ms; NVFP4 profile), the kernels alone 22.9 us (full layer,
+# 33.5 MB of KV: ~1.5 TB/s) and 13.1 us (sliding, 17 MB: ~1.3 TB/s), with one 4-warp program of 8 query heads per
+# sequence, KV head and split, about one an SM. The decode sweep (it now adds 8-warp tiles at 32-64 sequences), then
+# the whole step with 8 warps on the two 12+-sequence entries (NVFP4, and BF16 at b32). ~5 minutes.
+if [ "${ATTN_WARPS:-0}" = 1 ]; then
+    timeout 240 python3 benchmarks/kernels_attention.py --sweep --sweep-parts decode \
+        --out "$OUT/kernels_attention_sweep_decode.json" > "$OUT/kernels_attention_sweep_decode.txt" 2>&1
+    python3 - "$OUT/kernels_attention_sweep_decode.json" <<'PY'
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1])) if r.get("seqs", 0) >= 32 and r.get("context") == 1024]
+for shape in sorted({r["shape"] for r in rows}):
+    best = sorted((r["ms"] * 1e3, r["config"]["num_warps"], r["config"]["block_n"], r["config"]["num_stages"],
+                   r["splits"]) for r in rows if r["shape"] == shape)[:4]
+    print(shape, "us, warps, block_n, stages, splits:", best)
+PY
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op attention.decode \
+        --when '{"sliding": true, "elem_bytes": 2, "seqs_min": 12}' --set num_warps=8 --out $V/attn8.s > /dev/null
+    python3 benchmarks/tuning_variant.py --table $V/attn8.s --op attention.decode \
+        --when '{"sliding": false, "elem_bytes": 2, "seqs_min": 12}' --set num_warps=8 --out $V/attn8.json > /dev/null
+    step_ab nvfp4 attn8 $V/attn8.json "decode attention in 8 warps from 12 sequences"
 fi
 # WIDE_SPLIT=1 (after SHARED_MOE): the wide NVFP4 linear's K splits at 17-32 rows with the ready bytes. Its own
 # choice (~4 programs an SM) splits qkv and o 8 ways at 32 rows, and each split then stores and sums 32 FP32 values a

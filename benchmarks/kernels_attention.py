@@ -341,6 +341,9 @@ def sweep_decode(b: Bench, dtype: torch.dtype) -> list[dict]:
         cands += [replace(base, num_stages=None, min_keys_per_split=mk) for mk in (128, 512)]
         if batch >= 32 and ctx <= 1024:
             cands += [replace(base, min_keys_per_split=mk) for mk in (512, 1024)]
+            # 8 warps: at 32-64 sequences a sliding layer has 128-256 programs, about one an SM, each streaming its
+            # 262 KB window with 4 warps at ~1.3 TB/s overall (thirty-fifth session: 13.1 us against ~4 us of bytes)
+            cands += [replace(base, num_warps=8, block_n=bn, num_stages=st) for bn in (64, 128) for st in (2, 3)]
         # Key tiles requested into L2 before the PDL wait (in a graph of back-to-back launches they overlap the
         # previous launch's tail; the whole-step A/B is the real test).
         cands += [replace(base, prefetch=n) for n in (1, 2)]
@@ -393,6 +396,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="time the kernels' launch parameters instead")
     ap.add_argument("--sweep-parts", nargs="+", choices=["prefill", "prefill-sliding", "decode", "router"],
                     default=["prefill", "decode", "router"], help="with --sweep: which kernels")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=None, help="the JSON (default: results/kernels_attention[_sweep].json)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("kernels_attention: no CUDA GPU here; the Triton kernels are only benchmarked on CUDA. Nothing was run.")
@@ -405,7 +409,7 @@ def main() -> None:
     if args.sweep:
         RESULTS.mkdir(parents=True, exist_ok=True)
         rows = sweep(b, dtype, tuple(args.sweep_parts))
-        (RESULTS / "kernels_attention_sweep.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (args.out or RESULTS / "kernels_attention_sweep.json").write_text(json.dumps(rows, indent=2) + "\n")
         for kind in sorted({r["kind"] for r in rows}):
             for shape in sorted({r["shape"] for r in rows if r["kind"] == kind}):
                 best = min((r for r in rows if r["kind"] == kind and r["shape"] == shape), key=lambda r: r["ms"])
@@ -416,7 +420,7 @@ def main() -> None:
     if args.only in (None, "attention"):
         bench_attention(b, dtype)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "kernels_attention.json"
+    out = args.out or RESULTS / "kernels_attention.json"
     report = {
         "date": date.today().isoformat(),
         "device": torch.cuda.get_device_name(),
