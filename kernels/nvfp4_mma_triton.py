@@ -1346,7 +1346,7 @@ def _moe_gate_up_mma_wide_shared_kernel(
     stride_sn, stride_gse, stride_h, seg1, seg2, seg3,
     n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2, sseg3,
     P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_AHEAD: tl.constexpr,
-    PERM: tl.constexpr, FIRST: tl.constexpr = False,
+    PERM: tl.constexpr,
 ):  # fmt: skip
     """The wide MoE gate_up that also computes the shared expert in programs of its own (MoEConfig.mma_shared,
     `_moe_gate_up_body`'s SHARED): its launch no longer runs beside the MoE's. PERM: h and hs in the MMA's order
@@ -1355,7 +1355,25 @@ def _moe_gate_up_mma_wide_shared_kernel(
         x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
         stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD, 1, 2,
         True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2,
-        sseg3, PERM, FIRST,
+        sseg3, PERM,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["P", "T"])
+def _moe_gate_up_mma_wide_shared_first_kernel(
+    x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
+    stride_sn, stride_gse, stride_h, seg1, seg2, seg3,
+    n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2, sseg3,
+    P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_AHEAD: tl.constexpr,
+    PERM: tl.constexpr,
+):  # fmt: skip
+    """`_moe_gate_up_mma_wide_shared_kernel` with the shared expert's programs first in the grid
+    (MoEConfig.mma_shared_first); a twin, so the installed kernel's signature and the manifest stay as they are."""
+    _moe_gate_up_body(
+        x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
+        stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD, 1, 2,
+        True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2,
+        sseg3, PERM, True,
     )  # fmt: skip
 
 
@@ -1666,7 +1684,7 @@ def _moe_down_mma_wide_shared_kernel(
     n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys, sseg1,
     sseg2, sseg3,
     P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_MODE: tl.constexpr,
-    PERM: tl.constexpr, FIRST: tl.constexpr = False,
+    PERM: tl.constexpr,
 ):  # fmt: skip
     """The wide MoE down that also computes the shared expert's down in programs of its own (MoEConfig.mma_shared,
     `_moe_down_body`'s SHARED; PERM: h and hs in the MMA's order, MoEConfig.mma_perm_h); a twin, so the installed
@@ -1675,7 +1693,26 @@ def _moe_down_mma_wide_shared_kernel(
         h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
         stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE, 2,
         True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys,
-        sseg1, sseg2, sseg3, PERM, FIRST,
+        sseg1, sseg2, sseg3, PERM,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["P", "T"])
+def _moe_down_mma_wide_shared_first_kernel(
+    h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
+    stride_gse, stride_y, seg1, seg2, seg3,
+    n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys, sseg1,
+    sseg2, sseg3,
+    P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_MODE: tl.constexpr,
+    PERM: tl.constexpr,
+):  # fmt: skip
+    """`_moe_down_mma_wide_shared_kernel` with the shared expert's programs first in the grid
+    (MoEConfig.mma_shared_first); a twin, so the installed kernel's signature and the manifest stay as they are."""
+    _moe_down_body(
+        h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
+        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE, 2,
+        True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys,
+        sseg1, sseg2, sseg3, PERM, True,
     )  # fmt: skip
 
 
@@ -1906,7 +1943,7 @@ def _launch_down_shared(
     hs: torch.Tensor,
     ys: torch.Tensor,
 ) -> None:
-    """`launch_moe_down` with the shared expert (`_moe_down_mma_wide_shared_kernel`)."""
+    """`launch_moe_down` with the shared expert (`_moe_down_mma_wide_shared_kernel`; first: its `_first` twin)."""
     n_exp, n, _ = w2.qweight.shape
     k, (t, k_s) = h.shape[1], hs.shape
     if not (_vec_fits(h, w2) and _vec_fits(hs, sw)) or sw.shape != (n, k_s) or ys.shape != (t, n):
@@ -1917,14 +1954,15 @@ def _launch_down_shared(
     w2, sw = _ready_pair(w2, sw, ready)
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, n)
-    _moe_down_mma_wide_shared_kernel[(triton.cdiv(n, 32 * num_warps), n_exp + triton.cdiv(t, 8))](
+    kernel = _moe_down_mma_wide_shared_first_kernel if first else _moe_down_mma_wide_shared_kernel
+    kernel[(triton.cdiv(n, 32 * num_warps), n_exp + triton.cdiv(t, 8))](
         h, ids, w2.qweight, w2.scales, w2.global_scale, y, ids.numel(), k, n,
         h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1), w2.scales.stride(0), w2.scales.stride(1),
         w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
         n_exp, sw.qweight, sw.scales, sw.global_scale, hs, ys, t, k_s, sw.qweight.stride(0), sw.scales.stride(0),
         hs.stride(0), ys.stride(0), sseg1, sseg2, sseg3,
         P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_MODE=l2, PERM=perm,
-        FIRST=first, num_warps=num_warps, num_stages=1, **launch_options(h.device),
+        num_warps=num_warps, num_stages=1, **launch_options(h.device),
     )  # fmt: skip
 
 
@@ -2035,7 +2073,8 @@ def _launch_gate_up_shared(
     sw: NVFP4Weight,
     hs: torch.Tensor,
 ) -> None:
-    """`launch_moe_gate_up` with the shared expert (`_moe_gate_up_mma_wide_shared_kernel`)."""
+    """`launch_moe_gate_up` with the shared expert (`_moe_gate_up_mma_wide_shared_kernel`; first: its `_first`
+    twin)."""
     n_exp, two_i, _ = w13.qweight.shape
     inter, inter_s, (t, k) = two_i // 2, sw.qweight.shape[0] // 2, x.shape
     aligned = _vec_fits(x, w13) and _vec_fits(x, sw)
@@ -2051,14 +2090,15 @@ def _launch_gate_up_shared(
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, 2 * inter_s)
     programs = n_exp + (inter_s // inter) * triton.cdiv(t, 8)
     extra = {} if _INTERPRET else {"maxnreg": KS_MAXNREG}
-    _moe_gate_up_mma_wide_shared_kernel[(triton.cdiv(inter, 16 * num_warps), programs)](
+    kernel = _moe_gate_up_mma_wide_shared_first_kernel if first else _moe_gate_up_mma_wide_shared_kernel
+    kernel[(triton.cdiv(inter, 16 * num_warps), programs)](
         x, ids, w13.qweight, w13.scales, w13.global_scale, h, ids.numel(), k, inter, topk,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1), w13.scales.stride(0), w13.scales.stride(1),
         w13.global_scale.stride(0), h.stride(0), seg1, seg2, seg3,
         n_exp, sw.qweight, sw.scales, sw.global_scale, hs, t, inter_s, sw.qweight.stride(0), sw.scales.stride(0),
         hs.stride(0), sseg1, sseg2, sseg3,
         P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_AHEAD=l2_ahead, PERM=perm,
-        FIRST=first, num_warps=num_warps, num_stages=1, **extra, **launch_options(x.device),
+        num_warps=num_warps, num_stages=1, **extra, **launch_options(x.device),
     )  # fmt: skip
 
 

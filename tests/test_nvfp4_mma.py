@@ -386,9 +386,10 @@ def test_moe_with_the_shared_expert_in_its_programs(
     hs_want = torch.full((10, 80), float("nan"))
     nm.launch_moe_gate_up(x, every, _stacked(gate_up), hs_want, 1, 2, vec=True, l2_ahead=2, wide=True, ready=ready)
     h, hs = torch.full((30, 40), float("nan")), torch.full((10, 80), float("nan"))
-    spy = LaunchSpy(nm._moe_gate_up_mma_wide_shared_kernel)
+    name = "_moe_gate_up_mma_wide_shared_first_kernel" if first else "_moe_gate_up_mma_wide_shared_kernel"
+    spy = LaunchSpy(getattr(nm, name))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nm, "_moe_gate_up_mma_wide_shared_kernel", spy)
+        mp.setattr(nm, name, spy)
         nm.launch_moe_gate_up(
             x, ids, w13, h, 3, 2, vec=True, l2_ahead=2, wide=True, ready=ready, shared=(gate_up, hs), perm=perm,
             first=first,
@@ -404,9 +405,10 @@ def test_moe_with_the_shared_expert_in_its_programs(
     ys_want = torch.full((10, 136), float("nan"))
     nm.launch_moe_down(hs_in, every, _stacked(down), ys_want, num_warps=2, vec=True, l2=2, wide=True, ready=ready)
     y, ys = torch.full((30, 136), float("nan")), torch.full((10, 136), float("nan"))
-    spy = LaunchSpy(nm._moe_down_mma_wide_shared_kernel)
+    name = "_moe_down_mma_wide_shared_first_kernel" if first else "_moe_down_mma_wide_shared_kernel"
+    spy = LaunchSpy(getattr(nm, name))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nm, "_moe_down_mma_wide_shared_kernel", spy)
+        mp.setattr(nm, name, spy)
         hh_in, hs_down = (nm.perm_columns(hh), nm.perm_columns(hs_in)) if perm else (hh, hs_in)
         nm.launch_moe_down(
             hh_in,
@@ -810,10 +812,10 @@ cases += [
     (nm._moe_down_mma_wide_shared_kernel, dict(down, **shared), dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True,
                                                                      L2_MODE=2, PERM=True)),
     # and with the shared expert's programs first in the grid (MoEConfig.mma_shared_first)
-    (nm._moe_gate_up_mma_wide_shared_kernel, dict(gate_up, **shared), dict(P_PAD=256, NW=4, PREFETCH=True, PDL=True,
-                                                                           L2_AHEAD=2, PERM=True, FIRST=True)),
-    (nm._moe_down_mma_wide_shared_kernel, dict(down, **shared), dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True,
-                                                                     L2_MODE=2, PERM=True, FIRST=True)),
+    (nm._moe_gate_up_mma_wide_shared_first_kernel, dict(gate_up, **shared), dict(P_PAD=256, NW=4, PREFETCH=True,
+                                                                                 PDL=True, L2_AHEAD=2, PERM=True)),
+    (nm._moe_down_mma_wide_shared_first_kernel, dict(down, **shared), dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True,
+                                                                           L2_MODE=2, PERM=True)),
 ]
 for fn, ptrs, cx in cases:
     ptrs = dict(common, **ptrs)
@@ -840,8 +842,9 @@ for fn, ptrs, cx in cases:
     asks = cx.get("L2_AHEAD", 0) or cx.get("L2_MODE", 0)
     name = fn.__name__ + ("_vec_" if cx.get("VEC") or twin else "") + ("_l2_" if twin and asks else "")
     name += "_ready" if ptrs["s_ptr"] == "*i8" else ""
-    name += "_perm" if cx.get("PERM") else ""
-    name += "_first" if cx.get("FIRST") else ""
+    first = "_shared_first_kernel" in name
+    name = name.replace("_shared_first_kernel", "_shared_kernel") + ("_perm" if cx.get("PERM") else "")
+    name += "_first" if first else ""
     spills = res.get("LOCAL", 0) + res.get("STACK", 0)
     loops = [(int(m.group(1)), i) for i, op in code for m in [re.search(r"\\bBRA\\b.*->(\\d+)", op)]
              if m and int(m.group(1)) <= i and any("HMMA" in code[j][1] for j in range(int(m.group(1)), i + 1))]
