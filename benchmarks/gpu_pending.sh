@@ -551,7 +551,8 @@ fi
 # MoE launches' grids (MoEConfig.mma_shared_first) instead of last. With them the b32 gate_up went 70.2 -> 74.7 us a
 # layer and the down 40.6 -> 44.7 for ~3.5 MB more; the down's shared programs run K_S = 1,024, twice an expert's
 # K, and started last. Its GPU test (the same bits as without, at 9-64 tokens), then the whole step with it on the
-# four entries from 9 tokens. ~4 minutes. A win: set it in the table, RECORD=1 (FIRST is a new compile variant).
+# four entries from 9 tokens. ~4 minutes. A win: set it in the table, RECORD=1 (the
+# `_first` twins are new kernels for the manifest).
 if [ "${SHARED_FIRST:-0}" = 1 ]; then
     gpu_tests "shared-first GPU tests" shared_first_tests 240 -n 4 tests/test_nvfp4_mma.py \
         -k "shared_expert_in_the_moe and True-True"
