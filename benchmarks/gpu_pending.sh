@@ -572,8 +572,8 @@ if [ "${ATTN_WARPS:-0}" = 1 ]; then
 import json, sys
 rows = [r for r in json.load(open(sys.argv[1])) if r.get("seqs", 0) >= 32 and r.get("context") == 1024]
 for shape in sorted({r["shape"] for r in rows}):
-    best = sorted((r["ms"] * 1e3, r["config"]["num_warps"], r["config"]["block_n"], r["config"]["num_stages"],
-                   r["splits"]) for r in rows if r["shape"] == shape)[:4]
+    best = sorted((round(r["ms"] * 1e3, 2), r["config"]["num_warps"], r["config"]["block_n"],
+                   r["config"]["num_stages"] or 0, r["splits"]) for r in rows if r["shape"] == shape)[:4]
     print(shape, "us, warps, block_n, stages, splits:", best)
 PY
     V=/tmp/variants; mkdir -p $V
