@@ -573,8 +573,9 @@ import json, sys
 rows = [r for r in json.load(open(sys.argv[1])) if r.get("seqs", 0) >= 32 and r.get("context") == 1024]
 for shape in sorted({r["shape"] for r in rows}):
     best = sorted((round(r["ms"] * 1e3, 2), r["config"]["num_warps"], r["config"]["block_n"],
-                   r["config"]["num_stages"] or 0, r["splits"]) for r in rows if r["shape"] == shape)[:4]
-    print(shape, "us, warps, block_n, stages, splits:", best)
+                   r["config"]["num_stages"] or 0, r["splits"], f"{r['rel_err']:.0e}")
+                  for r in rows if r["shape"] == shape)[:4]
+    print(shape, "us, warps, block_n, stages, splits, rel. error:", best)
 PY
     V=/tmp/variants; mkdir -p $V
     python3 benchmarks/tuning_variant.py --op attention.decode \
