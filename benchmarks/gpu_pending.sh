@@ -62,10 +62,11 @@
 set -u
 . benchmarks/gpu_env.sh
 # gpu_tests LABEL NAME LIMIT PYTEST-ARGS...: GPU tests into $OUT/NAME.txt, their last line and first failures printed.
+# Verbose, so a run cut short by its time limit still names each test that failed (the summary comes only at the end).
 gpu_tests() {
     local label=$1 name=$2 limit=$3
     shift 3
-    timeout "$limit" python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider "$@" > "$OUT/$name.txt" 2>&1
+    timeout "$limit" python3 -m pytest -v -m gpu --noconftest -p no:cacheprovider "$@" > "$OUT/$name.txt" 2>&1
     echo "$label: $(tail -1 "$OUT/$name.txt")"
     grep -E "^E |FAILED" "$OUT/$name.txt" | head -6
 }
