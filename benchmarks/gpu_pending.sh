@@ -3,6 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
 # [".whl"]).
 #
+# State after the thirty-sixth session (2026-12-04): SHARED_FIRST=1 installed mma_shared_first (b32 8.845 -> 8.751 ms,
+# manifest recorded; head b32 8.754, b64 13.177); BF16_SHARED=1 and ATTN_WARPS=1 lost; REPLACE=1 kept the same bits and
+# decode speed but timed one 8K prefill 157.6 vs 134.2 ms (not the default). Next, first: the MMA, MoE and GEMV GPU
+# tests at the head (HEAD_TESTS=1, ~5 minutes with -n 6; twice they ran out of 240 s with 7-9 unnamed failures, one
+# cause since fixed in the shared-expert test), then WIDE_SPLIT=1.
 # State after the thirty-fourth session (2026-12-04): READY=1 installed the ready scale bytes on every MMA entry (NVFP4
 # b32 9.87 -> 9.35 ms, b64 14.61 -> 13.98 in its A/B; made by default where the table reads them), NINE16=1 the wide
 # MMA gate_up at 9-16 tokens (b16 -1.9%); the MoE from 33 tokens without its L2 requests lost (b48 +3.1%, b64 +4.2%).
@@ -514,7 +519,14 @@ if [ "${SHARED_MOE:-0}" = 1 ]; then
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_ab.txt" | head -12
     cp $V/shared.json $V/shared_perm.json "$OUT/"
 fi
-# REPLACE=1 (NEXT; built in the thirty-fourth session without a GPU): the ready scale bytes in the UE4M3 bytes' place
+# HEAD_TESTS=1 (NEXT, first): the GPU tests of the NVFP4 MMA, MoE and GEMV kernels at the head (287), verbose, in a
+# limit they fit (they ran out of 240-250 s twice in the thirty-sixth session, 7-9 failures unnamed).
+if [ "${HEAD_TESTS:-0}" = 1 ]; then
+    gpu_tests "MMA, MoE and GEMV GPU tests at the head" head_tests 480 -n 6 tests/test_nvfp4_mma.py \
+        tests/test_kernels_moe.py tests/test_kernels_gemv.py
+    grep -c " PASSED" "$OUT/head_tests.txt"
+fi
+# REPLACE=1 (ran in the thirty-sixth session: same bits and decode speed; one 8K prefill timing 157.6 vs 134.2 ms): the ready scale bytes in the UE4M3 bytes' place
 # (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through
 # `gemv_triton.scale_value`), so the weights keep one byte a block and the 2.47 GB the ready bytes add now comes back
 # to the KV cache. Its GPU tests (every path's bits at 1-2,048 tokens), the whole step with it against the table as

@@ -75,7 +75,8 @@ class MoEConfig:
     # blocks of BLOCK_M tokens of its own (gate_up in parts of I columns, down over its whole I), its rounded output
     # stored beside the pairs' y and added by the slot-reduce launch as the separate shared expert's was: no
     # counters, and its two linears and SiLU-and-mul launch no more (as mma_shared does for the NVFP4 MMA launches).
-    # Built in the thirty-fifth session, not yet measured.
+    # Slower on the H200 (thirty-sixth session, BF16 whole step: b9 7.07 -> 7.47 ms, b32 12.87 -> 14.19, b64 19.46 ->
+    # 22.28): kept opt-in for other GPUs' tables, as slots_in_down is.
     shared_blocks: bool = False
     # With expert_major on the FMA path (NVFP4, BF16 x, on a GPU): the gate_up launch on `nvfp4_mma_triton`'s
     # mma.sync kernel (the weights decoded in PTX into each thread's own fragments, 8 of the expert's pairs an MMA)
@@ -125,8 +126,8 @@ class MoEConfig:
     mma_perm_h: bool = False
     # With mma_shared: the shared expert's programs first in both launches' grids (else last). With them the b32
     # gate_up went 70.2 -> 74.7 us a layer and the down 40.6 -> 44.7 for ~3.5 MB more (thirty-fifth session's
-    # profile): the down's shared programs take K_S = 2K and ran as the launch's last. Built in the thirty-fifth
-    # session, not yet measured.
+    # profile): the down's shared programs take K_S = 2K and ran as the launch's last. On the H200 (thirty-sixth
+    # session) b9 5.823 -> 5.678 ms, b16 7.160 -> 7.022, b32 8.845 -> 8.751, b64 13.225 -> 12.990; the same bits.
     mma_shared_first: bool = False
 
 
