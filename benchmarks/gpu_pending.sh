@@ -7,7 +7,8 @@
 # manifest recorded; head b32 8.754, b64 13.177); BF16_SHARED=1 and ATTN_WARPS=1 lost; REPLACE=1 kept the same bits and
 # decode speed but timed one 8K prefill 157.6 vs 134.2 ms (not the default). Next, first: the MMA, MoE and GEMV GPU
 # tests at the head (HEAD_TESTS=1, ~5 minutes with -n 6; twice they ran out of 240 s with 7-9 unnamed failures, one
-# cause since fixed in the shared-expert test), then WIDE_SPLIT=1.
+# cause since fixed in the shared-expert test), then L2_ALL=1 (the wide gate_up asking L2 for all its lines at
+# once), then WIDE_SPLIT=1.
 # State after the thirty-fourth session (2026-12-04): READY=1 installed the ready scale bytes on every MMA entry (NVFP4
 # b32 9.87 -> 9.35 ms, b64 14.61 -> 13.98 in its A/B; made by default where the table reads them), NINE16=1 the wide
 # MMA gate_up at 9-16 tokens (b16 -1.9%); the MoE from 33 tokens without its L2 requests lost (b48 +3.1%, b64 +4.2%).
@@ -525,6 +526,19 @@ if [ "${HEAD_TESTS:-0}" = 1 ]; then
     gpu_tests "MMA, MoE and GEMV GPU tests at the head" head_tests 480 -n 6 tests/test_nvfp4_mma.py \
         tests/test_kernels_moe.py tests/test_kernels_gemv.py
     grep -c " PASSED" "$OUT/head_tests.txt"
+fi
+# L2_ALL=1 (built in the thirty-sixth session without a GPU): the wide MMA gate_up asking L2 for all of a program's
+# code and scale lines at once, when it knows its expert has pairs (MoEConfig.mma_l2_all, `L2_ALL`), instead of
+# one line a row every other K step two steps ahead. At b32 the gate_up moves ~160 MB a layer at ~2.1 TB/s (76 us):
+# each program keeps only ~2 K steps of its 64-column tile in flight. The shared-expert GPU test (which checks its
+# bits at 9-64 tokens), then the whole step with it on the four NVFP4 entries from 9 tokens. ~5 minutes. A win: set
+# it in the table and RECORD=1 (a new compile variant).
+if [ "${L2_ALL:-0}" = 1 ]; then
+    gpu_tests "shared expert GPU tests (with L2_ALL)" l2_all_tests 300 -n 4 tests/test_nvfp4_mma.py \
+        -k "shared_expert_in_the_moe and True-True"
+    V=/tmp/variants; mkdir -p $V
+    moe_entries_variant mma_l2_all=true $V/l2_all.json 9 17 25 33
+    step_ab nvfp4 l2_all $V/l2_all.json "the gate_up asking L2 for all its lines at once"
 fi
 # REPLACE=1 (ran in the thirty-sixth session: same bits and decode speed; one 8K prefill timing 157.6 vs 134.2 ms): the ready scale bytes in the UE4M3 bytes' place
 # (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through

@@ -67,6 +67,11 @@ ROW_GROUPS = 4
 MAX_ROWS = 64
 BLOCK_K = 128  # values a K step, a row: 16 bytes a lane
 ROWS_PER_WARP = 16
+# `l2_ahead` / MoEConfig.mma_l2_ahead for the wide gate_up: ask L2 for every code and scale line of the program's
+# tiles at once, as soon as it knows its expert has pairs (after its PDL wait: the ids are the router's), instead of
+# one line a row every other K step.
+L2_ALL = -1
+_L2_ALL = tl.constexpr(L2_ALL)
 # Each kernel can load a K step ahead (`prefetch`). On the H200 (2026-12-02) that lost for the linear (e.g. qkv at 8
 # rows 10.1 against 8.8 us) and the MoE down, and won for the MoE gate_up at 1-2 and 64 tokens (MoEConfig.mma_prefetch).
 PREFETCH = False
@@ -325,6 +330,22 @@ def _l2_ahead(w64, wa_base, wb_base, k0, k_hi, L2_AHEAD: tl.constexpr):
         ahead = tl.minimum(k0 + L2_AHEAD * 128, k_hi - 128) // 16
         prefetch_lines(w64 + wa_base + ahead)
         prefetch_lines(w64 + wb_base + ahead)
+
+
+@triton.jit
+def _l2_tiles(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_base, sc_base, sd_base, k_hi):
+    """Ask L2 for every 128-byte line of two 16-row tiles' codes (rows g / g + 8 at wa / wb, tile two's at wc / wd)
+    and scale bytes over K steps 0..k_hi (`L2_ALL`)."""
+    for kl in range(0, k_hi, 256):  # a row's code line: 256 values
+        prefetch_lines(w64 + wa_base + kl // 16)
+        prefetch_lines(w64 + wb_base + kl // 16)
+        prefetch_lines(w64 + wc_base + kl // 16)
+        prefetch_lines(w64 + wd_base + kl // 16)
+    for kl in range(0, k_hi, 2048):  # a row's scale line: 2,048 values
+        prefetch_lines(s_ptr + sa_base + kl // 16)
+        prefetch_lines(s_ptr + sb_base + kl // 16)
+        prefetch_lines(s_ptr + sc_base + kl // 16)
+        prefetch_lines(s_ptr + sd_base + kl // 16)
 
 
 @triton.jit
@@ -1125,6 +1146,12 @@ def _moe_gate_up_body(
         tokens = first + tl.arange(0, 8)
         pairs = tl.where(is_sh, tl.minimum(tokens, T - 1).to(tl.int64) * TOPK, pairs)
         count = tl.where(is_sh, tl.minimum(T - first, 8), count)
+    if (
+        L2_AHEAD == _L2_ALL
+    ):  # (the wide kernels': KSPLIT 1, TILES 2) every line of the tiles, once, for an expert in use
+        tl.static_assert(TILES == 2 and KSPLIT == 1, "L2_ALL is the wide gate_up's")
+        if count > 0:
+            _l2_tiles(w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, k_part)
     for c0 in range(0, count, 8):
         if c0 > 0:
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
@@ -1135,7 +1162,7 @@ def _moe_gate_up_body(
         if TILES == 2:
             d0, d1, d2, d3, f0, f1, f2, f3 = _k_loop_wide(
                 w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, x64, xa_base, 0,
-                k_part, NT, PREFETCH, VEC, L2_AHEAD,
+                k_part, NT, PREFETCH, VEC, L2_AHEAD * (L2_AHEAD > 0),
             )  # fmt: skip
         else:
             d0, d1, d2, d3 = _k_loop(
@@ -2007,16 +2034,17 @@ def launch_moe_gate_up(
     perm: bool = False,
     first: bool = False,
 ) -> None:
-    """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec:
-    16-byte loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that
-    many K steps ahead; warp_k (with vec; a power of two dividing num_warps): the warps split K in that many parts
-    as well as the columns, where K is a multiple of 256 a part (else it is not split); wide (with vec, not with
-    warp_k): 16 columns a warp, two tiles sharing x's loads (MoEConfig.mma_wide); ready: the experts' ready scale
-    bytes where they have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared
-    expert's gate_up [2 I_s, H], hs [T, I_s]), hs filled with its silu(gate) * up for every token of x in programs of
-    the same launch (I_s a multiple of I; `shared_fits`); perm (with shared; MoEConfig.mma_perm_h): h and hs written in
-    the MMA's order (`perm_columns`) for the down's `perm`; first (with shared; MoEConfig.mma_shared_first): the
-    shared expert's programs before the experts' in the grid."""
+    """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec: 16-byte
+    loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that many K steps
+    ahead (`L2_ALL`, with wide: for all of a program's code and scale lines once its expert has pairs); warp_k (with
+    vec; a power of two dividing num_warps): the warps split K in that many parts as well as the columns, where K is a
+    multiple of 256 a part (else it is not split); wide (with vec, not with warp_k): 16 columns a warp, two tiles
+    sharing x's loads (MoEConfig.mma_wide); ready: the experts' ready scale bytes where they have them
+    (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared expert's gate_up [2 I_s, H], hs
+    [T, I_s]), hs filled with its silu(gate) * up for every token of x in programs of the same launch (I_s a multiple of
+    I; `shared_fits`); perm (with shared; MoEConfig.mma_perm_h): h and hs written in the MMA's order (`perm_columns`)
+    for the down's `perm`; first (with shared; MoEConfig.mma_shared_first): the shared expert's programs before the
+    experts' in the grid."""
     if shared is not None:
         return _launch_gate_up_shared(
             x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, ready, perm, first, *shared
@@ -2024,8 +2052,7 @@ def launch_moe_gate_up(
     if perm or first:
         raise ValueError("perm and first come with the shared expert's programs (shared)")
     w13 = _with_ready_scales(w13, ready)
-    if l2_ahead < 0 or l2_ahead % 2:
-        raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
+    _check_l2_ahead(l2_ahead, wide)
     if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
         raise ValueError(f"warp_k must be a power of two dividing num_warps ({num_warps}), got {warp_k}")
     if wide and warp_k > 1:
@@ -2058,6 +2085,14 @@ def launch_moe_gate_up(
     )  # fmt: skip
 
 
+def _check_l2_ahead(l2_ahead: int, wide: bool) -> None:
+    """The gate_up's l2_ahead: an even number of K steps, or `L2_ALL` for the wide kernels."""
+    if l2_ahead == L2_ALL and not wide:
+        raise ValueError(f"l2_ahead {L2_ALL} (every line of the tiles at once) is the wide gate_up's (wide=True)")
+    if l2_ahead != L2_ALL and (l2_ahead < 0 or l2_ahead % 2):
+        raise ValueError(f"l2_ahead must be an even number of K steps or {L2_ALL} (all), got {l2_ahead}")
+
+
 def _launch_gate_up_shared(
     x: torch.Tensor,
     ids: torch.Tensor,
@@ -2083,8 +2118,7 @@ def _launch_gate_up_shared(
             f"the shared expert in the MoE gate_up needs x and weights for the 16-byte kernels, a gate_up [2 I_s, {k}] "
             f"with I_s a multiple of {inter} and hs [{t}, I_s]; got {sw.shape}, hs {tuple(hs.shape)}"
         )
-    if l2_ahead < 0 or l2_ahead % 2:
-        raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
+    _check_l2_ahead(l2_ahead, True)
     w13, sw = _ready_pair(w13, sw, ready)
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, 2 * inter_s)

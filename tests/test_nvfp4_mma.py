@@ -357,9 +357,12 @@ def _stacked(w: NVFP4Weight) -> NVFP4Weight:
     return NVFP4Weight(w.qweight[None], w.scales[None], w.global_scale[None], w.segments)
 
 
-@pytest.mark.parametrize("ready,perm,first", [(False, False, False), (True, False, False), (True, True, True)])
+@pytest.mark.parametrize(
+    "ready,perm,first,l2",
+    [(False, False, False, 2), (True, False, False, 2), (True, True, True, 2), (True, True, True, -1)],
+)
 def test_moe_with_the_shared_expert_in_its_programs(
-    emulated_ptx: None, l2_requests: list[int], ready: bool, perm: bool, first: bool
+    emulated_ptx: None, l2_requests: list[int], ready: bool, perm: bool, first: bool, l2: int
 ) -> None:
     """MoEConfig.mma_shared: the wide gate_up and down launches with the shared expert (I_s twice the experts' I)
     in programs of their own give the routed h and y bit for bit as without it, and the shared expert's hs and ys bit
@@ -367,7 +370,8 @@ def test_moe_with_the_shared_expert_in_its_programs(
     group of 8 and a part); with ready scale bytes too (both weights need them, or neither reads them). With perm
     (MoEConfig.mma_perm_h) the gate_up writes h and hs in the MMA's order (`perm_columns` of the same values) and the
     down, reading them so, gives the same bits without its PRMTs. With first (MoEConfig.mma_shared_first) the shared
-    expert's programs come first in the grids: the same bits again."""
+    expert's programs come first in the grids: the same bits again; so with the gate_up asking L2 for all its lines
+    at once (l2 -1, `L2_ALL`), which then asks for the shared expert's too."""
     w13 = random_experts(5, 40, 768, seed=61)  # [5, 80, 768]
     w2 = random_experts(5, 68, 256, seed=62)  # [5, 136, 256]
     gate_up = random_nvfp4(160, 768, seeded(63), (80, 80))  # I_s 80
@@ -391,10 +395,17 @@ def test_moe_with_the_shared_expert_in_its_programs(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(nm, name, spy)
         nm.launch_moe_gate_up(
-            x, ids, w13, h, 3, 2, vec=True, l2_ahead=2, wide=True, ready=ready, shared=(gate_up, hs), perm=perm,
+            x, ids, w13, h, 3, 2, vec=True, l2_ahead=l2, wide=True, ready=ready, shared=(gate_up, hs), perm=perm,
             first=first,
         )  # fmt: skip
     assert spy.launches == 1
+    if l2 == nm.L2_ALL:  # every line of the shared gate_up's codes too
+        q = gate_up.qweight
+        off = np.array(l2_requests, dtype=np.int64) - q.data_ptr()
+        off = off[(off >= 0) & (off < q.numel())]
+        assert {(int(o) // q.stride(0), int(o) % q.stride(0) // 128) for o in off} == {
+            (r, ln) for r in range(160) for ln in range(3)
+        }
     if perm:
         h_want, hs_want = nm.perm_columns(h_want), nm.perm_columns(hs_want)
     assert not torch.isnan(h_want).any() and torch.equal(h, h_want)
@@ -430,6 +441,49 @@ def test_moe_with_the_shared_expert_in_its_programs(
     # and against float64: the shared expert's y as FP32 accumulation gives it
     l1 = hs_in.double().abs() @ down.dequantize(torch.float64, with_global=True).abs().T
     _close_to_exact(ys, _exact(hs_in, down), l1)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+def test_fused_moe_passes_l2_all_to_the_wide_gate_up(
+    emulated_ptx: None, l2_requests: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MoEConfig.mma_l2_all through `fused_moe`, in the H200's config for 9+ tokens (the wide MMA launches with the
+    shared expert's programs first, h in the MMA's order): the gate_up gets `L2_ALL`, asks L2 for lines of the
+    experts' and the shared expert's codes, and the output has the same bits as with mma_l2_ahead 2 (the interpreter's
+    BF16 epilogues are not faithful, so closeness to `moe_ref` is the GPU test's). H 256, I 256, a shared expert of
+    512, 10 tokens top-3 of 5 experts."""
+    import dataclasses
+
+    from flint_kernels import moe_triton as mt
+
+    w13, w2 = random_experts(5, 256, 256, seed=81), random_experts(5, 128, 256, seed=82)  # [5, 512, 256], [5, 256, 256]
+    shared = (random_nvfp4(1024, 256, seeded(83), (512, 512)), random_nvfp4(256, 512, seeded(84), (256,)))
+    ids = _routing()
+    tw = torch.rand(10, 3, generator=seeded(85))
+    tw = tw / tw.sum(-1, keepdim=True)
+    x = (torch.randn(10, 256, generator=seeded(86)) * 0.5).to(torch.bfloat16)
+    cfg = mt.MoEConfig(
+        1, 16, 256, 32, 256, False, 2, 1, expert_major=True, mma=True, mma_prefetch=True, mma_down=True,
+        mma_vec=True, mma_l2_ahead=2, mma_down_l2=2, mma_wide=True, mma_down_wide=True, mma_shared=True,
+        mma_perm_h=True, mma_shared_first=True,
+    )  # fmt: skip
+    # `_fits` declines the interpreter (it runs no PTX); `emulated_ptx` stands in for it here
+    monkeypatch.setattr(nm, "_fits", lambda a, w: a.dim() == 2 and nm._weight_fits(w, a.shape[1]))
+    assert mt._mma_shared(cfg, x, w13, w2, shared)
+    want = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg, shared=shared)
+    l2_requests.clear()
+    calls = []
+    real = nm.launch_moe_gate_up
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nm, "launch_moe_gate_up", lambda *a, **k: calls.append(a[8]) or real(*a, **k))
+        got = mt.fused_moe(
+            x, tw, ids, w13, w2, decode_max_tokens=64, config=dataclasses.replace(cfg, mma_l2_all=True), shared=shared
+        )
+    assert calls == [nm.L2_ALL]
+    assert not torch.isnan(want).any() and torch.equal(got, want)
+    addr = np.array(l2_requests, dtype=np.int64)
+    for q in (w13.qweight, shared[0].qweight):  # every expert with pairs, and the shared expert, asked for
+        assert ((addr >= q.data_ptr()) & (addr < q.data_ptr() + q.numel())).any()
 
 
 def test_perm_columns_is_the_mma_order() -> None:
@@ -616,6 +670,36 @@ def test_moe_gate_up_wide_kernel(emulated_ptx: None, l2_requests: list[int], l2_
         assert not l2_requests
     with pytest.raises(ValueError, match="wide and warp_k"):
         nm.launch_moe_gate_up(x, ids, w13, got, 3, 4, vec=True, warp_k=2, wide=True)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_moe_gate_up_wide_asking_l2_for_all_its_lines(
+    emulated_ptx: None, l2_requests: list[int], prefetch: bool
+) -> None:
+    """`l2_ahead=L2_ALL` (MoEConfig.mma_l2_all) on the wide gate_up: the same h as the VEC kernel, bit for bit,
+    and its L2 requests are every code line of every gate and up row of each expert with pairs, none of expert 4's
+    (it has none), plus scale lines of those experts only; the other kernels refuse it. I = 40 (rows 0-79), K of 6
+    steps: 3 code lines a row."""
+    w13, ids, x, got, _ = _gate_up_twin(
+        "_moe_gate_up_mma_wide_kernel", l2_requests, 33, prefetch=prefetch, l2_ahead=nm.L2_ALL, wide=True
+    )  # fmt: skip
+    _assert_h_exact(got, x, ids.reshape(10, 3), w13)
+    q, sc = w13.qweight, w13.scales
+    addr = np.array(l2_requests, dtype=np.int64)
+    codes = (addr >= q.data_ptr()) & (addr < q.data_ptr() + q.numel())
+    scales = (addr >= sc.data_ptr()) & (addr < sc.data_ptr() + sc.numel())
+    assert (codes | scales).all() and scales.any()
+    off = addr[codes] - q.data_ptr()
+    expert, row, line = off // q.stride(0), (off % q.stride(0)) // q.stride(1), (off % q.stride(1)) // 128
+    asked = set(zip(expert.tolist(), row.tolist(), line.tolist(), strict=True))
+    assert asked == {(e, r, ln) for e in range(4) for r in range(80) for ln in range(3)}
+    scale_rows = (addr[scales] - sc.data_ptr()) // sc.stride(1)  # the scale rows asked for, across experts
+    assert set((scale_rows // sc.shape[1]).tolist()) == {0, 1, 2, 3}
+    with pytest.raises(ValueError, match="wide gate_up"):
+        nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, vec=True, l2_ahead=nm.L2_ALL)
+    with pytest.raises(ValueError, match="even number"):
+        nm.launch_moe_gate_up(x, ids, w13, got, 3, 2, vec=True, l2_ahead=-2, wide=True)
 
 
 @pytest.mark.parametrize("vec,prefetch", [(False, False), (False, True), (True, False)], ids=["8B", "prefetch", "16B"])
@@ -816,6 +900,9 @@ cases += [
                                                                                  PDL=True, L2_AHEAD=2, PERM=True)),
     (nm._moe_down_mma_wide_shared_first_kernel, dict(down, **shared), dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True,
                                                                            L2_MODE=2, PERM=True)),
+    # the gate_up asking L2 for all of its tiles' lines at once (L2_ALL) instead of two K steps ahead in the loop
+    (nm._moe_gate_up_mma_wide_shared_first_kernel, dict(gate_up, **shared), dict(P_PAD=256, NW=4, PREFETCH=True,
+                                                                                 PDL=True, L2_AHEAD=-1, PERM=True)),
 ]
 for fn, ptrs, cx in cases:
     ptrs = dict(common, **ptrs)
@@ -845,6 +932,7 @@ for fn, ptrs, cx in cases:
     first = "_shared_first_kernel" in name
     name = name.replace("_shared_first_kernel", "_shared_kernel") + ("_perm" if cx.get("PERM") else "")
     name += "_first" if first else ""
+    name += "_all" if cx.get("L2_AHEAD") == nm.L2_ALL else ""
     spills = res.get("LOCAL", 0) + res.get("STACK", 0)
     loops = [(int(m.group(1)), i) for i, op in code for m in [re.search(r"\\bBRA\\b.*->(\\d+)", op)]
              if m and int(m.group(1)) <= i and any("HMMA" in code[j][1] for j in range(int(m.group(1)), i + 1))]
@@ -859,14 +947,19 @@ for fn, ptrs, cx in cases:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-29:]]
-    assert len(lines) == 29, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-30:]]
+    assert len(lines) == 30, r.stdout
     k_loop = {line[0]: int(line[-1]) for line in lines}
     for name, groups, identity, converts, hmma, spills, wide, l2, regs, loop_spills, _ in lines:
         # The wide gate_up reading ready scales spills 16 bytes at its cap, outside its K loop (sm_90, Triton 3.6);
         # its twin with the shared expert's programs 40 on CI's Triton 3.9 (the epilogue's selected pointers).
         allowed = 16 if name.startswith("_moe_gate_up_mma_wide") and name.endswith("_ready") else 0
         allowed = 48 if name.startswith("_moe_gate_up_mma_wide_shared") else allowed
+        if name.endswith("_all"):  # the requests before the K loop: none in it, so it is no longer than with them
+            assert identity == "1" and int(spills) <= allowed and loop_spills == "0", (name, identity, spills)
+            assert k_loop[name] <= k_loop[name.removesuffix("_all")] and int(regs) <= 128, (name, k_loop, regs)
+            assert int(l2) >= 8, (name, l2)  # four tiles' rows of codes and of scales
+            continue
         if name.endswith("_first"):  # the grid's order maps the program index back: the same K loop
             assert identity == "1" and int(spills) <= allowed and loop_spills == "0", (name, identity, spills)
             assert abs(k_loop[name] - k_loop[name.removesuffix("_first")]) <= 4 and int(regs) <= 128, (name, k_loop)
@@ -1081,7 +1174,8 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
     """MoEConfig.mma_shared at Flint's shapes (256 experts of I 512 top-6, a shared expert of 1024, H 2048): two MoE
     launches and the slot reduce, no launch of the shared expert's own; the output within BF16 rounding of the
     shared expert run apart (its FP32 sums in another order) and near `moe_ref`; with perm (MoEConfig.mma_perm_h) the
-    same bits as without, and with the shared expert's programs first (MoEConfig.mma_shared_first) too."""
+    same bits as without, and with the shared expert's programs first (MoEConfig.mma_shared_first) too, and with the
+    gate_up asking L2 for all its lines at once (mma_l2_all)."""
     import dataclasses
 
     from flint_kernels import activation_triton, gemv_triton
@@ -1130,6 +1224,14 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
             config=dataclasses.replace(cfg, mma_shared=True, mma_perm_h=True, mma_shared_first=True),
         )  # fmt: skip
         assert torch.equal(first, folded)
+        # and the gate_up asking L2 for all of its tiles' lines at once (mma_l2_all, `L2_ALL`): hints, the same bits
+        every_line = mt.fused_moe(
+            x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
+            config=dataclasses.replace(
+                cfg, mma_shared=True, mma_perm_h=True, mma_shared_first=True, mma_l2_all=True
+            ),
+        )  # fmt: skip
+        assert torch.equal(every_line, folded)
     assert spy.launches == 1
     ys = mt.shared_expert(x, shared)
     # The two paths differ only where the shared expert's FP32 sums (another order) round to other BF16 values: its
