@@ -979,7 +979,7 @@ def _routed(
         hs = _empty((t, shared_inter), x.dtype, x.device) if mma_shared else None
         nvfp4_mma_triton.launch_moe_gate_up(
             x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec,
-            nvfp4_mma_triton.L2_ALL if cfg.mma_l2_all else cfg.mma_l2_ahead,
+            nvfp4_mma_triton.L2_ALL if cfg.mma_l2_all and cfg.mma_wide else cfg.mma_l2_ahead,
             cfg.mma_warp_k, cfg.mma_wide, cfg.mma_ready, shared=None if hs is None else (shared[0], hs),
             perm=mma_shared and cfg.mma_perm_h, first=mma_shared and cfg.mma_shared_first,
         )  # fmt: skip

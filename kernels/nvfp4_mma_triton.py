@@ -1146,9 +1146,8 @@ def _moe_gate_up_body(
         tokens = first + tl.arange(0, 8)
         pairs = tl.where(is_sh, tl.minimum(tokens, T - 1).to(tl.int64) * TOPK, pairs)
         count = tl.where(is_sh, tl.minimum(T - first, 8), count)
-    if (
-        L2_AHEAD == _L2_ALL
-    ):  # (the wide kernels': KSPLIT 1, TILES 2) every line of the tiles, once, for an expert in use
+    # L2_ALL (the wide kernels': KSPLIT 1, TILES 2): every line of the tiles, once, for an expert in use
+    if L2_AHEAD == _L2_ALL:
         tl.static_assert(TILES == 2 and KSPLIT == 1, "L2_ALL is the wide gate_up's")
         if count > 0:
             _l2_tiles(w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, k_part)
