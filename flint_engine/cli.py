@@ -150,6 +150,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     """How much context fits next to the weights on one GPU, from the engine's own sizing code."""
+    from flint_kernels import nvfp4_mma_scales
     from flint_kernels.router_triton import split_nbytes
     from gguf import GGMLQuantizationType
 
@@ -170,9 +171,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     for fmt in args.weights:
         planned = plan_tensors(config, fmt)
         weight_bytes = sum(p.nbytes for p in planned) + router_parts
-        if args.ready_scales:
-            # A ready scale byte per 16 NVFP4 values beside the UE4M3 ones (nvfp4_mma_scales).
-            weight_bytes += sum(math.prod(p.shape) for p in planned if p.ggml_type == GGMLQuantizationType.NVFP4) // 16
+        if args.ready_scales:  # beside the UE4M3 bytes, as FLINT_MMA_READY_SCALES=auto makes them
+            nvfp4_values = sum(math.prod(p.shape) for p in planned if p.ggml_type == GGMLQuantizationType.NVFP4)
+            weight_bytes += nvfp4_mma_scales.extra_bytes(nvfp4_values)
         budget = gpu_kv_budget(
             config,
             total - weight_bytes - args.runtime_overhead_gib * 2**30,

@@ -59,6 +59,11 @@ def wanted(device: torch.device) -> bool:
     return any(entry.config.get("mma_ready") for op in READING_OPS for entry in ops.get(op, ()))
 
 
+def extra_bytes(values: int) -> int:
+    """Bytes the ready scales add beside the UE4M3 ones for `values` NVFP4 weight values: one a block."""
+    return values // nvfp4.QK_SUB
+
+
 def zero_scale(scales: torch.Tensor) -> torch.Tensor:
     """Where UE4M3 scale bytes decode to 0 by the codec's own rule (low 7 bits 0, or the byte 0x7F)."""
     return nvfp4.ue4m3_to_float(scales) == 0
