@@ -1201,7 +1201,8 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
     cfg = dataclasses.replace(
         cfg, expert_major=True, mma=True, mma_down=True, mma_vec=True, mma_wide=True, mma_down_wide=True,
         mma_l2_ahead=2, mma_down_l2=2, use_dot=False, mma_ready=ready,
-        mma_shared=False, mma_perm_h=False, mma_shared_first=False,  # the table sets them from 9 tokens: pinned here
+        # the table sets these from 9 tokens (or may): pinned here
+        mma_shared=False, mma_perm_h=False, mma_shared_first=False, mma_l2_all=False,
     )  # fmt: skip
     shared = (gate_up, down)
     assert mt._mma_shared(dataclasses.replace(cfg, mma_shared=True), x, w13, w2, shared)
