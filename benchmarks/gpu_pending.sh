@@ -540,8 +540,8 @@ if [ "${L2_ALL:-0}" = 1 ]; then
     moe_entries_variant mma_l2_all=true $V/l2_all.json 9 17 25 33
     step_ab nvfp4 l2_all $V/l2_all.json "the gate_up asking L2 for all its lines at once"
 fi
-# REPLACE=1 (ran in the thirty-sixth session: same bits and decode speed; one 8K prefill timing 157.6 vs 134.2 ms): the ready scale bytes in the UE4M3 bytes' place
-# (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through
+# REPLACE=1 (ran in the thirty-sixth session: same bits and decode speed; one 8K prefill timing 157.6 vs 134.2 ms):
+# the ready scale bytes in the UE4M3 bytes' place (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through
 # `gemv_triton.scale_value`), so the weights keep one byte a block and the 2.47 GB the ready bytes add now comes back
 # to the KV cache. Its GPU tests (every path's bits at 1-2,048 tokens), the whole step with it against the table as
 # it is (separate processes: each makes its bytes at build), and the fast path against the plain one under it. ~4
@@ -556,7 +556,7 @@ if [ "${REPLACE:-0}" = 1 ]; then
         grep -E "^ +nvfp4 +[0-9]+ +1024|prefill|agree|match|Error" "$OUT/decode_scales_$mode.txt" | head -8
     done
 fi
-# BF16_SHARED=1 (built in the thirty-fifth session without a GPU): BF16's shared expert inside the expert-major
+# BF16_SHARED=1 (ran in the thirty-sixth session: lost, b32 12.87 -> 14.19 ms; built in the thirty-fifth): BF16's shared expert inside the expert-major
 # tensor-core MoE launches from 9 tokens (MoEConfig.shared_blocks: blocks of 16 tokens of its own in the gate_up and
 # down, its rounded output beside the pairs' y, added by the slot-reduce launch), instead of two BF16 linears and a
 # SiLU-and-mul beside them (NVFP4's twin of this, mma_shared, won b16 -4.7%, b32 -3.3%). The GPU tests at Flint's
@@ -574,7 +574,7 @@ if [ "${BF16_SHARED:-0}" = 1 ]; then
         --out $V/bf16_shared.json > /dev/null || echo "variant failed: bf16 shared_blocks"
     step_ab bf16 bf16_shared $V/bf16_shared.json "the shared expert in the expert-major launches from 9 tokens"
 fi
-# SHARED_FIRST=1 (built in the thirty-fifth session without a GPU): the shared expert's programs first in the MMA
+# SHARED_FIRST=1 (ran in the thirty-sixth session: installed, b32 8.845 -> 8.751 ms; built in the thirty-fifth): the shared expert's programs first in the MMA
 # MoE launches' grids (MoEConfig.mma_shared_first) instead of last. With them the b32 gate_up went 70.2 -> 74.7 us a
 # layer and the down 40.6 -> 44.7 for ~3.5 MB more; the down's shared programs run K_S = 1,024, twice an expert's
 # K, and started last. Its GPU test (the same bits as without, at 9-64 tokens), then the whole step with it on the
@@ -587,7 +587,7 @@ if [ "${SHARED_FIRST:-0}" = 1 ]; then
     moe_entries_variant mma_shared_first=true $V/shared_first.json 9 17 25 33
     step_ab nvfp4 shared_first $V/shared_first.json "the shared expert's programs first in the MMA MoE launches"
 fi
-# ATTN_WARPS=1 (thirty-fifth session, no kernel change): decode attention at 32-64 sequences in 8 warps. At b32 1K
+# ATTN_WARPS=1 (ran in the thirty-sixth session: lost, b32 8.847 -> 9.361 ms; thirty-fifth session, no kernel change): decode attention at 32-64 sequences in 8 warps. At b32 1K
 # the step's 49 attention launches take 19 us each (0.93 ms; NVFP4 profile), the kernels alone 22.9 us (full layer,
 # 33.5 MB of KV: ~1.5 TB/s) and 13.1 us (sliding, 17 MB: ~1.3 TB/s), with one 4-warp program of 8 query heads per
 # sequence, KV head and split, about one an SM. The decode sweep (it now adds 8-warp tiles at 32-64 sequences), then
