@@ -536,6 +536,12 @@ fi
 if [ "${L2_ALL:-0}" = 1 ]; then
     gpu_tests "shared expert GPU tests (with L2_ALL)" l2_all_tests 300 -n 4 tests/test_nvfp4_mma.py \
         -k "shared_expert_in_the_moe and True-True"
+    # the kernels alone (the wide ones with and without L2_ALL, ready bytes), and in brackets with only the experts
+    # in use: what the programs of experts without pairs cost (at 9 tokens ~200 of the 256 experts have none)
+    timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 --vec 1 --prefetch 1 \
+        --moe-tokens 9 16 32 64 --moe-l2-ahead 2 --moe-wide --moe-l2-all --ready --moe-compact \
+        --out "$OUT/nvfp4_mma_l2_all.json" > "$OUT/nvfp4_mma_l2_all.txt" 2>&1
+    sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_l2_all.txt" | grep -v "^wrote"
     V=/tmp/variants; mkdir -p $V
     moe_entries_variant mma_l2_all=true $V/l2_all.json 9 17 25 33
     step_ab nvfp4 l2_all $V/l2_all.json "the gate_up asking L2 for all its lines at once"
