@@ -523,9 +523,10 @@ fi
 # HEAD_TESTS=1 (NEXT, first): the GPU tests of the NVFP4 MMA, MoE and GEMV kernels at the head (287), verbose, in a
 # limit they fit (they ran out of 240-250 s twice in the thirty-sixth session, 7-9 failures unnamed).
 if [ "${HEAD_TESTS:-0}" = 1 ]; then
-    gpu_tests "MMA, MoE and GEMV GPU tests at the head" head_tests 480 -n 6 tests/test_nvfp4_mma.py \
+    gpu_tests "MMA, MoE and GEMV GPU tests at the head" head_tests 480 -n 6 --durations=15 tests/test_nvfp4_mma.py \
         tests/test_kernels_moe.py tests/test_kernels_gemv.py
     grep -c " PASSED" "$OUT/head_tests.txt"
+    sed -n '/slowest 15 durations/,/^$/p' "$OUT/head_tests.txt" | head -17  # where the set's time goes
 fi
 # L2_ALL=1 (built in the thirty-sixth session without a GPU): the wide MMA gate_up asking L2 for all of a program's
 # code and scale lines at once, when it knows its expert has pairs (MoEConfig.mma_l2_all, `L2_ALL`), instead of
