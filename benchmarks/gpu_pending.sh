@@ -8,7 +8,8 @@
 # decode speed but timed one 8K prefill 157.6 vs 134.2 ms (not the default). Next, first: the MMA, MoE and GEMV GPU
 # tests at the head (HEAD_TESTS=1, ~5 minutes with -n 6; twice they ran out of 240 s with 7-9 unnamed failures, one
 # cause since fixed in the shared-expert test), then L2_ALL=1 (the wide gate_up asking L2 for all its lines at
-# once), then WIDE_SPLIT=1.
+# once, with a probe of the programs of experts without pairs), USED=1 (programs only for the experts in use; the
+# probe says what it can give), then WIDE_SPLIT=1.
 # State after the thirty-fourth session (2026-12-04): READY=1 installed the ready scale bytes on every MMA entry (NVFP4
 # b32 9.87 -> 9.35 ms, b64 14.61 -> 13.98 in its A/B; made by default where the table reads them), NINE16=1 the wide
 # MMA gate_up at 9-16 tokens (b16 -1.9%); the MoE from 33 tokens without its L2 requests lost (b48 +3.1%, b64 +4.2%).
@@ -546,6 +547,19 @@ if [ "${L2_ALL:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     moe_entries_variant mma_l2_all=true $V/l2_all.json 9 17 25 33
     step_ab nvfp4 l2_all $V/l2_all.json "the gate_up asking L2 for all its lines at once"
+fi
+# USED=1 (built in the thirty-sixth session without a GPU): the NVFP4 MMA MoE launches with programs only for the
+# experts in use (MoEConfig.mma_used_experts: the shared expert's, then min(E, pairs) slots a tile, each finding its
+# expert from a histogram of the ids) instead of one an expert; at 9 tokens ~200 of the 256 experts have no pairs.
+# L2_ALL=1's compact figures (nvfp4_mma.py --moe-compact) bound what it can give. Its GPU test (the shared-expert
+# test checks its bits), then the whole step with it on the four NVFP4 entries from 9 tokens. ~5 minutes. A win: set
+# it in the table and RECORD=1 (new twin kernels).
+if [ "${USED:-0}" = 1 ]; then
+    gpu_tests "shared expert GPU tests (with the experts in use)" used_tests 300 -n 4 tests/test_nvfp4_mma.py \
+        -k "shared_expert_in_the_moe and True-True"
+    V=/tmp/variants; mkdir -p $V
+    moe_entries_variant mma_used_experts=true $V/used.json 9 17 25 33
+    step_ab nvfp4 used $V/used.json "programs only for the experts in use in the MMA MoE launches"
 fi
 # REPLACE=1 (ran in the thirty-sixth session: same bits and decode speed; one 8K prefill timing 157.6 vs 134.2 ms):
 # the ready scale bytes in the UE4M3 bytes' place (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through

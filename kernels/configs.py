@@ -134,6 +134,12 @@ class MoEConfig:
     # profile): the down's shared programs take K_S = 2K and ran as the launch's last. On the H200 (thirty-sixth
     # session) b9 5.823 -> 5.678 ms, b16 7.160 -> 7.022, b32 8.845 -> 8.751, b64 13.225 -> 12.990; the same bits.
     mma_shared_first: bool = False
+    # With mma_shared: the two MMA launches' grids hold the shared expert's programs, then programs only for the
+    # experts in use, min(E, pairs) a column (row) tile, each finding its expert from a histogram of the ids
+    # (`nvfp4_mma_triton._used_program`), instead of one an expert: at 9 tokens ~200 of the 256 experts have no pairs,
+    # and their ~1,600 gate_up and ~3,300 down programs would each wait, scan the ids and exit. Built in the
+    # thirty-sixth session without a GPU, not yet measured.
+    mma_used_experts: bool = False
 
 
 @dataclass(frozen=True)

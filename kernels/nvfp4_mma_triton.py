@@ -967,6 +967,25 @@ def _expert_of_program(n_exp, SHARED: tl.constexpr, FIRST: tl.constexpr):
 
 
 @triton.jit
+def _used_program(ids_ptr, n_pairs, n_exp, n_sh, P_PAD: tl.constexpr, E_BINS: tl.constexpr):
+    """The program's expert index in a grid of the shared expert's n_sh programs, then one a slot of the experts in
+    use (MoEConfig.mma_used_experts): slot q takes the q-th expert with pairs in id order, found from a histogram of
+    the ids (E_BINS > n_exp bins: padding counts in bin E_BINS - 1); a slot past the last takes an expert without
+    pairs, so it finds none and does nothing. Shared programs get n_exp onward, as `_expert_of_program` gives them.
+    Read after the ids are written (the router's)."""
+    pid = tl.program_id(1)
+    p = tl.arange(0, P_PAD)
+    ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=E_BINS - 1).to(tl.int32)
+    b = tl.arange(0, E_BINS)
+    present = ((tl.histogram(ids, E_BINS) > 0) & (b < n_exp)).to(tl.int32)
+    rank = tl.cumsum(present, axis=0) - 1
+    q = pid - n_sh
+    used = tl.sum(tl.where((present > 0) & (rank == q), b, 0), axis=0)
+    idle = tl.min(tl.where((present == 0) & (b < n_exp), b, E_BINS), axis=0)  # an expert without pairs
+    return tl.where(pid < n_sh, n_exp + pid, tl.where(q < tl.sum(present, axis=0), used, idle))
+
+
+@triton.jit
 def _shared_or_expert(is_sh, sw_ptr, ss_ptr, sgs_ptr, swn, ssn, sseg1, sseg2, sseg3,
                       w_ptr, s_ptr, gs_ptr, wn, sn, seg1, seg2, seg3):  # fmt: skip
     """(codes, scales, global scales, code and scale row strides, segment bounds) of the shared expert where is_sh
@@ -1072,6 +1091,8 @@ def _moe_gate_up_body(
     sseg3=0,
     PERM: tl.constexpr = False,
     FIRST: tl.constexpr = False,
+    USED: tl.constexpr = False,
+    E_BINS: tl.constexpr = 1,
 ):
     """Expert-major MoE gate_up (NVFP4): program (column tile, expert e) finds e's pairs in the router's ids and
     computes their h = silu(gate) * up columns, 8 pairs an MMA. A lane's fragment rows are gate row j and up row
@@ -1088,7 +1109,11 @@ def _moe_gate_up_body(
     [T, INTER_S]. The same K loop and epilogue as an expert's, so a shared launch of its own costs nothing. PERM: h
     and hs are written in the MMA's order (`perm_columns`), for the down's K loop without PRMTs."""
     pid_i = tl.program_id(0)
-    e = _expert_of_program(n_exp, SHARED, FIRST)
+    if USED:  # (with SHARED) the shared expert's programs, then one a slot of the experts in use
+        pdl_entry(PDL)  # the ids are the router's (the later wait returns at once)
+        e = _used_program(ids_ptr, P, n_exp, (INTER_S // INTER) * tl.cdiv(T, 8), P_PAD, E_BINS)
+    else:
+        e = _expert_of_program(n_exp, SHARED, FIRST)
     NT: tl.constexpr = 32 * NW
     NG: tl.constexpr = NW // KSPLIT  # warps (groups of 8 columns) a K part
     t = tl.arange(0, NT)
@@ -1403,6 +1428,24 @@ def _moe_gate_up_mma_wide_shared_first_kernel(
     )  # fmt: skip
 
 
+@triton.jit(do_not_specialize=["P", "T"])
+def _moe_gate_up_mma_wide_shared_used_kernel(
+    x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
+    stride_sn, stride_gse, stride_h, seg1, seg2, seg3,
+    n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2, sseg3,
+    P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_AHEAD: tl.constexpr,
+    PERM: tl.constexpr, E_BINS: tl.constexpr,
+):  # fmt: skip
+    """`_moe_gate_up_mma_wide_shared_first_kernel` with programs only for the experts in use
+    (MoEConfig.mma_used_experts, `_used_program`): the shared expert's first, then one a slot."""
+    _moe_gate_up_body(
+        x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
+        stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD, 1, 2,
+        True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2,
+        sseg3, PERM, True, True, E_BINS,
+    )  # fmt: skip
+
+
 @triton.jit
 def _down_tile(w_ptr, s_ptr, gs_ptr, row, N, c, stride_wn, stride_sn, seg1, seg2, seg3):
     """One expert's 16-row tile at rows row / row + 8: code and scale bases (`_weight_bases`; rows past N read row
@@ -1472,6 +1515,8 @@ def _moe_down_body(
     sseg3=0,
     PERM: tl.constexpr = False,
     FIRST: tl.constexpr = False,
+    USED: tl.constexpr = False,
+    E_BINS: tl.constexpr = 1,
 ):
     """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for
     e's pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s.
@@ -1484,10 +1529,16 @@ def _moe_down_body(
     SHARED (with TILES 2): programs e >= n_exp compute the shared expert's down as well (`sw_ptr`..., a 2-D NVFP4 [N,
     K_S]): program n_exp + q for tokens 8q onward of the T, from hs [T, K_S] into ys [T, N], rounded once as the
     linear rounds it (the slot reduce then adds ys). PERM (with TILES 2): h and hs in the MMA's order (`perm_columns`,
-    as the gate_up's PERM writes them): the K loop has no PRMTs."""
+    as the gate_up's PERM writes them): the K loop has no PRMTs. USED (with SHARED): the grid's programs are the
+    shared expert's, then one a slot of the experts in use (`_used_program`), as the gate_up's USED."""
     tl.static_assert(not PERM or TILES == 2, "PERM is the wide down's")
     pid_n = tl.program_id(0)
-    e = _expert_of_program(n_exp, SHARED, FIRST)
+    if USED:
+        if L2_MODE != 2:  # mode 2 reads the ids before the wait already (see above)
+            pdl_entry(PDL)
+        e = _used_program(ids_ptr, P, n_exp, tl.cdiv(T, 8), P_PAD, E_BINS)
+    else:
+        e = _expert_of_program(n_exp, SHARED, FIRST)
     NT: tl.constexpr = 32 * NW
     t = tl.arange(0, NT)
     lane = t % 32
@@ -1742,6 +1793,25 @@ def _moe_down_mma_wide_shared_first_kernel(
     )  # fmt: skip
 
 
+@triton.jit(do_not_specialize=["P", "T"])
+def _moe_down_mma_wide_shared_used_kernel(
+    h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
+    stride_gse, stride_y, seg1, seg2, seg3,
+    n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys, sseg1,
+    sseg2, sseg3,
+    P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_MODE: tl.constexpr,
+    PERM: tl.constexpr, E_BINS: tl.constexpr,
+):  # fmt: skip
+    """`_moe_down_mma_wide_shared_first_kernel` with programs only for the experts in use
+    (MoEConfig.mma_used_experts, `_used_program`): the shared expert's first, then one a slot."""
+    _moe_down_body(
+        h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
+        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE, 2,
+        True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys,
+        sseg1, sseg2, sseg3, PERM, True, True, E_BINS,
+    )  # fmt: skip
+
+
 def _fits(x: torch.Tensor, w: NVFP4Weight) -> bool:
     """What every kernel here needs: a CUDA GPU of sm_80 or later (not the interpreter, which runs no PTX), BF16
     activations [rows, K] with rows on 8 bytes, NVFP4 weights [..., N, K] with K a multiple of BLOCK_K and code rows
@@ -1919,6 +1989,7 @@ def launch_moe_down(
     shared: tuple[NVFP4Weight, torch.Tensor, torch.Tensor] | None = None,
     perm: bool = False,
     first: bool = False,
+    used: bool = False,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
     `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also
@@ -1927,13 +1998,14 @@ def launch_moe_down(
     where they have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared
     expert's down [H, I_s], hs [T, I_s], ys [T, H]), ys filled with its rounded output in programs of the same
     launch; perm (with shared; MoEConfig.mma_perm_h): h and hs in the MMA's order (`perm_columns`), no PRMTs; first
-    (with shared; MoEConfig.mma_shared_first): the shared expert's programs before the experts' in the grid."""
+    (with shared; MoEConfig.mma_shared_first): the shared expert's programs before the experts' in the grid; used
+    (with shared; MoEConfig.mma_used_experts): then programs only for the experts in use (`_used_program`)."""
     if l2 not in (0, 1, 2):
         raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
     if shared is not None:
-        return _launch_down_shared(h, ids, w2, y, num_warps, prefetch, l2, ready, perm, first, *shared)
-    if perm or first:
-        raise ValueError("perm and first come with the shared expert's programs (shared)")
+        return _launch_down_shared(h, ids, w2, y, num_warps, prefetch, l2, ready, perm, first, used, *shared)
+    if perm or first or used:
+        raise ValueError("perm, first and used come with the shared expert's programs (shared)")
     w2 = _with_ready_scales(w2, ready)
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
@@ -1965,11 +2037,13 @@ def _launch_down_shared(
     ready: bool,
     perm: bool,
     first: bool,
+    used: bool,
     sw: NVFP4Weight,
     hs: torch.Tensor,
     ys: torch.Tensor,
 ) -> None:
-    """`launch_moe_down` with the shared expert (`_moe_down_mma_wide_shared_kernel`; first: its `_first` twin)."""
+    """`launch_moe_down` with the shared expert (`_moe_down_mma_wide_shared_kernel`; first: its `_first` twin; used:
+    its `_used` twin, programs for the experts in use only)."""
     n_exp, n, _ = w2.qweight.shape
     k, (t, k_s) = h.shape[1], hs.shape
     if not (_vec_fits(h, w2) and _vec_fits(hs, sw)) or sw.shape != (n, k_s) or ys.shape != (t, n):
@@ -1980,15 +2054,17 @@ def _launch_down_shared(
     w2, sw = _ready_pair(w2, sw, ready)
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, n)
-    kernel = _moe_down_mma_wide_shared_first_kernel if first else _moe_down_mma_wide_shared_kernel
-    kernel[(triton.cdiv(n, 32 * num_warps), n_exp + triton.cdiv(t, 8))](
+    kernel, extra = _moe_down_mma_wide_shared_first_kernel if first else _moe_down_mma_wide_shared_kernel, {}
+    if used:
+        kernel, extra["E_BINS"] = _moe_down_mma_wide_shared_used_kernel, triton.next_power_of_2(n_exp + 1)
+    kernel[(triton.cdiv(n, 32 * num_warps), _expert_slots(n_exp, ids.numel(), used) + triton.cdiv(t, 8))](
         h, ids, w2.qweight, w2.scales, w2.global_scale, y, ids.numel(), k, n,
         h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1), w2.scales.stride(0), w2.scales.stride(1),
         w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
         n_exp, sw.qweight, sw.scales, sw.global_scale, hs, ys, t, k_s, sw.qweight.stride(0), sw.scales.stride(0),
         hs.stride(0), ys.stride(0), sseg1, sseg2, sseg3,
         P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_MODE=l2, PERM=perm,
-        num_warps=num_warps, num_stages=1, **launch_options(h.device),
+        num_warps=num_warps, num_stages=1, **extra, **launch_options(h.device),
     )  # fmt: skip
 
 
@@ -2032,6 +2108,7 @@ def launch_moe_gate_up(
     shared: tuple[NVFP4Weight, torch.Tensor] | None = None,
     perm: bool = False,
     first: bool = False,
+    used: bool = False,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec: 16-byte
     loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that many K steps
@@ -2043,13 +2120,14 @@ def launch_moe_gate_up(
     [T, I_s]), hs filled with its silu(gate) * up for every token of x in programs of the same launch (I_s a multiple of
     I; `shared_fits`); perm (with shared; MoEConfig.mma_perm_h): h and hs written in the MMA's order (`perm_columns`)
     for the down's `perm`; first (with shared; MoEConfig.mma_shared_first): the shared expert's programs before the
-    experts' in the grid."""
+    experts' in the grid; used (with shared; MoEConfig.mma_used_experts): then programs only for the experts in use
+    (`_used_program`), the shared expert's first."""
     if shared is not None:
         return _launch_gate_up_shared(
-            x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, ready, perm, first, *shared
+            x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, ready, perm, first, used, *shared
         )  # fmt: skip
-    if perm or first:
-        raise ValueError("perm and first come with the shared expert's programs (shared)")
+    if perm or first or used:
+        raise ValueError("perm, first and used come with the shared expert's programs (shared)")
     w13 = _with_ready_scales(w13, ready)
     _check_l2_ahead(l2_ahead, wide)
     if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
@@ -2084,6 +2162,12 @@ def launch_moe_gate_up(
     )  # fmt: skip
 
 
+def _expert_slots(n_exp: int, pairs: int, used: bool) -> int:
+    """The expert programs of a column (row) tile: one an expert, or with `used` one a slot of the experts in use, of
+    which there are at most as many as pairs."""
+    return min(n_exp, pairs) if used else n_exp
+
+
 def _check_l2_ahead(l2_ahead: int, wide: bool) -> None:
     """The gate_up's l2_ahead: an even number of K steps, or `L2_ALL` for the wide kernels."""
     if l2_ahead == L2_ALL and not wide:
@@ -2104,11 +2188,12 @@ def _launch_gate_up_shared(
     ready: bool,
     perm: bool,
     first: bool,
+    used: bool,
     sw: NVFP4Weight,
     hs: torch.Tensor,
 ) -> None:
     """`launch_moe_gate_up` with the shared expert (`_moe_gate_up_mma_wide_shared_kernel`; first: its `_first`
-    twin)."""
+    twin; used: its `_used` twin, programs for the experts in use only)."""
     n_exp, two_i, _ = w13.qweight.shape
     inter, inter_s, (t, k) = two_i // 2, sw.qweight.shape[0] // 2, x.shape
     aligned = _vec_fits(x, w13) and _vec_fits(x, sw)
@@ -2121,9 +2206,11 @@ def _launch_gate_up_shared(
     w13, sw = _ready_pair(w13, sw, ready)
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, 2 * inter_s)
-    programs = n_exp + (inter_s // inter) * triton.cdiv(t, 8)
-    extra = {} if _INTERPRET else {"maxnreg": KS_MAXNREG}
+    n_slots, extra = _expert_slots(n_exp, ids.numel(), used), {} if _INTERPRET else {"maxnreg": KS_MAXNREG}
+    programs = n_slots + (inter_s // inter) * triton.cdiv(t, 8)
     kernel = _moe_gate_up_mma_wide_shared_first_kernel if first else _moe_gate_up_mma_wide_shared_kernel
+    if used:
+        kernel, extra["E_BINS"] = _moe_gate_up_mma_wide_shared_used_kernel, triton.next_power_of_2(n_exp + 1)
     kernel[(triton.cdiv(inter, 16 * num_warps), programs)](
         x, ids, w13.qweight, w13.scales, w13.global_scale, h, ids.numel(), k, inter, topk,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1), w13.scales.stride(0), w13.scales.stride(1),

@@ -444,12 +444,54 @@ def test_moe_with_the_shared_expert_in_its_programs(
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+@pytest.mark.parametrize("l2", [2, -1])
+def test_moe_launches_with_programs_for_the_experts_in_use(emulated_ptx: None, l2_requests: list[int], l2: int) -> None:
+    """`used` (MoEConfig.mma_used_experts) on the shared-expert launches: grids of the shared expert's programs and
+    min(E, pairs) expert slots instead of E (12 experts, 3 tokens top-2: 6 slots for the 4 experts in use, two of
+    them idle), the same h, hs, y and ys bit for bit as the shared-first launches with a program an expert; with the
+    gate_up's L2 requests in the loop or all at once (`L2_ALL`). Without the shared expert it is refused."""
+    w13 = random_experts(12, 40, 768, seed=91)  # [12, 80, 768]
+    w2 = random_experts(12, 68, 256, seed=92)  # [12, 136, 256]
+    gate_up = random_nvfp4(160, 768, seeded(93), (80, 80))  # I_s 80: two parts
+    down = random_nvfp4(136, 512, seeded(94), (136,))
+    ids = torch.tensor([[0, 5], [5, 9], [11, 0]]).reshape(-1).contiguous()
+    x = (torch.randn(3, 768, generator=seeded(95)) * 0.5).to(torch.bfloat16)
+    hh = (torch.randn(6, 256, generator=seeded(96)) * 0.5).to(torch.bfloat16)
+    hs_in = (torch.randn(3, 512, generator=seeded(97)) * 0.5).to(torch.bfloat16)
+    outs = {}
+    for used in (False, True):
+        h, hs = torch.full((6, 40), float("nan")), torch.full((3, 80), float("nan"))
+        y, ys = torch.full((6, 136), float("nan")), torch.full((3, 136), float("nan"))
+        suffix = "_used_kernel" if used else "_first_kernel"
+        spies = [LaunchSpy(getattr(nm, f"_moe_{part}_mma_wide_shared{suffix}")) for part in ("gate_up", "down")]
+        with pytest.MonkeyPatch.context() as mp:
+            for part, spy in zip(("gate_up", "down"), spies, strict=True):
+                mp.setattr(nm, f"_moe_{part}_mma_wide_shared{suffix}", spy)
+            nm.launch_moe_gate_up(
+                x, ids, w13, h, 2, 2, vec=True, l2_ahead=l2, wide=True, shared=(gate_up, hs), perm=True, first=True,
+                used=used,
+            )  # fmt: skip
+            nm.launch_moe_down(
+                nm.perm_columns(hh), ids, w2, y, num_warps=2, vec=True, l2=2, wide=True,
+                shared=(down, nm.perm_columns(hs_in), ys), perm=True, first=True, used=used,
+            )  # fmt: skip
+        # programs a tile: the shared expert's (2 parts x 1 group of 8 tokens; 1 for the down), then the experts'
+        assert [g[1] for spy in spies for g in spy.grids] == ([2 + 6, 1 + 6] if used else [2 + 12, 1 + 12])
+        outs[used] = (h, hs, y, ys)
+    for want, got in zip(outs[False], outs[True], strict=True):
+        assert not torch.isnan(want).any() and torch.equal(got, want)
+    with pytest.raises(ValueError, match="used come with the shared"):
+        nm.launch_moe_gate_up(x, ids, w13, h, 2, 2, vec=True, wide=True, used=True)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 def test_fused_moe_passes_l2_all_to_the_wide_gate_up(
     emulated_ptx: None, l2_requests: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """MoEConfig.mma_l2_all through `fused_moe`, in the H200's config for 9+ tokens (the wide MMA launches with the
     shared expert's programs first, h in the MMA's order): the gate_up gets `L2_ALL`, asks L2 for lines of the
-    experts' and the shared expert's codes, and the output has the same bits as with mma_l2_ahead 2 (the interpreter's
+    experts' and the shared expert's codes, and the output has the same bits as with mma_l2_ahead 2, also with
+    programs only for the experts in use (mma_used_experts) (the interpreter's
     BF16 epilogues are not faithful, so closeness to `moe_ref` is the GPU test's). H 256, I 256, a shared expert of
     512, 10 tokens top-3 of 5 experts."""
     import dataclasses
@@ -481,6 +523,12 @@ def test_fused_moe_passes_l2_all_to_the_wide_gate_up(
         )
     assert calls == [nm.L2_ALL]
     assert not torch.isnan(want).any() and torch.equal(got, want)
+    # and with programs only for the experts in use (mma_used_experts): the same bits again
+    in_use = mt.fused_moe(
+        x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
+        config=dataclasses.replace(cfg, mma_l2_all=True, mma_used_experts=True),
+    )  # fmt: skip
+    assert torch.equal(in_use, want)
     addr = np.array(l2_requests, dtype=np.int64)
     for q in (w13.qweight, shared[0].qweight):  # every expert with pairs, and the shared expert, asked for
         assert ((addr >= q.data_ptr()) & (addr < q.data_ptr() + q.numel())).any()
@@ -903,6 +951,12 @@ cases += [
     # the gate_up asking L2 for all of its tiles' lines at once (L2_ALL) instead of two K steps ahead in the loop
     (nm._moe_gate_up_mma_wide_shared_first_kernel, dict(gate_up, **shared), dict(P_PAD=256, NW=4, PREFETCH=True,
                                                                                  PDL=True, L2_AHEAD=-1, PERM=True)),
+    # programs only for the experts in use (MoEConfig.mma_used_experts)
+    (nm._moe_gate_up_mma_wide_shared_used_kernel, dict(gate_up, **shared), dict(P_PAD=256, NW=4, PREFETCH=True,
+                                                                                PDL=True, L2_AHEAD=2, PERM=True,
+                                                                                E_BINS=512)),
+    (nm._moe_down_mma_wide_shared_used_kernel, dict(down, **shared), dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True,
+                                                                          L2_MODE=2, PERM=True, E_BINS=512)),
 ]
 for fn, ptrs, cx in cases:
     ptrs = dict(common, **ptrs)
@@ -930,8 +984,9 @@ for fn, ptrs, cx in cases:
     name = fn.__name__ + ("_vec_" if cx.get("VEC") or twin else "") + ("_l2_" if twin and asks else "")
     name += "_ready" if ptrs["s_ptr"] == "*i8" else ""
     first = "_shared_first_kernel" in name
-    name = name.replace("_shared_first_kernel", "_shared_kernel") + ("_perm" if cx.get("PERM") else "")
-    name += "_first" if first else ""
+    used = "_shared_used_kernel" in name
+    name = name.replace("_shared_first_kernel", "_shared_kernel").replace("_shared_used_kernel", "_shared_kernel")
+    name += ("_perm" if cx.get("PERM") else "") + ("_first" if first else "") + ("_used" if used else "")
     name += "_all" if cx.get("L2_AHEAD") == nm.L2_ALL else ""
     spills = res.get("LOCAL", 0) + res.get("STACK", 0)
     loops = [(int(m.group(1)), i) for i, op in code for m in [re.search(r"\\bBRA\\b.*->(\\d+)", op)]
@@ -947,8 +1002,8 @@ for fn, ptrs, cx in cases:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = [line.split() for line in r.stdout.strip().splitlines()[-30:]]
-    assert len(lines) == 30, r.stdout
+    lines = [line.split() for line in r.stdout.strip().splitlines()[-32:]]
+    assert len(lines) == 32, r.stdout
     k_loop = {line[0]: int(line[-1]) for line in lines}
     for name, groups, identity, converts, hmma, spills, wide, l2, regs, loop_spills, _ in lines:
         # The wide gate_up reading ready scales spills 16 bytes at its cap, outside its K loop (sm_90, Triton 3.6);
@@ -959,6 +1014,11 @@ for fn, ptrs, cx in cases:
             assert identity == "1" and int(spills) <= allowed and loop_spills == "0", (name, identity, spills)
             assert k_loop[name] <= k_loop[name.removesuffix("_all")] and int(regs) <= 128, (name, k_loop, regs)
             assert int(l2) >= 8, (name, l2)  # four tiles' rows of codes and of scales
+            continue
+        if name.endswith("_used"):  # the expert from a histogram of the ids, before the K loop: the same loop
+            assert identity == "1" and int(spills) <= allowed and loop_spills == "0", (name, identity, spills)
+            first = name.removesuffix("_used") + "_first"
+            assert abs(k_loop[name] - k_loop[first]) <= 4 and int(regs) <= 128, (name, k_loop, regs)
             continue
         if name.endswith("_first"):  # the grid's order maps the program index back: the same K loop
             assert identity == "1" and int(spills) <= allowed and loop_spills == "0", (name, identity, spills)
@@ -1174,8 +1234,9 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
     """MoEConfig.mma_shared at Flint's shapes (256 experts of I 512 top-6, a shared expert of 1024, H 2048): two MoE
     launches and the slot reduce, no launch of the shared expert's own; the output within BF16 rounding of the
     shared expert run apart (its FP32 sums in another order) and near `moe_ref`; with perm (MoEConfig.mma_perm_h) the
-    same bits as without, and with the shared expert's programs first (MoEConfig.mma_shared_first) too, and with the
-    gate_up asking L2 for all its lines at once (mma_l2_all)."""
+    same bits as without, and with the shared expert's programs first (MoEConfig.mma_shared_first) too, with the
+    gate_up asking L2 for all its lines at once (mma_l2_all), and with programs only for the experts in use
+    (mma_used_experts)."""
     import dataclasses
 
     from flint_kernels import activation_triton, gemv_triton
@@ -1202,7 +1263,7 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
         cfg, expert_major=True, mma=True, mma_down=True, mma_vec=True, mma_wide=True, mma_down_wide=True,
         mma_l2_ahead=2, mma_down_l2=2, use_dot=False, mma_ready=ready,
         # the table sets these from 9 tokens (or may): pinned here
-        mma_shared=False, mma_perm_h=False, mma_shared_first=False, mma_l2_all=False,
+        mma_shared=False, mma_perm_h=False, mma_shared_first=False, mma_l2_all=False, mma_used_experts=False,
     )  # fmt: skip
     shared = (gate_up, down)
     assert mt._mma_shared(dataclasses.replace(cfg, mma_shared=True), x, w13, w2, shared)
@@ -1233,6 +1294,14 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
             ),
         )  # fmt: skip
         assert torch.equal(every_line, folded)
+        # and programs only for the experts in use (mma_used_experts): the same bits
+        in_use = mt.fused_moe(
+            x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
+            config=dataclasses.replace(
+                cfg, mma_shared=True, mma_perm_h=True, mma_shared_first=True, mma_used_experts=True
+            ),
+        )  # fmt: skip
+        assert torch.equal(in_use, folded)
     assert spy.launches == 1
     ys = mt.shared_expert(x, shared)
     # The two paths differ only where the shared expert's FP32 sums (another order) round to other BF16 values: its
