@@ -1274,34 +1274,16 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
         folded = mt.fused_moe(
             x, tw, ids, w13, w2, decode_max_tokens=64, config=dataclasses.replace(cfg, mma_shared=True), shared=shared
         )
-    if perm:
-        permuted = mt.fused_moe(
-            x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
-            config=dataclasses.replace(cfg, mma_shared=True, mma_perm_h=True),
-        )  # fmt: skip
-        assert torch.equal(permuted, folded)
-        # the shared expert's programs first in the grids (MoEConfig.mma_shared_first): the same bits
-        first = mt.fused_moe(
-            x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
-            config=dataclasses.replace(cfg, mma_shared=True, mma_perm_h=True, mma_shared_first=True),
-        )  # fmt: skip
-        assert torch.equal(first, folded)
-        # and the gate_up asking L2 for all of its tiles' lines at once (mma_l2_all, `L2_ALL`): hints, the same bits
-        every_line = mt.fused_moe(
-            x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
-            config=dataclasses.replace(
-                cfg, mma_shared=True, mma_perm_h=True, mma_shared_first=True, mma_l2_all=True
-            ),
-        )  # fmt: skip
-        assert torch.equal(every_line, folded)
-        # and programs only for the experts in use (mma_used_experts): the same bits
-        in_use = mt.fused_moe(
-            x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
-            config=dataclasses.replace(
-                cfg, mma_shared=True, mma_perm_h=True, mma_shared_first=True, mma_used_experts=True
-            ),
-        )  # fmt: skip
-        assert torch.equal(in_use, folded)
+    if perm:  # the same bits with h in the MMA's order (mma_perm_h), then each with it: the shared expert's programs
+        # first in the grids (mma_shared_first), with the gate_up asking L2 for all of its tiles' lines at once
+        # (mma_l2_all, hints only) or programs only for the experts in use (mma_used_experts)
+        first = {"mma_perm_h": True, "mma_shared_first": True}
+        for extra in ({"mma_perm_h": True}, first, {**first, "mma_l2_all": True}, {**first, "mma_used_experts": True}):
+            got = mt.fused_moe(
+                x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
+                config=dataclasses.replace(cfg, mma_shared=True, **extra),
+            )  # fmt: skip
+            assert torch.equal(got, folded), extra
     assert spy.launches == 1
     ys = mt.shared_expert(x, shared)
     # The two paths differ only where the shared expert's FP32 sums (another order) round to other BF16 values: its
