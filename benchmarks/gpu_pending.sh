@@ -577,24 +577,8 @@ if [ "${REPLACE:-0}" = 1 ]; then
         grep -E "^ +nvfp4 +[0-9]+ +1024|prefill|agree|match|Error" "$OUT/decode_scales_$mode.txt" | head -8
     done
 fi
-# BF16_SHARED=1 (ran in the thirty-sixth session: lost, b32 12.87 -> 14.19 ms; built in the thirty-fifth): BF16's shared expert inside the expert-major
-# tensor-core MoE launches from 9 tokens (MoEConfig.shared_blocks: blocks of 16 tokens of its own in the gate_up and
-# down, its rounded output beside the pairs' y, added by the slot-reduce launch), instead of two BF16 linears and a
-# SiLU-and-mul beside them (NVFP4's twin of this, mma_shared, won b16 -4.7%, b32 -3.3%). The GPU tests at Flint's
-# shapes (both folds against the shared expert apart and `moe_ref`), then the whole BF16 step with it on the 9+
-# token entry. ~4 minutes. If it wins: set it in the table and record the BF16 profile (RECORD_BOTH=1, or
-# MODEL=random:full bash benchmarks/gpu_record_manifest.sh).
-if [ "${BF16_SHARED:-0}" = 1 ]; then
-    gpu_tests "BF16 shared blocks GPU tests" bf16_shared_tests 240 -n 6 tests/test_kernels_moe.py \
-        -k "slots_fold_shared or expert_major_tensor_cores"
-    # and NVFP4's mma_shared test at 9 and 32 tokens, whose bound the thirty-fifth session widened after they ran
-    gpu_tests "NVFP4 shared expert test at 9 and 32 tokens" nvfp4_shared_tests 200 -n 6 tests/test_nvfp4_mma.py \
-        -k "shared_expert_in_the_moe and (9 or 32)"
-    V=/tmp/variants; mkdir -p $V
-    python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": false}' --set shared_blocks=true \
-        --out $V/bf16_shared.json > /dev/null || echo "variant failed: bf16 shared_blocks"
-    step_ab bf16 bf16_shared $V/bf16_shared.json "the shared expert in the expert-major launches from 9 tokens"
-fi
+# BF16_SHARED=1 ran in the thirty-sixth session: BF16's shared expert inside the expert-major tensor-core launches
+# (MoEConfig.shared_blocks) lost, b32 12.87 -> 14.19 ms, and was removed (docs/performance.md).
 # SHARED_FIRST=1 (ran in the thirty-sixth session: installed, b32 8.845 -> 8.751 ms; built in the thirty-fifth): the shared expert's programs first in the MMA
 # MoE launches' grids (MoEConfig.mma_shared_first) instead of last. With them the b32 gate_up went 70.2 -> 74.7 us a
 # layer and the down 40.6 -> 44.7 for ~3.5 MB more; the down's shared programs run K_S = 1,024, twice an expert's

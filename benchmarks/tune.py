@@ -137,7 +137,7 @@ def _fields(config: object) -> dict:
     they existed read the same."""
     out = dataclasses.asdict(config)
     later = (
-        "packed", "expert_major", "slots_in_down", "shared_blocks", "mma", "mma_down", "mma_prefetch", "mma_vec",
+        "packed", "expert_major", "slots_in_down", "mma", "mma_down", "mma_prefetch", "mma_vec",
         "mma_split_k", "mma_l2_ahead", "mma_down_l2", "mma_warp_k", "mma_wide", "mma_down_wide", "mma_ready",
         "mma_shared", "mma_perm_h", "mma_shared_first", "mma_l2_all",
         "mma_used_experts",

@@ -71,13 +71,6 @@ class MoEConfig:
     # output tile, the last arrival adds), so the separate slot-reduce launch goes, and the shared expert folds in.
     # Slower on the H200 (BF16 b32 16.0 vs 13.7 ms, 2026-11-30): kept opt-in for other GPUs' tables.
     slots_in_down: bool = False
-    # With expert_major on tensor cores (not slots_in_down): a foldable shared expert runs in those two launches as
-    # blocks of BLOCK_M tokens of its own (gate_up in parts of I columns, down over its whole I), its rounded output
-    # stored beside the pairs' y and added by the slot-reduce launch as the separate shared expert's was: no
-    # counters, and its two linears and SiLU-and-mul launch no more (as mma_shared does for the NVFP4 MMA launches).
-    # Slower on the H200 (thirty-sixth session, BF16 whole step: b9 7.07 -> 7.47 ms, b32 12.87 -> 14.19, b64 19.46 ->
-    # 22.28): kept opt-in for other GPUs' tables, as slots_in_down is.
-    shared_blocks: bool = False
     # With expert_major on the FMA path (NVFP4, BF16 x, on a GPU): the gate_up launch on `nvfp4_mma_triton`'s
     # mma.sync kernel (the weights decoded in PTX into each thread's own fragments, 8 of the expert's pairs an MMA)
     # instead of two pairs a decode.

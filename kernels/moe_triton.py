@@ -21,9 +21,8 @@ slots is the reduce launch, or with `MoEConfig.slots_in_down` the down launch it
 tile, the last arrival adds the slots in order), which then also folds the shared expert in at any decode size: its
 blocks of BLOCK_M tokens come first in both launches and arrive as one more slot, added after the routed sum is
 rounded. (On the H200 that measured slower than the reduce launch with the shared expert apart, BF16 b32 16.0 vs
-13.7 ms, so no table sets it.) With `MoEConfig.shared_blocks` instead, those blocks keep the reduce launch: the down
-stores their rounded output as rows of y after the pairs', and the reduce launch adds it as it adds a shared expert
-run apart.
+13.7 ms, so no table sets it. Keeping the reduce launch, with those blocks' rounded output stored after the pairs'
+y for it to add, lost too: BF16 b32 12.87 -> 14.19 ms, thirty-sixth session; removed.)
 
 Prefill: pairs are grouped by expert on the device (`moe_align_triton`: counts, each expert's rows and a
 shape-bounded number of blocks, each mapped to its expert and row range; blocks past the real total do nothing), so
@@ -448,8 +447,6 @@ def _moe_down_kernel(
     """y = round(h[p] @ w2[e]^T * scale). GROUPED: store y[p]. Else reduce the token's TOPK slots into out[t].
     EXPERT (with GROUPED): the blocks come from the unsorted ids, as in `_moe_gate_up_kernel`; with SLOTS_HERE too,
     the token's slots are reduced into out[t] in this launch (`_reduce_slots`) instead of by `_moe_reduce_kernel`.
-    With SHARED and without SLOTS_HERE the first `chunks` program rows store the shared expert's y of their BLOCK_M
-    tokens as rows n_pairs + token (`MoEConfig.shared_blocks`).
 
     SHARED (decode only): program rows below `n_shared_tokens` are each token's shared expert (its h is the
     contiguous `shared_inter` columns at h row token * shared_parts), arriving as slot TOPK with weight 1; the last
@@ -485,23 +482,19 @@ def _moe_down_kernel(
     slot = tl.maximum(pair_row, 0) % TOPK
     if not GROUPED:
         weight = tl.load(tw_ptr + tl.maximum(pair_row, 0)).to(tl.float32)
-    y_rows = pairs  # GROUPED without SLOTS_HERE: the rows of y this block stores
     if SLOTS_HERE:  # per column: token, slot and routing weight of the block's pairs
         t_cols = pairs // TOPK
         slot_cols = pairs % TOPK
         w_cols = tl.load(tw_ptr + pairs, mask=m_ok, other=0.0).to(tl.float32)
     if SHARED:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton compiles them apart)
         if pair_row < 0:
-            if EXPERT:  # the shared expert for the BLOCK_M tokens of chunk pid_r
+            if EXPERT:  # the shared expert for the BLOCK_M tokens of chunk pid_r, arriving as slot TOPK
                 toks = (pid_r * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
                 m_ok = toks < n_tokens
                 h_off = toks * shared_parts * stride_h
-                if SLOTS_HERE:  # arriving as slot TOPK
-                    t_cols = toks
-                    slot_cols = toks * 0 + TOPK
-                    w_cols = tl.full((BLOCK_M,), 1.0, tl.float32)
-                else:  # stored as rows n_pairs + token of y, for the slot-reduce launch to add
-                    y_rows = n_pairs + toks
+                t_cols = toks
+                slot_cols = toks * 0 + TOPK
+                w_cols = tl.full((BLOCK_M,), 1.0, tl.float32)
             else:
                 h_off = tl.zeros((BLOCK_M,), dtype=tl.int64) + (pid_r * shared_parts).to(tl.int64) * stride_h
                 t = pid_r
@@ -529,7 +522,7 @@ def _moe_down_kernel(
             NSLOTS, SHARED, BLOCK_N,
         )  # fmt: skip
     elif GROUPED:
-        tl.store(out_ptr + y_rows[None, :] * stride_out + rows[:, None], y, mask=store_ok)
+        tl.store(out_ptr + pairs[None, :] * stride_out + rows[:, None], y, mask=store_ok)
     else:
         # The NSLOTS programs of one (token, H-tile) meet on one counter; the last sums in slot order.
         tile = t * tl.num_programs(0) + pid_n
@@ -848,9 +841,9 @@ def _paths(
 ) -> tuple[bool, bool, bool]:
     """(decode path, shared expert folded into its launches, NVFP4 experts run from copies in x's dtype) for T
     tokens; None limits: `paths_config`'s. Decode-sized batches on expert-major tensor-core tiles that sum the slots
-    in the down launch or store the shared expert's output for the reduce launch (`config`, else `decode_config`:
-    `slots_in_down`, `shared_blocks`) fold a foldable shared expert at any size: it runs there as blocks of BLOCK_M
-    tokens, its weights read once a block, not once a token; so do the NVFP4 MMA launches with `mma_shared`."""
+    in the down launch (`config`, else `decode_config`) fold a foldable shared expert at any size: it runs there as
+    blocks of BLOCK_M tokens, its weights read once a block, not once a token; so do the NVFP4 MMA launches with
+    `mma_shared`."""
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
     limits = _limits(
         nv, x.device, decode_max_tokens=decode_max_tokens, shared_fold_max_tokens=fold_max_tokens,
@@ -889,9 +882,8 @@ def _mma_shared(cfg: MoEConfig, x: torch.Tensor, w13: Weight, w2: Weight, shared
 
 def _unsorted_grouped(cfg: MoEConfig, shared: SharedExpert | None) -> bool:
     """Whether decode-sized batches take the grouped launches with blocks found in the unsorted ids: tiles on
-    tensor cores marked expert-major; a folded shared expert needs the slots summed in the down launch
-    (`slots_in_down`) or its output stored for the slot-reduce launch (`shared_blocks`)."""
-    return cfg.expert_major and cfg.use_dot and (shared is None or cfg.slots_in_down or cfg.shared_blocks)
+    tensor cores marked expert-major; a folded shared expert needs the slots summed in the down launch."""
+    return cfg.expert_major and cfg.use_dot and (shared is None or cfg.slots_in_down)
 
 
 def _p_pad(pairs: int, unsorted: bool) -> int:
@@ -1042,19 +1034,14 @@ def _routed(
         )  # fmt: skip
         return out if add is None else out + add
     # Unsorted blocks with `slots_in_down`: the down launch reduces each token's slots (and adds the folded shared
-    # expert, one block of rows a chunk of tokens, slot topk) into out itself. With `shared_blocks` instead those
-    # blocks store the shared expert's rounded output as rows p.. of y, which the slot-reduce launch adds.
+    # expert, one block of rows a chunk of tokens, slot topk) into out itself.
     slots_here = unsorted and cfg.slots_in_down
-    shared_rows = unsorted and shared is not None and not slots_here
     if slots_here:
         if t * dn_tiles > COUNTER_SLOTS:
             raise ValueError(f"{t} tokens are too many for the down launch's slot counters")
         nslots = topk + (shared is not None)
         y, ws = out, _empty((t * dn_tiles * nslots * cfg.dn_block_n,), torch.float32, x.device)
         dn_rows, dn_shared = num_experts * chunks + (chunks if shared is not None else 0), sh2
-    elif shared_rows:
-        nslots, y = topk, _empty((p + t, hidden), x.dtype, x.device)
-        ws, dn_rows, dn_shared = y, num_experts * chunks + chunks, sh2
     else:
         nslots, y = topk, _empty((p, hidden), x.dtype, x.device)
         ws, dn_rows, dn_shared = y, rows_grid, _no_shared(out)
@@ -1070,8 +1057,6 @@ def _routed(
     )  # fmt: skip
     if slots_here:
         return out if add is None else out + add
-    if shared_rows:  # the shared expert was folded, so nothing was run apart: add is None
-        return _reduce_slots_launch(y[:p], tw, out, y[p:])
     return _reduce_slots_launch(y, tw, out, add)
 
 

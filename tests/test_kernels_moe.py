@@ -152,7 +152,6 @@ def test_mma_gate_up_falls_back_where_it_cannot_run() -> None:
 
 UNSORTED = dataclasses.replace(DECODE_DOT, expert_major=True)
 UNSORTED_SLOTS = dataclasses.replace(UNSORTED, slots_in_down=True)
-UNSORTED_SHARED = dataclasses.replace(UNSORTED, shared_blocks=True)
 
 
 @pytest.mark.parametrize("slots_in_down", [False, True], ids=["reduce-launch", "slots-in-down"])
@@ -226,15 +225,12 @@ def test_decode_folds_shared_expert_dense_fp32(t: int, config: mt.MoEConfig, spl
     assert int(gt.counters(DEVICE).abs().sum()) == 0
 
 
-@pytest.mark.parametrize("mode", ["slots-in-down", "shared-blocks"])
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
-def test_expert_major_folds_shared_expert(fmt: str, mode: str) -> None:
-    """Expert-major tensor-core tiles fold the shared expert at any decode size (here 20 tokens, above the fold
-    limit): its blocks of BLOCK_M tokens (two 16-token chunks, I_s = 2I in two parts) run in the same two launches,
-    no separate shared-expert launches. `slots_in_down`: they arrive as one more slot, no reduce launch.
-    `shared_blocks`: the down stores their rounded output beside the pairs' y and the reduce launch adds it, which
-    is the unfolded run's sum (shared expert apart, then added) with the shared expert's own tiles. The reference's
-    output, and the unfolded run's to rounding."""
+def test_expert_major_slots_in_down_folds_shared_expert(fmt: str) -> None:
+    """Expert-major tensor-core tiles that sum the slots in the down launch fold the shared expert at any decode
+    size (here 20 tokens, above the fold limit): its blocks of BLOCK_M tokens (two 16-token chunks, I_s = 2I in two
+    parts) run in the same two launches and arrive as one more slot; no reduce launch, no separate shared-expert
+    launches. The reference's output, and the unfolded run's (shared expert apart, then added) to rounding."""
     g = gen(210 if fmt == "dense" else 211)
     t, e, h, i, k = 20, 8, 80, 48, 3
     x = torch.randn(t, h, generator=g, device=DEVICE)
@@ -248,13 +244,14 @@ def test_expert_major_folds_shared_expert(fmt: str, mode: str) -> None:
         shared = nvfp4_shared(h, 2 * i, g)
     assert mt.foldable(shared, x, w13, w2)
     apart = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=UNSORTED, shared=shared, fold_max_tokens=8)
-    config = UNSORTED_SLOTS if mode == "slots-in-down" else UNSORTED_SHARED
     spy_reduce, spies = LaunchSpy(mt._moe_reduce_kernel), []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mt, "_moe_reduce_kernel", spy_reduce)
         mp.setattr(mt, "shared_expert", lambda *a: spies.append(a))
-        out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=config, shared=shared, fold_max_tokens=8)
-    assert spy_reduce.launches == (0 if mode == "slots-in-down" else 1) and spies == []
+        out = mt.fused_moe(
+            x, tw, ids, w13, w2, decode_max_tokens=64, config=UNSORTED_SLOTS, shared=shared, fold_max_tokens=8
+        )
+    assert spy_reduce.launches == 0 and spies == []
     tol = 1e-5 if fmt == "dense" else 1e-3
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < tol
     assert rel_err(out, apart) < tol
@@ -570,18 +567,16 @@ def test_gpu_expert_major_tensor_cores_flint_shapes(t: int, fmt: str) -> None:
 @gpu
 @pytest.mark.parametrize("t", [9, 32, 64])
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
-@pytest.mark.parametrize("mode", ["slots_in_down", "shared_blocks"])
-def test_gpu_expert_major_slots_fold_shared_flint_shapes(t: int, fmt: str, mode: str) -> None:
+def test_gpu_expert_major_slots_fold_shared_flint_shapes(t: int, fmt: str) -> None:
     """Flint's experts and 1024-wide shared expert, expert-major on tensor cores with the slots summed in the down
-    launch (`slots_in_down`) or the shared expert's output stored for the reduce launch (`shared_blocks`): the
-    shared expert folded as blocks of 16 tokens; the reference's output, and the run with the shared expert apart
-    to rounding; counters left zero."""
+    launch: the shared expert folded as blocks of 16 tokens; the reference's output, and the run with the shared
+    expert apart to rounding; counters left zero."""
     g = gen(760 + t)
     x, tw, ids, w13, w2, shared = flint_moe_inputs(t, fmt, g)
     tiles = mt.MoEConfig(16, 64, 128, 128, 128, True, 4, 3, expert_major=True)
     apart = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=tiles, shared=shared, fold_max_tokens=0)
-    folded = dataclasses.replace(tiles, **{mode: True})
-    got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=folded, shared=shared, fold_max_tokens=0)
+    slots = dataclasses.replace(tiles, slots_in_down=True)
+    got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=slots, shared=shared, fold_max_tokens=0)
     assert rel_err(got, apart) < 2e-3
     assert rel_err(got, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-2
     assert not gt.counters(x.device).any()
