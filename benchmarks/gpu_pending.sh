@@ -111,7 +111,8 @@ if [ "${SKIP_AB:-0}" != 1 ]; then
 # and without split-K; the MoE gate_up against moe_ref's h at 1-64 tokens), then their time against the engine's paths.
 if [ "${MMA_TESTS:-1}" = 1 ]; then
     # shellcheck disable=SC2086
-    gpu_tests "nvfp4_mma tests" mma_tests 240 tests/test_nvfp4_mma.py ${MMA_TEST_K:+-k "$MMA_TEST_K"}
+    gpu_tests "nvfp4_mma tests" mma_tests 240 tests/test_nvfp4_mma.py tests/test_nvfp4_mma_moe.py \
+        ${MMA_TEST_K:+-k "$MMA_TEST_K"}
 fi
 # shellcheck disable=SC2086
 timeout 300 python3 benchmarks/nvfp4_mma.py ${MMA_BENCH_ARGS:-} --out "$OUT/nvfp4_mma.json" > "$OUT/nvfp4_mma.txt" 2>&1
@@ -144,7 +145,7 @@ fi
 # at 32 tokens): its GPU tests, the kernel alone at 32 and 64 tokens, then the whole step at 32 and 64 with it on the
 # table's gate_up entries from 25 tokens (l2_2, l2_4). ~4 minutes.
 if [ "${L2_AB:-0}" = 1 ]; then
-    gpu_tests "MMA gate_up GPU tests" l2_tests 200 tests/test_nvfp4_mma.py -k "moe_gate_up_on_the_gpu"
+    gpu_tests "MMA gate_up GPU tests" l2_tests 200 tests/test_nvfp4_mma_moe.py -k "moe_gate_up_on_the_gpu"
     timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --prefetch 1 \
         --moe-tokens 32 64 --moe-l2-ahead 2 4 --out "$OUT/nvfp4_mma_l2.json" > "$OUT/nvfp4_mma_l2.txt" 2>&1
     sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_l2.txt" | grep -v "^wrote"
@@ -163,7 +164,7 @@ fi
 # 64 with each mode on the table's three MMA-down entries (d1, d2); and the o projection in 8 K splits at 48 and 64
 # rows (o8: 2 and 4 splits lost in the step, 8 won alone, 14.85 vs 19.72 us). ~4 minutes.
 if [ "${DOWN_L2:-0}" = 1 ]; then
-    gpu_tests "MMA down GPU tests" down_l2_tests 200 tests/test_nvfp4_mma.py \
+    gpu_tests "MMA down GPU tests" down_l2_tests 200 tests/test_nvfp4_mma_moe.py \
         -k "down_on_the_gpu or down_l2 or fused_moe_with"
     timeout 200 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --moe-tokens 16 32 64 \
         --moe-down-l2 1 2 --out "$OUT/nvfp4_mma_down_l2.json" > "$OUT/nvfp4_mma_down_l2.txt" 2>&1
@@ -188,7 +189,7 @@ fi
 # tokens, then the whole step at 24, 32 and 64: k2 / k4 (the table's three MMA gate_up entries split in 2 / 4 parts),
 # w8k2 (the 4-warp entries in 8 warps split in 2: the same grid as now, half the chain a warp). ~6 minutes.
 if [ "${WARP_K:-0}" = 1 ]; then
-    gpu_tests "MMA gate_up GPU tests" warp_k_tests 240 tests/test_nvfp4_mma.py \
+    gpu_tests "MMA gate_up GPU tests" warp_k_tests 240 tests/test_nvfp4_mma_moe.py \
         -k "moe_gate_up_on_the_gpu or fused_moe_with"
     timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --prefetch 1 \
         --moe-tokens 16 24 32 64 --moe-l2-ahead 2 --moe-warp-k 2 4 --out "$OUT/nvfp4_mma_warp_k.json" \
@@ -476,7 +477,7 @@ fi
 # make the bytes by default (~6% more NVFP4 weight bytes, or move every NVFP4 path to them), record the manifest.
 if [ "${READY:-0}" = 1 ]; then
     export FLINT_MMA_READY_SCALES=1
-    gpu_tests "ready scales GPU tests" ready_tests 240 -n 4 tests/test_nvfp4_mma.py -k "ready_scales_on_the_gpu"
+    gpu_tests "ready scales GPU tests" ready_tests 240 -n 4 tests/test_nvfp4_mma_moe.py -k "ready_scales_on_the_gpu"
     timeout 200 python3 benchmarks/nvfp4_mma.py --ms 8 32 --shapes qkv o_proj lm_head --warps 4 --vec 1 --wide \
         --ready --moe-tokens 16 32 64 --moe-l2-ahead 2 --moe-down-l2 2 --moe-wide --out "$OUT/nvfp4_mma_ready.json" \
         > "$OUT/nvfp4_mma_ready.txt" 2>&1
@@ -496,13 +497,13 @@ if [ "${READY:-0}" = 1 ]; then
 fi
 # SHARED_MOE=1 (ran in the thirty-fifth session: shared + perm_h installed, b16 -4.7%, b32 -3.3%, b64 -3.5%;
 # benchmarks/results/decode_h200_nvfp4_shared_ab_s35.json): the shared expert inside the MMA MoE launches
-# (MoEConfig.mma_shared: `nvfp4_mma_triton`'s wide twins with programs of their own for it), instead of two NVFP4
+# (MoEConfig.mma_shared: `nvfp4_mma_moe_triton`'s wide twins with programs of their own for it), instead of two NVFP4
 # linears and a SiLU-and-mul beside them, which took ~0.85 ms of the b32 step (94 launches of ~9 us, 6 MB each). Its
 # GPU tests (the folded output against the shared expert run apart and `moe_ref`, at 9-64 tokens, with and without
 # ready bytes, and with h in the MMA's order, MoEConfig.mma_perm_h) and the MMA kernels' others, then the whole step
 # with mma_shared on every NVFP4 entry from 9 tokens, and with mma_perm_h as well. ~5 minutes. If it wins: set it in the table, RECORD=1 (the twins are new kernels for the manifest).
 if [ "${SHARED_MOE:-0}" = 1 ]; then
-    gpu_tests "shared expert GPU tests" shared_tests 300 -n 8 tests/test_nvfp4_mma.py
+    gpu_tests "shared expert GPU tests" shared_tests 300 -n 8 tests/test_nvfp4_mma_moe.py
     V=/tmp/variants; mkdir -p $V
     moe_entries_variant mma_shared=true $V/shared.json 9 17 25 33
     t=$V/shared.json
@@ -525,7 +526,7 @@ fi
 # limit they fit (they ran out of 240-250 s twice in the thirty-sixth session, 7-9 failures unnamed).
 if [ "${HEAD_TESTS:-0}" = 1 ]; then
     gpu_tests "MMA, MoE and GEMV GPU tests at the head" head_tests 480 -n 6 --durations=15 tests/test_nvfp4_mma.py \
-        tests/test_kernels_moe.py tests/test_kernels_gemv.py
+        tests/test_nvfp4_mma_moe.py tests/test_kernels_moe.py tests/test_kernels_gemv.py
     grep -c " PASSED" "$OUT/head_tests.txt"
     sed -n '/slowest 15 durations/,/^$/p' "$OUT/head_tests.txt" | head -17  # where the set's time goes
 fi
@@ -536,7 +537,7 @@ fi
 # bits at 9-64 tokens), then the whole step with it on the four NVFP4 entries from 9 tokens. ~5 minutes. A win: set
 # it in the table and RECORD=1 (a new compile variant).
 if [ "${L2_ALL:-0}" = 1 ]; then
-    gpu_tests "shared expert GPU tests (with L2_ALL)" l2_all_tests 300 -n 4 tests/test_nvfp4_mma.py \
+    gpu_tests "shared expert GPU tests (with L2_ALL)" l2_all_tests 300 -n 4 tests/test_nvfp4_mma_moe.py \
         -k "shared_expert_in_the_moe and True-True"
     # the kernels alone (the wide ones with and without L2_ALL, ready bytes), and in brackets with only the experts
     # in use: what the programs of experts without pairs cost (at 9 tokens ~200 of the 256 experts have none)
@@ -555,7 +556,7 @@ fi
 # test checks its bits), then the whole step with it on the four NVFP4 entries from 9 tokens. ~5 minutes. A win: set
 # it in the table and RECORD=1 (new twin kernels).
 if [ "${USED:-0}" = 1 ]; then
-    gpu_tests "shared expert GPU tests (with the experts in use)" used_tests 300 -n 4 tests/test_nvfp4_mma.py \
+    gpu_tests "shared expert GPU tests (with the experts in use)" used_tests 300 -n 4 tests/test_nvfp4_mma_moe.py \
         -k "shared_expert_in_the_moe and True-True"
     V=/tmp/variants; mkdir -p $V
     moe_entries_variant mma_used_experts=true $V/used.json 9 17 25 33
@@ -586,7 +587,7 @@ fi
 # four entries from 9 tokens. ~4 minutes. A win: set it in the table, RECORD=1 (the
 # `_first` twins are new kernels for the manifest).
 if [ "${SHARED_FIRST:-0}" = 1 ]; then
-    gpu_tests "shared-first GPU tests" shared_first_tests 240 -n 4 tests/test_nvfp4_mma.py \
+    gpu_tests "shared-first GPU tests" shared_first_tests 240 -n 4 tests/test_nvfp4_mma_moe.py \
         -k "shared_expert_in_the_moe and True-True"
     V=/tmp/variants; mkdir -p $V
     moe_entries_variant mma_shared_first=true $V/shared_first.json 9 17 25 33
@@ -703,7 +704,7 @@ fi
 # step at 16-64 tokens with either or both on the table's MMA entries (gu: gate_up from 17 tokens, dn: down from 9,
 # both). ~6 minutes on a fresh machine.
 if [ "${MOE_WIDE:-0}" = 1 ]; then
-    gpu_tests "MMA MoE GPU tests" moe_wide_tests 240 -n 4 tests/test_nvfp4_mma.py -k "moe"
+    gpu_tests "MMA MoE GPU tests" moe_wide_tests 240 -n 4 tests/test_nvfp4_mma_moe.py
     timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 8 --vec 1 --prefetch 0 1 \
         --moe-tokens 8 16 32 64 --moe-l2-ahead 2 --moe-down-l2 2 --moe-wide --out "$OUT/nvfp4_mma_moe_wide.json" \
         > "$OUT/nvfp4_mma_moe_wide.txt" 2>&1

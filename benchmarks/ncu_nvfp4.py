@@ -7,7 +7,8 @@ once, so ncu sees one launch of each:
 - the qkv projection (5120 x 2048) at each of --rows: the engine's `gemv_triton.linear` (the installed table) and,
   up to 8 rows, `nvfp4_mma_triton.linear` with 8- and then 16-byte loads (its VEC kernel);
 - the MoE (256 experts, I 512, H 2048, top-6 of random scores) at each of --tokens: the engine's `fused_moe` (the
-  table's launches) and the MMA gate_up and down alone (`nvfp4_mma_triton.moe_gate_up`, `moe_down`), 8- then 16-byte.
+  table's launches) and the MMA gate_up and down alone (`nvfp4_mma_moe_triton.moe_gate_up`, `moe_down`), 8- then
+  16-byte.
 
     ncu --profile-from-start off --clock-control none python benchmarks/ncu_nvfp4.py --rows 1 8 --tokens 32
 """
@@ -27,6 +28,7 @@ from nvfp4_mma import random_experts, random_weight
 def calls(rows: list[int], tokens: list[int]) -> list:
     """The calls to profile, in order (each a no-argument function)."""
     from flint_kernels import gemv_triton, moe_triton
+    from flint_kernels import nvfp4_mma_moe_triton as mm
     from flint_kernels import nvfp4_mma_triton as nm
 
     out = []
@@ -44,8 +46,8 @@ def calls(rows: list[int], tokens: list[int]) -> list:
         x = (torch.randn(t, hidden, device="cuda") * 0.5).to(torch.bfloat16)
         h = (torch.randn(t * topk, inter, device="cuda") * 0.5).to(torch.bfloat16)
         out.append(lambda x=x, w=weights, i=ids: moe_triton.fused_moe(x, w, i, w13, w2))
-        out += [lambda x=x, i=ids, v=v: nm.moe_gate_up(x, i, w13, vec=v) for v in (False, True)]
-        out += [lambda h=h, i=ids, v=v: nm.moe_down(h, i, w2, vec=v) for v in (False, True)]
+        out += [lambda x=x, i=ids, v=v: mm.moe_gate_up(x, i, w13, vec=v) for v in (False, True)]
+        out += [lambda h=h, i=ids, v=v: mm.moe_down(h, i, w2, vec=v) for v in (False, True)]
     return out
 
 

@@ -1,4 +1,5 @@
-"""The NVFP4 linear on mma.sync with the decode in PTX (`flint_kernels.nvfp4_mma_triton`) against the engine's path.
+"""The NVFP4 linear and MoE on mma.sync with the decode in PTX (`flint_kernels.nvfp4_mma_triton`,
+`nvfp4_mma_moe_triton`) against the engine's path.
 
 CUDA only. For Flint's NVFP4 shapes at 1-8 rows of x (`--ms`; 9-64 rows run the MMA rows kernel): each variant is
 checked against `linear_ref` ("ok": within 2 BF16 ulps plus 2**-16 of the sum of |products|), then timed inside a
@@ -151,6 +152,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("benchmarks/nvfp4_mma.py needs a CUDA GPU")
     from flint_kernels import gemv_triton, nvfp4_mma_scales
+    from flint_kernels import nvfp4_mma_moe_triton as mm
     from flint_kernels import nvfp4_mma_triton as nm
     from flint_kernels.linear import linear_ref
 
@@ -181,7 +183,7 @@ def main() -> None:
         ]
     if args.moe_l2_all:
         moe_variants += [
-            (f"{label}_all", {**kw, "l2_ahead": nm.L2_ALL}) for label, kw in moe_variants if kw.get("wide")
+            (f"{label}_all", {**kw, "l2_ahead": mm.L2_ALL}) for label, kw in moe_variants if kw.get("wide")
         ]
     wide = [(f"{label}_wide", {**kw, "wide": True}) for label, kw in mma if kw["vec"] and not kw["prefetch"]]
     wide = wide if args.wide else []
@@ -287,7 +289,7 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]], compa
     the kernels' keyword arguments) vs the engine's launches; with `compact` each variant again with only the experts
     in use (`compact_route`)."""
     from flint_kernels import moe_triton
-    from flint_kernels import nvfp4_mma_triton as nm
+    from flint_kernels import nvfp4_mma_moe_triton as mm
     from flint_kernels.activation import silu_and_mul_ref
     from flint_kernels.linear import linear_ref
 
@@ -322,16 +324,16 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]], compa
             gate_kw = {k: v for k, v in kw.items() if k != "l2"}
             kw = {k: v for k, v in kw.items() if k not in ("l2_ahead", "warp_k")}
             try:
-                got = nm.moe_gate_up(x, ids, w13, **gate_kw).float()
+                got = mm.moe_gate_up(x, ids, w13, **gate_kw).float()
                 ok = bool(((got - want).abs() <= 3 * 2.0**-8 * torch.maximum(got.abs(), want.abs())
                            + 1e-3 * want.abs().max()).all())  # fmt: skip
                 us = kernel_us(
-                    [lambda r=r, kw=gate_kw: nm.moe_gate_up(r[0], r[2], w13, **kw) for r in routes], "gate_up_mma"
+                    [lambda r=r, kw=gate_kw: mm.moe_gate_up(r[0], r[2], w13, **kw) for r in routes], "gate_up_mma"
                 )
-                y = nm.moe_down(h, ids, w2, **kw).float()
+                y = mm.moe_down(h, ids, w2, **kw).float()
                 ok_y = bool(((y - want_y).abs() <= 3 * 2.0**-8 * torch.maximum(y.abs(), want_y.abs())
                              + 1e-3 * want_y.abs().max()).all())  # fmt: skip
-                down = [lambda r=r, kw=kw, h=h: nm.moe_down(h, r[2], w2, **kw) for r in routes]
+                down = [lambda r=r, kw=kw, h=h: mm.moe_down(h, r[2], w2, **kw) for r in routes]
                 # The MMA down leaves the slot sum to `_moe_reduce_kernel` (one more launch, ~2-3 us).
                 row[label] = {"us": round(us, 2), "ok": ok, "down_us": round(kernel_us(down, "down_mma"), 2),
                                      "down_ok": ok_y}  # fmt: skip
@@ -339,10 +341,10 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]], compa
                     ready = bool(kw.get("ready"))
                     small = [compact_route(r[0], r[2], w13, w2, ready) for r in routes]
                     row[label]["compact_us"] = round(kernel_us(
-                        [lambda c=c, kw=gate_kw: nm.moe_gate_up(c[0], c[1], c[2], **kw) for c in small], "gate_up_mma"
+                        [lambda c=c, kw=gate_kw: mm.moe_gate_up(c[0], c[1], c[2], **kw) for c in small], "gate_up_mma"
                     ), 2)  # fmt: skip
                     row[label]["compact_down_us"] = round(kernel_us(
-                        [lambda c=c, kw=kw, h=h: nm.moe_down(h, c[1], c[3], **kw) for c in small], "down_mma"
+                        [lambda c=c, kw=kw, h=h: mm.moe_down(h, c[1], c[3], **kw) for c in small], "down_mma"
                     ), 2)  # fmt: skip
                     del small
             except Exception as exc:  # reported, not fatal

@@ -71,11 +71,11 @@ class MoEConfig:
     # output tile, the last arrival adds), so the separate slot-reduce launch goes, and the shared expert folds in.
     # Slower on the H200 (BF16 b32 16.0 vs 13.7 ms, 2026-11-30): kept opt-in for other GPUs' tables.
     slots_in_down: bool = False
-    # With expert_major on the FMA path (NVFP4, BF16 x, on a GPU): the gate_up launch on `nvfp4_mma_triton`'s
+    # With expert_major on the FMA path (NVFP4, BF16 x, on a GPU): the gate_up launch on `nvfp4_mma_moe_triton`'s
     # mma.sync kernel (the weights decoded in PTX into each thread's own fragments, 8 of the expert's pairs an MMA)
     # instead of two pairs a decode.
     mma: bool = False
-    # With mma: that gate_up kernel loads each K step while the previous one's MMAs run (`nvfp4_mma_triton`'s
+    # With mma: that gate_up kernel loads each K step while the previous one's MMAs run (`nvfp4_mma_moe_triton`'s
     # PREFETCH; on the H200 faster at 1-2 and 64 tokens, slower for the down and the linear, 2026-12-02).
     mma_prefetch: bool = False
     # On the FMA decode path with the shared expert apart (NVFP4, BF16 h, on a GPU, no fused add+RMSNorm): the down
@@ -88,9 +88,9 @@ class MoEConfig:
     # H200 2 steps from 25 tokens: b32 -3.8%, b64 -3.5% (twenty-second session).
     mma_l2_ahead: int = 0
     # With mma_wide, instead of mma_l2_ahead: the gate_up asks L2 for all of a program's code and scale lines at once,
-    # when it knows its expert has pairs (`nvfp4_mma_triton.L2_ALL`), as the down's mma_down_l2 2 asks for its tile's;
-    # at b32 each program then has its whole 64-column tile (~140 KB) in flight instead of ~2 K steps (thirty-sixth
-    # session, built without a GPU, not yet measured).
+    # when it knows its expert has pairs (`nvfp4_mma_moe_triton.L2_ALL`), as the down's mma_down_l2 2 asks for its
+    # tile's; at b32 each program then has its whole 64-column tile (~140 KB) in flight instead of ~2 K steps
+    # (thirty-sixth session, built without a GPU, not yet measured).
     mma_l2_all: bool = False
     # With mma_down and mma_vec: the down also asks L2 for its codes, 1: two K steps ahead in the K loop, 2: all of
     # a tile's before the PDL wait, for experts with pairs (0: off). On the H200 2 from 9 tokens: b16 -1.1%, b64
@@ -101,7 +101,7 @@ class MoEConfig:
     # are summed across warps in order. Built in the twenty-third session, not yet measured.
     mma_warp_k: int = 1
     # With mma and mma_vec (not with mma_warp_k): the gate_up with 16 columns a warp, two weight tiles whose MMAs
-    # share each K step's x loads (`nvfp4_mma_triton._moe_gate_up_mma_wide_kernel`): Nsight Compute put the MMA MoE
+    # share each K step's x loads (`nvfp4_mma_moe_triton._moe_gate_up_mma_wide_kernel`): Nsight Compute put the MMA MoE
     # kernels at 75-90% of the L1's throughput, their x loads first (thirty-second session), and the linear's wide
     # tiles took lm_head at 32 rows 218 -> 138 us. On the H200 with mma_down_wide (thirty-third session): b24 -3.8%,
     # b32 -4.5%, b64 -6.8%; from 9 tokens (the wide MMA gate_up instead of the FMA one at 9-16) b12 +2.3%.
@@ -112,7 +112,7 @@ class MoEConfig:
     # With mma / mma_down: read the experts' ready scale bytes where they have them (TileConfig.mma_ready).
     mma_ready: bool = False
     # With mma, mma_down, mma_vec, mma_wide and mma_down_wide: the shared expert runs inside those two launches, in
-    # programs of its own (`nvfp4_mma_triton`'s shared twins), instead of as two linears and a SiLU-and-mul beside
+    # programs of its own (`nvfp4_mma_moe_triton`'s shared twins), instead of as two linears and a SiLU-and-mul beside
     # them: at NVFP4 batch 32 on the H200 those took ~0.85 of the step's 9.2 ms, 94 launches of ~9 us for 6 MB each
     # (thirty-fourth session's profile). On the H200 with mma_perm_h from 9 tokens (thirty-fifth session): b16 -4.7%,
     # b32 -3.3%, b64 -3.5%.
@@ -129,8 +129,8 @@ class MoEConfig:
     mma_shared_first: bool = False
     # With mma_shared: the two MMA launches' grids hold the shared expert's programs, then programs only for the
     # experts in use, min(E, pairs) a column (row) tile, each finding its expert from a histogram of the ids
-    # (`nvfp4_mma_triton._used_program`), instead of one an expert: at 9 tokens ~200 of the 256 experts have no pairs,
-    # and their ~1,600 gate_up and ~3,300 down programs would each wait, scan the ids and exit. Built in the
+    # (`nvfp4_mma_moe_triton._used_program`), instead of one an expert: at 9 tokens ~200 of the 256 experts have no
+    # pairs, and their ~1,600 gate_up and ~3,300 down programs would each wait, scan the ids and exit. Built in the
     # thirty-sixth session without a GPU, not yet measured.
     mma_used_experts: bool = False
 

@@ -863,21 +863,21 @@ def _limits(nvfp4: bool, device: torch.device, **given: int | None) -> MoEPaths:
 
 
 def _mma_fits(x: torch.Tensor, w: Weight | ScaledWeight) -> bool:
-    """Whether `nvfp4_mma_triton`'s MoE kernels take activations x against experts w (MoEConfig.mma)."""
-    from . import nvfp4_mma_triton  # here: that module imports this one
+    """Whether `nvfp4_mma_moe_triton`'s kernels take activations x against experts w (MoEConfig.mma)."""
+    from . import nvfp4_mma_moe_triton  # here: that module imports this one
 
-    return nvfp4_mma_triton.moe_supported(x, w)
+    return nvfp4_mma_moe_triton.moe_supported(x, w)
 
 
 def _mma_shared(cfg: MoEConfig, x: torch.Tensor, w13: Weight, w2: Weight, shared: SharedExpert | None) -> bool:
     """Whether the decode path's MMA launches take the shared expert in programs of their own (MoEConfig.mma_shared:
-    the wide 16-byte gate_up and down, `nvfp4_mma_triton.shared_fits`)."""
+    the wide 16-byte gate_up and down, `nvfp4_mma_moe_triton.shared_fits`)."""
     mma = cfg.mma and cfg.mma_down and cfg.mma_vec and cfg.mma_wide and cfg.mma_down_wide and cfg.expert_major
     if not (cfg.mma_shared and mma and not cfg.use_dot and shared is not None and isinstance(w13, NVFP4Weight)):
         return False
-    from . import nvfp4_mma_triton  # here: that module imports this one
+    from . import nvfp4_mma_moe_triton  # here: that module imports this one
 
-    return nvfp4_mma_triton.shared_fits(x, w13, w2, *shared)
+    return nvfp4_mma_moe_triton.shared_fits(x, w13, w2, *shared)
 
 
 def _unsorted_grouped(cfg: MoEConfig, shared: SharedExpert | None) -> bool:
@@ -966,12 +966,12 @@ def _routed(
     mode = decode_mode(cfg, x.dtype)
     mma_gate_up = expert_major and cfg.mma and _mma_fits(x, w13)
     if mma_gate_up:
-        from . import nvfp4_mma_triton  # here: that module imports this one
+        from . import nvfp4_mma_moe_triton  # here: that module imports this one
 
         hs = _empty((t, shared_inter), x.dtype, x.device) if mma_shared else None
-        nvfp4_mma_triton.launch_moe_gate_up(
+        nvfp4_mma_moe_triton.launch_moe_gate_up(
             x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec,
-            nvfp4_mma_triton.L2_ALL if cfg.mma_l2_all and cfg.mma_wide else cfg.mma_l2_ahead,
+            nvfp4_mma_moe_triton.L2_ALL if cfg.mma_l2_all and cfg.mma_wide else cfg.mma_l2_ahead,
             cfg.mma_warp_k, cfg.mma_wide, cfg.mma_ready, shared=None if hs is None else (shared[0], hs),
             perm=mma_shared and cfg.mma_perm_h, first=mma_shared and cfg.mma_shared_first,
             used=mma_shared and cfg.mma_used_experts,
@@ -999,13 +999,13 @@ def _routed(
     if mma_shared and not mma_down:  # `shared_fits` checked the down's operands too, so this is a bug, not an input
         raise RuntimeError("the shared expert's gate_up ran in the MMA launch but its down does not fit that path")
     if mma_down:  # h: a row a pair
-        from . import nvfp4_mma_triton  # here: that module imports this one
+        from . import nvfp4_mma_moe_triton  # here: that module imports this one
 
         # Each pair's rounded y, then the slot-reduce launch (routing weights, slot order, the shared expert's add:
         # ys when its programs ran here, else `add`).
         y = _empty((p, hidden), x.dtype, x.device)
         ys = _empty((t, hidden), x.dtype, x.device) if mma_shared else None
-        nvfp4_mma_triton.launch_moe_down(
+        nvfp4_mma_moe_triton.launch_moe_down(
             h, ids.reshape(-1), w2, y, cfg.num_warps, vec=cfg.mma_vec, l2=cfg.mma_down_l2, wide=cfg.mma_down_wide,
             ready=cfg.mma_ready, shared=None if ys is None else (shared[1], hs, ys), perm=mma_shared and cfg.mma_perm_h,
             first=mma_shared and cfg.mma_shared_first, used=mma_shared and cfg.mma_used_experts,

@@ -124,7 +124,7 @@ def test_decode_nvfp4_expert_major(dtype: torch.dtype, h: int) -> None:
 
 
 def test_mma_gate_up_falls_back_where_it_cannot_run() -> None:
-    """MoEConfig.mma (and mma_down) ask for `nvfp4_mma_triton`'s kernels, which need BF16 x on a GPU (PTX): with
+    """MoEConfig.mma (and mma_down) ask for `nvfp4_mma_moe_triton`'s kernels, which need BF16 x on a GPU (PTX): with
     float32 x, or under the interpreter, the FMA expert-major launches run instead and give their result bit for
     bit."""
     g = gen(41)

@@ -2,7 +2,7 @@
 same floats, a replaced weight keeps its values and its size, and every Triton path outside the MMA kernels (the
 FMA and tensor-core GEMV tiles, the prefill copy kernel, the MoE's decode and grouped launches) gives the same bits
 from them as from the UE4M3 bytes, under the interpreter in FP32 and FP16. (The MMA kernels' own tests are in
-test_nvfp4_mma.py; their GPU runs and the prefill twins' are to come.)"""
+test_nvfp4_mma.py and test_nvfp4_mma_moe.py; their GPU runs and the prefill twins' are to come.)"""
 
 from __future__ import annotations
 
