@@ -1,64 +1,24 @@
 #!/usr/bin/env bash
 # What was built without a GPU and is not yet judged, in one device call (one H200), results under $OUT (returned as
-# one results.tgz: the device sends back at most 8 files). Run: bash benchmarks/gpu_pending.sh (device `run`, carry
-# [".whl"]).
+# one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
+# benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# State after the thirty-sixth session (2026-12-04): SHARED_FIRST=1 installed mma_shared_first (b32 8.845 -> 8.751 ms,
-# manifest recorded; head b32 8.754, b64 13.177); BF16_SHARED=1 and ATTN_WARPS=1 lost; REPLACE=1 kept the same bits and
-# decode speed but timed one 8K prefill 157.6 vs 134.2 ms (not the default). Next, first: the MMA, MoE and GEMV GPU
-# tests at the head (HEAD_TESTS=1, ~5 minutes with -n 6; twice they ran out of 240 s with 7-9 unnamed failures, one
-# cause since fixed in the shared-expert test), then L2_ALL=1 (the wide gate_up asking L2 for all its lines at
-# once, with a probe of the programs of experts without pairs), USED=1 (programs only for the experts in use; the
-# probe says what it can give), then WIDE_SPLIT=1.
-# State after the thirty-fourth session (2026-12-04): READY=1 installed the ready scale bytes on every MMA entry (NVFP4
-# b32 9.87 -> 9.35 ms, b64 14.61 -> 13.98 in its A/B; made by default where the table reads them), NINE16=1 the wide
-# MMA gate_up at 9-16 tokens (b16 -1.9%); the MoE from 33 tokens without its L2 requests lost (b48 +3.1%, b64 +4.2%).
-# Head (thirty-fifth session): b32 8.86 ms, b64 13.51, 8K NVFP4 prefill 133.2-139.4. That session ran SHARED_MOE=1
-# and TWIN8K=1 (both installed). Next: REPLACE=1 (the ready bytes in the UE4M3 bytes' place; first), BF16_SHARED=1
-# (BF16's shared expert inside the expert-major launches), SHARED_FIRST=1 (NVFP4's shared programs first in the
-# grids), ATTN_WARPS=1 (decode attention in 8 warps at 32-64 sequences), WIDE_SPLIT=1.
-# State after the thirty-third session (2026-12-04): WIDE=1 installed the wide linear at 17-32 rows (b32 -1.6%);
-# MOE_WIDE=1 and MOE_WIDE2=1 installed the MoE's two-tile MMA kernels (b32 -4.5%, then -2.5% in 4 warps; NVFP4 b32
-# 9.69-9.77 ms, b64 14.22-14.53); MOE_WIDE3 (four tiles, the wide kernels at 5-8 tokens) lost, removed. Nsight Compute
-# then had the wide MoE kernels issuing on 63-65% of cycles, so the session built ready scale bytes (fewer
-# instructions a weight value): READY=1 (next) judges them.
-# State after the thirty-second session (2026-12-04): STEP_GRAPHS=1 and CHUNK_SWEEP=1 ran (512-line L2 requests
-# installed, NVFP4 b1 2.145 -> 2.127 ms), `gpu_serve.sh` through Ray on step graphs (concurrency 32: 1,110 tokens/s,
-# ITL p99 53 ms); the step graphs' attention boundaries without copies (-1.6 to -2.5%). The NVFP4 linear with 32
-# weight rows a warp (`mma_wide`) measured b32 -1.4%, b16 +0.5%: WIDE=1 (next) installs it at 17-32 rows with the
-# manifest recorded.
-# State after the thirty-first session (2026-12-04): prefill and mixed steps of up to 4,096 tokens on step graphs
-# (every op but attention on CUDA graphs: under mixed traffic at 64 sequences ITL p50 88 -> 40 ms, p99 156 -> 62,
-# NVFP4); the NVFP4 MoE's decode path to 192 tokens and its twins at every larger size (TWINS=1 ran). Next:
-# STEP_GRAPHS=1 (BF16's host cost and the engine at 64 sequences with more requests), then `benchmarks/gpu_serve.sh`
-# through Ray; CHUNK_SWEEP=1 still to run.
-# State after the twenty-ninth session (2026-12-04): prefill MoE steps on our TMA-fed tensor-core launches
-# (`moe_grouped_tma_triton`, TMA_MOE=1: BF16 from 128 tokens, NVFP4's copies from 2,048; an 8K prompt in 2048-token
-# steps 195.0 -> 164.0 ms GPU BF16, 302.7 -> 272.6 NVFP4; 8K NVFP4 in one step 146.1 -> 138.8 ms), both manifest
-# profiles recorded with them; GRAPH_PROFILE=1 ran (the graph's kernel spans include their PDL waits); CHUNK_SWEEP=1
-# is still to run. The thirtieth (2026-12-04): TMA_MOE=1 judged the NVFP4 twins (installed from 256 to 4,096 tokens) and the
-# tail launches (removed). Before, the twenty-eighth (2026-12-04): NVFP4 decode graphs at one token ask L2 for the next layer's q|k|v
-# and o projections on a side stream (L2_AHEAD=1 and AHEAD_TABLE=1: batch 1 2.292 -> 2.142 ms, installed, NVFP4
-# manifest recorded with it; 1,024 lines a side program, CHUNK_SWEEP=1 next); EDGE_AB=1 found the edge masks even on the whole 8K prefill, ROUTER8K=1 no better 8K
-# router tiles, SLIDING_CUDNN=1 the sliding layers slower on cuDNN in blocks (docs/performance.md). Before, the
-# twenty-seventh: SiLU-and-mul of prefills several rows a program (GLUE=1: 8K BF16 prefill 116.3 -> 114.1 ms), prefill
-# attention's edge tiles with only the mask they need (the kernel A/B: sliding -5.7%, a full layer's 8K chunk after
-# 8K -6.7%). Before, the
-# twenty-sixth (2026-12-04): long prompts' later chunks (a prefix of whole 8,192-key
-# segments) run their full layers on cuDNN too (CUDNN_PREFIX=1: a 32K prompt in 8K chunks BF16 718.6 -> 629.8 ms, NVFP4
-# 860.3 -> 770.3), both manifest profiles recorded with it. The twenty-fifth: full layers' fresh prompts from 4,096
-# tokens on cuDNN's attention (CUDNN_ATTN=1: 8K prefill BF16 119.4 -> 112.5 ms, NVFP4 150.5 -> 143.6). Before, the
-# twenty-fourth (2026-12-03): the MMA gate_up's warps splitting K (WARP_K=1) lost at every
-# size; the H200 table runs BF16 experts of steps from 3,072 tokens on torch's grouped GEMM (GROUPED_MM=1: 8K BF16
-# prefill 127.1 -> 119.3 ms) and the manifest's BF16 profile was recorded with it (76 variants). NVFP4 copies on the
-# grouped GEMM (GROUPED_MM_FORMAT=nvfp4) need FP32 results, which torch 2.11's grouped GEMM does not give: there the
-# path declines and both sides of the call are the Triton kernels (docs/performance.md, twenty-fourth session).
-# Recipes kept: SMALL_AB=1 (the MMA
-# MoE below the batches it is installed at), L2_AB=1 (the gate_up's L2 requests), DOWN_L2=1 (the down's, and the o
-# projection in 8 K splits), MMA_AB=1 (the rows kernel's K splits), RADIX=1 (the sampler's modes and their op time),
-# PREFILL_AB=1 (the NVFP4 prefill's alpha epilogue against the FP32 output and scale pass). On a fresh machine the
-# check's tests and table need a call each with RECORD=1 (CHECK_TESTS=0 / CHECK_TABLE=0). This script ends by packing
-# $OUT into results.tgz: append nothing that writes results.tgz after it.
+# Next, in this order (state after the thirty-seventh session, 2026-12-04, which had no GPU):
+#   HEAD_TESTS=1  the MMA, MoE and GEMV GPU tests at the head (~5-8 minutes; in the thirty-sixth session they ran out
+#                 of 240-250 s twice with 7-9 unnamed failures, one cause since fixed in the shared-expert test);
+#   L2_ALL=1      the wide MMA gate_up asking L2 for all its lines at once (MoEConfig.mma_l2_all), with a probe of
+#                 the programs of experts without pairs (~6 minutes); a win: set it in the table, then RECORD=1;
+#   USED=1        programs only for the experts in use (MoEConfig.mma_used_experts; ~5 minutes); a win: as above;
+#   WIDE_SPLIT=1  the wide NVFP4 linear's K splits at 17-32 rows (~4 minutes);
+#   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained).
+#
+# The blocks of experiments already judged stay as the commands docs/performance.md quotes for their figures; each
+# block's comment says when it ran and what it found. Recipes kept for later use: SMALL_AB=1 (the MMA MoE below the
+# batches it is installed at), L2_AB=1 (the gate_up's L2 requests), DOWN_L2=1 (the down's, and the o projection in
+# 8 K splits), MMA_AB=1 (the rows kernel's K splits), RADIX=1 (the sampler's modes and their op time), PREFILL_AB=1
+# (the NVFP4 prefill's alpha epilogue against the FP32 output and scale pass), GRAPH_PROFILE=1 (the decode graph's
+# replay profiled). On a fresh machine the check's tests and table need a call each with RECORD=1 (CHECK_TESTS=0 /
+# CHECK_TABLE=0). This script ends by packing $OUT into results.tgz: append nothing that writes results.tgz after it.
 #
 # SKIP_AB=1 leaves the MMA kernels' tests and benchmark out (MMA_TESTS=0 the tests only; MMA_BENCH_ARGS replaces the
 # benchmark's arguments), SKIP_CHECK=1 the tests and check, RECORD=1 records the NVFP4 profile of the kernel manifest
