@@ -524,7 +524,7 @@ if [ "${USED:-0}" = 1 ]; then
 fi
 # REPLACE=1 (ran in the thirty-sixth session: same bits and decode speed; one 8K prefill timing 157.6 vs 134.2 ms):
 # the ready scale bytes in the UE4M3 bytes' place (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through
-# `gemv_triton.scale_value`), so the weights keep one byte a block and the 2.47 GB the ready bytes add now comes back
+# `nvfp4_decode_triton.scale_value`), so the weights keep one byte a block and the 2.47 GB the ready bytes add now comes back
 # to the KV cache. Its GPU tests (every path's bits at 1-2,048 tokens), the whole step with it against the table as
 # it is (separate processes: each makes its bytes at build), and the fast path against the plain one under it. ~4
 # minutes. If all holds: make replace what auto does (then `flint capacity --no-ready-scales` is the default).

@@ -8,7 +8,7 @@ from the paged cache serves all of them (GQA 8: one read instead of eight):
 * decode (every sequence has at most one query): one launch, grid (num_seqs, num_kv_heads, NUM_SPLITS); the query
   tile is the [GROUP padded to 16, D] block of one token. Long contexts are split along the keys; each split
   stores an unnormalised FP32 partial (acc, running max, running sum) per query head, then arrives on the
-  (sequence, KV head)'s counter in `gemv_triton.counters` (CTA barrier, acq_rel increment, as `split_k_arrive`).
+  (sequence, KV head)'s counter in `split_k_triton.counters` (CTA barrier, acq_rel increment, as `split_k_arrive`).
   The split that arrives last merges the NUM_SPLITS partials in split order (a few splits' [GROUP, D] tiles at a
   time), adds the sink (so it enters exactly once), stores the rows and resets the counter to zero for the next
   launch or graph replay: results do not depend on scheduling. A sequence without a query returns before
@@ -53,9 +53,9 @@ import triton.language as tl
 from . import attention_cudnn, tuning
 from .attention import AttnMeta, paged_attention_ref, result_buffer
 from .configs import AttentionDecodeConfig, AttentionPrefillConfig
-from .gemv_triton import COUNTER_SLOTS, counters
 from .l2_prefetch import prefetch_lines
 from .pdl import launch_options, pdl_entry
+from .split_k_triton import COUNTER_SLOTS, counters
 
 LOG2E = math.log2(math.e)
 _LOG2E = tl.constexpr(LOG2E)
@@ -424,7 +424,7 @@ def _decode_kernel(
         tl.store(part_l_ptr + part, l_i, mask=row_ok)
         tl.store(part_acc_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
         if FUSED_COMBINE:
-            # As gemv_triton.split_k_arrive: all of this CTA's stores are issued before the release increment.
+            # As split_k_triton.split_k_arrive: all of this CTA's stores are issued before the release increment.
             slot = s_idx * (NUM_HEADS // GROUP) + kvh
             tl.debug_barrier()
             arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel")

@@ -256,5 +256,5 @@ class RouterTilesConfig:
     num_warps: int = field(metadata=POW2)
     num_stages: int
     # K splits (each a program of its own, the last arrival adds the partial logits); 0: as many as fill the GPU
-    # for one token block (`gemv_triton.choose_split_k`), none for several.
+    # for one token block (`split_k_triton.choose_split_k`), none for several.
     split_k: int = 0

@@ -13,26 +13,16 @@ Paths (chosen by M inside `linear` / `lm_head`; the numbers are from an H200, se
   with the MMAs for issue slots.
 - Dense, M > 1: the reference (cuBLAS); Triton did not beat it there.
 
-Split-K (small M): when N / BLOCK_N tiles cannot give ~4 programs per SM, K is split over SPLIT_K programs and
-reduced deterministically in the same launch: each split stores its FP32 partial tile to a workspace and bumps a
-per-tile arrival counter (acq_rel, after a CTA barrier); the program that arrives last sums the partials in split
-order, runs the epilogue and resets the counter, so results never depend on scheduling and the counters are zero
-again for the next launch or graph replay.
+Split-K (small M): when N / BLOCK_N tiles cannot give ~4 programs per SM, K is split over programs and reduced
+deterministically in the same launch (`split_k_triton`).
 
-NVFP4 decode, exact and table-free: a code's 2 exponent bits and 1 mantissa bit are shifted into the bottom of an
-FP32's exponent field and the top of its mantissa, its sign into bit 31. That FP32 equals E2M1X2[code] * 2**-127,
-codes 0/1 landing exactly on subnormals (the kernels do not flush denormals). A scale byte's low 7 bits at bit 20
-likewise give E4M3 * 2**-120. Two shifts and one LOP3 per value (the M == 1 path builds two values per 32-bit op
-from int32 words, nibbles i and i + 4 sitting 16 bits apart); power-of-two offsets (2**64 on x or on the scale,
-2**62 on the accumulator) keep every product and partial sum in FP32's normal range, and all of them are exact.
+The NVFP4 decode (exact and table-free) and the per-segment global scales: `nvfp4_decode_triton`.
 
 The per-segment FP32 global scale multiplies the FP32 accumulator before the single rounding to x.dtype (`linear`)
 or the FP32 store (`lm_head`). Limits of the offsets: |x| must stay below 2**64 (activations are far smaller).
 Grids come from shapes only and nothing syncs with the host (but `dequant_matmul`'s first call on a weight, which
 reads its global scales, and not while a graph is captured), so every path is CUDA-graph capturable. Workspaces
-come from the caching allocator; the arrival counters are one zeroed int32 buffer per device, created on first use
-(make the first call outside graph capture) and shared by launches on one stream: split-K launches must not run
-concurrently on several streams.
+come from the caching allocator; the split-K arrival counters are `split_k_triton.counters`.
 """
 
 from __future__ import annotations
@@ -47,7 +37,18 @@ import triton.language as tl
 from . import rmsnorm_triton, tuning
 from .configs import MoEConfig, TileConfig
 from .linear import NVFP4Weight, Weight, linear_fp32_out_ref, linear_ref, matmul_fp32_out
+from .nvfp4_decode_triton import (
+    MAX_SEGMENTS,
+    bf16x2_scaled,
+    e2m1_pair_bits,
+    e2m1_pair_packed,
+    nvfp4_planes,
+    scale_value,
+    segment_bounds,
+    segment_scale,
+)
 from .pdl import launch_options, pdl_entry
+from .split_k_triton import COUNTER_SLOTS, choose_split_k, counters, is_last, split_k_reduce
 
 # Above this many activation rows a dense weight goes to cuBLAS (torch), which neither the Triton kernel's tensor-core
 # tiles nor its 2-row FMA programs beat (H200, BF16 b2-b4, seventeenth session: +4% to +24% a step).
@@ -62,9 +63,6 @@ SMALL_M = 64
 DEQUANT_TILE_LARGE = (16, 512, 4)
 DEQUANT_TILE = (32, 128, 4)
 DEQUANT_LARGE = 1 << 24
-# Arrival counters for split-K tiles (one int32 each); a launch needing more tiles runs without split-K.
-COUNTER_SLOTS = 1 << 16
-MAX_SEGMENTS = 4
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # The word-plane tensor-core variant (TileConfig.words) crashes Triton 3.6's compiler; 3.9 and the interpreter run it.
 WORDS_SUPPORTED = _INTERPRET or tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 9)
@@ -85,113 +83,6 @@ def rows_aligned(x: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- device helpers
-
-
-@triton.jit
-def e2m1_bits(q, SHIFT: tl.constexpr):
-    """FP32 E2M1X2[nibble] * 2**-127 of the nibble at bit SHIFT (0 or 4) of int32 bytes `q`, exactly.
-
-    The nibble's exponent bits land in the bottom of the FP32 exponent field and its mantissa bit on the top
-    mantissa bit, so exponent 0 (codes 0, 1 and their negatives) is an FP32 subnormal with exactly the right
-    value: two shifts and one AND/OR (a single LOP3), no table and no select. Code 8 gives -0.0.
-    """
-    mag = (q << (22 - SHIFT)) & 0x01C00000
-    sign = (q << (28 - SHIFT)) & -2147483648  # bit 31 (an int32 literal, so q stays int32)
-    return (mag | sign).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def e4m3_value(b):
-    """FP32 E4M3 value of the low 7 bits of int32 scale bytes `b` (twice nvfp4.ue4m3_to_float); 0x7F gives 0.
-
-    The 7 bits placed at FP32 bit 20 are the E4M3 value times 2**-120, subnormals included (exponent field 0).
-    """
-    v = ((b & 0x7F) << 20).to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2**120
-    return tl.where(b == 0x7F, 0.0, v)
-
-
-@triton.jit
-def scale_value(sb, s_ptr):
-    """FP32 E4M3 value (`e4m3_value`'s) of scale bytes sb loaded from s_ptr: UE4M3 bytes (uint8), or ready bytes
-    (int8, `nvfp4_mma_scales`: the value's FP32 bits are the byte plus 944, shifted; a block whose UE4M3 scale was 0
-    has zero codes instead). The pointer's type picks, so no kernel needs a parameter for it."""
-    if s_ptr.dtype.element_ty == tl.int8:
-        return (((sb.to(tl.int32) & 0xFF) + 944) << 20).to(tl.float32, bitcast=True)
-    else:
-        return e4m3_value(sb.to(tl.int32))
-
-
-@triton.jit
-def nvfp4_planes(
-    w_ptr,
-    s_ptr,
-    rows,
-    row_ok,
-    k0,
-    k_end,
-    stride_wn,
-    stride_sn,
-    EVEN_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """NVFP4 weight rows, columns k0..k0+BLOCK_K: (lo, hi, scale).
-
-    lo / hi [BLOCK_N, G, 8] are E2M1X2 * 2**-127 of values 16g + 2j / 16g + 2j + 1 (the low / high nibble of
-    byte j of group g); scale [BLOCK_N, G] is the E4M3 value of the group's scale byte (twice ue4m3). The weight
-    is lo * scale * 2**126: the callers move 2**64 onto the scale or onto x, so every product and sum stays in
-    FP32's normal range and the accumulator holds the true value times 2**-62. Out-of-range reads give 0.
-    """
-    G: tl.constexpr = BLOCK_K // 16
-    offs_g = k0 // 16 + tl.arange(0, G)
-    j = tl.arange(0, 8)
-    q_ptrs = w_ptr + rows[:, None, None] * stride_wn + (offs_g * 8)[None, :, None] + j[None, None, :]
-    s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
-    if EVEN_K:
-        q = tl.load(q_ptrs, mask=row_ok[:, None, None], other=0)
-        sb = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
-    else:
-        g_ok = offs_g < k_end // 16
-        q = tl.load(q_ptrs, mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
-        sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
-    q = q.to(tl.int32)
-    return e2m1_bits(q, 0), e2m1_bits(q, 4), scale_value(sb, s_ptr)
-
-
-@triton.jit
-def e2m1_pair_bits(words, P: tl.constexpr):
-    """Nibbles P and P + 4 of int32 words as FP32 E2M1X2 * 2**-127: (value 8w + P, value 8w + P + 4).
-
-    The two nibbles sit 16 bits apart, so one shift/shift/LOP3 builds both as a packed pair of BF16 bit patterns
-    (exponent bits to bits 7-8 / 23-24, mantissa bit to 6 / 22, sign to 15 / 31); each half then becomes an FP32
-    with one more op. Exponent 0 again lands on exact subnormals.
-    """
-    packed = e2m1_pair_packed(words, P)
-    return (packed << 16).to(tl.float32, bitcast=True), (packed & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def e2m1_pair_packed(words, P: tl.constexpr):
-    """The int32 of two BF16 bit patterns, E2M1X2 * 2**-127 of nibble P (low half) and nibble P + 4 (high half)."""
-    if P < 2:
-        mag = words << (6 - 4 * P)
-    else:
-        mag = words >> (4 * P - 6)  # arithmetic shift: the filled top bits are masked off
-    return (mag & 0x01C001C0) | ((words << (12 - 4 * P)) & -2147450880)  # 0x80008000
-
-
-@triton.jit
-def bf16x2_scaled(packed, scale2):
-    """(low, high) BF16 halves of `packed` (two BF16 bit patterns) times the BF16 pair `scale2`: one FMA.BF16X2
-    (plus -0, so a product's sign survives), exact for NVFP4 codes and E4M3 scales; BF16 subnormals are kept."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b32 z, p; mov.b32 z, 0x80008000; fma.rn.bf16x2 p, $2, $3, z; mov.b32 {$0, $1}, p; }",
-        "=h,=h,r,r",
-        [packed, scale2],
-        dtype=(tl.bfloat16, tl.bfloat16),
-        is_pure=True,
-        pack=1,
-    )
 
 
 @triton.jit
@@ -724,57 +615,6 @@ def tile_matmul(
 
 
 @triton.jit
-def segment_scale(gs_ptr, rows, row_ok, seg1, seg2, seg3):
-    """FP32 global scale of each output row: segment boundaries seg1 <= seg2 <= seg3 (unused ones equal N)."""
-    seg = (rows >= seg1).to(tl.int32) + (rows >= seg2).to(tl.int32) + (rows >= seg3).to(tl.int32)
-    return tl.load(gs_ptr + seg, mask=row_ok, other=0.0)
-
-
-@triton.jit
-def split_k_arrive(
-    acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr
-):
-    """Store this split's partial tile, then arrive on the tile's counter: (tile workspace, offsets, mask, index).
-
-    The classic semaphore pattern: every split stores its partial (only valid columns, so decode moves no
-    padding), a CTA barrier, then an acq_rel increment of the tile's counter. The program whose arrival index is
-    SPLIT_K - 1 sees every partial; it must read them bypassing L1 (cache_modifier=".cg") and reset the counter
-    to 0 for the next launch or graph replay.
-    """
-    offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-    tile_base = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_N * BLOCK_M)
-    mask = (tl.arange(0, BLOCK_N) >= 0)[:, None] & m_ok[None, :]
-    tl.store(tile_base + pid_k * (BLOCK_N * BLOCK_M) + offs, acc, mask=mask)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-    return tile_base, offs, mask, arrived
-
-
-@triton.jit
-def split_k_reduce(
-    acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr
-):
-    """Deterministic in-launch split-K: returns (sum of the SPLIT_K partials in split order, arrival index).
-
-    The sum is only meaningful where the arrival index is SPLIT_K - 1 (see `is_last`), the one program that
-    loads the partials and resets the counter (see `split_k_arrive`).
-    """
-    tile_base, offs, mask, arrived = split_k_arrive(acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K, BLOCK_N, BLOCK_M)
-    total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if arrived == SPLIT_K - 1:
-        for s in range(SPLIT_K):
-            total += tl.load(tile_base + s * (BLOCK_N * BLOCK_M) + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.atomic_xchg(cnt_ptr + tile, 0)
-    return total, arrived
-
-
-@triton.jit
-def is_last(arrived, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """[BLOCK] mask, true in the program that arrived last (a vector: the interpreter cannot AND a scalar bool)."""
-    return (tl.zeros((BLOCK,), dtype=tl.int32) + arrived) == SPLIT_K - 1
-
-
-@triton.jit
 def _linear_kernel(
     x_ptr,
     w_ptr,
@@ -1030,40 +870,6 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-_counters: dict[tuple[str, int | None], torch.Tensor] = {}
-_sm_counts: dict[int | None, int] = {}
-
-
-def counters(device: torch.device) -> torch.Tensor:
-    """The device's zeroed split-K arrival counters (kernels leave them zero)."""
-    key = (device.type, device.index)
-    buf = _counters.get(key)
-    if buf is None:
-        buf = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-        _counters[key] = buf
-    return buf
-
-
-def num_sms(device: torch.device) -> int:
-    """Multiprocessor count (132 on H200; the interpreter pretends the same)."""
-    if device.type != "cuda":
-        return 132
-    if device.index not in _sm_counts:
-        _sm_counts[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _sm_counts[device.index]
-
-
-def choose_split_k(tiles: int, k: int, block_k: int, device: torch.device, min_iters: int = 2) -> tuple[int, int]:
-    """(split, K per split): enough programs for ~4 per SM, each split at least `min_iters` BLOCK_K steps."""
-    target = 4 * num_sms(device)
-    if tiles >= target or tiles > COUNTER_SLOTS:
-        return 1, triton.cdiv(k, block_k) * block_k
-    steps = triton.cdiv(k, block_k)
-    split = max(1, min(triton.cdiv(target, tiles), steps // min_iters, 32))
-    per = triton.cdiv(steps, split) * block_k
-    return triton.cdiv(k, per), per
-
-
 def decode_mode(cfg: TileConfig | MoEConfig, x_dtype: torch.dtype) -> int:
     """The kernels' WORDS constexpr for a config: 2 for `packed` tiles with BF16 x (3 under the interpreter, which
     emulates the PTX), else 1 for `words`, else 0 (byte planes)."""
@@ -1078,17 +884,6 @@ def decode_mode(cfg: TileConfig | MoEConfig, x_dtype: torch.dtype) -> int:
 def precision_for(dtype: torch.dtype) -> str:
     """tl.dot input precision: true FP32 products for FP32 activations (not TF32)."""
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def segment_bounds(segments: tuple[int, ...], n: int) -> tuple[int, int, int]:
-    """Cumulative starts of segments 1..3, padded with n (a row >= n never exists)."""
-    bounds = []
-    acc = 0
-    for s in segments[:-1]:
-        acc += s
-        bounds.append(acc)
-    bounds += [n] * (3 - len(bounds))
-    return bounds[0], bounds[1], bounds[2]
 
 
 def small_m_config(m: int, nvfp4: bool, k: int = 0, n: int = 0, device: torch.device | None = None) -> TileConfig:

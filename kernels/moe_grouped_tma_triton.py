@@ -33,8 +33,9 @@ import triton.language as tl
 
 from . import moe_align_triton, moe_grouped_gemm, tuning
 from .configs import MoETmaConfig
-from .gemv_triton import _INTERPRET, nvfp4_packed_weights, nvfp4_planes
+from .gemv_triton import _INTERPRET, nvfp4_packed_weights
 from .linear import NVFP4Weight, ScaledWeight
+from .nvfp4_decode_triton import nvfp4_planes
 from .pdl import launch_options, pdl_entry
 
 try:  # Triton >= 3.4: host-side TMA descriptors

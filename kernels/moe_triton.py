@@ -48,28 +48,21 @@ from . import activation_triton, gemv_triton, moe_grouped_gemm, moe_grouped_tma_
 from .configs import MoEConfig, MoEPaths
 from .gemv_triton import (
     _INTERPRET,
-    COUNTER_SLOTS,
-    MAX_SEGMENTS,
     NORM_MAX_N,
     _finish_row,
-    choose_split_k,
-    counters,
     decode_mode,
     fma_weights,
-    is_last,
     nvfp4_group_dot,
     nvfp4_x8,
     precision_for,
-    segment_bounds,
-    segment_scale,
-    split_k_arrive,
-    split_k_reduce,
     tile_matmul,
 )
 from .linear import NVFP4Weight, ScaledWeight, Weight
 from .moe import SharedExpert, moe_add_rms_norm_ref, moe_ref
 from .moe_align_triton import align
+from .nvfp4_decode_triton import MAX_SEGMENTS, segment_bounds, segment_scale
 from .pdl import launch_options, pdl_entry
+from .split_k_triton import COUNTER_SLOTS, choose_split_k, counters, is_last, split_k_arrive, split_k_reduce
 
 # Portable defaults of `paths_config` (the H200's measured crossovers; its table records them).
 # Up to this many tokens the per-pair decode kernels run; above it the sorted grouped GEMM.

@@ -20,10 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_triton import segment_bounds, segment_scale
 from .l2_prefetch import prefetch_lines
 from .linear import NVFP4Weight
 from .moe_triton import _ranked_pairs
+from .nvfp4_decode_triton import segment_bounds, segment_scale
 from .nvfp4_mma_triton import (
     _INTERPRET,
     BLOCK_K,

@@ -17,11 +17,11 @@ and the fused path makes them when the model is built (`prepare`) where the devi
 values, 1/9 more NVFP4 weight bytes (~2.5 GB on the full model). `FLINT_MMA_READY_SCALES=1` makes them on every CUDA
 device, `=0` never (then `mma_ready` entries fall back to the UE4M3 decode), `=replace` makes them on every CUDA
 device in the UE4M3 bytes' place: every kernel then reads them (the FMA and prefill kernels through
-`gemv_triton.scale_value`), no byte is added. On the H200 (thirty-fourth session) they took the NVFP4 decode step at
-batch 32 from 9.87 to 9.35 ms and at 64 from 14.61 to 13.97. In the UE4M3 bytes' place (thirty-sixth session) every
-path's GPU tests give the same bits and the whole step runs as fast (b32 9.262 / 9.280 ms, b64 13.567 / 13.487, one
-run each), but its one 8K prefill timing was 157.6 ms against 134.2 with the same kernel times in its profile
-(unexplained, one run), so `auto` still adds the bytes.
+`nvfp4_decode_triton.scale_value`), no byte is added. On the H200 (thirty-fourth session) they took the NVFP4 decode
+step at batch 32 from 9.87 to 9.35 ms and at 64 from 14.61 to 13.97. In the UE4M3 bytes' place (thirty-sixth
+session) every path's GPU tests give the same bits and the whole step runs as fast (b32 9.262 / 9.280 ms, b64
+13.567 / 13.487, one run each), but its one 8K prefill timing was 157.6 ms against 134.2 with the same kernel
+times in its profile (unexplained, one run), so `auto` still adds the bytes.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def ready_pair(u: torch.Tensor) -> torch.Tensor:
 def make_ready(w: NVFP4Weight, replace: bool = False) -> None:
     """Give `w` its ready scales, first setting the codes of blocks whose scale decodes to 0 to signed zeros (in
     place: every path's products there are those signed zeros already). `replace`: they take the UE4M3 bytes' place
-    (`scales`), so the weight keeps one byte a block: every kernel (`gemv_triton.scale_value`, `_scale_pair`) and
-    `nvfp4.dequantize` decode either form by its dtype."""
+    (`scales`), so the weight keeps one byte a block: every kernel (`nvfp4_decode_triton.scale_value`, `_scale_pair`)
+    and `nvfp4.dequantize` decode either form by its dtype."""
     if w.ready_scales is not None:
         return
     empty = zero_scale(w.scales)

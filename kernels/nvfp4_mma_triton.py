@@ -44,19 +44,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_triton import (
-    COUNTER_SLOTS,
-    MAX_SEGMENTS,
-    choose_split_k,
-    counters,
-    e4m3_value,
-    segment_bounds,
-    segment_scale,
-)
 from .l2_prefetch import prefetch_lines
 from .linear import NVFP4Weight
+from .nvfp4_decode_triton import MAX_SEGMENTS, e4m3_value, segment_bounds, segment_scale
 from .nvfp4_mma_scales import READY_PAIR_ADD
 from .pdl import launch_options, pdl_entry
+from .split_k_triton import COUNTER_SLOTS, choose_split_k, counters
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_M = 8  # rows of x: the MMA's N side
@@ -75,8 +68,8 @@ def _decode_pair(word: str, p: int, scale: str, out: str) -> list[str]:
 
     One multiply moves both fields: the nibble pair masked out of the word, times 2**(6 - 4p) + 2**(12 - 4p), is
     two disjoint copies, one with the magnitude bits at 6-8 / 22-24 and one with the sign at 15 / 31; a mask keeps
-    those (`gemv_triton.e2m1_pair_packed`'s bits, in three operations instead of five). Nibbles 2, 3, 6 and 7 are
-    nibbles 0, 1, 4 and 5 of the word shifted right by 8."""
+    those (`nvfp4_decode_triton.e2m1_pair_packed`'s bits, in three operations instead of five). Nibbles 2, 3, 6 and
+    7 are nibbles 0, 1, 4 and 5 of the word shifted right by 8."""
     nibbles = 0x000F000F << (4 * p)
     times = (1 << (6 - 4 * p)) + (1 << (12 - 4 * p))
     return [
@@ -1009,7 +1002,7 @@ def launch_linear(
 ) -> None:
     """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
     GPU. Up to 8 rows `_nvfp4_mma_kernel`, 9-32 the rows kernel in four groups of 8 (`wide`: 32 weight rows a warp,
-    `_nvfp4_mma_wide_kernel`), 33-64 in eight. K splits: `split_k`, else `gemv_triton.choose_split_k`'s (~4
+    `_nvfp4_mma_wide_kernel`), 33-64 in eight. K splits: `split_k`, else `split_k_triton.choose_split_k`'s (~4
     programs per SM). vec: 16-byte loads where the rows are aligned for them. prefetch: the 1-8 row kernel only.
     ready: the weight's ready scale bytes where it has them (`nvfp4_mma_scales`; TileConfig.mma_ready)."""
     w = _with_ready_scales(w, ready)

@@ -3,10 +3,10 @@
 One launch. The experts are spread over many programs (BLOCK_E experts each, all tokens of the batch), so the router
 weight (2 MB in FP32 for Flint) is read once by many SMs instead of once per token by one. Each program stores its
 FP32 logits [T, BLOCK_E] to a workspace and arrives on an arrival counter (CTA barrier, then an acq_rel increment,
-the split-K pattern of `gemv_triton`); the program that arrives last reads all the logits back from L2 and does the
+the split-K pattern of `split_k_triton`); the program that arrives last reads all the logits back from L2 and does the
 top-k for every token: sigmoid, then k rounds of "largest score, lowest expert id on ties" in registers, which gives
 torch.topk's descending order, and the renormalisation. It then resets the counter, so it is zero again for the next
-launch or CUDA-graph replay. The counter is slot 0 of `gemv_triton.counters` (created on first use: make the first
+launch or CUDA-graph replay. The counter is slot 0 of `split_k_triton.counters` (created on first use: make the first
 call outside graph capture), shared with split-K: such launches must not run concurrently on several streams.
 
 That kernel is for decode-sized batches: every program reads all the tokens' activations, which stops paying off
@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import gemv_triton, rmsnorm_triton, tuning
+from . import rmsnorm_triton, split_k_triton, tuning
 from .configs import RouterTilesConfig
 from .pdl import launch_options, pdl_entry
 from .router import sigmoid_topk_ref
@@ -518,7 +518,7 @@ def _small_batch(
         num_warps=4,
         **launch_options(x.device),
     )
-    counter = gemv_triton.counters(x.device)
+    counter = split_k_triton.counters(x.device)
     if norm is None:
         _router_kernel[grid](
             x, weight, logits, counter, out_w, out_ids, t, hidden, num_experts, x.stride(0), weight.stride(0),
@@ -701,8 +701,8 @@ def _tiles(
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(hidden)))
     split_k, per = _k_split(cfg.split_k, token_blocks, expert_tiles, hidden, block_k, x.device)
     one_pass = cfg.block_e >= e_pad and split_k == 1
-    if not one_pass and token_blocks > gemv_triton.COUNTER_SLOTS:
-        raise ValueError(f"router: {t} tokens need more arrival counters than {gemv_triton.COUNTER_SLOTS}")
+    if not one_pass and token_blocks > split_k_triton.COUNTER_SLOTS:
+        raise ValueError(f"router: {t} tokens need more arrival counters than {split_k_triton.COUNTER_SLOTS}")
     # Logits go through memory only when a token block's experts or K are split over several tiles.
     logits = out_w if one_pass else torch.empty((split_k, t, num_experts), dtype=torch.float32, device=x.device)
     _router_tiles_kernel[(token_blocks, expert_tiles, split_k)](
@@ -710,7 +710,7 @@ def _tiles(
         weight,
         split if split is not None else weight,
         logits,
-        gemv_triton.counters(x.device),
+        split_k_triton.counters(x.device),
         out_w,
         out_ids,
         t,
@@ -742,11 +742,11 @@ def _k_split(
     asked: int, token_blocks: int, expert_tiles: int, hidden: int, block_k: int, device: torch.device
 ) -> tuple[int, int]:
     """(K splits, K per split, a multiple of block_k) of a tiles launch: `asked` if set (0: automatic), else for one
-    token block (decode-sized batches, whose 16 tiles leave most of a GPU idle) as `gemv_triton.choose_split_k`."""
+    token block (decode-sized batches, whose 16 tiles leave most of a GPU idle) as `split_k_triton.choose_split_k`."""
     whole = triton.cdiv(hidden, block_k) * block_k
     if asked == 1 or (asked == 0 and token_blocks > 1):
         return 1, whole
     if asked == 0:
-        return gemv_triton.choose_split_k(token_blocks * expert_tiles, hidden, block_k, device)
+        return split_k_triton.choose_split_k(token_blocks * expert_tiles, hidden, block_k, device)
     per = triton.cdiv(triton.cdiv(hidden, block_k), asked) * block_k
     return triton.cdiv(hidden, per), per

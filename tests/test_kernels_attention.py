@@ -16,7 +16,7 @@ import torch
 from attention_cases import Case, check_attention
 from flint_kernels import attention_triton as at
 from flint_kernels.attention import AttnMeta, paged_attention_ref
-from flint_kernels.gemv_triton import counters
+from flint_kernels.split_k_triton import counters
 from kernel_checks import LaunchSpy, poison_torch_empty
 
 HAS_CUDA = torch.cuda.is_available()

@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 from flint_kernels import gemv_triton as gt
-from flint_kernels import nvfp4
+from flint_kernels import nvfp4, split_k_triton
 from flint_kernels.linear import (
     NVFP4Weight,
     add_rms_norm_linear_ref,
@@ -320,7 +320,7 @@ def test_split_k_is_deterministic_and_leaves_counters_zero() -> None:
     first = gt._matmul(x, w, fp32_out=True, config=dot_config(2), split_k=4)
     again = gt._matmul(x, w, fp32_out=True, config=dot_config(2), split_k=4)
     assert torch.equal(first, again)
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
 def test_uncovered_inputs_fall_back_to_reference() -> None:
@@ -358,7 +358,7 @@ def test_linear_add_rms_norm_one_launch_fp32(fmt: str, split_k: int) -> None:
         assert rel_err(h, want_h) < 1e-5 and rel_err(res, want_res) < 1e-5
         runs.append(h)
     assert torch.equal(runs[0], runs[1])
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
 def test_linear_add_rms_norm_op_fp16_and_fallback() -> None:
@@ -373,7 +373,7 @@ def test_linear_add_rms_norm_op_fp16_and_fallback() -> None:
         h, res = gt.linear_add_rms_norm(x, w, residual, norm_w, 1e-6)
         want_h, want_res = linear_add_rms_norm_ref(x, w, residual, norm_w, 1e-6)
         assert rel_err(h, want_h) < 1e-3 and rel_err(res, want_res) < 1e-3, m
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
 # ----------------------------------------------------------------------------------------- add+RMSNorm prologue
@@ -395,7 +395,7 @@ def test_add_rms_norm_linear_one_launch_fp32(fmt: str, k: int, split_k: int) -> 
         assert rel_err(y, want_y) < 1e-5 and torch.equal(res, want_res)
         runs.append(y)
     assert torch.equal(runs[0], runs[1])
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
 def test_add_rms_norm_linear_op_fp16_and_fallback() -> None:
@@ -514,7 +514,7 @@ def test_gpu_cuda_graph_capture_and_determinism() -> None:
         torch.cuda.synchronize()
         assert torch.equal(y1, gt.linear(x1, w))  # split-K reduction order is fixed
         assert rel_err(y2, linear_fp32_out_ref(x2, wd)) < 1e-4
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
 @pytest.mark.gpu
@@ -559,4 +559,4 @@ def test_gpu_linear_add_rms_norm_o_projection(fmt: str) -> None:
     for _ in range(3):
         again = gt.linear_add_rms_norm(x, w, residual, norm_w, 1e-6)
         assert torch.equal(again[0], h) and torch.equal(again[1], res)
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0

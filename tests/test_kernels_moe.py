@@ -15,7 +15,7 @@ import pytest
 import torch
 from flint_kernels import gemv_triton as gt
 from flint_kernels import moe_triton as mt
-from flint_kernels import nvfp4
+from flint_kernels import nvfp4, split_k_triton
 from flint_kernels.linear import NVFP4Weight
 from flint_kernels.moe import moe_add_rms_norm_ref, moe_ref
 from kernel_checks import LaunchSpy, poisoned_empty, rel_err, routing
@@ -181,7 +181,7 @@ def test_decode_expert_major_on_tensor_cores(fmt: str, slots_in_down: bool) -> N
         mp.setattr(mt, "_moe_reduce_kernel", reduce)
         out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=config)
     assert sorts == [] and reduce.launches == (0 if slots_in_down else 1)
-    assert not gt.counters(x.device).any()
+    assert not split_k_triton.counters(x.device).any()
     assert torch.equal(out, sorted_grouped)
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < (1e-5 if fmt == "dense" else 1e-3)
 
@@ -222,7 +222,7 @@ def test_decode_folds_shared_expert_dense_fp32(t: int, config: mt.MoEConfig, spl
         x, tw, ids, w13, w2, decode_max_tokens=64, config=config, split_k=split_k, shared=shared, fold_max_tokens=64
     )
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
@@ -255,7 +255,7 @@ def test_expert_major_slots_in_down_folds_shared_expert(fmt: str) -> None:
     tol = 1e-5 if fmt == "dense" else 1e-3
     assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < tol
     assert rel_err(out, apart) < tol
-    assert not gt.counters(x.device).any()
+    assert not split_k_triton.counters(x.device).any()
 
 
 @pytest.mark.parametrize("t", [1, 2])
@@ -365,7 +365,7 @@ def test_moe_add_rms_norm_in_the_down_launch_fp32(fmt: str, t: int, with_shared:
     for got_h, got_res in runs:
         assert rel_err(got_h, want_h) < 1e-5 and rel_err(got_res, want_res) < 1e-5
     assert torch.equal(runs[0][0], runs[1][0])
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
 def test_moe_add_rms_norm_falls_back_outside_the_decode_path() -> None:
@@ -461,7 +461,7 @@ def test_decode_is_deterministic_and_leaves_counters_zero() -> None:
     w13, w2 = dense_experts(e, h, i, torch.float32, g)
     runs = [mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=DECODE_FMA, split_k=2) for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
 def test_uncovered_inputs_fall_back_to_reference() -> None:
@@ -560,7 +560,7 @@ def test_gpu_expert_major_tensor_cores_flint_shapes(t: int, fmt: str) -> None:
     slots = dataclasses.replace(tiles, expert_major=True, slots_in_down=True)
     here = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=slots)
     assert rel_err(here, want) < 1e-3
-    assert not gt.counters(x.device).any()
+    assert not split_k_triton.counters(x.device).any()
 
 
 @pytest.mark.gpu
@@ -579,7 +579,7 @@ def test_gpu_expert_major_slots_fold_shared_flint_shapes(t: int, fmt: str) -> No
     got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=slots, shared=shared, fold_max_tokens=0)
     assert rel_err(got, apart) < 2e-3
     assert rel_err(got, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-2
-    assert not gt.counters(x.device).any()
+    assert not split_k_triton.counters(x.device).any()
 
 
 @pytest.mark.gpu
@@ -594,7 +594,7 @@ def test_gpu_shared_expert_flint_shapes(t: int, fmt: str) -> None:
     assert rel_err(mt.moe(x, tw, ids, w13, w2, shared), ref) < 1e-2
     for dmt in (0, 64):
         assert rel_err(mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt, shared=shared), ref) < 1e-2
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
 @pytest.mark.gpu
@@ -611,7 +611,7 @@ def test_gpu_moe_add_rms_norm_flint_shapes(t: int, fmt: str) -> None:
     for _ in range(3):
         got = mt.moe_add_rms_norm(x, tw, ids, w13, w2, shared, residual, norm_w, 1e-6)
         assert rel_err(got[0], want[0]) < 1e-2 and rel_err(got[1], want[1]) < 1e-2
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
 @pytest.mark.gpu
@@ -660,4 +660,4 @@ def test_gpu_cuda_graph_capture_and_determinism(t: int) -> None:
         torch.cuda.synchronize()
         assert torch.equal(out, mt.moe(x, tw, ids, w13, w2, shared))
         assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-2
-    assert int(gt.counters(DEVICE).abs().sum()) == 0
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flint_kernels import gemv_triton, rmsnorm_triton, router_triton
+from flint_kernels import rmsnorm_triton, router_triton, split_k_triton
 from flint_kernels.activation import silu_and_mul_ref
 from flint_kernels.activation_triton import silu_and_mul
 from flint_kernels.rmsnorm import add_rms_norm_ref
@@ -182,7 +182,7 @@ def test_sigmoid_topk_one_launch_interp(poison: None, monkeypatch: pytest.Monkey
     w = _rand((experts, 256), torch.float32, 12) * 256**-0.5
     first = sigmoid_topk(x, w, 6, True, 2.5)
     second = sigmoid_topk(x, w, 6, True, 2.5)
-    assert not gemv_triton.counters(x.device).any()
+    assert not split_k_triton.counters(x.device).any()
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
     ref_w, ref_ids = sigmoid_topk_ref(x, w, 6, True, 2.5)
     assert torch.equal(first[1], ref_ids)
@@ -208,7 +208,7 @@ def test_sigmoid_topk_tiles_interp(poison: None, t: int, hidden: int, experts: i
     w = _rand((experts, hidden), torch.float32, 22) * hidden**-0.5
     first = sigmoid_topk(x, w, k, False, 2.0)
     second = sigmoid_topk(x, w, k, False, 2.0)
-    assert not gemv_triton.counters(x.device).any()
+    assert not split_k_triton.counters(x.device).any()
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 
 
@@ -234,7 +234,7 @@ def test_sigmoid_topk_tiles_split_k_interp(poison: None, hidden: int, split_k: i
     assert torch.equal(outs[0][1], ref_ids)
     assert (outs[0][0] - ref_w).abs().max().item() < 1e-5
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    assert not gemv_triton.counters(x.device).any()
+    assert not split_k_triton.counters(x.device).any()
 
 
 def triton_next_pow2(n: int) -> int:
@@ -284,7 +284,7 @@ def test_router_tiles_split_gpu(poison: None, t: int, presplit: bool) -> None:
     ref_w, ref_ids = sigmoid_topk_ref(x, w, 6)
     assert (out_w - ref_w).abs().max().item() < 1e-5
     assert (out_ids != ref_ids).float().mean().item() <= 0.01
-    assert not gemv_triton.counters(x.device).any()
+    assert not split_k_triton.counters(x.device).any()
 
 
 def test_prepare_keeps_the_split_while_the_weight_lives() -> None:
@@ -374,7 +374,7 @@ def _check_norm_router(
     _check_topk(weights, ids, ref_w, ref_ids, ref_normed, router_w, renorm, scaling)
     again = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, k, renorm, scaling)
     assert all(torch.equal(a, b) for a, b in zip(again, (normed, new_res, weights, ids)))
-    assert not gemv_triton.counters(x.device).any()
+    assert not split_k_triton.counters(x.device).any()
 
 
 def test_add_rms_norm_sigmoid_topk_ref_is_the_composition() -> None:
