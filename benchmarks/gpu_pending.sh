@@ -483,8 +483,8 @@ if [ "${SHARED_MOE:-0}" = 1 ]; then
     cp $V/shared.json $V/shared_perm.json "$OUT/"
 fi
 # HEAD_TESTS=1 (NEXT, first): the GPU tests of the NVFP4 MMA, MoE and GEMV kernels at the head (287), verbose, in a
-# limit they fit (they ran out of 240-250 s twice in the thirty-sixth session, 7-9 failures unnamed). Most of their
-# time is Triton compiling each test's variants on the host's CPUs, so 12 workers on the machine's 16 cores (the
+# limit they fit (they ran out of 240-250 s twice in the thirty-sixth session, 7-9 failures unnamed). Their time is
+# likely Triton compiling each test's variants on the host's CPUs (--durations will say), so 12 workers on the machine's 16 cores (the
 # thirty-second session ran 14 over fifteen files; its four out-of-memory failures sat beside a cuDNN attention
 # reference test holding 41 GB, which this set does not run).
 if [ "${HEAD_TESTS:-0}" = 1 ]; then
