@@ -75,7 +75,7 @@ class MoEConfig:
     # mma.sync kernel (the weights decoded in PTX into each thread's own fragments, 8 of the expert's pairs an MMA)
     # instead of two pairs a decode.
     mma: bool = False
-    # With mma: that gate_up kernel loads each K step while the previous one's MMAs run (`nvfp4_mma_moe_triton`'s
+    # With mma: that gate_up kernel loads each K step while the previous one's MMAs run (`nvfp4_mma_triton`'s
     # PREFETCH; on the H200 faster at 1-2 and 64 tokens, slower for the down and the linear, 2026-12-02).
     mma_prefetch: bool = False
     # On the FMA decode path with the shared expert apart (NVFP4, BF16 h, on a GPU, no fused add+RMSNorm): the down

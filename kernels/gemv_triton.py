@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import rmsnorm_triton, tuning
+from . import nvfp4_mma_triton, rmsnorm_triton, tuning
 from .configs import MoEConfig, TileConfig
 from .linear import NVFP4Weight, Weight, linear_fp32_out_ref, linear_ref, matmul_fp32_out
 from .nvfp4_decode_triton import (
@@ -941,16 +941,14 @@ def _matmul(
         dev = x.device
         config = small_m_config(m, nv, k, n, dev) if m <= SMALL_M else large_m_config(nv, dev, m, n, k)
     cfg = config
-    if cfg.mma and nv and norm is None and norm_in is None:  # FP32 out too (the lm_head): no rounding then
-        from . import nvfp4_mma_triton  # here: that module imports this one
-
-        if nvfp4_mma_triton.supported(x, w):
-            splits = split_k if split_k is not None else cfg.mma_split_k or None
-            nvfp4_mma_triton.launch_linear(
-                x, w, out, num_warps=cfg.num_warps, split_k=splits, vec=cfg.mma_vec, wide=cfg.mma_wide,
-                ready=cfg.mma_ready,
-            )  # fmt: skip
-            return out
+    # FP32 out too (the lm_head): no rounding then
+    if cfg.mma and nv and norm is None and norm_in is None and nvfp4_mma_triton.supported(x, w):
+        splits = split_k if split_k is not None else cfg.mma_split_k or None
+        nvfp4_mma_triton.launch_linear(
+            x, w, out, num_warps=cfg.num_warps, split_k=splits, vec=cfg.mma_vec, wide=cfg.mma_wide,
+            ready=cfg.mma_ready,
+        )  # fmt: skip
+        return out
     if nv:
         qw, sc, gs = w.qweight, w.scales, w.global_scale.reshape(-1)
         seg = segment_bounds(w.segments, n)

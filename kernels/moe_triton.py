@@ -8,7 +8,7 @@ Decode (up to `MoEPaths.decode_max_tokens`, 32-64 tokens from the H200's crossov
 runs one program per (pair, I-tile[, K split]) and fuses SiLU-and-mul into its epilogue, writing h [T*k, I]; kernel
 2 runs one program per (pair, H-tile) and reduces the k slots of a token in the same launch, deterministically: each
 slot stores its weighted FP32 product to a workspace and the program that arrives last on the (token, H-tile)
-counter sums the k products in slot order and rounds once (gemv_triton's split-K semaphore with the slot as the
+counter sums the k products in slot order and rounds once (`split_k_triton`'s semaphore with the slot as the
 split index). NVFP4 pairs use the FMA GEMV of `gemv_triton` (BLOCK_M = 1); BF16 pairs use tensor cores (16-row
 tiles, one real row), which measured faster. With `MoEConfig.expert_major` (NVFP4, shared expert apart; the H200
 table from 33 tokens) kernel 1 runs expert-major instead: one program per (I-tile, expert) finds the expert's pairs

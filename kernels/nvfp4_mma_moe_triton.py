@@ -69,7 +69,8 @@ def _l2_tiles(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_base, 
 
 @triton.jit
 def _perm_col(i, PERM: tl.constexpr):
-    """Where column i of a row goes when the row is kept in the MMA's order (`perm_columns`; PERM), else i."""
+    """Where column i of a row goes when the row is kept in the MMA's order (`nvfp4_mma_triton.perm_columns`;
+    PERM), else i."""
     if PERM:
         return i - (i & 7) + 2 * (i & 3) + ((i >> 2) & 1)
     else:
@@ -230,7 +231,7 @@ def _moe_gate_up_body(
     gate_up of 2 * INTER_S rows, INTER_S a multiple of INTER): program n_exp + q takes part q % (INTER_S / INTER), its
     columns INTER * part onward, for tokens 8 * (q // parts) onward of the T, and writes their silu(gate) * up into hs
     [T, INTER_S]. The same K loop and epilogue as an expert's, so a shared launch of its own costs nothing. PERM: h
-    and hs are written in the MMA's order (`perm_columns`), for the down's K loop without PRMTs."""
+    and hs are written in the MMA's order (`nvfp4_mma_triton.perm_columns`), for the down's K loop without PRMTs."""
     pid_i = tl.program_id(0)
     if USED:  # (with SHARED) the shared expert's programs, then one a slot of the experts in use
         pdl_entry(PDL)  # the ids are the router's (the later wait returns at once)
@@ -641,19 +642,20 @@ def _moe_down_body(
     USED: tl.constexpr = False,
     E_BINS: tl.constexpr = 1,
 ):
-    """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for
-    e's pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s.
-    L2_MODE (MoEConfig.mma_down_l2): 1 asks L2 for the codes two K steps ahead in the K loop (`_l2_ahead`); 2 asks
-    for all of the tile's codes before the PDL wait, for an expert with pairs: the ids are the router's, written two
-    grids back, and the gate_up launch before this one lets it start only after each of its programs has waited for
-    its own predecessor (`pdl_entry`), so the router has finished by then. TILES 2: 32 rows a warp, two 16-row tiles
-    whose MMAs share each K step's h words. (Four tiles, 64 rows a warp, were even to +2.3% on the H200.)
+    """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for e's
+    pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s. L2_MODE
+    (MoEConfig.mma_down_l2): 1 asks L2 for the codes two K steps ahead in the K loop (`_l2_ahead`); 2 asks for all of
+    the tile's codes before the PDL wait, for an expert with pairs: the ids are the router's, written two grids back,
+    and the gate_up launch before this one lets it start only after each of its programs has waited for its own
+    predecessor (`pdl_entry`), so the router has finished by then. TILES 2: 32 rows a warp, two 16-row tiles whose MMAs
+    share each K step's h words. (Four tiles, 64 rows a warp, were even to +2.3% on the H200.)
 
     SHARED (with TILES 2): programs e >= n_exp compute the shared expert's down as well (`sw_ptr`..., a 2-D NVFP4 [N,
-    K_S]): program n_exp + q for tokens 8q onward of the T, from hs [T, K_S] into ys [T, N], rounded once as the
-    linear rounds it (the slot reduce then adds ys). PERM (with TILES 2): h and hs in the MMA's order (`perm_columns`,
-    as the gate_up's PERM writes them): the K loop has no PRMTs. USED (with SHARED): the grid's programs are the
-    shared expert's, then one a slot of the experts in use (`_used_program`), as the gate_up's USED."""
+    K_S]): program n_exp + q for tokens 8q onward of the T, from hs [T, K_S] into ys [T, N], rounded once as the linear
+    rounds it (the slot reduce then adds ys). PERM (with TILES 2): h and hs in the MMA's order
+    (`nvfp4_mma_triton.perm_columns`, as the gate_up's PERM writes them): the K loop has no PRMTs. USED (with SHARED):
+    the grid's programs are the shared expert's, then one a slot of the experts in use (`_used_program`), as the
+    gate_up's USED."""
     tl.static_assert(not PERM or TILES == 2, "PERM is the wide down's")
     pid_n = tl.program_id(0)
     if USED:
@@ -990,14 +992,14 @@ def launch_moe_down(
     used: bool = False,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
-    `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also
-    ask L2 for the codes, 1 two K steps ahead, 2 all of them before the PDL wait (MoEConfig.mma_down_l2); wide (with
-    vec): 32 rows a warp, two tiles sharing h's loads (MoEConfig.mma_down_wide); ready: the experts' ready scale bytes
-    where they have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared
-    expert's down [H, I_s], hs [T, I_s], ys [T, H]), ys filled with its rounded output in programs of the same
-    launch; perm (with shared; MoEConfig.mma_perm_h): h and hs in the MMA's order (`perm_columns`), no PRMTs; first
-    (with shared; MoEConfig.mma_shared_first): the shared expert's programs before the experts' in the grid; used
-    (with shared; MoEConfig.mma_used_experts): then programs only for the experts in use (`_used_program`)."""
+    `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also ask L2
+    for the codes, 1 two K steps ahead, 2 all of them before the PDL wait (MoEConfig.mma_down_l2); wide (with vec): 32
+    rows a warp, two tiles sharing h's loads (MoEConfig.mma_down_wide); ready: the experts' ready scale bytes where they
+    have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared expert's down [H,
+    I_s], hs [T, I_s], ys [T, H]), ys filled with its rounded output in programs of the same launch; perm (with shared;
+    MoEConfig.mma_perm_h): h and hs in the MMA's order (`nvfp4_mma_triton.perm_columns`), no PRMTs; first (with shared;
+    MoEConfig.mma_shared_first): the shared expert's programs before the experts' in the grid; used (with shared;
+    MoEConfig.mma_used_experts): then programs only for the experts in use (`_used_program`)."""
     if l2 not in (0, 1, 2):
         raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
     if shared is not None:
@@ -1116,10 +1118,10 @@ def launch_moe_gate_up(
     sharing x's loads (MoEConfig.mma_wide); ready: the experts' ready scale bytes where they have them
     (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared expert's gate_up [2 I_s, H], hs
     [T, I_s]), hs filled with its silu(gate) * up for every token of x in programs of the same launch (I_s a multiple of
-    I; `shared_fits`); perm (with shared; MoEConfig.mma_perm_h): h and hs written in the MMA's order (`perm_columns`)
-    for the down's `perm`; first (with shared; MoEConfig.mma_shared_first): the shared expert's programs before the
-    experts' in the grid; used (with shared; MoEConfig.mma_used_experts): then programs only for the experts in use
-    (`_used_program`), the shared expert's first."""
+    I; `shared_fits`); perm (with shared; MoEConfig.mma_perm_h): h and hs written in the MMA's order
+    (`nvfp4_mma_triton.perm_columns`) for the down's `perm`; first (with shared; MoEConfig.mma_shared_first): the shared
+    expert's programs before the experts' in the grid; used (with shared; MoEConfig.mma_used_experts): then programs
+    only for the experts in use (`_used_program`), the shared expert's first."""
     if shared is not None:
         return _launch_gate_up_shared(
             x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, ready, perm, first, used, *shared

@@ -15,7 +15,7 @@ Lanes: a warp owns 16 weight rows; lane L = 4g + c holds rows g and g + 8 (A fra
 rows past the real ones read the last real row, and their columns of D are never stored). Every thread runs the PTX
 once per K step on its own registers: the asm's tensors are one element a thread, thread t holding element t (the
 compile test checks their layout). A K step is 128 values a row: lane c reads int32 words 4c..4c+3 of the step
-(values 32c + 8j + i of word j); word j's nibbles p and p + 4 become one BF16x2 register (`gemv_triton`'s
+(values 32c + 8j + i of word j); word j's nibbles p and p + 4 become one BF16x2 register (`nvfp4_decode_triton`'s
 `e2m1_pair_packed` bits: E2M1X2 * 2**-127, exact, subnormals included) times the block scale * 2**64, so the MMA
 inputs are the weights times 2**-62, exact and normal. The MMA of (word j, half h) takes pairs 2h and 2h + 1 of
 rows g and g + 8, and the matching x pairs built by PRMT from the same positions: a permutation of K, the same for
@@ -26,7 +26,7 @@ Rows of x: one MMA takes 8 (its N side). Up to 8 rows `_nvfp4_mma_kernel` runs; 
 step decodes each weight pair once for four MMAs (x rows g, g + 8, g + 16, g + 24: `step_asm(4)`, a quad); 33-64
 rows the same kernel with two quads, the weights loaded once and decoded once a quad.
 
-Split-K (`linear`) as in `gemv_triton` (deterministic, in one launch): each split stores its D fragments per thread,
+Split-K (`linear`) as in `split_k_triton` (deterministic, in one launch): each split stores its D fragments per thread,
 the last to arrive on the tile's counter sums them in split order.
 
 Loads: Triton's loads of one element a thread are 8 bytes wide, so a lane's K step takes 4 loads of codes, 4 of scale

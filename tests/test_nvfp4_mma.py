@@ -176,7 +176,6 @@ sys.path.insert(0, {str(BENCHMARKS)!r})
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from flint_kernels import nvfp4_mma_scales
 from flint_kernels import nvfp4_mma_moe_triton as mm, nvfp4_mma_triton as nm
 from kernel_sass import disassemble, profile
 common = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", gs_ptr="*fp32")  # the down has h_ptr for x_ptr
