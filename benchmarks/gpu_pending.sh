@@ -4,7 +4,9 @@
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
 # Next, in this order (state after the thirty-seventh session, 2026-12-04, which had no GPU):
-#   HEAD_TESTS=1  the MMA, MoE and GEMV GPU tests at the head (~5-8 minutes; in the thirty-sixth session they ran out
+#   first `bash benchmarks/gpu_tests.sh` (a call of its own): every GPU test at the head, since the thirty-seventh
+#                 session moved the NVFP4 MMA MoE kernels, the NVFP4 decode and the split-K into modules of their
+#                 own; HEAD_TESTS=1 below is its MMA, MoE and GEMV part (in the thirty-sixth session that part ran out
 #                 of 240-250 s twice with 7-9 unnamed failures, one cause since fixed in the shared-expert test);
 #   L2_ALL=1      the wide MMA gate_up asking L2 for all its lines at once (MoEConfig.mma_l2_all), with a probe of
 #                 the programs of experts without pairs (~6 minutes); a win: set it in the table, then RECORD=1;

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Every GPU acceptance run of the fast path in one device call (one H200, 10-minute limit), results under $OUT.
+# The GPU acceptance runs of the fast path in one device call (one H200, 10-minute limit), results under $OUT: a
+# quick part of the kernel tests (every GPU test is benchmarks/gpu_tests.sh, a call of its own), the whole-model
+# benchmark and the accuracy checks.
 #
 #   here, once:  mkdir -p .whl && echo /.whl/ >> .git/info/exclude && python3 -m pip download --no-deps
 #                --only-binary=:all: --python-version 3.12 -d .whl gguf==0.19.0      (the GPU image lacks gguf)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every GPU test of the project (`pytest -m gpu` over tests/) in one device call (one H200), results under $OUT:
+# gpu_tests_all.txt (verbose, so a run cut short by its limit still names each test that failed; the slowest 25 at
+# its end) and, for the tests that failed, a second run of just those on one worker (gpu_tests_rerun.txt): a failure
+# that passes alone is a neighbour's memory, not the kernel. Run: bash benchmarks/gpu_tests.sh (device `run`, carry
+# [".whl"]). LIMIT (s, default 470) bounds the first run, WORKERS (default 12 of the machine's 16 cores: the time is
+# mostly Triton compiling each test's variants) its parallelism.
+set -u
+. benchmarks/gpu_env.sh
+timeout "${LIMIT:-470}" python3 -m pytest -v -m gpu --noconftest -p no:cacheprovider -n "${WORKERS:-12}" \
+    --durations=25 tests/ > "$OUT/gpu_tests_all.txt" 2>&1
+echo "every GPU test: $(tail -1 "$OUT/gpu_tests_all.txt")"
+echo "passed: $(grep -c " PASSED" "$OUT/gpu_tests_all.txt"), failed: $(grep -c " FAILED" "$OUT/gpu_tests_all.txt")"
+mapfile -t failed < <(grep -oE "FAILED tests/[^ ]+" "$OUT/gpu_tests_all.txt" | sed 's/^FAILED //' | sort -u)
+if [ "${#failed[@]}" -gt 0 ]; then
+    printf '%s\n' "${failed[@]}" | head -20
+    timeout "${RERUN_S:-90}" python3 -m pytest -v -m gpu --noconftest -p no:cacheprovider "${failed[@]}" \
+        > "$OUT/gpu_tests_rerun.txt" 2>&1
+    echo "the failed ones again, alone: $(tail -1 "$OUT/gpu_tests_rerun.txt")"
+    grep -E "^E " "$OUT/gpu_tests_rerun.txt" | head -12
+fi
+sed -n '/slowest 25 durations/,/^$/p' "$OUT/gpu_tests_all.txt" | head -27
