@@ -19,7 +19,8 @@ deterministically in the same launch (`split_k_triton`).
 The NVFP4 decode (exact and table-free) and the per-segment global scales: `nvfp4_decode_triton`.
 
 The per-segment FP32 global scale multiplies the FP32 accumulator before the single rounding to x.dtype (`linear`)
-or the FP32 store (`lm_head`). Limits of the offsets: |x| must stay below 2**64 (activations are far smaller).
+or the FP32 store (`lm_head`). Limits of the decode's power-of-two offsets
+(`nvfp4_decode_triton`): |x| must stay below 2**64 (activations are far smaller).
 Grids come from shapes only and nothing syncs with the host (but `dequant_matmul`'s first call on a weight, which
 reads its global scales, and not while a graph is captured), so every path is CUDA-graph capturable. Workspaces
 come from the caching allocator; the split-K arrival counters are `split_k_triton.counters`.
