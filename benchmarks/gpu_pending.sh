@@ -67,6 +67,16 @@ moe_entries_variant() {
     done
     cp "$t" "$out"
 }
+# moe_field_ab NAME FIELD LABEL: the shared-expert GPU test (the same bits with and without each MMA MoE field, at
+# 9-64 tokens), then the whole step with FIELD=true on the four NVFP4 moe.decode entries from 9 tokens.
+moe_field_ab() {
+    local name=$1 field=$2 label=$3
+    gpu_tests "shared expert GPU tests ($label)" "${name}_tests" 300 -n 4 tests/test_nvfp4_mma_moe.py \
+        -k "shared_expert_in_the_moe and True-True"
+    V=/tmp/variants; mkdir -p $V
+    moe_entries_variant "$field=true" "$V/$name.json" 9 17 25 33
+    step_ab nvfp4 "$name" "$V/$name.json" "$label"
+}
 
 if [ "${SKIP_AB:-0}" != 1 ]; then
 # The NVFP4 MMA kernels: their GPU tests (the linear against linear_ref at qkv, o_proj and a ragged N, 1-8 rows, with
@@ -502,17 +512,13 @@ fi
 # bits at 9-64 tokens), then the whole step with it on the four NVFP4 entries from 9 tokens. ~5 minutes. A win: set
 # it in the table and RECORD=1 (a new compile variant).
 if [ "${L2_ALL:-0}" = 1 ]; then
-    gpu_tests "shared expert GPU tests (with L2_ALL)" l2_all_tests 300 -n 4 tests/test_nvfp4_mma_moe.py \
-        -k "shared_expert_in_the_moe and True-True"
     # the kernels alone (the wide ones with and without L2_ALL, ready bytes), and in brackets with only the experts
     # in use: what the programs of experts without pairs cost (at 9 tokens ~200 of the 256 experts have none)
     timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 --vec 1 --prefetch 1 \
         --moe-tokens 9 16 32 64 --moe-l2-ahead 2 --moe-wide --moe-l2-all --ready --moe-compact \
         --out "$OUT/nvfp4_mma_l2_all.json" > "$OUT/nvfp4_mma_l2_all.txt" 2>&1
     sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_l2_all.txt" | grep -v "^wrote"
-    V=/tmp/variants; mkdir -p $V
-    moe_entries_variant mma_l2_all=true $V/l2_all.json 9 17 25 33
-    step_ab nvfp4 l2_all $V/l2_all.json "the gate_up asking L2 for all its lines at once"
+    moe_field_ab l2_all mma_l2_all "the gate_up asking L2 for all its lines at once"
 fi
 # USED=1 (built in the thirty-sixth session without a GPU): the NVFP4 MMA MoE launches with programs only for the
 # experts in use (MoEConfig.mma_used_experts: the shared expert's, then min(E, pairs) slots a tile, each finding its
@@ -521,11 +527,7 @@ fi
 # test checks its bits), then the whole step with it on the four NVFP4 entries from 9 tokens. ~5 minutes. A win: set
 # it in the table and RECORD=1 (new twin kernels).
 if [ "${USED:-0}" = 1 ]; then
-    gpu_tests "shared expert GPU tests (with the experts in use)" used_tests 300 -n 4 tests/test_nvfp4_mma_moe.py \
-        -k "shared_expert_in_the_moe and True-True"
-    V=/tmp/variants; mkdir -p $V
-    moe_entries_variant mma_used_experts=true $V/used.json 9 17 25 33
-    step_ab nvfp4 used $V/used.json "programs only for the experts in use in the MMA MoE launches"
+    moe_field_ab used mma_used_experts "programs only for the experts in use in the MMA MoE launches"
 fi
 # REPLACE=1 (ran in the thirty-sixth session: same bits and decode speed; one 8K prefill timing 157.6 vs 134.2 ms):
 # the ready scale bytes in the UE4M3 bytes' place (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through
@@ -552,11 +554,7 @@ fi
 # four entries from 9 tokens. ~4 minutes. A win: set it in the table, RECORD=1 (the
 # `_first` twins are new kernels for the manifest).
 if [ "${SHARED_FIRST:-0}" = 1 ]; then
-    gpu_tests "shared-first GPU tests" shared_first_tests 240 -n 4 tests/test_nvfp4_mma_moe.py \
-        -k "shared_expert_in_the_moe and True-True"
-    V=/tmp/variants; mkdir -p $V
-    moe_entries_variant mma_shared_first=true $V/shared_first.json 9 17 25 33
-    step_ab nvfp4 shared_first $V/shared_first.json "the shared expert's programs first in the MMA MoE launches"
+    moe_field_ab shared_first mma_shared_first "the shared expert's programs first in the MMA MoE launches"
 fi
 # ATTN_WARPS=1 (ran in the thirty-sixth session: lost, b32 8.847 -> 9.361 ms; thirty-fifth session, no kernel change): decode attention at 32-64 sequences in 8 warps. At b32 1K
 # the step's 49 attention launches take 19 us each (0.93 ms; NVFP4 profile), the kernels alone 22.9 us (full layer,
