@@ -8,6 +8,8 @@
 #                 session moved the NVFP4 MMA MoE kernels, the NVFP4 decode and the split-K into modules of their
 #                 own; HEAD_TESTS=1 below is its MMA, MoE and GEMV part (in the thirty-sixth session that part ran out
 #                 of 240-250 s twice with 7-9 unnamed failures, one cause since fixed in the shared-expert test);
+#   READY_CODES=1 the MMA kernels reading ready codes (MoEConfig / TileConfig.mma_ready_codes: K loops 15-23%
+#                 shorter on sm_90; ~6 minutes); a win: set it in the table's MMA entries, then RECORD=1;
 #   L2_ALL=1      the wide MMA gate_up asking L2 for all its lines at once (MoEConfig.mma_l2_all), with a probe of
 #                 the programs of experts without pairs (~6 minutes); a win: set it in the table, then RECORD=1;
 #   USED=1        programs only for the experts in use (MoEConfig.mma_used_experts; ~5 minutes); a win: as above;
@@ -504,6 +506,36 @@ if [ "${HEAD_TESTS:-0}" = 1 ]; then
         tests/test_nvfp4_mma_moe.py tests/test_kernels_moe.py tests/test_kernels_gemv.py
     grep -c " PASSED" "$OUT/head_tests.txt"
     sed -n '/slowest 15 durations/,/^$/p' "$OUT/head_tests.txt" | head -17  # where the set's time goes
+fi
+# READY_CODES=1 (built in the thirty-eighth session without a GPU): the NVFP4 MMA kernels reading ready codes
+# (`kernels/nvfp4_mma_codes.py`, TileConfig / MoEConfig.mma_ready_codes): each word of 8 codes in the order the K step
+# decodes in 8 integer instructions instead of 13, so the installed K loops are 15-23% shorter on sm_90
+# (`benchmarks/mma_k_loops.py`); the MoE at b32 issues on ~2 of 3 cycles, and the ready scale bytes' 13% fewer gave
+# b32 -5%. Its GPU tests (the same bits as from the engine's codes: linear, MoE, fused_moe with the shared expert),
+# the kernels alone (the ready-scale variants against the same with ready codes, "_rc"), then the whole step with
+# mma_ready_codes on every gemv.small_m and moe.decode entry against the table, the codes made for both
+# (FLINT_MMA_READY_CODES=1: ~20 GB more on the full model). ~6 minutes. A win: set it in the table's MMA entries
+# (then `auto` makes the codes), RECORD=1 (ready codes are new compile variants: an int8 code pointer).
+if [ "${READY_CODES:-0}" = 1 ]; then
+    export FLINT_MMA_READY_CODES=1
+    gpu_tests "ready codes GPU tests" ready_codes_tests 240 -n 4 tests/test_nvfp4_mma_codes.py
+    timeout 240 python3 benchmarks/nvfp4_mma.py --ms 8 32 --shapes qkv o_proj lm_head --warps 4 --vec 1 --wide \
+        --ready-codes --moe-tokens 16 32 64 --moe-l2-ahead 2 --moe-down-l2 2 --moe-wide \
+        --out "$OUT/nvfp4_mma_ready_codes.json" > "$OUT/nvfp4_mma_ready_codes.txt" 2>&1
+    sed -n '/^NVFP4 linear on/,$p' "$OUT/nvfp4_mma_ready_codes.txt" | grep -v "^wrote"
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op gemv.small_m --when all --set mma_ready_codes=true \
+        --out $V/rc_gemv.json > /dev/null
+    python3 benchmarks/tuning_variant.py --table $V/rc_gemv.json --op moe.decode --when all \
+        --set mma_ready_codes=true --out $V/ready_codes.json > /dev/null
+    timeout 330 python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 16 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 --ab-tuning-file $V/ready_codes.json \
+        --out "$OUT/decode_ready_codes_ab.json" > "$OUT/decode_ready_codes_ab.txt" 2>&1
+    echo "== whole step: table vs mma_ready_codes on every gemv.small_m and moe.decode entry (codes made for both)"
+    ab_rounds "$OUT/decode_ready_codes_ab.txt"
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_ready_codes_ab.txt" | head -8
+    cp $V/ready_codes.json "$OUT/"
+    unset FLINT_MMA_READY_CODES
 fi
 # L2_ALL=1 (built in the thirty-sixth session without a GPU): the wide MMA gate_up asking L2 for all of a program's
 # code and scale lines at once, when it knows its expert has pairs (MoEConfig.mma_l2_all, `L2_ALL`), instead of

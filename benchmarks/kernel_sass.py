@@ -61,7 +61,14 @@ def _moe(args: argparse.Namespace, kernel: str) -> tuple[str, str, dict, dict]:
 
 
 def compile_sm90(
-    module: str, kernel: str, pointers: dict, constexprs: dict, warps: int, stages: int = 1, aligned: bool = False
+    module: str,
+    kernel: str,
+    pointers: dict,
+    constexprs: dict,
+    warps: int,
+    stages: int = 1,
+    aligned: bool = False,
+    maxnreg: int | None = None,
 ) -> tuple[bytes, str]:
     """(cubin, PTX) of `kernel` compiled for sm_90 (outside Triton's interpreter). Arguments not named in `pointers`
     (those the kernel has) or `constexprs` are i32 scalars, except names ending in "eps"/"scale"/"scaling" (fp32).
@@ -69,7 +76,7 @@ def compile_sm90(
     `aligned`: every pointer and i32 argument the kernel specialises on is taken as divisible by 16, as a launch with
     such values (the engine's strides and buffers) compiles it. Without it, loads whose addresses come from strides
     can compile to one element at a time (the prefill attention's K/V tiles: 2-byte loads instead of 16-byte
-    copies), which no launch runs."""
+    copies), which no launch runs. `maxnreg`: the register cap a launch passes (the MMA MoE's wide gate_up)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -86,7 +93,8 @@ def compile_sm90(
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
                  if sig[n].startswith("*") or (sig[n] == "i32" and n not in skip)}  # fmt: skip
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    options = {"num_warps": warps, "num_stages": stages} | ({"maxnreg": maxnreg} if maxnreg else {})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     return k.asm["cubin"], k.asm["ptx"]
 
 

@@ -10,7 +10,8 @@ split-K chosen by the kernel, or --splits). In the MoE, "_l2N" asks L2 for the g
 (--moe-l2-ahead), "_dN" for the down's (--moe-down-l2: 1 two steps ahead, 2 all before the PDL wait), "_kN" the
 gate_up with its warps splitting K in N parts (--moe-warp-k; with each --moe-l2-ahead too), "_wide" both with two
 weight tiles a warp sharing the activations' loads (--moe-wide), "_r" any 16-byte variant reading ready scale bytes
-(--ready: `nvfp4_mma_scales`, made for every weight first; the E4M3 variants are unchanged by them). One
+(--ready: `nvfp4_mma_scales`, made for every weight first; the E4M3 variants are unchanged by them), "_rc" such a
+variant reading ready codes as well (--ready-codes: `nvfp4_mma_codes`, made for every weight after the scales). One
 expert's gate_up and down stand for the MoE.
 
 The MoE (`--moe-tokens`, 256 experts of I = 512, H = 2048, top-6 of random scores): the MMA kernels' expert-major
@@ -147,11 +148,18 @@ def main() -> None:
         action="store_true",
         help="also each 16-byte variant reading ready scale bytes (`nvfp4_mma_scales`, mma_ready; label _r)",
     )
+    ap.add_argument(
+        "--ready-codes",
+        action="store_true",
+        help="also each ready-scale variant reading ready codes (`nvfp4_mma_codes`, mma_ready_codes; label _rc; "
+        "implies --ready)",
+    )
     ap.add_argument("--out", default=str(ROOT / "results" / "nvfp4_mma.json"))
     args = ap.parse_args()
+    args.ready = args.ready or args.ready_codes
     if not torch.cuda.is_available():
         sys.exit("benchmarks/nvfp4_mma.py needs a CUDA GPU")
-    from flint_kernels import gemv_triton, nvfp4_mma_scales
+    from flint_kernels import gemv_triton, nvfp4_mma_codes, nvfp4_mma_scales
     from flint_kernels import nvfp4_mma_moe_triton as mm
     from flint_kernels import nvfp4_mma_triton as nm
     from flint_kernels.linear import linear_ref
@@ -190,6 +198,9 @@ def main() -> None:
     if args.ready:  # the same kernels reading ready scale bytes (made for every weight below)
         wide += [(f"{label}_r", {**kw, "ready": True}) for label, kw in mma + wide if kw["vec"]]
         moe_variants += [(f"{label}_r", {**kw, "ready": True}) for label, kw in moe_variants if kw["vec"]]
+    if args.ready_codes:  # and reading ready codes (made for every weight below, after the ready scales)
+        wide += [(f"{label}c", {**kw, "ready_codes": True}) for label, kw in wide if kw.get("ready")]
+        moe_variants += [(f"{label}c", {**kw, "ready_codes": True}) for label, kw in moe_variants if kw.get("ready")]
     split_labels = [f"mma_w4_k{sk}" for sk in args.splits]
     split_kw = [dict(num_warps=4, split_k=sk, vec=True) for sk in args.splits]
     if args.wide:
@@ -205,6 +216,8 @@ def main() -> None:
         if args.ready:
             for w in ws:
                 nvfp4_mma_scales.prepare(w)
+                if args.ready_codes:
+                    nvfp4_mma_codes.make_ready(w)
         for m in args.ms:
             x = (torch.randn(m, k, device="cuda") * 0.5).to(torch.bfloat16)
             want = linear_ref(x, ws[0]).float()
@@ -265,10 +278,10 @@ def kernel_us(calls: list, match: str, reps: int = 5) -> float:
     return total / (reps * len(calls))
 
 
-def compact_route(x: torch.Tensor, ids: torch.Tensor, w13, w2, ready: bool) -> tuple:
+def compact_route(x: torch.Tensor, ids: torch.Tensor, w13, w2, ready: bool, ready_codes: bool = False) -> tuple:
     """(x, ids, w13, w2) with only the experts `ids` uses, renumbered 0..U-1 in id order: the same weights read, no
     expert without pairs (so no program of the expert-major launches that finds none)."""
-    from flint_kernels import nvfp4_mma_scales
+    from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales
     from flint_kernels.linear import NVFP4Weight
 
     used = ids.unique()
@@ -280,6 +293,8 @@ def compact_route(x: torch.Tensor, ids: torch.Tensor, w13, w2, ready: bool) -> t
                         w.segments)  # fmt: skip
         if ready:
             nvfp4_mma_scales.make_ready(c)
+        if ready_codes:
+            nvfp4_mma_codes.make_ready(c)
         ws.append(c)
     return x, renumber[ids], ws[0], ws[1]
 
@@ -297,10 +312,12 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]], compa
 
     w13, w2 = random_experts(n_exp, 2 * inter, hidden, 1, gate_up=True), random_experts(n_exp, hidden, inter, 2)
     if any(kw.get("ready") for _, kw in mma):
-        from flint_kernels import nvfp4_mma_scales
+        from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales
 
-        nvfp4_mma_scales.prepare(w13)
-        nvfp4_mma_scales.prepare(w2)
+        for w in (w13, w2):
+            nvfp4_mma_scales.prepare(w)
+            if any(kw.get("ready_codes") for _, kw in mma):
+                nvfp4_mma_codes.make_ready(w)
     rows = []
     for t in token_counts:
         routes = []
@@ -338,8 +355,8 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]], compa
                 row[label] = {"us": round(us, 2), "ok": ok, "down_us": round(kernel_us(down, "down_mma"), 2),
                                      "down_ok": ok_y}  # fmt: skip
                 if compact:
-                    ready = bool(kw.get("ready"))
-                    small = [compact_route(r[0], r[2], w13, w2, ready) for r in routes]
+                    ready, codes = bool(kw.get("ready")), bool(kw.get("ready_codes"))
+                    small = [compact_route(r[0], r[2], w13, w2, ready, codes) for r in routes]
                     row[label]["compact_us"] = round(kernel_us(
                         [lambda c=c, kw=gate_kw: mm.moe_gate_up(c[0], c[1], c[2], **kw) for c in small], "gate_up_mma"
                     ), 2)  # fmt: skip

@@ -150,7 +150,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     """How much context fits next to the weights on one GPU, from the engine's own sizing code."""
-    from flint_kernels import nvfp4_mma_scales
+    from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales
     from flint_kernels.router_triton import split_nbytes
     from gguf import GGMLQuantizationType
 
@@ -171,9 +171,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     for fmt in args.weights:
         planned = plan_tensors(config, fmt)
         weight_bytes = sum(p.nbytes for p in planned) + router_parts
+        nvfp4_values = sum(math.prod(p.shape) for p in planned if p.ggml_type == GGMLQuantizationType.NVFP4)
         if args.ready_scales:  # beside the UE4M3 bytes, as FLINT_MMA_READY_SCALES=auto makes them
-            nvfp4_values = sum(math.prod(p.shape) for p in planned if p.ggml_type == GGMLQuantizationType.NVFP4)
             weight_bytes += nvfp4_mma_scales.extra_bytes(nvfp4_values)
+        if args.ready_codes:  # beside the codes, as FLINT_MMA_READY_CODES=1 makes them
+            weight_bytes += nvfp4_mma_codes.extra_bytes(nvfp4_values)
         budget = gpu_kv_budget(
             config,
             total - weight_bytes - args.runtime_overhead_gib * 2**30,
@@ -269,6 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="count the NVFP4 MMA kernels' ready scale bytes (1/16 byte a value; default on, as on the H200's table)",
+    )
+    cap.add_argument(
+        "--ready-codes",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="count the NVFP4 MMA kernels' ready codes (1/2 byte a value, FLINT_MMA_READY_CODES=1; no table reads "
+        "them yet)",
     )
     cap.set_defaults(func=cmd_capacity)
 

@@ -52,11 +52,12 @@ class FlintModel:
         if kernels.prepare_nvfp4 is not None:
             for w in weights.nvfp4_weights():
                 kernels.prepare_nvfp4(w)
-            # Ready bytes kept beside the UE4M3 ones are memory the KV cache does not get: say so once
-            # (FLINT_MMA_READY_SCALES=0 leaves them out, =replace puts them in the UE4M3 bytes' place).
-            extra = [w.extra_ready_scales.nbytes for w in weights.nvfp4_weights() if w.extra_ready_scales is not None]
+            # Ready bytes kept beside the weights' own are memory the KV cache does not get: say so once
+            # (FLINT_MMA_READY_SCALES=0 / FLINT_MMA_READY_CODES=0 leave them out, FLINT_MMA_READY_SCALES=replace puts
+            # the scales in the UE4M3 bytes' place).
+            extra = [w.extra_nbytes for w in weights.nvfp4_weights() if w.extra_nbytes]
             if extra:
-                log.info("ready scale bytes for %d NVFP4 weights: %.2f GB", len(extra), sum(extra) / 1e9)
+                log.info("ready scale and code bytes for %d NVFP4 weights: %.2f GB", len(extra), sum(extra) / 1e9)
         # Weights asked into L2 ahead of their kernels on a side stream of captured graphs (op `l2_ahead`).
         self.weights_ahead = (
             WeightsAhead(weights, kernels.l2_ahead)

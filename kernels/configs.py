@@ -47,6 +47,11 @@ class TileConfig:
     # instructions in the K loops (sm_90 SASS, thirty-third session). H200 whole step with every MMA entry reading
     # them (thirty-fourth session): NVFP4 b32 9.87 -> 9.35 ms, b64 14.61 -> 13.97, b1-b16 within 0.5%.
     mma_ready: bool = False
+    # With mma: read the weight's ready codes where it has them (`nvfp4_mma_codes`, made at load where the device's
+    # table sets this; ~20 GB beside the codes on the full NVFP4 model): each word of 8 codes decoded in 8 integer
+    # instructions instead of 13, 15-23% fewer instructions in the K loops (sm_90 SASS, thirty-eighth session). Not
+    # yet measured on a GPU.
+    mma_ready_codes: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,9 @@ class MoEConfig:
     mma_down_wide: bool = False
     # With mma / mma_down: read the experts' ready scale bytes where they have them (TileConfig.mma_ready).
     mma_ready: bool = False
+    # With mma / mma_down: read the experts' (and with mma_shared the shared expert's) ready codes where they have
+    # them (TileConfig.mma_ready_codes).
+    mma_ready_codes: bool = False
     # With mma, mma_down, mma_vec, mma_wide and mma_down_wide: the shared expert runs inside those two launches, in
     # programs of its own (`nvfp4_mma_moe_triton`'s shared twins), instead of as two linears and a SiLU-and-mul beside
     # them: at NVFP4 batch 32 on the H200 those took ~0.85 of the step's 9.2 ms, 94 launches of ~9 us for 6 MB each

@@ -53,7 +53,7 @@ class Kernels:
     l2_ahead: Callable | None = None
     # Called once per router weight when a model is built, so the router op can keep data derived from it.
     prepare_router: Callable | None = None
-    # Called once for each NVFP4 weight when the model is built (`nvfp4_mma_scales.prepare`).
+    # Called once for each NVFP4 weight when the model is built (`fast.prepare_nvfp4`: the ready scales and codes).
     prepare_nvfp4: Callable | None = None
     # Called by the prefill warm-up with (max prefill tokens, query heads, KV heads, head_dim, dtype, device), so an
     # op can build before serving what its first long prefill would (cuDNN's attention plans); returns a list.

@@ -93,6 +93,15 @@ _composed: dict[str, Callable] = {
 }
 
 
+def prepare_nvfp4(w: object) -> None:
+    """The MMA kernels' ready bytes of an NVFP4 weight where its device wants them: the scales first, since making
+    them zeroes the codes of blocks whose scale is 0, which the ready codes must then hold."""
+    from . import nvfp4_mma_codes, nvfp4_mma_scales
+
+    nvfp4_mma_scales.prepare(w)
+    nvfp4_mma_codes.prepare(w)
+
+
 def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
     """`base` with the fused kernels of `ops` in place (default: $FLINT_FAST_OPS, or every op)."""
     from . import (
@@ -101,6 +110,7 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         gemv_triton,
         l2_prefetch,
         moe_triton,
+        nvfp4_mma_codes,
         nvfp4_mma_scales,
         qk_norm_rope_triton,
         qkv_attention_triton,
@@ -135,8 +145,9 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
     table = {name: _guarded(name, fast[name], getattr(base, name) or _composed[name]) for name in ops}
     if "router" in ops:
         table["prepare_router"] = router_triton.prepare
-    if ("linear" in ops or "moe" in ops) and nvfp4_mma_scales.setting() != "0":
-        table["prepare_nvfp4"] = nvfp4_mma_scales.prepare
+    ready = (nvfp4_mma_scales.setting(), nvfp4_mma_codes.setting())  # both read: a bad value is refused here
+    if ("linear" in ops or "moe" in ops) and ready != ("0", "0"):
+        table["prepare_nvfp4"] = prepare_nvfp4
     if "attention" in ops or "qkv_attention" in ops:
         table["prepare_prefill"] = attention_triton.prepare_cudnn_plans
     return with_ops(base, name="triton", **table)

@@ -947,7 +947,7 @@ def _matmul(
         splits = split_k if split_k is not None else cfg.mma_split_k or None
         nvfp4_mma_triton.launch_linear(
             x, w, out, num_warps=cfg.num_warps, split_k=splits, vec=cfg.mma_vec, wide=cfg.mma_wide,
-            ready=cfg.mma_ready,
+            ready=cfg.mma_ready, ready_codes=cfg.mma_ready_codes,
         )  # fmt: skip
         return out
     if nv:

@@ -28,6 +28,9 @@ class NVFP4Weight:
     # int8 [..., N, K/16]: the scales as `nvfp4_mma_scales` ready bytes, made at load when asked for (else None);
     # `scales` itself where they replaced the UE4M3 bytes (every kernel and `nvfp4.dequantize` read either form).
     ready_scales: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    # int8 [..., N, K/2]: the codes as `nvfp4_mma_codes` ready codes (each word's bits permuted), made at load when
+    # asked for (else None), always beside `qweight` (the other paths read the engine's codes).
+    ready_codes: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n, half_k = self.qweight.shape[-2:]
@@ -56,11 +59,14 @@ class NVFP4Weight:
         return None if self.ready_scales is self.scales else self.ready_scales
 
     @property
+    def extra_nbytes(self) -> int:
+        """Bytes of the MMA kernels' ready forms kept beside the weight's own (ready scales, ready codes)."""
+        extra = (self.extra_ready_scales, self.ready_codes)
+        return sum(t.nbytes for t in extra if t is not None)
+
+    @property
     def nbytes(self) -> int:
-        extra = self.extra_ready_scales
-        return (
-            self.qweight.nbytes + self.scales.nbytes + self.global_scale.nbytes + (0 if extra is None else extra.nbytes)
-        )
+        return self.qweight.nbytes + self.scales.nbytes + self.global_scale.nbytes + self.extra_nbytes
 
     def column_scale(self) -> torch.Tensor:
         """FP32 [..., N]: the global scale of each output row."""

@@ -35,7 +35,7 @@ from .nvfp4_mma_triton import (
     _vec_weight,
     _weight_bases,
     _weight_fits,
-    _with_ready_scales,
+    _with_ready_bytes,
 )
 from .pdl import launch_options, pdl_entry
 
@@ -937,11 +937,14 @@ def _moe_down_mma_wide_shared_used_kernel(
     )  # fmt: skip
 
 
-def _ready_pair(experts: NVFP4Weight, shared: NVFP4Weight, ready: bool) -> tuple[NVFP4Weight, NVFP4Weight]:
-    """Both weights reading ready scale bytes, or neither (one launch's programs pick either through one pointer
-    type): `_with_ready_scales` where both have them."""
-    both = ready and experts.ready_scales is not None and shared.ready_scales is not None
-    return _with_ready_scales(experts, both), _with_ready_scales(shared, both)
+def _ready_pair(
+    experts: NVFP4Weight, shared: NVFP4Weight, ready: bool, ready_codes: bool
+) -> tuple[NVFP4Weight, NVFP4Weight]:
+    """Both weights reading ready scale bytes, or neither, and the same for ready codes (one launch's programs pick
+    either through one pointer type): `_with_ready_bytes` where both have them."""
+    scales = ready and experts.ready_scales is not None and shared.ready_scales is not None
+    codes = ready_codes and experts.ready_codes is not None and shared.ready_codes is not None
+    return _with_ready_bytes(experts, scales, codes), _with_ready_bytes(shared, scales, codes)
 
 
 def shared_fits(x: torch.Tensor, w13: NVFP4Weight, w2: NVFP4Weight, gate_up: object, down: object) -> bool:
@@ -990,6 +993,7 @@ def launch_moe_down(
     perm: bool = False,
     first: bool = False,
     used: bool = False,
+    ready_codes: bool = False,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
     `moe_supported(h, w2)` must hold. vec: 16-byte loads where the rows are aligned for them; l2 (with vec): also ask L2
@@ -999,14 +1003,17 @@ def launch_moe_down(
     I_s], hs [T, I_s], ys [T, H]), ys filled with its rounded output in programs of the same launch; perm (with shared;
     MoEConfig.mma_perm_h): h and hs in the MMA's order (`nvfp4_mma_triton.perm_columns`), no PRMTs; first (with shared;
     MoEConfig.mma_shared_first): the shared expert's programs before the experts' in the grid; used (with shared;
-    MoEConfig.mma_used_experts): then programs only for the experts in use (`_used_program`)."""
+    MoEConfig.mma_used_experts): then programs only for the experts in use (`_used_program`); ready_codes: the experts'
+    ready codes where they have them (MoEConfig.mma_ready_codes)."""
     if l2 not in (0, 1, 2):
         raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
     if shared is not None:
-        return _launch_down_shared(h, ids, w2, y, num_warps, prefetch, l2, ready, perm, first, used, *shared)
+        return _launch_down_shared(
+            h, ids, w2, y, num_warps, prefetch, l2, (ready, ready_codes), perm, first, used, *shared
+        )  # fmt: skip
     if perm or first or used:
         raise ValueError("perm, first and used come with the shared expert's programs (shared)")
-    w2 = _with_ready_scales(w2, ready)
+    w2 = _with_ready_bytes(w2, ready, ready_codes)
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
@@ -1034,7 +1041,7 @@ def _launch_down_shared(
     num_warps: int,
     prefetch: bool,
     l2: int,
-    ready: bool,
+    ready: tuple[bool, bool],
     perm: bool,
     first: bool,
     used: bool,
@@ -1043,7 +1050,7 @@ def _launch_down_shared(
     ys: torch.Tensor,
 ) -> None:
     """`launch_moe_down` with the shared expert (`_moe_down_mma_wide_shared_kernel`; first: its `_first` twin; used:
-    its `_used` twin, programs for the experts in use only)."""
+    its `_used` twin, programs for the experts in use only); ready: (ready scale bytes, ready codes)."""
     n_exp, n, _ = w2.qweight.shape
     k, (t, k_s) = h.shape[1], hs.shape
     if not (_vec_fits(h, w2) and _vec_fits(hs, sw)) or sw.shape != (n, k_s) or ys.shape != (t, n):
@@ -1051,7 +1058,7 @@ def _launch_down_shared(
             f"the shared expert in the MoE down needs h, hs and weights for the 16-byte kernels, a down [{n}, I_s] "
             f"and ys [T, {n}]; got {sw.shape}, hs {tuple(hs.shape)}, ys {tuple(ys.shape)}"
         )
-    w2, sw = _ready_pair(w2, sw, ready)
+    w2, sw = _ready_pair(w2, sw, *ready)
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, n)
     kernel, extra = _moe_down_mma_wide_shared_first_kernel if first else _moe_down_mma_wide_shared_kernel, {}
@@ -1078,6 +1085,7 @@ def moe_down(
     l2: int = 0,
     wide: bool = False,
     ready: bool = False,
+    ready_codes: bool = False,
 ) -> torch.Tensor:
     """y [T * k, H]: `linear_ref(h[p], w2[e])` of every pair p routed to expert e, expert-major on the MMA kernel;
     h [T * k, I] BF16 (the gate_up's output), topk_ids [T, k], w2 [E, H, I]."""
@@ -1088,7 +1096,7 @@ def moe_down(
         )
     ids = topk_ids.reshape(-1).contiguous()
     y = torch.empty((ids.numel(), w2.qweight.shape[1]), dtype=h.dtype, device=h.device)
-    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec, l2, wide, ready)
+    launch_moe_down(h, ids, w2, y, num_warps, prefetch, vec, l2, wide, ready, ready_codes=ready_codes)
     return y
 
 
@@ -1109,6 +1117,7 @@ def launch_moe_gate_up(
     perm: bool = False,
     first: bool = False,
     used: bool = False,
+    ready_codes: bool = False,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec: 16-byte
     loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that many K steps
@@ -1121,14 +1130,15 @@ def launch_moe_gate_up(
     I; `shared_fits`); perm (with shared; MoEConfig.mma_perm_h): h and hs written in the MMA's order
     (`nvfp4_mma_triton.perm_columns`) for the down's `perm`; first (with shared; MoEConfig.mma_shared_first): the shared
     expert's programs before the experts' in the grid; used (with shared; MoEConfig.mma_used_experts): then programs
-    only for the experts in use (`_used_program`), the shared expert's first."""
+    only for the experts in use (`_used_program`), the shared expert's first; ready_codes: the experts' ready codes
+    where they have them (MoEConfig.mma_ready_codes)."""
     if shared is not None:
         return _launch_gate_up_shared(
-            x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, ready, perm, first, used, *shared
+            x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, (ready, ready_codes), perm, first, used, *shared
         )  # fmt: skip
     if perm or first or used:
         raise ValueError("perm, first and used come with the shared expert's programs (shared)")
-    w13 = _with_ready_scales(w13, ready)
+    w13 = _with_ready_bytes(w13, ready, ready_codes)
     _check_l2_ahead(l2_ahead, wide)
     if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
         raise ValueError(f"warp_k must be a power of two dividing num_warps ({num_warps}), got {warp_k}")
@@ -1185,7 +1195,7 @@ def _launch_gate_up_shared(
     num_warps: int,
     prefetch: bool,
     l2_ahead: int,
-    ready: bool,
+    ready: tuple[bool, bool],
     perm: bool,
     first: bool,
     used: bool,
@@ -1193,7 +1203,7 @@ def _launch_gate_up_shared(
     hs: torch.Tensor,
 ) -> None:
     """`launch_moe_gate_up` with the shared expert (`_moe_gate_up_mma_wide_shared_kernel`; first: its `_first`
-    twin; used: its `_used` twin, programs for the experts in use only)."""
+    twin; used: its `_used` twin, programs for the experts in use only); ready: (ready scale bytes, ready codes)."""
     n_exp, two_i, _ = w13.qweight.shape
     inter, inter_s, (t, k) = two_i // 2, sw.qweight.shape[0] // 2, x.shape
     aligned = _vec_fits(x, w13) and _vec_fits(x, sw)
@@ -1203,7 +1213,7 @@ def _launch_gate_up_shared(
             f"with I_s a multiple of {inter} and hs [{t}, I_s]; got {sw.shape}, hs {tuple(hs.shape)}"
         )
     _check_l2_ahead(l2_ahead, True)
-    w13, sw = _ready_pair(w13, sw, ready)
+    w13, sw = _ready_pair(w13, sw, *ready)
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, 2 * inter_s)
     n_slots, extra = _expert_slots(n_exp, ids.numel(), used), {} if _INTERPRET else {"maxnreg": KS_MAXNREG}
@@ -1233,6 +1243,7 @@ def moe_gate_up(
     warp_k: int = 1,
     wide: bool = False,
     ready: bool = False,
+    ready_codes: bool = False,
 ) -> torch.Tensor:
     """h [T * k, I]: `silu_and_mul_ref(linear_ref(x[t], w13[e]))` of every (token t, slot) pair routed to expert e,
     expert-major on the MMA kernel (`_moe_gate_up_mma_kernel`); x [T, H] BF16, topk_ids [T, k], w13 [E, 2I, H]."""
@@ -1245,5 +1256,7 @@ def moe_gate_up(
         )
     ids = topk_ids.reshape(-1).contiguous()
     h = torch.empty((ids.numel(), w13.qweight.shape[1] // 2), dtype=x.dtype, device=x.device)
-    launch_moe_gate_up(x, ids, w13, h, topk, num_warps, prefetch, vec, l2_ahead, warp_k, wide, ready)
+    launch_moe_gate_up(
+        x, ids, w13, h, topk, num_warps, prefetch, vec, l2_ahead, warp_k, wide, ready, ready_codes=ready_codes
+    )  # fmt: skip
     return h

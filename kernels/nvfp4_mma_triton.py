@@ -17,7 +17,9 @@ once per K step on its own registers: the asm's tensors are one element a thread
 compile test checks their layout). A K step is 128 values a row: lane c reads int32 words 4c..4c+3 of the step
 (values 32c + 8j + i of word j); word j's nibbles p and p + 4 become one BF16x2 register (`nvfp4_decode_triton`'s
 `e2m1_pair_packed` bits: E2M1X2 * 2**-127, exact, subnormals included) times the block scale * 2**64, so the MMA
-inputs are the weights times 2**-62, exact and normal. The MMA of (word j, half h) takes pairs 2h and 2h + 1 of
+inputs are the weights times 2**-62, exact and normal. Ready codes (`nvfp4_mma_codes`: each word's bits permuted at
+load; an int8 code pointer, which `_weight_bases` turns into a uint64 one) give the same registers in 8 integer
+instructions a word instead of 13 (`_decode_ready`). The MMA of (word j, half h) takes pairs 2h and 2h + 1 of
 rows g and g + 8, and the matching x pairs built by PRMT from the same positions: a permutation of K, the same for
 A and B, which changes only the order of the FP32 sums. The accumulator leaves the PTX as the D fragment (rows g,
 g + 8; x rows 2c, 2c + 1), is multiplied by 2**62 and the row's global scale, and rounded once.
@@ -47,6 +49,7 @@ import triton.language as tl
 from .l2_prefetch import prefetch_lines
 from .linear import NVFP4Weight
 from .nvfp4_decode_triton import MAX_SEGMENTS, e4m3_value, segment_bounds, segment_scale
+from .nvfp4_mma_codes import LEFTOVER_MASK, LEFTOVER_TIMES, MAGNITUDE_SIGN, ROTATIONS
 from .nvfp4_mma_scales import READY_PAIR_ADD
 from .pdl import launch_options, pdl_entry
 from .split_k_triton import COUNTER_SLOTS, choose_split_k, counters
@@ -80,14 +83,30 @@ def _decode_pair(word: str, p: int, scale: str, out: str) -> list[str]:
     ]
 
 
-def step_asm(groups: int = 1, perm: bool = False) -> str:
+def _decode_ready(word: str, register: int, scale: str, out: str) -> list[str]:
+    """PTX for register `register` (values r and r + 4 of the word) of a ready-code `word` (`nvfp4_mma_codes`) as a
+    BF16x2 register `out`, times the BF16x2 `scale`: the same bits `_decode_pair` gives from the engine's codes, in
+    one (register 0), two (1, 2: a rotation first) or three (3) integer instructions."""
+    mask = f"{MAGNITUDE_SIGN:#010x}"
+    if register < len(ROTATIONS) and ROTATIONS[register] == 0:
+        body = [f"and.b32 m, {word}, {mask};"]
+    elif register < len(ROTATIONS):
+        body = [f"shf.r.wrap.b32 m, {word}, {word}, {ROTATIONS[register]};", f"and.b32 m, m, {mask};"]
+    else:
+        body = [f"and.b32 m, {word}, {LEFTOVER_MASK:#010x};", f"mul.lo.u32 m, m, {LEFTOVER_TIMES:#x};"]
+        body.append(f"and.b32 m, m, {mask};")
+    return [*body, f"fma.rn.bf16x2 {out}, m, {scale}, z;"]
+
+
+def step_asm(groups: int = 1, perm: bool = False, ready_codes: bool = False) -> str:
     """The PTX of one K step: operands $0-$3 the D fragment (out), $4/$5 row g's words 0-1 / 2-3 (b64), $6/$7 row
     g + 8's, $8/$9 row g's BF16x2 scales of words 0-1 / 2-3, $10/$11 row g + 8's, $12-$19 x (b64: values 4q..4q+3
     of the lane's 32), $20-$23 the D fragment (in). With `groups` G > 1 (the rows kernel's quads, G = 4): G D
     fragments out ($0 .. $4G-1), the weights and scales after them, then G groups of 8 x words (group q: x rows
     g + 8q) and the G D fragments in; each weight pair is decoded once for the G MMAs. `perm`: x in the MMA's order
     (`perm_columns`: each 8 values v0..v7 stored as v0 v4 v1 v5 v2 v6 v3 v7), so each MMA takes two of its words as
-    they are and the step has no PRMT."""
+    they are and the step has no PRMT. `ready_codes`: the words are ready codes (`nvfp4_mma_codes`, `_decode_ready`);
+    every register, MMA and result is the same."""
     o = 4 * groups  # the first input operand
     mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
     lines = [
@@ -103,13 +122,20 @@ def step_asm(groups: int = 1, perm: bool = False) -> str:
     lines += [f"mov.f32 ${i}, ${o + 8 + 8 * groups + i};" for i in range(4 * groups)]
     for j in range(4):
         sa, sb = (f"${o + 4}", f"${o + 6}") if j < 2 else (f"${o + 5}", f"${o + 7}")
-        lines += [f"shr.u32 ra, wa{j}, 8;", f"shr.u32 rb, wb{j}, 8;"]
+        if not ready_codes:
+            lines += [f"shr.u32 ra, wa{j}, 8;", f"shr.u32 rb, wb{j}, 8;"]
         for h in range(2):
-            wa, wb = (f"wa{j}", f"wb{j}") if h == 0 else ("ra", "rb")
-            lines += _decode_pair(wa, 0, sa, "a0")
-            lines += _decode_pair(wb, 0, sb, "a1")
-            lines += _decode_pair(wa, 1, sa, "a2")
-            lines += _decode_pair(wb, 1, sb, "a3")
+            if ready_codes:  # register 2h + p holds values 2h + p and 2h + p + 4, as below
+                lines += _decode_ready(f"wa{j}", 2 * h, sa, "a0")
+                lines += _decode_ready(f"wb{j}", 2 * h, sb, "a1")
+                lines += _decode_ready(f"wa{j}", 2 * h + 1, sa, "a2")
+                lines += _decode_ready(f"wb{j}", 2 * h + 1, sb, "a3")
+            else:
+                wa, wb = (f"wa{j}", f"wb{j}") if h == 0 else ("ra", "rb")
+                lines += _decode_pair(wa, 0, sa, "a0")
+                lines += _decode_pair(wb, 0, sb, "a1")
+                lines += _decode_pair(wa, 1, sa, "a2")
+                lines += _decode_pair(wb, 1, sb, "a3")
             for q in range(groups):
                 d = ", ".join(f"${4 * q + i}" for i in range(4))
                 if perm:  # word 4j + i holds values (8j + i, 8j + i + 4): pairs 2h and 2h + 1 as they are
@@ -126,6 +152,8 @@ def step_asm(groups: int = 1, perm: bool = False) -> str:
 
 _STEP_ASM = tl.constexpr(step_asm())
 _STEP_PERM_ASM = tl.constexpr(step_asm(perm=True))
+_STEP_READY_ASM = tl.constexpr(step_asm(ready_codes=True))
+_STEP_PERM_READY_ASM = tl.constexpr(step_asm(perm=True, ready_codes=True))
 
 
 def perm_columns(x: torch.Tensor) -> torch.Tensor:
@@ -133,11 +161,19 @@ def perm_columns(x: torch.Tensor) -> torch.Tensor:
     return x.unflatten(-1, (-1, 2, 4)).transpose(-1, -2).flatten(-3)
 
 
+_STEP_CONSTRAINTS = tl.constexpr("=f,=f,=f,=f,l,l,l,l,r,r,r,r,l,l,l,l,l,l,l,l,f,f,f,f")
+
+
 @triton.jit
-def _mma_step(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3):
+def _mma_step(w64, wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3):
+    """The K step (`step_asm`) on code words loaded through w64, whose type says ready codes (`_weight_bases`)."""
+    if w64.dtype.element_ty == tl.uint64:
+        asm: tl.constexpr = _STEP_READY_ASM
+    else:
+        asm: tl.constexpr = _STEP_ASM
     return tl.inline_asm_elementwise(
-        _STEP_ASM,
-        "=f,=f,=f,=f,l,l,l,l,r,r,r,r,l,l,l,l,l,l,l,l,f,f,f,f",
+        asm,
+        _STEP_CONSTRAINTS,
         [wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3],
         dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
         is_pure=True,
@@ -146,16 +182,21 @@ def _mma_step(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6
 
 
 _STEP4_ASM = tl.constexpr(step_asm(ROW_GROUPS))
+_STEP4_READY_ASM = tl.constexpr(step_asm(ROW_GROUPS, ready_codes=True))
 # 16 D values out; 4 code words, 4 scales, 32 x words, 16 D values in.
 _STEP4_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 16 + ["l"] * 4 + ["r"] * 4 + ["l"] * 32 + ["f"] * 16))
 
 
 @triton.jit
-def _mma_step_perm(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3):
+def _mma_step_perm(w64, wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3):
     """`_mma_step` for x in the MMA's order (`step_asm`'s perm): no PRMT."""
+    if w64.dtype.element_ty == tl.uint64:
+        asm: tl.constexpr = _STEP_PERM_READY_ASM
+    else:
+        asm: tl.constexpr = _STEP_PERM_ASM
     return tl.inline_asm_elementwise(
-        _STEP_PERM_ASM,
-        "=f,=f,=f,=f,l,l,l,l,r,r,r,r,l,l,l,l,l,l,l,l,f,f,f,f",
+        asm,
+        _STEP_CONSTRAINTS,
         [wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3],
         dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
         is_pure=True,
@@ -164,28 +205,32 @@ def _mma_step_perm(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, x0, x1, x2, x3, x4, x
 
 
 @triton.jit
-def _tile_step(wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
+def _tile_step(w64, wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
                PERM: tl.constexpr):  # fmt: skip
     """One 16-row tile's K step from its raw scale bytes (`_scale_pair`): `_mma_step`, or with PERM x in the MMA's
     order `_mma_step_perm`."""
     ta, tb = _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr)
     tc, td = _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr)
     if PERM:
-        return _mma_step_perm(wa0, wa1, wb0, wb1, ta, tb, tc, td, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3)
+        return _mma_step_perm(w64, wa0, wa1, wb0, wb1, ta, tb, tc, td, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3)
     else:
-        return _mma_step(wa0, wa1, wb0, wb1, ta, tb, tc, td, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3)
+        return _mma_step(w64, wa0, wa1, wb0, wb1, ta, tb, tc, td, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3)
 
 
 @triton.jit
 def _mma_step4(
-    wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1,
+    w64, wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1,
     x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
     u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
     d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
 ):  # fmt: skip
     """The K step (`step_asm(4)`) for x rows g, g + 8, g + 16, g + 24 (x, y, u, v; D fragments d, e, f, h)."""
+    if w64.dtype.element_ty == tl.uint64:
+        asm: tl.constexpr = _STEP4_READY_ASM
+    else:
+        asm: tl.constexpr = _STEP4_ASM
     return tl.inline_asm_elementwise(
-        _STEP4_ASM,
+        asm,
         _STEP4_CONSTRAINTS,
         [
             wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1,
@@ -228,7 +273,10 @@ def _scale_pair(b, s_ptr):
 def _weight_bases(w_ptr, s_ptr, ra, rb, c, stride_wn, stride_sn):
     """(codes as int64 words, scale bytes, then each lane's int64 word index of rows ra / rb and scale byte index of
     ra / rb at K = 0): lane c's 16 bytes of a row's K step start at word 2c, its two scale groups at byte 2c."""
-    w64 = w_ptr.to(tl.pointer_type(tl.int64))
+    if w_ptr.dtype.element_ty == tl.int8:  # ready codes (`nvfp4_mma_codes`): the words' type tells the K step
+        w64 = w_ptr.to(tl.pointer_type(tl.uint64))
+    else:
+        w64 = w_ptr.to(tl.pointer_type(tl.int64))
     return (
         w64,
         s_ptr,
@@ -352,7 +400,7 @@ def _k_loop(
                 w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, tl.minimum(k0 + 128, k_last), VEC
             )
             d0, d1, d2, d3 = _mma_step(
-                wa0, wa1, wb0, wb1,
+                w64, wa0, wa1, wb0, wb1,
                 _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
                 x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
             )  # fmt: skip
@@ -366,7 +414,7 @@ def _k_loop(
                 w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa_base, k0, VEC
             )
             d0, d1, d2, d3 = _mma_step(
-                wa0, wa1, wb0, wb1,
+                w64, wa0, wa1, wb0, wb1,
                 _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
                 x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3,
             )  # fmt: skip
@@ -397,10 +445,10 @@ def _k_loop_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_bas
             nc0, nc1, nd0, nd1, tc0, tc1, td0, td1 = _load_w(w64, wc_base, wd_base, s_ptr, sc_base, sd_base, kn, VEC)
             y0, y1, y2, y3, y4, y5, y6, y7 = _load_x(x64, xa_base, kn, VEC)
             d0, d1, d2, d3 = _tile_step(
-                wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3, PERM
+                w64, wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3, PERM
             )  # fmt: skip
             e0, e1, e2, e3 = _tile_step(
-                wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3, PERM
+                w64, wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3, PERM
             )  # fmt: skip
             wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = na0, na1, nb0, nb1, ta0, ta1, tb0, tb1
             wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1 = nc0, nc1, nd0, nd1, tc0, tc1, td0, td1
@@ -414,16 +462,16 @@ def _k_loop_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_bas
             wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1 = _load_w(w64, wc_base, wd_base, s_ptr, sc_base, sd_base, k0, VEC)
             x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x64, xa_base, k0, VEC)
             d0, d1, d2, d3 = _tile_step(
-                wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3, PERM
+                w64, wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, d0, d1, d2, d3, PERM
             )  # fmt: skip
             e0, e1, e2, e3 = _tile_step(
-                wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3, PERM
+                w64, wc0, wc1, wd0, wd1, sc0, sc1, sd0, sd1, s_ptr, x0, x1, x2, x3, x4, x5, x6, x7, e0, e1, e2, e3, PERM
             )  # fmt: skip
     return d0, d1, d2, d3, e0, e1, e2, e3
 
 
 @triton.jit
-def _quad_step(wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xa, xb, xc, xd, k0, VEC: tl.constexpr,
+def _quad_step(w64, wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xa, xb, xc, xd, k0, VEC: tl.constexpr,
                d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3):  # fmt: skip
     """One K step of four groups of 8 x rows (the lane's rows at int64 words xa, xb, xc, xd; BF16x2 scales s0-s3):
     their x words loaded, each weight pair decoded once for the four MMAs (`_mma_step4`)."""
@@ -432,7 +480,7 @@ def _quad_step(wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xa, xb, xc, xd, k0, VEC:
     u0, u1, u2, u3, u4, u5, u6, u7 = _load_x(x64, xc, k0, VEC)
     v0, v1, v2, v3, v4, v5, v6, v7 = _load_x(x64, xd, k0, VEC)
     return _mma_step4(
-        wa0, wa1, wb0, wb1, s0, s1, s2, s3,
+        w64, wa0, wa1, wb0, wb1, s0, s1, s2, s3,
         x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
         u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
         d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
@@ -452,7 +500,7 @@ def _k_loop4(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa, xb, xc, xd
     for k0 in range(k_lo, k_hi, 128):
         wa0, wa1, wb0, wb1, sa0, sa1, sb0, sb1 = _load_w(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, k0, VEC)
         d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _quad_step(
-            wa0, wa1, wb0, wb1,
+            w64, wa0, wa1, wb0, wb1,
             _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
             x64, xa, xb, xc, xd, k0, VEC,
             d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
@@ -479,11 +527,11 @@ def _k_loop8(w64, wa_base, wb_base, s_ptr, sa_base, sb_base, x64, xa, xb, xc, xd
         s0, s1 = _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr)
         s2, s3 = _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr)
         d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _quad_step(
-            wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xa, xb, xc, xd, k0, VEC,
+            w64, wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xa, xb, xc, xd, k0, VEC,
             d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
         )  # fmt: skip
         i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3 = _quad_step(
-            wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xe, xf, xg, xh, k0, VEC,
+            w64, wa0, wa1, wb0, wb1, s0, s1, s2, s3, x64, xe, xf, xg, xh, k0, VEC,
             i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3,
         )  # fmt: skip
     return (d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
@@ -757,14 +805,14 @@ def _k_loop4_wide(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_ba
         u0, u1, u2, u3, u4, u5, u6, u7 = _load_x(x64, xc, k0, VEC)
         v0, v1, v2, v3, v4, v5, v6, v7 = _load_x(x64, xd, k0, VEC)
         d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3 = _mma_step4(
-            wa0, wa1, wb0, wb1,
+            w64, wa0, wa1, wb0, wb1,
             _scale_pair(sa0, s_ptr), _scale_pair(sa1, s_ptr), _scale_pair(sb0, s_ptr), _scale_pair(sb1, s_ptr),
             x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
             u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
             d0, d1, d2, d3, e0, e1, e2, e3, f0, f1, f2, f3, h0, h1, h2, h3,
         )  # fmt: skip
         i0, i1, i2, i3, j0, j1, j2, j3, l0, l1, l2, l3, o0, o1, o2, o3 = _mma_step4(
-            wc0, wc1, wd0, wd1,
+            w64, wc0, wc1, wd0, wd1,
             _scale_pair(sc0, s_ptr), _scale_pair(sc1, s_ptr), _scale_pair(sd0, s_ptr), _scale_pair(sd1, s_ptr),
             x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7,
             u0, u1, u2, u3, u4, u5, u6, u7, v0, v1, v2, v3, v4, v5, v6, v7,
@@ -955,12 +1003,15 @@ def _vec_weight(w: NVFP4Weight) -> bool:
     )
 
 
-def _with_ready_scales(w: NVFP4Weight, ready: bool) -> NVFP4Weight:
-    """w, or with `ready` the same weight reading its ready scale bytes (int8, `nvfp4_mma_scales`) where it has them:
-    the kernels then build each scale pair in one multiply-add (`_scale_pair`)."""
-    if not ready or w.ready_scales is None:
+def _with_ready_bytes(w: NVFP4Weight, ready: bool, ready_codes: bool = False) -> NVFP4Weight:
+    """w, or the same weight reading its ready scale bytes (`ready`; int8, `nvfp4_mma_scales`: the kernels build each
+    scale pair in one multiply-add, `_scale_pair`) and its ready codes (`ready_codes`; int8, `nvfp4_mma_codes`: the K
+    step decodes a word in 8 integer instructions instead of 13, `_decode_ready`) where it has them."""
+    scales = w.ready_scales if ready and w.ready_scales is not None else w.scales
+    codes = w.ready_codes if ready_codes and w.ready_codes is not None else w.qweight
+    if scales is w.scales and codes is w.qweight:
         return w
-    return NVFP4Weight(w.qweight, w.ready_scales, w.global_scale, w.segments)
+    return NVFP4Weight(codes, scales, w.global_scale, w.segments)
 
 
 def supported(x: torch.Tensor, w: NVFP4Weight) -> bool:
@@ -977,6 +1028,7 @@ def linear(
     vec: bool = False,
     wide: bool = False,
     ready: bool = False,
+    ready_codes: bool = False,
 ) -> torch.Tensor:
     """x [M <= 64, K] @ W^T in BF16 with `linear_ref`'s numerics (FP32 accumulation in the MMA's order)."""
     if not supported(x, w):
@@ -985,7 +1037,7 @@ def linear(
             f"a multiple of {BLOCK_K}; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight {w.shape}"
         )
     out = torch.empty((x.shape[0], w.qweight.shape[0]), dtype=x.dtype, device=x.device)
-    launch_linear(x, w, out, num_warps, split_k, prefetch, vec, wide, ready)
+    launch_linear(x, w, out, num_warps, split_k, prefetch, vec, wide, ready, ready_codes)
     return out
 
 
@@ -999,13 +1051,15 @@ def launch_linear(
     vec: bool = False,
     wide: bool = False,
     ready: bool = False,
+    ready_codes: bool = False,
 ) -> None:
     """Fill out [M, N] (BF16, or FP32 where the interpreter runs it) with x @ W^T; `supported(x, w)` must hold on a
     GPU. Up to 8 rows `_nvfp4_mma_kernel`, 9-32 the rows kernel in four groups of 8 (`wide`: 32 weight rows a warp,
     `_nvfp4_mma_wide_kernel`), 33-64 in eight. K splits: `split_k`, else `split_k_triton.choose_split_k`'s (~4
     programs per SM). vec: 16-byte loads where the rows are aligned for them. prefetch: the 1-8 row kernel only.
-    ready: the weight's ready scale bytes where it has them (`nvfp4_mma_scales`; TileConfig.mma_ready)."""
-    w = _with_ready_scales(w, ready)
+    ready: the weight's ready scale bytes where it has them (`nvfp4_mma_scales`; TileConfig.mma_ready); ready_codes:
+    its ready codes where it has them (`nvfp4_mma_codes`; TileConfig.mma_ready_codes)."""
+    w = _with_ready_bytes(w, ready, ready_codes)
     m, k = x.shape
     n = w.qweight.shape[0]
     groups = 1 if m <= MAX_M else 4 if m <= 32 else 8

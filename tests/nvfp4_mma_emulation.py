@@ -106,6 +106,9 @@ def run_ptx(asm: str, operands: dict[int, np.ndarray], n_out: int) -> list[np.nd
             regs[dst] = val(srcs[0]).astype(np.float64)
         elif op == "shr.u32":
             regs[dst] = val(srcs[0]) >> np.uint32(int(srcs[1]))
+        elif op == "shf.r.wrap.b32":  # a funnel shift of (srcs[1]:srcs[0]); both the same word: a rotation
+            lo, hi, n = val(srcs[0]).astype(np.uint64), val(srcs[1]).astype(np.uint64), int(srcs[2]) % 32
+            regs[dst] = (((hi << np.uint64(32)) | lo) >> np.uint64(n)).astype(np.uint32)
         elif op == "shl.b32":
             regs[dst] = (val(srcs[0]).astype(np.uint64) << np.uint64(int(srcs[1]))).astype(np.uint32)
         elif op == "and.b32":
@@ -133,12 +136,14 @@ def run_ptx(asm: str, operands: dict[int, np.ndarray], n_out: int) -> list[np.nd
 
 def _emulated(groups: int, perm: bool = False) -> Callable[..., tuple]:
     """`_mma_step` (groups 1; with perm `_mma_step_perm`) or `_mma_step4` (4) under Triton's interpreter: the
-    [threads] operands warp by warp through `run_ptx` on `step_asm(groups, perm)`."""
+    [threads] operands warp by warp through `run_ptx` on `step_asm(groups, perm, ready_codes)`, ready_codes as the
+    kernel's step picks it (the code pointer's type)."""
 
-    def step(*args: object) -> tuple:
+    def step(w64: object, *args: object) -> tuple:
         from triton.language import core
         from triton.runtime.interpreter import TensorHandle
 
+        ready_codes = w64.dtype.element_ty == core.uint64  # type: ignore[attr-defined]
         arrs = [a.handle.data for a in args]  # type: ignore[attr-defined]
         nt, n_out = arrs[0].shape[0], 4 * groups
         outs = [np.zeros(nt, dtype=np.float32) for _ in range(n_out)]
@@ -152,7 +157,7 @@ def _emulated(groups: int, perm: bool = False) -> Callable[..., tuple]:
                     ops[n_out + i] = v.astype(np.int64).astype(np.uint32)
                 else:  # f32 accumulators
                     ops[n_out + i] = v.astype(np.float64)
-            for q, d in enumerate(run_ptx(nm.step_asm(groups, perm), ops, n_out)):
+            for q, d in enumerate(run_ptx(nm.step_asm(groups, perm, ready_codes), ops, n_out)):
                 outs[q][w0 : w0 + 32] = d
         block = core.block_type(core.float32, [nt])
         return tuple(core.tensor(TensorHandle(o, core.float32), block) for o in outs)

@@ -315,20 +315,22 @@ def _flint(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("ready", [True, False])
-def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(ready: bool) -> None:
+@pytest.mark.parametrize("ready,codes", [(True, False), (False, False), (True, True)])
+def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(ready: bool, codes: bool) -> None:
     """`flint capacity` weighs the checkpoint's tensors plus the BF16 router parts (3 x 2 bytes x 256 x 2048 for each
     of the 47 MoE layers, 141 MB) that the fused router keeps beside them, and by default the NVFP4 MMA kernels'
-    ready scale bytes (one per 16 NVFP4 values, 2.47 GB; `--no-ready-scales` leaves them out)."""
+    ready scale bytes (one per 16 NVFP4 values, 2.47 GB; `--no-ready-scales` leaves them out); `--ready-codes` adds
+    their ready codes (half a byte a value, 19.7 GB)."""
     from flint_engine.checkpoint.gguf_writer import plan_tensors
 
-    r = _flint("capacity", "--weights", "nvfp4", "bf16", *([] if ready else ["--no-ready-scales"]))
+    flags = ([] if ready else ["--no-ready-scales"]) + (["--ready-codes"] if codes else [])
+    r = _flint("capacity", "--weights", "nvfp4", "bf16", *flags)
     assert r.returncode == 0, r.stderr
     rows = {
         line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["nvfp4"], ["bf16"])
     }
     router = 3 * 2 * 256 * 2048 * 47
-    ready_bytes = 2_465_808_384 if ready else 0
+    ready_bytes = (2_465_808_384 if ready else 0) + (2_465_808_384 * 8 if codes else 0)
     for fmt, extra in (("nvfp4", router + ready_bytes), ("bf16", router)):
         tensors = sum(t.nbytes for t in plan_tensors(preset("full"), fmt))
         assert float(rows[fmt][1]) == pytest.approx((tensors + extra) / 1e9, abs=0.006), fmt

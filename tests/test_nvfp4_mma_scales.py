@@ -101,23 +101,27 @@ def test_the_model_builder_logs_what_the_ready_bytes_take(caplog: pytest.LogCapt
     with caplog.at_level("INFO", logger="flint_engine.model"):
         FlintModel(weights, with_ops(REFERENCE, prepare_nvfp4=nvfp4_mma_scales.make_ready))
     nbytes = sum(w.scales.numel() for w in weights.nvfp4_weights())
-    lines = [r.getMessage() for r in caplog.records if "ready scale bytes" in r.getMessage()]
-    assert lines == [f"ready scale bytes for {len(list(weights.nvfp4_weights()))} NVFP4 weights: {nbytes / 1e9:.2f} GB"]
+    lines = [r.getMessage() for r in caplog.records if "ready scale and code bytes" in r.getMessage()]
+    n = len(list(weights.nvfp4_weights()))
+    assert lines == [f"ready scale and code bytes for {n} NVFP4 weights: {nbytes / 1e9:.2f} GB"]
     # In the UE4M3 bytes' place they take nothing more: no line.
     caplog.clear()
     weights = random_weights(preset("tiny"), torch.bfloat16, seed=7, nvfp4_linears=True)
     with caplog.at_level("INFO", logger="flint_engine.model"):
         FlintModel(weights, with_ops(REFERENCE, prepare_nvfp4=lambda w: nvfp4_mma_scales.make_ready(w, replace=True)))
     assert all(w.scales.dtype == torch.int8 for w in weights.nvfp4_weights())
-    assert not [r for r in caplog.records if "ready scale bytes" in r.getMessage()]
+    assert not [r for r in caplog.records if "ready scale and code bytes" in r.getMessage()]
 
 
+@pytest.mark.parametrize("codes", ["0", "1", "auto"])
 @pytest.mark.parametrize("flag", ["0", "1", "auto"])
-def test_the_fused_table_has_the_hook_unless_turned_off(monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
-    """The fused op table carries `prepare` (which asks `wanted` per device) unless `FLINT_MMA_READY_SCALES=0`."""
+def test_the_fused_table_has_the_hook_unless_turned_off(monkeypatch: pytest.MonkeyPatch, flag: str, codes: str) -> None:
+    """The fused op table carries `fast.prepare_nvfp4` (whose two steps ask `wanted` per device) unless both
+    `FLINT_MMA_READY_SCALES` and `FLINT_MMA_READY_CODES` are 0."""
     monkeypatch.setenv("FLINT_MMA_READY_SCALES", flag)
+    monkeypatch.setenv("FLINT_MMA_READY_CODES", codes)
     table = fast.fast_kernels(REFERENCE)
-    assert (table.prepare_nvfp4 is nvfp4_mma_scales.prepare) == (flag != "0")
+    assert (table.prepare_nvfp4 is fast.prepare_nvfp4) == (flag != "0" or codes != "0")
 
 
 def test_ready_scales_are_wanted_where_the_table_reads_them(

@@ -1,0 +1,135 @@
+"""NVFP4 codes with each word's bits in the order the MMA K step decodes in fewer instructions ("ready codes").
+
+`nvfp4_mma_triton`'s K step turns each 32-bit word of codes (8 values, value i in nibble i) into four BF16x2
+registers: register r = 2h + p holds values r (low half) and r + 4 (high half) as BF16 bit patterns with E2M1's
+e1 e0 m at bits 8-6 and its sign at bit 15 of each half (`MAGNITUDE_SIGN`), which one FMA.BF16X2 then scales. From
+the engine's nibbles that costs a register a mask, a multiply making two copies (the magnitude and the sign need
+different shifts) and a mask, and every other register a shift of the word first: 13 integer instructions a word.
+
+Ready codes hold the same 32 bits permuted within each word, so that
+- register 0 is the word masked (one LOP3),
+- registers 1 and 2 are the word rotated right by 3 and 6, masked (SHF, LOP3 each),
+- register 3 is the bits left over (0, 1, 3 and 4 of each half) masked, times 2**3 + 2**8 + 2**14, masked: the
+  three shifted copies of the four bits never overlap, so no carry reaches a kept bit (LOP3, IMAD, LOP3):
+8 integer instructions a word. No four rotations tile a word with `MAGNITUDE_SIGN`'s shape (an exhaustive search
+over rotations, and over byte permutations with them, found none), hence the multiply for the last register.
+Compiled for sm_90 (Triton 3.6, as the H200 builds them, the launch's specialisations, ready scale bytes), the K
+loops of the installed MMA kernels are 15-23% shorter: the wide MoE gate_up 438 -> 354 instructions, the down
+355 -> 275, the wide linear 484 -> 404, the 1-8-row linear 204 -> 164, the rows kernel 295 -> 250 (its 8-byte
+spill gone). The MMA kernels' other costs and every result stay as they were: each register holds the same bits.
+
+The kernels take ready codes as an int8 tensor of the codes' shape (`NVFP4Weight.ready_codes`): the pointer's type
+picks the K step (`nvfp4_mma_triton._weight_bases`), so no kernel gains a parameter. The tuning table's
+`mma_ready_codes` (TileConfig, MoEConfig) has the MMA kernels read them, and the fused path makes them when the model
+is built (`prepare`, after the ready scales: those zero the codes of blocks whose scale is 0) where the device's
+table reads them: one byte per two values beside the engine's codes, which the FMA, prefill and reference paths
+keep reading (~20 GB on the full NVFP4 model). `FLINT_MMA_READY_CODES=1` makes them on every CUDA device, `=0` never
+(then `mma_ready_codes` entries read the engine's codes).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import tuning
+from .linear import NVFP4Weight
+
+# Bits 6-8 (E2M1's m, e0, e1) and 15 (its sign) of each BF16 half: a register's bits once decoded.
+MAGNITUDE_SIGN = 0x81C081C0
+# Registers 0-2: the ready word rotated right by these, masked with MAGNITUDE_SIGN.
+ROTATIONS = (0, 3, 6)
+# Register 3: the ready word's bits 0, 1, 3 and 4 of each half, times LEFTOVER_TIMES (three copies, shifted by 3, 8
+# and 14), masked with MAGNITUDE_SIGN.
+LEFTOVER_MASK = 0x001B001B
+LEFTOVER_TIMES = (1 << 3) | (1 << 8) | (1 << 14)
+_BF16_BITS = (6, 7, 8, 15)  # where E2M1's m, e0, e1 and sign go in a BF16 half
+_LEFTOVER_BITS = (3, 4, 0, 1)  # where register 3's m, e0, e1 and sign are in each half of a ready word
+WORDS_AT_ONCE = 1 << 22  # words a pass of `ready_words` converts (bounds its temporaries to ~100 MB)
+
+ENV = "FLINT_MMA_READY_CODES"
+# The ops whose configs carry `mma_ready_codes`.
+READING_OPS = ("gemv.small_m", "gemv.large_m", "moe.decode")
+
+
+def source_bit(register: int, half: int, bit: int) -> int:
+    """Where in a ready word bit `bit` (0 m, 1 e0, 2 e1, 3 sign) of register `register`'s value in `half` lies: that
+    value is the word's value `register + 4 * half`."""
+    if register < len(ROTATIONS):
+        return (_BF16_BITS[bit] + 16 * half + ROTATIONS[register]) % 32
+    return _LEFTOVER_BITS[bit] + 16 * half
+
+
+_MOVES = tuple(
+    (4 * (register + 4 * half) + bit, source_bit(register, half, bit))
+    for register in range(4)
+    for half in range(2)
+    for bit in range(4)
+)  # (bit in the engine's word, bit in the ready word)
+
+
+def _permute(words: torch.Tensor, moves: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """int32 words with bit a of each moved to bit b, for every (a, b) of `moves` (a permutation of 0..31)."""
+    out = torch.empty_like(words)
+    flat, dst = words.reshape(-1), out.view(-1)
+    for lo in range(0, flat.numel(), WORDS_AT_ONCE):
+        w = flat[lo : lo + WORDS_AT_ONCE].to(torch.int64) & 0xFFFFFFFF
+        acc = torch.zeros_like(w)
+        for a, b in moves:
+            acc |= ((w >> a) & 1) << b
+        dst[lo : lo + WORDS_AT_ONCE] = (acc - ((acc >> 31) << 32)).to(torch.int32)
+    return out
+
+
+def _words(codes: torch.Tensor) -> torch.Tensor:
+    if codes.shape[-1] % 4:
+        raise ValueError(f"NVFP4 codes of {codes.shape[-1]} bytes a row are not whole 32-bit words")
+    return codes.contiguous().view(torch.int32)
+
+
+def ready_words(qweight: torch.Tensor) -> torch.Tensor:
+    """int8 ready codes (module docstring) of the engine's uint8 codes [..., K/2], the same shape."""
+    return _permute(_words(qweight), _MOVES).view(torch.int8).view(qweight.shape)
+
+
+def engine_words(ready: torch.Tensor) -> torch.Tensor:
+    """The engine's uint8 codes back from ready codes (`ready_words`'s inverse)."""
+    moves = tuple((b, a) for a, b in _MOVES)
+    return _permute(_words(ready), moves).view(torch.uint8).view(ready.shape)
+
+
+def setting() -> str:
+    """`FLINT_MMA_READY_CODES`: "auto" (the default), "0" or "1"; anything else is an error."""
+    flag = os.environ.get(ENV, "auto")
+    if flag not in ("auto", "0", "1"):
+        raise ValueError(f"{ENV} must be auto, 0 or 1, not {flag!r}")
+    return flag
+
+
+def wanted(device: torch.device) -> bool:
+    """Whether weights on `device` get ready codes: `FLINT_MMA_READY_CODES` 1 / 0, else ("auto", the default) when the
+    device's tuning table has an entry reading them."""
+    flag = setting()
+    if flag != "auto":
+        return flag == "1"
+    ops = tuning.table(device).ops
+    return any(entry.config.get("mma_ready_codes") for op in READING_OPS for entry in ops.get(op, ()))
+
+
+def extra_bytes(values: int) -> int:
+    """Bytes ready codes add beside the engine's codes for `values` NVFP4 weight values."""
+    return values // 2
+
+
+def make_ready(w: NVFP4Weight) -> None:
+    """Give `w` its ready codes from its codes as they are now (after `nvfp4_mma_scales.make_ready`, which may change
+    them)."""
+    if w.ready_codes is None:
+        w.ready_codes = ready_words(w.qweight)
+
+
+def prepare(w: object) -> None:
+    """Ready codes for an NVFP4 weight on a CUDA device that wants them (`wanted`; others are left as they are)."""
+    if isinstance(w, NVFP4Weight) and w.qweight.is_cuda and wanted(w.qweight.device):
+        make_ready(w)
