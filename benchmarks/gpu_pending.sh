@@ -3,7 +3,7 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the thirty-seventh session, 2026-12-04, which had no GPU):
+# Next, in this order (state after the thirty-eighth session, 2026-12-05, which had no GPU):
 #   first `bash benchmarks/gpu_tests.sh` (a call of its own): every GPU test at the head, since the thirty-seventh
 #                 session moved the NVFP4 MMA MoE kernels, the NVFP4 decode and the split-K into modules of their
 #                 own; HEAD_TESTS=1 below is its MMA, MoE and GEMV part (in the thirty-sixth session that part ran out
