@@ -96,16 +96,17 @@ def test_wide_only_for_one_quad_of_rows(emulated_ptx: None) -> None:
     close_to_exact(out, exact(x, w), l1)
 
 
-@pytest.mark.parametrize(
-    "m,vec,wide,kernel",
-    [
-        (3, False, False, "_nvfp4_mma_kernel"),
-        (8, True, False, "_nvfp4_mma_vec_kernel"),
-        (30, True, False, "_nvfp4_mma_rows_kernel"),
-        (40, False, False, "_nvfp4_mma_rows_kernel"),
-        (30, True, True, "_nvfp4_mma_wide_kernel"),
-    ],
-)
+# (rows of x, 16-byte loads, wide, the kernel that runs): one case for each linear kernel and load width
+EVERY_LINEAR_KERNEL = [
+    (3, False, False, "_nvfp4_mma_kernel"),
+    (8, True, False, "_nvfp4_mma_vec_kernel"),
+    (30, True, False, "_nvfp4_mma_rows_kernel"),
+    (40, False, False, "_nvfp4_mma_rows_kernel"),
+    (30, True, True, "_nvfp4_mma_wide_kernel"),
+]
+
+
+@pytest.mark.parametrize("m,vec,wide,kernel", EVERY_LINEAR_KERNEL)
 def test_linear_with_ready_scales(emulated_ptx: None, m: int, vec: bool, wide: bool, kernel: str) -> None:
     """`ready` (TileConfig.mma_ready): after `nvfp4_mma_scales.make_ready` (every code and scale byte, the zero-scale
     blocks' codes zeroed) each linear kernel reading the int8 ready bytes gives the same outputs as before from the

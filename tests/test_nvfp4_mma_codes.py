@@ -23,7 +23,8 @@ from flint_kernels.dispatch import REFERENCE, with_ops
 from flint_kernels.linear import NVFP4Weight
 from kernel_checks import LaunchSpy, random_nvfp4
 from nvfp4_mma_emulation import emulate_ptx, record_l2_requests, run_ptx, seeded
-from test_nvfp4_mma_moe import _routing, _stacked, random_experts
+from test_nvfp4_mma import EVERY_LINEAR_KERNEL
+from test_nvfp4_mma_moe import _routing, _stacked, gpu_operands, random_experts
 
 from flint_engine.config import preset
 from flint_engine.model import FlintModel
@@ -122,16 +123,7 @@ def test_step_asm_with_ready_codes_is_the_same_step_with_fewer_instructions() ->
         assert "shr.u32" not in ready and ready.count("shf.r.wrap") == 16
 
 
-@pytest.mark.parametrize(
-    "m,vec,wide,kernel",
-    [
-        (3, False, False, "_nvfp4_mma_kernel"),
-        (8, True, False, "_nvfp4_mma_vec_kernel"),
-        (30, True, False, "_nvfp4_mma_rows_kernel"),
-        (40, False, False, "_nvfp4_mma_rows_kernel"),
-        (30, True, True, "_nvfp4_mma_wide_kernel"),
-    ],
-)
+@pytest.mark.parametrize("m,vec,wide,kernel", EVERY_LINEAR_KERNEL)
 @pytest.mark.parametrize("scales", [False, True])
 def test_linear_with_ready_codes(
     emulated_ptx: list[bool], m: int, vec: bool, wide: bool, kernel: str, scales: bool
@@ -337,24 +329,13 @@ def test_ready_codes_on_the_gpu(tokens: int, monkeypatch: pytest.MonkeyPatch) ->
     from flint_kernels import moe_triton as mt
 
     monkeypatch.setenv("FLINT_MMA_READY_CODES", "1")
-    w = random_nvfp4(5120, 2048, seeded(tokens), (4096, 512, 512))
-    w = NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda(), w.segments)
-    w13 = random_experts(32, 512, 2048, seed=tokens)
-    w13 = NVFP4Weight(w13.qweight.cuda(), w13.scales.cuda(), w13.global_scale.cuda() / 64, w13.segments)
-    w2 = random_experts(32, 1024, 512, seed=300 + tokens)
-    w2 = NVFP4Weight(w2.qweight.cuda(), w2.scales.cuda(), w2.global_scale.cuda() / 64, w2.segments)
+    w, w13, w2, x, ids, tw, h = gpu_operands(tokens)
     gate_up = random_nvfp4(2048, 2048, seeded(500 + tokens), (1024, 1024))
     down = random_nvfp4(2048, 1024, seeded(600 + tokens), (2048,))
     sh = [NVFP4Weight(s.qweight.cuda(), s.scales.cuda(), s.global_scale.cuda() / 64, s.segments)
           for s in (gate_up, down)]  # fmt: skip
     for weight in (w, w13, w2, *sh):
         nvfp4_mma_scales.make_ready(weight)
-    g = torch.Generator().manual_seed(tokens)
-    x = (torch.randn(tokens, 2048, generator=g) * 0.5).to(torch.bfloat16).cuda()
-    ids = torch.stack([torch.randperm(32, generator=g)[:6] for _ in range(tokens)]).cuda()
-    tw = torch.rand(tokens, 6, generator=g).cuda()
-    tw = tw / tw.sum(-1, keepdim=True)
-    h = (torch.randn(tokens * 6, 512, generator=g) * 0.5).to(torch.bfloat16).cuda()
     cfg = mt.decode_config(True, tokens, x.device)
     cfg = dataclasses.replace(cfg, expert_major=True, mma=True, mma_down=True, mma_vec=True, use_dot=False,
                               mma_ready=True, mma_ready_codes=True)  # fmt: skip

@@ -550,6 +550,26 @@ def moe_gate_up_ref(x: torch.Tensor, ids: torch.Tensor, w13: NVFP4Weight) -> tor
     return torch.stack(rows)
 
 
+def gpu_operands(tokens: int) -> tuple:
+    """(w [5120, 2048] in three segments, w13 [32, 1024, 2048], w2 [32, 2048, 512], x [tokens, 2048], ids, routing
+    weights, h [tokens * 6, 512]) on the GPU, seeded by `tokens`: the linear's and the MoE's operands of the GPU
+    tests that compare two ways of reading the same weights (the experts' global scales / 64 keep outputs small)."""
+
+    def cuda(w: NVFP4Weight, scale: float = 1.0) -> NVFP4Weight:
+        return NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda() * scale, w.segments)
+
+    w = cuda(random_nvfp4(5120, 2048, seeded(tokens), (4096, 512, 512)))
+    w13 = cuda(random_experts(32, 512, 2048, seed=tokens), 1 / 64)
+    w2 = cuda(random_experts(32, 1024, 512, seed=300 + tokens), 1 / 64)
+    g = torch.Generator().manual_seed(tokens)
+    x = (torch.randn(tokens, 2048, generator=g) * 0.5).to(torch.bfloat16).cuda()
+    ids = torch.stack([torch.randperm(32, generator=g)[:6] for _ in range(tokens)]).cuda()
+    tw = torch.rand(tokens, 6, generator=g).cuda()
+    tw = tw / tw.sum(-1, keepdim=True)
+    h = (torch.randn(tokens * 6, 512, generator=g) * 0.5).to(torch.bfloat16).cuda()
+    return w, w13, w2, x, ids, tw, h
+
+
 def random_experts(n_exp: int, inter: int, k: int, seed: int) -> NVFP4Weight:
     parts = [random_nvfp4(2 * inter, k, seeded(seed + e), (inter, inter)) for e in range(n_exp)]
     return NVFP4Weight(
@@ -675,18 +695,7 @@ def test_ready_scales_on_the_gpu(tokens: int) -> None:
 
     from flint_kernels import moe_triton as mt
 
-    w = random_nvfp4(5120, 2048, seeded(tokens), (4096, 512, 512))
-    w = NVFP4Weight(w.qweight.cuda(), w.scales.cuda(), w.global_scale.cuda(), w.segments)
-    w13 = random_experts(32, 512, 2048, seed=tokens)
-    w13 = NVFP4Weight(w13.qweight.cuda(), w13.scales.cuda(), w13.global_scale.cuda() / 64, w13.segments)
-    w2 = random_experts(32, 1024, 512, seed=300 + tokens)
-    w2 = NVFP4Weight(w2.qweight.cuda(), w2.scales.cuda(), w2.global_scale.cuda() / 64, w2.segments)
-    g = torch.Generator().manual_seed(tokens)
-    x = (torch.randn(tokens, 2048, generator=g) * 0.5).to(torch.bfloat16).cuda()
-    ids = torch.stack([torch.randperm(32, generator=g)[:6] for _ in range(tokens)]).cuda()
-    tw = torch.rand(tokens, 6, generator=g).cuda()
-    tw = tw / tw.sum(-1, keepdim=True)
-    h = (torch.randn(tokens * 6, 512, generator=g) * 0.5).to(torch.bfloat16).cuda()
+    w, w13, w2, x, ids, tw, h = gpu_operands(tokens)
     cfg = mt.decode_config(True, tokens, x.device)
     cfg = dataclasses.replace(cfg, expert_major=True, mma=True, mma_down=True, mma_vec=True, use_dot=False)
 
