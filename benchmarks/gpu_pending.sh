@@ -8,6 +8,8 @@
 #                 session moved the NVFP4 MMA MoE kernels, the NVFP4 decode and the split-K into modules of their
 #                 own; HEAD_TESTS=1 below is its MMA, MoE and GEMV part (in the thirty-sixth session that part ran out
 #                 of 240-250 s twice with 7-9 unnamed failures, one cause since fixed in the shared-expert test);
+#   MOE_NEXT=1    the next three below (READY_CODES, L2_ALL, USED) in one call and one model build (~8 minutes),
+#                 when device time is short; else each block alone, with its kernel benchmark:
 #   READY_CODES=1 the MMA kernels reading ready codes (MoEConfig / TileConfig.mma_ready_codes: K loops 15-23%
 #                 shorter on sm_90; ~6 minutes); a win: set it in the table's MMA entries, then RECORD=1;
 #   L2_ALL=1      the wide MMA gate_up asking L2 for all its lines at once (MoEConfig.mma_l2_all), with a probe of
@@ -535,6 +537,32 @@ if [ "${READY_CODES:-0}" = 1 ]; then
     ab_rounds "$OUT/decode_ready_codes_ab.txt"
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_ready_codes_ab.txt" | head -8
     cp $V/ready_codes.json "$OUT/"
+    unset FLINT_MMA_READY_CODES
+fi
+# MOE_NEXT=1: READY_CODES, L2_ALL and USED below judged in one call, for a session short of device time: their GPU
+# tests in one pytest run, then one model build whose graphs run the table and three variants in the same
+# alternating rounds (ready codes on every MMA entry; mma_l2_all / mma_used_experts on the NVFP4 moe.decode entries
+# from 9 tokens), the codes made for all (FLINT_MMA_READY_CODES=1). ~8 minutes. Their kernel benchmarks are in the
+# separate blocks. Each variant that wins: as its block says.
+if [ "${MOE_NEXT:-0}" = 1 ]; then
+    export FLINT_MMA_READY_CODES=1
+    gpu_tests "ready codes and shared-expert GPU tests" moe_next_tests 300 -n 6 tests/test_nvfp4_mma_codes.py \
+        tests/test_nvfp4_mma_moe.py -k "ready_codes_on_the_gpu or (shared_expert_in_the_moe and True-True)"
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op gemv.small_m --when all --set mma_ready_codes=true \
+        --out $V/rc_gemv.json > /dev/null
+    python3 benchmarks/tuning_variant.py --table $V/rc_gemv.json --op moe.decode --when all \
+        --set mma_ready_codes=true --out $V/ready_codes.json > /dev/null
+    moe_entries_variant "mma_l2_all=true" "$V/l2_all.json" 9 17 25 33
+    moe_entries_variant "mma_used_experts=true" "$V/used.json" 9 17 25 33
+    timeout 480 python3 benchmarks/decode.py --formats nvfp4 --batches 1 9 16 32 64 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 \
+        --ab-tuning-file $V/ready_codes.json $V/l2_all.json $V/used.json \
+        --out "$OUT/decode_moe_next_ab.json" > "$OUT/decode_moe_next_ab.txt" 2>&1
+    echo "== whole NVFP4 step: table vs ready codes / vs mma_l2_all / vs mma_used_experts (codes made for all)"
+    ab_rounds "$OUT/decode_moe_next_ab.txt"
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_moe_next_ab.txt" | head -8
+    cp $V/ready_codes.json $V/l2_all.json $V/used.json "$OUT/"
     unset FLINT_MMA_READY_CODES
 fi
 # L2_ALL=1 (built in the thirty-sixth session without a GPU): the wide MMA gate_up asking L2 for all of a program's
