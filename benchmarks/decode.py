@@ -198,10 +198,12 @@ def prefill_batches(ids: list[int], bs: int, dev: torch.device, chunk: int = 0) 
 
 def step_bytes(cfg: FlintConfig, w: FlintWeights, b: int, ctx: int) -> float:
     """Bytes a decode step must read: every non-expert weight, the experts B tokens touch (uniform routing), the
-    embedding rows, and the KV of every sequence."""
+    embedding rows, and the KV of every sequence. An NVFP4 weight counts its own codes and scales only: the MMA
+    kernels read its ready scales or codes instead of those, not as well (`NVFP4Weight.extra_nbytes`)."""
     total = 0
     for t in w.tensors():
         total += t.numel() * t.element_size()
+    total -= sum(nv.extra_nbytes for nv in w.nvfp4_weights())
     embed = w.embed.nbytes  # dense tensors and NVFP4Weight both report their bytes
     total += b * embed / cfg.vocab_size - embed
     for layer in w.layers:
@@ -209,7 +211,7 @@ def step_bytes(cfg: FlintConfig, w: FlintWeights, b: int, ctx: int) -> float:
         if hasattr(mlp, "experts_gate_up"):
             exp = 0
             for t in (mlp.experts_gate_up, mlp.experts_down):
-                exp += t.nbytes if not isinstance(t, torch.Tensor) else t.numel() * t.element_size()
+                exp += t.nbytes - t.extra_nbytes if not isinstance(t, torch.Tensor) else t.numel() * t.element_size()
             distinct = cfg.num_experts * (1 - (1 - cfg.num_experts_per_tok / cfg.num_experts) ** b)
             total -= exp * (1 - distinct / cfg.num_experts)
     kv_full = cfg.kv_bytes_per_token() * ctx * b

@@ -70,3 +70,20 @@ def test_fast_path_check_holds_the_sliding_windows_of_its_batch(benchmark_script
         budget = accuracy.kv_budget(model, seqs)
         plan = plan_kv_cache(cfg, budget, 16, seqs, EngineConfig(max_num_seqs=seqs).prefill_tokens(True))
         assert plan.num_full_blocks * plan.full_block_bytes > 2 * 2**30 - plan.full_block_bytes
+
+
+def test_the_floor_counts_what_a_step_reads_not_the_ready_forms_beside_it(decode: ModuleType) -> None:
+    """`step_bytes` (the bandwidth floor's bytes) is the same with an NVFP4 weight's ready scales and codes made: the
+    MMA kernels read those instead of its own bytes, not as well; at one token it is below the weights' total (the
+    experts no token routes to, the embedding's other rows)."""
+    from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales
+
+    cfg = preset("tiny")
+    weights = random_weights(cfg, torch.float32, seed=3, nvfp4_linears=True)
+    before = [decode.step_bytes(cfg, weights, b, 64) for b in (1, 4)]
+    for w in weights.nvfp4_weights():
+        nvfp4_mma_scales.make_ready(w)
+        nvfp4_mma_codes.make_ready(w)
+    assert sum(w.extra_nbytes for w in weights.nvfp4_weights()) > 0
+    assert [decode.step_bytes(cfg, weights, b, 64) for b in (1, 4)] == pytest.approx(before, rel=1e-12)
+    assert before[0] < before[1] and before[0] < weights.nbytes()
