@@ -10,7 +10,7 @@
 #                 of 240-250 s twice with 7-9 unnamed failures, one cause since fixed in the shared-expert test);
 #   MOE_NEXT=1    the next three below (READY_CODES, L2_ALL, USED) in one call and one model build (~8 minutes),
 #                 when device time is short; else each block alone, with its kernel benchmark:
-#   READY_CODES=1 the MMA kernels reading ready codes (MoEConfig / TileConfig.mma_ready_codes: K loops 15-23%
+#   READY_CODES=1 the MMA kernels reading ready codes (MoEConfig / TileConfig.mma_ready_codes: K steps 15-31%
 #                 shorter on sm_90; ~6 minutes); a win: set it in the table's MMA entries, then RECORD=1;
 #   L2_ALL=1      the wide MMA gate_up asking L2 for all its lines at once (MoEConfig.mma_l2_all), with a probe of
 #                 the programs of experts without pairs (~6 minutes); a win: set it in the table, then RECORD=1;
@@ -511,8 +511,8 @@ if [ "${HEAD_TESTS:-0}" = 1 ]; then
 fi
 # READY_CODES=1 (built in the thirty-eighth session without a GPU): the NVFP4 MMA kernels reading ready codes
 # (`kernels/nvfp4_mma_codes.py`, TileConfig / MoEConfig.mma_ready_codes): each word of 8 codes in the order the K step
-# decodes in 8 integer instructions instead of 13, so the installed K loops are 15-23% shorter on sm_90
-# (`benchmarks/mma_k_loops.py`); the MoE at b32 issues on ~2 of 3 cycles, and the ready scale bytes' 13% fewer gave
+# decodes in 8 integer instructions instead of 13, so the installed K steps are 15-31% shorter on sm_90 (the gate_up's
+# loop also takes two steps an iteration; `benchmarks/mma_k_loops.py`); the MoE at b32 issues on ~2 of 3 cycles, and the ready scale bytes' 13% fewer gave
 # b32 -5%. Its GPU tests (the same bits as from the engine's codes: linear, MoE, fused_moe with the shared expert),
 # the kernels alone (the ready-scale variants against the same with ready codes, "_rc"), then the whole step with
 # mma_ready_codes on every gemv.small_m and moe.decode entry against the table, the codes made for both

@@ -2,8 +2,9 @@
 
 The MMA MoE at batch 32 issues on ~2 of 3 scheduler cycles (Nsight Compute, thirty-third session), so instructions a
 weight value are a proxy for its speed; this compares the installed kernels' K loops (the innermost loop holding the
-MMAs) read from the engine's codes and from ready codes (`flint_kernels.nvfp4_mma_codes`): instructions, HMMAs,
-spills in the loop, registers, spills, and the loop's opcodes. Compiled as launched: ready scale bytes, the launch's
+MMAs) read from the engine's codes and from ready codes (`flint_kernels.nvfp4_mma_codes`): instructions a K step
+(the ready-code gate_up's loop takes two steps an iteration), HMMAs, spills in the loop, registers, spills, and the
+loop's opcodes. Compiled as launched: ready scale bytes, the launch's
 divisibility-by-16 specialisations, the wide gate_up's register cap. It is a proxy; time the kernels on a GPU.
 
     python benchmarks/mma_k_loops.py            # prints a table, writes benchmarks/results/mma_k_loops.json
@@ -38,19 +39,20 @@ def installed_cases(ready_codes: bool) -> list[dict[str, Any]]:
     """The MMA kernels the H200 table runs (1-8 rows, rows and wide linear; the MoE's wide gate_up and down with the
     shared expert's programs first and h in the MMA's order), reading ready codes (an int8 code pointer) or not."""
     codes = {"w_ptr": "i8", "sw_ptr": "i8"} if ready_codes else {}
-    cases = [
-        (_LIN, "_nvfp4_mma_vec_kernel", _LINEAR, {"SPLIT_K": 4, "NW": 4, "PREFETCH": False, "PDL": True}),
-        (_LIN, "_nvfp4_mma_rows_kernel", _LINEAR, {"SPLIT_K": 4, "NW": 4, "PDL": True, "VEC": True, "GROUPS": 4}),
-        (_LIN, "_nvfp4_mma_wide_kernel", _LINEAR, {"SPLIT_K": 4, "NW": 4, "PDL": True, "VEC": True}),
+    cases = [  # (module, kernel, pointer types, constexprs, HMMAs a K step: 8 a group of 8 rows and 16-row tile)
+        (_LIN, "_nvfp4_mma_vec_kernel", _LINEAR, {"SPLIT_K": 4, "NW": 4, "PREFETCH": False, "PDL": True}, 8),
+        (_LIN, "_nvfp4_mma_rows_kernel", _LINEAR, {"SPLIT_K": 4, "NW": 4, "PDL": True, "VEC": True, "GROUPS": 4}, 32),
+        (_LIN, "_nvfp4_mma_wide_kernel", _LINEAR, {"SPLIT_K": 4, "NW": 4, "PDL": True, "VEC": True}, 64),
         (_MOE, "_moe_gate_up_mma_wide_shared_first_kernel", _GATE_UP,
-         {"P_PAD": 256, "NW": 4, "PREFETCH": True, "PDL": True, "L2_AHEAD": 2, "PERM": True}),
+         {"P_PAD": 256, "NW": 4, "PREFETCH": True, "PDL": True, "L2_AHEAD": 2, "PERM": True}, 16),
         (_MOE, "_moe_down_mma_wide_shared_first_kernel", _DOWN,
-         {"P_PAD": 256, "NW": 4, "PREFETCH": False, "PDL": True, "L2_MODE": 2, "PERM": True}),
+         {"P_PAD": 256, "NW": 4, "PREFETCH": False, "PDL": True, "L2_MODE": 2, "PERM": True}, 16),
     ]  # fmt: skip
     return [
         {"module": module, "kernel": kernel, "pointers": {**pointers, **{k: codes[k] for k in codes if k in pointers}},
-         "constexprs": cx, "num_warps": cx["NW"], "maxnreg": KS_MAXNREG if "_gate_up_mma_wide_" in kernel else None}
-        for module, kernel, pointers, cx in cases
+         "constexprs": cx, "num_warps": cx["NW"], "maxnreg": KS_MAXNREG if "_gate_up_mma_wide_" in kernel else None,
+         "hmma_a_step": hmma}
+        for module, kernel, pointers, cx, hmma in cases
     ]  # fmt: skip
 
 
@@ -88,10 +90,13 @@ def _profile_one(case: dict[str, Any]) -> dict[str, Any]:
     for op in body:
         name = (op.split()[1] if op.startswith("@") else op.split()[0]).split(".")[0]
         opcodes[name] = opcodes.get(name, 0) + 1
+    steps = sum("HMMA" in op for op in body) / case["hmma_a_step"]  # K steps an iteration (two: `_k_loop_wide_pairs`)
     return {
         "kernel": case["kernel"],
         "regs": res.get("REG", 0),
         "spills": res.get("LOCAL", 0) + res.get("STACK", 0),
+        "k_step": round((hi - lo + 1) / steps, 1),
+        "k_loop_steps": steps,
         "k_loop": hi - lo + 1,
         "k_loop_hmma": sum("HMMA" in op for op in body),
         "k_loop_spills": sum("LDL" in op or "STL" in op for op in body),
@@ -113,12 +118,12 @@ def main() -> None:
     results = profile(plain + ready)
     rows = []
     print(f"sm_90 K loops, Triton {triton.__version__}: engine's codes -> ready codes")
-    print(f"{'kernel':46s} {'K loop':>15s} {'registers':>10s} {'spills':>8s}")
+    print(f"{'kernel':46s} {'a K step':>19s} {'registers':>10s} {'spills':>8s}")
     for a, b in zip(results[: len(plain)], results[len(plain) :], strict=True):
-        change = b["k_loop"] / a["k_loop"] - 1
-        print(f"{a['kernel']:46s} {a['k_loop']:5d} -> {b['k_loop']:4d} {change:+.1%} {a['regs']:4d} -> {b['regs']:3d} "
-              f"{a['spills']:3d} -> {b['spills']:2d}")  # fmt: skip
-        rows.append({"kernel": a["kernel"], "codes": a, "ready_codes": b, "k_loop_change": change})
+        change = b["k_step"] / a["k_step"] - 1
+        print(f"{a['kernel']:46s} {a['k_step']:6.1f} -> {b['k_step']:5.1f} {change:+.1%} {a['regs']:4d} -> "
+              f"{b['regs']:3d} {a['spills']:3d} -> {b['spills']:2d}")  # fmt: skip
+        rows.append({"kernel": a["kernel"], "codes": a, "ready_codes": b, "k_step_change": change})
     Path(args.out).write_text(json.dumps({"triton": triton.__version__, "kernels": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")
 

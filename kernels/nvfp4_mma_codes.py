@@ -13,10 +13,12 @@ Ready codes hold the same 32 bits permuted within each word, so that
   three shifted copies of the four bits never overlap, so no carry reaches a kept bit (LOP3, IMAD, LOP3):
 8 integer instructions a word. No four rotations tile a word with `MAGNITUDE_SIGN`'s shape (an exhaustive search
 over rotations, and over byte permutations with them, found none), hence the multiply for the last register.
-Compiled for sm_90 (Triton 3.6, as the H200 builds them, the launch's specialisations, ready scale bytes), the K
-loops of the installed MMA kernels are 15-23% shorter: the wide MoE gate_up 438 -> 354 instructions, the down
-355 -> 275, the wide linear 484 -> 404, the 1-8-row linear 204 -> 164, the rows kernel 295 -> 250 (its 8-byte
-spill gone). The MMA kernels' other costs and every result stay as they were: each register holds the same bits.
+Compiled for sm_90 as the H200 table launches them (`benchmarks/mma_k_loops.py`: ready scale bytes, the launch's
+specialisations; Triton 3.6), the installed MMA kernels' K steps are 15-22% shorter: the wide MoE down 361 -> 281
+instructions, the wide linear 483 -> 403, the 1-8-row linear 203 -> 163, the rows kernel 292 -> 249; the wide MoE
+gate_up 434 -> 348, and 301 (-31%) as its ready-code loop takes two steps an iteration
+(`nvfp4_mma_triton._k_loop_wide_pairs`, which drops the predicated L2 requests of every other step). Every result
+stays as it was: each register holds the same bits, each sum runs in the same order.
 
 The kernels take ready codes as an int8 tensor of the codes' shape (`NVFP4Weight.ready_codes`): the pointer's type
 picks the K step (`nvfp4_mma_triton._weight_bases`), so no kernel gains a parameter. The tuning table's

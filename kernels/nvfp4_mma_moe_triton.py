@@ -947,6 +947,13 @@ def _ready_pair(
     return _with_ready_bytes(experts, scales, codes), _with_ready_bytes(shared, scales, codes)
 
 
+def pairs_fit(k: int, prefetch: bool, l2_ahead: int) -> bool:
+    """Whether a wide launch may read ready codes over K = k: with loads a step ahead and L2 requests ahead its K loop
+    takes two steps an iteration (`nvfp4_mma_triton._k_loop_wide_pairs`), so K must be whole pairs of steps (Flint's
+    H and I are); otherwise the launch reads the engine's codes."""
+    return not (prefetch and l2_ahead > 0) or k % (2 * BLOCK_K) == 0
+
+
 def shared_fits(x: torch.Tensor, w13: NVFP4Weight, w2: NVFP4Weight, gate_up: object, down: object) -> bool:
     """Whether the wide MoE kernels can run a shared expert (gate_up [2 I_s, H], down [H, I_s]) in programs of their
     own (MoEConfig.mma_shared): x against w13 on the 16-byte kernels, w2 and both shared weights (2-D) NVFP4 for them
@@ -1013,7 +1020,8 @@ def launch_moe_down(
         )  # fmt: skip
     if perm or first or used:
         raise ValueError("perm, first and used come with the shared expert's programs (shared)")
-    w2 = _with_ready_bytes(w2, ready, ready_codes)
+    # wide with loads ahead and L2 requests two steps ahead: ready codes run `_k_loop_wide_pairs`, whole pairs of steps
+    w2 = _with_ready_bytes(w2, ready, ready_codes and (not wide or pairs_fit(h.shape[1], prefetch, 2 * (l2 == 1))))
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
@@ -1058,7 +1066,8 @@ def _launch_down_shared(
             f"the shared expert in the MoE down needs h, hs and weights for the 16-byte kernels, a down [{n}, I_s] "
             f"and ys [T, {n}]; got {sw.shape}, hs {tuple(hs.shape)}, ys {tuple(ys.shape)}"
         )
-    w2, sw = _ready_pair(w2, sw, *ready)
+    pairs = pairs_fit(k, prefetch, 2 * (l2 == 1)) and pairs_fit(k_s, prefetch, 2 * (l2 == 1))
+    w2, sw = _ready_pair(w2, sw, ready[0], ready[1] and pairs)
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, n)
     kernel, extra = _moe_down_mma_wide_shared_first_kernel if first else _moe_down_mma_wide_shared_kernel, {}
@@ -1138,7 +1147,7 @@ def launch_moe_gate_up(
         )  # fmt: skip
     if perm or first or used:
         raise ValueError("perm, first and used come with the shared expert's programs (shared)")
-    w13 = _with_ready_bytes(w13, ready, ready_codes)
+    w13 = _with_ready_bytes(w13, ready, ready_codes and (not wide or pairs_fit(x.shape[1], prefetch, l2_ahead)))
     _check_l2_ahead(l2_ahead, wide)
     if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
         raise ValueError(f"warp_k must be a power of two dividing num_warps ({num_warps}), got {warp_k}")
@@ -1213,7 +1222,7 @@ def _launch_gate_up_shared(
             f"with I_s a multiple of {inter} and hs [{t}, I_s]; got {sw.shape}, hs {tuple(hs.shape)}"
         )
     _check_l2_ahead(l2_ahead, True)
-    w13, sw = _ready_pair(w13, sw, *ready)
+    w13, sw = _ready_pair(w13, sw, ready[0], ready[1] and pairs_fit(k, prefetch, l2_ahead))
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, 2 * inter_s)
     n_slots, extra = _expert_slots(n_exp, ids.numel(), used), {} if _INTERPRET else {"maxnreg": KS_MAXNREG}

@@ -150,20 +150,32 @@ def test_linear_with_ready_codes(
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-@pytest.mark.parametrize("vec,wide,l2", [(False, False, 0), (True, False, 2), (True, True, 2)])
-def test_moe_with_ready_codes(emulated_ptx: list[bool], vec: bool, wide: bool, l2: int, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "vec,wide,l2,down_l2,prefetch,k",
+    [
+        (False, False, 0, 0, False, 768),
+        (True, False, 2, 2, False, 768),
+        (True, True, 2, 2, False, 768),
+        (True, True, 2, 1, True, 768),  # both wide loops two steps an iteration (`_k_loop_wide_pairs`)
+        (True, True, 2, 1, True, 640),  # five steps: not whole pairs, so the engine's codes (`pairs_fit`)
+    ],
+)
+def test_moe_with_ready_codes(
+    emulated_ptx: list[bool], vec: bool, wide: bool, l2: int, down_l2: int, prefetch: bool, k: int, monkeypatch
+) -> None:
     """`ready_codes` (MoEConfig.mma_ready_codes) in the MoE's gate_up and down, 8- and 16-byte, with L2 requests and
-    the wide tiles, after the ready scales (zero-scale blocks planted, their codes zeroed first): the same h and y as
-    from the engine's codes."""
+    the wide tiles, the wide loops with loads a step ahead too (then two steps an iteration), after the ready scales
+    (zero-scale blocks planted, their codes zeroed first): the same h and y as from the engine's codes. Where K is not
+    whole pairs of steps the wide launches with loads ahead read the engine's codes."""
     record_l2_requests(monkeypatch)
-    w13 = random_experts(5, 40, 768, seed=71)
-    w2 = random_experts(5, 68, 768, seed=72)
+    w13 = random_experts(5, 40, k, seed=71)
+    w2 = random_experts(5, 68, k, seed=72)
     for w in (w13, w2):
         w.scales[:, 1, 0], w.scales[:, 2, 3] = 0x7F, 0x00
         nvfp4_mma_scales.make_ready(w)
     ids = _routing().reshape(-1).contiguous()
-    x = (torch.randn(10, 768, generator=seeded(73)) * 0.5).to(torch.bfloat16)
-    hh = (torch.randn(30, 768, generator=seeded(74)) * 0.5).to(torch.bfloat16)
+    x = (torch.randn(10, k, generator=seeded(73)) * 0.5).to(torch.bfloat16)
+    hh = (torch.randn(30, k, generator=seeded(74)) * 0.5).to(torch.bfloat16)
     outs = []
     for step in range(2):
         if step:
@@ -171,13 +183,23 @@ def test_moe_with_ready_codes(emulated_ptx: list[bool], vec: bool, wide: bool, l
             nvfp4_mma_codes.make_ready(w2)
         emulated_ptx.clear()
         h = torch.full((30, 40), float("nan"))
-        mm.launch_moe_gate_up(x, ids, w13, h, 3, 2, vec=vec, l2_ahead=l2, wide=wide, ready=True, ready_codes=True)
+        mm.launch_moe_gate_up(
+            x, ids, w13, h, 3, 2, prefetch=prefetch, vec=vec, l2_ahead=l2, wide=wide, ready=True, ready_codes=True
+        )
         y = torch.full((30, 136), float("nan"))
-        mm.launch_moe_down(hh, ids, w2, y, num_warps=2, vec=vec, l2=l2, wide=wide, ready=True, ready_codes=True)
-        assert emulated_ptx and set(emulated_ptx) == {bool(step)}
+        mm.launch_moe_down(
+            hh, ids, w2, y, num_warps=2, prefetch=prefetch, vec=vec, l2=down_l2, wide=wide, ready=True,
+            ready_codes=True,
+        )  # fmt: skip
+        assert emulated_ptx and set(emulated_ptx) == {bool(step) and k % 256 == 0}
         outs.append((h, y))
     assert not torch.isnan(outs[0][0]).any() and not torch.isnan(outs[0][1]).any()
     assert torch.equal(outs[1][0], outs[0][0]) and torch.equal(outs[1][1], outs[0][1])
+
+
+def test_pairs_fit_only_whole_pairs_of_steps_with_loads_and_requests_ahead() -> None:
+    assert mm.pairs_fit(2048, True, 2) and mm.pairs_fit(512, True, 2) and not mm.pairs_fit(640, True, 2)
+    assert mm.pairs_fit(640, False, 2) and mm.pairs_fit(640, True, 0) and mm.pairs_fit(640, True, mm.L2_ALL)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
@@ -204,8 +226,8 @@ def test_the_shared_expert_programs_read_ready_codes_with_the_experts(
     def run() -> list[torch.Tensor]:
         h, hs = torch.full((30, 40), float("nan")), torch.full((10, 80), float("nan"))
         mm.launch_moe_gate_up(
-            x, ids, w13, h, 3, 2, vec=True, l2_ahead=2, wide=True, ready=True, shared=(gate_up, hs), perm=True,
-            first=True, ready_codes=True,
+            x, ids, w13, h, 3, 2, prefetch=True, vec=True, l2_ahead=2, wide=True, ready=True, shared=(gate_up, hs),
+            perm=True, first=True, ready_codes=True,
         )  # fmt: skip
         y, ys = torch.full((30, 136), float("nan")), torch.full((10, 136), float("nan"))
         mm.launch_moe_down(
@@ -311,9 +333,11 @@ def test_ready_codes_shorten_the_installed_k_loops_on_sm90() -> None:
     results = mma_k_loops.profile(plain + ready)
     for before, after in zip(results[: len(plain)], results[len(plain) :], strict=True):
         name = before["kernel"]
-        assert after["k_loop"] <= 0.88 * before["k_loop"], (name, before["k_loop"], after["k_loop"])
-        assert after["k_loop_hmma"] == before["k_loop_hmma"] and after["k_loop_spills"] == 0, name
-        assert after["k_loop_opcodes"].get("IMAD", 0) < before["k_loop_opcodes"].get("IMAD", 0), name
+        assert after["k_step"] <= 0.88 * before["k_step"], (name, before["k_step"], after["k_step"])
+        steps = 2 if name.startswith("_moe_gate_up") else 1  # its ready loop: `_k_loop_wide_pairs`
+        assert before["k_loop_steps"] == 1 and after["k_loop_steps"] == steps and after["k_loop_spills"] == 0, name
+        imad = after["k_loop_opcodes"].get("IMAD", 0) / steps
+        assert imad < before["k_loop_opcodes"].get("IMAD", 0), name
         assert after["regs"] <= max(128, before["regs"]) and after["spills"] <= before["spills"] + 8, (name, after)
 
 
