@@ -8,10 +8,10 @@
 #                 session moved the NVFP4 MMA MoE kernels, the NVFP4 decode and the split-K into modules of their
 #                 own; HEAD_TESTS=1 below is its MMA, MoE and GEMV part (in the thirty-sixth session that part ran out
 #                 of 240-250 s twice with 7-9 unnamed failures, one cause since fixed in the shared-expert test);
-#   MOE_NEXT=1    the next three below (READY_CODES, L2_ALL, USED) in one call and one model build (~8 minutes),
+#   MOE_NEXT=1    the next three below (READY_CODES, L2_ALL, USED) in one call and one model build (~9 minutes),
 #                 when device time is short; else each block alone, with its kernel benchmark:
 #   READY_CODES=1 the MMA kernels reading ready codes (MoEConfig / TileConfig.mma_ready_codes: K steps 15-31%
-#                 shorter on sm_90; ~6 minutes); a win: set it in the table's MMA entries, then RECORD=1;
+#                 shorter on sm_90; ~8 minutes); a win: set it in the table's MMA entries, then RECORD=1;
 #   L2_ALL=1      the wide MMA gate_up asking L2 for all its lines at once (MoEConfig.mma_l2_all), with a probe of
 #                 the programs of experts without pairs (~6 minutes); a win: set it in the table, then RECORD=1;
 #   USED=1        programs only for the experts in use (MoEConfig.mma_used_experts; ~5 minutes); a win: as above;
@@ -513,16 +513,18 @@ fi
 # (`kernels/nvfp4_mma_codes.py`, TileConfig / MoEConfig.mma_ready_codes): each word of 8 codes in the order the K step
 # decodes in 8 integer instructions instead of 13, so the installed K steps are 15-31% shorter on sm_90 (the gate_up's
 # loop also takes two steps an iteration; `benchmarks/mma_k_loops.py`); the MoE at b32 issues on ~2 of 3 cycles, and the ready scale bytes' 13% fewer gave
-# b32 -5%. Its GPU tests (the same bits as from the engine's codes: linear, MoE, fused_moe with the shared expert),
-# the kernels alone (the ready-scale variants against the same with ready codes, "_rc"), then the whole step with
+# b32 -5%. Its GPU tests (test_nvfp4_mma_codes.py: the same bits as from the engine's codes) run in
+# `benchmarks/gpu_tests.sh`; here the kernels alone (the ready-scale variants against the same with ready codes,
+# "_rc"), then the whole step with
 # mma_ready_codes on every gemv.small_m and moe.decode entry against the table, the codes made for both
-# (FLINT_MMA_READY_CODES=1: ~20 GB more on the full model). ~6 minutes. A win: set it in the table's MMA entries
+# (FLINT_MMA_READY_CODES=1: ~20 GB more on the full model). ~8 minutes (under the device's 600 s a call). A win: set it in the table's MMA entries
 # (then `auto` makes the codes), RECORD=1 (ready codes are new compile variants: an int8 code pointer).
 if [ "${READY_CODES:-0}" = 1 ]; then
     export FLINT_MMA_READY_CODES=1
-    gpu_tests "ready codes GPU tests" ready_codes_tests 240 -n 4 tests/test_nvfp4_mma_codes.py
-    timeout 240 python3 benchmarks/nvfp4_mma.py --ms 8 32 --shapes qkv o_proj lm_head --warps 4 --vec 1 --wide \
-        --ready-codes --moe-tokens 16 32 64 --moe-l2-ahead 2 --moe-down-l2 2 --moe-wide \
+    # the kernels alone: each ready-scale variant against the same with ready codes (_rc), loads a step ahead or not
+    # (with them and L2 requests ahead the ready-code gate_up runs two steps an iteration)
+    timeout 180 python3 benchmarks/nvfp4_mma.py --ms 8 32 --shapes qkv o_proj lm_head --warps 4 --vec 1 --prefetch 0 1 \
+        --wide --ready-codes --moe-tokens 16 32 64 --moe-l2-ahead 2 --moe-down-l2 2 --moe-wide \
         --out "$OUT/nvfp4_mma_ready_codes.json" > "$OUT/nvfp4_mma_ready_codes.txt" 2>&1
     sed -n '/^NVFP4 linear on/,$p' "$OUT/nvfp4_mma_ready_codes.txt" | grep -v "^wrote"
     V=/tmp/variants; mkdir -p $V
@@ -539,15 +541,13 @@ if [ "${READY_CODES:-0}" = 1 ]; then
     cp $V/ready_codes.json "$OUT/"
     unset FLINT_MMA_READY_CODES
 fi
-# MOE_NEXT=1: READY_CODES, L2_ALL and USED below judged in one call, for a session short of device time: their GPU
-# tests in one pytest run, then one model build whose graphs run the table and three variants in the same
-# alternating rounds (ready codes on every MMA entry; mma_l2_all / mma_used_experts on the NVFP4 moe.decode entries
-# from 9 tokens), the codes made for all (FLINT_MMA_READY_CODES=1). ~8 minutes. Their kernel benchmarks are in the
-# separate blocks. Each variant that wins: as its block says.
+# MOE_NEXT=1: READY_CODES, L2_ALL and USED below judged in one call, for a session short of device time: one model
+# build whose graphs run the table and three variants in the same alternating rounds (ready codes on every MMA entry;
+# mma_l2_all / mma_used_experts on the NVFP4 moe.decode entries from 9 tokens), the codes made for all
+# (FLINT_MMA_READY_CODES=1). Their GPU tests run in `benchmarks/gpu_tests.sh`, their kernel benchmarks in the
+# separate blocks. ~9 minutes (under the device's 600 s a call). Each variant that wins: as its block says.
 if [ "${MOE_NEXT:-0}" = 1 ]; then
     export FLINT_MMA_READY_CODES=1
-    gpu_tests "ready codes and shared-expert GPU tests" moe_next_tests 300 -n 6 tests/test_nvfp4_mma_codes.py \
-        tests/test_nvfp4_mma_moe.py -k "ready_codes_on_the_gpu or (shared_expert_in_the_moe and True-True)"
     V=/tmp/variants; mkdir -p $V
     python3 benchmarks/tuning_variant.py --op gemv.small_m --when all --set mma_ready_codes=true \
         --out $V/rc_gemv.json > /dev/null
@@ -555,7 +555,7 @@ if [ "${MOE_NEXT:-0}" = 1 ]; then
         --set mma_ready_codes=true --out $V/ready_codes.json > /dev/null
     moe_entries_variant "mma_l2_all=true" "$V/l2_all.json" 9 17 25 33
     moe_entries_variant "mma_used_experts=true" "$V/used.json" 9 17 25 33
-    timeout 480 python3 benchmarks/decode.py --formats nvfp4 --batches 1 9 16 32 64 --contexts 1024 --prefill 0 \
+    timeout 540 python3 benchmarks/decode.py --formats nvfp4 --batches 9 16 32 64 --contexts 1024 --prefill 0 \
         --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 \
         --ab-tuning-file $V/ready_codes.json $V/l2_all.json $V/used.json \
         --out "$OUT/decode_moe_next_ab.json" > "$OUT/decode_moe_next_ab.txt" 2>&1

@@ -50,7 +50,9 @@ class TileConfig:
     # With mma: read the weight's ready codes where it has them (`nvfp4_mma_codes`, made at load where the device's
     # table sets this; ~20 GB beside the codes on the full NVFP4 model): each word of 8 codes decoded in 8 integer
     # instructions instead of 13, 15-22% fewer instructions in the K loops, 31% in the MoE gate_up's (whose ready loop
-    # also takes two steps an iteration; sm_90 SASS, thirty-eighth session). Not yet measured on a GPU.
+    # also takes two steps an iteration; sm_90 SASS, thirty-eighth session). Not yet measured on a GPU. The weights
+    # asked into L2 ahead (`weights_ahead`) are the engine's codes: an entry for a batch whose projections run here
+    # would ask for bytes no kernel then reads (today's H200 entry is for 1 token, where the FMA path runs them).
     mma_ready_codes: bool = False
 
 

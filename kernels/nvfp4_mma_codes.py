@@ -4,7 +4,7 @@
 registers: register r = 2h + p holds values r (low half) and r + 4 (high half) as BF16 bit patterns with E2M1's
 e1 e0 m at bits 8-6 and its sign at bit 15 of each half (`MAGNITUDE_SIGN`), which one FMA.BF16X2 then scales. From
 the engine's nibbles that costs a register a mask, a multiply making two copies (the magnitude and the sign need
-different shifts) and a mask, and every other register a shift of the word first: 13 integer instructions a word.
+different shifts) and a mask, registers 2 and 3 after one shift of the word by 8: 13 integer instructions a word.
 
 Ready codes hold the same 32 bits permuted within each word, so that
 - register 0 is the word masked (one LOP3),

@@ -94,6 +94,11 @@ def make_ready(w: NVFP4Weight, replace: bool = False) -> None:
     if w.ready_scales is not None:
         return
     empty = zero_scale(w.scales)
+    if bool(empty.any()) and w.ready_codes is not None:
+        raise ValueError(
+            "ready codes were made before the ready scales: they would keep the codes of zero-scale blocks that the "
+            "ready scales zero (make the scales first, as fast.prepare_nvfp4 does)"
+        )
     if bool(empty.any()):
         codes = w.qweight.unflatten(-1, (-1, nvfp4.QK_SUB // 2))  # a block's 16 values are 8 bytes
         codes.copy_(torch.where(empty[..., None], codes & 0x88, codes))
