@@ -150,7 +150,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     """How much context fits next to the weights on one GPU, from the engine's own sizing code."""
-    from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales
+    from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales, tuning
     from flint_kernels.router_triton import split_nbytes
     from gguf import GGMLQuantizationType
 
@@ -166,15 +166,19 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     )
     step_tokens = budgets.prefill_tokens(fused_gpu=True)
     rows = []
+    # The MMA kernels' ready bytes: by default as the H200's table makes them (FLINT_MMA_READY_*=auto on an H200).
+    h200 = tuning.load(tuning.TABLES / "nvidia-h200.json")
+    ready_scales = nvfp4_mma_scales.table_reads(h200) if args.ready_scales is None else args.ready_scales
+    ready_codes = nvfp4_mma_codes.table_reads(h200) if args.ready_codes is None else args.ready_codes
     # The fused path keeps each MoE router weight also as three BF16 parts (router_triton.prepare).
     router_parts = split_nbytes(config.num_experts, config.hidden_size) * len(config.moe_layers)
     for fmt in args.weights:
         planned = plan_tensors(config, fmt)
         weight_bytes = sum(p.nbytes for p in planned) + router_parts
         nvfp4_values = sum(math.prod(p.shape) for p in planned if p.ggml_type == GGMLQuantizationType.NVFP4)
-        if args.ready_scales:  # beside the UE4M3 bytes, as FLINT_MMA_READY_SCALES=auto makes them
+        if ready_scales:  # beside the UE4M3 bytes, as FLINT_MMA_READY_SCALES=auto makes them
             weight_bytes += nvfp4_mma_scales.extra_bytes(nvfp4_values)
-        if args.ready_codes:  # beside the codes, as FLINT_MMA_READY_CODES=1 makes them
+        if ready_codes:  # beside the codes, as FLINT_MMA_READY_CODES makes them
             weight_bytes += nvfp4_mma_codes.extra_bytes(nvfp4_values)
         budget = gpu_kv_budget(
             config,
@@ -269,15 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument(
         "--ready-scales",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="count the NVFP4 MMA kernels' ready scale bytes (1/16 byte a value; default on, as on the H200's table)",
+        default=None,
+        help="count the NVFP4 MMA kernels' ready scale bytes (1/16 byte a value; default: as the H200's table makes "
+        "them)",
     )
     cap.add_argument(
         "--ready-codes",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="count the NVFP4 MMA kernels' ready codes (1/2 byte a value, FLINT_MMA_READY_CODES=1; no table reads "
-        "them yet)",
+        default=None,
+        help="count the NVFP4 MMA kernels' ready codes (1/2 byte a value; default: as the H200's table makes them)",
     )
     cap.set_defaults(func=cmd_capacity)
 

@@ -109,14 +109,18 @@ def setting() -> str:
     return flag
 
 
+def table_reads(table: tuning.Table) -> bool:
+    """Whether a tuning table has an entry whose kernels read ready codes."""
+    return any(entry.config.get("mma_ready_codes") for op in READING_OPS for entry in table.ops.get(op, ()))
+
+
 def wanted(device: torch.device) -> bool:
     """Whether weights on `device` get ready codes: `FLINT_MMA_READY_CODES` 1 / 0, else ("auto", the default) when the
     device's tuning table has an entry reading them."""
     flag = setting()
     if flag != "auto":
         return flag == "1"
-    ops = tuning.table(device).ops
-    return any(entry.config.get("mma_ready_codes") for op in READING_OPS for entry in ops.get(op, ()))
+    return table_reads(tuning.table(device))
 
 
 def extra_bytes(values: int) -> int:

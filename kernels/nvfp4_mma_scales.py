@@ -55,8 +55,12 @@ def wanted(device: torch.device) -> bool:
     flag = setting()
     if flag != "auto":
         return flag != "0"
-    ops = tuning.table(device).ops
-    return any(entry.config.get("mma_ready") for op in READING_OPS for entry in ops.get(op, ()))
+    return table_reads(tuning.table(device))
+
+
+def table_reads(table: tuning.Table) -> bool:
+    """Whether a tuning table has an entry whose kernels read ready scale bytes."""
+    return any(entry.config.get("mma_ready") for op in READING_OPS for entry in table.ops.get(op, ()))
 
 
 def extra_bytes(values: int) -> int:

@@ -315,15 +315,21 @@ def _flint(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("ready,codes", [(True, False), (False, False), (True, True)])
-def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(ready: bool, codes: bool) -> None:
+@pytest.mark.parametrize(
+    "flags", [[], ["--no-ready-scales"], ["--ready-codes"], ["--no-ready-scales", "--ready-codes"]]
+)
+def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(flags: list[str]) -> None:
     """`flint capacity` weighs the checkpoint's tensors plus the BF16 router parts (3 x 2 bytes x 256 x 2048 for each
-    of the 47 MoE layers, 141 MB) that the fused router keeps beside them, and by default the NVFP4 MMA kernels'
-    ready scale bytes (one per 16 NVFP4 values, 2.47 GB; `--no-ready-scales` leaves them out); `--ready-codes` adds
-    their ready codes (half a byte a value, 19.7 GB)."""
+    of the 47 MoE layers, 141 MB) that the fused router keeps beside them, and the NVFP4 MMA kernels' ready bytes as
+    the H200's table makes them (today its entries read ready scale bytes, one per 16 NVFP4 values, 2.47 GB, and none
+    reads ready codes, half a byte a value, 19.7 GB); `--[no-]ready-scales` and `--[no-]ready-codes` decide instead."""
+    from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales, tuning
+
     from flint_engine.checkpoint.gguf_writer import plan_tensors
 
-    flags = ([] if ready else ["--no-ready-scales"]) + (["--ready-codes"] if codes else [])
+    h200 = tuning.load(tuning.TABLES / "nvidia-h200.json")
+    ready = "--no-ready-scales" not in flags and nvfp4_mma_scales.table_reads(h200)
+    codes = "--ready-codes" in flags or nvfp4_mma_codes.table_reads(h200)
     r = _flint("capacity", "--weights", "nvfp4", "bf16", *flags)
     assert r.returncode == 0, r.stderr
     rows = {
