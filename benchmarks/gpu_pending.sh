@@ -12,6 +12,7 @@
 #                 when device time is short; else each block alone, with its kernel benchmark:
 #   READY_CODES=1 the MMA kernels reading ready codes (MoEConfig / TileConfig.mma_ready_codes: K steps 15-31%
 #                 shorter on sm_90; ~8 minutes); a win: set it in the table's MMA entries, then RECORD=1;
+#   REPLACE_CODES=1 ready codes in the codes' place, read by every NVFP4 path (no memory added; ~8 minutes);
 #   L2_ALL=1      the wide MMA gate_up asking L2 for all its lines at once (MoEConfig.mma_l2_all), with a probe of
 #                 the programs of experts without pairs (~6 minutes); a win: set it in the table, then RECORD=1;
 #   USED=1        programs only for the experts in use (MoEConfig.mma_used_experts; ~5 minutes); a win: as above;
@@ -541,6 +542,24 @@ if [ "${READY_CODES:-0}" = 1 ]; then
     cp $V/ready_codes.json "$OUT/"
     unset FLINT_MMA_READY_CODES
 fi
+# REPLACE_CODES=1 (built in the thirty-eighth session without a GPU): ready codes in the codes' place
+# (FLINT_MMA_READY_CODES=replace), which every NVFP4 path reads (the FMA and tensor-core GEMV tiles, the MoE's decode
+# and grouped kernels, the prefill twins, through an unsigned code pointer; the MMA kernels whatever the table says),
+# so they cost no memory. Its GPU tests (the same bits as from the engine's codes at 1-2,048 tokens), then the step at
+# 1-64 sequences and the 8K prefill, with the codes in place and without (separate processes: each makes its bytes at
+# build), the fast path checked against the plain one. ~8 minutes. If READY_CODES wins and this holds: make `replace`
+# what `auto` does when the table reads ready codes.
+if [ "${REPLACE_CODES:-0}" = 1 ]; then
+    gpu_tests "replaced codes GPU tests" replace_codes_tests 240 -n 4 tests/test_ready_bytes_everywhere.py \
+        -k "codes or both"
+    for mode in 0 replace; do
+        FLINT_MMA_READY_CODES=$mode timeout 150 python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 32 64 \
+            --contexts 1024 --prefill 8192 --reps 30 --check-batches 1 --check-steps 4 --no-plain-timing \
+            --out "$OUT/decode_codes_$mode.json" > "$OUT/decode_codes_$mode.txt" 2>&1
+        echo "== FLINT_MMA_READY_CODES=$mode"
+        grep -E "^ +nvfp4 +[0-9]+ +1024|prefill|agree|match|Error" "$OUT/decode_codes_$mode.txt" | head -8
+    done
+fi
 # MOE_NEXT=1: READY_CODES, L2_ALL and USED below judged in one call, for a session short of device time: one model
 # build whose graphs run the table and three variants in the same alternating rounds (ready codes on every MMA entry;
 # mma_l2_all / mma_used_experts on the NVFP4 moe.decode entries from 9 tokens), the codes made for all
@@ -596,7 +615,7 @@ fi
 # it is (separate processes: each makes its bytes at build), and the fast path against the plain one under it. ~4
 # minutes. If all holds: make replace what auto does (then `flint capacity --no-ready-scales` is the default).
 if [ "${REPLACE:-0}" = 1 ]; then
-    gpu_tests "replaced scales GPU tests" replace_tests 300 -n 4 tests/test_ready_scales_everywhere.py
+    gpu_tests "replaced scales GPU tests" replace_tests 300 -n 4 tests/test_ready_bytes_everywhere.py
     for mode in auto replace; do
         FLINT_MMA_READY_SCALES=$mode timeout 200 python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 32 64 \
             --contexts 1024 --prefill 8192 --reps 30 --check-batches 1 --check-steps 8 --no-plain-timing \

@@ -152,8 +152,8 @@ def _walk(obj: object) -> Iterator[torch.Tensor]:
             yield leaf.global_scale
             if leaf.extra_ready_scales is not None:
                 yield leaf.extra_ready_scales
-            if leaf.ready_codes is not None:
-                yield leaf.ready_codes
+            if leaf.extra_ready_codes is not None:
+                yield leaf.extra_ready_codes
         else:
             yield leaf
 

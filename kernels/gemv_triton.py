@@ -133,7 +133,8 @@ def nvfp4_packed_weights(
     groups, scale = fma_weights(
         w_ptr, s_ptr, rows, row_ok, k0, k_end, stride_wn, stride_sn, True, EVEN_K, BLOCK_N, BLOCK_K
     )  # [BLOCK_N, G] int64 groups, [BLOCK_N, G] FP32 block scales
-    words = tl.join(groups.to(tl.int32), (groups >> 32).to(tl.int32))  # [BLOCK_N, G, 2]: values 8w .. 8w + 7
+    lo, hi = group_words(groups)
+    words = tl.join(lo, hi)  # [BLOCK_N, G, 2]: values 8w .. 8w + 7
     sc = scale * 1.8446744073709552e19  # 2**64: weights times 2**-62 (exact)
     if IN_ORDER:
         return _nvfp4_pairs_in_order(words, sc, EMULATE, WDT, BLOCK_N, BLOCK_K)
@@ -252,7 +253,10 @@ def fma_weights(
         offs_g = k0 // 16 + tl.arange(0, G)
         # One int64 a group of 16 values, so a thread holds whole groups: the sum over a group needs no lane
         # shuffle and the scale byte meets its group in the same thread.
-        w64 = w_ptr.to(tl.pointer_type(tl.int64))
+        if w_ptr.dtype.element_ty == tl.int8:  # ready codes: unsigned groups tell the decode (`e2m1_pair_packed`)
+            w64 = w_ptr.to(tl.pointer_type(tl.uint64))
+        else:
+            w64 = w_ptr.to(tl.pointer_type(tl.int64))
         group_ptrs = w64 + rows[:, None] * (stride_wn // 8) + offs_g[None, :]
         s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
         if EVEN_K:
@@ -412,11 +416,22 @@ def nvfp4_gemv_step(
 
 
 @triton.jit
+def group_words(groups):
+    """The two 32-bit words (values 16g .. 16g + 7, 16g + 8 .. 16g + 15) of int64 groups of codes; of uint64 groups
+    (ready codes, `fma_weights`) as uint32, which the decode reads as ready codes (`e2m1_pair_packed`)."""
+    if groups.dtype == tl.uint64:
+        return groups.to(tl.uint32), (groups >> 32).to(tl.uint32)
+    else:
+        return groups.to(tl.int32), (groups >> 32).to(tl.int32)
+
+
+@triton.jit
 def nvfp4_group_dot(groups, scale, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
     """[BLOCK_N, G] block-scaled sums (times 2**-62) of int64 groups [BLOCK_N, G] against x planes [G] (values
     16g + i in a_i, 16g + 8 + i in b_i, times 2**64): one FFMA chain a word, the two words added, the scale."""
-    part = nvfp4_word_dot(groups.to(tl.int32), a0, a1, a2, a3, a4, a5, a6, a7)
-    part = part + nvfp4_word_dot((groups >> 32).to(tl.int32), b0, b1, b2, b3, b4, b5, b6, b7)
+    lo, hi = group_words(groups)
+    part = nvfp4_word_dot(lo, a0, a1, a2, a3, a4, a5, a6, a7)
+    part = part + nvfp4_word_dot(hi, b0, b1, b2, b3, b4, b5, b6, b7)
     return part * scale
 
 
@@ -468,7 +483,10 @@ def nvfp4_dot_step(
     xdt = x_ptr.dtype.element_ty
     offs_g = k0 // 16 + tl.arange(0, G)
     wd = tl.arange(0, 2)
-    w32 = w_ptr.to(tl.pointer_type(tl.int32))
+    if w_ptr.dtype.element_ty == tl.int8:  # ready codes: unsigned words tell the decode (`e2m1_pair_packed`)
+        w32 = w_ptr.to(tl.pointer_type(tl.uint32))
+    else:
+        w32 = w_ptr.to(tl.pointer_type(tl.int32))
     word_ptrs = w32 + rows[:, None, None] * (stride_wn // 4) + (offs_g * 2)[None, :, None] + wd[None, None, :]
     s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
     kk = k0 + tl.arange(0, G)[:, None, None] * 16 + wd[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]

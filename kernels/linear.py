@@ -29,7 +29,8 @@ class NVFP4Weight:
     # `scales` itself where they replaced the UE4M3 bytes (every kernel and `nvfp4.dequantize` read either form).
     ready_scales: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     # int8 [..., N, K/2]: the codes as `nvfp4_mma_codes` ready codes (each word's bits permuted), made at load when
-    # asked for (else None), always beside `qweight` (the other paths read the engine's codes).
+    # asked for (else None); `qweight` itself where they replaced the engine's codes (every kernel and
+    # `nvfp4.dequantize` read either form).
     ready_codes: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -59,9 +60,14 @@ class NVFP4Weight:
         return None if self.ready_scales is self.scales else self.ready_scales
 
     @property
+    def extra_ready_codes(self) -> torch.Tensor | None:
+        """The ready codes where they are kept beside the engine's codes (memory of their own), else None."""
+        return None if self.ready_codes is self.qweight else self.ready_codes
+
+    @property
     def extra_nbytes(self) -> int:
         """Bytes of the MMA kernels' ready forms kept beside the weight's own (ready scales, ready codes)."""
-        extra = (self.extra_ready_scales, self.ready_codes)
+        extra = (self.extra_ready_scales, self.extra_ready_codes)
         return sum(t.nbytes for t in extra if t is not None)
 
     @property

@@ -139,7 +139,12 @@ def quantize(w: torch.Tensor, global_scale: torch.Tensor | float | None = None) 
 
 
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Decode the engine layout to [..., N, K] (without the global scale). Exact in bfloat16 and float32."""
+    """Decode the engine layout to [..., N, K] (without the global scale). Exact in bfloat16 and float32. int8 codes
+    are ready codes (`nvfp4_mma_codes`), decoded after their bits are put back; int8 scales ready scale bytes."""
+    if qweight.dtype == torch.int8:
+        from .nvfp4_mma_codes import engine_words  # here: that module imports the weight types, which import this
+
+        qweight = engine_words(qweight)
     lo = (qweight & 0xF).to(torch.int64)
     hi = (qweight >> 4).to(torch.int64)
     codes = torch.stack((lo, hi), dim=-1).reshape(*qweight.shape[:-1], qweight.shape[-1] * 2)

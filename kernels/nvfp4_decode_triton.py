@@ -17,7 +17,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .nvfp4_mma_codes import LEFTOVER_MASK, LEFTOVER_TIMES, MAGNITUDE_SIGN, ROTATIONS
+
 MAX_SEGMENTS = 4
+_MAGNITUDE_SIGN = tl.constexpr(MAGNITUDE_SIGN)
+_ROTATIONS = tl.constexpr(ROTATIONS)
+_LEFTOVER_MASK = tl.constexpr(LEFTOVER_MASK)
+_LEFTOVER_TIMES = tl.constexpr(LEFTOVER_TIMES)
 
 
 @triton.jit
@@ -77,6 +83,16 @@ def nvfp4_planes(
     """
     G: tl.constexpr = BLOCK_K // 16
     offs_g = k0 // 16 + tl.arange(0, G)
+    if w_ptr.dtype.element_ty == tl.int8:  # ready codes (`nvfp4_mma_codes`): whole words, not bytes
+        lo, hi, scale = _ready_planes(w_ptr, s_ptr, rows, row_ok, k_end, stride_wn, stride_sn, offs_g, EVEN_K, BLOCK_N)
+    else:
+        lo, hi, scale = _byte_planes(w_ptr, s_ptr, rows, row_ok, k_end, stride_wn, stride_sn, offs_g, EVEN_K)
+    return lo, hi, scale
+
+
+@triton.jit
+def _byte_planes(w_ptr, s_ptr, rows, row_ok, k_end, stride_wn, stride_sn, offs_g, EVEN_K: tl.constexpr):
+    """`nvfp4_planes` of the engine's codes: each group's 8 bytes, low and high nibbles."""
     j = tl.arange(0, 8)
     q_ptrs = w_ptr + rows[:, None, None] * stride_wn + (offs_g * 8)[None, :, None] + j[None, None, :]
     s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
@@ -89,6 +105,33 @@ def nvfp4_planes(
         sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
     q = q.to(tl.int32)
     return e2m1_bits(q, 0), e2m1_bits(q, 4), scale_value(sb, s_ptr)
+
+
+@triton.jit
+def _ready_planes(w_ptr, s_ptr, rows, row_ok, k_end, stride_wn, stride_sn, offs_g, EVEN_K: tl.constexpr,
+                  BLOCK_N: tl.constexpr):  # fmt: skip
+    """`nvfp4_planes` of ready codes: each group's two words read as uint32 and decoded in pairs (values p, p + 4 of a
+    word), then laid out as the byte planes are: lo = values 0, 2, 4, 6 of each word, hi = 1, 3, 5, 7."""
+    G: tl.constexpr = offs_g.shape[0]
+    wd = tl.arange(0, 2)
+    w32 = w_ptr.to(tl.pointer_type(tl.uint32))
+    word_ptrs = w32 + rows[:, None, None] * (stride_wn // 4) + (offs_g * 2)[None, :, None] + wd[None, None, :]
+    s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
+    if EVEN_K:
+        words = tl.load(word_ptrs, mask=row_ok[:, None, None], other=0)
+        sb = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
+    else:
+        g_ok = offs_g < k_end // 16
+        words = tl.load(word_ptrs, mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
+        sb = tl.load(s_ptrs, mask=row_ok[:, None] & g_ok[None, :], other=0)
+    v0, v4 = e2m1_pair_bits(words, 0)
+    v1, v5 = e2m1_pair_bits(words, 1)
+    v2, v6 = e2m1_pair_bits(words, 2)
+    v3, v7 = e2m1_pair_bits(words, 3)
+    # join(join(a, b), join(c, d)) flattens to a, c, b, d: values 0, 2, 4, 6 (and 1, 3, 5, 7) of each word
+    lo = tl.reshape(tl.join(tl.join(v0, v4), tl.join(v2, v6)), (BLOCK_N, G, 8))
+    hi = tl.reshape(tl.join(tl.join(v1, v5), tl.join(v3, v7)), (BLOCK_N, G, 8))
+    return lo, hi, scale_value(sb, s_ptr)
 
 
 @triton.jit
@@ -105,12 +148,33 @@ def e2m1_pair_bits(words, P: tl.constexpr):
 
 @triton.jit
 def e2m1_pair_packed(words, P: tl.constexpr):
-    """The int32 of two BF16 bit patterns, E2M1X2 * 2**-127 of nibble P (low half) and nibble P + 4 (high half)."""
-    if P < 2:
-        mag = words << (6 - 4 * P)
+    """The int32 of two BF16 bit patterns, E2M1X2 * 2**-127 of nibble P (low half) and nibble P + 4 (high half).
+
+    uint32 words are ready codes (`nvfp4_mma_codes`: each word's bits permuted; the loaders read them through an
+    unsigned pointer when the codes' tensor is int8): values P and P + 4 come out as the same bits by their decode."""
+    if words.dtype == tl.uint32:
+        packed = _ready_pair_packed(words, P)
     else:
-        mag = words >> (4 * P - 6)  # arithmetic shift: the filled top bits are masked off
-    return (mag & 0x01C001C0) | ((words << (12 - 4 * P)) & -2147450880)  # 0x80008000
+        if P < 2:
+            mag = words << (6 - 4 * P)
+        else:
+            mag = words >> (4 * P - 6)  # arithmetic shift: the filled top bits are masked off
+        packed = (mag & 0x01C001C0) | ((words << (12 - 4 * P)) & -2147450880)  # 0x80008000
+    return packed
+
+
+@triton.jit
+def _ready_pair_packed(words, P: tl.constexpr):
+    """`e2m1_pair_packed` of uint32 ready-code words: register P of `nvfp4_mma_codes`'s layout (a mask; a rotation
+    and a mask; or a mask, a multiply making three copies that never overlap, and a mask), as int32."""
+    if P < 3:
+        if _ROTATIONS[P] == 0:
+            m = words & _MAGNITUDE_SIGN
+        else:
+            m = ((words >> _ROTATIONS[P]) | (words << (32 - _ROTATIONS[P]))) & _MAGNITUDE_SIGN
+    else:
+        m = ((words & _LEFTOVER_MASK) * _LEFTOVER_TIMES) & _MAGNITUDE_SIGN
+    return m.to(tl.int32, bitcast=True)
 
 
 @triton.jit

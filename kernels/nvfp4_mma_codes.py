@@ -26,7 +26,11 @@ picks the K step (`nvfp4_mma_triton._weight_bases`), so no kernel gains a parame
 is built (`prepare`, after the ready scales: those zero the codes of blocks whose scale is 0) where the device's
 table reads them: one byte per two values beside the engine's codes, which the FMA, prefill and reference paths
 keep reading (~20 GB on the full NVFP4 model). `FLINT_MMA_READY_CODES=1` makes them on every CUDA device, `=0` never
-(then `mma_ready_codes` entries read the engine's codes).
+(then `mma_ready_codes` entries read the engine's codes), `=replace` on every CUDA device in the engine's codes'
+place: no byte is added, and every other decoder reads them too, chosen by the code pointer's type as well
+(`nvfp4_decode_triton.e2m1_pair_packed` for uint32 words, which the FMA and tensor-core GEMV tiles, the MoE and the
+TMA-fed prefill launches load through an unsigned pointer; its byte planes from whole words; `nvfp4.dequantize`
+puts the bits back), so the MMA kernels read them whatever the table says. Opt-in until a GPU has run every path.
 """
 
 from __future__ import annotations
@@ -102,10 +106,10 @@ def engine_words(ready: torch.Tensor) -> torch.Tensor:
 
 
 def setting() -> str:
-    """`FLINT_MMA_READY_CODES`: "auto" (the default), "0" or "1"; anything else is an error."""
+    """`FLINT_MMA_READY_CODES`: "auto" (the default), "0", "1" or "replace"; anything else is an error."""
     flag = os.environ.get(ENV, "auto")
-    if flag not in ("auto", "0", "1"):
-        raise ValueError(f"{ENV} must be auto, 0 or 1, not {flag!r}")
+    if flag not in ("auto", "0", "1", "replace"):
+        raise ValueError(f"{ENV} must be auto, 0, 1 or replace, not {flag!r}")
     return flag
 
 
@@ -115,11 +119,11 @@ def table_reads(table: tuning.Table) -> bool:
 
 
 def wanted(device: torch.device) -> bool:
-    """Whether weights on `device` get ready codes: `FLINT_MMA_READY_CODES` 1 / 0, else ("auto", the default) when the
-    device's tuning table has an entry reading them."""
+    """Whether weights on `device` get ready codes: `FLINT_MMA_READY_CODES` 1 or replace / 0, else ("auto", the
+    default) when the device's tuning table has an entry reading them."""
     flag = setting()
     if flag != "auto":
-        return flag == "1"
+        return flag != "0"
     return table_reads(tuning.table(device))
 
 
@@ -128,14 +132,19 @@ def extra_bytes(values: int) -> int:
     return values // 2
 
 
-def make_ready(w: NVFP4Weight) -> None:
+def make_ready(w: NVFP4Weight, replace: bool = False) -> None:
     """Give `w` its ready codes from its codes as they are now (after `nvfp4_mma_scales.make_ready`, which may change
-    them)."""
+    them). `replace`: they take the engine's codes' place (`qweight`), so the weight keeps half a byte a value: every
+    kernel (`nvfp4_decode_triton.e2m1_pair_packed` and the byte planes through the code pointer's type, the MMA K
+    step) and `nvfp4.dequantize` read either form."""
     if w.ready_codes is None:
         w.ready_codes = ready_words(w.qweight)
+    if replace:
+        w.qweight = w.ready_codes
 
 
 def prepare(w: object) -> None:
-    """Ready codes for an NVFP4 weight on a CUDA device that wants them (`wanted`; others are left as they are)."""
+    """Ready codes for an NVFP4 weight on a CUDA device that wants them (`wanted`; others are left as they are), in
+    the engine's codes' place with `FLINT_MMA_READY_CODES=replace`."""
     if isinstance(w, NVFP4Weight) and w.qweight.is_cuda and wanted(w.qweight.device):
-        make_ready(w)
+        make_ready(w, replace=setting() == "replace")

@@ -944,14 +944,27 @@ def _ready_pair(
     either through one pointer type): `_with_ready_bytes` where both have them."""
     scales = ready and experts.ready_scales is not None and shared.ready_scales is not None
     codes = ready_codes and experts.ready_codes is not None and shared.ready_codes is not None
-    return _with_ready_bytes(experts, scales, codes), _with_ready_bytes(shared, scales, codes)
+    pair = _with_ready_bytes(experts, scales, codes), _with_ready_bytes(shared, scales, codes)
+    if pair[0].qweight.dtype != pair[1].qweight.dtype or pair[0].scales.dtype != pair[1].scales.dtype:
+        raise ValueError(
+            "the experts and the shared expert must both have their ready scales and codes in their own bytes' place "
+            f"or neither (FLINT_MMA_READY_*=replace for every weight): codes {pair[0].qweight.dtype} and "
+            f"{pair[1].qweight.dtype}, scales {pair[0].scales.dtype} and {pair[1].scales.dtype}"
+        )
+    return pair
 
 
 def pairs_fit(k: int, prefetch: bool, l2_ahead: int) -> bool:
-    """Whether a wide launch may read ready codes over K = k: with loads a step ahead and L2 requests ahead its K loop
+    """Whether K = k suits a wide launch reading ready codes: with loads a step ahead and L2 requests ahead its K loop
     takes two steps an iteration (`nvfp4_mma_triton._k_loop_wide_pairs`), so K must be whole pairs of steps (Flint's
-    H and I are); otherwise the launch reads the engine's codes."""
+    H and I are)."""
     return not (prefetch and l2_ahead > 0) or k % (2 * BLOCK_K) == 0
+
+
+def _loads_ahead(w: NVFP4Weight, k: int, prefetch: bool, l2_ahead: int) -> bool:
+    """A launch's `prefetch`: as asked, but off where w's codes are ready codes (int8) and K is not whole pairs of
+    steps (`pairs_fit`), so the launch takes the loop that runs one step an iteration (the same sums)."""
+    return prefetch and (w.qweight.dtype != torch.int8 or pairs_fit(k, prefetch, l2_ahead))
 
 
 def shared_fits(x: torch.Tensor, w13: NVFP4Weight, w2: NVFP4Weight, gate_up: object, down: object) -> bool:
@@ -1020,8 +1033,8 @@ def launch_moe_down(
         )  # fmt: skip
     if perm or first or used:
         raise ValueError("perm, first and used come with the shared expert's programs (shared)")
-    # wide with loads ahead and L2 requests two steps ahead: ready codes run `_k_loop_wide_pairs`, whole pairs of steps
-    w2 = _with_ready_bytes(w2, ready, ready_codes and (not wide or pairs_fit(h.shape[1], prefetch, 2 * (l2 == 1))))
+    w2 = _with_ready_bytes(w2, ready, ready_codes)
+    prefetch = _loads_ahead(w2, h.shape[1], prefetch, 2 * (l2 == 1))
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
@@ -1066,8 +1079,8 @@ def _launch_down_shared(
             f"the shared expert in the MoE down needs h, hs and weights for the 16-byte kernels, a down [{n}, I_s] "
             f"and ys [T, {n}]; got {sw.shape}, hs {tuple(hs.shape)}, ys {tuple(ys.shape)}"
         )
-    pairs = pairs_fit(k, prefetch, 2 * (l2 == 1)) and pairs_fit(k_s, prefetch, 2 * (l2 == 1))
-    w2, sw = _ready_pair(w2, sw, ready[0], ready[1] and pairs)
+    w2, sw = _ready_pair(w2, sw, *ready)
+    prefetch = _loads_ahead(w2, k, prefetch, 2 * (l2 == 1)) and _loads_ahead(sw, k_s, prefetch, 2 * (l2 == 1))
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, n)
     kernel, extra = _moe_down_mma_wide_shared_first_kernel if first else _moe_down_mma_wide_shared_kernel, {}
@@ -1147,7 +1160,8 @@ def launch_moe_gate_up(
         )  # fmt: skip
     if perm or first or used:
         raise ValueError("perm, first and used come with the shared expert's programs (shared)")
-    w13 = _with_ready_bytes(w13, ready, ready_codes and (not wide or pairs_fit(x.shape[1], prefetch, l2_ahead)))
+    w13 = _with_ready_bytes(w13, ready, ready_codes)
+    prefetch = _loads_ahead(w13, x.shape[1], prefetch, l2_ahead)
     _check_l2_ahead(l2_ahead, wide)
     if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
         raise ValueError(f"warp_k must be a power of two dividing num_warps ({num_warps}), got {warp_k}")
@@ -1222,7 +1236,8 @@ def _launch_gate_up_shared(
             f"with I_s a multiple of {inter} and hs [{t}, I_s]; got {sw.shape}, hs {tuple(hs.shape)}"
         )
     _check_l2_ahead(l2_ahead, True)
-    w13, sw = _ready_pair(w13, sw, ready[0], ready[1] and pairs_fit(k, prefetch, l2_ahead))
+    w13, sw = _ready_pair(w13, sw, *ready)
+    prefetch = _loads_ahead(w13, k, prefetch, l2_ahead)
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, 2 * inter_s)
     n_slots, extra = _expert_slots(n_exp, ids.numel(), used), {} if _INTERPRET else {"maxnreg": KS_MAXNREG}

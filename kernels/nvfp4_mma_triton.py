@@ -426,11 +426,12 @@ def _k_loop_wide_pairs(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, 
                        k_lo, k_hi, NT: tl.constexpr, VEC: tl.constexpr, L2_AHEAD: tl.constexpr,
                        PERM: tl.constexpr):  # fmt: skip
     """`_k_loop_wide` with PREFETCH and L2_AHEAD, two K steps an iteration, for an even number of steps (the MoE
-    launchers see to it: `pairs_fit`; a tail step after the loop made the compiler spill 248 bytes): the L2 request
-    the loop makes every other step is then unconditional instead of predicated, and the loop's counters and clamps
-    are paid once for two steps. The same loads, MMAs and sums in the same order. Taken with ready codes only, so the
-    installed kernels keep their loop until a GPU judges both (sm_90 SASS with Triton 3.9, thirty-eighth session:
-    the ready-code MoE gate_up 354 instructions a step -> 301; with the engine's codes it would be 438 -> 381)."""
+    launchers see to it, `pairs_fit`, else they load no step ahead; a tail step after the loop made the compiler spill
+    248 bytes): the L2 request the loop makes every other step is then unconditional instead of predicated, and the
+    loop's counters and clamps are paid once for two steps. The same loads, MMAs and sums in the same order. Taken
+    with ready codes only, so the installed kernels keep their loop until a GPU judges both (sm_90 SASS with Triton
+    3.9, thirty-eighth session: the ready-code MoE gate_up 354 instructions a step -> 301; with the engine's codes it
+    would be 438 -> 381)."""
     d0 = tl.zeros((NT,), dtype=tl.float32)
     d1, d2, d3 = d0, d0, d0
     e0, e1, e2, e3 = d0, d0, d0, d0

@@ -35,6 +35,15 @@ def _pairs_kernel(w_ptr, out_ptr, N: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
+def _pair_kernel(w_ptr, r_ptr, out_ptr, P: tl.constexpr, N: tl.constexpr):
+    """Row 0: `e2m1_pair_packed` of the engine's int32 words; row 1: of the ready words, read as uint32."""
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, e2m1_pair_packed(tl.load(w_ptr + i), P))
+    ready = tl.load(r_ptr.to(tl.pointer_type(tl.uint32)) + i)
+    tl.store(out_ptr + N + i, e2m1_pair_packed(ready, P))
+
+
+@triton.jit
 def _e4m3_kernel(b_ptr, out_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
     tl.store(out_ptr + i, e4m3_value(tl.load(b_ptr + i)))
@@ -120,3 +129,21 @@ def test_segment_scale_gives_each_row_its_segments_global_scale(segments: tuple[
     _segments_kernel[(1,)](gs, out, *seg, n, BLOCK=triton.next_power_of_2(n))
     want = torch.cat([torch.full((s,), float(g)) for s, g in zip(segments, gs.tolist())])
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("p", [0, 1, 2, 3])
+def test_ready_words_decode_to_the_engine_words_pairs(p: int) -> None:
+    """`e2m1_pair_packed` of uint32 words (ready codes, `nvfp4_mma_codes`) gives exactly the BF16 pair the engine's
+    decode gives from the word they were made from: values p and p + 4, for words with every code at every place and
+    random words."""
+    import numpy as np
+    from flint_kernels import nvfp4_mma_codes
+
+    nibbles = np.arange(16, dtype=np.uint32)
+    every = sum(((nibbles + i) % 16) << (4 * i) for i in range(8)).astype(np.uint32)
+    rand = np.random.default_rng(p).integers(0, 2**32, 48, dtype=np.uint64).astype(np.uint32)
+    words = torch.from_numpy(np.concatenate([every, rand]).view(np.int32).copy())
+    ready = nvfp4_mma_codes.ready_words(words.view(torch.uint8)).view(torch.int32)
+    out = torch.empty(2, words.numel(), dtype=torch.int32)
+    _pair_kernel[(1,)](words, ready, out, P=p, N=words.numel())
+    assert torch.equal(out[1], out[0])

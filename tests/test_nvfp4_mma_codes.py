@@ -157,7 +157,7 @@ def test_linear_with_ready_codes(
         (True, False, 2, 2, False, 768),
         (True, True, 2, 2, False, 768),
         (True, True, 2, 1, True, 768),  # both wide loops two steps an iteration (`_k_loop_wide_pairs`)
-        (True, True, 2, 1, True, 640),  # five steps: not whole pairs, so the engine's codes (`pairs_fit`)
+        (True, True, 2, 1, True, 640),  # five steps: not whole pairs, so one step an iteration (`pairs_fit`)
     ],
 )
 def test_moe_with_ready_codes(
@@ -166,7 +166,7 @@ def test_moe_with_ready_codes(
     """`ready_codes` (MoEConfig.mma_ready_codes) in the MoE's gate_up and down, 8- and 16-byte, with L2 requests and
     the wide tiles, the wide loops with loads a step ahead too (then two steps an iteration), after the ready scales
     (zero-scale blocks planted, their codes zeroed first): the same h and y as from the engine's codes. Where K is not
-    whole pairs of steps the wide launches with loads ahead read the engine's codes."""
+    whole pairs of steps the wide launches load no step ahead (one step an iteration)."""
     requested = record_l2_requests(monkeypatch)
     pairs_calls: list[int] = []
     pairs_loop = nm._k_loop_wide_pairs
@@ -201,9 +201,10 @@ def test_moe_with_ready_codes(
             hh, ids, w2, y, num_warps=2, prefetch=prefetch, vec=vec, l2=down_l2, wide=wide, ready=True,
             ready_codes=True,
         )  # fmt: skip
-        ready = bool(step) and k % 256 == 0
+        ready = bool(step)
         assert emulated_ptx and set(emulated_ptx) == {ready}
-        assert bool(pairs_calls) == (ready and wide and prefetch)  # the paired loop: ready codes, loads ahead
+        # the paired loop: ready codes, loads ahead, whole pairs of steps (else loads ahead are off: `pairs_fit`)
+        assert bool(pairs_calls) == (ready and wide and prefetch and k % 256 == 0)
         # the code lines each launch asked L2 for, as (weight, offset) whichever tensor holds them
         codes = [w.ready_codes if ready else w.qweight for w in (w13, w2)]
         lines.append(sorted((i, a - c.data_ptr()) for a in requested for i, c in enumerate(codes)
@@ -327,9 +328,9 @@ def test_ready_codes_are_wanted_where_the_table_reads_them(
     monkeypatch.setenv("FLINT_MMA_READY_CODES", "1")
     assert nvfp4_mma_codes.wanted(cuda)
     monkeypatch.setenv("FLINT_MMA_READY_CODES", "yes")
-    with pytest.raises(ValueError, match="FLINT_MMA_READY_CODES must be auto, 0 or 1"):
+    with pytest.raises(ValueError, match="FLINT_MMA_READY_CODES must be auto, 0, 1 or replace"):
         nvfp4_mma_codes.wanted(cuda)
-    with pytest.raises(ValueError, match="FLINT_MMA_READY_CODES must be auto, 0 or 1"):
+    with pytest.raises(ValueError, match="FLINT_MMA_READY_CODES must be auto, 0, 1 or replace"):
         fast.fast_kernels(REFERENCE)  # refused when the op table is made, before any weight
 
 
