@@ -72,6 +72,20 @@ moe_entries_variant() {
     done
     cp "$t" "$out"
 }
+# modes_ab VAR NAME LIMIT MODE...: the NVFP4 step at 1, 8, 32 and 64 sequences (1K context) and the 8K prefill under
+# each value of the environment variable VAR, a process each (the weights' ready bytes are made at build), the fast
+# path checked against the plain one; into $OUT/decode_NAME_MODE.*.
+modes_ab() {
+    local var=$1 name=$2 limit=$3 mode
+    shift 3
+    for mode in "$@"; do
+        env "$var=$mode" timeout "$limit" python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 32 64 \
+            --contexts 1024 --prefill 8192 --reps 30 --check-batches 1 --check-steps 4 --no-plain-timing \
+            --out "$OUT/decode_${name}_$mode.json" > "$OUT/decode_${name}_$mode.txt" 2>&1
+        echo "== $var=$mode"
+        grep -E "^ +nvfp4 +[0-9]+ +1024|prefill|agree|match|Error" "$OUT/decode_${name}_$mode.txt" | head -8
+    done
+}
 # moe_field_ab NAME FIELD LABEL: the shared-expert GPU test (the same bits with and without each MMA MoE field, at
 # 9-64 tokens), then the whole step with FIELD=true on the four NVFP4 moe.decode entries from 9 tokens.
 moe_field_ab() {
@@ -552,13 +566,7 @@ fi
 if [ "${REPLACE_CODES:-0}" = 1 ]; then
     gpu_tests "replaced codes GPU tests" replace_codes_tests 240 -n 4 tests/test_ready_bytes_everywhere.py \
         -k "codes or both"
-    for mode in 0 replace; do
-        FLINT_MMA_READY_CODES=$mode timeout 150 python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 32 64 \
-            --contexts 1024 --prefill 8192 --reps 30 --check-batches 1 --check-steps 4 --no-plain-timing \
-            --out "$OUT/decode_codes_$mode.json" > "$OUT/decode_codes_$mode.txt" 2>&1
-        echo "== FLINT_MMA_READY_CODES=$mode"
-        grep -E "^ +nvfp4 +[0-9]+ +1024|prefill|agree|match|Error" "$OUT/decode_codes_$mode.txt" | head -8
-    done
+    modes_ab FLINT_MMA_READY_CODES codes 150 0 replace
 fi
 # MOE_NEXT=1: READY_CODES, L2_ALL and USED below judged in one call, for a session short of device time: one model
 # build whose graphs run the table and three variants in the same alternating rounds (ready codes on every MMA entry;
@@ -615,14 +623,8 @@ fi
 # it is (separate processes: each makes its bytes at build), and the fast path against the plain one under it. ~4
 # minutes. If all holds: make replace what auto does (then `flint capacity --no-ready-scales` is the default).
 if [ "${REPLACE:-0}" = 1 ]; then
-    gpu_tests "replaced scales GPU tests" replace_tests 300 -n 4 tests/test_ready_bytes_everywhere.py
-    for mode in auto replace; do
-        FLINT_MMA_READY_SCALES=$mode timeout 200 python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 32 64 \
-            --contexts 1024 --prefill 8192 --reps 30 --check-batches 1 --check-steps 8 --no-plain-timing \
-            --out "$OUT/decode_scales_$mode.json" > "$OUT/decode_scales_$mode.txt" 2>&1
-        echo "== FLINT_MMA_READY_SCALES=$mode"
-        grep -E "^ +nvfp4 +[0-9]+ +1024|prefill|agree|match|Error" "$OUT/decode_scales_$mode.txt" | head -8
-    done
+    gpu_tests "replaced scales GPU tests" replace_tests 300 -n 4 tests/test_ready_bytes_everywhere.py -k scales
+    modes_ab FLINT_MMA_READY_SCALES scales 200 auto replace
 fi
 # BF16_SHARED=1 ran in the thirty-sixth session: BF16's shared expert inside the expert-major tensor-core launches
 # (MoEConfig.shared_blocks) lost, b32 12.87 -> 14.19 ms, and was removed (docs/performance.md).
