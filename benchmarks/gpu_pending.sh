@@ -80,7 +80,7 @@ modes_ab() {
     shift 3
     for mode in "$@"; do
         env "$var=$mode" timeout "$limit" python3 benchmarks/decode.py --formats nvfp4 --batches 1 8 32 64 \
-            --contexts 1024 --prefill 8192 --reps 30 --check-batches 1 --check-steps 4 --no-plain-timing \
+            --contexts 1024 --prefill 8192 --reps 30 --check-batches 1 --check-steps 8 --no-plain-timing \
             --out "$OUT/decode_${name}_$mode.json" > "$OUT/decode_${name}_$mode.txt" 2>&1
         echo "== $var=$mode"
         grep -E "^ +nvfp4 +[0-9]+ +1024|prefill|agree|match|Error" "$OUT/decode_${name}_$mode.txt" | head -8

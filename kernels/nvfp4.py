@@ -175,6 +175,8 @@ def gguf_blocks_to_engine(raw: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
 
 def engine_to_gguf_blocks(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Inverse of `gguf_blocks_to_engine`: (qweight, scales) back to GGUF bytes [..., N, K/64*36]."""
+    if qweight.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise NVFP4FormatError("GGUF takes the engine's uint8 codes and UE4M3 scale bytes, not ready ones")
     lead = qweight.shape[:-1]
     k = qweight.shape[-1] * 2
     nb = k // QK

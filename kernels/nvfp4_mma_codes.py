@@ -96,6 +96,8 @@ def _words(codes: torch.Tensor) -> torch.Tensor:
 
 def ready_words(qweight: torch.Tensor) -> torch.Tensor:
     """int8 ready codes (module docstring) of the engine's uint8 codes [..., K/2], the same shape."""
+    if qweight.dtype != torch.uint8:
+        raise ValueError(f"ready codes are made from the engine's uint8 codes, not {qweight.dtype} (ready already?)")
     return _permute(_words(qweight), _MOVES).view(torch.int8).view(qweight.shape)
 
 

@@ -962,8 +962,8 @@ def pairs_fit(k: int, prefetch: bool, l2_ahead: int) -> bool:
 
 
 def _loads_ahead(w: NVFP4Weight, k: int, prefetch: bool, l2_ahead: int) -> bool:
-    """A launch's `prefetch`: as asked, but off where w's codes are ready codes (int8) and K is not whole pairs of
-    steps (`pairs_fit`), so the launch takes the loop that runs one step an iteration (the same sums)."""
+    """A wide launch's `prefetch`: as asked, but off where w's codes are ready codes (int8) and K is not whole pairs
+    of steps (`pairs_fit`), so the launch takes the loop that runs one step an iteration (the same sums)."""
     return prefetch and (w.qweight.dtype != torch.int8 or pairs_fit(k, prefetch, l2_ahead))
 
 
@@ -1034,7 +1034,7 @@ def launch_moe_down(
     if perm or first or used:
         raise ValueError("perm, first and used come with the shared expert's programs (shared)")
     w2 = _with_ready_bytes(w2, ready, ready_codes)
-    prefetch = _loads_ahead(w2, h.shape[1], prefetch, 2 * (l2 == 1))
+    prefetch = _loads_ahead(w2, h.shape[1], prefetch, 2 * (l2 == 1)) if wide else prefetch
     n_exp, n, _ = w2.qweight.shape
     pairs = ids.numel()
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
@@ -1161,7 +1161,7 @@ def launch_moe_gate_up(
     if perm or first or used:
         raise ValueError("perm, first and used come with the shared expert's programs (shared)")
     w13 = _with_ready_bytes(w13, ready, ready_codes)
-    prefetch = _loads_ahead(w13, x.shape[1], prefetch, l2_ahead)
+    prefetch = _loads_ahead(w13, x.shape[1], prefetch, l2_ahead) if wide else prefetch
     _check_l2_ahead(l2_ahead, wide)
     if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
         raise ValueError(f"warp_k must be a power of two dividing num_warps ({num_warps}), got {warp_k}")

@@ -98,7 +98,7 @@ def make_ready(w: NVFP4Weight, replace: bool = False) -> None:
     if w.ready_scales is not None:
         return
     empty = zero_scale(w.scales)
-    if bool(empty.any()) and w.ready_codes is not None:
+    if bool(empty.any()) and (w.ready_codes is not None or w.qweight.dtype != torch.uint8):
         raise ValueError(
             "ready codes were made before the ready scales: they would keep the codes of zero-scale blocks that the "
             "ready scales zero (make the scales first, as fast.prepare_nvfp4 does)"

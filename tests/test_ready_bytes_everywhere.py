@@ -93,7 +93,7 @@ def test_replace_is_a_setting_and_wants_ready_bytes_on_any_gpu(monkeypatch: pyte
 @pytest.mark.parametrize("m", [1, 3, 8, 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_the_linear_paths_read_replaced_bytes(m: int, dtype: torch.dtype, kind: str) -> None:
-    """`gemv_triton.linear` and `lm_head` (FMA tiles at M = 1, tensor-core tiles above, the large-M path at 33), the
+    """`gemv_triton.linear` and `lm_head` (FMA tiles at M = 1, tensor-core tiles above), the
     FMA and tensor-core tile configs forced, and the prefill copy kernel: the same bits from ready bytes."""
     g = gen(m)
     w = random_nvfp4(120, 288, g, (72, 32, 16))
