@@ -35,11 +35,9 @@ puts the bits back), so the MMA kernels read them whatever the table says. Opt-i
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from . import tuning
+from . import nvfp4_mma_scales, tuning
 from .linear import NVFP4Weight
 
 # Bits 6-8 (E2M1's m, e0, e1) and 15 (its sign) of each BF16 half: a register's bits once decoded.
@@ -55,8 +53,6 @@ _LEFTOVER_BITS = (3, 4, 0, 1)  # where register 3's m, e0, e1 and sign are in ea
 WORDS_AT_ONCE = 1 << 22  # words a pass of `ready_words` converts (bounds its temporaries to ~100 MB)
 
 ENV = "FLINT_MMA_READY_CODES"
-# The ops whose configs carry `mma_ready_codes`.
-READING_OPS = ("gemv.small_m", "gemv.large_m", "moe.decode")
 
 
 def source_bit(register: int, half: int, bit: int) -> int:
@@ -108,25 +104,19 @@ def engine_words(ready: torch.Tensor) -> torch.Tensor:
 
 
 def setting() -> str:
-    """`FLINT_MMA_READY_CODES`: "auto" (the default), "0", "1" or "replace"; anything else is an error."""
-    flag = os.environ.get(ENV, "auto")
-    if flag not in ("auto", "0", "1", "replace"):
-        raise ValueError(f"{ENV} must be auto, 0, 1 or replace, not {flag!r}")
-    return flag
+    """`FLINT_MMA_READY_CODES` (`nvfp4_mma_scales.env_setting`: auto, 0, 1 or replace)."""
+    return nvfp4_mma_scales.env_setting(ENV)
 
 
 def table_reads(table: tuning.Table) -> bool:
     """Whether a tuning table has an entry whose kernels read ready codes."""
-    return any(entry.config.get("mma_ready_codes") for op in READING_OPS for entry in table.ops.get(op, ()))
+    return nvfp4_mma_scales.table_has(table, "mma_ready_codes")
 
 
 def wanted(device: torch.device) -> bool:
-    """Whether weights on `device` get ready codes: `FLINT_MMA_READY_CODES` 1 or replace / 0, else ("auto", the
-    default) when the device's tuning table has an entry reading them."""
-    flag = setting()
-    if flag != "auto":
-        return flag != "0"
-    return table_reads(tuning.table(device))
+    """Whether weights on `device` get ready codes (`nvfp4_mma_scales.wanted_by`: `FLINT_MMA_READY_CODES`, the
+    table's `mma_ready_codes`)."""
+    return nvfp4_mma_scales.wanted_by(ENV, "mma_ready_codes", device)
 
 
 def extra_bytes(values: int) -> int:

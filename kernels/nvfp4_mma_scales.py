@@ -41,26 +41,42 @@ ENV = "FLINT_MMA_READY_SCALES"
 READING_OPS = ("gemv.small_m", "gemv.large_m", "moe.decode")
 
 
-def setting() -> str:
-    """`FLINT_MMA_READY_SCALES`: "auto" (the default), "0", "1" or "replace"; anything else is an error."""
-    flag = os.environ.get(ENV, "auto")
+def env_setting(env: str) -> str:
+    """A ready-bytes setting (`FLINT_MMA_READY_SCALES`, `FLINT_MMA_READY_CODES`): "auto" (the default), "0", "1" or
+    "replace"; anything else is an error."""
+    flag = os.environ.get(env, "auto")
     if flag not in ("auto", "0", "1", "replace"):
-        raise ValueError(f"{ENV} must be auto, 0, 1 or replace, not {flag!r}")
+        raise ValueError(f"{env} must be auto, 0, 1 or replace, not {flag!r}")
     return flag
 
 
-def wanted(device: torch.device) -> bool:
-    """Whether weights on `device` get ready scales: `FLINT_MMA_READY_SCALES` 1 or replace / 0, else ("auto", the
-    default) when the device's tuning table has an entry reading them."""
-    flag = setting()
+def table_has(table: tuning.Table, field: str) -> bool:
+    """Whether a tuning table has an entry of `READING_OPS` that sets `field` (its kernels read those ready bytes)."""
+    return any(entry.config.get(field) for op in READING_OPS for entry in table.ops.get(op, ()))
+
+
+def wanted_by(env: str, field: str, device: torch.device) -> bool:
+    """Whether weights on `device` get the ready bytes of setting `env`: 1 or replace / 0, else ("auto", the default)
+    when the device's tuning table has an entry setting `field`."""
+    flag = env_setting(env)
     if flag != "auto":
         return flag != "0"
-    return table_reads(tuning.table(device))
+    return table_has(tuning.table(device), field)
+
+
+def setting() -> str:
+    """`FLINT_MMA_READY_SCALES` (`env_setting`)."""
+    return env_setting(ENV)
+
+
+def wanted(device: torch.device) -> bool:
+    """Whether weights on `device` get ready scales (`wanted_by`: `FLINT_MMA_READY_SCALES`, the table's `mma_ready`)."""
+    return wanted_by(ENV, "mma_ready", device)
 
 
 def table_reads(table: tuning.Table) -> bool:
     """Whether a tuning table has an entry whose kernels read ready scale bytes."""
-    return any(entry.config.get("mma_ready") for op in READING_OPS for entry in table.ops.get(op, ()))
+    return table_has(table, "mma_ready")
 
 
 def extra_bytes(values: int) -> int:
