@@ -112,6 +112,27 @@ def test_the_linear_paths_read_replaced_bytes(m: int, dtype: torch.dtype, kind: 
 
 
 @interpreted
+@pytest.mark.parametrize("kind", [*KINDS, "both"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_word_plane_tiles_read_replaced_bytes(dtype: torch.dtype, kind: str) -> None:
+    """The tensor-core tiles on int32 nibble planes (`words`, `nvfp4_dot_step`: BLOCK_K >= 128, so K in whole and
+    partial tiles) and the default linear with ready scale bytes and ready codes together: the same bits."""
+    g = gen(7)
+    w = random_nvfp4(48, 384, g, (32, 16))
+    r = replaced(w, kind)
+    x = (torch.randn(5, 384, generator=g, device=DEVICE) * 0.5).to(dtype)
+    words = gt.TileConfig(16, 16, 128, True, 4, 2, words=True)
+    assert gt.decode_mode(words, x.dtype) == 1
+    partial = dataclasses.replace(words, block_k=256)  # 384 = one whole tile and half of one
+    for cfg in (words, partial):
+        got = gt._matmul(x, r, False, config=cfg)
+        assert torch.equal(got, gt._matmul(x, w, False, config=cfg)), cfg
+    ref = x.double() @ w.dequantize(with_global=True).double().T  # FP32 sums in another order; FP16 out: 2**-10
+    assert torch.allclose(got.double(), ref, rtol=2e-3, atol=1e-3 * ref.abs().max().item())
+    assert torch.equal(gt.linear(x, r), gt.linear(x, w))
+
+
+@interpreted
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("t", [1, 3])
 def test_the_moe_paths_read_replaced_bytes(t: int, kind: str) -> None:
