@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import torch
+from flint_kernels import nvfp4_mma_scales
 
 from .checkpoint import FLINT_GENERATION_DEFAULTS, CheckpointError, open_source
 from .checkpoint.gguf_writer import FORMATS, write_gguf
@@ -148,9 +149,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ready_beside(mode: str, table_reads: bool) -> bool:
+    """Whether a ready-bytes setting (auto, 0, 1 or replace) keeps the ready bytes beside the weight's own."""
+    return mode == "1" or (mode == "auto" and table_reads)
+
+
 def cmd_capacity(args: argparse.Namespace) -> int:
     """How much context fits next to the weights on one GPU, from the engine's own sizing code."""
-    from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales, tuning
+    from flint_kernels import nvfp4_mma_codes, tuning
     from flint_kernels.router_triton import split_nbytes
     from gguf import GGMLQuantizationType
 
@@ -166,10 +172,17 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     )
     step_tokens = budgets.prefill_tokens(fused_gpu=True)
     rows = []
-    # The MMA kernels' ready bytes: by default as the H200's table makes them (FLINT_MMA_READY_*=auto on an H200).
+    # The MMA kernels' ready bytes beside the weight's own: as the engine would make them under the same settings
+    # (FLINT_MMA_READY_*: auto reads the H200's table; replace puts them in the own bytes' place, adding nothing).
     h200 = tuning.load(tuning.TABLES / "nvidia-h200.json")
-    ready_scales = nvfp4_mma_scales.table_reads(h200) if args.ready_scales is None else args.ready_scales
-    ready_codes = nvfp4_mma_codes.table_reads(h200) if args.ready_codes is None else args.ready_codes
+    try:
+        scales_mode = args.ready_scales or nvfp4_mma_scales.setting()
+        codes_mode = args.ready_codes or nvfp4_mma_codes.setting()
+    except ValueError as exc:  # a misspelt FLINT_MMA_READY_* variable
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ready_scales = _ready_beside(scales_mode, nvfp4_mma_scales.table_reads(h200))
+    ready_codes = _ready_beside(codes_mode, nvfp4_mma_codes.table_reads(h200))
     # The fused path keeps each MoE router weight also as three BF16 parts (router_triton.prepare).
     router_parts = split_nbytes(config.num_experts, config.hidden_size) * len(config.moe_layers)
     for fmt in args.weights:
@@ -270,19 +283,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="token budget of prefill-only steps (the engine's default on the fused GPU path)",
     )
     cap.add_argument("--block-size", type=int, default=16)
-    cap.add_argument(
-        "--ready-scales",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="count the NVFP4 MMA kernels' ready scale bytes (1/16 byte a value; default: as the H200's table makes "
-        "them)",
-    )
-    cap.add_argument(
-        "--ready-codes",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="count the NVFP4 MMA kernels' ready codes (1/2 byte a value; default: as the H200's table makes them)",
-    )
+    for name, env, what in (
+        ("scales", "FLINT_MMA_READY_SCALES", "ready scale bytes (1/16 byte a value)"),
+        ("codes", "FLINT_MMA_READY_CODES", "ready codes (1/2 byte a value)"),
+    ):
+        cap.add_argument(
+            f"--ready-{name}",
+            nargs="?",
+            const="1",
+            default=None,
+            choices=nvfp4_mma_scales.SETTINGS,
+            help=f"the NVFP4 MMA kernels' {what} as {env} makes them: auto (as the H200's table asks), 1 (beside the "
+            f"weight's own bytes), replace (in their place: no memory added) or 0; default: ${env}, else auto",
+        )
+        cap.add_argument(f"--no-ready-{name}", dest=f"ready_{name}", action="store_const", const="0", help="--ready-"
+                         f"{name} 0")  # fmt: skip
     cap.set_defaults(func=cmd_capacity)
 
     ins = sub.add_parser("inspect", help="print a checkpoint's architecture and tensor types")

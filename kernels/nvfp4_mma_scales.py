@@ -39,13 +39,14 @@ READY_PAIR_ADD = 23296 * 0x10001  # 182 << 7 in both BF16 halves
 ENV = "FLINT_MMA_READY_SCALES"
 # The ops whose configs carry `mma_ready`.
 READING_OPS = ("gemv.small_m", "gemv.large_m", "moe.decode")
+SETTINGS = ("auto", "0", "1", "replace")  # what FLINT_MMA_READY_SCALES and FLINT_MMA_READY_CODES take
 
 
 def env_setting(env: str) -> str:
     """A ready-bytes setting (`FLINT_MMA_READY_SCALES`, `FLINT_MMA_READY_CODES`): "auto" (the default), "0", "1" or
     "replace"; anything else is an error."""
     flag = os.environ.get(env, "auto")
-    if flag not in ("auto", "0", "1", "replace"):
+    if flag not in SETTINGS:
         raise ValueError(f"{env} must be auto, 0, 1 or replace, not {flag!r}")
     return flag
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -316,21 +317,45 @@ def _flint(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "flags", [[], ["--no-ready-scales"], ["--ready-codes"], ["--no-ready-scales", "--ready-codes"]]
+    "flags,env",
+    [
+        ([], {}),
+        (["--no-ready-scales"], {}),
+        (["--ready-codes"], {}),
+        (["--no-ready-scales", "--ready-codes"], {}),
+        (["--ready-scales", "replace", "--ready-codes", "replace"], {}),
+        ([], {"FLINT_MMA_READY_SCALES": "replace", "FLINT_MMA_READY_CODES": "1"}),
+        (["--ready-scales", "1"], {"FLINT_MMA_READY_SCALES": "0"}),
+    ],
 )
-def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(flags: list[str]) -> None:
+def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(flags: list[str], env: dict[str, str]) -> None:
     """`flint capacity` weighs the checkpoint's tensors plus the BF16 router parts (3 x 2 bytes x 256 x 2048 for each
     of the 47 MoE layers, 141 MB) that the fused router keeps beside them, and the NVFP4 MMA kernels' ready bytes as
-    the H200's table makes them (today its entries read ready scale bytes, one per 16 NVFP4 values, 2.47 GB, and none
-    reads ready codes, half a byte a value, 19.7 GB); `--[no-]ready-scales` and `--[no-]ready-codes` decide instead."""
+    the engine makes them: under FLINT_MMA_READY_SCALES / _CODES (auto: as the H200's table asks; today its entries
+    read ready scale bytes, one per 16 NVFP4 values, 2.47 GB, and none reads ready codes, half a byte a value, 19.7
+    GB; replace: in the weight's own bytes' place, nothing added), or as `--ready-scales` / `--ready-codes` say."""
     from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales, tuning
 
     from flint_engine.checkpoint.gguf_writer import plan_tensors
 
     h200 = tuning.load(tuning.TABLES / "nvidia-h200.json")
-    ready = "--no-ready-scales" not in flags and nvfp4_mma_scales.table_reads(h200)
-    codes = "--ready-codes" in flags or nvfp4_mma_codes.table_reads(h200)
-    r = _flint("capacity", "--weights", "nvfp4", "bf16", *flags)
+
+    def beside(name: str, env_name: str, table_reads: bool) -> bool:
+        mode = env.get(env_name, "auto")
+        if f"--no-ready-{name}" in flags:
+            mode = "0"
+        elif f"--ready-{name}" in flags:
+            i = flags.index(f"--ready-{name}")
+            mode = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else "1"
+        return mode == "1" or (mode == "auto" and table_reads)
+
+    ready = beside("scales", "FLINT_MMA_READY_SCALES", nvfp4_mma_scales.table_reads(h200))
+    codes = beside("codes", "FLINT_MMA_READY_CODES", nvfp4_mma_codes.table_reads(h200))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLINT_MMA_READY_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "flint_engine.cli", "capacity", "--weights", "nvfp4", "bf16", *flags],
+        capture_output=True, text=True, timeout=300, env={**clean, **env},
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
     rows = {
         line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["nvfp4"], ["bf16"])
@@ -340,6 +365,18 @@ def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(flags: lis
     for fmt, extra in (("nvfp4", router + ready_bytes), ("bf16", router)):
         tensors = sum(t.nbytes for t in plan_tensors(preset("full"), fmt))
         assert float(rows[fmt][1]) == pytest.approx((tensors + extra) / 1e9, abs=0.006), fmt
+
+
+def test_capacity_refuses_an_unknown_ready_setting() -> None:
+    """A misspelt setting, in the variable or the flag, is an error naming it, not a silent default."""
+    r = subprocess.run(
+        [sys.executable, "-m", "flint_engine.cli", "capacity"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "FLINT_MMA_READY_CODES": "yes"},
+    )  # fmt: skip
+    assert r.returncode == 2 and "error: FLINT_MMA_READY_CODES must be auto, 0, 1 or replace" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = _flint("capacity", "--ready-scales", "beside")
+    assert r.returncode == 2 and "invalid choice: 'beside'" in r.stderr
 
 
 def test_meta_only_reports_the_real_model_size() -> None:
