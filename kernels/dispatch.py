@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from . import tuning
 from .activation import silu_and_mul_ref
 from .attention import paged_attention_ref
 from .linear import linear_fp32_out_ref, linear_ref
@@ -112,7 +113,11 @@ def select_kernels(
     if key not in _logged:
         _logged.add(key)
         if reason is None:
-            log.info("kernel path: %s on %s (%s activations, %s KV)", chosen.name, device, dtype, kv_dtype)
+            tab = tuning.table(device)
+            log.info(
+                "kernel path: %s on %s (%s activations, %s KV); tuning table: %s", chosen.name, device, dtype,
+                kv_dtype, tab.path or "none (the code defaults)",
+            )  # fmt: skip
         else:
             log.info("kernel path: reference PyTorch ops on %s because of %s", device, reason)
     return chosen
