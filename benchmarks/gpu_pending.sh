@@ -3,21 +3,16 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the thirty-eighth session, 2026-12-05, which had no GPU):
-#   first `bash benchmarks/gpu_tests.sh` (a call of its own): every GPU test at the head, since the thirty-seventh
-#                 session moved the NVFP4 MMA MoE kernels, the NVFP4 decode and the split-K into modules of their
-#                 own; HEAD_TESTS=1 below is its MMA, MoE and GEMV part (in the thirty-sixth session that part ran out
-#                 of 240-250 s twice with 7-9 unnamed failures, one cause since fixed in the shared-expert test);
-#   MOE_NEXT=1    the next three below (READY_CODES, L2_ALL, USED) in one call and one model build (~9 minutes),
-#                 when device time is short; else each block alone, with its kernel benchmark:
-#   READY_CODES=1 the MMA kernels reading ready codes (MoEConfig / TileConfig.mma_ready_codes: K steps 15-31%
-#                 shorter on sm_90; ~8 minutes); a win: set it in the table's MMA entries, then RECORD=1;
-#   REPLACE_CODES=1 ready codes in the codes' place, read by every NVFP4 path (no memory added; ~8 minutes);
-#   L2_ALL=1      the wide MMA gate_up asking L2 for all its lines at once (MoEConfig.mma_l2_all), with a probe of
-#                 the programs of experts without pairs (~6 minutes); a win: set it in the table, then RECORD=1;
-#   USED=1        programs only for the experts in use (MoEConfig.mma_used_experts; ~5 minutes); a win: as above;
-#   WIDE_SPLIT=1  the wide NVFP4 linear's K splits at 17-32 rows (~4 minutes);
-#   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained).
+# Next, in this order (state after the fortieth session, 2026-12-05, which had four calls on an H100 and judged
+# MOE_NEXT, REPLACE_CODES and WIDE_SPLIT there; docs/performance.md's fortieth-session section):
+#   O_SPLIT=1     the o projection in 8 K splits at 9-32 rows, and qkv in 4 at 9-16 (~3 minutes);
+#   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
+#                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
+#   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
+#                 codes' 140.7 vs 136.9 may be the same effect).
+# Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
+# (2 and 4 K splits at 17-32 rows lost 3-19%). An H100 runs the H200's table and manifest (`tuning.SIBLINGS`; the
+# fortieth session's calls set FLINT_TUNING_FILE to it, before that): the A/Bs compare the same tables there.
 #
 # The blocks of experiments already judged stay as the commands docs/performance.md quotes for their figures; each
 # block's comment says when it ran and what it found. Recipes kept for later use: SMALL_AB=1 (the MMA MoE below the
@@ -682,6 +677,29 @@ if [ "${WIDE_SPLIT:-0}" = 1 ]; then
     echo "== whole step: table vs the 17-32-row NVFP4 linear in 4 and in 2 K splits"
     ab_rounds "$OUT/decode_wide_split_ab.txt"
     cp $V/split4.json $V/split2.json "$OUT/"
+fi
+# O_SPLIT=1 (after WIDE_SPLIT, fortieth session): WIDE_SPLIT's kernels alone on an H100 had the o projection
+# (K 4096) at 16-32 rows in 8 K splits at 9.2-10.1 us against the table's 12.5-13.6, and qkv at 16 rows in 4 at 11.0
+# against 13.2 (nvfp4_mma_h100_wide_split_s39.json), while 2 and 4 splits on every 17-32-row shape lost in the whole
+# step (+3%, +12-19%). So: the whole step with o alone in 8 splits at 9-32 rows, and with qkv at 9-16 in 4 as well
+# (new entries before the table's, `tuning_variant.py --add`; new compile variants: RECORD=1 if one is installed).
+# ~3 minutes.
+if [ "${O_SPLIT:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op gemv.small_m --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' \
+        --add '{"m_min": 9, "m_max": 16, "nvfp4": true, "k": 4096}' --set mma_split_k=8 --out $V/o8a.json > /dev/null
+    python3 benchmarks/tuning_variant.py --table $V/o8a.json --op gemv.small_m \
+        --when '{"m_min": 17, "m_max": 32, "nvfp4": true}' --add '{"m_min": 17, "m_max": 32, "nvfp4": true, "k": 4096}' \
+        --set mma_split_k=8 --out $V/o8.json > /dev/null
+    python3 benchmarks/tuning_variant.py --table $V/o8.json --op gemv.small_m \
+        --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' --add '{"m_min": 9, "m_max": 16, "nvfp4": true, "n": 5120}' \
+        --set mma_split_k=4 --out $V/o8_qkv4.json > /dev/null
+    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 9 16 24 32 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/o8.json $V/o8_qkv4.json \
+        --out "$OUT/decode_o_split_ab.json" > "$OUT/decode_o_split_ab.txt" 2>&1
+    echo "== whole step: table vs o in 8 K splits at 9-32 rows / and qkv in 4 at 9-16"
+    ab_rounds "$OUT/decode_o_split_ab.txt"
+    cp $V/o8.json $V/o8_qkv4.json "$OUT/"
 fi
 # TWIN8K=1 (ran in the thirty-fifth session: 128-row twins from 96 pairs an expert installed, 8K NVFP4 prefill
 # 136.1 -> 133.2 ms; benchmarks/results/prefill_ab_twin8k_h200_s35.json): the NVFP4 prefill MoE's twins (NVFP4 decoded in the TMA-fed launches) at 4,096 and 8,192 tokens with
