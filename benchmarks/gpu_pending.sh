@@ -563,54 +563,11 @@ if [ "${REPLACE_CODES:-0}" = 1 ]; then
         -k "codes or both"
     modes_ab FLINT_MMA_READY_CODES codes 150 0 replace
 fi
-# MOE_NEXT=1: READY_CODES, L2_ALL and USED below judged in one call, for a session short of device time: one model
-# build whose graphs run the table and three variants in the same alternating rounds (ready codes on every MMA entry;
-# mma_l2_all / mma_used_experts on the NVFP4 moe.decode entries from 9 tokens), the codes made for all
-# (FLINT_MMA_READY_CODES=1). Their GPU tests run in `benchmarks/gpu_tests.sh`, their kernel benchmarks in the
-# separate blocks. ~9 minutes (under the device's 600 s a call). Each variant that wins: as its block says.
-if [ "${MOE_NEXT:-0}" = 1 ]; then
-    export FLINT_MMA_READY_CODES=1
-    V=/tmp/variants; mkdir -p $V
-    python3 benchmarks/tuning_variant.py --op gemv.small_m --when all --set mma_ready_codes=true \
-        --out $V/rc_gemv.json > /dev/null
-    python3 benchmarks/tuning_variant.py --table $V/rc_gemv.json --op moe.decode --when all \
-        --set mma_ready_codes=true --out $V/ready_codes.json > /dev/null
-    moe_entries_variant "mma_l2_all=true" "$V/l2_all.json" 9 17 25 33
-    moe_entries_variant "mma_used_experts=true" "$V/used.json" 9 17 25 33
-    timeout 540 python3 benchmarks/decode.py --formats nvfp4 --batches 9 16 32 64 --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 \
-        --ab-tuning-file $V/ready_codes.json $V/l2_all.json $V/used.json \
-        --out "$OUT/decode_moe_next_ab.json" > "$OUT/decode_moe_next_ab.txt" 2>&1
-    echo "== whole NVFP4 step: table vs ready codes / vs mma_l2_all / vs mma_used_experts (codes made for all)"
-    ab_rounds "$OUT/decode_moe_next_ab.txt"
-    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_moe_next_ab.txt" | head -8
-    cp $V/ready_codes.json $V/l2_all.json $V/used.json "$OUT/"
-    unset FLINT_MMA_READY_CODES
-fi
-# L2_ALL=1 (built in the thirty-sixth session without a GPU): the wide MMA gate_up asking L2 for all of a program's
-# code and scale lines at once, when it knows its expert has pairs (MoEConfig.mma_l2_all, `L2_ALL`), instead of
-# one line a row every other K step two steps ahead. At b32 the gate_up moves ~160 MB a layer at ~2.1 TB/s (76 us):
-# each program keeps only ~2 K steps of its 64-column tile in flight. The shared-expert GPU test (which checks its
-# bits at 9-64 tokens), then the whole step with it on the four NVFP4 entries from 9 tokens. ~5 minutes. A win: set
-# it in the table and RECORD=1 (a new compile variant).
-if [ "${L2_ALL:-0}" = 1 ]; then
-    # the kernels alone (the wide ones with and without L2_ALL, ready bytes), and in brackets with only the experts
-    # in use: what the programs of experts without pairs cost (at 9 tokens ~200 of the 256 experts have none)
-    timeout 240 python3 benchmarks/nvfp4_mma.py --ms 1 --shapes qkv --warps 4 --vec 1 --prefetch 1 \
-        --moe-tokens 9 16 32 64 --moe-l2-ahead 2 --moe-wide --moe-l2-all --ready --moe-compact \
-        --out "$OUT/nvfp4_mma_l2_all.json" > "$OUT/nvfp4_mma_l2_all.txt" 2>&1
-    sed -n '/^MoE gate_up/,$p' "$OUT/nvfp4_mma_l2_all.txt" | grep -v "^wrote"
-    moe_field_ab l2_all mma_l2_all "the gate_up asking L2 for all its lines at once"
-fi
-# USED=1 (built in the thirty-sixth session without a GPU): the NVFP4 MMA MoE launches with programs only for the
-# experts in use (MoEConfig.mma_used_experts: the shared expert's, then min(E, pairs) slots a tile, each finding its
-# expert from a histogram of the ids) instead of one an expert; at 9 tokens ~200 of the 256 experts have no pairs.
-# L2_ALL=1's compact figures (nvfp4_mma.py --moe-compact) bound what it can give. Its GPU test (the shared-expert
-# test checks its bits), then the whole step with it on the four NVFP4 entries from 9 tokens. ~5 minutes. A win: set
-# it in the table and RECORD=1 (new twin kernels).
-if [ "${USED:-0}" = 1 ]; then
-    moe_field_ab used mma_used_experts "programs only for the experts in use in the MMA MoE launches"
-fi
+# MOE_NEXT=1, L2_ALL=1 and USED=1 ran in the fortieth session on an H100 (one model build, the H200 table against
+# ready codes on every MMA entry, MoEConfig.mma_l2_all and mma_used_experts on the NVFP4 moe.decode entries from 9
+# tokens; benchmarks/results/decode_h100_moe_next_ab_s40.json): ready codes b32 -2.1%, within 1% elsewhere; the
+# other two lost 13-16% and 3-15% at b9-b64, and their kernel options were removed, so their blocks went with them
+# (git show 1787883:benchmarks/gpu_pending.sh has them). READY_CODES=1 above is the ready codes' A/B alone.
 # REPLACE=1 (ran in the thirty-sixth session: same bits and decode speed; one 8K prefill timing 157.6 vs 134.2 ms):
 # the ready scale bytes in the UE4M3 bytes' place (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through
 # `nvfp4_decode_triton.scale_value`), so the weights keep one byte a block and the 2.47 GB the ready bytes add now comes back
@@ -680,7 +637,7 @@ if [ "${WIDE_SPLIT:-0}" = 1 ]; then
 fi
 # O_SPLIT=1 (after WIDE_SPLIT, fortieth session): WIDE_SPLIT's kernels alone on an H100 had the o projection
 # (K 4096) at 16-32 rows in 8 K splits at 9.2-10.1 us against the table's 12.5-13.6, and qkv at 16 rows in 4 at 11.0
-# against 13.2 (nvfp4_mma_h100_wide_split_s39.json), while 2 and 4 splits on every 17-32-row shape lost in the whole
+# against 13.2 (nvfp4_mma_h100_wide_split_s40.json), while 2 and 4 splits on every 17-32-row shape lost in the whole
 # step (+3%, +12-19%). So: the whole step with o alone in 8 splits at 9-32 rows, and with qkv at 9-16 in 4 as well
 # (new entries before the table's, `tuning_variant.py --add`; new compile variants: RECORD=1 if one is installed).
 # ~3 minutes.

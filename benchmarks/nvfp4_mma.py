@@ -133,17 +133,6 @@ def main() -> None:
         help="also each 16-byte MoE variant (not splitting K) with two weight tiles a warp (mma_wide, mma_down_wide)",
     )
     ap.add_argument(
-        "--moe-l2-all",
-        action="store_true",
-        help="also each wide MoE variant with the gate_up asking L2 for all its lines at once (L2_ALL; label _all)",
-    )
-    ap.add_argument(
-        "--moe-compact",
-        action="store_true",
-        help="also time each MoE variant with only the experts in use (ids renumbered, weights of those experts): "
-        "the same bytes, no programs for experts without pairs (compact_us, compact_down_us)",
-    )
-    ap.add_argument(
         "--ready",
         action="store_true",
         help="also each 16-byte variant reading ready scale bytes (`nvfp4_mma_scales`, mma_ready; label _r)",
@@ -160,7 +149,6 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("benchmarks/nvfp4_mma.py needs a CUDA GPU")
     from flint_kernels import gemv_triton, nvfp4_mma_codes, nvfp4_mma_scales
-    from flint_kernels import nvfp4_mma_moe_triton as mm
     from flint_kernels import nvfp4_mma_triton as nm
     from flint_kernels.linear import linear_ref
 
@@ -188,10 +176,6 @@ def main() -> None:
             (f"{label}_wide", {**kw, "wide": True})
             for label, kw in moe_variants
             if kw["vec"] and kw.get("warp_k", 1) == 1
-        ]
-    if args.moe_l2_all:
-        moe_variants += [
-            (f"{label}_all", {**kw, "l2_ahead": mm.L2_ALL}) for label, kw in moe_variants if kw.get("wide")
         ]
     wide = [(f"{label}_wide", {**kw, "wide": True}) for label, kw in mma if kw["vec"] and not kw["prefetch"]]
     wide = wide if args.wide else []
@@ -252,7 +236,7 @@ def main() -> None:
             v = r[lb]
             cells.append("error" if "error" in v else f"{v['us']:.2f} ({v['gbps']:.0f}){'' if v['ok'] else ' BAD'}")
         print(f"{r['shape']:>15} {r['m']:>2} " + " ".join(f"{c:>20}" for c in cells))
-    moe_rows = moe_gate_up_rows(args.moe_tokens, moe_variants, args.moe_compact) if args.moe_tokens else []
+    moe_rows = moe_gate_up_rows(args.moe_tokens, moe_variants) if args.moe_tokens else []
     command = "python benchmarks/nvfp4_mma.py " + " ".join(sys.argv[1:])
     out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "command": command, "rows": rows, "moe": moe_rows}  # fmt: skip
@@ -278,31 +262,9 @@ def kernel_us(calls: list, match: str, reps: int = 5) -> float:
     return total / (reps * len(calls))
 
 
-def compact_route(x: torch.Tensor, ids: torch.Tensor, w13, w2, ready: bool, ready_codes: bool = False) -> tuple:
-    """(x, ids, w13, w2) with only the experts `ids` uses, renumbered 0..U-1 in id order: the same weights read, no
-    expert without pairs (so no program of the expert-major launches that finds none)."""
-    from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales
-    from flint_kernels.linear import NVFP4Weight
-
-    used = ids.unique()
-    renumber = torch.full((w13.qweight.shape[0],), -1, dtype=ids.dtype, device=ids.device)
-    renumber[used] = torch.arange(used.numel(), dtype=ids.dtype, device=ids.device)
-    ws = []
-    for w in (w13, w2):
-        c = NVFP4Weight(w.qweight[used].contiguous(), w.scales[used].contiguous(), w.global_scale[used].contiguous(),
-                        w.segments)  # fmt: skip
-        if ready:
-            nvfp4_mma_scales.make_ready(c)
-        if ready_codes:
-            nvfp4_mma_codes.make_ready(c)
-        ws.append(c)
-    return x, renumber[ids], ws[0], ws[1]
-
-
-def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]], compact: bool = False) -> list[dict]:
+def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]]) -> list[dict]:
     """The MoE gate_up and down at each token count: the MMA kernels' expert-major launches (variants: label,
-    the kernels' keyword arguments) vs the engine's launches; with `compact` each variant again with only the experts
-    in use (`compact_route`)."""
+    the kernels' keyword arguments) vs the engine's launches."""
     from flint_kernels import moe_triton
     from flint_kernels import nvfp4_mma_moe_triton as mm
     from flint_kernels.activation import silu_and_mul_ref
@@ -354,34 +316,18 @@ def moe_gate_up_rows(token_counts: list[int], mma: list[tuple[str, dict]], compa
                 # The MMA down leaves the slot sum to `_moe_reduce_kernel` (one more launch, ~2-3 us).
                 row[label] = {"us": round(us, 2), "ok": ok, "down_us": round(kernel_us(down, "down_mma"), 2),
                                      "down_ok": ok_y}  # fmt: skip
-                if compact:
-                    ready, codes = bool(kw.get("ready")), bool(kw.get("ready_codes"))
-                    small = [compact_route(r[0], r[2], w13, w2, ready, codes) for r in routes]
-                    row[label]["compact_us"] = round(kernel_us(
-                        [lambda c=c, kw=gate_kw: mm.moe_gate_up(c[0], c[1], c[2], **kw) for c in small], "gate_up_mma"
-                    ), 2)  # fmt: skip
-                    row[label]["compact_down_us"] = round(kernel_us(
-                        [lambda c=c, kw=kw, h=h: mm.moe_down(h, c[1], c[3], **kw) for c in small], "down_mma"
-                    ), 2)  # fmt: skip
-                    del small
             except Exception as exc:  # reported, not fatal
                 row[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(
-        "\nMoE gate_up / down (256 experts, I 512, H 2048, top-6), GPU us a call (engine down: with its slot sum;"
-        " in brackets: only the experts in use)"
-    )
+    print("\nMoE gate_up / down (256 experts, I 512, H 2048, top-6), GPU us a call (engine down: with its slot sum)")
     print(f"{'tokens':>6} {'experts':>7} {'engine':>14} " + " ".join(f"{label:>30}" for label, _ in mma))
     for r in rows:
         cells = []
         for label, _ in mma:
             v = r[label]
             bad = "" if v.get("ok") and v.get("down_ok") else " BAD"
-            cell = "error" if "error" in v else f"{v['us']:.1f} / {v['down_us']:.1f}{bad}"
-            if "compact_us" in v:
-                cell += f" ({v['compact_us']:.1f} / {v['compact_down_us']:.1f})"
-            cells.append(cell)
+            cells.append("error" if "error" in v else f"{v['us']:.1f} / {v['down_us']:.1f}{bad}")
         engine = f"{r['engine_gate_up_us']:.1f} / {r['engine_down_us']:.1f}"
         print(f"{r['tokens']:>6} {r['experts_used']:>7} {engine:>14} " + " ".join(f"{c:>30}" for c in cells))
     return rows

@@ -94,11 +94,6 @@ class MoEConfig:
     # With mma and mma_vec: the gate_up also asks L2 for its codes this many K steps ahead (even; 0: off). On the
     # H200 2 steps from 25 tokens: b32 -3.8%, b64 -3.5% (twenty-second session).
     mma_l2_ahead: int = 0
-    # With mma_wide, instead of mma_l2_ahead: the gate_up asks L2 for all of a program's code and scale lines at once,
-    # when it knows its expert has pairs (`nvfp4_mma_moe_triton.L2_ALL`), as the down's mma_down_l2 2 asks for its
-    # tile's; at b32 each program then has its whole 64-column tile (~140 KB) in flight instead of ~2 K steps
-    # (thirty-sixth session, built without a GPU, not yet measured).
-    mma_l2_all: bool = False
     # With mma_down and mma_vec: the down also asks L2 for its codes, 1: two K steps ahead in the K loop, 2: all of
     # a tile's before the PDL wait, for experts with pairs (0: off). On the H200 2 from 9 tokens: b16 -1.1%, b64
     # -3.2%; 1 even to -1.3% (twenty-second session).
@@ -137,12 +132,6 @@ class MoEConfig:
     # profile): the down's shared programs take K_S = 2K and ran as the launch's last. On the H200 (thirty-sixth
     # session) b9 5.823 -> 5.678 ms, b16 7.160 -> 7.022, b32 8.845 -> 8.751, b64 13.225 -> 12.990; the same bits.
     mma_shared_first: bool = False
-    # With mma_shared: the two MMA launches' grids hold the shared expert's programs, then programs only for the
-    # experts in use, min(E, pairs) a column (row) tile, each finding its expert from a histogram of the ids
-    # (`nvfp4_mma_moe_triton._used_program`), instead of one an expert: at 9 tokens ~200 of the 256 experts have no
-    # pairs, and their ~1,600 gate_up and ~3,300 down programs would each wait, scan the ids and exit. Built in the
-    # thirty-sixth session without a GPU, not yet measured.
-    mma_used_experts: bool = False
 
 
 @dataclass(frozen=True)

@@ -963,11 +963,10 @@ def _routed(
 
         hs = _empty((t, shared_inter), x.dtype, x.device) if mma_shared else None
         nvfp4_mma_moe_triton.launch_moe_gate_up(
-            x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec,
-            nvfp4_mma_moe_triton.L2_ALL if cfg.mma_l2_all and cfg.mma_wide else cfg.mma_l2_ahead,
+            x, ids.reshape(-1), w13, h, topk, cfg.num_warps, cfg.mma_prefetch, cfg.mma_vec, cfg.mma_l2_ahead,
             cfg.mma_warp_k, cfg.mma_wide, cfg.mma_ready, shared=None if hs is None else (shared[0], hs),
             perm=mma_shared and cfg.mma_perm_h, first=mma_shared and cfg.mma_shared_first,
-            used=mma_shared and cfg.mma_used_experts, ready_codes=cfg.mma_ready_codes,
+            ready_codes=cfg.mma_ready_codes,
         )  # fmt: skip
     elif expert_major:  # h keeps the per-pair layout the down launch reads
         _moe_gate_up_expert_kernel[(gu_tiles, num_experts)](
@@ -1001,8 +1000,7 @@ def _routed(
         nvfp4_mma_moe_triton.launch_moe_down(
             h, ids.reshape(-1), w2, y, cfg.num_warps, vec=cfg.mma_vec, l2=cfg.mma_down_l2, wide=cfg.mma_down_wide,
             ready=cfg.mma_ready, shared=None if ys is None else (shared[1], hs, ys), perm=mma_shared and cfg.mma_perm_h,
-            first=mma_shared and cfg.mma_shared_first, used=mma_shared and cfg.mma_used_experts,
-            ready_codes=cfg.mma_ready_codes,
+            first=mma_shared and cfg.mma_shared_first, ready_codes=cfg.mma_ready_codes,
         )  # fmt: skip
         return _reduce_slots_launch(y, tw, out, add if ys is None else ys)
     if decode:

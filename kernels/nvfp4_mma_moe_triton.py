@@ -9,9 +9,9 @@ whole-step A/B had them ahead (docs/performance.md, nineteenth session on).
 A launch's grid is (column tiles, experts): each program finds its expert's pairs from the ids (`_ranked_pairs`),
 so an expert without pairs costs a program that exits. Twins of each kernel (the same body, other constexprs)
 choose what a table entry asks for: 16-byte loads (`vec`), L2 requests ahead of the K loop (`l2_ahead`, the down's
-`l2`, `L2_ALL`), two 16-row tiles a warp sharing x's loads (`wide`), the gate_up's warps splitting K (`warp_k`),
-the shared expert in programs of its own (`shared`, MoEConfig.mma_shared: first in the grid with `first`, h kept in
-the MMA's order with `perm`), and programs only for the experts in use (`used`, MoEConfig.mma_used_experts).
+`l2`), two 16-row tiles a warp sharing x's loads (`wide`), the gate_up's warps splitting K (`warp_k`), and the
+shared expert in programs of its own (`shared`, MoEConfig.mma_shared: first in the grid with `first`, h kept in the
+MMA's order with `perm`).
 """
 
 from __future__ import annotations
@@ -39,32 +39,11 @@ from .nvfp4_mma_triton import (
 )
 from .pdl import launch_options, pdl_entry
 
-# `l2_ahead` / MoEConfig.mma_l2_ahead for the wide gate_up: ask L2 for every code and scale line of the program's
-# tiles at once, as soon as it knows its expert has pairs (after its PDL wait: the ids are the router's), instead of
-# one line a row every other K step.
-L2_ALL = -1
-_L2_ALL = tl.constexpr(L2_ALL)
 # The gate_up whose warps split K: ptxas gives it ~140 registers a thread in 8 warps unless capped (sm_90, Triton
 # 3.6), which leaves one 8-warp program an SM; at 128 it needs ~117 with no spills (`kernel_sass.py`-style compile,
 # 2026-12-03), so two fit, as for the unsplit kernel (108). The wide gate_up with its loads a step ahead takes 176
 # uncapped and fits 128 with no spills too (2026-12-04).
 KS_MAXNREG = 128
-
-
-@triton.jit
-def _l2_tiles(w64, wa_base, wb_base, wc_base, wd_base, s_ptr, sa_base, sb_base, sc_base, sd_base, k_hi):
-    """Ask L2 for every 128-byte line of two 16-row tiles' codes (rows g / g + 8 at wa / wb, tile two's at wc / wd)
-    and scale bytes over K steps 0..k_hi (`L2_ALL`)."""
-    for kl in range(0, k_hi, 256):  # a row's code line: 256 values
-        prefetch_lines(w64 + wa_base + kl // 16)
-        prefetch_lines(w64 + wb_base + kl // 16)
-        prefetch_lines(w64 + wc_base + kl // 16)
-        prefetch_lines(w64 + wd_base + kl // 16)
-    for kl in range(0, k_hi, 2048):  # a row's scale line: 2,048 values
-        prefetch_lines(s_ptr + sa_base + kl // 16)
-        prefetch_lines(s_ptr + sb_base + kl // 16)
-        prefetch_lines(s_ptr + sc_base + kl // 16)
-        prefetch_lines(s_ptr + sd_base + kl // 16)
 
 
 @triton.jit
@@ -88,25 +67,6 @@ def _expert_of_program(n_exp, SHARED: tl.constexpr, FIRST: tl.constexpr):
             n_sh = tl.num_programs(1) - n_exp
             e = tl.where(e < n_sh, e + n_exp, e - n_sh)
     return e
-
-
-@triton.jit
-def _used_program(ids_ptr, n_pairs, n_exp, n_sh, P_PAD: tl.constexpr, E_BINS: tl.constexpr):
-    """The program's expert index in a grid of the shared expert's n_sh programs, then one a slot of the experts in
-    use (MoEConfig.mma_used_experts): slot q takes the q-th expert with pairs in id order, found from a histogram of
-    the ids (E_BINS > n_exp bins: padding counts in bin E_BINS - 1); a slot past the last takes an expert without
-    pairs, so it finds none and does nothing. Shared programs get n_exp onward, as `_expert_of_program` gives them.
-    Read after the ids are written (the router's)."""
-    pid = tl.program_id(1)
-    p = tl.arange(0, P_PAD)
-    ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=E_BINS - 1).to(tl.int32)
-    b = tl.arange(0, E_BINS)
-    present = ((tl.histogram(ids, E_BINS) > 0) & (b < n_exp)).to(tl.int32)
-    rank = tl.cumsum(present, axis=0) - 1
-    q = pid - n_sh
-    used = tl.sum(tl.where((present > 0) & (rank == q), b, 0), axis=0)
-    idle = tl.min(tl.where((present == 0) & (b < n_exp), b, E_BINS), axis=0)  # an expert without pairs
-    return tl.where(pid < n_sh, n_exp + pid, tl.where(q < tl.sum(present, axis=0), used, idle))
 
 
 @triton.jit
@@ -215,8 +175,6 @@ def _moe_gate_up_body(
     sseg3=0,
     PERM: tl.constexpr = False,
     FIRST: tl.constexpr = False,
-    USED: tl.constexpr = False,
-    E_BINS: tl.constexpr = 1,
 ):
     """Expert-major MoE gate_up (NVFP4): program (column tile, expert e) finds e's pairs in the router's ids and
     computes their h = silu(gate) * up columns, 8 pairs an MMA. A lane's fragment rows are gate row j and up row
@@ -233,11 +191,7 @@ def _moe_gate_up_body(
     [T, INTER_S]. The same K loop and epilogue as an expert's, so a shared launch of its own costs nothing. PERM: h
     and hs are written in the MMA's order (`nvfp4_mma_triton.perm_columns`), for the down's K loop without PRMTs."""
     pid_i = tl.program_id(0)
-    if USED:  # (with SHARED) the shared expert's programs, then one a slot of the experts in use
-        pdl_entry(PDL)  # the ids are the router's (the later wait returns at once)
-        e = _used_program(ids_ptr, P, n_exp, (INTER_S // INTER) * tl.cdiv(T, 8), P_PAD, E_BINS)
-    else:
-        e = _expert_of_program(n_exp, SHARED, FIRST)
+    e = _expert_of_program(n_exp, SHARED, FIRST)
     NT: tl.constexpr = 32 * NW
     NG: tl.constexpr = NW // KSPLIT  # warps (groups of 8 columns) a K part
     t = tl.arange(0, NT)
@@ -295,11 +249,6 @@ def _moe_gate_up_body(
         tokens = first + tl.arange(0, 8)
         pairs = tl.where(is_sh, tl.minimum(tokens, T - 1).to(tl.int64) * TOPK, pairs)
         count = tl.where(is_sh, tl.minimum(T - first, 8), count)
-    # L2_ALL (the wide kernels': KSPLIT 1, TILES 2): every line of the tiles, once, for an expert in use
-    if L2_AHEAD == _L2_ALL:
-        tl.static_assert(TILES == 2 and KSPLIT == 1, "L2_ALL is the wide gate_up's")
-        if count > 0:
-            _l2_tiles(w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, k_part)
     for c0 in range(0, count, 8):
         if c0 > 0:
             pairs, count = _ranked_pairs(ids_ptr, e, c0, P, P_PAD, 8)
@@ -310,7 +259,7 @@ def _moe_gate_up_body(
         if TILES == 2:
             d0, d1, d2, d3, f0, f1, f2, f3 = _k_loop_wide(
                 w64, wa_base, wb_base, wc_base, wd_base, sp, sa_base, sb_base, sc_base, sd_base, x64, xa_base, 0,
-                k_part, NT, PREFETCH, VEC, L2_AHEAD * (L2_AHEAD > 0),
+                k_part, NT, PREFETCH, VEC, L2_AHEAD,
             )  # fmt: skip
         else:
             d0, d1, d2, d3 = _k_loop(
@@ -552,24 +501,6 @@ def _moe_gate_up_mma_wide_shared_first_kernel(
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["P", "T"])
-def _moe_gate_up_mma_wide_shared_used_kernel(
-    x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
-    stride_sn, stride_gse, stride_h, seg1, seg2, seg3,
-    n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2, sseg3,
-    P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_AHEAD: tl.constexpr,
-    PERM: tl.constexpr, E_BINS: tl.constexpr,
-):  # fmt: skip
-    """`_moe_gate_up_mma_wide_shared_first_kernel` with programs only for the experts in use
-    (MoEConfig.mma_used_experts, `_used_program`): the shared expert's first, then one a slot."""
-    _moe_gate_up_body(
-        x_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, P, K, INTER, TOPK, stride_xt, stride_we, stride_wn, stride_se,
-        stride_sn, stride_gse, stride_h, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_AHEAD, 1, 2,
-        True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, T, INTER_S, stride_swn, stride_ssn, stride_hs, sseg1, sseg2,
-        sseg3, PERM, True, True, E_BINS,
-    )  # fmt: skip
-
-
 @triton.jit
 def _down_tile(w_ptr, s_ptr, gs_ptr, row, N, c, stride_wn, stride_sn, seg1, seg2, seg3):
     """One expert's 16-row tile at rows row / row + 8: code and scale bases (`_weight_bases`; rows past N read row
@@ -639,8 +570,6 @@ def _moe_down_body(
     sseg3=0,
     PERM: tl.constexpr = False,
     FIRST: tl.constexpr = False,
-    USED: tl.constexpr = False,
-    E_BINS: tl.constexpr = 1,
 ):
     """Expert-major MoE down (NVFP4): program (row tile, expert e) computes y[p] = round(h[p] @ w2[e]^T * scale) for e's
     pairs p, 8 an MMA, into y [pairs, N]; the routing weights and the sum over slots are `_moe_reduce_kernel`'s. L2_MODE
@@ -653,17 +582,10 @@ def _moe_down_body(
     SHARED (with TILES 2): programs e >= n_exp compute the shared expert's down as well (`sw_ptr`..., a 2-D NVFP4 [N,
     K_S]): program n_exp + q for tokens 8q onward of the T, from hs [T, K_S] into ys [T, N], rounded once as the linear
     rounds it (the slot reduce then adds ys). PERM (with TILES 2): h and hs in the MMA's order
-    (`nvfp4_mma_triton.perm_columns`, as the gate_up's PERM writes them): the K loop has no PRMTs. USED (with SHARED):
-    the grid's programs are the shared expert's, then one a slot of the experts in use (`_used_program`), as the
-    gate_up's USED."""
+    (`nvfp4_mma_triton.perm_columns`, as the gate_up's PERM writes them): the K loop has no PRMTs."""
     tl.static_assert(not PERM or TILES == 2, "PERM is the wide down's")
     pid_n = tl.program_id(0)
-    if USED:
-        if L2_MODE != 2:  # mode 2 reads the ids before the wait already (see above)
-            pdl_entry(PDL)
-        e = _used_program(ids_ptr, P, n_exp, tl.cdiv(T, 8), P_PAD, E_BINS)
-    else:
-        e = _expert_of_program(n_exp, SHARED, FIRST)
+    e = _expert_of_program(n_exp, SHARED, FIRST)
     NT: tl.constexpr = 32 * NW
     t = tl.arange(0, NT)
     lane = t % 32
@@ -918,25 +840,6 @@ def _moe_down_mma_wide_shared_first_kernel(
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["P", "T"])
-def _moe_down_mma_wide_shared_used_kernel(
-    h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
-    stride_gse, stride_y, seg1, seg2, seg3,
-    n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys, sseg1,
-    sseg2, sseg3,
-    P_PAD: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, L2_MODE: tl.constexpr,
-    PERM: tl.constexpr, E_BINS: tl.constexpr,
-):  # fmt: skip
-    """`_moe_down_mma_wide_shared_first_kernel` with programs only for the experts in use
-    (MoEConfig.mma_used_experts, `_used_program`): the shared expert's first, then one a slot."""
-    _moe_down_body(
-        h_ptr, ids_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, P, K, N, stride_h, stride_we, stride_wn, stride_se, stride_sn,
-        stride_gse, stride_y, seg1, seg2, seg3, P_PAD, NW, PREFETCH, PDL, True, L2_MODE, 2,
-        True, n_exp, sw_ptr, ss_ptr, sgs_ptr, hs_ptr, ys_ptr, T, K_S, stride_swn, stride_ssn, stride_hs, stride_ys,
-        sseg1, sseg2, sseg3, PERM, True, True, E_BINS,
-    )  # fmt: skip
-
-
 def _ready_pair(
     experts: NVFP4Weight, shared: NVFP4Weight, ready: bool, ready_codes: bool
 ) -> tuple[NVFP4Weight, NVFP4Weight]:
@@ -1012,7 +915,6 @@ def launch_moe_down(
     shared: tuple[NVFP4Weight, torch.Tensor, torch.Tensor] | None = None,
     perm: bool = False,
     first: bool = False,
-    used: bool = False,
     ready_codes: bool = False,
 ) -> None:
     """Fill y [pairs, H] with each pair's rounded expert output for the flat ids [pairs] and h [pairs, I];
@@ -1022,17 +924,16 @@ def launch_moe_down(
     have them (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared expert's down [H,
     I_s], hs [T, I_s], ys [T, H]), ys filled with its rounded output in programs of the same launch; perm (with shared;
     MoEConfig.mma_perm_h): h and hs in the MMA's order (`nvfp4_mma_triton.perm_columns`), no PRMTs; first (with shared;
-    MoEConfig.mma_shared_first): the shared expert's programs before the experts' in the grid; used (with shared;
-    MoEConfig.mma_used_experts): then programs only for the experts in use (`_used_program`); ready_codes: the experts'
+    MoEConfig.mma_shared_first): the shared expert's programs before the experts' in the grid; ready_codes: the experts'
     ready codes where they have them (MoEConfig.mma_ready_codes)."""
     if l2 not in (0, 1, 2):
         raise ValueError(f"l2 must be 0 (off), 1 (two K steps ahead) or 2 (before the PDL wait), got {l2}")
     if shared is not None:
         return _launch_down_shared(
-            h, ids, w2, y, num_warps, prefetch, l2, (ready, ready_codes), perm, first, used, *shared
+            h, ids, w2, y, num_warps, prefetch, l2, (ready, ready_codes), perm, first, *shared
         )  # fmt: skip
-    if perm or first or used:
-        raise ValueError("perm, first and used come with the shared expert's programs (shared)")
+    if perm or first:
+        raise ValueError("perm and first come with the shared expert's programs (shared)")
     w2 = _with_ready_bytes(w2, ready, ready_codes)
     prefetch = _loads_ahead(w2, h.shape[1], prefetch, 2 * (l2 == 1)) if wide else prefetch
     n_exp, n, _ = w2.qweight.shape
@@ -1065,13 +966,12 @@ def _launch_down_shared(
     ready: tuple[bool, bool],
     perm: bool,
     first: bool,
-    used: bool,
     sw: NVFP4Weight,
     hs: torch.Tensor,
     ys: torch.Tensor,
 ) -> None:
-    """`launch_moe_down` with the shared expert (`_moe_down_mma_wide_shared_kernel`; first: its `_first` twin; used:
-    its `_used` twin, programs for the experts in use only); ready: (ready scale bytes, ready codes)."""
+    """`launch_moe_down` with the shared expert (`_moe_down_mma_wide_shared_kernel`; first: its `_first` twin); ready:
+    (ready scale bytes, ready codes)."""
     n_exp, n, _ = w2.qweight.shape
     k, (t, k_s) = h.shape[1], hs.shape
     if not (_vec_fits(h, w2) and _vec_fits(hs, sw)) or sw.shape != (n, k_s) or ys.shape != (t, n):
@@ -1083,17 +983,15 @@ def _launch_down_shared(
     prefetch = _loads_ahead(w2, k, prefetch, 2 * (l2 == 1)) and _loads_ahead(sw, k_s, prefetch, 2 * (l2 == 1))
     seg1, seg2, seg3 = segment_bounds(w2.segments, n)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, n)
-    kernel, extra = _moe_down_mma_wide_shared_first_kernel if first else _moe_down_mma_wide_shared_kernel, {}
-    if used:
-        kernel, extra["E_BINS"] = _moe_down_mma_wide_shared_used_kernel, triton.next_power_of_2(n_exp + 1)
-    kernel[(triton.cdiv(n, 32 * num_warps), _expert_slots(n_exp, ids.numel(), used) + triton.cdiv(t, 8))](
+    kernel = _moe_down_mma_wide_shared_first_kernel if first else _moe_down_mma_wide_shared_kernel
+    kernel[(triton.cdiv(n, 32 * num_warps), n_exp + triton.cdiv(t, 8))](
         h, ids, w2.qweight, w2.scales, w2.global_scale, y, ids.numel(), k, n,
         h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1), w2.scales.stride(0), w2.scales.stride(1),
         w2.global_scale.stride(0), y.stride(0), seg1, seg2, seg3,
         n_exp, sw.qweight, sw.scales, sw.global_scale, hs, ys, t, k_s, sw.qweight.stride(0), sw.scales.stride(0),
         hs.stride(0), ys.stride(0), sseg1, sseg2, sseg3,
         P_PAD=triton.next_power_of_2(ids.numel()), NW=num_warps, PREFETCH=prefetch, L2_MODE=l2, PERM=perm,
-        num_warps=num_warps, num_stages=1, **extra, **launch_options(h.device),
+        num_warps=num_warps, num_stages=1, **launch_options(h.device),
     )  # fmt: skip
 
 
@@ -1138,31 +1036,28 @@ def launch_moe_gate_up(
     shared: tuple[NVFP4Weight, torch.Tensor] | None = None,
     perm: bool = False,
     first: bool = False,
-    used: bool = False,
     ready_codes: bool = False,
 ) -> None:
     """Fill h [pairs, I] (rows in pair order) for the flat ids [pairs]; `moe_supported(x, w13)` must hold. vec: 16-byte
     loads where the rows are aligned for them; l2_ahead (even, with vec): also ask L2 for the codes that many K steps
-    ahead (`L2_ALL`, with wide: for all of a program's code and scale lines once its expert has pairs); warp_k (with
-    vec; a power of two dividing num_warps): the warps split K in that many parts as well as the columns, where K is a
-    multiple of 256 a part (else it is not split); wide (with vec, not with warp_k): 16 columns a warp, two tiles
-    sharing x's loads (MoEConfig.mma_wide); ready: the experts' ready scale bytes where they have them
+    ahead; warp_k (with vec; a power of two dividing num_warps): the warps split K in that many parts as well as the
+    columns, where K is a multiple of 256 a part (else it is not split); wide (with vec, not with warp_k): 16 columns a
+    warp, two tiles sharing x's loads (MoEConfig.mma_wide); ready: the experts' ready scale bytes where they have them
     (MoEConfig.mma_ready). shared (with vec and wide; MoEConfig.mma_shared): (the shared expert's gate_up [2 I_s, H], hs
     [T, I_s]), hs filled with its silu(gate) * up for every token of x in programs of the same launch (I_s a multiple of
     I; `shared_fits`); perm (with shared; MoEConfig.mma_perm_h): h and hs written in the MMA's order
     (`nvfp4_mma_triton.perm_columns`) for the down's `perm`; first (with shared; MoEConfig.mma_shared_first): the shared
-    expert's programs before the experts' in the grid; used (with shared; MoEConfig.mma_used_experts): then programs
-    only for the experts in use (`_used_program`), the shared expert's first; ready_codes: the experts' ready codes
-    where they have them (MoEConfig.mma_ready_codes)."""
+    expert's programs before the experts' in the grid; ready_codes: the experts' ready codes where they have them
+    (MoEConfig.mma_ready_codes)."""
     if shared is not None:
         return _launch_gate_up_shared(
-            x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, (ready, ready_codes), perm, first, used, *shared
+            x, ids, w13, h, topk, num_warps, prefetch, l2_ahead, (ready, ready_codes), perm, first, *shared
         )  # fmt: skip
-    if perm or first or used:
-        raise ValueError("perm, first and used come with the shared expert's programs (shared)")
+    if perm or first:
+        raise ValueError("perm and first come with the shared expert's programs (shared)")
     w13 = _with_ready_bytes(w13, ready, ready_codes)
     prefetch = _loads_ahead(w13, x.shape[1], prefetch, l2_ahead) if wide else prefetch
-    _check_l2_ahead(l2_ahead, wide)
+    _check_l2_ahead(l2_ahead)
     if warp_k < 1 or warp_k & (warp_k - 1) or num_warps % warp_k:
         raise ValueError(f"warp_k must be a power of two dividing num_warps ({num_warps}), got {warp_k}")
     if wide and warp_k > 1:
@@ -1195,18 +1090,10 @@ def launch_moe_gate_up(
     )  # fmt: skip
 
 
-def _expert_slots(n_exp: int, pairs: int, used: bool) -> int:
-    """The expert programs of a column (row) tile: one an expert, or with `used` one a slot of the experts in use, of
-    which there are at most as many as pairs."""
-    return min(n_exp, pairs) if used else n_exp
-
-
-def _check_l2_ahead(l2_ahead: int, wide: bool) -> None:
-    """The gate_up's l2_ahead: an even number of K steps, or `L2_ALL` for the wide kernels."""
-    if l2_ahead == L2_ALL and not wide:
-        raise ValueError(f"l2_ahead {L2_ALL} (every line of the tiles at once) is the wide gate_up's (wide=True)")
-    if l2_ahead != L2_ALL and (l2_ahead < 0 or l2_ahead % 2):
-        raise ValueError(f"l2_ahead must be an even number of K steps or {L2_ALL} (all), got {l2_ahead}")
+def _check_l2_ahead(l2_ahead: int) -> None:
+    """The gate_up's l2_ahead: an even number of K steps."""
+    if l2_ahead < 0 or l2_ahead % 2:
+        raise ValueError(f"l2_ahead must be an even number of K steps, got {l2_ahead}")
 
 
 def _launch_gate_up_shared(
@@ -1221,12 +1108,11 @@ def _launch_gate_up_shared(
     ready: tuple[bool, bool],
     perm: bool,
     first: bool,
-    used: bool,
     sw: NVFP4Weight,
     hs: torch.Tensor,
 ) -> None:
     """`launch_moe_gate_up` with the shared expert (`_moe_gate_up_mma_wide_shared_kernel`; first: its `_first`
-    twin; used: its `_used` twin, programs for the experts in use only); ready: (ready scale bytes, ready codes)."""
+    twin); ready: (ready scale bytes, ready codes)."""
     n_exp, two_i, _ = w13.qweight.shape
     inter, inter_s, (t, k) = two_i // 2, sw.qweight.shape[0] // 2, x.shape
     aligned = _vec_fits(x, w13) and _vec_fits(x, sw)
@@ -1235,16 +1121,14 @@ def _launch_gate_up_shared(
             f"the shared expert in the MoE gate_up needs x and weights for the 16-byte kernels, a gate_up [2 I_s, {k}] "
             f"with I_s a multiple of {inter} and hs [{t}, I_s]; got {sw.shape}, hs {tuple(hs.shape)}"
         )
-    _check_l2_ahead(l2_ahead, True)
+    _check_l2_ahead(l2_ahead)
     w13, sw = _ready_pair(w13, sw, *ready)
     prefetch = _loads_ahead(w13, k, prefetch, l2_ahead)
     seg1, seg2, seg3 = segment_bounds(w13.segments, two_i)
     sseg1, sseg2, sseg3 = segment_bounds(sw.segments, 2 * inter_s)
-    n_slots, extra = _expert_slots(n_exp, ids.numel(), used), {} if _INTERPRET else {"maxnreg": KS_MAXNREG}
-    programs = n_slots + (inter_s // inter) * triton.cdiv(t, 8)
+    programs = n_exp + (inter_s // inter) * triton.cdiv(t, 8)
+    extra = {} if _INTERPRET else {"maxnreg": KS_MAXNREG}
     kernel = _moe_gate_up_mma_wide_shared_first_kernel if first else _moe_gate_up_mma_wide_shared_kernel
-    if used:
-        kernel, extra["E_BINS"] = _moe_gate_up_mma_wide_shared_used_kernel, triton.next_power_of_2(n_exp + 1)
     kernel[(triton.cdiv(inter, 16 * num_warps), programs)](
         x, ids, w13.qweight, w13.scales, w13.global_scale, h, ids.numel(), k, inter, topk,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1), w13.scales.stride(0), w13.scales.stride(1),

@@ -217,7 +217,7 @@ def test_moe_with_ready_codes(
 
 def test_pairs_fit_only_whole_pairs_of_steps_with_loads_and_requests_ahead() -> None:
     assert mm.pairs_fit(2048, True, 2) and mm.pairs_fit(512, True, 2) and not mm.pairs_fit(640, True, 2)
-    assert mm.pairs_fit(640, False, 2) and mm.pairs_fit(640, True, 0) and mm.pairs_fit(640, True, mm.L2_ALL)
+    assert mm.pairs_fit(640, False, 2) and mm.pairs_fit(640, True, 0)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
@@ -374,8 +374,8 @@ def test_ready_codes_shorten_the_installed_k_loops_on_sm90() -> None:
 def test_every_mma_kernel_variant_compiles_for_ready_codes_on_sm90() -> None:
     """The MMA kernels the table does not run today compile for sm_90 with ready codes too (an int8 code pointer),
     their K loops with all their HMMAs and no spill: the 8-byte linear with loads ahead, the gate_up's L2 twin and
-    its twin splitting K over warps, the down's L2 twin, the wide down with loads and L2 requests ahead (two steps an
-    iteration), and the shared-expert twins asking L2 for every line (L2_ALL) and for the experts in use."""
+    its twin splitting K over warps, the down's L2 twin, and the wide down with loads and L2 requests ahead (two steps
+    an iteration)."""
     lin = dict(mma_k_loops.installed_cases(True)[0]["pointers"])
     gate_up = dict(mma_k_loops.installed_cases(True)[3]["pointers"])
     down = dict(mma_k_loops.installed_cases(True)[4]["pointers"])
@@ -392,12 +392,6 @@ def test_every_mma_kernel_variant_compiles_for_ready_codes_on_sm90() -> None:
                                                                L2_MODE=1), 8, 1),
         (moe_mod, "_moe_down_mma_wide_kernel", plain_down, dict(P_PAD=256, NW=8, PREFETCH=True, PDL=True,
                                                                  L2_MODE=1), 16, 2),
-        (moe_mod, "_moe_gate_up_mma_wide_shared_first_kernel", gate_up, dict(P_PAD=256, NW=4, PREFETCH=True,
-                                                                             PDL=True, L2_AHEAD=-1, PERM=True), 16, 1),
-        (moe_mod, "_moe_gate_up_mma_wide_shared_used_kernel", gate_up, dict(P_PAD=256, NW=4, PREFETCH=True, PDL=True,
-                                                                            L2_AHEAD=2, PERM=True, E_BINS=512), 16, 2),
-        (moe_mod, "_moe_down_mma_wide_shared_used_kernel", down, dict(P_PAD=256, NW=4, PREFETCH=False, PDL=True,
-                                                                      L2_MODE=2, PERM=True, E_BINS=512), 16, 1),
     ]  # fmt: skip
     specs = [
         {"module": m, "kernel": k, "pointers": p, "constexprs": cx, "num_warps": cx["NW"], "hmma_a_step": hmma,

@@ -1,5 +1,5 @@
 """`flint_kernels.nvfp4_mma_moe_triton`: the MoE's expert-major gate_up and down for NVFP4 on mma.sync (the
-shared expert's programs, the L2 requests, the experts in use) and the engine switches that launch them.
+shared expert's programs, the L2 requests) and the engine switches that launch them.
 
 The CPU tests run the kernels themselves in Triton's interpreter with their K step's PTX emulated
 (`nvfp4_mma_emulation`), and compare with float64 and with `moe_ref`. Their sm_90 compile test is
@@ -74,12 +74,9 @@ def _stacked(w: NVFP4Weight) -> NVFP4Weight:
     return NVFP4Weight(w.qweight[None], w.scales[None], w.global_scale[None], w.segments)
 
 
-@pytest.mark.parametrize(
-    "ready,perm,first,l2",
-    [(False, False, False, 2), (True, False, False, 2), (True, True, True, 2), (True, True, True, -1)],
-)
+@pytest.mark.parametrize("ready,perm,first", [(False, False, False), (True, False, False), (True, True, True)])
 def test_moe_with_the_shared_expert_in_its_programs(
-    emulated_ptx: None, l2_requests: list[int], ready: bool, perm: bool, first: bool, l2: int
+    emulated_ptx: None, l2_requests: list[int], ready: bool, perm: bool, first: bool
 ) -> None:
     """MoEConfig.mma_shared: the wide gate_up and down launches with the shared expert (I_s twice the experts' I)
     in programs of their own give the routed h and y bit for bit as without it, and the shared expert's hs and ys bit
@@ -87,8 +84,7 @@ def test_moe_with_the_shared_expert_in_its_programs(
     group of 8 and a part); with ready scale bytes too (both weights need them, or neither reads them). With perm
     (MoEConfig.mma_perm_h) the gate_up writes h and hs in the MMA's order (`perm_columns` of the same values) and the
     down, reading them so, gives the same bits without its PRMTs. With first (MoEConfig.mma_shared_first) the shared
-    expert's programs come first in the grids: the same bits again; so with the gate_up asking L2 for all its lines
-    at once (l2 -1, `L2_ALL`), which then asks for the shared expert's too."""
+    expert's programs come first in the grids: the same bits again."""
     w13 = random_experts(5, 40, 768, seed=61)  # [5, 80, 768]
     w2 = random_experts(5, 68, 256, seed=62)  # [5, 136, 256]
     gate_up = random_nvfp4(160, 768, seeded(63), (80, 80))  # I_s 80
@@ -112,17 +108,10 @@ def test_moe_with_the_shared_expert_in_its_programs(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mm, name, spy)
         mm.launch_moe_gate_up(
-            x, ids, w13, h, 3, 2, vec=True, l2_ahead=l2, wide=True, ready=ready, shared=(gate_up, hs), perm=perm,
+            x, ids, w13, h, 3, 2, vec=True, l2_ahead=2, wide=True, ready=ready, shared=(gate_up, hs), perm=perm,
             first=first,
         )  # fmt: skip
     assert spy.launches == 1
-    if l2 == mm.L2_ALL:  # every line of the shared gate_up's codes too
-        q = gate_up.qweight
-        off = np.array(l2_requests, dtype=np.int64) - q.data_ptr()
-        off = off[(off >= 0) & (off < q.numel())]
-        assert {(int(o) // q.stride(0), int(o) % q.stride(0) // 128) for o in off} == {
-            (r, ln) for r in range(160) for ln in range(3)
-        }
     if perm:
         h_want, hs_want = nm.perm_columns(h_want), nm.perm_columns(hs_want)
     assert not torch.isnan(h_want).any() and torch.equal(h, h_want)
@@ -158,97 +147,6 @@ def test_moe_with_the_shared_expert_in_its_programs(
     # and against float64: the shared expert's y as FP32 accumulation gives it
     l1 = hs_in.double().abs() @ down.dequantize(torch.float64, with_global=True).abs().T
     close_to_exact(ys, exact(hs_in, down), l1)
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-@pytest.mark.parametrize("l2", [2, -1])
-def test_moe_launches_with_programs_for_the_experts_in_use(emulated_ptx: None, l2_requests: list[int], l2: int) -> None:
-    """`used` (MoEConfig.mma_used_experts) on the shared-expert launches: grids of the shared expert's programs and
-    min(E, pairs) expert slots instead of E (12 experts, 3 tokens top-2: 6 slots for the 4 experts in use, two of
-    them idle), the same h, hs, y and ys bit for bit as the shared-first launches with a program an expert; with the
-    gate_up's L2 requests in the loop or all at once (`L2_ALL`). Without the shared expert it is refused."""
-    w13 = random_experts(12, 40, 768, seed=91)  # [12, 80, 768]
-    w2 = random_experts(12, 68, 256, seed=92)  # [12, 136, 256]
-    gate_up = random_nvfp4(160, 768, seeded(93), (80, 80))  # I_s 80: two parts
-    down = random_nvfp4(136, 512, seeded(94), (136,))
-    ids = torch.tensor([[0, 5], [5, 9], [11, 0]]).reshape(-1).contiguous()
-    x = (torch.randn(3, 768, generator=seeded(95)) * 0.5).to(torch.bfloat16)
-    hh = (torch.randn(6, 256, generator=seeded(96)) * 0.5).to(torch.bfloat16)
-    hs_in = (torch.randn(3, 512, generator=seeded(97)) * 0.5).to(torch.bfloat16)
-    outs = {}
-    for used in (False, True):
-        h, hs = torch.full((6, 40), float("nan")), torch.full((3, 80), float("nan"))
-        y, ys = torch.full((6, 136), float("nan")), torch.full((3, 136), float("nan"))
-        suffix = "_used_kernel" if used else "_first_kernel"
-        spies = [LaunchSpy(getattr(mm, f"_moe_{part}_mma_wide_shared{suffix}")) for part in ("gate_up", "down")]
-        with pytest.MonkeyPatch.context() as mp:
-            for part, spy in zip(("gate_up", "down"), spies, strict=True):
-                mp.setattr(mm, f"_moe_{part}_mma_wide_shared{suffix}", spy)
-            mm.launch_moe_gate_up(
-                x, ids, w13, h, 2, 2, vec=True, l2_ahead=l2, wide=True, shared=(gate_up, hs), perm=True, first=True,
-                used=used,
-            )  # fmt: skip
-            mm.launch_moe_down(
-                nm.perm_columns(hh), ids, w2, y, num_warps=2, vec=True, l2=2, wide=True,
-                shared=(down, nm.perm_columns(hs_in), ys), perm=True, first=True, used=used,
-            )  # fmt: skip
-        # programs a tile: the shared expert's (2 parts x 1 group of 8 tokens; 1 for the down), then the experts'
-        assert [g[1] for spy in spies for g in spy.grids] == ([2 + 6, 1 + 6] if used else [2 + 12, 1 + 12])
-        outs[used] = (h, hs, y, ys)
-    for want, got in zip(outs[False], outs[True], strict=True):
-        assert not torch.isnan(want).any() and torch.equal(got, want)
-    with pytest.raises(ValueError, match="used come with the shared"):
-        mm.launch_moe_gate_up(x, ids, w13, h, 2, 2, vec=True, wide=True, used=True)
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-def test_fused_moe_passes_l2_all_to_the_wide_gate_up(
-    emulated_ptx: None, l2_requests: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """MoEConfig.mma_l2_all through `fused_moe`, in the H200's config for 9+ tokens (the wide MMA launches with the
-    shared expert's programs first, h in the MMA's order): the gate_up gets `L2_ALL`, asks L2 for lines of the
-    experts' and the shared expert's codes, and the output has the same bits as with mma_l2_ahead 2, also with
-    programs only for the experts in use (mma_used_experts) (the interpreter's
-    BF16 epilogues are not faithful, so closeness to `moe_ref` is the GPU test's). H 256, I 256, a shared expert of
-    512, 10 tokens top-3 of 5 experts."""
-    import dataclasses
-
-    from flint_kernels import moe_triton as mt
-
-    w13, w2 = random_experts(5, 256, 256, seed=81), random_experts(5, 128, 256, seed=82)  # [5, 512, 256], [5, 256, 256]
-    shared = (random_nvfp4(1024, 256, seeded(83), (512, 512)), random_nvfp4(256, 512, seeded(84), (256,)))
-    ids = _routing()
-    tw = torch.rand(10, 3, generator=seeded(85))
-    tw = tw / tw.sum(-1, keepdim=True)
-    x = (torch.randn(10, 256, generator=seeded(86)) * 0.5).to(torch.bfloat16)
-    cfg = mt.MoEConfig(
-        1, 16, 256, 32, 256, False, 2, 1, expert_major=True, mma=True, mma_prefetch=True, mma_down=True,
-        mma_vec=True, mma_l2_ahead=2, mma_down_l2=2, mma_wide=True, mma_down_wide=True, mma_shared=True,
-        mma_perm_h=True, mma_shared_first=True,
-    )  # fmt: skip
-    # `_fits` declines the interpreter (it runs no PTX); `emulated_ptx` stands in for it here
-    monkeypatch.setattr(mm, "_fits", lambda a, w: a.dim() == 2 and nm._weight_fits(w, a.shape[1]))
-    assert mt._mma_shared(cfg, x, w13, w2, shared)
-    want = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg, shared=shared)
-    l2_requests.clear()
-    calls = []
-    real = mm.launch_moe_gate_up
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mm, "launch_moe_gate_up", lambda *a, **k: calls.append(a[8]) or real(*a, **k))
-        got = mt.fused_moe(
-            x, tw, ids, w13, w2, decode_max_tokens=64, config=dataclasses.replace(cfg, mma_l2_all=True), shared=shared
-        )
-    assert calls == [mm.L2_ALL]
-    assert not torch.isnan(want).any() and torch.equal(got, want)
-    # and with programs only for the experts in use (mma_used_experts): the same bits again
-    in_use = mt.fused_moe(
-        x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
-        config=dataclasses.replace(cfg, mma_l2_all=True, mma_used_experts=True),
-    )  # fmt: skip
-    assert torch.equal(in_use, want)
-    addr = np.array(l2_requests, dtype=np.int64)
-    for q in (w13.qweight, shared[0].qweight):  # every expert with pairs, and the shared expert, asked for
-        assert ((addr >= q.data_ptr()) & (addr < q.data_ptr() + q.numel())).any()
 
 
 def test_the_shared_expert_launches_refuse_wrong_shapes() -> None:
@@ -398,7 +296,7 @@ def test_moe_gate_up_wide_kernel(emulated_ptx: None, l2_requests: list[int], l2_
     """`_moe_gate_up_mma_wide_kernel` (MoEConfig.mma_wide): 16 columns a warp, two tiles sharing x's loads. The same
     h as the VEC kernel, bit for bit (each tile's MMAs run in the same order), with I = 40 in programs of 32 columns
     (the second program's tile two and warp two past I); its L2 requests only for later steps of the warp's own rows
-    (K of 6 steps); wide with the warps splitting K refused."""
+    (K of 6 steps); wide with the warps splitting K, or a negative l2_ahead, refused."""
     w13, ids, x, got, spy = _gate_up_twin(
         "_moe_gate_up_mma_wide_kernel", l2_requests, 31, prefetch=prefetch, l2_ahead=l2_ahead, wide=True
     )  # fmt: skip
@@ -410,34 +308,6 @@ def test_moe_gate_up_wide_kernel(emulated_ptx: None, l2_requests: list[int], l2_
         assert not l2_requests
     with pytest.raises(ValueError, match="wide and warp_k"):
         mm.launch_moe_gate_up(x, ids, w13, got, 3, 4, vec=True, warp_k=2, wide=True)
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_moe_gate_up_wide_asking_l2_for_all_its_lines(
-    emulated_ptx: None, l2_requests: list[int], prefetch: bool
-) -> None:
-    """`l2_ahead=L2_ALL` (MoEConfig.mma_l2_all) on the wide gate_up: the same h as the VEC kernel, bit for bit,
-    and its L2 requests are every code line of every gate and up row of each expert with pairs, none of expert 4's
-    (it has none), plus scale lines of those experts only; the other kernels refuse it. I = 40 (rows 0-79), K of 6
-    steps: 3 code lines a row."""
-    w13, ids, x, got, _ = _gate_up_twin(
-        "_moe_gate_up_mma_wide_kernel", l2_requests, 33, prefetch=prefetch, l2_ahead=mm.L2_ALL, wide=True
-    )  # fmt: skip
-    _assert_h_exact(got, x, ids.reshape(10, 3), w13)
-    q, sc = w13.qweight, w13.scales
-    addr = np.array(l2_requests, dtype=np.int64)
-    codes = (addr >= q.data_ptr()) & (addr < q.data_ptr() + q.numel())
-    scales = (addr >= sc.data_ptr()) & (addr < sc.data_ptr() + sc.numel())
-    assert (codes | scales).all() and scales.any()
-    off = addr[codes] - q.data_ptr()
-    expert, row, line = off // q.stride(0), (off % q.stride(0)) // q.stride(1), (off % q.stride(1)) // 128
-    asked = set(zip(expert.tolist(), row.tolist(), line.tolist(), strict=True))
-    assert asked == {(e, r, ln) for e in range(4) for r in range(80) for ln in range(3)}
-    scale_rows = (addr[scales] - sc.data_ptr()) // sc.stride(1)  # the scale rows asked for, across experts
-    assert set((scale_rows // sc.shape[1]).tolist()) == {0, 1, 2, 3}
-    with pytest.raises(ValueError, match="wide gate_up"):
-        mm.launch_moe_gate_up(x, ids, w13, got, 3, 2, vec=True, l2_ahead=mm.L2_ALL)
     with pytest.raises(ValueError, match="even number"):
         mm.launch_moe_gate_up(x, ids, w13, got, 3, 2, vec=True, l2_ahead=-2, wide=True)
 
@@ -729,9 +599,7 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
     """MoEConfig.mma_shared at Flint's shapes (256 experts of I 512 top-6, a shared expert of 1024, H 2048): two MoE
     launches and the slot reduce, no launch of the shared expert's own; the output within BF16 rounding of the
     shared expert run apart (its FP32 sums in another order) and near `moe_ref`; with perm (MoEConfig.mma_perm_h) the
-    same bits as without, and with the shared expert's programs first (MoEConfig.mma_shared_first) too, with the
-    gate_up asking L2 for all its lines at once (mma_l2_all), and with programs only for the experts in use
-    (mma_used_experts)."""
+    same bits as without, and with the shared expert's programs first (MoEConfig.mma_shared_first) too."""
     import dataclasses
 
     from flint_kernels import activation_triton, gemv_triton
@@ -758,7 +626,7 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
         cfg, expert_major=True, mma=True, mma_down=True, mma_vec=True, mma_wide=True, mma_down_wide=True,
         mma_l2_ahead=2, mma_down_l2=2, use_dot=False, mma_ready=ready,
         # the table sets these from 9 tokens (or may): pinned here
-        mma_shared=False, mma_perm_h=False, mma_shared_first=False, mma_l2_all=False, mma_used_experts=False,
+        mma_shared=False, mma_perm_h=False, mma_shared_first=False,
     )  # fmt: skip
     shared = (gate_up, down)
     assert mt._mma_shared(dataclasses.replace(cfg, mma_shared=True), x, w13, w2, shared)
@@ -769,11 +637,9 @@ def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bo
         folded = mt.fused_moe(
             x, tw, ids, w13, w2, decode_max_tokens=64, config=dataclasses.replace(cfg, mma_shared=True), shared=shared
         )
-    if perm:  # the same bits with h in the MMA's order (mma_perm_h), then each with it: the shared expert's programs
-        # first in the grids (mma_shared_first), with the gate_up asking L2 for all of its tiles' lines at once
-        # (mma_l2_all, hints only) or programs only for the experts in use (mma_used_experts)
-        first = {"mma_perm_h": True, "mma_shared_first": True}
-        for extra in ({"mma_perm_h": True}, first, {**first, "mma_l2_all": True}, {**first, "mma_used_experts": True}):
+    if perm:  # the same bits with h in the MMA's order (mma_perm_h), then with it the shared expert's programs first
+        # in the grids (mma_shared_first)
+        for extra in ({"mma_perm_h": True}, {"mma_perm_h": True, "mma_shared_first": True}):
             got = mt.fused_moe(
                 x, tw, ids, w13, w2, decode_max_tokens=64, shared=shared,
                 config=dataclasses.replace(cfg, mma_shared=True, **extra),
