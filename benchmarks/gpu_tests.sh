@@ -4,11 +4,11 @@
 # its end) and, for the tests that failed, a second run of just those on one worker (gpu_tests_rerun.txt): a failure
 # that passes alone is a neighbour's memory, not the kernel. Run: bash benchmarks/gpu_tests.sh (device `run`, carry
 # [".whl"]). LIMIT (s, default 470) bounds the first run, WORKERS (default 12 of the machine's 16 cores: the time is
-# mostly Triton compiling each test's variants) its parallelism. On an 80 GB H100 twelve workers left 11 lm_head-sized
-# tests out of memory, which passed in the rerun, and the first run needed more than 420 s (fortieth session): fewer
-# workers would not fit a call; the rerun sorts memory from kernels. Only the files that hold GPU tests are collected: the
-# others import what the device's image lacks (Ray, openai, FastAPI), and their collection errors (10 in the
-# thirty-ninth session's run, beside 573 passed) would hide a GPU file's own.
+# mostly Triton compiling each test's variants) its parallelism. On an 80 GB H100 twelve workers left 11
+# lm_head-sized tests out of memory, which passed in the rerun, and the first run needed more than 420 s (fortieth
+# session): fewer workers would not fit a call; the rerun sorts memory from kernels. Only the files that hold GPU
+# tests are collected: the others import what the device's image lacks (Ray, openai, FastAPI), and their collection
+# errors (10 in the thirty-ninth session's run, beside 573 passed) would hide a GPU file's own.
 set -u
 . benchmarks/gpu_env.sh
 mapfile -t files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
