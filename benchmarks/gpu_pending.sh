@@ -635,6 +635,36 @@ if [ "${WIDE_SPLIT:-0}" = 1 ]; then
     ab_rounds "$OUT/decode_wide_split_ab.txt"
     cp $V/split4.json $V/split2.json "$OUT/"
 fi
+# TOKEN_SLOTS=1 (built in the forty-first session without a GPU): the decode MoE's down at 1-2 tokens in a program
+# a (output tile, token) that loads all of the token's experts' rows (and the shared expert's) before the PDL wait
+# and adds the slots in registers (`kernels/moe_down_slots_triton.py`, MoEConfig.dn_token_slots), instead of a
+# program a (tile, pair) whose last arrival on a counter adds them: at batch 1 the down took 9.1 us (NVFP4) and 11.4
+# (BF16) a layer for ~1 us of weights. Its GPU tests (Flint's shapes at the tiles tried, against the reference and
+# the per-pair launch), then the whole step at b1 and b2 with it on the 1-2-token entries in 2 and in 1 columns a
+# program (4 warps: sm_90 compiles give 96 / 64 registers for NVFP4, 111 / 77 for BF16, no spills; the per-pair
+# kernel 52 and 103; each thread then decodes 4 / 2 NVFP4 groups, the per-pair kernel 2). ~6 minutes. A win: set it
+# in the table, RECORD=1 (a new kernel for the manifest).
+if [ "${TOKEN_SLOTS:-0}" = 1 ]; then
+    gpu_tests "token-slots down GPU tests" token_slots_tests 150 -n 8 tests/test_kernels_moe.py -k token_slots
+    V=/tmp/variants; mkdir -p $V
+    for variant in "a 2 2" "b 1 1"; do  # name, NVFP4 columns a program, BF16 columns
+        read -r name nv bf <<< "$variant"
+        python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_max": 1}' \
+            --set dn_token_slots=true "dn_block_n=$nv" --out "$V/ts_$name.1" > /dev/null
+        python3 benchmarks/tuning_variant.py --table "$V/ts_$name.1" --op moe.decode \
+            --when '{"nvfp4": true, "tokens_min": 2, "tokens_max": 2}' --set dn_token_slots=true "dn_block_n=$nv" \
+            --out "$V/ts_$name.2" > /dev/null
+        python3 benchmarks/tuning_variant.py --table "$V/ts_$name.2" --op moe.decode \
+            --when '{"nvfp4": false, "tokens_max": 2}' --set dn_token_slots=true "dn_block_n=$bf" \
+            --out "$V/ts_$name.json" > /dev/null
+    done
+    timeout 380 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 2 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/ts_a.json $V/ts_b.json \
+        --out "$OUT/decode_token_slots_ab.json" > "$OUT/decode_token_slots_ab.txt" 2>&1
+    echo "== whole step: table vs the down's slots in one program, 2 columns a program / 1"
+    ab_rounds "$OUT/decode_token_slots_ab.txt"
+    cp $V/ts_a.json $V/ts_b.json "$OUT/"
+fi
 # O_SPLIT=1 (after WIDE_SPLIT, fortieth session): WIDE_SPLIT's kernels alone on an H100 had the o projection
 # (K 4096) at 16-32 rows in 8 K splits at 9.2-10.1 us against the table's 12.5-13.6, and qkv at 16 rows in 4 at 11.0
 # against 13.2 (nvfp4_mma_h100_wide_split_s40.json), while 2 and 4 splits on every 17-32-row shape lost in the whole

@@ -132,6 +132,12 @@ class MoEConfig:
     # profile): the down's shared programs take K_S = 2K and ran as the launch's last. On the H200 (thirty-sixth
     # session) b9 5.823 -> 5.678 ms, b16 7.160 -> 7.022, b32 8.845 -> 8.751, b64 13.225 -> 12.990; the same bits.
     mma_shared_first: bool = False
+    # On the FMA decode path (not use_dot, block_m 1, no fused add+RMSNorm): the down launch runs a program per
+    # (output tile, token) that reads all of the token's experts' rows (and the folded shared expert's) before the
+    # PDL wait and adds the slots in registers in slot order (`moe_down_slots_triton`), instead of a program per
+    # (tile, pair) meeting on a counter whose last arrival adds them. Built for batch 1-2 (forty-first session),
+    # where the down took 9.1 (NVFP4) and 11.4 us (BF16) a layer for ~1 us of weights.
+    dn_token_slots: bool = False
 
 
 @dataclass(frozen=True)

@@ -438,19 +438,20 @@ def nvfp4_group_dot(groups, scale, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b
 @triton.jit
 def nvfp4_word_dot(word, x0, x1, x2, x3, x4, x5, x6, x7):
     """Sum over a word's eight values of code * x (times 2**-63, before the block scale), word [BLOCK_N, G] int32
-    and x planes [G]: one FFMA chain, the products exact, only the running sum rounds."""
+    and x planes [G] (one x row for every weight row) or [BLOCK_N, G] (a row each): one FFMA chain, the products
+    exact, only the running sum rounds."""
     v0, v4 = e2m1_pair_bits(word, 0)
     v1, v5 = e2m1_pair_bits(word, 1)
     v2, v6 = e2m1_pair_bits(word, 2)
     v3, v7 = e2m1_pair_bits(word, 3)
-    part = v0 * x0[None, :]
-    part = part + v4 * x4[None, :]
-    part = part + v1 * x1[None, :]
-    part = part + v5 * x5[None, :]
-    part = part + v2 * x2[None, :]
-    part = part + v6 * x6[None, :]
-    part = part + v3 * x3[None, :]
-    part = part + v7 * x7[None, :]
+    part = v0 * x0
+    part = part + v4 * x4
+    part = part + v1 * x1
+    part = part + v5 * x5
+    part = part + v2 * x2
+    part = part + v6 * x6
+    part = part + v3 * x3
+    part = part + v7 * x7
     return part
 
 

@@ -44,7 +44,15 @@ import torch
 import triton
 import triton.language as tl
 
-from . import activation_triton, gemv_triton, moe_grouped_gemm, moe_grouped_tma_triton, rmsnorm_triton, tuning
+from . import (
+    activation_triton,
+    gemv_triton,
+    moe_down_slots_triton,
+    moe_grouped_gemm,
+    moe_grouped_tma_triton,
+    rmsnorm_triton,
+    tuning,
+)
 from .configs import MoEConfig, MoEPaths
 from .gemv_triton import (
     _INTERPRET,
@@ -873,6 +881,18 @@ def _mma_shared(cfg: MoEConfig, x: torch.Tensor, w13: Weight, w2: Weight, shared
     return nvfp4_mma_moe_triton.shared_fits(x, w13, w2, *shared)
 
 
+def _token_slots(
+    cfg: MoEConfig, stacked: bool, value_bytes: float, hidden: int, topk: int, inter: int, shared_inter: int
+) -> bool:
+    """Whether the decode down runs a program a (tile, token) with the slots added in registers
+    (MoEConfig.dn_token_slots, `moe_down_slots_triton`): FMA tiles of one row, each expert's rows (codes and scales)
+    right after the previous expert's (`stacked`), weights of `value_bytes` each within its register bounds."""
+    if not cfg.dn_token_slots or cfg.use_dot or cfg.block_m != 1:
+        return False
+    n, warps = cfg.dn_block_n, cfg.num_warps
+    return moe_down_slots_triton.fits(topk, hidden, inter, shared_inter, n, warps, stacked, value_bytes)
+
+
 def _unsorted_grouped(cfg: MoEConfig, shared: SharedExpert | None) -> bool:
     """Whether decode-sized batches take the grouped launches with blocks found in the unsorted ids: tiles on
     tensor cores marked expert-major; a folded shared expert needs the slots summed in the down launch."""
@@ -1004,6 +1024,14 @@ def _routed(
         )  # fmt: skip
         return _reduce_slots_launch(y, tw, out, add if ys is None else ys)
     if decode:
+        stacked = we2 == hidden * wn2 and (not nv2 or se2 == hidden * sn2)
+        value_bytes = moe_down_slots_triton.NVFP4_VALUE_BYTES if nv2 else q2.element_size()
+        if norm is None and _token_slots(cfg, stacked, value_bytes, hidden, topk, inter, shared_inter):
+            down_args = (q2, s2, g2, we2, wn2, se2, sn2, ge2, seg2, nv2, gsc2)
+            moe_down_slots_triton.launch(
+                h, ids, tw, down_args, sh2, max(parts, 1), shared_inter, out, cfg.dn_block_n, cfg.num_warps
+            )  # fmt: skip
+            return out if add is None else out + add
         n_shared_tokens = 0 if shared is None else t
         nslots = topk + (shared is not None)
         ws = _empty((t * dn_tiles * nslots * cfg.dn_block_n * cfg.block_m,), torch.float32, x.device)

@@ -288,6 +288,69 @@ def test_decode_folds_shared_expert_nvfp4_fp32(t: int) -> None:
     assert rel_err(out, ref) < 1e-5
 
 
+# The down launch of a program a (output tile, token), the slots added in registers (MoEConfig.dn_token_slots).
+TOKEN_SLOTS = dataclasses.replace(DECODE_FMA, dn_block_n=16, dn_token_slots=True)
+
+
+@pytest.mark.parametrize(
+    "fmt,t,k,i,with_shared",
+    [("dense", 1, 3, 48, True), ("dense", 2, 6, 64, False), ("nvfp4", 1, 6, 32, True), ("nvfp4", 3, 5, 48, False)],
+)
+def test_decode_down_adds_a_tokens_slots_in_one_program(fmt: str, t: int, k: int, i: int, with_shared: bool) -> None:
+    """The reference's output with neither the per-pair down launch nor its counters; K (I = 48) not a power of two,
+    top-k 3, 5 and 6 (padded to 4 and 8 slots), H (80) not a multiple of the 16-column tile, the shared expert folded
+    in or not; the per-pair launch's output to FP32 rounding, and the same bits on every run."""
+    g = gen(230 + t + k)
+    e, h = 8, 80 if fmt == "dense" else 128
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    if fmt == "dense":
+        w13, w2 = dense_experts(e, h, i, torch.float32, g)
+        shared = dense_shared(h, 2 * i, torch.float32, g) if with_shared else None
+    else:
+        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+        shared = nvfp4_shared(h, 2 * i, g) if with_shared else None
+    kw = {"decode_max_tokens": 64, "shared": shared, "fold_max_tokens": 64}
+    per_pair = mt.fused_moe(x, tw, ids, w13, w2, config=DECODE_FMA, **kw)
+    spy = LaunchSpy(mt._moe_down_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mt, "_moe_down_kernel", spy)
+        runs = [mt.fused_moe(x, tw, ids, w13, w2, config=TOKEN_SLOTS, **kw) for _ in "ab"]
+    assert spy.launches == 0
+    assert rel_err(runs[0], moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
+    assert rel_err(runs[0], per_pair) < 1e-6
+    assert torch.equal(runs[0], runs[1])
+    assert not split_k_triton.counters(DEVICE).any()
+
+
+def test_decode_down_token_slots_keep_the_per_pair_launch_where_they_do_not_fit() -> None:
+    """Tiles past the register bound (Flint's down at 16 columns a program: 8 slots x 16 x 512 and the shared
+    16 x 1024 values over 128 threads), experts whose rows are not stacked, tensor-core tiles, or the option off:
+    the per-pair launch runs."""
+    flint = (2048, 6, 512, 1024)
+    four = dataclasses.replace(TOKEN_SLOTS, dn_block_n=4)
+    assert mt._token_slots(four, True, 2, *flint)  # 320 bytes a thread, BF16 or NVFP4
+    assert not mt._token_slots(TOKEN_SLOTS, True, 2, *flint)
+    assert mt._token_slots(dataclasses.replace(TOKEN_SLOTS, num_warps=16), True, 2, *flint)
+    assert not mt._token_slots(four, False, 2, *flint)
+    assert not mt._token_slots(dataclasses.replace(four, use_dot=True), True, 2, *flint)
+    assert not mt._token_slots(dataclasses.replace(four, dn_token_slots=False), True, 2, *flint)
+    g = gen(240)
+    t, e, h, i, k = 1, 8, 64, 32, 3
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    w13, w2 = dense_experts(e, h, i, torch.float32, g)
+    padded = torch.zeros(e, h + 1, i, device=DEVICE)
+    padded[:, :h] = w2
+    w2 = padded[:, :h]  # the same values, a spare row between experts: not stacked
+    spy = LaunchSpy(mt._moe_down_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mt, "_moe_down_kernel", spy)
+        out = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=TOKEN_SLOTS)
+    assert spy.launches == 1
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2)) < 1e-5
+
+
 @pytest.mark.parametrize("case", ["width", "storage", "grouped", "tokens"])
 def test_shared_expert_not_folded_runs_apart(case: str) -> None:
     """A shared width that is not a multiple of I, mixed storage, the grouped path, or more tokens than the fold
@@ -594,6 +657,29 @@ def test_gpu_shared_expert_flint_shapes(t: int, fmt: str) -> None:
     assert rel_err(mt.moe(x, tw, ids, w13, w2, shared), ref) < 1e-2
     for dmt in (0, 64):
         assert rel_err(mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=dmt, shared=shared), ref) < 1e-2
+    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("t", [1, 2])
+@pytest.mark.parametrize("fmt,block_n", [("bf16", 1), ("bf16", 2), ("nvfp4", 1), ("nvfp4", 2)])
+def test_gpu_down_token_slots_flint_shapes(t: int, fmt: str, block_n: int) -> None:
+    """Flint's experts with the folded shared expert, BF16 tokens, the down of a program a (tile, token) at the
+    tiles its A/B tries: the reference's output, and the per-pair launch's up to a few roundings (the K sums'
+    order follows each tile's layout), without the per-pair launch."""
+    g = gen(760 + t)
+    x, tw, ids, w13, w2, shared = flint_moe_inputs(t, fmt, g)
+    base = mt.decode_config(fmt == "nvfp4", t, x.device)
+    want = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=base, shared=shared)
+    spy = LaunchSpy(mt._moe_down_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mt, "_moe_down_kernel", spy)
+        cfg = dataclasses.replace(base, dn_token_slots=True, dn_block_n=block_n)
+        got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg, shared=shared)
+    assert spy.launches == 0
+    assert rel_err(got, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-2
+    assert rel_err(got, want) < 5e-3
     assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 

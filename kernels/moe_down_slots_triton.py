@@ -1,0 +1,138 @@
+"""The decode MoE's down launch with each token's slots summed inside one program (`MoEConfig.dn_token_slots`).
+
+`moe_triton`'s decode down runs a program per (output tile, pair): each stores its weighted FP32 product to a
+workspace and arrives on the (token, tile) counter, and the last arrival adds the TOPK slots (and the folded shared
+expert) in slot order. At a token or two that tail (a store, a barrier, an acq_rel atomic, then TOPK loads by the
+last program) sits on the critical path of a launch whose weights take ~1 us to read. Here a program owns one token's
+output tile: the weight rows of all its experts (and of the shared expert) are loaded before the PDL wait, then h,
+and the slots are added in registers in slot order. The same sums in the same order as `_moe_reduce_kernel`'s;
+the reference is `moe.moe_ref`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemv_triton import dense_fma_part, fma_weights, nvfp4_gemv_step
+from .nvfp4_decode_triton import segment_scale
+from .pdl import launch_options, pdl_entry
+
+# A thread's share of a program's weight tiles (the experts' rows times their padded K, and the shared expert's),
+# in bytes a weight value: sm_90 compiles (Triton 3.9, forty-first session) put BF16 at 4 columns a program in 4
+# warps (320 bytes a thread) at 168 registers and NVFP4 at 193 (its decode holds x in FP32 planes a group, about
+# as many registers as BF16's values), both without spills, and NVFP4 at 8 columns (640) past 255 with spills.
+# Larger tiles keep the per-pair launch.
+MAX_THREAD_BYTES = 320
+NVFP4_VALUE_BYTES = 2
+
+
+@triton.jit
+def _slot_dots(wa, wb, h_ptr, h_off, k_len, NVFP4: tl.constexpr, EVEN_K: tl.constexpr, S_PAD: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """FP32 [S_PAD, BLOCK_N]: each slot's BLOCK_N weight rows (`fma_weights`' tiles of S_PAD * BLOCK_N rows,
+    slot-major) against that slot's h row at h_off [S_PAD], K in one step. h is held once a slot (broadcast over its
+    rows), not once a row."""
+    if NVFP4:
+        G: tl.constexpr = BLOCK_K // 16
+        groups = tl.reshape(wa, (S_PAD, BLOCK_N, G))
+        scale = tl.reshape(wb, (S_PAD, BLOCK_N, G))
+        part = nvfp4_gemv_step(groups, scale, h_ptr, h_off[:, None, None], 0, k_len, EVEN_K, BLOCK_N, BLOCK_K)
+        return tl.sum(part, axis=2) * 4.611686018427388e18  # 2**62 undoes the decode's offset (exact)
+    else:
+        kk = tl.arange(0, BLOCK_K)
+        xr = tl.load(h_ptr + h_off[:, None, None] + kk[None, None, :], mask=(kk < k_len)[None, None, :], other=0.0)
+        return tl.sum(dense_fma_part(tl.reshape(wa, (S_PAD, BLOCK_N, BLOCK_K)), xr), axis=2)
+
+
+@triton.jit(do_not_specialize=["n_tokens"])
+def _moe_down_slots_kernel(
+    h_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, H, INTER, n_tokens, stride_h, stride_wn, stride_sn,
+    stride_gse, stride_out, seg1, seg2, seg3, sw_ptr, ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2, sseg3,
+    shared_parts, shared_inter,
+    NVFP4: tl.constexpr, GSCALE: tl.constexpr, SHARED: tl.constexpr, TOPK: tl.constexpr, S_PAD: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_KS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_KS: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """out[t, tile] = round(sum over slots s in order of FP32(y_s) * w_s) with y_s = round(h[pair] @ w2[e_s]^T);
+    SHARED: then round(that + the shared expert's rounded output), as `_moe_down_kernel`'s last arrival. A
+    program's rows are (slot, column) pairs, slot-major; the experts' weights are one [E * H, INTER] stack, so a
+    row of expert e is row e * H + column (the launcher checks the strides)."""
+    pid_n = tl.program_id(0)
+    t = tl.program_id(1).to(tl.int64)
+    ROWS: tl.constexpr = S_PAD * BLOCK_N
+    r = tl.arange(0, ROWS)
+    slot = r // BLOCK_N
+    col = pid_n * BLOCK_N + r % BLOCK_N
+    ok = (slot < TOPK) & (col < H)
+    pair = t * TOPK + tl.minimum(slot, TOPK - 1)
+    # The router's ids and weights: written two launches back, so read before the wait (`pdl` module).
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    weight = tl.load(tw_ptr + pair).to(tl.float32)
+    wa, wb = fma_weights(w_ptr, s_ptr, e * H + col, ok, 0, INTER, stride_wn, stride_sn, NVFP4, EVEN_K, ROWS, BLOCK_K)
+    if GSCALE:
+        gs = segment_scale(gs_ptr + e * stride_gse, col, ok, seg1, seg2, seg3)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols_ok = cols < H
+    if SHARED:
+        sa, sb = fma_weights(
+            sw_ptr, ss_ptr, cols.to(tl.int64), cols_ok, 0, shared_inter, stride_swn, stride_ssn, NVFP4, EVEN_KS,
+            BLOCK_N, BLOCK_KS,
+        )  # fmt: skip
+        if GSCALE:
+            sgs = segment_scale(sgs_ptr, cols, cols_ok, sseg1, sseg2, sseg3)
+    pdl_entry(PDL)  # h is the gate_up's, the previous kernel's
+    xdt = h_ptr.dtype.element_ty
+    # h: the shared expert's rows (shared_parts a token) first, then a row a pair (`moe_triton._routed`).
+    first = n_tokens * shared_parts if SHARED else 0
+    s_idx = tl.arange(0, S_PAD)
+    h_off = (t * TOPK + tl.minimum(s_idx, TOPK - 1) + first) * stride_h
+    acc = _slot_dots(wa, wb, h_ptr, h_off, INTER, NVFP4, EVEN_K, S_PAD, BLOCK_N, BLOCK_K)
+    if GSCALE:
+        acc = acc * tl.reshape(gs, (S_PAD, BLOCK_N))
+    y = acc.to(xdt).to(tl.float32) * tl.reshape(weight, (S_PAD, BLOCK_N))
+    slots = s_idx[:, None]
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for s in tl.static_range(TOPK):  # slot order, as the reduce launch; picking one slot's row adds only zeros
+        total += tl.sum(tl.where(slots == s, y, 0.0), axis=0)
+    res = total.to(xdt)
+    if SHARED:
+        h_s = t * shared_parts * stride_h + tl.zeros((1,), dtype=tl.int64)
+        ys = tl.reshape(_slot_dots(sa, sb, h_ptr, h_s, shared_inter, NVFP4, EVEN_KS, 1, BLOCK_N, BLOCK_KS), (BLOCK_N,))
+        if GSCALE:
+            ys = ys * sgs
+        res = (res.to(tl.float32) + ys.to(xdt).to(tl.float32)).to(xdt)
+    tl.store(out_ptr + t * stride_out + cols, res, mask=cols_ok)
+
+
+def fits(
+    topk: int, hidden: int, inter: int, shared_inter: int, block_n: int, num_warps: int, stacked: bool,
+    value_bytes: float,
+) -> bool:  # fmt: skip
+    """Whether this launch covers the shapes with BLOCK_N columns a program: `stacked` (each expert's rows follow
+    the previous expert's in memory, codes and scales) and a thread's tiles within MAX_THREAD_BYTES."""
+    values = triton.next_power_of_2(topk) * block_n * triton.next_power_of_2(inter)
+    if shared_inter:
+        values += block_n * triton.next_power_of_2(shared_inter)
+    return stacked and hidden > 0 and values * value_bytes <= MAX_THREAD_BYTES * 32 * num_warps
+
+
+def launch(
+    h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, weight_args: tuple, shared_args: tuple, shared_parts: int,
+    shared_inter: int, out: torch.Tensor, block_n: int, num_warps: int,
+) -> None:  # fmt: skip
+    """out [T, H] from h (the shared expert's rows, then a row a pair) and ids / tw [T, TOPK]; `weight_args` and
+    `shared_args` as `moe_triton._weight_args` / `_shared_args` (or `_no_shared`) give them."""
+    q, s, g, _, wn, _, sn, ge, seg, nv, gsc = weight_args
+    t, topk = ids.shape
+    hidden, inter = out.shape[1], h.shape[1]
+    block_ks = triton.next_power_of_2(max(shared_inter, 1))
+    _moe_down_slots_kernel[(triton.cdiv(hidden, block_n), t)](
+        h, ids, tw, q, s, g, out, hidden, inter, t, h.stride(0), wn, sn, ge, out.stride(0), *seg, *shared_args,
+        shared_parts, shared_inter,
+        NVFP4=nv, GSCALE=gsc, SHARED=shared_inter > 0, TOPK=topk, S_PAD=triton.next_power_of_2(topk),
+        EVEN_K=triton.next_power_of_2(inter) == inter, EVEN_KS=block_ks == shared_inter, BLOCK_N=block_n,
+        BLOCK_K=triton.next_power_of_2(inter), BLOCK_KS=block_ks, num_warps=num_warps, num_stages=1,
+        **launch_options(out.device),
+    )  # fmt: skip
