@@ -91,6 +91,9 @@ def test_a_dry_run_reaches_every_variant(
         assert len(twins["gate_up_us"]) == 2 * len(bench.NV_GATE_UP_TILES)  # byte planes and packed pairs
         assert len(twins["whole"]) == 4 and all(w["equal_to_copies"] is not None for w in twins["whole"].values())
         assert sum(w["config"]["packed_decode"] for w in twins["whole"].values()) == 2
+        # `--twins-only` on one tile of each block size (the sweep above ran them all): its four wholes.
+        monkeypatch.setattr(bench, "NV_GATE_UP_TILES", [bench.NV_GATE_UP_TILES[0], bench.NV_GATE_UP_TILES[4]])
+        monkeypatch.setattr(bench, "NV_DOWN_TILES", [bench.NV_DOWN_TILES[0], bench.NV_DOWN_TILES[3]])
         only = bench.run(t, fmt, stacks, g, twins_only=True)
         assert "gate_up_us" not in only and len(only["nvfp4_in_launches"]["whole"]) == 4
     assert calls
