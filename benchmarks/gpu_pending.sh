@@ -3,8 +3,10 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the fortieth session, 2026-12-05, which had four calls on an H100 and judged
-# MOE_NEXT, REPLACE_CODES and WIDE_SPLIT there; docs/performance.md's fortieth-session section):
+# Next, in this order (state after the forty-first session, 2026-12-05, whose device calls mostly found no machine;
+# the fortieth had four calls on an H100 and judged MOE_NEXT, REPLACE_CODES and WIDE_SPLIT there;
+# docs/performance.md's sections of both):
+#   TOKEN_SLOTS=1 the decode MoE down at 1-2 tokens with a token's slots added in one program (~7 minutes);
 #   O_SPLIT=1     the o projection in 8 K splits at 9-32 rows, and qkv in 4 at 9-16 (~3 minutes);
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
@@ -640,9 +642,9 @@ fi
 # and adds the slots in registers (`kernels/moe_down_slots_triton.py`, MoEConfig.dn_token_slots), instead of a
 # program a (tile, pair) whose last arrival on a counter adds them: at batch 1 the down took 9.1 us (NVFP4) and 11.4
 # (BF16) a layer for ~1 us of weights. Its GPU tests (Flint's shapes at the tiles tried, against the reference and
-# the per-pair launch), then the whole step at b1 and b2 with it on the 1-2-token entries in 2 and in 1 columns a
+# the per-pair launch), then the whole step at b1 (NVFP4, BF16) with it on the 1-2-token entries in 2 and in 1 columns a
 # program (4 warps: sm_90 compiles give 96 / 64 registers for NVFP4, 111 / 77 for BF16, no spills; the per-pair
-# kernel 52 and 103; each thread then decodes 4 / 2 NVFP4 groups, the per-pair kernel 2). ~6 minutes. A win: set it
+# kernel 52 and 103; each thread then decodes 4 / 2 NVFP4 groups, the per-pair kernel 2). ~7 minutes. A win: set it
 # in the table, RECORD=1 (a new kernel for the manifest).
 if [ "${TOKEN_SLOTS:-0}" = 1 ]; then
     gpu_tests "token-slots down GPU tests" token_slots_tests 150 -n 8 tests/test_kernels_moe.py -k token_slots
@@ -658,7 +660,7 @@ if [ "${TOKEN_SLOTS:-0}" = 1 ]; then
             --when '{"nvfp4": false, "tokens_max": 2}' --set dn_token_slots=true "dn_block_n=$bf" \
             --out "$V/ts_$name.json" > /dev/null
     done
-    timeout 380 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 2 --contexts 1024 --prefill 0 \
+    timeout 330 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 --contexts 1024 --prefill 0 \
         --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/ts_a.json $V/ts_b.json \
         --out "$OUT/decode_token_slots_ab.json" > "$OUT/decode_token_slots_ab.txt" 2>&1
     echo "== whole step: table vs the down's slots in one program, 2 columns a program / 1"
