@@ -184,6 +184,22 @@ def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) 
         assert waits >= 2
 
 
+@pytest.mark.parametrize("fmt,block_n", [("nvfp4", 1), ("nvfp4", 2), ("bf16", 1), ("bf16", 2)])
+def test_moe_down_token_slots_compiles_for_sm90(fmt: str, block_n: int) -> None:
+    """The down of a program a (tile, token) at Flint's shapes with the shared expert: the ids, routing weights and
+    every slot's weight rows are requested before the one PDL wait."""
+    nv = fmt == "nvfp4"
+    wdt = "u8" if nv else "bf16"
+    pointers = {"h_ptr": "bf16", "ids_ptr": "i64", "tw_ptr": "fp32", "w_ptr": wdt, "s_ptr": wdt, "gs_ptr": "fp32",
+                "out_ptr": "bf16", "sw_ptr": wdt, "ss_ptr": wdt, "sgs_ptr": "fp32"}  # fmt: skip
+    constexprs = {"NVFP4": nv, "GSCALE": nv, "SHARED": True, "TOPK": 6, "S_PAD": 8, "EVEN_K": True, "EVEN_KS": True,
+                  "BLOCK_N": block_n, "BLOCK_K": 512, "BLOCK_KS": 1024, "PDL": True}  # fmt: skip
+    kernel = "_moe_down_slots_kernel"
+    loads, waits = _compile("flint_kernels.moe_down_slots_triton", kernel, pointers, constexprs, 4, 1)
+    # ids and weights (2), each slot's code or value loads and the shared expert's: more than the 8 slots
+    assert loads > 8 and waits == 1
+
+
 def test_router_compiles_for_sm90() -> None:
     pointers = {"x_ptr": "bf16", "w_ptr": "fp32", "logits_ptr": "fp32", "cnt_ptr": "i32", "out_w_ptr": "fp32",
                 "out_ids_ptr": "i64"}  # fmt: skip
