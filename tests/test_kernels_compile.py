@@ -4,10 +4,12 @@ fails here, in CI, instead of on the GPU machine."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,28 +17,72 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+# The compiler process: it reads one request a line (a Python literal, so tuples stay tuples) and answers each on a
+# line of its own after a mark (Triton may print on stdout too).
+_MARK = "@@compiled "
+_WORKER = f"""
+import ast, json, sys, traceback
+sys.path.insert(0, {str(BENCHMARKS)!r})
+from kernel_sass import compile_sm90
+for line in sys.stdin:
+    module, kernel, pointers, constexprs, warps, stages = ast.literal_eval(line)
+    try:
+        _, ptx = compile_sm90(module, kernel, pointers, constexprs, warps, stages)
+        lines = ptx.splitlines()
+        waits = [i for i, text in enumerate(lines) if "griddepcontrol.wait" in text]
+        first = waits[0] if waits else len(lines)
+        loads = sum("ld.global" in text or "prefetch.global" in text for text in lines[:first])
+        answer = {{"loads": loads, "waits": len(waits)}}
+    except Exception:
+        answer = {{"error": traceback.format_exc()[-3000:]}}
+    print({_MARK!r} + json.dumps(answer), flush=True)
+"""
+
+
+class _Compiler:
+    """One Python process outside the interpreter (set for CPU test runs, it replaces @triton.jit functions) that
+    compiles kernels for sm_90 on request, kept for a test worker's session: importing torch and Triton again for
+    each of this file's cases took most of its time."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (the process's stderr for its life; close())
+
+    def __call__(self, request: tuple) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
+                text=True, env=env,
+            )  # fmt: skip
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(repr(request) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(_MARK):
+                return json.loads(line[len(_MARK) :])
+        self.errors.seek(0)
+        raise AssertionError(f"the compiler process exited: {self.errors.read()[-3000:]}")
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.communicate(timeout=60)  # closes its stdin: it ends its loop
+        self.errors.close()
+
+
+_compiler = _Compiler()
+atexit.register(_compiler.close)
+
+
 def _compile(
     module: str, kernel: str, pointers: dict[str, str], constexprs: dict, warps: int, stages: int
 ) -> tuple[int, int]:
-    """Compile `kernel` for sm_90 (benchmarks/kernel_sass.py's `compile_sm90`) in a fresh process: the interpreter,
-    set for CPU test runs, replaces @triton.jit functions. Returns how many global loads (and L2 prefetches) the
-    PTX issues before its first `griddepcontrol.wait`, and how many wait instructions it has (0 without PDL).
-    """
-    code = f"""
-import sys
-sys.path.insert(0, {str(BENCHMARKS)!r})
-from kernel_sass import compile_sm90
-_, ptx = compile_sm90({module!r}, {kernel!r}, {pointers!r}, {constexprs!r}, {warps}, {stages})
-lines = ptx.splitlines()
-waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
-first = waits[0] if waits else len(lines)
-print(sum("ld.global" in line or "prefetch.global" in line for line in lines[:first]), len(waits))
-"""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    loads, waits = r.stdout.split()[-2:]
-    return int(loads), int(waits)
+    """Compile `kernel` for sm_90 (benchmarks/kernel_sass.py's `compile_sm90`, in `_compiler`'s process). Returns how
+    many global loads (and L2 prefetches) the PTX issues before its first `griddepcontrol.wait`, and how many wait
+    instructions it has (0 without PDL)."""
+    answer = _compiler((module, kernel, pointers, constexprs, warps, stages))
+    assert "error" not in answer, answer.get("error")
+    return answer["loads"], answer["waits"]
 
 
 GEMV_CASES = [
