@@ -5,8 +5,8 @@ workspace and arrives on the (token, tile) counter, and the last arrival adds th
 expert) in slot order. At a token or two that tail (a store, a barrier, an acq_rel atomic, then TOPK loads by the
 last program) sits on the critical path of a launch whose weights take ~1 us to read. Here a program owns one token's
 output tile: the weight rows of all its experts (and of the shared expert) are loaded before the PDL wait, then h,
-and the slots are added in registers in slot order. The same sums in the same order as `_moe_reduce_kernel`'s;
-the reference is `moe.moe_ref`.
+and the slots are added in registers in slot order, as `_moe_reduce_kernel` adds them (only each K sum's order
+follows the tile's layout, as between any two tilings). The reference is `moe.moe_ref`.
 """
 
 from __future__ import annotations
