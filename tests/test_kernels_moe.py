@@ -288,6 +288,19 @@ def test_decode_folds_shared_expert_nvfp4_fp32(t: int) -> None:
     assert rel_err(out, ref) < 1e-5
 
 
+def moe_case(fmt: str, t: int, e: int, h: int, i: int, k: int, with_shared: bool, g: torch.Generator) -> tuple:
+    """x [t, h] FP32, routing, experts ("dense" FP32 or "nvfp4") and the 2I-wide shared expert (or None)."""
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    if fmt == "dense":
+        w13, w2 = dense_experts(e, h, i, torch.float32, g)
+        shared = dense_shared(h, 2 * i, torch.float32, g) if with_shared else None
+    else:
+        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+        shared = nvfp4_shared(h, 2 * i, g) if with_shared else None
+    return x, tw, ids, w13, w2, shared
+
+
 # The down launch of a program a (output tile, token), the slots added in registers (MoEConfig.dn_token_slots).
 TOKEN_SLOTS = dataclasses.replace(DECODE_FMA, dn_block_n=16, dn_token_slots=True)
 
@@ -300,16 +313,9 @@ def test_decode_down_adds_a_tokens_slots_in_one_program(fmt: str, t: int, k: int
     """The reference's output with neither the per-pair down launch nor its counters; K (I = 48) not a power of two,
     top-k 3, 5 and 6 (padded to 4 and 8 slots), H (80) not a multiple of the 16-column tile, the shared expert folded
     in or not; the per-pair launch's output to FP32 rounding, and the same bits on every run."""
-    g = gen(230 + t + k)
-    e, h = 8, 80 if fmt == "dense" else 128
-    x = torch.randn(t, h, generator=g, device=DEVICE)
-    tw, ids = routing(t, e, k, g)
-    if fmt == "dense":
-        w13, w2 = dense_experts(e, h, i, torch.float32, g)
-        shared = dense_shared(h, 2 * i, torch.float32, g) if with_shared else None
-    else:
-        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
-        shared = nvfp4_shared(h, 2 * i, g) if with_shared else None
+    x, tw, ids, w13, w2, shared = moe_case(
+        fmt, t, 8, 80 if fmt == "dense" else 128, i, k, with_shared, gen(230 + t + k)
+    )
     kw = {"decode_max_tokens": 64, "shared": shared, "fold_max_tokens": 64}
     per_pair = mt.fused_moe(x, tw, ids, w13, w2, config=DECODE_FMA, **kw)
     spy = LaunchSpy(mt._moe_down_kernel)
@@ -411,16 +417,8 @@ def test_moe_add_rms_norm_in_the_down_launch_fp32(fmt: str, t: int, with_shared:
     """Each token's last down tile adds the residual and normalises the row (dense H = 200 at T = 5: a ragged last
     tile of the tensor-core down tiles)."""
     g = gen(500 + t)
-    e, i, k = 6, 32, 3
     h = 200 if fmt == "dense" else 208  # NVFP4 needs K (the hidden size for gate_up) in 16-value groups
-    x = torch.randn(t, h, generator=g, device=DEVICE)
-    tw, ids = routing(t, e, k, g)
-    if fmt == "dense":
-        w13, w2 = dense_experts(e, h, i, torch.float32, g)
-        shared = dense_shared(h, 2 * i, torch.float32, g) if with_shared else None
-    else:
-        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
-        shared = nvfp4_shared(h, 2 * i, g) if with_shared else None
+    x, tw, ids, w13, w2, shared = moe_case(fmt, t, 6, h, 32, 3, with_shared, g)
     residual = torch.randn(t, h, generator=g, device=DEVICE) * 2
     norm_w = torch.rand(h, generator=g, device=DEVICE) + 0.5
     want_h, want_res = moe_add_rms_norm_ref(x, tw, ids, w13, w2, shared, residual, norm_w, 1e-6)
