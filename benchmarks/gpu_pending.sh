@@ -45,17 +45,23 @@ gpu_tests() {
 ab_rounds() {
     grep -h "A/B rounds\|Error" "$@" | sed 's/ctx 1024 A.B rounds: //; s/--ab-ops None, --ab-tuning-file //'
 }
-# step_ab FORMAT NAME VARIANT LABEL: the whole step at 9, 16, 32 and 64 sequences (1K context), the table against
-# the VARIANT table in alternating rounds, into $OUT/decode_NAME_ab.*; prints the rounds and the b32 profile's top.
-step_ab() {
-    local fmt=$1 name=$2 variant=$3 label=$4
-    timeout 300 python3 benchmarks/decode.py --formats "$fmt" --batches 9 16 32 64 --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 32 --ab-tuning-file "$variant" \
-        --out "$OUT/decode_${name}_ab.json" > "$OUT/decode_${name}_ab.txt" 2>&1
-    echo "== whole $fmt step: table vs $label"
+# decode_ab NAME LIMIT LABEL "DECODE-ARGS" VARIANT...: the whole step (`benchmarks/decode.py` with those arguments,
+# 1K context) against each VARIANT table in alternating rounds, into $OUT/decode_NAME_ab.*; prints the rounds and
+# keeps the variants.
+decode_ab() {
+    local name=$1 limit=$2 label=$3 args=$4
+    shift 4
+    # shellcheck disable=SC2086  # the arguments are a list of words
+    timeout "$limit" python3 benchmarks/decode.py $args --contexts 1024 --prefill 0 --reps 30 --check-steps 0 \
+        --no-plain-timing --ab-tuning-file "$@" --out "$OUT/decode_${name}_ab.json" > "$OUT/decode_${name}_ab.txt" 2>&1
+    echo "== whole step: table vs $label"
     ab_rounds "$OUT/decode_${name}_ab.txt"
-    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_${name}_ab.txt" | head -8
-    cp "$variant" "$OUT/"
+    cp "$@" "$OUT/"
+}
+# step_ab FORMAT NAME VARIANT LABEL: `decode_ab` at 9, 16, 32 and 64 sequences, with the b32 profile's top.
+step_ab() {
+    decode_ab "$2" 300 "$4 ($1)" "--formats $1 --batches 9 16 32 64 --profile-batches 32" "$3"
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_${2}_ab.txt" | head -8
 }
 # moe_entries_variant FIELD=VALUE OUT LO...: the table with FIELD set in each NVFP4 moe.decode entry from LO tokens.
 moe_entries_variant() {
@@ -660,12 +666,8 @@ if [ "${TOKEN_SLOTS:-0}" = 1 ]; then
             --when '{"nvfp4": false, "tokens_max": 2}' --set dn_token_slots=true "dn_block_n=$bf" \
             --out "$V/ts_$name.json" > /dev/null
     done
-    timeout 330 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/ts_a.json $V/ts_b.json \
-        --out "$OUT/decode_token_slots_ab.json" > "$OUT/decode_token_slots_ab.txt" 2>&1
-    echo "== whole step: table vs the down's slots in one program, 2 columns a program / 1"
-    ab_rounds "$OUT/decode_token_slots_ab.txt"
-    cp $V/ts_a.json $V/ts_b.json "$OUT/"
+    decode_ab token_slots 330 "the down's slots in one program, 2 columns a program / 1" \
+        "--formats nvfp4 bf16 --batches 1" "$V/ts_a.json" "$V/ts_b.json"
 fi
 # O_SPLIT=1 (after WIDE_SPLIT, fortieth session): WIDE_SPLIT's kernels alone on an H100 had the o projection
 # (K 4096) at 16-32 rows in 8 K splits at 9.2-10.1 us against the table's 12.5-13.6, and qkv at 16 rows in 4 at 11.0
@@ -683,12 +685,8 @@ if [ "${O_SPLIT:-0}" = 1 ]; then
     python3 benchmarks/tuning_variant.py --table $V/o8.json --op gemv.small_m \
         --when '{"m_min": 2, "m_max": 16, "nvfp4": true}' --add '{"m_min": 9, "m_max": 16, "nvfp4": true, "n": 5120}' \
         --set mma_split_k=4 --out $V/o8_qkv4.json > /dev/null
-    timeout 300 python3 benchmarks/decode.py --formats nvfp4 --batches 9 16 24 32 --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --ab-tuning-file $V/o8.json $V/o8_qkv4.json \
-        --out "$OUT/decode_o_split_ab.json" > "$OUT/decode_o_split_ab.txt" 2>&1
-    echo "== whole step: table vs o in 8 K splits at 9-32 rows / and qkv in 4 at 9-16"
-    ab_rounds "$OUT/decode_o_split_ab.txt"
-    cp $V/o8.json $V/o8_qkv4.json "$OUT/"
+    decode_ab o_split 300 "o in 8 K splits at 9-32 rows / and qkv in 4 at 9-16" \
+        "--formats nvfp4 --batches 9 16 24 32" "$V/o8.json" "$V/o8_qkv4.json"
 fi
 # TWIN8K=1 (ran in the thirty-fifth session: 128-row twins from 96 pairs an expert installed, 8K NVFP4 prefill
 # 136.1 -> 133.2 ms; benchmarks/results/prefill_ab_twin8k_h200_s35.json): the NVFP4 prefill MoE's twins (NVFP4 decoded in the TMA-fed launches) at 4,096 and 8,192 tokens with
