@@ -3,11 +3,10 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the forty-first session, 2026-12-05, whose device calls mostly found no machine;
-# the fortieth had four calls on an H100 and judged MOE_NEXT, REPLACE_CODES and WIDE_SPLIT there;
-# docs/performance.md's sections of both):
-#   TOKEN_SLOTS=1 the decode MoE down at 1-2 tokens with a token's slots added in one program (~7 minutes);
-#   O_SPLIT=1     the o projection in 8 K splits at 9-32 rows, and qkv in 4 at 9-16 (~3 minutes);
+# Next, in this order (state after the forty-second session, 2026-12-05, whose seven calls ran on an H100 and judged
+# TOKEN_SLOTS and O_SPLIT there, both installed; docs/performance.md's sections of it and the fortieth):
+#   BF16_SLOTS=1  on an H200 (the BF16 model does not fit an 80 GB H100): the BF16 down at 1 token with a token's
+#                 slots in one program, 2 and 1 columns (~4 minutes);
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
@@ -643,7 +642,10 @@ if [ "${WIDE_SPLIT:-0}" = 1 ]; then
     ab_rounds "$OUT/decode_wide_split_ab.txt"
     cp $V/split4.json $V/split2.json "$OUT/"
 fi
-# TOKEN_SLOTS=1 (built in the forty-first session without a GPU): the decode MoE's down at 1-2 tokens in a program
+# TOKEN_SLOTS=1 (ran in the forty-second session on an H100: its 8 GPU tests passed; NVFP4 b1 2.297 -> 2.165 ms in
+# 2 columns a program, 2.249 in 1, installed at 1 token; at 2 tokens +11%, not; BF16 skipped, the model did not fit;
+# decode_h100_nvfp4_token_slots_ab_s42.json; BF16_SLOTS below is its BF16 half): the decode MoE's down at 1-2
+# tokens in a program
 # a (output tile, token) that loads all of the token's experts' rows (and the shared expert's) before the PDL wait
 # and adds the slots in registers (`kernels/moe_down_slots_triton.py`, MoEConfig.dn_token_slots), instead of a
 # program a (tile, pair) whose last arrival on a counter adds them: at batch 1 the down took 9.1 us (NVFP4) and 11.4
@@ -669,7 +671,22 @@ if [ "${TOKEN_SLOTS:-0}" = 1 ]; then
     decode_ab token_slots 330 "the down's slots in one program, 2 columns a program / 1" \
         "--formats nvfp4 bf16 --batches 1" "$V/ts_a.json" "$V/ts_b.json"
 fi
-# O_SPLIT=1 (after WIDE_SPLIT, fortieth session): WIDE_SPLIT's kernels alone on an H100 had the o projection
+# BF16_SLOTS=1 (forty-second session; needs an H200): TOKEN_SLOTS's BF16 half, which an 80 GB H100 could not hold.
+# The whole step at BF16 b1 with a 1-token entry (a copy of the 1-2-token one) whose down adds a token's slots in one
+# program of 2 / 1 columns (BF16 sm_90 compiles: 111 / 77 registers, no spills). A win: that entry in the table and
+# RECORD_BOTH=1.
+if [ "${BF16_SLOTS:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    for cols in 2 1; do
+        python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": false, "tokens_max": 2}' \
+            --add '{"nvfp4": false, "tokens_max": 1}' --set dn_token_slots=true "dn_block_n=$cols" \
+            --out "$V/bs_$cols.json" > /dev/null
+    done
+    decode_ab bf16_slots 300 "BF16's down with a token's slots in one program, 2 columns a program / 1" \
+        "--formats bf16 --batches 1" "$V/bs_2.json" "$V/bs_1.json"
+fi
+# O_SPLIT=1 (ran in the forty-second session on an H100, installed: b9 -2.2%, b16 -3.1%, b24 -1.6%, b32 -0.9%;
+# decode_h100_nvfp4_o_split_ab_s42.json) (after WIDE_SPLIT, fortieth session): WIDE_SPLIT's kernels alone on an H100 had the o projection
 # (K 4096) at 16-32 rows in 8 K splits at 9.2-10.1 us against the table's 12.5-13.6, and qkv at 16 rows in 4 at 11.0
 # against 13.2 (nvfp4_mma_h100_wide_split_s40.json), while 2 and 4 splits on every 17-32-row shape lost in the whole
 # step (+3%, +12-19%). So: the whole step with o alone in 8 splits at 9-32 rows, and with qkv at 9-16 in 4 as well
