@@ -7,6 +7,7 @@
 # TOKEN_SLOTS and O_SPLIT there, both installed; docs/performance.md's sections of it and the fortieth):
 #   BF16_SLOTS=1  on an H200 (the BF16 model does not fit an 80 GB H100): the BF16 down at 1 token with a token's
 #                 slots in one program, 2 and 1 columns (~4 minutes);
+#   SLOTS4=1      the token-slots down in 4 columns a program, NVFP4 at 1 and 2 tokens (~3 minutes; an H100 will do);
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
@@ -684,6 +685,19 @@ if [ "${BF16_SLOTS:-0}" = 1 ]; then
     done
     decode_ab bf16_slots 300 "BF16's down with a token's slots in one program, 2 columns a program / 1" \
         "--formats bf16 --batches 1" "$V/bs_2.json" "$V/bs_1.json"
+fi
+# SLOTS4=1 (forty-second session; an H100 will do): the token-slots down in 4 columns a program (NVFP4, 4 warps: a
+# thread's tiles at MAX_THREAD_BYTES exactly; sm_90, Triton 3.9: 193 registers, no spills, against 96 at 2), at 1 token against the installed 2, and at 2 tokens, where 2 columns
+# (2,048 programs) lost 11% to the per-pair 32-column tiles (896 programs); 4 columns there run 1,024. A win: the
+# entry's dn_block_n (and dn_token_slots at 2 tokens), then RECORD=1. ~3 minutes.
+if [ "${SLOTS4:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_max": 1}' \
+        --set dn_block_n=4 --out $V/s4_1.json > /dev/null
+    python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_min": 2, "tokens_max": 2}' \
+        --set dn_token_slots=true dn_block_n=4 --out $V/s4_2.json > /dev/null
+    decode_ab slots4 240 "the token-slots down in 4 columns a program at 1 token / at 2 tokens" \
+        "--formats nvfp4 --batches 1 2" "$V/s4_1.json" "$V/s4_2.json"
 fi
 # O_SPLIT=1 (ran in the forty-second session on an H100, installed: b9 -2.2%, b16 -3.1%, b24 -1.6%, b32 -0.9%;
 # decode_h100_nvfp4_o_split_ab_s42.json) (after WIDE_SPLIT, fortieth session): WIDE_SPLIT's kernels alone on an H100 had the o projection
