@@ -317,7 +317,7 @@ def test_h200_table_keeps_the_h200_behaviour(
 ) -> None:
     """The table holds the choices the code made before it existed (with it the H200 runs what it ran), except the
     M = 1 GEMV tiles, NVFP4 at M = 2-64, the sliding layers' decode splits, the NVFP4 MoE decode tiles from 17 tokens,
-    the BF16 ones from 3, NVFP4's at 2-16 tokens, full layers' decode splits from 12 sequences and BF16's
+    the BF16 ones from 3, NVFP4's at 1-16 tokens, full layers' decode splits from 12 sequences and BF16's
     decode-path limit, the prefill attention tiles, BF16's grouped tiles at 40-48 pairs an expert, NVFP4's copies
     from 3072 tokens and the TMA-fed MoE launches' tiles (RETUNED; their H200 values are checked above)."""
     assert call(gpu_named("NVIDIA H200")) == call(torch.device("cpu"))
