@@ -245,6 +245,13 @@ def count_kernels(fn, dev: torch.device) -> tuple[int, dict[str, float], list[di
     return n, {k: round(v, 4) for k, v in sorted(families.items(), key=lambda kv: -kv[1])}, kernels
 
 
+def plans_that_fit(cfg: FlintConfig, plans: list[tuple[int, int]], bs: int, free: float) -> list[tuple[int, int]]:
+    """The (batch, context) plans whose BF16 KV cache fits in `free` bytes: the full layers' tokens and 40 blocks of
+    sliding slots a sequence."""
+    per_tok, per_slot = cfg.kv_bytes_per_token(2), cfg.sliding_kv_bytes_per_slot()
+    return [(b, c) for b, c in plans if b * c * per_tok + b * 40 * bs * per_slot < free]
+
+
 def check_fast_vs_plain(
     fast: FlintModel, plain: FlintModel, cfg: FlintConfig, dev: torch.device, steps: int, batch: int, bs: int
 ) -> dict[str, Any]:
@@ -311,10 +318,9 @@ def run_format(
             break
         rep.add("checks", {"format": fmt, **check_fast_vs_plain(fast, plain, cfg, dev, args.check_steps, b, bs)})
     # --- the KV cache for the largest decode configuration that fits next to the weights
-    free = (total_mem - torch.cuda.memory_allocated(dev) - 6 * 2**30) if dev.type == "cuda" else 1 << 40
-    per_tok = cfg.kv_bytes_per_token(2)
+    free = (total_mem - torch.cuda.memory_allocated(dev) - args.reserve_gib * 2**30) if dev.type == "cuda" else 1 << 40
     plans = [(b, c) for c in args.contexts for b in args.batches]
-    fits = [(b, c) for b, c in plans if b * c * per_tok + b * 40 * bs * cfg.sliding_kv_bytes_per_slot() < free]
+    fits = plans_that_fit(cfg, plans, bs, free)
     for b, c in sorted(set(plans) - set(fits)):
         rep.add("rows", {"format": fmt, "batch": b, "context": c, "skipped": "KV cache would not fit"})
     if fits:
@@ -475,7 +481,14 @@ def main() -> None:
         help="do not time the plain PyTorch path's step (seconds a step at large batches: A/B runs leave it out)",
     )
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting new measurements after this")
-    ap.add_argument("--gpu-memory-gib", type=float, default=None, help="skip configs whose KV would not fit")
+    ap.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=6.0,
+        help="GPU memory kept free beside the weights and the KV cache (activations, graphs, workspaces); a plan whose"
+        " KV cache does not fit in the rest is skipped. BF16 on an 80 GB H100 leaves ~5 GiB beside its weights: 2 runs"
+        " batch 1 at 1K there",
+    )
     ap.add_argument("--out", default=str(RESULTS / "decode.json"))
     args = ap.parse_args()
 

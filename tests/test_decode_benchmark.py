@@ -87,3 +87,18 @@ def test_the_floor_counts_what_a_step_reads_not_the_ready_forms_beside_it(decode
     assert sum(w.extra_nbytes for w in weights.nvfp4_weights()) > 0
     assert [decode.step_bytes(cfg, weights, b, 64) for b in (1, 4)] == pytest.approx(before, rel=1e-12)
     assert before[0] < before[1] and before[0] < weights.nbytes()
+
+
+def test_the_reserve_decides_which_kv_caches_fit_beside_the_weights(decode: ModuleType) -> None:
+    """BF16 Flint on an 80 GB H100 (~74.1 GiB of weights in 79.6 GiB): the default 6 GiB reserve leaves no room for
+    any cache (the fortieth and forty-second sessions' "KV cache would not fit"), 2 GiB leaves batch 1 at 1K; 64
+    sequences of 32K (56 GiB of full-layer KV, 2.7 GiB of sliding slots) fit only on a card with that much to spare."""
+    cfg = preset("full")
+    plans = [(1, 1024), (8, 1024), (64, 32768)]
+    beside_bf16 = (79.6 - 74.1) * 2**30
+    assert decode.plans_that_fit(cfg, plans, 16, beside_bf16 - 6 * 2**30) == []
+    assert decode.plans_that_fit(cfg, plans, 16, beside_bf16 - 2 * 2**30) == [(1, 1024), (8, 1024)]
+    full_kv = 64 * 32768 * cfg.kv_bytes_per_token(2)
+    assert 55 * 2**30 < full_kv < 57 * 2**30
+    assert decode.plans_that_fit(cfg, plans, 16, full_kv + 2 * 2**30) == [(1, 1024), (8, 1024)]
+    assert decode.plans_that_fit(cfg, plans, 16, full_kv + 3 * 2**30) == plans
