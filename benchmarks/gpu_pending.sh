@@ -689,9 +689,10 @@ if [ "${BF16_SLOTS:-0}" = 1 ]; then
         "--formats bf16 --batches 1 --reserve-gib 2" "$V/bs_2.json" "$V/bs_1.json"
 fi
 # SLOTS4=1 (forty-second session; an H100 will do): the token-slots down in 4 columns a program (NVFP4, 4 warps: a
-# thread's tiles at MAX_THREAD_BYTES exactly; sm_90, Triton 3.9: 193 registers, no spills, against 96 at 2), at 1 token against the installed 2, and at 2 tokens, where 2 columns
-# (2,048 programs) lost 11% to the per-pair 32-column tiles (896 programs); 4 columns there run 1,024. A win: the
-# entry's dn_block_n (and dn_token_slots at 2 tokens), then RECORD=1. ~3 minutes.
+# thread's tiles at MAX_THREAD_BYTES exactly; sm_90, Triton 3.9: 193 registers, no spills, against 96 at 2), at 1
+# token against the installed 2, and at 2 tokens, where 2 columns (2,048 programs) lost 11% to the per-pair
+# 32-column tiles (896 programs); 4 columns there run 1,024. A win: the entry's dn_block_n (and dn_token_slots at 2
+# tokens), then RECORD=1. ~3 minutes.
 if [ "${SLOTS4:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_max": 1}' \
