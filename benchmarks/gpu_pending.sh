@@ -318,6 +318,15 @@ fi
 # QKNORM=1 (twenty-seventh session, then removed): the prefill's Q/K norm + RoPE + cache write four tokens a program
 # took 60.5 against 63.4 us a layer in the 8K BF16 prefill, and the whole prefill was even (113.1 / 112.9 ms against
 # one token a program): that kernel is not short of bytes in flight, unlike SiLU-and-mul was.
+# H200_TABLE=1 (forty-third session): the shipped table's figures on an H200, both formats, for the status table
+# after sessions that measured only on an H100: the step at 1-64 sequences (1K context), the 8K prefill and the
+# batch-1 kernel count and families (eager profile); no path check (CHECK runs it), no plain-path timing. ~6 minutes.
+if [ "${H200_TABLE:-0}" = 1 ]; then
+    timeout 540 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 8 16 32 64 --contexts 1024 \
+        --prefill 8192 --check-steps 0 --no-plain-timing --profile-batches 1 --deadline-s 480 \
+        --out "$OUT/decode_table.json" > "$OUT/decode_table.txt" 2>&1
+    grep -E "^ *(fmt|bf16|nvfp4) |GPU ms by|copy bandwidth|Error" "$OUT/decode_table.txt" | head -40
+fi
 # RECORD_BOTH=1: both kernel-manifest profiles recorded again (NVFP4, then BF16; ~5 minutes), after a kernel change.
 if [ "${RECORD_BOTH:-0}" = 1 ]; then
     (OUT=$OUT/record_nvfp4 bash benchmarks/gpu_record_manifest.sh 2>&1 | tail -3)
