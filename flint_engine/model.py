@@ -21,17 +21,8 @@ from .weights_ahead import WeightsAhead
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class RouterLogits:
-    """The router's FP32 logits [T, E] without its top-k: the op table's `moe_from_logits` takes the top-k inside the
-    MoE launches (`add_rms_norm_router_logits`)."""
-
-    logits: torch.Tensor
-
-
-# The router's output: top-k weights (FP32) and expert ids, [T, k] each, or its logits alone.
-Routing = tuple[torch.Tensor, torch.Tensor] | RouterLogits
+# The router's output: top-k weights (FP32) and expert ids, [T, k] each.
+Routing = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -103,18 +94,8 @@ class FlintModel:
         return None
 
     def _moe(self, x: torch.Tensor, w: MoEWeights, routing: Routing | None = None) -> torch.Tensor:
-        shared = self._shared(w)
-        if isinstance(routing, RouterLogits):
-            c, k = self.config, self.kernels
-            assert k.moe_from_logits is not None  # `_attn_add_norm` makes logits only when the table has the op
-            out = k.moe_from_logits(
-                x, routing.logits, c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor,
-                w.experts_gate_up, w.experts_down, shared,
-            )  # fmt: skip
-            if shared is None and w.shared is not None:
-                out = out + self._dense_mlp(x, w.shared)
-            return out
         topk_w, topk_ids = routing if routing is not None else self._route(x, w)
+        shared = self._shared(w)
         if shared is not None:
             # One op for routed + shared experts, so the fused path can run them in the same launches.
             return self.kernels.moe(x, topk_w, topk_ids, w.experts_gate_up, w.experts_down, shared)
@@ -130,23 +111,13 @@ class FlintModel:
         """The o projection, the residual add and the post-attention RMSNorm: (normed, new residual, routing).
 
         Routing (the MoE router's weights and expert ids) comes back when the op table's router op does the add and
-        norm itself (one launch at decode), or the router's logits alone (`RouterLogits`) when the table has the
-        ops that leave the top-k to the MoE's launches; otherwise it is None and the MoE block routes.
+        norm itself (one launch at decode); otherwise it is None and the MoE block routes.
         """
         k, c = self.kernels, self.config
         if k.linear_add_rms_norm is not None and not isinstance(lw.o, tuple):
             h, residual = k.linear_add_rms_norm(o_in, lw.o, residual, lw.post_norm, c.rms_norm_eps)
             return h, residual, None
         o = self._linear(o_in, lw.o)
-        if (
-            k.add_rms_norm_router_logits is not None
-            and k.moe_from_logits is not None
-            and isinstance(lw.mlp, MoEWeights)
-        ):
-            # The router without its top-k (the MoE launches take it), where the op does not decline the batch.
-            got = k.add_rms_norm_router_logits(o, residual, lw.post_norm, c.rms_norm_eps, lw.mlp.router)
-            if got is not None:
-                return got[0], got[1], RouterLogits(got[2])
         if k.add_rms_norm_router is not None and isinstance(lw.mlp, MoEWeights):
             h, residual, topk_w, topk_ids = k.add_rms_norm_router(
                 o, residual, lw.post_norm, c.rms_norm_eps, lw.mlp.router, c.num_experts_per_tok, c.norm_topk_prob,
@@ -172,8 +143,7 @@ class FlintModel:
         k, eps = self.kernels, self.config.rms_norm_eps
         if isinstance(mlp, MoEWeights):
             shared = self._shared(mlp)
-            fusable = k.moe_add_rms_norm is not None and not isinstance(routing, RouterLogits)
-            if fusable and (shared is not None or mlp.shared is None):
+            if k.moe_add_rms_norm is not None and (shared is not None or mlp.shared is None):
                 topk_w, topk_ids = routing if routing is not None else self._route(h, mlp)
                 wg, wd = mlp.experts_gate_up, mlp.experts_down
                 return k.moe_add_rms_norm(h, topk_w, topk_ids, wg, wd, shared, residual, norm_w, eps)

@@ -47,12 +47,6 @@ class Kernels:
     qkv_attention: Callable | None = None
     # add_rms_norm then the router on the normed rows: (normed, new residual, weights, ids).
     add_rms_norm_router: Callable | None = None
-    # add_rms_norm then the router's FP32 logits of the normed rows, no top-k: (normed, new residual, logits), or
-    # None where the op declines (the model then routes as before). Used only with `moe_from_logits`, which takes
-    # the top-k inside the MoE's launches.
-    add_rms_norm_router_logits: Callable | None = None
-    # The MoE routed by the router's FP32 logits: (x, logits, top_k, renormalize, scaling, w13, w2, shared).
-    moe_from_logits: Callable | None = None
     # add_rms_norm then a projection of the normed rows: (projection, new residual).
     add_rms_norm_linear: Callable | None = None
     # Asks L2 for the lines of an `l2_prefetch.chunk_table` (no result): the model then runs it on a side stream of its

@@ -15,9 +15,9 @@ from typing import Any
 from .dispatch import Kernels, with_ops
 from .l2_prefetch import no_prefetch
 from .linear import add_rms_norm_linear_ref, linear_add_rms_norm_ref
-from .moe import moe_add_rms_norm_ref, moe_from_logits_ref
+from .moe import moe_add_rms_norm_ref
 from .qkv_attention import qkv_attention_ref
-from .router import add_rms_norm_router_logits_ref, add_rms_norm_sigmoid_topk_ref
+from .router import add_rms_norm_sigmoid_topk_ref
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +45,7 @@ OPS = (
 # add_rms_norm_linear (the input norm as a prologue of the qkv GEMV at batch 1, every program normalising the row
 # itself, as the router does for the post-attention norm; 2026-11-30, same-call A/B): NVFP4 b1 2.424 vs 2.340 ms,
 # BF16 2.714 vs 2.701: every program reads and reduces the whole row before its first weight.
-# add_rms_norm_router_logits with moe_from_logits (forty-third session, both needed): at batch 1 the router stores
-# only its logits and the MoE launches take the top-k (no counter tail); tested in the interpreter, not yet timed
-# (its premise: the router without the tail, fixed ids, NVFP4 b1 -7.2%, BF16 -4.5% on an H100).
-EXPERIMENTAL_OPS = (
-    "linear_add_rms_norm",
-    "moe_add_rms_norm",
-    "qkv_attention",
-    "add_rms_norm_linear",
-    "add_rms_norm_router_logits",
-    "moe_from_logits",
-)
+EXPERIMENTAL_OPS = ("linear_add_rms_norm", "moe_add_rms_norm", "qkv_attention", "add_rms_norm_linear")
 
 
 def parse_ops(spec: str) -> tuple[str, ...]:
@@ -98,8 +88,6 @@ _composed: dict[str, Callable] = {
     "moe_add_rms_norm": moe_add_rms_norm_ref,
     "qkv_attention": qkv_attention_ref,
     "add_rms_norm_router": add_rms_norm_sigmoid_topk_ref,
-    "add_rms_norm_router_logits": add_rms_norm_router_logits_ref,
-    "moe_from_logits": moe_from_logits_ref,
     "add_rms_norm_linear": add_rms_norm_linear_ref,
     "l2_ahead": no_prefetch,
 }
@@ -146,8 +134,6 @@ def fast_kernels(base: Kernels, ops: tuple[str, ...] | None = None) -> Kernels:
         "moe_add_rms_norm": moe_triton.moe_add_rms_norm,
         "qkv_attention": qkv_attention_triton.qkv_attention,
         "add_rms_norm_router": router_triton.add_rms_norm_sigmoid_topk,
-        "add_rms_norm_router_logits": router_triton.add_rms_norm_router_logits,
-        "moe_from_logits": moe_triton.moe_from_logits,
         "add_rms_norm_linear": gemv_triton.add_rms_norm_linear,
         "l2_ahead": l2_prefetch.prefetch_chunks,
     }

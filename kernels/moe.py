@@ -12,7 +12,6 @@ import torch
 from .activation import silu_and_mul_ref
 from .linear import NVFP4Weight, Weight, linear_ref
 from .rmsnorm import add_rms_norm_ref
-from .router import topk_from_logits_ref
 
 
 def _expert(w: Weight, e: int) -> Weight:
@@ -52,21 +51,6 @@ def moe_ref(
     if shared is not None:
         out = out + shared_expert_ref(x, shared)
     return out
-
-
-def moe_from_logits_ref(
-    x: torch.Tensor,
-    logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    scaling: float,
-    w13: Weight,
-    w2: Weight,
-    shared: SharedExpert | None = None,
-) -> torch.Tensor:
-    """`moe_ref` routed by the router's FP32 logits [T, E] (`router.topk_from_logits_ref` picks the experts)."""
-    topk_weights, topk_ids = topk_from_logits_ref(logits, top_k, renormalize, scaling)
-    return moe_ref(x, topk_weights, topk_ids, w13, w2, shared)
 
 
 def moe_add_rms_norm_ref(

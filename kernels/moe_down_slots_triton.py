@@ -18,7 +18,6 @@ import triton.language as tl
 from .gemv_triton import dense_fma_part, fma_weights, nvfp4_gemv_step
 from .nvfp4_decode_triton import segment_scale
 from .pdl import launch_options, pdl_entry
-from .router_triton import token_topk
 
 # A thread's share of a program's weight tiles (the experts' rows times their padded K, and the shared expert's),
 # in bytes a weight value: sm_90 compiles (Triton 3.9, forty-first session) put BF16 at 4 columns a program in 4
@@ -47,22 +46,19 @@ def _slot_dots(wa, wb, h_ptr, h_off, k_len, NVFP4: tl.constexpr, EVEN_K: tl.cons
         return tl.sum(dense_fma_part(tl.reshape(wa, (S_PAD, BLOCK_N, BLOCK_K)), xr), axis=2)
 
 
-@triton.jit
-def _down_slots_program(
+@triton.jit(do_not_specialize=["n_tokens"])
+def _moe_down_slots_kernel(
     h_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, H, INTER, n_tokens, stride_h, stride_wn, stride_sn,
     stride_gse, stride_out, seg1, seg2, seg3, sw_ptr, ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2, sseg3,
-    shared_parts, shared_inter, n_experts, scaling,
+    shared_parts, shared_inter,
     NVFP4: tl.constexpr, GSCALE: tl.constexpr, SHARED: tl.constexpr, TOPK: tl.constexpr, S_PAD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_KS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_KS: tl.constexpr, PDL: tl.constexpr, LOGITS: tl.constexpr, E_PAD: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
+    BLOCK_KS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[t, tile] = round(sum over slots s in order of FP32(y_s) * w_s) with y_s = round(h[pair] @ w2[e_s]^T);
     SHARED: then round(that + the shared expert's rounded output), as `_moe_down_kernel`'s last arrival. A
     program's rows are (slot, column) pairs, slot-major; the experts' weights are one [E * H, INTER] stack, so a
-    row of expert e is row e * H + column (the launcher checks the strides). LOGITS: ids_ptr holds the router's FP32
-    logits [T, n_experts] and the program takes its token's top-k (experts and weights) from them; tw_ptr is unused,
-    n_experts, scaling and RENORMALIZE are the router's."""
+    row of expert e is row e * H + column (the launcher checks the strides)."""
     pid_n = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     ROWS: tl.constexpr = S_PAD * BLOCK_N
@@ -71,15 +67,9 @@ def _down_slots_program(
     col = pid_n * BLOCK_N + r % BLOCK_N
     ok = (slot < TOPK) & (col < H)
     pair = t * TOPK + tl.minimum(slot, TOPK - 1)
-    # The router's ids and weights (or logits): written two launches back, so read before the wait (`pdl` module).
-    if LOGITS:
-        top_w, top_i = token_topk(ids_ptr, t, n_experts, scaling, TOPK, S_PAD, E_PAD, RENORMALIZE)
-        pick = tl.arange(0, S_PAD)[None, :] == tl.minimum(slot, TOPK - 1)[:, None]
-        e = tl.sum(tl.where(pick, top_i, 0), axis=1).to(tl.int64)
-        weight = tl.sum(tl.where(pick, top_w, 0.0), axis=1)
-    else:
-        e = tl.load(ids_ptr + pair).to(tl.int64)
-        weight = tl.load(tw_ptr + pair).to(tl.float32)
+    # The router's ids and weights: written two launches back, so read before the wait (`pdl` module).
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    weight = tl.load(tw_ptr + pair).to(tl.float32)
     wa, wb = fma_weights(w_ptr, s_ptr, e * H + col, ok, 0, INTER, stride_wn, stride_sn, NVFP4, EVEN_K, ROWS, BLOCK_K)
     if GSCALE:
         gs = segment_scale(gs_ptr + e * stride_gse, col, ok, seg1, seg2, seg3)
@@ -116,43 +106,6 @@ def _down_slots_program(
     tl.store(out_ptr + t * stride_out + cols, res, mask=cols_ok)
 
 
-@triton.jit(do_not_specialize=["n_tokens"])
-def _moe_down_slots_kernel(
-    h_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, H, INTER, n_tokens, stride_h, stride_wn, stride_sn,
-    stride_gse, stride_out, seg1, seg2, seg3, sw_ptr, ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2, sseg3,
-    shared_parts, shared_inter,
-    NVFP4: tl.constexpr, GSCALE: tl.constexpr, SHARED: tl.constexpr, TOPK: tl.constexpr, S_PAD: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_KS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_KS: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """`_down_slots_program` with the router's expert ids and weights."""
-    _down_slots_program(
-        h_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, H, INTER, n_tokens, stride_h, stride_wn, stride_sn,
-        stride_gse, stride_out, seg1, seg2, seg3, sw_ptr, ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2,
-        sseg3, shared_parts, shared_inter, 0, 1.0, NVFP4, GSCALE, SHARED, TOPK, S_PAD, EVEN_K, EVEN_KS, BLOCK_N,
-        BLOCK_K, BLOCK_KS, PDL, False, 1, False,
-    )  # fmt: skip
-
-
-@triton.jit(do_not_specialize=["n_tokens"])
-def _moe_down_slots_logits_kernel(
-    h_ptr, logits_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, H, INTER, n_tokens, stride_h, stride_wn, stride_sn,
-    stride_gse, stride_out, seg1, seg2, seg3, sw_ptr, ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2, sseg3,
-    shared_parts, shared_inter, n_experts, scaling,
-    NVFP4: tl.constexpr, GSCALE: tl.constexpr, SHARED: tl.constexpr, TOPK: tl.constexpr, S_PAD: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_KS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_KS: tl.constexpr, PDL: tl.constexpr, E_PAD: tl.constexpr, RENORMALIZE: tl.constexpr,
-):  # fmt: skip
-    """`_down_slots_program` routed by the router's FP32 logits: each program takes its token's top-k before its
-    PDL wait (the router ran two launches back; `moe_triton.moe_from_logits`)."""
-    _down_slots_program(
-        h_ptr, logits_ptr, logits_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, H, INTER, n_tokens, stride_h, stride_wn,
-        stride_sn, stride_gse, stride_out, seg1, seg2, seg3, sw_ptr, ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1,
-        sseg2, sseg3, shared_parts, shared_inter, n_experts, scaling, NVFP4, GSCALE, SHARED, TOPK, S_PAD, EVEN_K,
-        EVEN_KS, BLOCK_N, BLOCK_K, BLOCK_KS, PDL, True, E_PAD, RENORMALIZE,
-    )  # fmt: skip
-
-
 def fits(
     topk: int, hidden: int, inter: int, shared_inter: int, block_n: int, num_warps: int, stacked: bool,
     value_bytes: float,
@@ -167,34 +120,19 @@ def fits(
 
 def launch(
     h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, weight_args: tuple, shared_args: tuple, shared_parts: int,
-    shared_inter: int, out: torch.Tensor, block_n: int, num_warps: int, logits: tuple | None = None,
+    shared_inter: int, out: torch.Tensor, block_n: int, num_warps: int,
 ) -> None:  # fmt: skip
     """out [T, H] from h (the shared expert's rows, then a row a pair) and ids / tw [T, TOPK]; `weight_args` and
-    `shared_args` as `moe_triton._weight_args` / `_shared_args` (or `_no_shared`) give them. `logits` = (top_k,
-    renormalize, scaling): ids is then the router's FP32 logits [T, E] and tw is unused
-    (`_moe_down_slots_logits_kernel`)."""
+    `shared_args` as `moe_triton._weight_args` / `_shared_args` (or `_no_shared`) give them."""
     q, s, g, _, wn, _, sn, ge, seg, nv, gsc = weight_args
-    t = ids.shape[0]
-    topk = ids.shape[1] if logits is None else logits[0]
+    t, topk = ids.shape
     hidden, inter = out.shape[1], h.shape[1]
     block_ks = triton.next_power_of_2(max(shared_inter, 1))
-    grid = (triton.cdiv(hidden, block_n), t)
-    common = (
-        q, s, g, out, hidden, inter, t, h.stride(0), wn, sn, ge, out.stride(0), *seg, *shared_args, shared_parts,
-        shared_inter,
-    )  # fmt: skip
-    meta = dict(
+    _moe_down_slots_kernel[(triton.cdiv(hidden, block_n), t)](
+        h, ids, tw, q, s, g, out, hidden, inter, t, h.stride(0), wn, sn, ge, out.stride(0), *seg, *shared_args,
+        shared_parts, shared_inter,
         NVFP4=nv, GSCALE=gsc, SHARED=shared_inter > 0, TOPK=topk, S_PAD=triton.next_power_of_2(topk),
         EVEN_K=triton.next_power_of_2(inter) == inter, EVEN_KS=block_ks == shared_inter, BLOCK_N=block_n,
         BLOCK_K=triton.next_power_of_2(inter), BLOCK_KS=block_ks, num_warps=num_warps, num_stages=1,
         **launch_options(out.device),
-    )  # fmt: skip
-    if logits is None:
-        _moe_down_slots_kernel[grid](h, ids, tw, *common, **meta)
-        return
-    _, renormalize, scaling = logits
-    num_experts = ids.shape[1]
-    _moe_down_slots_logits_kernel[grid](
-        h, ids, *common, num_experts, float(scaling), E_PAD=triton.next_power_of_2(num_experts),
-        RENORMALIZE=renormalize, **meta,
     )  # fmt: skip

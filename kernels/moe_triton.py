@@ -51,7 +51,6 @@ from . import (
     moe_grouped_gemm,
     moe_grouped_tma_triton,
     rmsnorm_triton,
-    router_triton,
     tuning,
 )
 from .configs import MoEConfig, MoEPaths
@@ -71,7 +70,6 @@ from .moe import SharedExpert, moe_add_rms_norm_ref, moe_ref
 from .moe_align_triton import align
 from .nvfp4_decode_triton import MAX_SEGMENTS, segment_bounds, segment_scale
 from .pdl import launch_options, pdl_entry
-from .router import topk_from_logits_ref
 from .split_k_triton import COUNTER_SLOTS, choose_split_k, counters, is_last, split_k_arrive, split_k_reduce
 
 # Portable defaults of `paths_config` (the H200's measured crossovers; its table records them).
@@ -128,164 +126,6 @@ def _expert_rows(ids_ptr, pid_r, n_pairs, chunks, P_PAD: tl.constexpr, BLOCK_M: 
 # Counts that change with every batch (pairs, chunks, shared rows) are not specialised on (== 1, multiple of 16):
 # each new class would compile a variant while serving (flint_engine/late_compiles.py), for loop bounds and masks
 # that gain nothing from it.
-@triton.jit
-def _logits_pair_rows(logits_ptr, pair_row, n_experts, TOPK: tl.constexpr, K_PAD: tl.constexpr,
-                      E_PAD: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
-    """`_pair_rows` of the per-pair decode launch from the router's FP32 logits: pair p is slot p % TOPK of token
-    p // TOPK, its expert that token's top-k (`router_triton.token_topk`). Programs with pair_row < 0 (the shared
-    expert's, which have not waited for the router) read nothing."""
-    pr = tl.maximum(pair_row, 0)
-    e = pr * 0
-    if pair_row >= 0:
-        _, top_i = router_triton.token_topk(logits_ptr, pr // TOPK, n_experts, 1.0, TOPK, K_PAD, E_PAD, False)
-        e = tl.sum(tl.where(tl.arange(0, K_PAD)[None, :] == pr % TOPK, top_i, 0))
-    r = tl.arange(0, BLOCK_M)
-    return e.to(tl.int64), tl.zeros((BLOCK_M,), dtype=tl.int64) + pr, r == 0
-
-
-@triton.jit
-def _gate_up_program(
-    x_ptr,
-    ids_ptr,
-    order_ptr,
-    meta_ptr,
-    w_ptr,
-    s_ptr,
-    gs_ptr,
-    h_ptr,
-    ws_ptr,
-    cnt_ptr,
-    H,
-    INTER,
-    TOPK,
-    stride_xt,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    stride_gse,
-    stride_h,
-    seg1,
-    seg2,
-    seg3,
-    k_per_split,
-    sw_ptr,
-    ss_ptr,
-    sgs_ptr,
-    stride_swn,
-    stride_ssn,
-    sseg1,
-    sseg2,
-    sseg3,
-    n_shared_rows,
-    shared_parts,
-    shared_inter,
-    n_pairs,
-    chunks,
-    NVFP4: tl.constexpr,
-    GSCALE: tl.constexpr,
-    GROUPED: tl.constexpr,
-    EXPERT: tl.constexpr,
-    SHARED: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    WORDS: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    PRECISION: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    BLOCK_I: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    P_PAD: tl.constexpr,
-    PDL: tl.constexpr,
-    n_experts,
-    LOGITS: tl.constexpr,
-    K_PAD: tl.constexpr,
-    E_PAD: tl.constexpr,
-):
-    """h[p, j] = round(round(silu(gate_pj)) * up_pj) for the pairs of this program and BLOCK_I columns j.
-
-    LOGITS (decode per pair, `_moe_gate_up_logits_kernel`): ids_ptr holds the router's FP32 logits [T, n_experts]
-    instead of expert ids, and each pair's program takes its token's top-k from them after its PDL wait.
-
-    EXPERT (with GROUPED): program rows are (expert, chunk) blocks found in the unsorted ids (`_expert_rows`); a
-    block without pairs returns at once.
-
-    SHARED (decode sizes): the shared expert, cut into `shared_parts` INTER-wide parts per token, writes h rows
-    token * parts + part (so each token's shared h is one contiguous row) and the routed pair p h row T * parts + p.
-    Per-pair decode: program rows below `n_shared_rows` (= T * parts) are the shared expert, row v being token
-    v // parts, part v % parts. EXPERT: the first parts * chunks rows are, row v being part v // chunks of the
-    BLOCK_M tokens of chunk v % chunks; the expert blocks follow.
-    """
-    pid_i = tl.program_id(0)
-    pid_r = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    n_tokens = n_pairs // TOPK
-    if EXPERT:
-        pair_row = pid_r - shared_parts * chunks if SHARED else pid_r
-    else:
-        pair_row = pid_r - n_shared_rows if SHARED else pid_r
-    # Routed programs need the router's expert ids (the previous kernel's) first, so they wait for the previous grid
-    # (PDL) here; shared-expert programs use none of them and wait in `tile_matmul`, after their first weight loads.
-    # (Waiting again there is a no-op.) The ids a shared program reads below are not used.
-    if pair_row >= 0:
-        pdl_entry(PDL)
-    if EXPERT:
-        e, pairs, m_ok, any_ok = _expert_rows(ids_ptr, tl.maximum(pair_row, 0), n_pairs, chunks, P_PAD, BLOCK_M)
-        if pair_row >= 0:  # noqa: SIM102 (Triton returns early only from a plain if)
-            if not any_ok:
-                return
-    elif LOGITS:
-        e, pairs, m_ok = _logits_pair_rows(ids_ptr, pair_row, n_experts, TOPK, K_PAD, E_PAD, BLOCK_M)
-    else:
-        e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
-    x_off = (pairs // TOPK) * stride_xt
-    h_rows = pairs + n_tokens * shared_parts if SHARED else pairs
-    w_base = w_ptr + e * stride_we
-    s_base = s_ptr + e * stride_se
-    gs_base = gs_ptr + e * stride_gse
-    col0 = pid_r * 0
-    up_off = INTER
-    wn, sn = stride_wn, stride_sn
-    b1, b2, b3 = seg1, seg2, seg3
-    if SHARED:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton compiles them apart)
-        if pair_row < 0:
-            if EXPERT:
-                toks = (pid_r % chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
-                m_ok = toks < n_tokens
-                x_off = toks.to(tl.int64) * stride_xt
-                h_rows = toks.to(tl.int64) * shared_parts + pid_r // chunks
-                col0 = (pid_r // chunks) * INTER
-            else:
-                x_off = tl.zeros((BLOCK_M,), dtype=tl.int64) + (pid_r // shared_parts).to(tl.int64) * stride_xt
-                h_rows = tl.zeros((BLOCK_M,), dtype=tl.int64) + pid_r
-                col0 = (pid_r % shared_parts) * INTER
-            w_base, s_base, gs_base = sw_ptr, ss_ptr, sgs_ptr
-            up_off = shared_inter
-            wn, sn = stride_swn, stride_ssn
-            b1, b2, b3 = sseg1, sseg2, sseg3
-    # 2*BLOCK_I weight rows: gate rows j then up rows I + j, so one x tile feeds both.
-    r2 = tl.arange(0, 2 * BLOCK_I)
-    j = pid_i * BLOCK_I + (r2 % BLOCK_I)
-    rows = col0 + j + (r2 >= BLOCK_I).to(tl.int32) * up_off
-    row_ok = j < INTER
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(H, k_start + k_per_split)
-    acc = tile_matmul(
-        w_base, s_base, rows.to(tl.int64), row_ok, x_ptr, x_off, m_ok,
-        k_start, k_end, wn, sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, 2 * BLOCK_I, BLOCK_M,
-        BLOCK_K, PDL,
-    )  # fmt: skip
-    jj = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
-    store_ok = (jj < INTER)[:, None] & m_ok[None, :]
-    if SPLIT_K > 1:
-        tile = pid_r * tl.num_programs(0) + pid_i
-        acc, arrived = split_k_reduce(acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K, 2 * BLOCK_I, BLOCK_M)
-        store_ok = store_ok & is_last(arrived, SPLIT_K, BLOCK_I)[:, None]
-    if GSCALE:
-        acc = acc * segment_scale(gs_base, rows, row_ok, b1, b2, b3)[:, None]
-    _silu_mul_store(acc, h_ptr, h_rows, stride_h, jj, store_ok, BLOCK_I, BLOCK_M)
-
-
 @triton.jit(do_not_specialize=["n_shared_rows", "n_pairs", "chunks"])
 def _moe_gate_up_kernel(
     x_ptr,
@@ -341,83 +181,83 @@ def _moe_gate_up_kernel(
     P_PAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """`_gate_up_program` with the router's expert ids."""
-    _gate_up_program(
-        x_ptr, ids_ptr, order_ptr, meta_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, ws_ptr, cnt_ptr, H, INTER, TOPK, stride_xt,
-        stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_h, seg1, seg2, seg3, k_per_split, sw_ptr,
-        ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2, sseg3, n_shared_rows, shared_parts, shared_inter,
-        n_pairs, chunks, NVFP4, GSCALE, GROUPED, EXPERT, SHARED, EVEN_K, WORDS, USE_DOT, PRECISION, SPLIT_K, BLOCK_I,
-        BLOCK_M, BLOCK_K, P_PAD, PDL, 0, False, 1, 1,
-    )  # fmt: skip
+    """h[p, j] = round(round(silu(gate_pj)) * up_pj) for the pairs of this program and BLOCK_I columns j.
 
+    EXPERT (with GROUPED): program rows are (expert, chunk) blocks found in the unsorted ids (`_expert_rows`); a
+    block without pairs returns at once.
 
-@triton.jit(do_not_specialize=["n_shared_rows", "n_pairs", "chunks"])
-def _moe_gate_up_logits_kernel(
-    x_ptr,
-    ids_ptr,
-    order_ptr,
-    meta_ptr,
-    w_ptr,
-    s_ptr,
-    gs_ptr,
-    h_ptr,
-    ws_ptr,
-    cnt_ptr,
-    H,
-    INTER,
-    TOPK: tl.constexpr,
-    stride_xt,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    stride_gse,
-    stride_h,
-    seg1,
-    seg2,
-    seg3,
-    k_per_split,
-    sw_ptr,
-    ss_ptr,
-    sgs_ptr,
-    stride_swn,
-    stride_ssn,
-    sseg1,
-    sseg2,
-    sseg3,
-    n_shared_rows,
-    shared_parts,
-    shared_inter,
-    n_pairs,
-    chunks,
-    NVFP4: tl.constexpr,
-    GSCALE: tl.constexpr,
-    GROUPED: tl.constexpr,
-    EXPERT: tl.constexpr,
-    SHARED: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    WORDS: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    PRECISION: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    BLOCK_I: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    P_PAD: tl.constexpr,
-    PDL: tl.constexpr,
-    n_experts,
-    K_PAD: tl.constexpr,
-    E_PAD: tl.constexpr,
-):
-    """`_gate_up_program` with the router's FP32 logits in the ids' place (decode per pair: each pair's program
-    takes its token's top-k after its PDL wait; `moe_from_logits`)."""
-    _gate_up_program(
-        x_ptr, ids_ptr, order_ptr, meta_ptr, w_ptr, s_ptr, gs_ptr, h_ptr, ws_ptr, cnt_ptr, H, INTER, TOPK, stride_xt,
-        stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_h, seg1, seg2, seg3, k_per_split, sw_ptr,
-        ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2, sseg3, n_shared_rows, shared_parts, shared_inter,
-        n_pairs, chunks, NVFP4, GSCALE, GROUPED, EXPERT, SHARED, EVEN_K, WORDS, USE_DOT, PRECISION, SPLIT_K, BLOCK_I,
-        BLOCK_M, BLOCK_K, P_PAD, PDL, n_experts, True, K_PAD, E_PAD,
+    SHARED (decode sizes): the shared expert, cut into `shared_parts` INTER-wide parts per token, writes h rows
+    token * parts + part (so each token's shared h is one contiguous row) and the routed pair p h row T * parts + p.
+    Per-pair decode: program rows below `n_shared_rows` (= T * parts) are the shared expert, row v being token
+    v // parts, part v % parts. EXPERT: the first parts * chunks rows are, row v being part v // chunks of the
+    BLOCK_M tokens of chunk v % chunks; the expert blocks follow.
+    """
+    pid_i = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    n_tokens = n_pairs // TOPK
+    if EXPERT:
+        pair_row = pid_r - shared_parts * chunks if SHARED else pid_r
+    else:
+        pair_row = pid_r - n_shared_rows if SHARED else pid_r
+    # Routed programs need the router's expert ids (the previous kernel's) first, so they wait for the previous grid
+    # (PDL) here; shared-expert programs use none of them and wait in `tile_matmul`, after their first weight loads.
+    # (Waiting again there is a no-op.) The ids a shared program reads below are not used.
+    if pair_row >= 0:
+        pdl_entry(PDL)
+    if EXPERT:
+        e, pairs, m_ok, any_ok = _expert_rows(ids_ptr, tl.maximum(pair_row, 0), n_pairs, chunks, P_PAD, BLOCK_M)
+        if pair_row >= 0:  # noqa: SIM102 (Triton returns early only from a plain if)
+            if not any_ok:
+                return
+    else:
+        e, pairs, m_ok = _pair_rows(ids_ptr, order_ptr, meta_ptr, tl.maximum(pair_row, 0), GROUPED, BLOCK_M)
+    x_off = (pairs // TOPK) * stride_xt
+    h_rows = pairs + n_tokens * shared_parts if SHARED else pairs
+    w_base = w_ptr + e * stride_we
+    s_base = s_ptr + e * stride_se
+    gs_base = gs_ptr + e * stride_gse
+    col0 = pid_r * 0
+    up_off = INTER
+    wn, sn = stride_wn, stride_sn
+    b1, b2, b3 = seg1, seg2, seg3
+    if SHARED:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton compiles them apart)
+        if pair_row < 0:
+            if EXPERT:
+                toks = (pid_r % chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
+                m_ok = toks < n_tokens
+                x_off = toks.to(tl.int64) * stride_xt
+                h_rows = toks.to(tl.int64) * shared_parts + pid_r // chunks
+                col0 = (pid_r // chunks) * INTER
+            else:
+                x_off = tl.zeros((BLOCK_M,), dtype=tl.int64) + (pid_r // shared_parts).to(tl.int64) * stride_xt
+                h_rows = tl.zeros((BLOCK_M,), dtype=tl.int64) + pid_r
+                col0 = (pid_r % shared_parts) * INTER
+            w_base, s_base, gs_base = sw_ptr, ss_ptr, sgs_ptr
+            up_off = shared_inter
+            wn, sn = stride_swn, stride_ssn
+            b1, b2, b3 = sseg1, sseg2, sseg3
+    # 2*BLOCK_I weight rows: gate rows j then up rows I + j, so one x tile feeds both.
+    r2 = tl.arange(0, 2 * BLOCK_I)
+    j = pid_i * BLOCK_I + (r2 % BLOCK_I)
+    rows = col0 + j + (r2 >= BLOCK_I).to(tl.int32) * up_off
+    row_ok = j < INTER
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(H, k_start + k_per_split)
+    acc = tile_matmul(
+        w_base, s_base, rows.to(tl.int64), row_ok, x_ptr, x_off, m_ok,
+        k_start, k_end, wn, sn, NVFP4, USE_DOT, PRECISION, EVEN_K, WORDS, 2 * BLOCK_I, BLOCK_M,
+        BLOCK_K, PDL,
     )  # fmt: skip
+    jj = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
+    store_ok = (jj < INTER)[:, None] & m_ok[None, :]
+    if SPLIT_K > 1:
+        tile = pid_r * tl.num_programs(0) + pid_i
+        acc, arrived = split_k_reduce(acc, ws_ptr, cnt_ptr, tile, pid_k, m_ok, SPLIT_K, 2 * BLOCK_I, BLOCK_M)
+        store_ok = store_ok & is_last(arrived, SPLIT_K, BLOCK_I)[:, None]
+    if GSCALE:
+        acc = acc * segment_scale(gs_base, rows, row_ok, b1, b2, b3)[:, None]
+    _silu_mul_store(acc, h_ptr, h_rows, stride_h, jj, store_ok, BLOCK_I, BLOCK_M)
 
 
 @triton.jit
@@ -1066,8 +906,8 @@ def _p_pad(pairs: int, unsorted: bool) -> int:
 
 def _routed(
     x: torch.Tensor,
-    topk_weights: torch.Tensor | None,
-    topk_ids: torch.Tensor | None,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
     w13: Weight | ScaledWeight,
     w2: Weight | ScaledWeight,
     decode: bool,
@@ -1076,16 +916,13 @@ def _routed(
     shared: SharedExpert | None,
     norm: tuple | None = None,
     add: torch.Tensor | None = None,
-    logits: tuple[torch.Tensor, int, bool, float] | None = None,
 ) -> torch.Tensor:
     """The launches of `fused_moe`; `shared` (decode path only) is already known to be foldable.
 
     `norm` (decode path only): (residual, norm weight, eps, h out, new residual out), filled by the down launch.
     `add` [T, H] (the shared expert run apart) is added to the result in x's dtype: by the slot-reduce launch where
-    the path has one, else as a separate add. `logits` = (the router's FP32 logits [T, E], top_k, renormalize,
-    scaling) in place of the weights and ids: the per-pair gate_up and the token-slots down take the top-k
-    themselves (`moe_from_logits`, which checks that this path is the one taken)."""
-    t, topk = topk_ids.shape if logits is None else (logits[0].shape[0], logits[1])
+    the path has one, else as a separate add."""
+    t, topk = topk_ids.shape
     hidden = x.shape[1]
     num_experts = w13.shape[0]
     inter = w2.shape[-1]
@@ -1095,10 +932,8 @@ def _routed(
     x = x if x.stride(-1) == 1 else x.contiguous()
     if isinstance(w13, NVFP4Weight):
         x = gemv_triton.rows_aligned(x)
-    if logits is None:
-        ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
-    else:  # the launches read the logits in the ids' place
-        ids = tw = logits[0].contiguous()
+    ids = topk_ids.contiguous()
+    tw = topk_weights.contiguous()
     add = add if add is None or add.stride(-1) == 1 else add.contiguous()
     p = t * topk
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
@@ -1143,8 +978,6 @@ def _routed(
     ws = _empty((ws_elems,), torch.float32, x.device)
     mode = decode_mode(cfg, x.dtype)
     mma_gate_up = expert_major and cfg.mma and _mma_fits(x, w13)
-    if logits is not None and (not decode or expert_major or mma_shared or norm is not None):
-        raise RuntimeError("the MoE launches can take the top-k from the logits only on the per-pair decode path")
     if mma_gate_up:
         from . import nvfp4_mma_moe_triton  # here: that module imports this one
 
@@ -1162,11 +995,7 @@ def _routed(
             BLOCK_K=cfg.gu_block_k, num_warps=cfg.num_warps, num_stages=1, **launch_options(x.device),
         )  # fmt: skip
     else:
-        gate_up, routing = _moe_gate_up_kernel, {}
-        if logits is not None:
-            k_pad, e_pad = triton.next_power_of_2(topk), triton.next_power_of_2(num_experts)
-            gate_up, routing = _moe_gate_up_logits_kernel, dict(n_experts=num_experts, K_PAD=k_pad, E_PAD=e_pad)
-        gate_up[(gu_tiles, rows_grid, split)](
+        _moe_gate_up_kernel[(gu_tiles, rows_grid, split)](
             x, ids, order, meta, q13, s13, g13, h, ws, cnt,
             hidden, inter, topk, x.stride(0), we13, wn13, se13, sn13, ge13, h.stride(0), *seg13, per,
             *sh13, n_shared_rows, max(parts, 1), shared_inter, p, chunks,
@@ -1175,7 +1004,6 @@ def _routed(
             BLOCK_I=cfg.gu_block_i, BLOCK_M=cfg.block_m, BLOCK_K=cfg.gu_block_k, P_PAD=_p_pad(p, unsorted),
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
-            **routing,
             **launch_options(x.device),
         )  # fmt: skip
     even_dn = inter % cfg.dn_block_k == 0 and shared_inter % cfg.dn_block_k == 0
@@ -1201,12 +1029,9 @@ def _routed(
         if norm is None and _token_slots(cfg, stacked, value_bytes, hidden, topk, inter, shared_inter):
             down_args = (q2, s2, g2, we2, wn2, se2, sn2, ge2, seg2, nv2, gsc2)
             moe_down_slots_triton.launch(
-                h, ids, tw, down_args, sh2, max(parts, 1), shared_inter, out, cfg.dn_block_n, cfg.num_warps,
-                logits=None if logits is None else logits[1:],
+                h, ids, tw, down_args, sh2, max(parts, 1), shared_inter, out, cfg.dn_block_n, cfg.num_warps
             )  # fmt: skip
             return out if add is None else out + add
-        if logits is not None:
-            raise RuntimeError("the MoE launches can take the top-k from the logits only with the token-slots down")
         n_shared_tokens = 0 if shared is None else t
         nslots = topk + (shared is not None)
         ws = _empty((t * dn_tiles * nslots * cfg.dn_block_n * cfg.block_m,), torch.float32, x.device)
@@ -1327,58 +1152,3 @@ def moe(
     if not supported(x, w13, w2):
         return moe_ref(x, topk_weights, topk_ids, w13, w2, shared)
     return fused_moe(x, topk_weights, topk_ids, w13, w2, shared=shared)
-
-
-def moe_from_logits(
-    x: torch.Tensor,
-    logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    scaling: float,
-    w13: Weight,
-    w2: Weight,
-    shared: SharedExpert | None = None,
-    config: MoEConfig | None = None,
-) -> torch.Tensor:
-    """`moe_from_logits_ref`: the MoE routed by the router's FP32 logits [T, E]. Where the decode path runs a
-    program a pair for the gate_up and the token-slots down (`takes_logits`; Flint's batch 1 on the H200 table),
-    those launches take the top-k from the logits themselves, so the router needs no top-k tail; elsewhere the
-    top-k runs first (`router.topk_from_logits_ref`), then `moe`. `config` forces the decode tiles (tests)."""
-    if takes_logits(x, logits, top_k, w13, w2, shared, config):
-        return _routed(x, None, None, w13, w2, True, config, None, shared, logits=(logits, top_k, renormalize, scaling))
-    topk_weights, topk_ids = topk_from_logits_ref(logits, top_k, renormalize, scaling)
-    if config is not None and supported(x, w13, w2):
-        return fused_moe(x, topk_weights, topk_ids, w13, w2, shared=shared, config=config)
-    return moe(x, topk_weights, topk_ids, w13, w2, shared)
-
-
-def takes_logits(
-    x: torch.Tensor,
-    logits: torch.Tensor,
-    top_k: int,
-    w13: Weight,
-    w2: Weight,
-    shared: SharedExpert | None,
-    config: MoEConfig | None = None,
-) -> bool:
-    """Whether `moe_from_logits`' launches take the top-k themselves: the decode path with the shared expert folded
-    (or none), a program a pair for the gate_up (no expert-major or MMA launches) and the token-slots down."""
-    t = x.shape[0] if x.dim() == 2 else 0
-    num_experts = w13.shape[0]
-    if t == 0 or not supported(x, w13, w2) or logits.dtype != torch.float32 or logits.shape != (t, num_experts):
-        return False
-    if num_experts > router_triton.MAX_EXPERTS or not 0 < top_k <= min(router_triton.MAX_TOP_K, num_experts):
-        return False
-    decode, fold, _ = _paths(x, t, w13, w2, shared, None, None, None, config)
-    if not decode or (shared is not None and not fold):
-        return False
-    nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
-    cfg = config or decode_config(nv, t, x.device)
-    if cfg.expert_major or _unsorted_grouped(cfg, shared) or cfg.mma_down or _mma_shared(cfg, x, w13, w2, shared):
-        return False
-    q2, _, _, we2, wn2, se2, sn2, _, _, nv2, _ = _weight_args(w2, x)
-    hidden, inter = x.shape[1], w2.shape[-1]
-    stacked = we2 == hidden * wn2 and (not nv2 or se2 == hidden * sn2)
-    value_bytes = moe_down_slots_triton.NVFP4_VALUE_BYTES if nv2 else q2.element_size()
-    shared_inter = 0 if shared is None else shared[1].shape[-1]
-    return _token_slots(cfg, stacked, value_bytes, hidden, top_k, inter, shared_inter)

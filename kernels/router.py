@@ -12,18 +12,7 @@ def sigmoid_topk_ref(
     x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool = True, scaling: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] (any dtype), weight [E, H] -> (weights FP32 [T, k], expert ids int64 [T, k])."""
-    return topk_from_logits_ref(router_logits_ref(x, weight), top_k, renormalize, scaling)
-
-
-def router_logits_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """FP32 logits [T, E] of x [T, H] (any dtype) against the router weight [E, H]."""
-    return F.linear(x.to(torch.float32), weight.to(torch.float32))
-
-
-def topk_from_logits_ref(
-    logits: torch.Tensor, top_k: int, renormalize: bool = True, scaling: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP32 logits [T, E] -> (weights FP32 [T, k], expert ids int64 [T, k]): sigmoid, top-k, renormalised, scaled."""
+    logits = F.linear(x.to(torch.float32), weight.to(torch.float32))
     scores, ids = torch.topk(logits.sigmoid(), top_k, dim=-1)
     if renormalize:
         scores = scores / scores.sum(dim=-1, keepdim=True)
@@ -46,12 +35,3 @@ def add_rms_norm_sigmoid_topk_ref(
     normed, new_residual = add_rms_norm_ref(x, residual, norm_weight, eps)
     weights, ids = sigmoid_topk_ref(normed, router_weight, top_k, renormalize, scaling)
     return normed, new_residual, weights, ids
-
-
-def add_rms_norm_router_logits_ref(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, router_weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`add_rms_norm_ref` then the router's FP32 logits of the normed rows -> (normed, new residual, logits [T, E]);
-    the top-k is left to the MoE (`moe.moe_from_logits_ref`)."""
-    normed, new_residual = add_rms_norm_ref(x, residual, norm_weight, eps)
-    return normed, new_residual, router_logits_ref(normed, router_weight)

@@ -145,25 +145,6 @@ def _topk_from_logits(
 
 
 @triton.jit
-def token_topk(
-    logits_ptr,
-    token,
-    num_experts,
-    scaling,
-    TOP_K: tl.constexpr,
-    K_PAD: tl.constexpr,
-    E_PAD: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
-):
-    """Top-k of one token's FP32 logits row that an earlier launch stored (`_router_norm_logits_kernel`): (weights
-    FP32, expert ids int32), both [1, K_PAD], as `_topk_rows` gives the router's tail, so the same bits."""
-    ee = tl.arange(0, E_PAD)
-    ee_ok = ee < num_experts
-    logits = tl.load(logits_ptr + token * num_experts + ee, mask=ee_ok, other=0.0)
-    return _topk_rows(logits[None, :], ee, ee_ok, scaling, 1, TOP_K, K_PAD, E_PAD, RENORMALIZE)
-
-
-@triton.jit
 def _weight_step(w_rows, e_ok, kk, k0, hidden, EVEN_K: tl.constexpr):
     """Router weight rows, columns k0 + kk, for k0 < hidden (the launcher never runs hidden == 0)."""
     w_mask = e_ok[:, None]
@@ -240,12 +221,9 @@ def _router_program(
     RENORMALIZE: tl.constexpr,
     PROLOGUE: tl.constexpr,
     PDL: tl.constexpr,
-    TAIL: tl.constexpr = True,
 ):
-    """FP32 logits of all tokens for BLOCK_E experts (one pass over their weight rows); with TAIL the last program to
-    finish turns all the logits into top-k weights (FP32) and expert ids (int64), without it the logits are the
-    result (the MoE launches take the top-k: `add_rms_norm_router_logits`) and cnt_ptr, out_w_ptr, out_ids_ptr
-    are unused.
+    """FP32 logits of all tokens for BLOCK_E experts (one pass over their weight rows); the last program to finish
+    turns all the logits into top-k weights (FP32) and expert ids (int64).
 
     The first K step's weight rows (all of K for Flint at T = 1) are loaded before waiting for the previous grid
     (PDL; weights are never written by a kernel). With PROLOGUE (one K step covers the row) the router's input is
@@ -276,20 +254,19 @@ def _router_program(
             xv = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_x + (k0 + kk)[None, :], mask=x_mask, other=0.0)
             acc += tl.sum(xv.to(tl.float32)[:, None, :] * wv.to(tl.float32)[None, :, :], axis=2)
     tl.store(logits_ptr + t[:, None] * num_experts + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
-    if TAIL:
-        # The barrier orders all of this CTA's stores before the release; the program that sees the last arrival
-        # (its acquire pairs with every release) reads the logits from L2 (.cg: not a stale L1 line).
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
-        if arrived == tl.num_programs(0) - 1:
-            # ROWS tokens at a time (all of them for Flint's 256 experts): the k reductions then run once per chunk,
-            # not once per token.
-            for t0 in range(0, num_tokens, ROWS):
-                _topk_from_logits(
-                    logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD,
-                    E_PAD, RENORMALIZE, 1,
-                )  # fmt: skip
-            tl.atomic_xchg(cnt_ptr, 0)
+    # The barrier orders all of this CTA's stores before the release; the program that sees the last arrival (its
+    # acquire pairs with every release) reads the logits from L2 (.cg: not a stale L1 line).
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+    if arrived == tl.num_programs(0) - 1:
+        # ROWS tokens at a time (all of them for Flint's 256 experts): the k reductions then run once per chunk,
+        # not once per token.
+        for t0 in range(0, num_tokens, ROWS):
+            _topk_from_logits(
+                logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD,
+                E_PAD, RENORMALIZE, 1,
+            )  # fmt: skip
+        tl.atomic_xchg(cnt_ptr, 0)
 
 
 # Two entry points of one program, so the plain router keeps its signature (and no dummy arguments).
@@ -363,38 +340,6 @@ def _router_norm_kernel(
         x_ptr, w_ptr, logits_ptr, cnt_ptr, out_w_ptr, out_ids_ptr, num_tokens, hidden, num_experts, stride_x,
         stride_w, scaling, res_ptr, norm_w_ptr, normed_ptr, new_res_ptr, stride_res, eps, BLOCK_T, BLOCK_E,
         BLOCK_K, EVEN_K, TOP_K, K_PAD, E_PAD, ROWS, RENORMALIZE, True, PDL,
-    )  # fmt: skip
-
-
-@triton.jit
-def _router_norm_logits_kernel(
-    x_ptr,
-    res_ptr,
-    norm_w_ptr,
-    normed_ptr,
-    new_res_ptr,
-    w_ptr,
-    logits_ptr,
-    num_tokens,
-    hidden,
-    num_experts,
-    stride_x,
-    stride_res,
-    stride_w,
-    eps,
-    BLOCK_T: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    E_PAD: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """`_router_norm_kernel` without its top-k tail: normed, the new residual and the FP32 logits [T, E] only (no
-    counter, no last program); the MoE launches take the top-k from the logits (`moe_triton.moe_from_logits`)."""
-    _router_program(
-        x_ptr, w_ptr, logits_ptr, logits_ptr, logits_ptr, logits_ptr, num_tokens, hidden, num_experts, stride_x,
-        stride_w, 1.0, res_ptr, norm_w_ptr, normed_ptr, new_res_ptr, stride_res, eps, BLOCK_T, BLOCK_E, BLOCK_K,
-        EVEN_K, 1, 1, E_PAD, 1, False, True, PDL, False,
     )  # fmt: skip
 
 
@@ -627,49 +572,6 @@ def add_rms_norm_sigmoid_topk(
         x, router_weight, top_k, renormalize, scaling, out_w, out_ids, (residual, norm_weight, eps, normed, new_res)
     )
     return normed, new_res, out_w, out_ids
-
-
-# The largest batch whose MoE launches take the top-k from the logits (`add_rms_norm_router_logits`): every gate_up
-# program of a pair runs its token's top-k, which only a token or so leaves cheaper than the counter tail.
-LOGITS_MAX_TOKENS = 1
-
-
-def add_rms_norm_router_logits(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, router_weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(normed, new residual, FP32 logits [T, E]) as `add_rms_norm_router_logits_ref`, in one launch with no top-k
-    tail (no counter, no last program): the MoE launches take the top-k (`moe_triton.moe_from_logits`). None (the
-    caller routes as before) above LOGITS_MAX_TOKENS tokens or where `add_rms_norm_sigmoid_topk` would not be one
-    launch either."""
-    t = x.shape[0] if x.dim() == 2 else 0
-    fits = (
-        0 < t <= LOGITS_MAX_TOKENS
-        and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-        and residual.shape == x.shape
-        and residual.dtype == x.dtype
-        and norm_weight.shape == (x.shape[1],)
-        and router_weight.dim() == 2
-        and router_weight.shape[1] == x.shape[1]
-        and router_weight.shape[0] <= MAX_EXPERTS
-        and fused_norm_fits(t, x.shape[1])
-    )
-    if not fits:
-        return None
-    x, residual, norm_weight, router_weight = (
-        a if a.stride(-1) == 1 else a.contiguous() for a in (x, residual, norm_weight, router_weight)
-    )
-    hidden, num_experts = x.shape[1], router_weight.shape[0]
-    normed = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
-    new_res = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
-    logits = torch.empty((t, num_experts), dtype=torch.float32, device=x.device)
-    block_k = _block_k(t, hidden)
-    _router_norm_logits_kernel[(triton.cdiv(num_experts, _BLOCK_E),)](
-        x, residual, norm_weight, normed, new_res, router_weight, logits, t, hidden, num_experts, x.stride(0),
-        residual.stride(0), router_weight.stride(0), float(eps), BLOCK_T=triton.next_power_of_2(t), BLOCK_E=_BLOCK_E,
-        BLOCK_K=block_k, EVEN_K=hidden % block_k == 0, E_PAD=triton.next_power_of_2(num_experts), num_warps=4,
-        **launch_options(x.device),
-    )  # fmt: skip
-    return normed, new_res, logits
 
 
 def tiles_config(

@@ -134,40 +134,6 @@ def test_norm_epilogues_in_the_model(nvfp4: bool, seqs: list[list[int]]) -> None
 
 
 @pytest.mark.parametrize("nvfp4", [False, True])
-def test_one_token_with_the_top_k_inside_the_moe_launches(monkeypatch: pytest.MonkeyPatch, nvfp4: bool) -> None:
-    """`add_rms_norm_router_logits` with `moe_from_logits` (experimental ops) at one token: the router stores only
-    its logits and the MoE's gate_up and token-slots down take the top-k (those launches run, the router's top-k
-    tail does not), with the plain path's hidden states; at two tokens the router op declines and routes as before."""
-    from flint_kernels import moe_down_slots_triton, moe_triton, router_triton
-    from kernel_checks import LaunchSpy
-
-    # The decode tiles of the H200 table's 1-token entry (FMA, token-slots down) at the tiny model's sizes.
-    slots = moe_triton.MoEConfig(1, 16, 32, 4, 32, False, 4, 1, dn_token_slots=True)
-    monkeypatch.setattr(moe_triton, "decode_config", lambda nv, t=1, device=None: slots)
-    spies = {
-        "gate_up": (moe_triton, "_moe_gate_up_logits_kernel"),
-        "down": (moe_down_slots_triton, "_moe_down_slots_logits_kernel"),
-        "tail": (router_triton, "_router_norm_kernel"),
-    }
-    counted = {}
-    for key, (mod, name) in spies.items():
-        counted[key] = LaunchSpy(getattr(mod, name))
-        monkeypatch.setattr(mod, name, counted[key])
-    w = random_weights(CFG, torch.float32, seed=11, nvfp4_linears=nvfp4)
-    ops = (*fast.OPS, "add_rms_norm_router_logits", "moe_from_logits")
-    fk = fast.fast_kernels(REFERENCE, ops)
-    moe_layers = sum(1 for layer in w.layers if hasattr(layer.mlp, "router"))
-    for seqs, logits_path in (([[11]], True), ([[11], [12]], False)):
-        ref = FlintModel(w).forward_sequences(seqs)
-        for spy in counted.values():
-            spy.grids.clear()
-        assert _rel(FlintModel(w, fk).forward_sequences(seqs), ref) < 1e-5
-        want = moe_layers if logits_path else 0
-        assert (counted["gate_up"].launches, counted["down"].launches) == (want, want)
-        assert counted["tail"].launches == (0 if logits_path else moe_layers)
-
-
-@pytest.mark.parametrize("nvfp4", [False, True])
 def test_float32_copy_evaluates_the_same_weights_without_bf16_rounding(nvfp4: bool) -> None:
     """`as_float32` (the yardstick of benchmarks/fast_path_accuracy.py): exact upcasts, NVFP4 codes shared, and the
     BF16 model's logits within BF16 rounding of the FP32 evaluation."""

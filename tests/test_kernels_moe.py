@@ -14,12 +14,10 @@ import os
 import pytest
 import torch
 from flint_kernels import gemv_triton as gt
-from flint_kernels import moe_down_slots_triton as down_slots
 from flint_kernels import moe_triton as mt
 from flint_kernels import nvfp4, split_k_triton
 from flint_kernels.linear import NVFP4Weight
-from flint_kernels.moe import moe_add_rms_norm_ref, moe_from_logits_ref, moe_ref
-from flint_kernels.router import topk_from_logits_ref
+from flint_kernels.moe import moe_add_rms_norm_ref, moe_ref
 from kernel_checks import LaunchSpy, poisoned_empty, rel_err, routing
 from kernel_checks import random_nvfp4_experts as random_nvfp4
 
@@ -329,53 +327,6 @@ def test_decode_down_adds_a_tokens_slots_in_one_program(fmt: str, t: int, k: int
     assert rel_err(runs[0], per_pair) < 1e-6
     assert torch.equal(runs[0], runs[1])
     assert not split_k_triton.counters(DEVICE).any()
-
-
-@pytest.mark.parametrize(
-    "fmt,t,k,i,with_shared,renormalize",
-    [("dense", 1, 6, 48, True, True), ("dense", 2, 3, 64, False, False), ("nvfp4", 1, 6, 32, True, True)],
-)
-def test_moe_from_logits_takes_the_top_k_in_its_launches(
-    fmt: str, t: int, k: int, i: int, with_shared: bool, renormalize: bool
-) -> None:
-    """The router's FP32 logits in the ids' place (`moe_from_logits`): the per-pair gate_up and the token-slots down
-    each take the token's top-k themselves, and give the reference's output (top-k by torch, then `moe_ref`) and,
-    to FP32 rounding, the same launches fed the top-k's ids and weights; top-k 6 and 3 (8 and 4 slots), scaled."""
-    x, _, _, w13, w2, shared = moe_case(fmt, t, 8, 80 if fmt == "dense" else 128, i, k, with_shared, gen(250 + t))
-    logits = torch.randn(t, 8, generator=gen(260 + t), device=DEVICE) * 3
-    tw, ids = topk_from_logits_ref(logits, k, renormalize, 2.5)
-    cfg = dataclasses.replace(TOKEN_SLOTS, dn_block_n=4)
-    assert mt.takes_logits(x, logits, k, w13, w2, shared, cfg)
-    want = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg, shared=shared, fold_max_tokens=64)
-    names = (
-        "_moe_gate_up_kernel",
-        "_moe_gate_up_logits_kernel",
-        "_moe_down_slots_kernel",
-        "_moe_down_slots_logits_kernel",
-    )
-    spies = {n: LaunchSpy(getattr(mt if "gate_up" in n else down_slots, n)) for n in names}
-    with pytest.MonkeyPatch.context() as mp:
-        for n, spy in spies.items():
-            mp.setattr(mt if "gate_up" in n else down_slots, n, spy)
-        got = mt.moe_from_logits(x, logits, k, renormalize, 2.5, w13, w2, shared, config=cfg)
-    assert [spies[n].launches for n in names] == [0, 1, 0, 1]
-    assert rel_err(got, moe_from_logits_ref(x, logits, k, renormalize, 2.5, w13, w2, shared)) < 1e-5
-    assert rel_err(got, want) < 1e-6
-    assert not split_k_triton.counters(DEVICE).any()
-
-
-def test_moe_from_logits_routes_first_where_its_launches_cannot() -> None:
-    """Tiles without the token-slots down, tensor-core tiles, or logits of another shape: the top-k runs first and
-    the usual launches follow, with the reference's result."""
-    x, _, _, w13, w2, shared = moe_case("dense", 1, 8, 80, 48, 6, True, gen(270))
-    logits = torch.randn(1, 8, generator=gen(271), device=DEVICE)
-    want = moe_from_logits_ref(x, logits, 6, True, 1.0, w13, w2, shared)
-    four = dataclasses.replace(TOKEN_SLOTS, dn_block_n=4)
-    for cfg in (DECODE_FMA, dataclasses.replace(four, use_dot=True, block_m=16)):
-        assert not mt.takes_logits(x, logits, 6, w13, w2, shared, cfg)
-        assert rel_err(mt.moe_from_logits(x, logits, 6, True, 1.0, w13, w2, shared, config=cfg), want) < 1e-5
-    assert not mt.takes_logits(x, logits.double(), 6, w13, w2, shared, four)
-    assert not mt.takes_logits(x, logits[:, :4], 6, w13, w2, shared, four)
 
 
 def test_decode_down_token_slots_keep_the_per_pair_launch_where_they_do_not_fit() -> None:
@@ -727,28 +678,6 @@ def test_gpu_down_token_slots_flint_shapes(t: int, fmt: str, block_n: int) -> No
     assert spy.launches == 0
     assert rel_err(got, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-2
     assert rel_err(got, want) < 5e-3
-    assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
-def test_gpu_moe_from_logits_flint_shapes(fmt: str) -> None:
-    """One token, Flint's experts and shared expert, routed by 256 FP32 logits at the 1-token table entry's tiles
-    (token-slots down): the launches take the top-k themselves and give the output of the same tiles fed the
-    top-k's ids and weights (to a few roundings: the weights' sigmoid is Triton's, not torch's), and the
-    reference's."""
-    g = gen(780)
-    x, _, _, w13, w2, shared = flint_moe_inputs(1, fmt, g)
-    logits = torch.randn(1, 256, generator=g, device=DEVICE) * 2
-    cfg = dataclasses.replace(mt.decode_config(fmt == "nvfp4", 1, x.device), dn_token_slots=True, dn_block_n=2)
-    assert mt.takes_logits(x, logits, 6, w13, w2, shared, cfg)
-    tw, ids = topk_from_logits_ref(logits, 6)
-    want = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg, shared=shared)
-    for _ in range(2):
-        got = mt.moe_from_logits(x, logits, 6, True, 1.0, w13, w2, shared, config=cfg)
-        assert rel_err(got, want) < 5e-3
-        assert rel_err(got, moe_from_logits_ref(x, logits, 6, True, 1.0, w13, w2, shared)) < 1e-2
     assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 

@@ -8,13 +8,7 @@ from flint_kernels import rmsnorm_triton, router_triton, split_k_triton
 from flint_kernels.activation import silu_and_mul_ref
 from flint_kernels.activation_triton import silu_and_mul
 from flint_kernels.rmsnorm import add_rms_norm_ref
-from flint_kernels.router import (
-    add_rms_norm_router_logits_ref,
-    add_rms_norm_sigmoid_topk_ref,
-    router_logits_ref,
-    sigmoid_topk_ref,
-    topk_from_logits_ref,
-)
+from flint_kernels.router import add_rms_norm_sigmoid_topk_ref, sigmoid_topk_ref
 from flint_kernels.router_triton import SMALL_BATCH, add_rms_norm_sigmoid_topk, fused_norm_fits, sigmoid_topk
 from kernel_checks import LaunchSpy, poison_torch_empty
 
@@ -432,62 +426,6 @@ def test_add_rms_norm_sigmoid_topk_interp(
         monkeypatch.setattr(router_triton, "_PRODUCT_TILE", 16 * router_triton._PRODUCT_TILE)
     assert fused_norm_fits(t, hidden) == fused
     _check_norm_router(t, hidden, experts, k, renorm, scaling, dtype, "cpu")
-
-
-@pytest.mark.parametrize(("hidden", "experts"), [(2048, 256), (96, 16), (200, 40)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_add_rms_norm_router_logits_interp(
-    poison: None, monkeypatch: pytest.MonkeyPatch, hidden: int, experts: int, dtype: torch.dtype
-) -> None:
-    """The router without its top-k tail (`add_rms_norm_router_logits`, one token): residual bit-identical, normed
-    as `_check_normed`, FP32 logits as the reference's to FP32 summation order, every logit written, no counter
-    touched; the top-k its logits give is the full router's (ids equal, weights to FP32 rounding)."""
-    if hidden > 1000:  # as in test_add_rms_norm_sigmoid_topk_interp
-        monkeypatch.setattr(router_triton, "_BLOCK_E", 16)
-        monkeypatch.setattr(router_triton, "_PRODUCT_TILE", 16 * router_triton._PRODUCT_TILE)
-    x, res, norm_w, router_w = _norm_router_inputs(1, hidden, experts, dtype, "cpu", seed=80)
-    normed, new_res, logits = router_triton.add_rms_norm_router_logits(x, res, norm_w, EPS, router_w)
-    ref_normed, ref_res, ref_logits = add_rms_norm_router_logits_ref(x, res, norm_w, EPS, router_w)
-    assert torch.equal(new_res, ref_res)
-    _check_normed(normed, ref_normed, ref_res, norm_w)
-    assert logits.shape == (1, experts) and logits.dtype == torch.float32 and not logits.isnan().any()
-    scale = logits.abs().max().item()
-    assert (logits - router_logits_ref(normed, router_w)).abs().max().item() < 1e-5 * scale
-    assert (logits - ref_logits).abs().max().item() < 1e-2 * scale  # (normed may flip an FP16 ulp at a near-tie)
-    k = min(6, experts)
-    got_w, got_ids = topk_from_logits_ref(logits, k)
-    _, _, want_w, want_ids = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, k)
-    assert torch.equal(got_ids, want_ids) and (got_w - want_w).abs().max().item() < 1e-6
-    assert not split_k_triton.counters(x.device).any()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_gpu_add_rms_norm_router_logits_flint_shapes() -> None:
-    """Flint's router at one BF16 token without its tail: residual bit-identical, normed as `_check_normed`, and the
-    top-k of its logits the full router's (ids equal, weights to FP32 rounding)."""
-    x, res, norm_w, router_w = _norm_router_inputs(1, 2048, 256, torch.bfloat16, "cuda", seed=90)
-    normed, new_res, logits = router_triton.add_rms_norm_router_logits(x, res, norm_w, EPS, router_w)
-    ref_normed, ref_res, _ = add_rms_norm_router_logits_ref(x, res, norm_w, EPS, router_w)
-    assert torch.equal(new_res, ref_res)
-    _check_normed(normed, ref_normed, ref_res, norm_w)
-    scale = logits.abs().max().item()
-    assert (logits - router_logits_ref(normed, router_w)).abs().max().item() < 1e-5 * scale
-    got_w, got_ids = topk_from_logits_ref(logits, 6)
-    _, _, want_w, want_ids = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
-    assert torch.equal(got_ids, want_ids) and (got_w - want_w).abs().max().item() < 1e-6
-    assert not split_k_triton.counters(x.device).any()
-
-
-def test_add_rms_norm_router_logits_declines_past_its_batch() -> None:
-    """Past LOGITS_MAX_TOKENS tokens, or where the norm does not fit one launch, it returns None: the caller routes
-    as before (the router's own top-k)."""
-    x, res, norm_w, router_w = _norm_router_inputs(2, 96, 16, torch.float32, "cpu")
-    assert router_triton.LOGITS_MAX_TOKENS == 1
-    assert router_triton.add_rms_norm_router_logits(x, res, norm_w, EPS, router_w) is None
-    x, res, norm_w, router_w = _norm_router_inputs(1, 96, 16, torch.float32, "cpu")
-    assert router_triton.add_rms_norm_router_logits(x, res, norm_w, EPS, router_w[:, :64]) is None
-    assert router_triton.add_rms_norm_router_logits(x, res, norm_w, EPS, router_w) is not None
 
 
 class _Launches:
