@@ -45,7 +45,6 @@ is split in the kernel, tile by tile (same result, slower). H200, BF16, `benchma
 from __future__ import annotations
 
 import functools
-import os
 import weakref
 from dataclasses import replace
 
@@ -70,15 +69,6 @@ _SCORE_TILE = 4096
 H200_SHARED_MEMORY = 232448
 # Pre-split BF16 parts of FP32 router weights (`prepare`), by id of the weight tensor.
 _splits: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
-# How the top-k picks each of its k experts, read once at import ($FLINT_ROUTER_TOPK): "pairs" (as shipped) takes
-# the largest score, then the lowest expert id holding it (two reductions a round); "packed" takes the largest of
-# int64 keys (score bits << 32 | padded experts - 1 - id), the same choice in one reduction a round (half the
-# cross-warp barriers of the router's serial tail, 12 -> 6 at Flint's top-6). Not yet timed on a GPU.
-TOPK_MODES = ("pairs", "packed")
-_TOPK_MODE = os.environ.get("FLINT_ROUTER_TOPK", "pairs")
-if _TOPK_MODE not in TOPK_MODES:
-    raise ValueError(f"FLINT_ROUTER_TOPK must be one of {TOPK_MODES}, got {_TOPK_MODE!r}")
-_PACKED_TOPK = tl.constexpr(_TOPK_MODE == "packed")
 
 
 @triton.jit
@@ -96,31 +86,17 @@ def _topk_rows(
     """Sigmoid scores of FP32 logits [ROWS, E_PAD], then each row's top-k: (weights FP32, expert ids int32), both
     [ROWS, K_PAD], descending, ties to the lower expert id. `e` [E_PAD] are the expert ids, `e_ok` the real ones."""
     scores = 1.0 / (1.0 + tl.exp(-logits))
+    # Padded experts can never win: sigmoid scores are >= 0.
+    scores = tl.where(e_ok[None, :], scores, -1.0)
     slots = tl.arange(0, K_PAD)[None, :]
     top_w = tl.zeros([ROWS, K_PAD], dtype=tl.float32)
     top_i = tl.zeros([ROWS, K_PAD], dtype=tl.int32)
-    if _PACKED_TOPK:
-        # Sigmoid scores are >= +0, so their bits order as integers; the low word E_PAD - 1 - id makes the lower id
-        # the larger key among equal scores, and every key distinct. Padded experts (-1) never win.
-        low = (E_PAD - 1 - e).to(tl.int64)
-        bits = scores.to(tl.int32, bitcast=True).to(tl.int64)
-        keys = tl.where(e_ok[None, :], (bits << 32) | low[None, :], -1)
-        for j in tl.static_range(TOP_K):
-            best = tl.max(keys, axis=1)
-            idx = (E_PAD - 1 - (best & 0xFFFFFFFF)).to(tl.int32)
-            score = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-            top_w = tl.where(slots == j, score[:, None], top_w)
-            top_i = tl.where(slots == j, idx[:, None], top_i)
-            keys = tl.where(keys == best[:, None], -1, keys)
-    else:
-        # Padded experts can never win: sigmoid scores are >= 0.
-        scores = tl.where(e_ok[None, :], scores, -1.0)
-        for j in tl.static_range(TOP_K):
-            best = tl.max(scores, axis=1)
-            idx = tl.min(tl.where(scores == best[:, None], e[None, :], E_PAD), axis=1)
-            top_w = tl.where(slots == j, best[:, None], top_w)
-            top_i = tl.where(slots == j, idx[:, None], top_i)
-            scores = tl.where(e[None, :] == idx[:, None], -2.0, scores)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(scores, axis=1)
+        idx = tl.min(tl.where(scores == best[:, None], e[None, :], E_PAD), axis=1)
+        top_w = tl.where(slots == j, best[:, None], top_w)
+        top_i = tl.where(slots == j, idx[:, None], top_i)
+        scores = tl.where(e[None, :] == idx[:, None], -2.0, scores)
     if RENORMALIZE:
         top_w = top_w / tl.sum(tl.where(slots < TOP_K, top_w, 0.0), axis=1)[:, None]
     return top_w * scaling, top_i
