@@ -3,12 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the forty-second session, 2026-12-05, whose seven calls ran on an H100 and judged
-# TOKEN_SLOTS and O_SPLIT there, both installed; docs/performance.md's sections of it and the fortieth):
-#   BF16_SLOTS=1  the BF16 down at 1 token with a token's slots in one program, 2 and 1 columns (~4 minutes): on an
-#                 H100 with 2 GiB kept free beside the weights instead of 6 (`decode.py --reserve-gib`; not yet tried
-#                 there: BF16 had been skipped on H100s for its KV cache);
-#   SLOTS4=1      the token-slots down in 4 columns a program, NVFP4 at 1 and 2 tokens (~3 minutes; an H100 will do);
+# Next, in this order (state after the forty-third session, 2026-12-05: BF16_SLOTS installed, SLOTS4 even, the
+# shipped table's H200 figures by H200_TABLE; docs/performance.md's sections of it, the forty-second and fortieth):
+#   MODEL=random:full bash benchmarks/gpu_record_manifest.sh (~4 minutes), on an H200 only (an 80 GB H100 has no
+#                 room for the KV cache beside BF16's weights): the BF16 profile recorded again, with the BF16
+#                 token-slots down installed in the forty-third session;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
@@ -318,7 +317,7 @@ fi
 # QKNORM=1 (twenty-seventh session, then removed): the prefill's Q/K norm + RoPE + cache write four tokens a program
 # took 60.5 against 63.4 us a layer in the 8K BF16 prefill, and the whole prefill was even (113.1 / 112.9 ms against
 # one token a program): that kernel is not short of bytes in flight, unlike SiLU-and-mul was.
-# H200_TABLE=1 (forty-third session): the shipped table's figures on an H200, both formats, for the status table
+# H200_TABLE=1 (ran in the forty-third session: decode_h200_table_s43.json): the shipped table's figures on an H200, both formats, for the status table
 # after sessions that measured only on an H100: the step at 1-64 sequences (1K context), the 8K prefill and the
 # batch-1 kernel count and families (eager profile); no path check (CHECK runs it), no plain-path timing. ~6 minutes.
 if [ "${H200_TABLE:-0}" = 1 ]; then
@@ -682,7 +681,8 @@ if [ "${TOKEN_SLOTS:-0}" = 1 ]; then
     decode_ab token_slots 330 "the down's slots in one program, 2 columns a program / 1" \
         "--formats nvfp4 bf16 --batches 1" "$V/ts_a.json" "$V/ts_b.json"
 fi
-# BF16_SLOTS=1 (forty-second session): TOKEN_SLOTS's BF16 half, which an 80 GB H100 skipped with decode.py's 6 GiB
+# BF16_SLOTS=1 (ran in the forty-third session on an H100, installed: BF16 b1 3.066 -> 2.994 ms with 2 columns, 2.995
+# with 1; decode_h100_bf16_token_slots_ab_s43.json) (forty-second session): TOKEN_SLOTS's BF16 half, which an 80 GB H100 skipped with decode.py's 6 GiB
 # reserve (~5 GiB are left beside BF16's weights there); here with 2 GiB, so it runs at batch 1 on an H100 too.
 # The whole step at BF16 b1 with a 1-token entry (a copy of the 1-2-token one) whose down adds a token's slots in one
 # program of 2 / 1 columns (BF16 sm_90 compiles: 111 / 77 registers, no spills). A win: that entry in the table and
@@ -697,7 +697,8 @@ if [ "${BF16_SLOTS:-0}" = 1 ]; then
     decode_ab bf16_slots 300 "BF16's down with a token's slots in one program, 2 columns a program / 1" \
         "--formats bf16 --batches 1 --reserve-gib 2" "$V/bs_2.json" "$V/bs_1.json"
 fi
-# SLOTS4=1 (forty-second session; an H100 will do): the token-slots down in 4 columns a program (NVFP4, 4 warps: a
+# SLOTS4=1 (ran in the forty-third session on an H100: b1 2.148 -> 2.141 ms, noise; b2 2.929 -> 3.072, lost; nothing
+# changed; decode_h100_nvfp4_slots4_ab_s43.json) (forty-second session): the token-slots down in 4 columns a program (NVFP4, 4 warps: a
 # thread's tiles at MAX_THREAD_BYTES exactly; sm_90, Triton 3.9: 193 registers, no spills, against 96 at 2), at 1
 # token against the installed 2, and at 2 tokens, where 2 columns (2,048 programs) lost 11% to the per-pair
 # 32-column tiles (896 programs); 4 columns there run 1,024. A win: the entry's dn_block_n (and dn_token_slots at 2

@@ -198,7 +198,7 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     dot_32 = MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     dot_expert = MoEConfig(16, 64, 128, 128, 128, True, 4, 3, expert_major=True)
     # BF16 at 1 token: the down adds the token's slots in one program of 2 columns (forty-third session's whole-step
-    # A/B on an H100: b1 -2.4%).
+    # A/B on an H100: b1 -2.3%).
     bf16_slots = dataclasses.replace(fma_8x1024, dn_block_n=2, dn_token_slots=True)
     bf16_decode = [mt.decode_config(False, t, h200) for t in (1, 2, 3, 8, 9, 32, 64)]
     assert bf16_decode == [bf16_slots, fma_8x1024, dot_32, dot_32, dot_expert, dot_expert, dot_expert]
