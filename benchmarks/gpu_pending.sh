@@ -317,6 +317,17 @@ fi
 # QKNORM=1 (twenty-seventh session, then removed): the prefill's Q/K norm + RoPE + cache write four tokens a program
 # took 60.5 against 63.4 us a layer in the 8K BF16 prefill, and the whole prefill was even (113.1 / 112.9 ms against
 # one token a program): that kernel is not short of bytes in flight, unlike SiLU-and-mul was.
+# ROUTER_TAIL=1 (forty-third session, as an in-place patch then: NVFP4 b1 -7.2%, BF16 -4.5% on an H100,
+# decode_h100_router_skip_tail_ab_s43.json): the batch-1 router without its counter tail (fixed ids; an upper bound
+# for removing it) against the shipped router, `benchmarks/router_tail_probe.py`. ~2 minutes; an H100 will do.
+if [ "${ROUTER_TAIL:-0}" = 1 ]; then
+    cp kernels/tuning/nvidia-h200.json /tmp/skip_tail.json
+    timeout 300 python3 benchmarks/router_tail_probe.py --formats nvfp4 bf16 --batches 1 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --reserve-gib 2 --ab-tuning-file /tmp/skip_tail.json \
+        --out "$OUT/decode_router_tail_ab.json" > "$OUT/decode_router_tail_ab.txt" 2>&1
+    echo "== whole step: the router with its tail vs without (fixed ids)"
+    ab_rounds "$OUT/decode_router_tail_ab.txt"
+fi
 # H200_TABLE=1 (ran in the forty-third session: decode_h200_table_s43.json): the shipped table's figures on an H200, both formats, for the status table
 # after sessions that measured only on an H100: the step at 1-64 sequences (1K context), the 8K prefill and the
 # batch-1 kernel count and families (eager profile); no path check (CHECK runs it), no plain-path timing. ~6 minutes.
