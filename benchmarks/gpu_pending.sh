@@ -694,11 +694,11 @@ if [ "${TOKEN_SLOTS:-0}" = 1 ]; then
         "--formats nvfp4 bf16 --batches 1" "$V/ts_a.json" "$V/ts_b.json"
 fi
 # BF16_SLOTS=1 (ran in the forty-third session on an H100, installed: BF16 b1 3.066 -> 2.994 ms with 2 columns, 2.995
-# with 1; decode_h100_bf16_token_slots_ab_s43.json) (forty-second session): TOKEN_SLOTS's BF16 half, which an 80 GB
-# H100 skipped with decode.py's 6 GiB reserve (~5 GiB are left beside BF16's weights there); here with 2 GiB, so it runs at batch 1 on an H100 too.
-# The whole step at BF16 b1 with a 1-token entry (a copy of the 1-2-token one) whose down adds a token's slots in one
-# program of 2 / 1 columns (BF16 sm_90 compiles: 111 / 77 registers, no spills). A win: that entry in the table and
-# RECORD_BOTH=1.
+# with 1; decode_h100_bf16_token_slots_ab_s43.json) (forty-second session): TOKEN_SLOTS's BF16 half, which an 80 GB H100
+# skipped with decode.py's 6 GiB reserve (~5 GiB are left beside BF16's weights there); here with 2 GiB, so it runs at
+# batch 1 on an H100 too. The whole step at BF16 b1 with a 1-token entry (a copy of the 1-2-token one) whose down adds a
+# token's slots in one program of 2 / 1 columns (BF16 sm_90 compiles: 111 / 77 registers, no spills). A win: that entry
+# in the table and RECORD_BOTH=1.
 if [ "${BF16_SLOTS:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     for cols in 2 1; do
@@ -711,8 +711,8 @@ if [ "${BF16_SLOTS:-0}" = 1 ]; then
 fi
 # SLOTS4=1 (ran in the forty-third session on an H100: b1 2.148 -> 2.141 ms, noise; b2 2.929 -> 3.072, lost; nothing
 # changed; decode_h100_nvfp4_slots4_ab_s43.json) (forty-second session): the token-slots down in 4 columns a program
-# (NVFP4, 4 warps: a thread's tiles at MAX_THREAD_BYTES exactly; sm_90, Triton 3.9: 193 registers, no spills, against 96 at 2), at 1
-# token against the installed 2, and at 2 tokens, where 2 columns (2,048 programs) lost 11% to the per-pair
+# (NVFP4, 4 warps: a thread's tiles at MAX_THREAD_BYTES exactly; sm_90, Triton 3.9: 193 registers, no spills, against 96
+# at 2), at 1 token against the installed 2, and at 2 tokens, where 2 columns (2,048 programs) lost 11% to the per-pair
 # 32-column tiles (896 programs); 4 columns there run 1,024. A win: the entry's dn_block_n (and dn_token_slots at 2
 # tokens), then RECORD=1. ~3 minutes.
 if [ "${SLOTS4:-0}" = 1 ]; then
