@@ -8,6 +8,7 @@
 #   MODEL=random:full bash benchmarks/gpu_record_manifest.sh (~4 minutes), on an H200 only (an 80 GB H100 has no
 #                 room for the KV cache beside BF16's weights): the BF16 profile recorded again, with the BF16
 #                 token-slots down installed in the forty-third session;
+#   ROUTER_LAUNCH=1  the small-batch router's top-k as a launch of its own (~4 minutes; an H100 will do);
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
@@ -317,6 +318,23 @@ fi
 # QKNORM=1 (twenty-seventh session, then removed): the prefill's Q/K norm + RoPE + cache write four tokens a program
 # took 60.5 against 63.4 us a layer in the 8K BF16 prefill, and the whole prefill was even (113.1 / 112.9 ms against
 # one token a program): that kernel is not short of bytes in flight, unlike SiLU-and-mul was.
+# ROUTER_LAUNCH=1 (forty-third session, built without the device time to judge it): the small-batch router's top-k
+# as a one-program launch of its own after a tailless router (`RouterSmallConfig.tail_launch`, the table's
+# "router.small"): a PDL boundary in place of the barrier, the acq_rel atomic and the last arrival's wait, which
+# ROUTER_TAIL measured at 7.2% of the NVFP4 b1 step (4.5% BF16); 47 more launches a step. Its GPU test (bit-equal
+# to the counter tail, in and out of a graph), then the whole step at NVFP4 1, 2, 4, 8, 16 and BF16 1 sequences.
+# ~4 minutes; an H100 will do. A win: the entry in the table (at the batches it wins), RECORD_BOTH=1 on an H200.
+if [ "${ROUTER_LAUNCH:-0}" = 1 ]; then
+    gpu_tests "router top-k launch GPU tests" router_launch_tests 120 -n 3 tests/test_kernels_router_act.py \
+        -k "launch_of_its_own"
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op router.small --when all --set tail_launch=true \
+        --out $V/router_launch.json > /dev/null
+    decode_ab router_launch 240 "the router's top-k as a launch of its own" \
+        "--formats nvfp4 --batches 1 2 4 8 16" $V/router_launch.json
+    decode_ab router_launch_bf16 150 "the router's top-k as a launch of its own" \
+        "--formats bf16 --batches 1 --reserve-gib 2" $V/router_launch.json
+fi
 # ROUTER_TAIL=1 (forty-third session, as an in-place patch then: NVFP4 b1 -7.2%, BF16 -4.5% on an H100,
 # decode_h100_router_skip_tail_ab_s43.json): the batch-1 router without its counter tail (fixed ids; an upper bound
 # for removing it) against the shipped router, `benchmarks/router_tail_probe.py`. ~2 minutes; an H100 will do.

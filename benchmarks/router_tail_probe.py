@@ -27,9 +27,8 @@ from flint_kernels import router_triton
 VARIANT_SUFFIX = "skip_tail.json"
 # The start of `_router_program`'s tail, which FIXED_IDS goes before.
 TAIL = (
-    "    # The barrier orders all of this CTA's stores before the release; the program that sees the last arrival"
-    " (its\n    # acquire pairs with every release) reads the logits from L2 (.cg: not a stale L1 line).\n"
-    "    tl.debug_barrier()"
+    "    if TAIL:\n        # The barrier orders all of this CTA's stores before the release; the program that sees the"
+    " last arrival\n"
 )
 # A constexpr `if` around the early return: the shape the forty-third session's probe ran on the GPU.
 FIXED_IDS = """    if TOP_K > 0:  # (router_tail_probe) no tail: program 0 stores fixed, valid ids and weights

@@ -251,6 +251,16 @@ class WeightsAheadConfig:
 
 
 @dataclass(frozen=True)
+class RouterSmallConfig:
+    """How the small-batch router (`router_triton`, up to its SMALL_BATCH tokens) ends."""
+
+    # False: its programs meet on an arrival counter and the last one runs the top-k (one launch). True: the
+    # programs store their logits and end, and a one-program launch of its own runs the top-k after its PDL wait
+    # (a kernel boundary in place of the barrier, the acq_rel atomic and the last arrival's wait on them).
+    tail_launch: bool = False
+
+
+@dataclass(frozen=True)
 class RouterTilesConfig:
     """Launch parameters of the many-token router kernel (`router_triton`, above its small-batch limit)."""
 

@@ -7,7 +7,10 @@ the split-K pattern of `split_k_triton`); the program that arrives last reads al
 top-k for every token: sigmoid, then k rounds of "largest score, lowest expert id on ties" in registers, which gives
 torch.topk's descending order, and the renormalisation. It then resets the counter, so it is zero again for the next
 launch or CUDA-graph replay. The counter is slot 0 of `split_k_triton.counters` (created on first use: make the first
-call outside graph capture), shared with split-K: such launches must not run concurrently on several streams.
+call outside graph capture), shared with split-K: such launches must not run concurrently on several streams. A
+device's tuning table may end it another way (`RouterSmallConfig.tail_launch`, op "router.small"): the programs
+store their logits and end, and `_router_topk_kernel`, one program launched next, runs the top-k after its PDL wait
+(a kernel boundary where the barrier, the atomic and the last arrival's wait were; no counter).
 
 That kernel is for decode-sized batches: every program reads all the tokens' activations, which stops paying off
 at a few dozen tokens. Above SMALL_BATCH tokens `_router_tiles_kernel` runs instead (large decode batches and
@@ -53,7 +56,7 @@ import triton
 import triton.language as tl
 
 from . import rmsnorm_triton, split_k_triton, tuning
-from .configs import RouterTilesConfig
+from .configs import RouterSmallConfig, RouterTilesConfig
 from .pdl import launch_options, pdl_entry
 from .router import sigmoid_topk_ref
 
@@ -221,9 +224,11 @@ def _router_program(
     RENORMALIZE: tl.constexpr,
     PROLOGUE: tl.constexpr,
     PDL: tl.constexpr,
+    TAIL: tl.constexpr = True,
 ):
-    """FP32 logits of all tokens for BLOCK_E experts (one pass over their weight rows); the last program to finish
-    turns all the logits into top-k weights (FP32) and expert ids (int64).
+    """FP32 logits of all tokens for BLOCK_E experts (one pass over their weight rows); with TAIL the last program to
+    finish turns all the logits into top-k weights (FP32) and expert ids (int64), without it the logits are the
+    result (`_router_topk_kernel`, launched next, runs the top-k) and cnt_ptr, out_w_ptr and out_ids_ptr are unused.
 
     The first K step's weight rows (all of K for Flint at T = 1) are loaded before waiting for the previous grid
     (PDL; weights are never written by a kernel). With PROLOGUE (one K step covers the row) the router's input is
@@ -254,19 +259,20 @@ def _router_program(
             xv = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_x + (k0 + kk)[None, :], mask=x_mask, other=0.0)
             acc += tl.sum(xv.to(tl.float32)[:, None, :] * wv.to(tl.float32)[None, :, :], axis=2)
     tl.store(logits_ptr + t[:, None] * num_experts + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
-    # The barrier orders all of this CTA's stores before the release; the program that sees the last arrival (its
-    # acquire pairs with every release) reads the logits from L2 (.cg: not a stale L1 line).
-    tl.debug_barrier()
-    arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
-    if arrived == tl.num_programs(0) - 1:
-        # ROWS tokens at a time (all of them for Flint's 256 experts): the k reductions then run once per chunk,
-        # not once per token.
-        for t0 in range(0, num_tokens, ROWS):
-            _topk_from_logits(
-                logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD,
-                E_PAD, RENORMALIZE, 1,
-            )  # fmt: skip
-        tl.atomic_xchg(cnt_ptr, 0)
+    if TAIL:
+        # The barrier orders all of this CTA's stores before the release; the program that sees the last arrival
+        # (its acquire pairs with every release) reads the logits from L2 (.cg: not a stale L1 line).
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+        if arrived == tl.num_programs(0) - 1:
+            # ROWS tokens at a time (all of them for Flint's 256 experts): the k reductions then run once per
+            # chunk, not once per token.
+            for t0 in range(0, num_tokens, ROWS):
+                _topk_from_logits(
+                    logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD,
+                    E_PAD, RENORMALIZE, 1,
+                )  # fmt: skip
+            tl.atomic_xchg(cnt_ptr, 0)
 
 
 # Two entry points of one program, so the plain router keeps its signature (and no dummy arguments).
@@ -341,6 +347,86 @@ def _router_norm_kernel(
         stride_w, scaling, res_ptr, norm_w_ptr, normed_ptr, new_res_ptr, stride_res, eps, BLOCK_T, BLOCK_E,
         BLOCK_K, EVEN_K, TOP_K, K_PAD, E_PAD, ROWS, RENORMALIZE, True, PDL,
     )  # fmt: skip
+
+
+@triton.jit
+def _router_logits_kernel(
+    x_ptr,
+    w_ptr,
+    logits_ptr,
+    num_tokens,
+    hidden,
+    num_experts,
+    stride_x,
+    stride_w,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """`_router_kernel` without its tail: the FP32 logits only (`RouterSmallConfig.tail_launch`)."""
+    _router_program(
+        x_ptr, w_ptr, logits_ptr, logits_ptr, logits_ptr, logits_ptr, num_tokens, hidden, num_experts, stride_x,
+        stride_w, 1.0, x_ptr, x_ptr, x_ptr, x_ptr, 0, 0.0, BLOCK_T, BLOCK_E, BLOCK_K, EVEN_K, 1, 1, 1, 1, False,
+        False, PDL, False,
+    )  # fmt: skip
+
+
+@triton.jit
+def _router_norm_logits_kernel(
+    x_ptr,
+    res_ptr,
+    norm_w_ptr,
+    normed_ptr,
+    new_res_ptr,
+    w_ptr,
+    logits_ptr,
+    num_tokens,
+    hidden,
+    num_experts,
+    stride_x,
+    stride_res,
+    stride_w,
+    eps,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """`_router_norm_kernel` without its tail: normed, the new residual and the FP32 logits
+    (`RouterSmallConfig.tail_launch`)."""
+    _router_program(
+        x_ptr, w_ptr, logits_ptr, logits_ptr, logits_ptr, logits_ptr, num_tokens, hidden, num_experts, stride_x,
+        stride_w, 1.0, res_ptr, norm_w_ptr, normed_ptr, new_res_ptr, stride_res, eps, BLOCK_T, BLOCK_E, BLOCK_K,
+        EVEN_K, 1, 1, 1, 1, False, True, PDL, False,
+    )  # fmt: skip
+
+
+@triton.jit
+def _router_topk_kernel(
+    logits_ptr,
+    out_w_ptr,
+    out_ids_ptr,
+    num_tokens,
+    num_experts,
+    scaling,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One program: the top-k of every token's FP32 logits, which the launch before stored (the router's tail as a
+    launch of its own), ROWS tokens at a time."""
+    pdl_entry(PDL)
+    for t0 in range(0, num_tokens, ROWS):
+        _topk_from_logits(
+            logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD, E_PAD,
+            RENORMALIZE, 1,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -497,7 +583,8 @@ def _small_batch(
     norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch `_router_kernel` (1..SMALL_BATCH tokens, unit strides on H), or with `norm` = (residual, norm weight,
-    eps, normed out, new residual out) `_router_norm_kernel` (the caller has checked `fused_norm_fits`)."""
+    eps, normed out, new residual out) `_router_norm_kernel` (the caller has checked `fused_norm_fits`); where
+    `small_config` asks for it, their tailless twins and then `_router_topk_kernel`."""
     t, hidden = x.shape
     num_experts = weight.shape[0]
     logits = torch.empty((t, num_experts), dtype=torch.float32, device=x.device)
@@ -518,6 +605,22 @@ def _small_batch(
         num_warps=4,
         **launch_options(x.device),
     )
+    if small_config(t, num_experts, x.device).tail_launch:
+        logits_meta = {k: meta[k] for k in ("BLOCK_T", "BLOCK_E", "BLOCK_K", "EVEN_K", "num_warps")}
+        pdl = launch_options(x.device)
+        if norm is None:
+            _router_logits_kernel[grid](
+                x, weight, logits, t, hidden, num_experts, x.stride(0), weight.stride(0), **logits_meta, **pdl
+            )  # fmt: skip
+        else:
+            residual, norm_weight, eps, normed, new_res = norm
+            _router_norm_logits_kernel[grid](
+                x, residual, norm_weight, normed, new_res, weight, logits, t, hidden, num_experts, x.stride(0),
+                residual.stride(0), weight.stride(0), float(eps), **logits_meta, **pdl,
+            )  # fmt: skip
+        topk_meta = {k: meta[k] for k in ("TOP_K", "K_PAD", "E_PAD", "ROWS", "RENORMALIZE", "num_warps")}
+        _router_topk_kernel[(1,)](logits, out_w, out_ids, t, num_experts, float(scaling), **topk_meta, **pdl)
+        return
     counter = split_k_triton.counters(x.device)
     if norm is None:
         _router_kernel[grid](
@@ -530,6 +633,12 @@ def _small_batch(
         x, residual, norm_weight, normed, new_res, weight, logits, counter, out_w, out_ids, t, hidden, num_experts,
         x.stride(0), residual.stride(0), weight.stride(0), float(eps), float(scaling), **meta,
     )  # fmt: skip
+
+
+def small_config(tokens: int, num_experts: int, device: torch.device | None = None) -> RouterSmallConfig:
+    """How the small-batch router ends on this device: on its counter (the default), unless the device's tuning
+    table (op "router.small", shape tokens, experts) asks for the top-k as a launch of its own."""
+    return tuning.tuned("router.small", RouterSmallConfig(), device, tokens=tokens, experts=num_experts)
 
 
 def add_rms_norm_sigmoid_topk(

@@ -53,6 +53,7 @@ from .configs import (
     MoEConfig,
     MoEPaths,
     MoETmaConfig,
+    RouterSmallConfig,
     RouterTilesConfig,
     TileConfig,
     WeightsAheadConfig,
@@ -88,6 +89,8 @@ OPS: dict[str, Op] = {
     # elem_bytes: the cache's element size (tiles tuned in BF16 can overflow shared memory in FP32).
     "attention.decode": Op(AttentionDecodeConfig, {"seqs": int, "context": int, "sliding": bool, "elem_bytes": int}),
     "attention.prefill": Op(AttentionPrefillConfig, {"tokens": int, "sliding": bool, "elem_bytes": int}),
+    # The small-batch router (router_triton, up to its SMALL_BATCH tokens): how its top-k runs.
+    "router.small": Op(RouterSmallConfig, {"tokens": int, "experts": int}),
     # The many-token router (router_triton's tensor-core tiles, above its small-batch limit).
     "router.tiles": Op(RouterTilesConfig, {"tokens": int, "experts": int}),
     # A decode graph's side stream asking L2 for the next weights (l2_prefetch); tokens: the step's batch.

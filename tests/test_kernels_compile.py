@@ -255,6 +255,21 @@ def test_router_compiles_for_sm90() -> None:
     assert loads > 0 and waits == 1  # the router's weights before waiting for the previous kernel
 
 
+def test_router_top_k_launch_compiles_for_sm90() -> None:
+    """`RouterSmallConfig.tail_launch`: the batch-1 router with its norm prologue and no tail still loads its weights
+    before its PDL wait, and the one-program top-k launch waits before it reads anything (the logits are the previous
+    kernel's)."""
+    pointers = {"x_ptr": "bf16", "res_ptr": "bf16", "norm_w_ptr": "fp32", "normed_ptr": "bf16", "new_res_ptr": "bf16",
+                "w_ptr": "fp32", "logits_ptr": "fp32"}  # fmt: skip
+    constexprs = dict(BLOCK_T=1, BLOCK_E=1, BLOCK_K=2048, EVEN_K=True, PDL=True)
+    loads, waits = _compile("flint_kernels.router_triton", "_router_norm_logits_kernel", pointers, constexprs, 4, 1)
+    assert loads > 0 and waits == 1
+    pointers = {"logits_ptr": "fp32", "out_w_ptr": "fp32", "out_ids_ptr": "i64"}
+    constexprs = dict(TOP_K=6, K_PAD=8, E_PAD=256, ROWS=1, RENORMALIZE=True, PDL=True)
+    loads, waits = _compile("flint_kernels.router_triton", "_router_topk_kernel", pointers, constexprs, 4, 1)
+    assert loads == 0 and waits == 1
+
+
 @pytest.mark.parametrize(
     ("presplit", "e_pad", "split_k"),
     [(True, 256, 1), (False, 256, 1), (True, 128, 1), (True, 256, 8)],

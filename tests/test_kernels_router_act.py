@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
-from flint_kernels import rmsnorm_triton, router_triton, split_k_triton
+from flint_kernels import rmsnorm_triton, router_triton, split_k_triton, tuning
 from flint_kernels.activation import silu_and_mul_ref
 from flint_kernels.activation_triton import silu_and_mul
 from flint_kernels.rmsnorm import add_rms_norm_ref
@@ -479,6 +482,64 @@ def test_add_rms_norm_sigmoid_topk_launches_interp(
         ref = add_rms_norm_sigmoid_topk_ref(x, res, norm_w, EPS, router_w, 6)
         assert torch.equal(out[1], ref[1]) and torch.equal(out[3], ref[3])
         _check_normed(out[0], ref[0], ref[1], norm_w)
+
+
+@pytest.mark.parametrize(("t", "hidden", "experts", "k"), [(1, 96, 16, 6), (3, 200, 40, 8), (9, 96, 16, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_router_top_k_as_a_launch_of_its_own_interp(
+    poison: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    t: int,
+    hidden: int,
+    experts: int,
+    k: int,
+    dtype: torch.dtype,
+) -> None:
+    """`RouterSmallConfig.tail_launch` (a tuning table asks for it): the tailless router and then the one-program
+    top-k launch give the counter tail's results bit for bit, with and without the add+RMSNorm prologue (9 tokens:
+    the plain router after Triton's add+RMSNorm), and never touch the arrival counter."""
+    x, res, norm_w, router_w = _norm_router_inputs(t, hidden, experts, dtype, "cpu", seed=60)
+    shipped = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, k, True, 2.5)
+    plain = sigmoid_topk(x, router_w, k, False, 1.0)
+    table = {"router.small": [{"when": {"tokens_max": SMALL_BATCH}, "config": {"tail_launch": True}, "source": "t"}]}
+    (tmp_path / "table.json").write_text(json.dumps(table))
+    monkeypatch.setenv(tuning.ENV, str(tmp_path / "table.json"))  # read per call; restored after the test
+    assert router_triton.small_config(t, experts, x.device).tail_launch
+    names = ("_router_kernel", "_router_norm_kernel", "_router_logits_kernel", "_router_norm_logits_kernel",
+             "_router_topk_kernel")  # fmt: skip
+    counted = {name: _Launches(getattr(router_triton, name)) for name in names}
+    for name, kernel in counted.items():
+        monkeypatch.setattr(router_triton, name, kernel)
+    launched = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, k, True, 2.5)
+    launched_plain = sigmoid_topk(x, router_w, k, False, 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(launched, shipped))
+    assert all(torch.equal(a, b) for a, b in zip(launched_plain, plain))
+    fused = fused_norm_fits(t, hidden)
+    assert [counted[n].count for n in names] == [0, 0, 1 + (not fused), int(fused), 2]
+    assert not split_k_triton.counters(x.device).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("t", [1, 4, 12])
+def test_gpu_router_top_k_as_a_launch_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, t: int) -> None:
+    """Flint's router (BF16 tokens, 256 experts, top-6) with its top-k as a launch of its own: the counter tail's
+    results bit for bit, inside and outside a CUDA graph, with the arrival counter left at zero."""
+    x, res, norm_w, router_w = _norm_router_inputs(t, 2048, 256, torch.bfloat16, "cuda", seed=70)
+    shipped = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
+    table = {"router.small": [{"config": {"tail_launch": True}, "source": "test"}]}
+    (tmp_path / "table.json").write_text(json.dumps(table))
+    monkeypatch.setenv(tuning.ENV, str(tmp_path / "table.json"))  # read per call; restored after the test
+    eager = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got in (eager, captured):
+        assert all(torch.equal(a, b) for a, b in zip(got, shipped))
+    assert not split_k_triton.counters(x.device).any()
 
 
 def test_add_rms_norm_sigmoid_topk_strided_interp(poison: None) -> None:

@@ -12,7 +12,9 @@ from types import ModuleType
 
 import pytest
 import torch
-from flint_kernels import router_triton
+from flint_kernels import router_triton, tuning
+
+H200_TABLE = Path(__file__).resolve().parents[1] / "kernels" / "tuning" / "nvidia-h200.json"
 
 
 def test_the_probe_router_skips_the_tail_only_in_the_variant(
@@ -27,10 +29,12 @@ def test_the_probe_router_skips_the_tail_only_in_the_variant(
     g = torch.Generator().manual_seed(5)
     x, res, w = (torch.randn(shape, generator=g) for shape in ((1, 64), (1, 64), (16, 64)))
     norm_w = torch.rand(64, generator=g) + 0.5
-    monkeypatch.setenv("FLINT_TUNING_FILE", str(tmp_path / "table.json"))
-    shipped = router_triton.add_rms_norm_sigmoid_topk(x, res, norm_w, 1e-6, w, 6)
-    monkeypatch.setenv("FLINT_TUNING_FILE", str(tmp_path / "skip_tail.json"))
-    probed = router_triton.add_rms_norm_sigmoid_topk(x, res, norm_w, 1e-6, w, 6)
+    outs = []
+    for name in ("table.json", "skip_tail.json"):  # copies of the shipped table, as the probe's A/B uses
+        (tmp_path / name).write_text(H200_TABLE.read_text())
+        monkeypatch.setenv(tuning.ENV, str(tmp_path / name))
+        outs.append(router_triton.add_rms_norm_sigmoid_topk(x, res, norm_w, 1e-6, w, 6))
+    shipped, probed = outs
     ref_w, ref_ids = router_triton.sigmoid_topk_ref(shipped[0], w, 6)
     assert torch.equal(shipped[3], ref_ids) and torch.allclose(shipped[2], ref_w, atol=1e-6)
     assert probed[3].tolist() == [[j * 37 % 16 for j in range(6)]]
