@@ -9,6 +9,7 @@
 #                 room for the KV cache beside BF16's weights): the BF16 profile recorded again, with the BF16
 #                 token-slots down installed in the forty-third session;
 #   ROUTER_LAUNCH=1  the small-batch router's top-k as a launch of its own (~4 minutes; an H100 will do);
+#   BF16_GU=1     BF16's 1-token gate_up tiles: whole K, 4 columns, 16 x 512 (~4 minutes; an H100 will do);
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
@@ -334,6 +335,24 @@ if [ "${ROUTER_LAUNCH:-0}" = 1 ]; then
         "--formats nvfp4 --batches 1 2 4 8 16" $V/router_launch.json
     decode_ab router_launch_bf16 150 "the router's top-k as a launch of its own" \
         "--formats bf16 --batches 1 --reserve-gib 2" $V/router_launch.json
+fi
+# BF16_GU=1 (forty-third session, for the next call): BF16's gate_up at 1 token is the batch-1 step's largest launch
+# (13.74 us a layer for ~21 MB on the H200, ~37% of the copy rate: decode_h200_table_s43.txt) in 8 x 1024 tiles, K
+# split in two on a counter. The whole step at BF16 b1 with that entry's gate_up in whole-K programs (no split-K
+# counter; 4 and 8 warps, the down's token slots still fit), in 4-column whole-K programs, and in 16 x 512 tiles
+# (4 splits). ~4 minutes; an H100 will do (2 GiB reserve). A win: the entry's fields, then RECORD_BOTH=1 on an H200.
+if [ "${BF16_GU:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    for variant in "k2048w4 gu_block_k=2048" "k2048w8 gu_block_k=2048 num_warps=8" \
+        "i4k2048 gu_block_i=4 gu_block_k=2048" "i16k512 gu_block_i=16 gu_block_k=512"; do
+        read -r name fields <<< "$variant"
+        # shellcheck disable=SC2086  # the fields are a list of words
+        python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": false, "tokens_max": 1}' \
+            --set $fields --out "$V/gu_$name.json" > /dev/null || echo "variant failed: $variant"
+    done
+    decode_ab bf16_gu 300 "BF16's 1-token gate_up: whole K in 4 / 8 warps, 4 columns whole K, 16 x 512" \
+        "--formats bf16 --batches 1 --reserve-gib 2" $V/gu_k2048w4.json $V/gu_k2048w8.json $V/gu_i4k2048.json \
+        $V/gu_i16k512.json
 fi
 # ROUTER_TAIL=1 (forty-third session, as an in-place patch then: NVFP4 b1 -7.2%, BF16 -4.5% on an H100,
 # decode_h100_router_skip_tail_ab_s43.json): the batch-1 router without its counter tail (fixed ids; an upper bound
