@@ -275,7 +275,8 @@ def _router_program(
             tl.atomic_xchg(cnt_ptr, 0)
 
 
-# Two entry points of one program, so the plain router keeps its signature (and no dummy arguments).
+# Entry points of one program, so the plain router keeps its signature (and no dummy arguments): with and without
+# the norm prologue, each with its top-k tail and without it (`RouterSmallConfig.tail_launch`).
 @triton.jit
 def _router_kernel(
     x_ptr,
