@@ -148,6 +148,29 @@ def _topk_from_logits(
 
 
 @triton.jit
+def _topk_of_tokens(
+    logits_ptr,
+    num_tokens,
+    num_experts,
+    scaling,
+    out_w_ptr,
+    out_ids_ptr,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):
+    """Every token's top-k of the logits [T, E] other programs stored, ROWS tokens at a time (all of them for Flint's
+    256 experts): the k reductions then run once per chunk, not once per token."""
+    for t0 in range(0, num_tokens, ROWS):
+        _topk_from_logits(
+            logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD, E_PAD,
+            RENORMALIZE, 1,
+        )  # fmt: skip
+
+
+@triton.jit
 def _weight_step(w_rows, e_ok, kk, k0, hidden, EVEN_K: tl.constexpr):
     """Router weight rows, columns k0 + kk, for k0 < hidden (the launcher never runs hidden == 0)."""
     w_mask = e_ok[:, None]
@@ -265,13 +288,10 @@ def _router_program(
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
         if arrived == tl.num_programs(0) - 1:
-            # ROWS tokens at a time (all of them for Flint's 256 experts): the k reductions then run once per
-            # chunk, not once per token.
-            for t0 in range(0, num_tokens, ROWS):
-                _topk_from_logits(
-                    logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD,
-                    E_PAD, RENORMALIZE, 1,
-                )  # fmt: skip
+            _topk_of_tokens(
+                logits_ptr, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, TOP_K, K_PAD, E_PAD, ROWS,
+                RENORMALIZE,
+            )  # fmt: skip
             tl.atomic_xchg(cnt_ptr, 0)
 
 
@@ -423,11 +443,9 @@ def _router_topk_kernel(
     """One program: the top-k of every token's FP32 logits, which the launch before stored (the router's tail as a
     launch of its own), ROWS tokens at a time."""
     pdl_entry(PDL)
-    for t0 in range(0, num_tokens, ROWS):
-        _topk_from_logits(
-            logits_ptr, t0, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, ROWS, TOP_K, K_PAD, E_PAD,
-            RENORMALIZE, 1,
-        )  # fmt: skip
+    _topk_of_tokens(
+        logits_ptr, num_tokens, num_experts, scaling, out_w_ptr, out_ids_ptr, TOP_K, K_PAD, E_PAD, ROWS, RENORMALIZE
+    )  # fmt: skip
 
 
 @triton.jit
