@@ -3,13 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the forty-third session, 2026-12-05: BF16_SLOTS installed, SLOTS4 even, the
-# shipped table's H200 figures by H200_TABLE; docs/performance.md's sections of it, the forty-second and fortieth):
-#   MODEL=random:full bash benchmarks/gpu_record_manifest.sh (~4 minutes), on an H200 only (an 80 GB H100 has no
-#                 room for the KV cache beside BF16's weights): the BF16 profile recorded again, with the BF16
-#                 token-slots down installed in the forty-third session;
-#   ROUTER_LAUNCH=1  the small-batch router's top-k as a launch of its own (~4 minutes; an H100 will do);
-#   BF16_GU=1     BF16's 1-token gate_up tiles: whole K, 4 columns, 16 x 512 (~4 minutes; an H100 will do);
+# Next, in this order (state after the forty-fourth session, 2026-12-05: ROUTER_LAUNCH installed, BF16_GU lost;
+# docs/performance.md's sections of it and the forty-third):
+#   RECORD_BOTH=1 (~6 minutes), on an H200 only (an 80 GB H100 has no room for the KV cache beside BF16's weights):
+#                 both manifest profiles recorded again, with the router's top-k launch and the BF16 token-slots down;
+#   ROUTER_LAUNCH=1 again on an H200 (~3 minutes): the installed top-k launch against the counter tail;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
@@ -319,28 +317,29 @@ fi
 # QKNORM=1 (twenty-seventh session, then removed): the prefill's Q/K norm + RoPE + cache write four tokens a program
 # took 60.5 against 63.4 us a layer in the 8K BF16 prefill, and the whole prefill was even (113.1 / 112.9 ms against
 # one token a program): that kernel is not short of bytes in flight, unlike SiLU-and-mul was.
-# ROUTER_LAUNCH=1 (forty-third session, built without the device time to judge it): the small-batch router's top-k
-# as a one-program launch of its own after a tailless router (`RouterSmallConfig.tail_launch`, the table's
-# "router.small"): a PDL boundary in place of the barrier, the acq_rel atomic and the last arrival's wait, which
-# ROUTER_TAIL measured at 7.2% of the NVFP4 b1 step (4.5% BF16); 47 more launches a step. Its GPU test (bit-equal
-# to the counter tail, in and out of a graph), then the whole step at NVFP4 1, 2, 4, 8, 16 and BF16 1 sequences.
-# ~4 minutes; an H100 will do. A win: the entry in the table (at the batches it wins), RECORD_BOTH=1 on an H200.
+# ROUTER_LAUNCH=1 (built in the forty-third session; ran in the forty-fourth on an H100, 3 GPU tests passed: NVFP4
+# b1 2.166 -> 2.088 ms, -3.6%, b2-b16 -0.6 to -1.4%, BF16 b1 -2.1%; decode_h100_router_launch_ab_s44.json, installed):
+# the small-batch router's top-k as a one-program launch of its own after a tailless router
+# (`RouterSmallConfig.tail_launch`, the table's "router.small"), a PDL boundary in place of the barrier, the acq_rel
+# atomic and the last arrival's wait; 47 more launches a step. Its GPU test (bit-equal to the counter tail, in and out
+# of a graph), then the whole step at NVFP4 1, 2, 4, 8, 16 and BF16 1 sequences against the counter tail (the table's
+# entry off). ~3 minutes.
 if [ "${ROUTER_LAUNCH:-0}" = 1 ]; then
     gpu_tests "router top-k launch GPU tests" router_launch_tests 120 -n 3 tests/test_kernels_router_act.py \
         -k "launch_of_its_own"
     V=/tmp/variants; mkdir -p $V
-    python3 benchmarks/tuning_variant.py --op router.small --when all --set tail_launch=true \
-        --out $V/router_launch.json > /dev/null
-    decode_ab router_launch 240 "the router's top-k as a launch of its own" \
-        "--formats nvfp4 --batches 1 2 4 8 16" $V/router_launch.json
-    decode_ab router_launch_bf16 150 "the router's top-k as a launch of its own" \
-        "--formats bf16 --batches 1 --reserve-gib 2" $V/router_launch.json
+    python3 benchmarks/tuning_variant.py --op router.small --when all --set tail_launch=false \
+        --out $V/router_counter_tail.json > /dev/null
+    decode_ab router_launch 240 "the router's counter tail" \
+        "--formats nvfp4 --batches 1 2 4 8 16" $V/router_counter_tail.json
+    decode_ab router_launch_bf16 150 "the router's counter tail" \
+        "--formats bf16 --batches 1 --reserve-gib 2" $V/router_counter_tail.json
 fi
-# BF16_GU=1 (forty-third session, for the next call): BF16's gate_up at 1 token is the batch-1 step's largest launch
-# (13.74 us a layer for ~21 MB on the H200, ~37% of the copy rate: decode_h200_table_s43.txt) in 8 x 1024 tiles, K
-# split in two on a counter. The whole step at BF16 b1 with that entry's gate_up in whole-K programs (no split-K
-# counter; 4 and 8 warps, the down's token slots still fit), in 4-column whole-K programs, and in 16 x 512 tiles
-# (4 splits). ~4 minutes; an H100 will do (2 GiB reserve). A win: the entry's fields, then RECORD_BOTH=1 on an H200.
+# BF16_GU=1 (built in the forty-third session; ran in the forty-fourth on an H100: every variant lost,
+# decode_h100_bf16_gate_up_ab_s44.json): BF16's gate_up at 1 token is the batch-1 step's largest launch (13.74 us a
+# layer for ~21 MB on the H200, ~37% of the copy rate: decode_h200_table_s43.txt) in 8 x 1024 tiles, K split in two
+# on a counter. The whole step at BF16 b1 (2.99 ms) with that entry's gate_up in whole-K programs: 4 warps 13.87 ms
+# (the 8 x 2048 tile spills), 8 warps 3.25; in 4-column whole-K programs 3.08; in 16 x 512 tiles (4 splits) 3.17.
 if [ "${BF16_GU:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     for variant in "k2048w4 gu_block_k=2048" "k2048w8 gu_block_k=2048 num_warps=8" \
