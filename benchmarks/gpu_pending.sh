@@ -8,6 +8,7 @@
 #   RECORD_BOTH=1 (~6 minutes), on an H200 only (an 80 GB H100 has no room for the KV cache beside BF16's weights):
 #                 both manifest profiles recorded again, with the router's top-k launch and the BF16 token-slots down;
 #   ROUTER_LAUNCH=1 again on an H200 (~3 minutes): the installed top-k launch against the counter tail;
+#   ATTN_LAUNCH=1 (~4 minutes; an H100 will do): decode attention's merge as a launch of its own;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
@@ -334,6 +335,22 @@ if [ "${ROUTER_LAUNCH:-0}" = 1 ]; then
         "--formats nvfp4 --batches 1 2 4 8 16" $V/router_counter_tail.json
     decode_ab router_launch_bf16 150 "the router's counter tail" \
         "--formats bf16 --batches 1 --reserve-gib 2" $V/router_counter_tail.json
+fi
+# ATTN_LAUNCH=1 (forty-fourth session, after ROUTER_LAUNCH won): decode attention's splits merged by a launch of
+# their own (`AttentionDecodeConfig.combine_launch`, `_decode_merge_kernel`: one program a sequence and KV head,
+# the same `_merge_splits`) instead of by the last split to arrive on a counter; 49 more launches a step. Its GPU
+# tests (bit-equal to the in-launch merge, in and out of a graph), then the whole step at NVFP4 1, 2, 4, 8, 16, 32
+# and BF16 1 sequences with it on every attention.decode entry. ~4 minutes; an H100 will do.
+if [ "${ATTN_LAUNCH:-0}" = 1 ]; then
+    gpu_tests "attention merge launch GPU tests" attn_launch_tests 120 -n 3 tests/test_kernels_attention.py \
+        -k "merge_launch"
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op attention.decode --when all --set combine_launch=true \
+        --out $V/attn_merge_launch.json > /dev/null
+    decode_ab attn_launch 270 "decode attention's merge as a launch of its own" \
+        "--formats nvfp4 --batches 1 2 4 8 16 32" $V/attn_merge_launch.json
+    decode_ab attn_launch_bf16 150 "decode attention's merge as a launch of its own" \
+        "--formats bf16 --batches 1 --reserve-gib 2" $V/attn_merge_launch.json
 fi
 # BF16_GU=1 (built in the forty-third session; ran in the forty-fourth on an H100: every variant lost,
 # decode_h100_bf16_gate_up_ab_s44.json): BF16's gate_up at 1 token is the batch-1 step's largest launch (13.74 us a

@@ -13,7 +13,9 @@ from the paged cache serves all of them (GQA 8: one read instead of eight):
   time), adds the sink (so it enters exactly once), stores the rows and resets the counter to zero for the next
   launch or graph replay: results do not depend on scheduling. A sequence without a query returns before
   arriving, in every split. With one split the kernel starts its running max at the sink and finishes the rows
-  itself. Batches with more (sequence, KV head) pairs than counter slots fall back to a separate combine launch.
+  itself. Batches with more (sequence, KV head) pairs than counter slots fall back to a separate combine launch;
+  `AttentionDecodeConfig.combine_launch` asks for the merge as a launch of its own (`_decode_merge_kernel`, the
+  same `_merge_splits`, so the same bits) without a counter.
   With QKV (`qkv_attention_triton`) the kernel reads the packed qkv rows before the Q/K norm: each program
   normalises and rotates its GROUP query heads in registers, and the split holding the newest position writes that
   token's normed, rotated key and its value to the cache (then a CTA barrier, so its own key loads see them; no
@@ -532,6 +534,41 @@ def _decode_combine_kernel(
     tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
+@triton.jit
+def _decode_merge_kernel(
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    qs_ptr,
+    sink_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    G_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLIT_STEP: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One (sequence, KV head): `_merge_splits` of the partials the decode launch before left
+    (`AttentionDecodeConfig.combine_launch`), so the decode's splits end on their stores instead of a counter."""
+    s_idx = tl.program_id(0)
+    kvh = tl.program_id(1)
+    # The batch metadata is written before the step's first kernel: read before waiting for the decode grid.
+    q0 = tl.load(qs_ptr + s_idx)
+    n_q = tl.load(qs_ptr + s_idx + 1) - q0
+    pdl_entry(PDL)
+    if n_q == 0:
+        return
+    _merge_splits(
+        part_acc_ptr, part_m_ptr, part_l_ptr, sink_ptr, out_ptr, s_idx, kvh, q0, stride_ot, stride_oh, NUM_HEADS,
+        GROUP, G_P2, HEAD_DIM, BLOCK_D, NUM_SPLITS, SPLIT_STEP,
+    )  # fmt: skip
+
+
 # The sequence count and the block-table width change with every mixed batch: specialising on them (== 1, multiple
 # of 16) would compile new variants while serving, for index arithmetic that gains nothing from it.
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
@@ -780,8 +817,10 @@ def paged_attention_decode(
         eps, stride_qh = packed.eps, d
     else:
         qkv_args, eps, stride_qh = (q, q, q, q, q, 0, 0), 0.0, q.stride(1)
-    # The last-arriving split merges unless the batch needs more counters than there are (then a second launch).
-    fused = num_splits > 1 and num_seqs * hkv <= COUNTER_SLOTS
+    # The last-arriving split merges unless the config asks for a merge launch or the batch needs more counters than
+    # there are (then a second launch).
+    fused = num_splits > 1 and num_seqs * hkv <= COUNTER_SLOTS and not cfg.combine_launch
+    split_step = max(1, min(num_splits, cfg.merge_elems // (triton.next_power_of_2(group) * block_d)))
     cnt = counters(q.device) if fused else out
     if num_splits > 1:
         part_acc = torch.empty((num_seqs, hq, num_splits, block_d), dtype=torch.float32, device=q.device)
@@ -827,7 +866,7 @@ def paged_attention_decode(
         BLOCK_N=cfg.block_n,
         NUM_SPLITS=num_splits,
         FUSED_COMBINE=fused,
-        SPLIT_STEP=max(1, min(num_splits, cfg.merge_elems // (triton.next_power_of_2(group) * block_d))),
+        SPLIT_STEP=split_step,
         DOT_PREC=_dot_precision(q.dtype),
         QKV=packed is not None,
         HAS_ROPE=packed is not None and packed.cos_sin is not None,
@@ -840,7 +879,27 @@ def paged_attention_decode(
         **_stages(cfg.num_stages),
         **launch_options(q.device),
     )
-    if num_splits > 1 and not fused:
+    if num_splits > 1 and not fused and cfg.combine_launch:
+        _decode_merge_kernel[(num_seqs, hkv)](
+            part_acc,
+            part_m,
+            part_l,
+            meta.query_start_t,
+            sinks,
+            out,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=hq,
+            GROUP=group,
+            G_P2=triton.next_power_of_2(group),
+            HEAD_DIM=d,
+            BLOCK_D=block_d,
+            NUM_SPLITS=num_splits,
+            SPLIT_STEP=split_step,
+            num_warps=4,
+            **launch_options(q.device),
+        )
+    elif num_splits > 1 and not fused:
         _decode_combine_kernel[(num_seqs, hq)](
             part_acc,
             part_m,

@@ -204,6 +204,9 @@ class AttentionDecodeConfig:
     merge_elems: int = field(default=16384, metadata=POW2)
     # Key tiles of each split requested into L2 before waiting for the previous kernel (PDL); 0: none.
     prefetch: int = 0
+    # Merge the splits in a launch of their own (`_decode_merge_kernel`, one program a sequence and KV head) rather
+    # than in the last split to arrive on a counter: a PDL boundary in place of the barrier and acq_rel atomic.
+    combine_launch: bool = False
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,33 @@ def test_decode_counter_slots_fallback_interp(
     assert _counters_zero(case.q.device)
 
 
+@pytest.fixture
+def merge_spy(monkeypatch: pytest.MonkeyPatch) -> LaunchSpy:
+    """Counts launches of the merge kernel of `AttentionDecodeConfig.combine_launch`."""
+    spy = LaunchSpy(at._decode_merge_kernel)
+    monkeypatch.setattr(at, "_decode_merge_kernel", spy)
+    return spy
+
+
+@pytest.mark.parametrize(("num_splits", "window"), [(2, None), (8, 7), (8, None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_merge_launch_interp(
+    poison: None, combine_spy: LaunchSpy, merge_spy: LaunchSpy, num_splits: int, window: int | None, dtype: torch.dtype
+) -> None:
+    """`combine_launch`: the splits merged by a launch of their own, one program a (sequence, KV head), the same
+    bits as the last-arriving split's merge (a sequence without a query left alone); no counter touched."""
+    case = Case(SPLIT_SEQS, 8, 2, 32, window, dtype=dtype, block_size=8)
+    base = at.decode_config(case.meta.max_seq_len, window, 3, case.q.device)
+    fused = at.paged_attention_decode(*case.args(), num_splits=num_splits, config=base)
+    assert merge_spy.launches == 0
+    cfg = dataclasses.replace(base, combine_launch=True)
+    out = at.paged_attention_decode(*case.args(), num_splits=num_splits, config=cfg)
+    assert merge_spy.grids == [(3, 2)] and combine_spy.launches == 0
+    assert torch.equal(out, fused)
+    check_attention(out, case.ref(), FP32_TOL if dtype == torch.float32 else BF16_TOL)
+    assert _counters_zero(case.q.device)
+
+
 def test_decode_fp16_interp(poison: None) -> None:
     case = Case([(70, 1), (9, 1)], 16, 2, 32, None, dtype=torch.float16)
     check_attention(at.paged_attention(*case.args()), case.ref(), BF16_TOL)
@@ -278,6 +305,35 @@ def test_decode_prefetch_is_bit_identical_gpu(poison: None, batch: int, max_ctx:
     early = at.paged_attention_decode(*case.args(), config=dataclasses.replace(base, prefetch=prefetch))
     assert torch.equal(early, plain)
     check_attention(early, case.ref(), BF16_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize(("batch", "max_ctx"), [(1, 1000), (4, 1000), (16, 5000)])
+@pytest.mark.parametrize("window", [513, None])
+def test_decode_merge_launch_gpu(poison: None, batch: int, max_ctx: int, window: int | None) -> None:
+    """`combine_launch` on the GPU (PDL between the two launches), in and out of a CUDA graph: the same bits as
+    the in-launch merge, with a sequence without a query."""
+    g = torch.Generator().manual_seed(7 * batch + max_ctx)
+    ctxs = torch.randint(1, max_ctx + 1, (batch,), generator=g).tolist()
+    ctxs[0] = max_ctx
+    seqs = [(c, 0 if i == 1 else 1) for i, c in enumerate(ctxs)]
+    case = Case(seqs, 32, 4, 128, window, dtype=torch.bfloat16, device="cuda")
+    base = at.decode_config(case.meta.max_seq_len, window, batch, case.q.device)
+    splits = max(2, at.decode_num_splits(case.meta.max_seq_len, window, batch, 4, case.q.device, base))
+    cfg = dataclasses.replace(base, combine_launch=True)
+    fused = at.paged_attention_decode(*case.args(), num_splits=splits, config=base)
+    out = at.paged_attention_decode(*case.args(), num_splits=splits, config=cfg)
+    assert torch.equal(out, fused)
+    check_attention(out, case.ref(), BF16_TOL)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed = at.paged_attention_decode(*case.args(), num_splits=splits, config=cfg)
+    for _ in range(2):
+        graphed.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(graphed, out)
+    assert _counters_zero(case.q.device)
 
 
 @pytest.mark.gpu

@@ -375,6 +375,16 @@ def test_decode_attention_compiles_for_sm90(splits: int, qkv: bool, prefetch: in
     assert waits == 1 and (loads > 3 if prefetch else loads == 3), loads
 
 
+def test_decode_merge_kernel_compiles_for_sm90() -> None:
+    """The decode splits' merge as a launch of its own (`combine_launch`): only the batch metadata (2 loads) before
+    waiting for the decode launch, whose partials it merges."""
+    pointers = {"part_acc_ptr": "fp32", "part_m_ptr": "fp32", "part_l_ptr": "fp32", "qs_ptr": "i32",
+                "sink_ptr": "fp32", "out_ptr": "bf16"}  # fmt: skip
+    constexprs = dict(NUM_HEADS=32, GROUP=8, G_P2=8, HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=8, SPLIT_STEP=8, PDL=True)
+    loads, waits = _compile("flint_kernels.attention_triton", "_decode_merge_kernel", pointers, constexprs, 4, 1)
+    assert waits == 1 and loads == 2, loads
+
+
 def test_router_norm_kernel_compiles_for_sm90() -> None:
     """The one-launch kernel compiles for Hopper (sm_90, no GPU needed) at Flint's 4 tokens x 2048 with PDL, and
     reads before the wait for the previous kernel only what no kernel writes: the plain router's early loads (its
