@@ -347,10 +347,37 @@ if [ "${ATTN_LAUNCH:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     python3 benchmarks/tuning_variant.py --op attention.decode --when all --set combine_launch=true \
         --out $V/attn_merge_launch.json > /dev/null
-    decode_ab attn_launch 270 "decode attention's merge as a launch of its own" \
-        "--formats nvfp4 --batches 1 2 4 8 16 32" $V/attn_merge_launch.json
-    decode_ab attn_launch_bf16 150 "decode attention's merge as a launch of its own" \
-        "--formats bf16 --batches 1 --reserve-gib 2" $V/attn_merge_launch.json
+    # and, below 12 sequences, twice the splits of 64-key tiles (the merge no longer in a split's critical path)
+    python3 benchmarks/tuning_variant.py --table $V/attn_merge_launch.json --op attention.decode \
+        --when '{"sliding": true, "elem_bytes": 2}' --set block_n=64 min_keys_per_split=64 --out $V/am64a.json >/dev/null
+    python3 benchmarks/tuning_variant.py --table $V/am64a.json --op attention.decode --when '{"elem_bytes": 2}' \
+        --set block_n=64 min_keys_per_split=64 --out $V/attn_merge_launch_64.json > /dev/null
+    decode_ab attn_launch 290 "decode attention's merge as a launch of its own; and 64-key splits below 12" \
+        "--formats nvfp4 --batches 1 2 4 8 16 32" $V/attn_merge_launch.json $V/attn_merge_launch_64.json
+    decode_ab attn_launch_bf16 150 "decode attention's merge as a launch of its own; and 64-key splits below 12" \
+        "--formats bf16 --batches 1 --reserve-gib 2" $V/attn_merge_launch.json $V/attn_merge_launch_64.json
+fi
+# ATTN_SPLITS=1 (forty-fourth session, after ATTN_LAUNCH): which part of the merge launch with 64-key splits won
+# below 12 sequences: 64-key splits merged on the counter, merged by the launch, and 32-key splits by the launch, each
+# on the two attention.decode entries below 12 sequences (the entries from 12 as in the table). ~2 minutes.
+if [ "${ATTN_SPLITS:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    small_attn_variant() {  # OUT FIELD=VALUE...: the two attention.decode entries below 12 sequences with the fields
+        local out=$1
+        shift
+        python3 benchmarks/tuning_variant.py --op attention.decode --when '{"sliding": true, "elem_bytes": 2}' \
+            --set "$@" --out "$out.a" > /dev/null
+        python3 benchmarks/tuning_variant.py --table "$out.a" --op attention.decode --when '{"elem_bytes": 2}' \
+            --set "$@" --out "$out" > /dev/null
+    }
+    small_attn_variant $V/attn_counter_64.json block_n=64 min_keys_per_split=64
+    small_attn_variant $V/attn_launch_64.json block_n=64 min_keys_per_split=64 combine_launch=true
+    small_attn_variant $V/attn_launch_32.json block_n=32 min_keys_per_split=32 combine_launch=true
+    decode_ab attn_splits 290 "64-key splits on the counter / by the merge launch; 32-key splits by the launch" \
+        "--formats nvfp4 --batches 1 2 4 8" $V/attn_counter_64.json $V/attn_launch_64.json $V/attn_launch_32.json
+    decode_ab attn_splits_bf16 150 "64-key splits on the counter / by the merge launch; 32-key by the launch" \
+        "--formats bf16 --batches 1 --reserve-gib 2" $V/attn_counter_64.json $V/attn_launch_64.json \
+        $V/attn_launch_32.json
 fi
 # BF16_GU=1 (built in the forty-third session; ran in the forty-fourth on an H100: every variant lost,
 # decode_h100_bf16_gate_up_ab_s44.json): BF16's gate_up at 1 token is the batch-1 step's largest launch (13.74 us a
