@@ -5,8 +5,8 @@
 #
 # Next, in this order (state after the forty-fourth session, 2026-12-05: ROUTER_LAUNCH installed, BF16_GU lost;
 # docs/performance.md's sections of it and the forty-third):
-#   RECORD_BOTH=1 (~6 minutes), on an H200 only (an 80 GB H100 has no room for the KV cache beside BF16's weights):
-#                 both manifest profiles recorded again, with the router's top-k launch and the BF16 token-slots down;
+#   RECORD_BOTH=1 (~6 minutes; BF16 on the first 8 layers, so an H100 will do): both manifest profiles recorded
+#                 again, with the router's top-k launch, the attention merge launch and the BF16 token-slots down;
 #   ROUTER_LAUNCH=1 again on an H200 (~3 minutes): the installed top-k launch against the counter tail;
 #   ATTN_LAUNCH=1 (~4 minutes; an H100 will do): decode attention's merge as a launch of its own;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
@@ -419,9 +419,11 @@ if [ "${H200_TABLE:-0}" = 1 ]; then
     grep -E "^ *(fmt|bf16|nvfp4) |GPU ms by|copy bandwidth|Error" "$OUT/decode_table.txt" | head -40
 fi
 # RECORD_BOTH=1: both kernel-manifest profiles recorded again (NVFP4, then BF16; ~5 minutes), after a kernel change.
+# BF16 on the full model's first 8 layers (`random:full:layers=8`: the same kernel profile and variants), which an
+# 80 GB H100 holds with a KV cache (the whole BF16 model left it none).
 if [ "${RECORD_BOTH:-0}" = 1 ]; then
     (OUT=$OUT/record_nvfp4 bash benchmarks/gpu_record_manifest.sh 2>&1 | tail -3)
-    (OUT=$OUT/record_bf16 MODEL=random:full bash benchmarks/gpu_record_manifest.sh 2>&1 | tail -3)
+    (OUT=$OUT/record_bf16 MODEL=random:full:layers=8 bash benchmarks/gpu_record_manifest.sh 2>&1 | tail -3)
 fi
 # EDGE_AB=1 (run in the twenty-eighth session: even on the whole prefill): the twenty-seventh session's edge masks on the whole prefill, which its device time did not
 # reach. Before the call: `git show e9437d1:kernels/attention_triton.py > .probe/attention_before.py` and carry

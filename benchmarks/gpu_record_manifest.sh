@@ -6,7 +6,8 @@
 # so later starts compile the longest first (the eighteenth session's recordings lacked them). The manifest comes back
 # under $OUT (copy it over kernels/precompile/nvidia-h200.json).
 #
-#   bash benchmarks/gpu_record_manifest.sh            # the NVFP4 profile (MODEL=random:full for the BF16 one)
+#   bash benchmarks/gpu_record_manifest.sh            # the NVFP4 profile (MODEL=random:full:layers=8 for BF16 on an
+#                                                     # 80 GB card: the same profile and kernels as random:full)
 #
 # Device `run`, carry [".whl"].
 set -u

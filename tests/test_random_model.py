@@ -16,9 +16,40 @@ def test_parse_specs() -> None:
     assert parse_random_spec("random:full") == RandomModelSpec("full", False, 0)
     assert parse_random_spec("random:tiny:nvfp4:seed=7") == RandomModelSpec("tiny", True, 7)
     assert parse_random_spec("random:small:bf16") == RandomModelSpec("small", False, 0)
-    for bad, why in (("random:", "unknown preset"), ("random:tiny:seed=x", "unknown option"), ("random:x", "preset")):
+    assert parse_random_spec("random:full:layers=8") == RandomModelSpec("full", False, 0, 8)
+    bad_specs = (("random:", "unknown preset"), ("random:tiny:seed=x", "unknown option"), ("random:x", "preset"),
+                 ("random:full:layers=0", "outside 1..49"), ("random:full:layers=50", "outside 1..49"),
+                 ("random:full:layers=x", "unknown option"))  # fmt: skip
+    for bad, why in bad_specs:
         with pytest.raises(ValueError, match=why):
             parse_random_spec(bad)
+
+
+def test_first_layers_keep_their_kinds_and_the_kernel_profile() -> None:
+    """`layers=N`: the full preset's first N layers, each of its attention and MLP kind, the same kernel profile
+    (what the kernel manifest is keyed by) as the whole model."""
+    from flint_engine import kernel_profile
+    from flint_engine.config import FULL, SLIDING, preset
+    from flint_engine.random_model import first_layers
+
+    full = preset("full")
+    cut = first_layers(full, 8)
+    cut.validate()
+    assert cut.num_hidden_layers == 8 and cut.layer_types == full.layer_types[:8]
+    assert {FULL, SLIDING} <= set(cut.layer_types) and cut.rope_layers == full.rope_layers[:8]
+    assert cut.mlp_only_layers == full.mlp_only_layers and cut.moe_layers == tuple(range(2, 8))
+    parts = dict.fromkeys(kernel_profile.PARTS, False)
+    assert kernel_profile.name(cut, torch.bfloat16, parts) == kernel_profile.name(full, torch.bfloat16, parts)
+
+
+def test_engine_serves_the_first_layers_of_a_preset() -> None:
+    engine = LLMEngine.from_checkpoint(
+        EngineConfig(model="random:tiny:layers=3", device="cpu", dtype="float32", kv_cache_memory=8 * 2**20),
+        progress=False,
+    )
+    assert engine.model.config.num_hidden_layers == 3 == len(engine.model.weights.layers)
+    [out] = engine.generate([engine.tokenizer.encode("Hi")], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out.output_token_ids) == 4
 
 
 @pytest.mark.parametrize("spec", ["random:tiny", "random:tiny:nvfp4"])
