@@ -379,6 +379,20 @@ if [ "${ATTN_SPLITS:-0}" = 1 ]; then
         "--formats bf16 --batches 1 --reserve-gib 2" $V/attn_counter_64.json $V/attn_launch_64.json \
         $V/attn_launch_32.json
 fi
+# H200_AB=1 (forty-fourth session): the shipped table against the forty-third session's (OLD_TABLE, default
+# .probe/table_s43.json: `git show fc64130:kernels/tuning/nvidia-h200.json > .probe/table_s43.json`, carry ".probe")
+# on an H200, both formats at 1, 8 and 32 sequences, with the batch-1 kernel count and families: the H100-judged
+# router and attention launches confirmed on the GPU the targets name. ~5 minutes.
+if [ "${H200_AB:-0}" = 1 ]; then
+    timeout 500 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 8 32 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 1 --deadline-s 460 \
+        --ab-tuning-file "${OLD_TABLE:-.probe/table_s43.json}" --out "$OUT/decode_h200_ab.json" \
+        > "$OUT/decode_h200_ab.txt" 2>&1
+    echo "== whole step: the shipped table vs the forty-third session's"
+    ab_rounds "$OUT/decode_h200_ab.txt"
+    grep -o "\"format\": \"[a-z0-9]*\", \"batch\": 1, .*\"kernels_per_step\": [0-9]*" "$OUT/decode_h200_ab.txt" | sed "s/, \"context.*kernels_per_step/ kernels_per_step/"
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_h200_ab.txt" | head -24
+fi
 # BF16_GU=1 (built in the forty-third session; ran in the forty-fourth on an H100: every variant lost,
 # decode_h100_bf16_gate_up_ab_s44.json): BF16's gate_up at 1 token is the batch-1 step's largest launch (13.74 us a
 # layer for ~21 MB on the H200, ~37% of the copy rate: decode_h200_table_s43.txt) in 8 x 1024 tiles, K split in two
