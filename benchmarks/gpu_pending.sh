@@ -3,12 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the forty-fourth session, 2026-12-05: ROUTER_LAUNCH installed, BF16_GU lost;
+# Next, in this order (state after the forty-fourth session, 2026-12-05: ROUTER_LAUNCH and ATTN_SPLITS installed,
+# BF16_GU lost, both manifest profiles recorded on an H100 by RECORD_BOTH, H200_AB confirmed them on an H200;
 # docs/performance.md's sections of it and the forty-third):
-#   RECORD_BOTH=1 (~6 minutes; BF16 on the first 8 layers, so an H100 will do): both manifest profiles recorded
-#                 again, with the router's top-k launch, the attention merge launch and the BF16 token-slots down;
-#   ROUTER_LAUNCH=1 again on an H200 (~3 minutes): the installed top-k launch against the counter tail;
-#   ATTN_LAUNCH=1 (~4 minutes; an H100 will do): decode attention's merge as a launch of its own;
+#   ATTN_MORE=1   (~5 minutes; an H100 will do): the attention merge launch with more splits at 32K context and from
+#                 12 sequences;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
@@ -336,11 +335,13 @@ if [ "${ROUTER_LAUNCH:-0}" = 1 ]; then
     decode_ab router_launch_bf16 150 "the router's counter tail" \
         "--formats bf16 --batches 1 --reserve-gib 2" $V/router_counter_tail.json
 fi
-# ATTN_LAUNCH=1 (forty-fourth session, after ROUTER_LAUNCH won): decode attention's splits merged by a launch of
-# their own (`AttentionDecodeConfig.combine_launch`, `_decode_merge_kernel`: one program a sequence and KV head,
-# the same `_merge_splits`) instead of by the last split to arrive on a counter; 49 more launches a step. Its GPU
-# tests (bit-equal to the in-launch merge, in and out of a graph), then the whole step at NVFP4 1, 2, 4, 8, 16, 32
-# and BF16 1 sequences with it on every attention.decode entry. ~4 minutes; an H100 will do.
+# ATTN_LAUNCH=1 (forty-fourth session, after ROUTER_LAUNCH won; ran on an H100, 6 GPU tests passed,
+# decode_h100_attn_launch_ab_s44.json: the launch alone even to -1%, with 64-key splits below 12 sequences NVFP4 b1
+# -4.1%, BF16 b1 -3.2%): decode attention's splits merged by a launch of their own
+# (`AttentionDecodeConfig.combine_launch`, `_decode_merge_kernel`: one program a sequence and KV head, the same
+# `_merge_splits`) instead of by the last split to arrive on a counter; 49 more launches a step. Its GPU tests
+# (bit-equal to the in-launch merge, in and out of a graph), then the whole step at NVFP4 1, 2, 4, 8, 16, 32 and BF16
+# 1 sequences with it on every attention.decode entry, and with 64-key splits below 12 sequences. ~2 minutes.
 if [ "${ATTN_LAUNCH:-0}" = 1 ]; then
     gpu_tests "attention merge launch GPU tests" attn_launch_tests 120 -n 3 tests/test_kernels_attention.py \
         -k "merge_launch"
@@ -357,9 +358,12 @@ if [ "${ATTN_LAUNCH:-0}" = 1 ]; then
     decode_ab attn_launch_bf16 150 "decode attention's merge as a launch of its own; and 64-key splits below 12" \
         "--formats bf16 --batches 1 --reserve-gib 2" $V/attn_merge_launch.json $V/attn_merge_launch_64.json
 fi
-# ATTN_SPLITS=1 (forty-fourth session, after ATTN_LAUNCH): which part of the merge launch with 64-key splits won
-# below 12 sequences: 64-key splits merged on the counter, merged by the launch, and 32-key splits by the launch, each
-# on the two attention.decode entries below 12 sequences (the entries from 12 as in the table). ~2 minutes.
+# ATTN_SPLITS=1 (forty-fourth session, after ATTN_LAUNCH; ran on an H100, decode_h100_attn_splits_ab_s44.json: 64-key
+# splits by the launch best, NVFP4 b1 -4.3%, b2 -3.5%, b4 -1.6%, b8 -3.0%, BF16 b1 -3.2%; on the counter b1 -2.6%, b4
+# +1.0%; 32-key by the launch b1 -3.9%; installed): which part of the merge launch with 64-key splits won below 12
+# sequences: 64-key splits merged on the counter, merged by the launch, and 32-key splits by the launch, each on the
+# two attention.decode entries below 12 sequences (the entries from 12 as in the table). ~2 minutes. Since the table
+# has them, the variants now compare against the installed entries.
 if [ "${ATTN_SPLITS:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     small_attn_variant() {  # OUT FIELD=VALUE...: the two attention.decode entries below 12 sequences with the fields
@@ -379,7 +383,8 @@ if [ "${ATTN_SPLITS:-0}" = 1 ]; then
         "--formats bf16 --batches 1 --reserve-gib 2" $V/attn_counter_64.json $V/attn_launch_64.json \
         $V/attn_launch_32.json
 fi
-# H200_AB=1 (forty-fourth session): the shipped table against the forty-third session's (OLD_TABLE, default
+# H200_AB=1 (forty-fourth session; ran: decode_h200_table_ab_s44.json, NVFP4 b1 2.076 -> 1.880 ms, b8 -3.8%, BF16 b1
+# 2.762 -> 2.648, b8 -4.5%, b32 even, 502 kernels at b1): the shipped table against the forty-third session's (OLD_TABLE, default
 # .probe/table_s43.json: `git show fc64130:kernels/tuning/nvidia-h200.json > .probe/table_s43.json`, carry ".probe")
 # on an H200, both formats at 1, 8 and 32 sequences, with the batch-1 kernel count and families: the H100-judged
 # router and attention launches confirmed on the GPU the targets name. ~5 minutes.
@@ -392,6 +397,37 @@ if [ "${H200_AB:-0}" = 1 ]; then
     ab_rounds "$OUT/decode_h200_ab.txt"
     grep -o "\"format\": \"[a-z0-9]*\", \"batch\": 1, .*\"kernels_per_step\": [0-9]*" "$OUT/decode_h200_ab.txt" | sed "s/, \"context.*kernels_per_step/ kernels_per_step/"
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_h200_ab.txt" | head -24
+fi
+# ATTN_MORE=1 (forty-fourth session, for the next call): where else the attention merge launch with more splits may
+# pay. Full layers at 32K context below 12 sequences (the table stops its 64-key entry at 2K context: 32K keeps
+# 128-key tiles on the counter; the variant's entry has no context bound) at NVFP4 1, 4, 8; and from 12 sequences at
+# 1K (the table: 1 sliding split, full layers 512 keys a split at least, on the counter), the launch with 256 keys a
+# split at least, and with 64-key tiles of 128 keys a split at least, at NVFP4 12, 16, 32 and BF16 16. ~5 minutes;
+# an H100 will do.
+if [ "${ATTN_MORE:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op attention.decode --new \
+        --when '{"sliding": false, "elem_bytes": 2, "seqs_max": 11}' --set block_n=64 num_warps=4 num_stages=2 \
+        min_keys_per_split=64 max_splits=64 merge_elems=16384 combine_launch=true --out $V/attn_32k.json > /dev/null
+    mid_variant() {  # OUT FIELD=VALUE...: both attention.decode entries from 12 sequences with the fields
+        local out=$1
+        shift
+        python3 benchmarks/tuning_variant.py --op attention.decode \
+            --when '{"sliding": true, "elem_bytes": 2, "seqs_min": 12}' --set "$@" --out "$out.a" > /dev/null
+        python3 benchmarks/tuning_variant.py --table "$out.a" --op attention.decode \
+            --when '{"sliding": false, "elem_bytes": 2, "seqs_min": 12}' --set "$@" --out "$out" > /dev/null
+    }
+    mid_variant $V/attn_mid256.json combine_launch=true min_keys_per_split=256
+    mid_variant $V/attn_mid64.json combine_launch=true block_n=64 min_keys_per_split=128
+    timeout 200 python3 benchmarks/decode.py --formats nvfp4 --batches 1 4 8 --contexts 32768 --prefill 0 --reps 30 \
+        --check-steps 0 --no-plain-timing --ab-tuning-file $V/attn_32k.json --out "$OUT/decode_attn_32k_ab.json" \
+        > "$OUT/decode_attn_32k_ab.txt" 2>&1
+    echo "== whole step at 32K: the table vs full layers' 64-key splits by the launch at every context"
+    ab_rounds "$OUT/decode_attn_32k_ab.txt"
+    decode_ab attn_mid 240 "from 12 sequences: the merge launch with 256 keys a split / 64-key tiles of 128" \
+        "--formats nvfp4 --batches 12 16 32" $V/attn_mid256.json $V/attn_mid64.json
+    decode_ab attn_mid_bf16 150 "from 12 sequences: the merge launch with 256 keys a split / 64-key tiles of 128" \
+        "--formats bf16 --batches 16 --reserve-gib 2" $V/attn_mid256.json $V/attn_mid64.json
 fi
 # BF16_GU=1 (built in the forty-third session; ran in the forty-fourth on an H100: every variant lost,
 # decode_h100_bf16_gate_up_ab_s44.json): BF16's gate_up at 1 token is the batch-1 step's largest launch (13.74 us a
