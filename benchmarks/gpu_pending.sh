@@ -398,7 +398,10 @@ if [ "${H200_AB:-0}" = 1 ]; then
     grep -o "\"format\": \"[a-z0-9]*\", \"batch\": 1, .*\"kernels_per_step\": [0-9]*" "$OUT/decode_h200_ab.txt" | sed "s/, \"context.*kernels_per_step/ kernels_per_step/"
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_h200_ab.txt" | head -24
 fi
-# ATTN_MORE=1 (forty-fourth session, for the next call): where else the attention merge launch with more splits may
+# ATTN_MORE=1 (forty-fourth session; parts ran on an H100 at its end, NVFP4 only, decode_h100_attn_32k_ab_s44.json
+# and decode_h100_attn_mid_ab_s44.json: at 32K context b1 even, b8 +5.6%, so the 2K bound stays; from 12 sequences the
+# launch with 256 keys a split b16 -1.2%, b32 +2.0%, 64-key tiles of 128 b16 -1.0%, b32 even; not run: b4 at 32K, b12,
+# BF16 b16; a win at 12-16 would be an entry of its own): where else the attention merge launch with more splits may
 # pay. Full layers at 32K context below 12 sequences (the table stops its 64-key entry at 2K context: 32K keeps
 # 128-key tiles on the counter; the variant's entry has no context bound) at NVFP4 1, 4, 8; and from 12 sequences at
 # 1K (the table: 1 sliding split, full layers 512 keys a split at least, on the counter), the launch with 256 keys a
