@@ -7,7 +7,8 @@
 # BF16_GU lost, both manifest profiles recorded on an H100 by RECORD_BOTH, H200_AB confirmed them on an H200;
 # docs/performance.md's sections of it and the forty-third):
 #   ATTN_MORE=1   (~5 minutes; an H100 will do): the attention merge launch with more splits at 32K context and from
-#                 12 sequences;
+#                 12 sequences (partly run: b12, BF16 b16 and b4 at 32K left);
+#   OPS_AGAIN=1   (~4 minutes; an H100 will do): qkv_attention and add_rms_norm_linear again, alone and together;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
@@ -431,6 +432,21 @@ if [ "${ATTN_MORE:-0}" = 1 ]; then
         "--formats nvfp4 --batches 12 16 32" $V/attn_mid256.json $V/attn_mid64.json
     decode_ab attn_mid_bf16 150 "from 12 sequences: the merge launch with 256 keys a split / 64-key tiles of 128" \
         "--formats bf16 --batches 16 --reserve-gib 2" $V/attn_mid256.json $V/attn_mid64.json
+fi
+# OPS_AGAIN=1 (forty-fourth session, for the next call): the two experimental fused ops that remove a launch a layer
+# at batch 1, judged again now that the step is shorter and attention runs 9-16 splits: `qkv_attention` (the Q/K
+# norm, RoPE and cache write inside each attention split: even before, BF16 2.701 vs 2.707 ms) and
+# `add_rms_norm_linear` (the pre-attention add+RMSNorm as the qkv projection's prologue), alone and together (502 ->
+# ~404 kernels a step). NVFP4 b1 and b8, BF16 b1, 1K context. ~4 minutes; an H100 will do.
+if [ "${OPS_AGAIN:-0}" = 1 ]; then
+    for ops in all,qkv_attention all,add_rms_norm_linear all,qkv_attention,add_rms_norm_linear; do
+        name=ops_$(echo "$ops" | tr ',' '_' | sed 's/^all_//')
+        timeout 200 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 8 --contexts 1024 --prefill 0 \
+            --reps 30 --check-steps 0 --no-plain-timing --reserve-gib 2 --ab-ops "$ops" \
+            --out "$OUT/decode_${name}_ab.json" > "$OUT/decode_${name}_ab.txt" 2>&1
+        echo "== whole step: the default ops vs $ops"
+        ab_rounds "$OUT/decode_${name}_ab.txt"
+    done
 fi
 # BF16_GU=1 (built in the forty-third session; ran in the forty-fourth on an H100: every variant lost,
 # decode_h100_bf16_gate_up_ab_s44.json): BF16's gate_up at 1 token is the batch-1 step's largest launch (13.74 us a

@@ -150,14 +150,16 @@ def test_float32_copy_evaluates_the_same_weights_without_bf16_rounding(nvfp4: bo
     assert 1e-5 < _rel(FlintModel(w).forward_sequences(SEQS), gold) < 6e-2  # BF16 rounding through 3 layers
 
 
-@pytest.mark.parametrize("op", ["qkv_attention", "add_rms_norm_router", "add_rms_norm_linear"])
+@pytest.mark.parametrize(
+    "op", ["qkv_attention", "add_rms_norm_router", "add_rms_norm_linear", "qkv_attention,add_rms_norm_linear"]
+)
 def test_decode_step_with_a_one_launch_op(op: str) -> None:
     """A decode batch of three tokens through the model with one of the ops that do two ops' work in one launch at
     decode (`qkv_attention`: Q/K norm, RoPE, the cache write and attention; `add_rms_norm_router`: the residual add,
     the post-attention norm and the router; `add_rms_norm_linear`: the residual add and the input norm inside the
     qkv projection, one launch at one token, composed here at three): the same hidden states as the plain path, and
     the same keys and values in the cache. The newest tokens' slots start as NaN, so a key or value not written
-    would show."""
+    would show. The last case composes two of them, as `FLINT_FAST_OPS=all,qkv_attention,add_rms_norm_linear` does."""
     w = random_weights(CFG, torch.float32, seed=9)
     seqs = [list(range(5, 30)), [3, 4, 5], list(range(100, 117))]
     prefill, nblocks = fresh_sequences_batch(seqs, 16)
@@ -174,7 +176,8 @@ def test_decode_step_with_a_one_launch_op(op: str) -> None:
         logits_indices=torch.arange(len(seqs)),
     )
     outs, caches = [], []
-    for kernels in (REFERENCE, with_ops(REFERENCE, **{op: getattr(fast.fast_kernels(REFERENCE), op)})):
+    fused = fast.fast_kernels(REFERENCE)
+    for kernels in (REFERENCE, with_ops(REFERENCE, **{o: getattr(fused, o) for o in op.split(",")})):
         cache = KVCache(CFG, nblocks, nblocks, 16, torch.float32, "cpu")
         FlintModel(w).forward(prefill, cache)  # every position's K/V, by the plain path
         for i in range(len(CFG.layer_types)):
