@@ -879,42 +879,19 @@ def paged_attention_decode(
         **_stages(cfg.num_stages),
         **launch_options(q.device),
     )
-    if num_splits > 1 and not fused and cfg.combine_launch:
-        _decode_merge_kernel[(num_seqs, hkv)](
-            part_acc,
-            part_m,
-            part_l,
-            meta.query_start_t,
-            sinks,
-            out,
-            out.stride(0),
-            out.stride(1),
-            NUM_HEADS=hq,
-            GROUP=group,
-            G_P2=triton.next_power_of_2(group),
-            HEAD_DIM=d,
-            BLOCK_D=block_d,
-            NUM_SPLITS=num_splits,
-            SPLIT_STEP=split_step,
-            num_warps=4,
-            **launch_options(q.device),
-        )
-    elif num_splits > 1 and not fused:
-        _decode_combine_kernel[(num_seqs, hq)](
-            part_acc,
-            part_m,
-            part_l,
-            meta.query_start_t,
-            sinks,
-            out,
-            out.stride(0),
-            out.stride(1),
-            NUM_HEADS=hq,
-            HEAD_DIM=d,
-            BLOCK_D=block_d,
-            NUM_SPLITS=num_splits,
-            num_warps=4,
-        )
+    if num_splits > 1 and not fused:
+        # Both merge launches read the same partials and write the same rows.
+        merge_args = (part_acc, part_m, part_l, meta.query_start_t, sinks, out, out.stride(0), out.stride(1))
+        if cfg.combine_launch:
+            _decode_merge_kernel[(num_seqs, hkv)](
+                *merge_args, NUM_HEADS=hq, GROUP=group, G_P2=triton.next_power_of_2(group), HEAD_DIM=d,
+                BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLIT_STEP=split_step, num_warps=4,
+                **launch_options(q.device),
+            )  # fmt: skip
+        else:
+            _decode_combine_kernel[(num_seqs, hq)](
+                *merge_args, NUM_HEADS=hq, HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=num_splits, num_warps=4
+            )
     return out
 
 
