@@ -468,7 +468,8 @@ if [ "${BF16_GU:-0}" = 1 ]; then
 fi
 # ROUTER_TAIL=1 (forty-third session, as an in-place patch then: NVFP4 b1 -7.2%, BF16 -4.5% on an H100,
 # decode_h100_router_skip_tail_ab_s43.json): the batch-1 router without its counter tail (fixed ids; an upper bound
-# for removing it) against the shipped router, `benchmarks/router_tail_probe.py`. ~2 minutes; an H100 will do.
+# for removing it) against the router with its counter tail (the probe turns the table's top-k launch off in both
+# arms), `benchmarks/router_tail_probe.py`. ~2 minutes; an H100 will do.
 if [ "${ROUTER_TAIL:-0}" = 1 ]; then
     cp kernels/tuning/nvidia-h200.json /tmp/skip_tail.json
     timeout 300 python3 benchmarks/router_tail_probe.py --formats nvfp4 bf16 --batches 1 --contexts 1024 --prefill 0 \

@@ -9,6 +9,8 @@ without its tail. Its programs store their logits and end: no barrier, no acq_re
 reloading the logits for the top-k; program 0 stores fixed, valid expert ids and weights instead. The routing is
 then wrong, but the bytes a step reads are the same. The probe builds that router from `router_triton`'s source
 in a file of its own (imported as `flint_kernels.router_tail_probe`), leaving the project's files untouched.
+Both arms end the router on its counter whatever the table says (`RouterSmallConfig.tail_launch` off): the shipped
+table has taken the top-k into a launch of its own since the forty-fourth session, and the probe measures the tail.
 Forty-third session, H100: NVFP4 b1 2.163 -> 2.007 ms, BF16 3.110 -> 2.971 (`decode_h100_router_skip_tail_ab_s43`).
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 from flint_kernels import router_triton
+from flint_kernels.configs import RouterSmallConfig
 
 VARIANT_SUFFIX = "skip_tail.json"
 # The start of `_router_program`'s tail, which FIXED_IDS goes before.
@@ -72,8 +75,14 @@ class _Switch:
         return (self.tailless if variant else self.shipped)[grid]
 
 
+def _counter_tail(*_: object, **__: object) -> RouterSmallConfig:
+    return RouterSmallConfig(tail_launch=False)
+
+
 def install(folder: Path) -> None:
-    """Route `router_triton`'s batch-1 launches (with and without the add+RMSNorm) through `_Switch`."""
+    """Route `router_triton`'s batch-1 launches (with and without the add+RMSNorm) through `_Switch`, with the
+    counter tail in both arms."""
+    router_triton.small_config = _counter_tail
     probe = tailless_router(folder)
     for name in ("_router_kernel", "_router_norm_kernel"):
         setattr(router_triton, name, _Switch(getattr(router_triton, name), getattr(probe, name)))
