@@ -8,6 +8,8 @@
 # docs/performance.md's sections of it and the forty-third):
 #   ATTN_MORE=1   (~5 minutes; an H100 will do): the attention merge launch with more splits at 32K context and from
 #                 12 sequences (partly run: b12, BF16 b16 and b4 at 32K left);
+#   EXPERTS_AHEAD=1 (~4 minutes; an H100 will do): the router's top-k launch asking L2 for the chosen experts'
+#                 gate_up lines from 66-264 programs;
 #   OPS_AGAIN=1   (~4 minutes; an H100 will do): qkv_attention and add_rms_norm_linear again, alone and together;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
@@ -432,6 +434,29 @@ if [ "${ATTN_MORE:-0}" = 1 ]; then
         "--formats nvfp4 --batches 12 16 32" $V/attn_mid256.json $V/attn_mid64.json
     decode_ab attn_mid_bf16 150 "from 12 sequences: the merge launch with 256 keys a split / 64-key tiles of 128" \
         "--formats bf16 --batches 16 --reserve-gib 2" $V/attn_mid256.json $V/attn_mid64.json
+fi
+# EXPERTS_AHEAD=1 (forty-fourth session, built without device time to judge it): the router's top-k launch in
+# 66 / 132 / 264 programs, each taking the top-k (program 0 stores it) and asking L2 for its share of the chosen
+# experts' gate_up lines (`RouterSmallConfig.experts_ahead_programs`, `_router_topk_ahead_kernel`): the routed
+# gate_up programs otherwise start their DRAM reads only after their own PDL wait and the ids' load, since nothing
+# can ask for a routed expert before the top-k (the 2026-12-01 bulk prefetch from the one top-k program went through
+# one SM and lost; these are per-line hints from many programs, issued once the top-k is known). Its GPU tests
+# (bit-equal to the counter tail, BF16 and NVFP4, in and out of a graph), then the whole step at NVFP4 1, 2, 4, 8 and
+# BF16 1 sequences. ~4 minutes; an H100 will do. A win: the entry's field, RECORD_BOTH=1 (a new kernel).
+if [ "${EXPERTS_AHEAD:-0}" = 1 ]; then
+    gpu_tests "router experts-ahead GPU tests" experts_ahead_tests 150 -n 4 tests/test_kernels_router_act.py \
+        -k "experts_ahead"
+    V=/tmp/variants; mkdir -p $V
+    for n in 66 132 264; do
+        python3 benchmarks/tuning_variant.py --op router.small --when all --set experts_ahead_programs=$n \
+            --out $V/experts_ahead_$n.json > /dev/null
+    done
+    decode_ab experts_ahead 290 "the top-k launch asking L2 for the chosen experts' gate_up lines, 66 / 132 / 264" \
+        "--formats nvfp4 --batches 1 2 4 8" $V/experts_ahead_66.json $V/experts_ahead_132.json \
+        $V/experts_ahead_264.json
+    decode_ab experts_ahead_bf16 150 "the top-k launch asking L2 for the experts' gate_up lines, 66 / 132 / 264" \
+        "--formats bf16 --batches 1 --reserve-gib 2" $V/experts_ahead_66.json $V/experts_ahead_132.json \
+        $V/experts_ahead_264.json
 fi
 # OPS_AGAIN=1 (forty-fourth session, for the next call): the two experimental fused ops that remove a launch a layer
 # at batch 1, judged again now that the step is shorter and attention runs 9-16 splits: `qkv_attention` (the Q/K

@@ -542,6 +542,81 @@ def test_gpu_router_top_k_as_a_launch_of_its_own(monkeypatch: pytest.MonkeyPatch
     assert not split_k_triton.counters(x.device).any()
 
 
+@pytest.mark.parametrize("t", [1, 3, 9])
+@pytest.mark.parametrize("nvfp4", [False, True])
+def test_router_top_k_asking_for_the_experts_ahead_interp(
+    poison: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, t: int, nvfp4: bool
+) -> None:
+    """`RouterSmallConfig.experts_ahead_programs`: with the layer's gate_up experts registered by `prepare`, 3 programs
+    each take the top-k and program 0 stores it: the one-program launch's results bit for bit (the L2 requests are
+    PTX, left out in the interpreter); a router weight without experts keeps the one-program launch."""
+    from flint_kernels.linear import NVFP4Weight
+
+    experts, hidden, k = 40, 96, 6
+    x, res, norm_w, router_w = _norm_router_inputs(t, hidden, experts, torch.float32, "cpu", seed=61)
+    gate_up = torch.randn(experts, 64, hidden, dtype=torch.bfloat16)
+    if nvfp4:
+        codes = torch.randint(0, 256, (experts, 64, hidden // 2), dtype=torch.uint8)
+        gate_up = NVFP4Weight(codes, torch.full((experts, 64, hidden // 16), 0x38, dtype=torch.uint8),
+                              torch.ones(experts, 1), (64,))  # fmt: skip
+    one = {"tail_launch": True}
+    table = {"router.small": [{"config": one, "source": "t"}]}
+    (tmp_path / "one.json").write_text(json.dumps(table))
+    table["router.small"][0]["config"] = {**one, "experts_ahead_programs": 3}
+    (tmp_path / "ahead.json").write_text(json.dumps(table))
+    monkeypatch.setenv(tuning.ENV, str(tmp_path / "one.json"))  # read per call; restored after the test
+    want = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, k, True, 2.5)
+    monkeypatch.setenv(tuning.ENV, str(tmp_path / "ahead.json"))
+    ahead = _Launches(router_triton._router_topk_ahead_kernel)
+    monkeypatch.setattr(router_triton, "_router_topk_ahead_kernel", ahead)
+    assert torch.equal(add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, k, True, 2.5)[3], want[3])
+    assert ahead.count == 0  # nothing registered for this weight yet
+    router_triton.prepare(router_w, gate_up)
+    (a, a_stride, a_lines), (b, b_stride, b_lines) = router_triton._experts_of(router_w)
+    parts = [gate_up.qweight, gate_up.scales] if nvfp4 else [gate_up]
+    assert a.data_ptr() == parts[0].data_ptr() and b.data_ptr() == parts[-1].data_ptr()
+    assert a_stride == parts[0][0].numel() * parts[0].element_size() and 0 <= a_lines - a_stride / 128 < 2
+    assert b_stride == (parts[1][0].numel() if nvfp4 else 0) and 0 <= b_lines - b_stride / 128 < 2
+    got = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, k, True, 2.5)
+    assert ahead.count == 1
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert router_triton._expert_blocks(gate_up.qweight[:, :, 1:] if nvfp4 else gate_up[:, :, 1:]) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("t", [1, 12])
+@pytest.mark.parametrize("nvfp4", [False, True])
+def test_gpu_router_top_k_asking_for_the_experts_ahead(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, t: int, nvfp4: bool
+) -> None:
+    """Flint's router with its top-k in 132 programs that ask L2 for the chosen experts' gate_up lines (Flint's
+    shapes: BF16 [256, 1024, 2048], NVFP4 codes and scale bytes): the counter tail's results bit for bit, inside and
+    outside a CUDA graph."""
+    from flint_kernels.linear import NVFP4Weight
+
+    x, res, norm_w, router_w = _norm_router_inputs(t, 2048, 256, torch.bfloat16, "cuda", seed=71)
+    shipped = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
+    if nvfp4:
+        gate_up = NVFP4Weight(torch.zeros(256, 1024, 1024, dtype=torch.uint8, device="cuda"),
+                              torch.zeros(256, 1024, 128, dtype=torch.uint8, device="cuda"),
+                              torch.ones(256, 1, device="cuda"), (1024,))  # fmt: skip
+    else:
+        gate_up = torch.zeros(256, 1024, 2048, dtype=torch.bfloat16, device="cuda")
+    router_triton.prepare(router_w, gate_up)
+    table = {"router.small": [{"config": {"tail_launch": True, "experts_ahead_programs": 132}, "source": "test"}]}
+    (tmp_path / "table.json").write_text(json.dumps(table))
+    monkeypatch.setenv(tuning.ENV, str(tmp_path / "table.json"))  # read per call; restored after the test
+    eager = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got in (eager, captured):
+        assert all(torch.equal(a, b) for a, b in zip(got, shipped))
+
+
 def test_add_rms_norm_sigmoid_topk_strided_interp(poison: None) -> None:
     """Rows of wider buffers (o_proj output and residual views with a row stride above hidden) in one launch."""
     x_buf, res_buf, norm_w, router_w = _norm_router_inputs(3, 160, 16, torch.float16, "cpu")
