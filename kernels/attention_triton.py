@@ -13,9 +13,9 @@ from the paged cache serves all of them (GQA 8: one read instead of eight):
   time), adds the sink (so it enters exactly once), stores the rows and resets the counter to zero for the next
   launch or graph replay: results do not depend on scheduling. A sequence without a query returns before
   arriving, in every split. With one split the kernel starts its running max at the sink and finishes the rows
-  itself. Batches with more (sequence, KV head) pairs than counter slots fall back to a separate combine launch;
-  `AttentionDecodeConfig.combine_launch` asks for the merge as a launch of its own (`_decode_merge_kernel`, the
-  same `_merge_splits`, so the same bits) without a counter.
+  itself. `AttentionDecodeConfig.combine_launch` asks for the merge as a launch of its own (`_decode_merge_kernel`,
+  one program a sequence and KV head running the same `_merge_splits`, so the same bits) without a counter, as do
+  batches with more (sequence, KV head) pairs than counter slots.
   With QKV (`qkv_attention_triton`) the kernel reads the packed qkv rows before the Q/K norm: each program
   normalises and rotates its GROUP query heads in registers, and the split holding the newest position writes that
   token's normed, rotated key and its value to the cache (then a CTA barrier, so its own key loads see them; no
@@ -307,7 +307,7 @@ def _decode_kernel(
     """One (sequence, KV head, key split): all GROUP query heads of the sequence's single query against its keys.
 
     With several splits and FUSED_COMBINE the last split to arrive also merges them (see the module docstring);
-    without FUSED_COMBINE the partials are left for `_decode_combine_kernel`. With QKV, q_ptr is the packed qkv
+    without FUSED_COMBINE the partials are left for `_decode_merge_kernel`. With QKV, q_ptr is the packed qkv
     rows before the Q/K norm and RoPE: each program normalises (and rotates) its query heads itself, and the split
     that holds the newest position writes the token's K and V to the cache before it reads its keys.
 
@@ -460,9 +460,9 @@ def _merge_splits(
 ):
     """Merge the NUM_SPLITS partials of the GROUP heads of one (sequence, KV head), add the sink once, store.
 
-    The math of `_decode_combine_kernel`: maxima and sums of all splits at once ([G_P2, NUM_SPLITS] is small),
-    the accumulators SPLIT_STEP splits at a time in split order (never [G_P2, NUM_SPLITS, BLOCK_D] in registers;
-    the order does not depend on which split merges). A step's loads are independent, so they are in flight
+    Maxima and sums of all splits at once ([G_P2, NUM_SPLITS] is small), the accumulators SPLIT_STEP splits at a
+    time in split order (never [G_P2, NUM_SPLITS, BLOCK_D] in registers; the order does not depend on which split
+    or launch merges). A step's loads are independent, so they are in flight
     together (a loop over single splits, maxima first, left the merge bound by L2 latency). Other splits'
     partials must be read past L1 (".cg"): only L2 is coherent with their stores. Rows are GROUP padded to a power
     of two, not to the 16 the decode tile needs for tl.dot; padding rows come out as 0 (sink 0, l 0), unstored.
@@ -495,46 +495,6 @@ def _merge_splits(
 
 
 @triton.jit
-def _decode_combine_kernel(
-    part_acc_ptr,
-    part_m_ptr,
-    part_l_ptr,
-    qs_ptr,
-    sink_ptr,
-    out_ptr,
-    stride_ot,
-    stride_oh,
-    NUM_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-):
-    """Merge the splits of one (sequence, query head) and add the sink's denominator term, once.
-
-    Only for batches with more (sequence, KV head) pairs than arrival counters; otherwise `_merge_splits` does
-    this inside the decode launch.
-    """
-    s_idx = tl.program_id(0)
-    h = tl.program_id(1)
-    q0 = tl.load(qs_ptr + s_idx)
-    if tl.load(qs_ptr + s_idx + 1) == q0:
-        return
-    sp = tl.arange(0, NUM_SPLITS)
-    d = tl.arange(0, BLOCK_D)
-    part = (s_idx * NUM_HEADS + h).to(tl.int64) * NUM_SPLITS + sp
-    m = tl.load(part_m_ptr + part)
-    ls = tl.load(part_l_ptr + part)
-    acc = tl.load(part_acc_ptr + part[:, None] * BLOCK_D + d[None, :])
-    sink = tl.load(sink_ptr + h).to(tl.float32) * _LOG2E
-    m_all = tl.maximum(tl.max(m, axis=0), sink)
-    w = tl.exp2(m - m_all)
-    denom = tl.sum(ls * w, axis=0) + tl.exp2(sink - m_all)
-    o = tl.sum(acc * w[:, None], axis=0) / denom
-    o_ptr = out_ptr + q0.to(tl.int64) * stride_ot + h * stride_oh + d
-    tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
-
-
-@triton.jit
 def _decode_merge_kernel(
     part_acc_ptr,
     part_m_ptr,
@@ -553,8 +513,9 @@ def _decode_merge_kernel(
     SPLIT_STEP: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One (sequence, KV head): `_merge_splits` of the partials the decode launch before left
-    (`AttentionDecodeConfig.combine_launch`), so the decode's splits end on their stores instead of a counter."""
+    """One (sequence, KV head): `_merge_splits` of the partials the decode launch before left, where the splits end
+    on their stores instead of a counter (`AttentionDecodeConfig.combine_launch`, or a batch with more (sequence, KV
+    head) pairs than counters): the same bits as the last split's merge."""
     s_idx = tl.program_id(0)
     kvh = tl.program_id(1)
     # The batch metadata is written before the step's first kernel: read before waiting for the decode grid.
@@ -880,18 +841,11 @@ def paged_attention_decode(
         **launch_options(q.device),
     )
     if num_splits > 1 and not fused:
-        # Both merge launches read the same partials and write the same rows.
-        merge_args = (part_acc, part_m, part_l, meta.query_start_t, sinks, out, out.stride(0), out.stride(1))
-        if cfg.combine_launch:
-            _decode_merge_kernel[(num_seqs, hkv)](
-                *merge_args, NUM_HEADS=hq, GROUP=group, G_P2=triton.next_power_of_2(group), HEAD_DIM=d,
-                BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLIT_STEP=split_step, num_warps=4,
-                **launch_options(q.device),
-            )  # fmt: skip
-        else:
-            _decode_combine_kernel[(num_seqs, hq)](
-                *merge_args, NUM_HEADS=hq, HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=num_splits, num_warps=4
-            )
+        _decode_merge_kernel[(num_seqs, hkv)](
+            part_acc, part_m, part_l, meta.query_start_t, sinks, out, out.stride(0), out.stride(1), NUM_HEADS=hq,
+            GROUP=group, G_P2=triton.next_power_of_2(group), HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+            SPLIT_STEP=split_step, num_warps=4, **launch_options(q.device),
+        )  # fmt: skip
     return out
 
 
