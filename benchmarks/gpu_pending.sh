@@ -6,11 +6,13 @@
 # Next, in this order (state after the forty-fourth session, 2026-12-05: ROUTER_LAUNCH and ATTN_SPLITS installed,
 # BF16_GU lost, both manifest profiles recorded on an H100 by RECORD_BOTH, H200_AB confirmed them on an H200;
 # docs/performance.md's sections of it and the forty-third):
-#   ATTN_MORE=1   (~5 minutes; an H100 will do): the attention merge launch with more splits at 32K context and from
-#                 12 sequences (partly run: b12, BF16 b16 and b4 at 32K left);
 #   EXPERTS_AHEAD=1 (~4 minutes; an H100 will do): the router's top-k launch asking L2 for the chosen experts'
 #                 gate_up lines from 66-264 programs;
 #   OPS_AGAIN=1   (~4 minutes; an H100 will do): qkv_attention and add_rms_norm_linear again, alone and together;
+#   ATTN_MORE=1   (~5 minutes; an H100 will do): the attention merge launch with more splits at 32K context and from
+#                 12 sequences (partly run: b12, BF16 b16 and b4 at 32K left);
+#   the attention GPU tests (gpu_tests.sh, or `python3 -m pytest -m gpu --noconftest -n 4
+#                 tests/test_kernels_attention.py`): the merge launch is now also the counters' fallback;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
