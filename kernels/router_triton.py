@@ -120,6 +120,37 @@ def _store_topk(top_w, top_i, r, r_ok, out_w_ptr, out_ids_ptr, TOP_K: tl.constex
 
 
 @triton.jit
+def _topk_of_rows(
+    logits_ptr,
+    r0,
+    num_tokens,
+    num_experts,
+    scaling,
+    ROWS: tl.constexpr,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    """(top-k weights, ids [ROWS, K_PAD], rows, rows' mask) of the FP32 logits rows r0..r0+ROWS that other programs
+    stored (read from L2 with .cg, not a stale L1 line; the caller has acquired their release on its arrival counter
+    or waited for their grid). SPLITS > 1: the logits are the sum of that many K-split partial planes [T, E], added in
+    split order."""
+    r = r0 + tl.arange(0, ROWS)
+    r_ok = r < num_tokens
+    ee = tl.arange(0, E_PAD)
+    ee_ok = ee < num_experts
+    ptrs = logits_ptr + r[:, None] * num_experts + ee[None, :]
+    ok = r_ok[:, None] & ee_ok[None, :]
+    logits = tl.load(ptrs, mask=ok, other=0.0, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLITS):
+        logits += tl.load(ptrs + s * num_tokens * num_experts, mask=ok, other=0.0, cache_modifier=".cg")
+    top_w, top_i = _topk_rows(logits, ee, ee_ok, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+    return top_w, top_i, r, r_ok
+
+
+@triton.jit
 def _topk_from_logits(
     logits_ptr,
     r0,
@@ -135,19 +166,10 @@ def _topk_from_logits(
     RENORMALIZE: tl.constexpr,
     SPLITS: tl.constexpr,
 ):
-    """Top-k of the FP32 logits rows r0..r0+ROWS that other programs stored (read from L2 with .cg, not a stale L1
-    line; the caller has acquired their release on its arrival counter). SPLITS > 1: the logits are the sum of that
-    many K-split partial planes [T, E], added in split order."""
-    r = r0 + tl.arange(0, ROWS)
-    r_ok = r < num_tokens
-    ee = tl.arange(0, E_PAD)
-    ee_ok = ee < num_experts
-    ptrs = logits_ptr + r[:, None] * num_experts + ee[None, :]
-    ok = r_ok[:, None] & ee_ok[None, :]
-    logits = tl.load(ptrs, mask=ok, other=0.0, cache_modifier=".cg")
-    for s in tl.static_range(1, SPLITS):
-        logits += tl.load(ptrs + s * num_tokens * num_experts, mask=ok, other=0.0, cache_modifier=".cg")
-    top_w, top_i = _topk_rows(logits, ee, ee_ok, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+    """`_topk_of_rows`, stored."""
+    top_w, top_i, r, r_ok = _topk_of_rows(
+        logits_ptr, r0, num_tokens, num_experts, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE, SPLITS
+    )
     _store_topk(top_w, top_i, r, r_ok, out_w_ptr, out_ids_ptr, TOP_K, K_PAD)
 
 
@@ -496,15 +518,11 @@ def _router_topk_ahead_kernel(
     pdl_entry(PDL)
     p = tl.program_id(0)
     programs = tl.num_programs(0)
-    ee = tl.arange(0, E_PAD)
-    ee_ok = ee < num_experts
     kk = tl.arange(0, K_PAD)
     for t0 in range(0, num_tokens, ROWS):
-        r = t0 + tl.arange(0, ROWS)
-        r_ok = r < num_tokens
-        ok = r_ok[:, None] & ee_ok[None, :]
-        logits = tl.load(logits_ptr + r[:, None] * num_experts + ee[None, :], mask=ok, other=0.0, cache_modifier=".cg")
-        top_w, top_i = _topk_rows(logits, ee, ee_ok, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+        top_w, top_i, r, r_ok = _topk_of_rows(
+            logits_ptr, t0, num_tokens, num_experts, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE, 1
+        )
         if p == 0:
             _store_topk(top_w, top_i, r, r_ok, out_w_ptr, out_ids_ptr, TOP_K, K_PAD)
         if REQUEST:
