@@ -54,6 +54,11 @@ class TileConfig:
     # asked into L2 ahead (`weights_ahead`) are the engine's codes: an entry for a batch whose projections run here
     # would ask for bytes no kernel then reads (today's H200 entry is for 1 token, where the FMA path runs them).
     mma_ready_codes: bool = False
+    # At M == 1 (FMA tiles), when the op table has `add_rms_norm_linear`: the input add + RMSNorm as this GEMV's
+    # prologue, every program normalising the row itself (one launch fewer a layer). H100 (forty-fifth session),
+    # whole step at 1K context: BF16 b1 -1.7% (2.826 -> 2.778 ms), NVFP4 b1 +12% (the row's reduction sits before
+    # the weights, which NVFP4 reads 3.6x faster), so the table sets it for BF16's q|k|v projection only.
+    norm_prologue: bool = False
 
 
 @dataclass(frozen=True)

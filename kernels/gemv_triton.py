@@ -1125,14 +1125,28 @@ def linear_add_rms_norm(
 def add_rms_norm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: Weight
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`linear(add_rms_norm(x, residual, ...)[0], w)` -> (y, new residual); one launch at M == 1.
+    """`linear(add_rms_norm(x, residual, ...)[0], w)` -> (y, new residual); one launch at M == 1 where the device's
+    table sets `norm_prologue` for the shape.
 
-    At M == 1 every program of the GEMV normalises the row itself before its products (`_normed_row_matmul`), so
-    the norm costs no launch of its own and no program waits for another; other shapes run the Triton add+RMSNorm
-    and linear kernels one after the other.
+    There every program of the GEMV normalises the row itself before its products (`_normed_row_matmul`), so the
+    norm costs no launch of its own and no program waits for another; elsewhere the Triton add+RMSNorm and linear
+    kernels run one after the other (the same launches and bits as without this op).
     """
-    fused = (
-        x.shape[0] == 1
+    if not norm_in_one_launch(x, residual, norm_weight, w):
+        normed, new_res = rmsnorm_triton.add_rms_norm(x, residual, norm_weight, eps)
+        return linear(normed, w), new_res
+    new_res = _empty(tuple(x.shape), x.dtype, x.device)
+    return _matmul(x, w, fp32_out=False, norm_in=(residual, norm_weight, eps, new_res)), new_res
+
+
+def norm_in_one_launch(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, w: Weight) -> bool:
+    """Whether `add_rms_norm_linear` runs these inputs as one launch (the table's `norm_prologue` for the shape)."""
+    if x.shape[0] != 1:
+        return False
+    cfg = small_m_config(1, isinstance(w, NVFP4Weight), x.shape[1], w.shape[-2], x.device)
+    return (
+        cfg.norm_prologue
+        and not cfg.use_dot
         and supported(x, w, fp32_out=False)
         and residual.shape == x.shape
         and residual.dtype == x.dtype
@@ -1140,13 +1154,7 @@ def add_rms_norm_linear(
         and x.is_contiguous()
         and norm_weight.shape == (x.shape[1],)
         and norm_weight.is_contiguous()
-        and not small_m_config(1, isinstance(w, NVFP4Weight), x.shape[1], w.shape[-2], x.device).use_dot
     )
-    if not fused:
-        normed, new_res = rmsnorm_triton.add_rms_norm(x, residual, norm_weight, eps)
-        return linear(normed, w), new_res
-    new_res = _empty(tuple(x.shape), x.dtype, x.device)
-    return _matmul(x, w, fp32_out=False, norm_in=(residual, norm_weight, eps, new_res)), new_res
 
 
 def lm_head(x: torch.Tensor, w: Weight) -> torch.Tensor:

@@ -1,7 +1,9 @@
-"""What the Triton kernel tests share: the error measure, output buffers poisoned with NaN, a launch counter."""
+"""What the Triton kernel tests share: the error measure, output buffers poisoned with NaN, a launch counter, a
+table turning on the qkv projection's norm prologue."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import torch
@@ -33,6 +35,17 @@ def poison_torch_empty(monkeypatch) -> None:
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_empty_like(*a, **k)))
+
+
+def norm_prologue_table(monkeypatch, tmp_path) -> None:
+    """A tuning table (for the test's duration) that turns on `add_rms_norm_linear`'s one launch at M == 1 for every
+    shape, as the shipped table does for BF16's q|k|v projection; the default table (none on the CPU) leaves it off."""
+    from flint_kernels import tuning
+
+    path = tmp_path / "norm_prologue.json"
+    entry = {"when": {"m": 1}, "config": {"norm_prologue": True}, "source": "a test's table"}
+    path.write_text(json.dumps({"gemv.small_m": [entry]}))
+    monkeypatch.setenv(tuning.ENV, str(path))  # read per call; restored after the test
 
 
 class LaunchSpy:

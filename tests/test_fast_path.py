@@ -7,6 +7,7 @@ import pytest
 import torch
 from flint_kernels import fast
 from flint_kernels.dispatch import REFERENCE, with_ops
+from kernel_checks import norm_prologue_table
 
 from flint_engine.config import FULL, SLIDING, preset
 from flint_engine.forward_batch import ForwardBatch, fresh_sequences_batch
@@ -203,10 +204,13 @@ def test_decode_step_with_a_one_launch_op(op: str) -> None:
 
 
 @pytest.mark.parametrize(("nvfp4", "split_layer"), [(False, None), (True, None), (False, 2)])
-def test_one_token_decode_with_the_norm_inside_the_qkv_projection(nvfp4: bool, split_layer: int | None) -> None:
-    """`add_rms_norm_linear` at one token (its one-launch path) through the model, every layer after the first:
-    the plain path's hidden state, dense and NVFP4 weights; also with one layer's qkv stored as separate parts (a
-    mixed-format checkpoint), whose input norm then runs as its own op again."""
+def test_one_token_decode_with_the_norm_inside_the_qkv_projection(
+    nvfp4: bool, split_layer: int | None, monkeypatch, tmp_path
+) -> None:
+    """`add_rms_norm_linear` at one token (its one-launch path, turned on by a table) through the model, every layer
+    after the first: the plain path's hidden state, dense and NVFP4 weights; also with one layer's qkv stored as
+    separate parts (a mixed-format checkpoint), whose input norm then runs as its own op again."""
+    norm_prologue_table(monkeypatch, tmp_path)
     w = random_weights(CFG, torch.float32, seed=11, nvfp4_linears=nvfp4)
     if split_layer is not None:
         qkv = w.layers[split_layer].qkv

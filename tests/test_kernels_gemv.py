@@ -24,7 +24,7 @@ from flint_kernels.linear import (
     linear_fp32_out_ref,
     linear_ref,
 )
-from kernel_checks import LaunchSpy, poisoned_empty, random_nvfp4, rel_err
+from kernel_checks import LaunchSpy, norm_prologue_table, poisoned_empty, random_nvfp4, rel_err
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -398,20 +398,50 @@ def test_add_rms_norm_linear_one_launch_fp32(fmt: str, k: int, split_k: int) -> 
     assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
-def test_add_rms_norm_linear_op_fp16_and_fallback() -> None:
-    """The op: one launch at M == 1 (fp16), the add+RMSNorm and linear kernels at M > 1; both as the reference."""
+@pytest.mark.parametrize("prologue", [True, False])
+def test_add_rms_norm_linear_op_fp16_and_fallback(prologue: bool, monkeypatch, tmp_path) -> None:
+    """The op: one launch at M == 1 (fp16) where the table sets `norm_prologue`, else (and at M > 1) the add+RMSNorm
+    and linear kernels; every way as the reference."""
+    if prologue:
+        norm_prologue_table(monkeypatch, tmp_path)
+    from flint_kernels import rmsnorm_triton
+
     g = gen(440)
     n, k = 96, 128
     w = (torch.randn(n, k, generator=g, device=DEVICE) / math.sqrt(k)).half()
+    norm_kernel = rmsnorm_triton._rms_norm_kernel
     for m in (1, 3):
         x = random_x(m, k, torch.float16, g)
         residual = (torch.randn(m, k, generator=g, device=DEVICE) * 2).half()
         norm_w = torch.rand(k, generator=g, device=DEVICE) + 0.5
+        one = prologue and m == 1
+        assert gt.norm_in_one_launch(x, residual, norm_w, w) == one
+        spy = LaunchSpy(norm_kernel)
+        monkeypatch.setattr(rmsnorm_triton, "_rms_norm_kernel", spy)
         y, res = gt.add_rms_norm_linear(x, residual, norm_w, 1e-6, w)
+        assert spy.launches == (0 if one else 1), m
         want_y, want_res = add_rms_norm_linear_ref(x, residual, norm_w, 1e-6, w)
         assert rel_err(y, want_y) < 1e-3 and torch.equal(res, want_res), m
     with pytest.raises(ValueError, match="prologue needs M == 1"):
         gt._matmul(random_x(2, k, torch.float16, g), w, False, config=FMA, norm_in=(x, norm_w, 1e-6, x))
+
+
+def test_shipped_table_puts_the_norm_in_bf16_qkv_only(monkeypatch) -> None:
+    """The H200 table (which an H100 uses) turns the one launch on for BF16's q|k|v projection at one token only:
+    NVFP4's lost 12% there, and other shapes were not measured."""
+    from flint_kernels import tuning
+
+    monkeypatch.setenv(tuning.ENV, str(tuning.TABLES / "nvidia-h200.json"))
+    g = gen(445)
+    k = 2048
+    x = random_x(1, k, torch.bfloat16, g)
+    residual, norm_w = _norm_inputs(k, torch.bfloat16, g)
+    bf16_qkv = torch.empty(5120, k, dtype=torch.bfloat16, device=DEVICE)
+    assert gt.norm_in_one_launch(x, residual, norm_w, bf16_qkv)
+    assert not gt.norm_in_one_launch(x, residual, norm_w, random_nvfp4(5120, k, g))
+    assert not gt.norm_in_one_launch(x, residual, norm_w, torch.empty(2048, k, dtype=torch.bfloat16, device=DEVICE))
+    two = torch.cat([x, x])
+    assert not gt.norm_in_one_launch(two, torch.cat([residual, residual]), norm_w, bf16_qkv)
 
 
 # ----------------------------------------------------------------------------------------------- GPU (bf16)

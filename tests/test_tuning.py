@@ -151,7 +151,11 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert gt.small_m_config(1, True, 1024, 2048, h200) == TileConfig(block_n=8, block_k=1024, **fma)
     assert gt.small_m_config(1, True, 3072, 2048, h200) == TileConfig(block_n=8, block_k=1024, **fma)
     # M = 1: the shapes re-measured by benchmarks/tune.py and then as a whole decode step (see the entries' source).
-    assert gt.small_m_config(1, False, 2048, 5120, h200) == TileConfig(block_n=4, block_k=2048, **fma)  # qkv
+    # qkv, with the input add + RMSNorm as its prologue (forty-fifth session, BF16 b1 -1.7% on an H100)
+    assert gt.small_m_config(1, False, 2048, 5120, h200) == TileConfig(
+        block_n=4, block_k=2048, norm_prologue=True, **fma
+    )
+    assert not gt.small_m_config(1, True, 2048, 5120, h200).norm_prologue  # NVFP4 lost 12%
     # BF16 o projection and dense MLP: each program's K (or 2048 of it) in one step, before the PDL wait (2026-12-02).
     assert gt.small_m_config(1, False, 4096, 2048, h200) == TileConfig(block_n=4, block_k=4096, **fma)  # o
     assert gt.small_m_config(1, False, 2048, 12288, h200) == TileConfig(block_n=8, block_k=2048, **fma)
@@ -278,9 +282,14 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert at.decode_config(32768, 513, 11, h200) == AttentionDecodeConfig(num_stages=None, **launch64)
     assert at.decode_config(2048, None, 1, h200) == AttentionDecodeConfig(num_stages=2, **launch64)
     assert at.decode_config(4096, None, 11, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
-    # From 12 sequences: one split in sliding layers, 512 keys a split at least in full ones (a 2026-11-30 sweep and
+    # At 12-16 sequences (forty-fifth session): 128-key tiles, 256 keys a split at least, merged by a launch of their
+    # own (NVFP4 b12 -2.4%, b16 -0.5% on an H100; at 32 sequences +1.9%).
+    mid = dict(block_n=128, num_warps=4, min_keys_per_split=256, max_splits=64, combine_launch=True)
+    assert at.decode_config(1024, 513, 12, h200) == AttentionDecodeConfig(num_stages=None, **mid)
+    assert at.decode_config(32768, None, 16, h200) == AttentionDecodeConfig(num_stages=2, **mid)
+    # From 17 sequences: one split in sliding layers, 512 keys a split at least in full ones (a 2026-11-30 sweep and
     # whole-step A/Bs, BF16 b32 -3.3%, b16 -1.9%; at 8 sequences BF16 was slower).
-    assert at.decode_config(1024, 513, 12, h200) == AttentionDecodeConfig(128, 4, None, 1024, 64, 16384)
+    assert at.decode_config(1024, 513, 17, h200) == AttentionDecodeConfig(128, 4, None, 1024, 64, 16384)
     assert at.decode_config(1024, None, 64, h200) == AttentionDecodeConfig(128, 4, 2, 512, 64, 16384)
     # Prefill (a 2026-12-01 sweep at 8K): query tiles last-first everywhere; 128 x 128 tiles in full layers at 8K.
     assert at.prefill_config(8192, 513, h200) == AttentionPrefillConfig(64, 64, 4, 2, longest_first=True)
