@@ -48,7 +48,7 @@ class FlintModel:
         if kernels.prepare_router is not None:
             for layer in weights.layers:
                 if isinstance(layer.mlp, MoEWeights):
-                    kernels.prepare_router(layer.mlp.router, layer.mlp.experts_gate_up)
+                    kernels.prepare_router(layer.mlp.router)
         if kernels.prepare_nvfp4 is not None:
             for w in weights.nvfp4_weights():
                 kernels.prepare_nvfp4(w)

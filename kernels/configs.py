@@ -266,10 +266,6 @@ class RouterSmallConfig:
     # programs store their logits and end, and a one-program launch of its own runs the top-k after its PDL wait
     # (a kernel boundary in place of the barrier, the acq_rel atomic and the last arrival's wait on them).
     tail_launch: bool = False
-    # With tail_launch: that many programs each take the top-k (program 0 stores it) and ask L2 for their share of
-    # the chosen experts' gate_up weight lines, so the MoE's gate_up finds them there or in flight rather than
-    # starting its DRAM reads after its own wait (a hint: nothing else changes). 0: one program, no requests.
-    experts_ahead_programs: int = 0
 
 
 @dataclass(frozen=True)

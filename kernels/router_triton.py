@@ -10,10 +10,7 @@ launch or CUDA-graph replay. The counter is slot 0 of `split_k_triton.counters` 
 call outside graph capture), shared with split-K: such launches must not run concurrently on several streams. A
 device's tuning table may end it another way (`RouterSmallConfig.tail_launch`, op "router.small"): the programs
 store their logits and end, and `_router_topk_kernel`, one program launched next, runs the top-k after its PDL wait
-(a kernel boundary where the barrier, the atomic and the last arrival's wait were; no counter). With
-`experts_ahead_programs` that launch is `_router_topk_ahead_kernel` instead: that many programs each take the top-k
-(program 0 stores it) and ask L2 for their share of the chosen experts' gate_up lines, registered per router weight
-by `prepare(weight, experts)`, so the MoE's gate_up launch after it reads them from L2 or while they are in flight.
+(a kernel boundary where the barrier, the atomic and the last arrival's wait were; no counter).
 
 That kernel is for decode-sized batches: every program reads all the tokens' activations, which stops paying off
 at a few dozen tokens. Above SMALL_BATCH tokens `_router_tiles_kernel` runs instead (large decode batches and
@@ -60,7 +57,6 @@ import triton.language as tl
 
 from . import rmsnorm_triton, split_k_triton, tuning
 from .configs import RouterSmallConfig, RouterTilesConfig
-from .l2_prefetch import LINE, prefetch_lines
 from .pdl import launch_options, pdl_entry
 from .router import sigmoid_topk_ref
 
@@ -120,37 +116,6 @@ def _store_topk(top_w, top_i, r, r_ok, out_w_ptr, out_ids_ptr, TOP_K: tl.constex
 
 
 @triton.jit
-def _topk_of_rows(
-    logits_ptr,
-    r0,
-    num_tokens,
-    num_experts,
-    scaling,
-    ROWS: tl.constexpr,
-    TOP_K: tl.constexpr,
-    K_PAD: tl.constexpr,
-    E_PAD: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
-    SPLITS: tl.constexpr,
-):
-    """(top-k weights, ids [ROWS, K_PAD], rows, rows' mask) of the FP32 logits rows r0..r0+ROWS that other programs
-    stored (read from L2 with .cg, not a stale L1 line; the caller has acquired their release on its arrival counter
-    or waited for their grid). SPLITS > 1: the logits are the sum of that many K-split partial planes [T, E], added in
-    split order."""
-    r = r0 + tl.arange(0, ROWS)
-    r_ok = r < num_tokens
-    ee = tl.arange(0, E_PAD)
-    ee_ok = ee < num_experts
-    ptrs = logits_ptr + r[:, None] * num_experts + ee[None, :]
-    ok = r_ok[:, None] & ee_ok[None, :]
-    logits = tl.load(ptrs, mask=ok, other=0.0, cache_modifier=".cg")
-    for s in tl.static_range(1, SPLITS):
-        logits += tl.load(ptrs + s * num_tokens * num_experts, mask=ok, other=0.0, cache_modifier=".cg")
-    top_w, top_i = _topk_rows(logits, ee, ee_ok, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE)
-    return top_w, top_i, r, r_ok
-
-
-@triton.jit
 def _topk_from_logits(
     logits_ptr,
     r0,
@@ -166,10 +131,19 @@ def _topk_from_logits(
     RENORMALIZE: tl.constexpr,
     SPLITS: tl.constexpr,
 ):
-    """`_topk_of_rows`, stored."""
-    top_w, top_i, r, r_ok = _topk_of_rows(
-        logits_ptr, r0, num_tokens, num_experts, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE, SPLITS
-    )
+    """Top-k of the FP32 logits rows r0..r0+ROWS that other programs stored (read from L2 with .cg, not a stale L1
+    line; the caller has acquired their release on its arrival counter). SPLITS > 1: the logits are the sum of that
+    many K-split partial planes [T, E], added in split order."""
+    r = r0 + tl.arange(0, ROWS)
+    r_ok = r < num_tokens
+    ee = tl.arange(0, E_PAD)
+    ee_ok = ee < num_experts
+    ptrs = logits_ptr + r[:, None] * num_experts + ee[None, :]
+    ok = r_ok[:, None] & ee_ok[None, :]
+    logits = tl.load(ptrs, mask=ok, other=0.0, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLITS):
+        logits += tl.load(ptrs + s * num_tokens * num_experts, mask=ok, other=0.0, cache_modifier=".cg")
+    top_w, top_i = _topk_rows(logits, ee, ee_ok, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE)
     _store_topk(top_w, top_i, r, r_ok, out_w_ptr, out_ids_ptr, TOP_K, K_PAD)
 
 
@@ -475,64 +449,6 @@ def _router_topk_kernel(
 
 
 @triton.jit
-def _request_share(base_ptr, stride, lines, experts, pair_ok, p, programs, LINES: tl.constexpr):
-    """Program p's share of the 128-byte lines of each chosen expert's block (`lines` lines at base + expert *
-    stride bytes; experts [ROWS, K_PAD], pair_ok masks them), asked for in L2 LINES a pair at a time."""
-    per = tl.cdiv(lines, programs)
-    lo = p * per
-    hi = tl.minimum(lo + per, lines)
-    for l0 in range(lo, hi, LINES):
-        ll = l0 + tl.arange(0, LINES)
-        ok = pair_ok[:, :, None] & (ll < hi)[None, None, :]
-        off = experts[:, :, None] * stride + ll.to(tl.int64)[None, None, :] * 128
-        prefetch_lines(base_ptr + tl.where(ok, off, 0))
-
-
-@triton.jit
-def _router_topk_ahead_kernel(
-    logits_ptr,
-    out_w_ptr,
-    out_ids_ptr,
-    a_ptr,
-    b_ptr,
-    num_tokens,
-    num_experts,
-    scaling,
-    a_stride,
-    a_lines,
-    b_stride,
-    b_lines,
-    TOP_K: tl.constexpr,
-    K_PAD: tl.constexpr,
-    E_PAD: tl.constexpr,
-    ROWS: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
-    LINES: tl.constexpr,
-    REQUEST: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """`_router_topk_kernel` in every program of the grid (`RouterSmallConfig.experts_ahead_programs`): each takes the
-    top-k of every token, program 0 stores it, and (REQUEST: on GPUs, the hint is PTX) each asks L2 for its share of
-    the chosen experts' gate_up lines, a_lines at a_ptr + expert * a_stride bytes and b's likewise (NVFP4 codes and
-    scale bytes; b_lines 0 for BF16)."""
-    pdl_entry(PDL)
-    p = tl.program_id(0)
-    programs = tl.num_programs(0)
-    kk = tl.arange(0, K_PAD)
-    for t0 in range(0, num_tokens, ROWS):
-        top_w, top_i, r, r_ok = _topk_of_rows(
-            logits_ptr, t0, num_tokens, num_experts, scaling, ROWS, TOP_K, K_PAD, E_PAD, RENORMALIZE, 1
-        )
-        if p == 0:
-            _store_topk(top_w, top_i, r, r_ok, out_w_ptr, out_ids_ptr, TOP_K, K_PAD)
-        if REQUEST:
-            pair_ok = r_ok[:, None] & (kk < TOP_K)[None, :]
-            experts = top_i.to(tl.int64)
-            _request_share(a_ptr, a_stride, a_lines, experts, pair_ok, p, programs, LINES)
-            _request_share(b_ptr, b_stride, b_lines, experts, pair_ok, p, programs, LINES)
-
-
-@triton.jit
 def _tiles_step(x_rows, w_rows, s_rows, plane, t_ok, e_ok, k0, kk, hidden, acc, SPLIT: tl.constexpr,
                 PRESPLIT: tl.constexpr, EVEN_K: tl.constexpr):  # fmt: skip
     """acc [T, E] += x [T, k0:k0+K] @ W [E, k0:k0+K]^T (see the module docstring for SPLIT / PRESPLIT)."""
@@ -708,8 +624,7 @@ def _small_batch(
         num_warps=4,
         **launch_options(x.device),
     )
-    config = small_config(t, num_experts, x.device)
-    if config.tail_launch:
+    if small_config(t, num_experts, x.device).tail_launch:
         logits_meta = {k: meta[k] for k in ("BLOCK_T", "BLOCK_E", "BLOCK_K", "EVEN_K", "num_warps")}
         pdl = launch_options(x.device)
         if norm is None:
@@ -723,15 +638,7 @@ def _small_batch(
                 residual.stride(0), weight.stride(0), float(eps), **logits_meta, **pdl,
             )  # fmt: skip
         topk_meta = {k: meta[k] for k in ("TOP_K", "K_PAD", "E_PAD", "ROWS", "RENORMALIZE", "num_warps")}
-        ahead = _experts_of(weight) if config.experts_ahead_programs > 0 else None
-        if ahead is None:
-            _router_topk_kernel[(1,)](logits, out_w, out_ids, t, num_experts, float(scaling), **topk_meta, **pdl)
-            return
-        (a, a_stride, a_lines), (b, b_stride, b_lines) = ahead
-        _router_topk_ahead_kernel[(config.experts_ahead_programs,)](
-            logits, out_w, out_ids, a, b, t, num_experts, float(scaling), a_stride, a_lines, b_stride, b_lines,
-            **topk_meta, LINES=_AHEAD_LINES, REQUEST=x.is_cuda, **pdl,
-        )  # fmt: skip
+        _router_topk_kernel[(1,)](logits, out_w, out_ids, t, num_experts, float(scaling), **topk_meta, **pdl)
         return
     counter = split_k_triton.counters(x.device)
     if norm is None:
@@ -866,17 +773,11 @@ def shared_memory_limit(device: torch.device | None) -> int:
     return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def prepare(weight: torch.Tensor, experts: object = None) -> None:
+def prepare(weight: torch.Tensor) -> None:
     """Make the three-part BF16 split of an FP32 router weight once and keep it while the weight lives (3 MB
     for Flint's 256 x 2048, 141 MB over its 47 MoE layers), so the many-token kernel loads BF16 parts instead of
     splitting the FP32 weight in every tile (8K prefill, H200: 71 vs 109 us a layer). Without it the kernel
-    splits in registers, with the same result. `experts`: the layer's stacked gate_up weights (a tensor [E, 2I, H] or
-    an NVFP4Weight), which the top-k launch asks L2 for where `experts_ahead_programs` says so."""
-    if experts is not None:
-        blocks = _expert_blocks(experts)
-        if blocks is not None:
-            key = id(weight)
-            _ahead[key] = (weakref.ref(weight, lambda _ref, key=key: _ahead.pop(key, None)), blocks)
+    splits in registers, with the same result."""
     if weight.dtype != torch.float32 or weight.dim() != 2:
         return
     key = id(weight)
@@ -884,36 +785,6 @@ def prepare(weight: torch.Tensor, experts: object = None) -> None:
         return
     # The entry goes when the weight does (CPython runs the callback at once, before the id can be reused).
     _splits[key] = (weakref.ref(weight, lambda _ref, key=key: _splits.pop(key, None)), split_weight(weight))
-
-
-# Per router weight (by id, while it lives): its layer's gate_up expert blocks for `_router_topk_ahead_kernel`, as
-# ((bytes, stride, lines), (bytes, stride, lines)): a uint8 view of each stacked tensor, the bytes from one expert to
-# the next and the 128-byte lines of one expert (the NVFP4 codes and scale bytes; BF16: one tensor, then none).
-_ahead: dict[int, tuple[weakref.ref, tuple]] = {}
-_AHEAD_LINES = 16  # lines a pair a program asks for at a time
-
-
-def _expert_blocks(experts: object) -> tuple | None:
-    """The `_ahead` entry of stacked gate_up weights, or None where an expert is not one block of memory."""
-    from .linear import NVFP4Weight  # here: linear imports the kernels
-
-    tensors = [experts.qweight, experts.scales] if isinstance(experts, NVFP4Weight) else [experts]
-    blocks = []
-    for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.dim() != 3 or not t.is_contiguous():
-            return None
-        stride = t.stride(0) * t.element_size()
-        # A block that does not start on a line ends in one more line than its bytes fill.
-        lines = -(-stride // LINE) + bool(stride % LINE or t.data_ptr() % LINE)
-        blocks.append((t.view(torch.uint8), stride, lines))
-    if len(blocks) == 1:
-        blocks.append((blocks[0][0], 0, 0))
-    return tuple(blocks)
-
-
-def _experts_of(weight: torch.Tensor) -> tuple | None:
-    hit = _ahead.get(id(weight))
-    return hit[1] if hit is not None and hit[0]() is weight else None
 
 
 def _split_of(weight: torch.Tensor) -> torch.Tensor | None:
