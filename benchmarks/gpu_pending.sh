@@ -3,22 +3,19 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the forty-fourth session, 2026-12-05: ROUTER_LAUNCH and ATTN_SPLITS installed,
-# BF16_GU lost, both manifest profiles recorded on an H100 by RECORD_BOTH, H200_AB confirmed them on an H200;
-# docs/performance.md's sections of it and the forty-third):
-#   EXPERTS_AHEAD=1 (~4 minutes; an H100 will do): the router's top-k launch asking L2 for the chosen experts'
-#                 gate_up lines from 66-264 programs;
-#   OPS_AGAIN=1   (~4 minutes; an H100 will do): qkv_attention and add_rms_norm_linear again, alone and together;
-#   ATTN_MORE=1   (~5 minutes; an H100 will do): the attention merge launch with more splits at 32K context and from
-#                 12 sequences (partly run: b12, BF16 b16 and b4 at 32K left);
-#   the attention GPU tests (gpu_tests.sh, or `python3 -m pytest -m gpu --noconftest -n 4
-#                 tests/test_kernels_attention.py`): the merge launch is now also the counters' fallback;
+# Next, in this order (state after the forty-fifth session, 2026-12-05: EXPERTS_AHEAD lost and its kernel was
+# removed; OPS_AGAIN found the q|k|v norm prologue -1.7% at BF16 b1 (installed for BF16 as the table's
+# `norm_prologue`); ATTN_MORE found the merge launch with 256-key splits -2.4% at b12 (installed at 12-16 sequences);
+# TABLE_AB confirmed both against the forty-fourth session's table on an H100; RECORD_BOTH recorded both manifest
+# profiles; docs/performance.md's section of it):
+#   TABLE_AB=1 on an H200 (~4 minutes; the device lent only H100s in the forty-fifth session): the shipped table
+#                 against the forty-fourth session's on the GPU the targets name;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
 #                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
 #                 codes' 140.7 vs 136.9 may be the same effect).
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
-# (2 and 4 K splits at 17-32 rows lost 3-19%). An H100 runs the H200's table and manifest (`tuning.SIBLINGS`; the
+# (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed). An H100 runs the H200's table and manifest (`tuning.SIBLINGS`; the
 # fortieth session's calls set FLINT_TUNING_FILE to it, before that): the A/Bs compare the same tables there.
 #
 # The blocks of experiments already judged stay as the commands docs/performance.md quotes for their figures; each
@@ -405,8 +402,11 @@ if [ "${H200_AB:-0}" = 1 ]; then
 fi
 # ATTN_MORE=1 (forty-fourth session; parts ran on an H100 at its end, NVFP4 only, decode_h100_attn_32k_ab_s44.json
 # and decode_h100_attn_mid_ab_s44.json: at 32K context b1 even, b8 +5.6%, so the 2K bound stays; from 12 sequences the
-# launch with 256 keys a split b16 -1.2%, b32 +2.0%, 64-key tiles of 128 b16 -1.0%, b32 even; not run: b4 at 32K, b12,
-# BF16 b16; a win at 12-16 would be an entry of its own): where else the attention merge launch with more splits may
+# launch with 256 keys a split b16 -1.2%, b32 +2.0%, 64-key tiles of 128 b16 -1.0%, b32 even. Whole, on an H100, in the
+# forty-fifth (decode_h100_attn_32k_ab_s45.json, decode_h100_attn_mid_ab_s45.json, decode_h100_bf16_attn_mid_ab_s45.json):
+# 32K b1 even, b4 +3.0%, b8 +5.6%; 256 keys a split b12 -2.8%, b16 -0.6%, b32 +1.9%, BF16 b16 -0.3%; 64-key tiles b12
+# -2.5%, b16 -0.8%, b32 even, BF16 b16 +0.1%; so an entry at 12-16 sequences with 256 keys a split, installed after
+# TABLE_AB's first run): where else the attention merge launch with more splits may
 # pay. Full layers at 32K context below 12 sequences (the table stops its 64-key entry at 2K context: 32K keeps
 # 128-key tiles on the counter; the variant's entry has no context bound) at NVFP4 1, 4, 8; and from 12 sequences at
 # 1K (the table: 1 sliding split, full layers 512 keys a split at least, on the counter), the launch with 256 keys a
@@ -437,7 +437,9 @@ if [ "${ATTN_MORE:-0}" = 1 ]; then
     decode_ab attn_mid_bf16 150 "from 12 sequences: the merge launch with 256 keys a split / 64-key tiles of 128" \
         "--formats bf16 --batches 16 --reserve-gib 2" $V/attn_mid256.json $V/attn_mid64.json
 fi
-# EXPERTS_AHEAD=1 (forty-fourth session, built without device time to judge it): the router's top-k launch in
+# EXPERTS_AHEAD=1 (forty-fourth session; ran in the forty-fifth on an H100, decode_h100_experts_ahead_ab_s45.json: every
+# variant lost, NVFP4 b1 +1.3 / +2.2 / +3.3%, b2 +5-7%, b4 +9-11%, b8 +13-15%, BF16 b1 +6.4-7.5%; the GPU tests passed;
+# the kernel and its field were removed, so this block no longer runs): the router's top-k launch in
 # 66 / 132 / 264 programs, each taking the top-k (program 0 stores it) and asking L2 for its share of the chosen
 # experts' gate_up lines (`RouterSmallConfig.experts_ahead_programs`, `_router_topk_ahead_kernel`): the routed
 # gate_up programs otherwise start their DRAM reads only after their own PDL wait and the ids' load, since nothing
@@ -460,7 +462,10 @@ if [ "${EXPERTS_AHEAD:-0}" = 1 ]; then
         "--formats bf16 --batches 1 --reserve-gib 2" $V/experts_ahead_66.json $V/experts_ahead_132.json \
         $V/experts_ahead_264.json
 fi
-# OPS_AGAIN=1 (forty-fourth session, for the next call): the two experimental fused ops that remove a launch a layer
+# OPS_AGAIN=1 (forty-fourth session; ran in the forty-fifth on an H100, decode_h100_ops_*_ab_s45.json: qkv_attention
+# NVFP4 b1 +0.6%, b8 -0.4%, BF16 b1 +1.5%, b8 -0.2%; add_rms_norm_linear NVFP4 b1 +12%, b8 even, BF16 b1 -1.7%, b8 even;
+# both together NVFP4 b1 +11%, b8 -0.5%, BF16 b1 -0.6%, b8 -0.2%; the BF16 b1 prologue installed as the table's `norm_prologue`, which
+# since then decides where that op fuses, so `all,add_rms_norm_linear` is the default): the two experimental fused ops that remove a launch a layer
 # at batch 1, judged again now that the step is shorter and attention runs 9-16 splits: `qkv_attention` (the Q/K
 # norm, RoPE and cache write inside each attention split: even before, BF16 2.701 vs 2.707 ms) and
 # `add_rms_norm_linear` (the pre-attention add+RMSNorm as the qkv projection's prologue), alone and together (502 ->
@@ -504,6 +509,21 @@ if [ "${ROUTER_TAIL:-0}" = 1 ]; then
         --out "$OUT/decode_router_tail_ab.json" > "$OUT/decode_router_tail_ab.txt" 2>&1
     echo "== whole step: the router with its tail vs without (fixed ids)"
     ab_rounds "$OUT/decode_router_tail_ab.txt"
+fi
+# TABLE_AB=1 (forty-fifth session; ran on an H100, the device lending no H200: decode_h100_table_ab_s45.json, NVFP4 b1
+# 2.002 -> 2.002 ms, b12 6.562 -> 6.404, b16 7.255 -> 7.180, BF16 b1 2.931 -> 2.876, b12 10.14 -> 10.08, b16 even;
+# BF16 b1 454 kernels, was 502): the shipped table against the forty-fourth session's (OLD_TABLE, default
+# .probe/table_s44.json: `git show bdd0536:kernels/tuning/nvidia-h200.json > .probe/table_s44.json`, carry ".probe") at
+# 1, 12 and 16 sequences, both formats, with the batch-1 kernel count and families. ~4 minutes.
+if [ "${TABLE_AB:-0}" = 1 ]; then
+    timeout 480 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 12 16 --contexts 1024 --prefill 0 \
+        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 1 --deadline-s 440 --reserve-gib 2 \
+        --ab-tuning-file "${OLD_TABLE:-.probe/table_s44.json}" --out "$OUT/decode_table_ab.json" \
+        > "$OUT/decode_table_ab.txt" 2>&1
+    echo "== whole step: the shipped table vs the forty-fourth session's"
+    ab_rounds "$OUT/decode_table_ab.txt"
+    grep -o "\"format\": \"[a-z0-9]*\", \"batch\": 1, .*\"kernels_per_step\": [0-9]*" "$OUT/decode_table_ab.txt" | sed "s/, \"context.*kernels_per_step/ kernels_per_step/"
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_table_ab.txt" | head -24
 fi
 # H200_TABLE=1 (ran in the forty-third session: decode_h200_table_s43.json): the shipped table's figures on an H200,
 # both formats, for the status table after sessions that measured only on an H100: the step at 1-64 sequences (1K
