@@ -38,7 +38,7 @@ def _linear(args: argparse.Namespace) -> tuple[str, str, dict, dict]:
                 "nw_ptr": "fp32", "h_ptr": "bf16", "res_out_ptr": "bf16", "row_cnt_ptr": "i32"}  # fmt: skip
     constexprs = dict(NVFP4=nv, USE_DOT=False, BLOCK_M=args.block_m, BLOCK_N=args.block_n, BLOCK_K=args.block_k,
                       WORDS=args.words, PRECISION="tf32", EVEN_K=True, SPLIT_K=1, NORM=False, N_PAD=1,
-                      NORM_IN=False, PDL=True)  # fmt: skip
+                      NORM_IN=args.norm_in, PDL=True)  # fmt: skip
     return "flint_kernels.gemv_triton", "_linear_kernel", pointers, constexprs
 
 
@@ -162,6 +162,7 @@ def main() -> None:
     ap.add_argument("--block-m", type=int, default=1, help="x rows a program (linear's FMA path: 1, or a few rows)")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--words", type=int, default=0, help="the kernels' WORDS (decode mode)")
+    ap.add_argument("--norm-in", action="store_true", help="linear: the add+RMSNorm prologue (`add_rms_norm_linear`)")
     ap.add_argument("--out", type=Path, default=RESULTS / "kernel_sass.json")
     args = ap.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)

@@ -59,6 +59,10 @@ class TileConfig:
     # whole step at 1K context: BF16 b1 -1.7% (2.826 -> 2.778 ms), NVFP4 b1 +12% (the row's reduction sits before
     # the weights, which NVFP4 reads 3.6x faster), so the table sets it for BF16's q|k|v projection only.
     norm_prologue: bool = False
+    # FMA tiles: the launch's register cap per thread (Triton's `maxnreg`; 0: the compiler's choice). The NVFP4 q|k|v
+    # GEMV with the norm prologue compiles to 110 registers, so an SM holds 4 of its 4-warp programs instead of 5 and
+    # its 640 programs no longer fit in one wave of 132 SMs; capped at 96 it compiles without spills (sm_90 SASS).
+    max_registers: int = 0
 
 
 @dataclass(frozen=True)
