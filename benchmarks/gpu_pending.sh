@@ -513,8 +513,8 @@ if [ "${ROUTER_TAIL:-0}" = 1 ]; then
     echo "== whole step: the router with its tail vs without (fixed ids)"
     ab_rounds "$OUT/decode_router_tail_ab.txt"
 fi
-# REG_CAP=1 (forty-fifth session, built after its device time ran out): why the q|k|v norm prologue lost 12% in
-# NVFP4 (OPS_AGAIN) while BF16 gained 1.7%, from sm_90 SASS (`kernel_sass.py linear --nvfp4 --block-n 8 --block-k 2048
+# REG_CAP=1 (forty-fifth session, built after its device time ran out): the likely reason the q|k|v norm prologue
+# lost 12% in NVFP4 (OPS_AGAIN) while BF16 gained 1.7%, from sm_90 SASS (`kernel_sass.py linear --nvfp4 --block-n 8 --block-k 2048
 # [--norm-in]`): the NVFP4 8 x 2048 GEMV compiles to 96 registers, 110 with the prologue, so an SM holds 4 of its
 # 4-warp programs instead of 5 and the q|k|v's 640 programs no longer fit one wave of 132 SMs (the programs of a second
 # wave load their weights only after the first wave's end). Capped at 96 (`max_registers`, Triton's `maxnreg`) it
