@@ -68,6 +68,21 @@ step_ab() {
     decode_ab "$2" 300 "$4 ($1)" "--formats $1 --batches 9 16 32 64 --profile-batches 32" "$3"
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_${2}_ab.txt" | head -8
 }
+# table_against NAME LIMIT SESSION OLD DECODE-ARGS...: the shipped table against an older one (OLD, that session's) in
+# alternating rounds, both formats at 1K context, into $OUT/decode_NAME_ab.*; prints the rounds, the batch-1 kernel
+# counts and the eager profile's families and launches.
+table_against() {
+    local name=$1 limit=$2 session=$3 old=$4
+    shift 4
+    timeout "$limit" python3 benchmarks/decode.py --formats nvfp4 bf16 --contexts 1024 --prefill 0 --reps 30 \
+        --check-steps 0 --no-plain-timing --profile-batches 1 "$@" --ab-tuning-file "$old" \
+        --out "$OUT/decode_${name}_ab.json" > "$OUT/decode_${name}_ab.txt" 2>&1
+    echo "== whole step: the shipped table vs the $session session's"
+    ab_rounds "$OUT/decode_${name}_ab.txt"
+    grep -o "\"format\": \"[a-z0-9]*\", \"batch\": 1, .*\"kernels_per_step\": [0-9]*" "$OUT/decode_${name}_ab.txt" \
+        | sed "s/, \"context.*kernels_per_step/ kernels_per_step/"
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_${name}_ab.txt" | head -24
+}
 # moe_entries_variant FIELD=VALUE OUT LO...: the table with FIELD set in each NVFP4 moe.decode entry from LO tokens.
 moe_entries_variant() {
     local set=$1 out=$2 t="" lo
@@ -394,14 +409,7 @@ fi
 # on an H200, both formats at 1, 8 and 32 sequences, with the batch-1 kernel count and families: the H100-judged
 # router and attention launches confirmed on the GPU the targets name. ~5 minutes.
 if [ "${H200_AB:-0}" = 1 ]; then
-    timeout 500 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 8 32 --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 1 --deadline-s 460 \
-        --ab-tuning-file "${OLD_TABLE:-.probe/table_s43.json}" --out "$OUT/decode_h200_ab.json" \
-        > "$OUT/decode_h200_ab.txt" 2>&1
-    echo "== whole step: the shipped table vs the forty-third session's"
-    ab_rounds "$OUT/decode_h200_ab.txt"
-    grep -o "\"format\": \"[a-z0-9]*\", \"batch\": 1, .*\"kernels_per_step\": [0-9]*" "$OUT/decode_h200_ab.txt" | sed "s/, \"context.*kernels_per_step/ kernels_per_step/"
-    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_h200_ab.txt" | head -24
+    table_against h200 500 "forty-third" "${OLD_TABLE:-.probe/table_s43.json}" --batches 1 8 32 --deadline-s 460
 fi
 # ATTN_MORE=1 (forty-fourth session; parts ran on an H100 at its end, NVFP4 only, decode_h100_attn_32k_ab_s44.json
 # and decode_h100_attn_mid_ab_s44.json: at 32K context b1 even, b8 +5.6%, so the 2K bound stays; from 12 sequences the
@@ -544,14 +552,8 @@ fi
 # .probe/table_s44.json: `git show bdd0536:kernels/tuning/nvidia-h200.json > .probe/table_s44.json`, carry ".probe") at
 # 1, 12 and 16 sequences, both formats, with the batch-1 kernel count and families. ~4 minutes.
 if [ "${TABLE_AB:-0}" = 1 ]; then
-    timeout 480 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 12 16 --contexts 1024 --prefill 0 \
-        --reps 30 --check-steps 0 --no-plain-timing --profile-batches 1 --deadline-s 440 --reserve-gib 2 \
-        --ab-tuning-file "${OLD_TABLE:-.probe/table_s44.json}" --out "$OUT/decode_table_ab.json" \
-        > "$OUT/decode_table_ab.txt" 2>&1
-    echo "== whole step: the shipped table vs the forty-fourth session's"
-    ab_rounds "$OUT/decode_table_ab.txt"
-    grep -o "\"format\": \"[a-z0-9]*\", \"batch\": 1, .*\"kernels_per_step\": [0-9]*" "$OUT/decode_table_ab.txt" | sed "s/, \"context.*kernels_per_step/ kernels_per_step/"
-    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_table_ab.txt" | head -24
+    table_against table 480 "forty-fourth" "${OLD_TABLE:-.probe/table_s44.json}" --batches 1 12 16 --deadline-s 440 \
+        --reserve-gib 2
 fi
 # H200_TABLE=1 (ran in the forty-third session: decode_h200_table_s43.json): the shipped table's figures on an H200,
 # both formats, for the status table after sessions that measured only on an H100: the step at 1-64 sequences (1K
