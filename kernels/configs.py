@@ -56,8 +56,8 @@ class TileConfig:
     mma_ready_codes: bool = False
     # At M == 1 (FMA tiles), when the op table has `add_rms_norm_linear`: the input add + RMSNorm as this GEMV's
     # prologue, every program normalising the row itself (one launch fewer a layer). H100 (forty-fifth session),
-    # whole step at 1K context: BF16 b1 -1.7% (2.826 -> 2.778 ms), NVFP4 b1 +12% (the row's reduction sits before
-    # the weights, which NVFP4 reads 3.6x faster), so the table sets it for BF16's q|k|v projection only.
+    # whole step at 1K context: BF16 b1 -1.7% (2.826 -> 2.778 ms), NVFP4 b1 +12% (likely its register count: see
+    # max_registers), so the table sets it for BF16's q|k|v projection only.
     norm_prologue: bool = False
     # FMA tiles: the launch's register cap per thread (Triton's `maxnreg`; 0: the compiler's choice). The NVFP4 q|k|v
     # GEMV with the norm prologue compiles to 110 registers, so an SM holds 4 of its 4-warp programs instead of 5 and
