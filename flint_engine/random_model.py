@@ -64,12 +64,11 @@ def parse_random_spec(model: str) -> RandomModelSpec:
 
 def first_layers(config: FlintConfig, layers: int) -> FlintConfig:
     """`config` cut to its first `layers` layers, each keeping its attention and MLP kind."""
-    n = layers
     return config.replace(
-        num_hidden_layers=n,
-        layer_types=config.layer_types[:n],
-        rope_layers=None if config.rope_layers is None else config.rope_layers[:n],
-        mlp_only_layers=tuple(i for i in config.mlp_only_layers if i < n),
+        num_hidden_layers=layers,
+        layer_types=config.layer_types[:layers],
+        rope_layers=None if config.rope_layers is None else config.rope_layers[:layers],
+        mlp_only_layers=tuple(i for i in config.mlp_only_layers if i < layers),
     )
 
 

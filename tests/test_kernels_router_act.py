@@ -520,24 +520,6 @@ def test_router_top_k_as_a_launch_of_its_own_interp(
     assert not split_k_triton.counters(x.device).any()
 
 
-def _assert_eager_and_graphed_routing(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: dict, inputs: tuple, want: tuple
-) -> None:
-    """With a tuning table whose router.small entry is `config`: Flint's router (top-6) on `inputs` gives `want` bit
-    for bit, eagerly and replayed from a CUDA graph."""
-    x, res, norm_w, router_w = inputs
-    (tmp_path / "table.json").write_text(json.dumps({"router.small": [{"config": config, "source": "test"}]}))
-    monkeypatch.setenv(tuning.ENV, str(tmp_path / "table.json"))  # read per call; restored after the test
-    eager = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
-    graph.replay()
-    torch.cuda.synchronize()
-    for got in (eager, captured):
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("t", [1, 4, 12])
@@ -546,7 +528,17 @@ def test_gpu_router_top_k_as_a_launch_of_its_own(monkeypatch: pytest.MonkeyPatch
     results bit for bit, inside and outside a CUDA graph, with the arrival counter left at zero."""
     x, res, norm_w, router_w = _norm_router_inputs(t, 2048, 256, torch.bfloat16, "cuda", seed=70)
     shipped = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
-    _assert_eager_and_graphed_routing(monkeypatch, tmp_path, {"tail_launch": True}, (x, res, norm_w, router_w), shipped)
+    table = {"router.small": [{"config": {"tail_launch": True}, "source": "test"}]}
+    (tmp_path / "table.json").write_text(json.dumps(table))
+    monkeypatch.setenv(tuning.ENV, str(tmp_path / "table.json"))  # read per call; restored after the test
+    eager = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = add_rms_norm_sigmoid_topk(x, res, norm_w, EPS, router_w, 6)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got in (eager, captured):
+        assert all(torch.equal(a, b) for a, b in zip(got, shipped))
     assert not split_k_triton.counters(x.device).any()
 
 
