@@ -3,14 +3,10 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the forty-fifth session, 2026-12-05: EXPERTS_AHEAD lost and its kernel was
-# removed; OPS_AGAIN found the q|k|v norm prologue -1.7% at BF16 b1 (installed for BF16 as the table's
-# `norm_prologue`); ATTN_MORE found the merge launch with 256-key splits -2.4% at b12 (installed at 12-16 sequences);
-# TABLE_AB confirmed both against the forty-fourth session's table on an H100; RECORD_BOTH recorded both manifest
-# profiles; docs/performance.md's section of it):
-#   REG_CAP=1     (~3 minutes; an H100 will do): the q|k|v norm prologue with a register cap (`TileConfig.
-#                 max_registers`, built in the forty-fifth session, no device time left to judge it): NVFP4 at 96
-#                 (one wave of programs again), BF16 at 168;
+# Next, in this order (state after the forty-sixth session, 2026-12-05/06: REG_CAP lost, NVFP4's q|k|v norm prologue
+# capped at 96 registers +6.7% (uncapped +11.7% in the same run), BF16's at 168 +0.9%: `TileConfig.max_registers`
+# removed; B1_PROBE's NVFP4 b1 gate_up in whole-K 4-column tiles +3.0% and lm_head on the FMA path +0.3%; the device
+# lent only H100s again; docs/performance.md's section of it):
 #   TABLE_AB=1 on an H200 (~4 minutes; the device lent only H100s in the forty-fifth session): the shipped table
 #                 against the forty-fourth session's on the GPU the targets name;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
@@ -18,7 +14,8 @@
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
 #                 codes' 140.7 vs 136.9 may be the same effect).
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
-# (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed). An H100 runs the H200's table and manifest (`tuning.SIBLINGS`; the
+# (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
+# (lost 0.9-6.7%; `max_registers` removed), B1_PROBE (lost 0.3-3.0%). An H100 runs the H200's table and manifest (`tuning.SIBLINGS`; the
 # fortieth session's calls set FLINT_TUNING_FILE to it, before that): the A/Bs compare the same tables there.
 #
 # The blocks of experiments already judged stay as the commands docs/performance.md quotes for their figures; each
@@ -521,15 +518,15 @@ if [ "${ROUTER_TAIL:-0}" = 1 ]; then
     echo "== whole step: the router with its tail vs without (fixed ids)"
     ab_rounds "$OUT/decode_router_tail_ab.txt"
 fi
-# REG_CAP=1 (forty-fifth session, built after its device time ran out): the likely reason the q|k|v norm prologue
-# lost 12% in NVFP4 (OPS_AGAIN) while BF16 gained 1.7%, from sm_90 SASS (`kernel_sass.py linear --nvfp4 --block-n 8 --block-k 2048
-# [--norm-in]`): the NVFP4 8 x 2048 GEMV compiles to 96 registers, 110 with the prologue, so an SM holds 4 of its
-# 4-warp programs instead of 5 and the q|k|v's 640 programs no longer fit one wave of 132 SMs (the programs of a second
-# wave load their weights only after the first wave's end). Capped at 96 (`max_registers`, Triton's `maxnreg`) it
-# compiles without spills. BF16's tile (212 registers with the prologue, 128 without; 1,280 programs, several waves
-# either way) spills 104 bytes at 168 (3 programs an SM) and 312 at 128: its variant is 168. The whole step: NVFP4 b1
-# against a new first entry for its q|k|v with the prologue capped at 96, and uncapped (the +12% again, same run);
-# BF16 b1 against its entry capped at 168. A win: the entry in the table, `tests/test_tuning.py`, RECORD_BOTH=1.
+# REG_CAP=1 (built in the forty-fifth session, run in the forty-sixth on an H100: decode_h100_nvfp4_prologue_cap_ab_s46
+# and decode_h100_bf16_prologue_cap_ab_s46; lost, and `TileConfig.max_registers` is removed, so this block no longer
+# runs): the likely reason the q|k|v norm prologue lost 12% in NVFP4 (OPS_AGAIN) while BF16 gained 1.7%, from sm_90
+# SASS (`kernel_sass.py linear --nvfp4 --block-n 8 --block-k 2048 [--norm-in]`): the NVFP4 8 x 2048 GEMV compiles to
+# 96 registers, 110 with the prologue, so an SM holds 4 of its 4-warp programs instead of 5 and the q|k|v's 640
+# programs no longer fit one wave of 132 SMs. Capped at 96 (Triton's `maxnreg`) it compiled without spills. BF16's
+# tile (212 registers with the prologue) spills 104 bytes at 168. Found: NVFP4 b1 1.999 ms (median of three rounds)
+# against 2.132 capped at 96 (+6.7%) and 2.233 uncapped (+11.7%): the registers were half the loss, the row's
+# reduction before the weights the rest; BF16 b1 2.792 against 2.817 capped at 168 (+0.9%).
 if [ "${REG_CAP:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     base="block_n=8 block_m=1 block_k=2048 use_dot=false num_warps=4 num_stages=1 words=false norm_prologue=true"
@@ -545,6 +542,19 @@ if [ "${REG_CAP:-0}" = 1 ]; then
         "--formats nvfp4 --batches 1" $V/nv_prologue_96.json $V/nv_prologue_0.json
     decode_ab bf16_prologue_cap 200 "BF16's q|k|v norm prologue capped at 168 registers" \
         "--formats bf16 --batches 1 --reserve-gib 2" $V/bf16_prologue_168.json
+fi
+# B1_PROBE=1 (forty-sixth session, on an H100: decode_h100_b1_probe_ab_s46; both lost): NVFP4 b1 against two table
+# variants, the MoE gate_up at 1 token in whole-K 4-column tiles (1,024 programs of 126 registers, as now, but no K
+# splits meeting on a counter; the sixteenth session found it +2%) and the lm_head at 1 row on the FMA path (8 x 2048
+# tiles) instead of the MMA linear. Found (medians): 2.001 ms against 2.061 (+3.0%) and 2.008 (+0.3%). ~1 minute.
+if [ "${B1_PROBE:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_max": 1}' \
+        --set gu_block_i=4 gu_block_k=2048 --out $V/gu_4x2048.json > /dev/null
+    python3 benchmarks/tuning_variant.py --op gemv.small_m --when '{"m": 1, "nvfp4": true, "n": 150144, "k": 2048}' \
+        --set block_n=8 block_k=2048 mma=false mma_vec=false mma_ready=false --out $V/lm_fma.json > /dev/null
+    decode_ab b1_probe 280 "the gate_up in whole-K 4-column tiles / the lm_head on the FMA path" \
+        "--formats nvfp4 --batches 1" $V/gu_4x2048.json $V/lm_fma.json
 fi
 # TABLE_AB=1 (forty-fifth session; ran on an H100, the device lending no H200: decode_h100_table_ab_s45.json, NVFP4 b1
 # 2.002 -> 2.002 ms, b12 6.562 -> 6.404, b16 7.255 -> 7.180, BF16 b1 2.931 -> 2.876, b12 10.14 -> 10.08, b16 even;

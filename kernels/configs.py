@@ -56,13 +56,10 @@ class TileConfig:
     mma_ready_codes: bool = False
     # At M == 1 (FMA tiles), when the op table has `add_rms_norm_linear`: the input add + RMSNorm as this GEMV's
     # prologue, every program normalising the row itself (one launch fewer a layer). H100 (forty-fifth session),
-    # whole step at 1K context: BF16 b1 -1.7% (2.826 -> 2.778 ms), NVFP4 b1 +12% (likely its register count: see
-    # max_registers), so the table sets it for BF16's q|k|v projection only.
+    # whole step at 1K context: BF16 b1 -1.7% (2.826 -> 2.778 ms), NVFP4 b1 +12%: 110 registers instead of 96 put its
+    # 640 programs in two waves, and capped at 96 (one wave) it still lost 6.7% (forty-sixth session), the row's
+    # reduction sitting before weights that NVFP4 reads 3.6x faster. So the table sets it for BF16's q|k|v only.
     norm_prologue: bool = False
-    # FMA tiles: the launch's register cap per thread (Triton's `maxnreg`; 0: the compiler's choice). The NVFP4 q|k|v
-    # GEMV with the norm prologue compiles to 110 registers, so an SM holds 4 of its 4-warp programs instead of 5 and
-    # its 640 programs no longer fit in one wave of 132 SMs; capped at 96 it compiles without spills (sm_90 SASS).
-    max_registers: int = 0
 
 
 @dataclass(frozen=True)

@@ -1008,14 +1008,9 @@ def _matmul(
         NVFP4=nv, USE_DOT=cfg.use_dot, PRECISION=precision_for(x.dtype), EVEN_K=k % cfg.block_k == 0,
         WORDS=decode_mode(cfg, x.dtype), SPLIT_K=split, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
         NORM=norm is not None, N_PAD=triton.next_power_of_2(n) if norm is not None else 1, NORM_IN=norm_in is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device), **_register_cap(cfg),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
     )  # fmt: skip
     return out
-
-
-def _register_cap(cfg: TileConfig) -> dict:
-    """The launch's `maxnreg` where the tile config caps registers (the interpreter takes no such option)."""
-    return {"maxnreg": cfg.max_registers} if cfg.max_registers and not cfg.use_dot and not _INTERPRET else {}
 
 
 def dequantize(w: NVFP4Weight, dtype: torch.dtype, tile: tuple[int, int, int] | None = None) -> torch.Tensor:

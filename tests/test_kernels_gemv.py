@@ -426,17 +426,6 @@ def test_add_rms_norm_linear_op_fp16_and_fallback(prologue: bool, monkeypatch, t
         gt._matmul(random_x(2, k, torch.float16, g), w, False, config=FMA, norm_in=(x, norm_w, 1e-6, x))
 
 
-def test_register_cap_reaches_the_fma_launch_only(monkeypatch) -> None:
-    """`TileConfig.max_registers` becomes the launch's `maxnreg` on FMA tiles of a compiled run; tensor-core tiles and
-    the interpreter (which takes no such option) get none."""
-    fma = dataclasses.replace(FMA, max_registers=96)
-    assert gt._register_cap(fma) == ({} if gt._INTERPRET else {"maxnreg": 96})
-    monkeypatch.setattr(gt, "_INTERPRET", False)
-    assert gt._register_cap(fma) == {"maxnreg": 96}
-    assert gt._register_cap(FMA) == {}
-    assert gt._register_cap(dataclasses.replace(fma, use_dot=True, block_m=16)) == {}
-
-
 def test_shipped_table_puts_the_norm_in_bf16_qkv_only(monkeypatch) -> None:
     """The H200 table (which an H100 uses) turns the one launch on for BF16's q|k|v projection at one token only:
     NVFP4's lost 12% there, and other shapes were not measured."""
