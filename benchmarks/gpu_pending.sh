@@ -556,6 +556,18 @@ if [ "${B1_PROBE:-0}" = 1 ]; then
     decode_ab b1_probe 280 "the gate_up in whole-K 4-column tiles / the lm_head on the FMA path" \
         "--formats nvfp4 --batches 1" $V/gu_4x2048.json $V/lm_fma.json
 fi
+# LM_PROBE=1 (forty-sixth session, not yet run): NVFP4 b1 against the lm_head's MMA launch at one row in 2 and in 8
+# warps (32 or 128 weight rows a program instead of 64; its 83 us on the H100, 66 on the H200, read 173 MB at ~2.1-2.6
+# TB/s, against a copy rate of 3.0-4.3). ~1 minute; an H100 will do. A win: the entry, RECORD=1 (new variants).
+if [ "${LM_PROBE:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    for w in 2 8; do
+        python3 benchmarks/tuning_variant.py --op gemv.small_m --when '{"m": 1, "nvfp4": true, "n": 150144, "k": 2048}' \
+            --set num_warps=$w --out $V/lm_warps_$w.json > /dev/null
+    done
+    decode_ab lm_probe 200 "the lm_head's MMA launch in 2 / 8 warps" "--formats nvfp4 --batches 1" \
+        $V/lm_warps_2.json $V/lm_warps_8.json
+fi
 # TABLE_AB=1 (forty-fifth session; ran on an H100, the device lending no H200: decode_h100_table_ab_s45.json, NVFP4 b1
 # 2.002 -> 2.002 ms, b12 6.562 -> 6.404, b16 7.255 -> 7.180, BF16 b1 2.931 -> 2.876, b12 10.14 -> 10.08, b16 even;
 # BF16 b1 454 kernels, was 502): the shipped table against the forty-fourth session's (OLD_TABLE, default
