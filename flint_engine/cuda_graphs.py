@@ -27,6 +27,17 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 CONTEXT_BUCKETS = (1024, 4096, 16384, 65536, 262144)
 
 
+def context_buckets(max_context: int) -> tuple[int, ...]:
+    """The context lengths decode graphs are captured for, up to `max_context`."""
+    return (*tuple(c for c in CONTEXT_BUCKETS if c < max_context), max_context)
+
+
+def context_bucket(longest: int, max_context: int) -> int:
+    """The captured context a decode step whose longest sequence has `longest` tokens runs at (<= max_context)."""
+    buckets = context_buckets(max_context)
+    return buckets[bisect.bisect_left(buckets, longest)]
+
+
 @dataclass
 class DecodeRows:
     """One decode step's inputs as host values, one entry per sequence (what `DecodeGraphs.run_rows` copies in).
@@ -74,8 +85,7 @@ class DecodeGraphs:
         self.cache = cache
         self.device = model.device
         self.batch_buckets = (*tuple(b for b in BATCH_BUCKETS if b < max_batch), max_batch)
-        ctx = (*tuple(c for c in CONTEXT_BUCKETS if c < max_context), max_context)
-        self.context_buckets = ctx
+        self.context_buckets = context_buckets(max_context)
         bs = cache.block_size
         self.max_blocks = -(-max_context // bs)
         self.max_sliding_blocks = self.max_blocks  # logical indices reach as far; only the window is live
@@ -155,8 +165,7 @@ class DecodeGraphs:
 
     def _graph_for(self, n: int, longest: int) -> tuple[_Graph, int]:
         b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, n)]
-        ctx = self.context_buckets[bisect.bisect_left(self.context_buckets, longest)]
-        return self.graphs[(b, ctx)], b
+        return self.graphs[(b, context_bucket(longest, self.context_buckets[-1]))], b
 
     def _staging(self, g: _Graph, b: int) -> _Staging:
         rows = StagingBuffer(tuple(g.inputs.shape), torch.int64, self.device)

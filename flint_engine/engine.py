@@ -151,6 +151,8 @@ class LLMEngine:
         elif precompiling is not None:
             precompiling.cancel()
         # What the warm-up compiles itself (a manifest would list it: benchmarks/cold_start.py --record).
+        if fused_on_gpu:
+            self.runner.align_eager_decode(self.max_context)
         with precompile.Recorder() as compiled:
             if fused_on_gpu and ec.prefill_warmup:
                 warm_up_prefill(model, self.cache, self.prefill_tokens, ec.max_num_seqs, (ec.max_num_batched_tokens,))

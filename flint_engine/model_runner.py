@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from typing import TypeVar
 
 import torch
 
-from .cuda_graphs import DecodeGraphs, DecodeRows
+from .cuda_graphs import DecodeGraphs, DecodeRows, context_bucket
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .kv_cache_manager import NO_BLOCK, KVCacheManager
@@ -34,6 +35,16 @@ class ModelRunner:
         self.block_size = cache.block_size
         self.graphs: DecodeGraphs | None = None
         self.step_graphs: StepGraphs | None = None
+        # The longest context decode graphs would be captured for, where eager decode steps size their attention as
+        # the graphs do (`align_eager_decode`); None: from the batch's own longest sequence.
+        self.decode_context: int | None = None
+
+    def align_eager_decode(self, max_context: int) -> None:
+        """Eager decode steps give the tokens a decode graph would: their attention metadata carries the context
+        bucket a graph is captured for instead of the batch's longest sequence. Decode attention takes its key
+        splits from that host length, and another split count rounds differently (one split folds the sink in
+        first, several merge partials and add it last), enough to change a greedy token at a near-tie."""
+        self.decode_context = max_context
 
     def enable_cuda_graphs(self, max_batch: int, max_context: int) -> None:
         """Capture decode graphs; on any failure keep running eagerly (and say so)."""
@@ -102,6 +113,11 @@ class ModelRunner:
             sliding_slots=torch.tensor(sliding_slots, dtype=torch.int64, device=dev),
             logits_indices=torch.tensor(logits_idx, dtype=torch.int64, device=dev),
         )
+        longest = max(seq_lens, default=0)
+        decode_only = all(ch.num_tokens == 1 for ch in chunks)
+        if self.decode_context is not None and decode_only and 0 < longest <= self.decode_context:
+            bucket = context_bucket(longest, self.decode_context)
+            batch.attn = dataclasses.replace(batch.attn, max_seq_len=bucket)
         return batch, sample_rows
 
     def decode_rows(self, chunks: list[ScheduledChunk], ahead: int = 0) -> tuple[DecodeRows, list[int]] | None:

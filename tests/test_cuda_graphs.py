@@ -52,6 +52,51 @@ def test_graph_runner_decodes_like_eager() -> None:
     assert engine.kv.all_free()
 
 
+def test_context_buckets() -> None:
+    assert cuda_graphs.context_buckets(5000) == (1024, 4096, 5000)
+    assert cuda_graphs.context_buckets(256) == (256,)
+    got = [cuda_graphs.context_bucket(n, 5000) for n in (1, 1024, 1025, 4096, 4097, 5000)]
+    assert got == [1024, 1024, 4096, 4096, 5000, 5000]
+
+
+def test_eager_decode_steps_carry_the_graphs_context_bucket() -> None:
+    """`align_eager_decode` (the engine sets it where the fused path runs on a GPU): a decode-only step's attention
+    metadata carries the context a decode graph is captured for, so decode attention takes the graph's key splits
+    (another split count rounds differently and can change a greedy token; the GPU test below); steps with a prompt
+    chunk keep their own longest sequence, and without the setting every step does."""
+    cfg = preset("tiny").replace(max_position_embeddings=256)
+    model = FlintModel(random_weights(cfg, torch.float32, seed=3))
+    prompts = [list(range(3, 3 + n)) for n in (5, 31)]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    ec = EngineConfig(kv_cache_memory=8 * 2**20, max_num_seqs=4, max_model_len=256, cuda_graphs=False)
+
+    def steps(align: bool) -> tuple[list[list[int]], list[tuple[bool, int, int]]]:
+        engine = LLMEngine(model, None, ec)
+        if align:
+            engine.runner.align_eager_decode(engine.max_context)
+        seen: list[tuple[bool, int, int]] = []  # (decode only, longest sequence, max_seq_len)
+        forward = model.forward
+
+        def spy(batch, cache):  # type: ignore[no-untyped-def]
+            decode = batch.attn.max_query_len == 1
+            seen.append((decode, max(batch.seq_lens), batch.attn.max_seq_len))
+            return forward(batch, cache)
+
+        model.forward = spy  # type: ignore[method-assign]
+        try:
+            out = [r.output_token_ids for r in engine.generate(prompts, params)]
+        finally:
+            del model.forward
+        return out, seen
+
+    plain, own = steps(False)
+    aligned, seen = steps(True)
+    assert aligned == plain  # the reference attention reads no split count: the same tokens
+    assert all(m == longest for _, longest, m in own)
+    assert any(d for d, _, _ in seen) and any(not d for d, _, _ in seen)
+    assert all(m == (256 if d else longest) for d, longest, m in seen), seen
+
+
 def test_a_grown_sequence_copies_only_its_new_table_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     """A sequence's tables only grow at their end, so a new block costs a copy of the new entries, not of the whole
     row (a 32K-token row has 2048); a new sequence in the row copies it whole."""
