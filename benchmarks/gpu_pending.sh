@@ -9,10 +9,10 @@
 # lent only H100s again; LM_PROBE's lm_head in 2 / 8 warps even / +0.5%; the RoPE table's three launches passed their
 # GPU tests; tests/test_cuda_graphs.py::test_graph_decoding_equals_eager_on_the_gpu found failing, before this session's
 # changes too; docs/performance.md's section of it):
-#   first, not a block here: mend the graphs-vs-eager token divergence (likely decode attention's split count taken
-#                 from the graph's context bucket but from the batch's own lengths when eager), then on a GPU
+#   first, not a block here: confirm the graphs-vs-eager mend (eager decode now takes attention's split count from
+#                 the graphs' context bucket, `ModelRunner.align_eager_decode`, built without a GPU) on a GPU:
 #                 `python3 -m pytest -m gpu -n 4 tests/test_cuda_graphs.py tests/test_kernels_attention.py` (with
-#                 `. benchmarks/gpu_env.sh`) and CHECK=1;
+#                 `. benchmarks/gpu_env.sh`), then CHECK=1;
 #   TABLE_AB=1 on an H200 (~4 minutes; the device lent only H100s in the forty-fifth session): the shipped table
 #                 against the forty-fourth session's on the GPU the targets name;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
