@@ -12,7 +12,7 @@
 #   first, not a block here: confirm the graphs-vs-eager mend (eager decode now takes attention's split count from
 #                 the graphs' context bucket, `ModelRunner.align_eager_decode`, built without a GPU) on a GPU:
 #                 `python3 -m pytest -m gpu -n 4 tests/test_cuda_graphs.py tests/test_kernels_attention.py` (with
-#                 `. benchmarks/gpu_env.sh`), then CHECK=1;
+#                 `. benchmarks/gpu_env.sh`), then the check (SKIP_HOST=1 SKIP_AB=1, without SKIP_CHECK);
 #   TABLE_AB=1 on an H200 (~4 minutes; the device lent only H100s in the forty-fifth session): the shipped table
 #                 against the forty-fourth session's on the GPU the targets name;
 #   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
