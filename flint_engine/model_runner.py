@@ -113,11 +113,9 @@ class ModelRunner:
             sliding_slots=torch.tensor(sliding_slots, dtype=torch.int64, device=dev),
             logits_indices=torch.tensor(logits_idx, dtype=torch.int64, device=dev),
         )
-        longest = max(seq_lens, default=0)
-        decode_only = all(ch.num_tokens == 1 for ch in chunks)
-        if self.decode_context is not None and decode_only and 0 < longest <= self.decode_context:
-            bucket = context_bucket(longest, self.decode_context)
-            batch.attn = dataclasses.replace(batch.attn, max_seq_len=bucket)
+        meta = batch.attn
+        if self.decode_context is not None and meta.max_query_len == 1 and 0 < meta.max_seq_len <= self.decode_context:
+            batch.attn = dataclasses.replace(meta, max_seq_len=context_bucket(meta.max_seq_len, self.decode_context))
         return batch, sample_rows
 
     def decode_rows(self, chunks: list[ScheduledChunk], ahead: int = 0) -> tuple[DecodeRows, list[int]] | None:
