@@ -182,7 +182,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ready_scales = _ready_beside(scales_mode, nvfp4_mma_scales.table_reads(h200))
-    ready_codes = _ready_beside(codes_mode, nvfp4_mma_codes.table_reads(h200))
+    ready_codes = codes_mode == "1"  # auto makes them in the codes' place (nvfp4_mma_codes.replaces)
     # The fused path keeps each MoE router weight also as three BF16 parts (router_triton.prepare).
     router_parts = split_nbytes(config.num_experts, config.hidden_size) * len(config.moe_layers)
     for fmt in args.weights:
@@ -191,7 +191,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         nvfp4_values = sum(math.prod(p.shape) for p in planned if p.ggml_type == GGMLQuantizationType.NVFP4)
         if ready_scales:  # beside the UE4M3 bytes, as FLINT_MMA_READY_SCALES=auto makes them
             weight_bytes += nvfp4_mma_scales.extra_bytes(nvfp4_values)
-        if ready_codes:  # beside the codes, as FLINT_MMA_READY_CODES makes them
+        if ready_codes:  # beside the codes, as FLINT_MMA_READY_CODES=1 makes them
             weight_bytes += nvfp4_mma_codes.extra_bytes(nvfp4_values)
         budget = gpu_kv_budget(
             config,
@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--block-size", type=int, default=16)
     for name, env, what in (
         ("scales", "FLINT_MMA_READY_SCALES", "ready scale bytes (1/16 byte a value)"),
-        ("codes", "FLINT_MMA_READY_CODES", "ready codes (1/2 byte a value)"),
+        ("codes", "FLINT_MMA_READY_CODES", "ready codes (1/2 byte a value; auto makes them in the codes' place)"),
     ):
         cap.add_argument(
             f"--ready-{name}",

@@ -24,13 +24,14 @@ The kernels take ready codes as an int8 tensor of the codes' shape (`NVFP4Weight
 picks the K step (`nvfp4_mma_triton._weight_bases`), so no kernel gains a parameter. The tuning table's
 `mma_ready_codes` (TileConfig, MoEConfig) has the MMA kernels read them, and the fused path makes them when the model
 is built (`prepare`, after the ready scales: those zero the codes of blocks whose scale is 0) where the device's
-table reads them: one byte per two values beside the engine's codes, which the FMA, prefill and reference paths
-keep reading (~20 GB on the full NVFP4 model). `FLINT_MMA_READY_CODES=1` makes them on every CUDA device, `=0` never
-(then `mma_ready_codes` entries read the engine's codes), `=replace` on every CUDA device in the engine's codes'
-place: no byte is added, and every other decoder reads them too, chosen by the code pointer's type as well
-(`nvfp4_decode_triton.e2m1_pair_packed` for uint32 words, which the FMA and tensor-core GEMV tiles, the MoE and the
-TMA-fed prefill launches load through an unsigned pointer; its byte planes from whole words; `nvfp4.dequantize`
-puts the bits back), so the MMA kernels read them whatever the table says. Opt-in until a GPU has run every path.
+table reads them (`auto`, the default; the H200's MMA entries since the forty-seventh session: NVFP4 b16 -5.1%, b32
+-4.1% on an H200), in the engine's codes' place: no byte is added, and every other decoder reads them too, chosen by
+the code pointer's type as well (`nvfp4_decode_triton.e2m1_pair_packed` for uint32 words, which the FMA and
+tensor-core GEMV tiles, the MoE and the TMA-fed prefill launches load through an unsigned pointer; its byte planes
+from whole words; `nvfp4.dequantize` puts the bits back), so the MMA kernels read them whatever the table says.
+`FLINT_MMA_READY_CODES=replace` does the same on every CUDA device, `=0` never (then `mma_ready_codes` entries read
+the engine's codes), `=1` on every CUDA device beside the engine's codes, which the FMA, prefill and reference paths
+then keep reading (one byte per two values, ~20 GB more on the full NVFP4 model: for A/Bs of the MMA kernels alone).
 """
 
 from __future__ import annotations
@@ -135,8 +136,14 @@ def make_ready(w: NVFP4Weight, replace: bool = False) -> None:
         w.qweight = w.ready_codes
 
 
+def replaces() -> bool:
+    """Whether ready codes, where made, take the engine's codes' place: under `replace`, and under `auto` (the
+    default), which makes them only where the table reads them; `1` keeps them beside the codes (A/Bs)."""
+    return setting() in ("auto", "replace")
+
+
 def prepare(w: object) -> None:
     """Ready codes for an NVFP4 weight on a CUDA device that wants them (`wanted`; others are left as they are), in
-    the engine's codes' place with `FLINT_MMA_READY_CODES=replace`."""
+    the engine's codes' place unless `FLINT_MMA_READY_CODES=1` (`replaces`)."""
     if isinstance(w, NVFP4Weight) and w.qweight.is_cuda and wanted(w.qweight.device):
-        make_ready(w, replace=setting() == "replace")
+        make_ready(w, replace=replaces())

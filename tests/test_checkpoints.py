@@ -331,9 +331,10 @@ def _flint(*args: str) -> subprocess.CompletedProcess:
 def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(flags: list[str], env: dict[str, str]) -> None:
     """`flint capacity` weighs the checkpoint's tensors plus the BF16 router parts (3 x 2 bytes x 256 x 2048 for each
     of the 47 MoE layers, 141 MB) that the fused router keeps beside them, and the NVFP4 MMA kernels' ready bytes as
-    the engine makes them: under FLINT_MMA_READY_SCALES / _CODES (auto: as the H200's table asks; today its entries
-    read ready scale bytes, one per 16 NVFP4 values, 2.47 GB, and none reads ready codes, half a byte a value, 19.7
-    GB; replace: in the weight's own bytes' place, nothing added), or as `--ready-scales` / `--ready-codes` say."""
+    the engine makes them: under FLINT_MMA_READY_SCALES / _CODES (auto: as the H200's table asks; its entries read
+    ready scale bytes, one per 16 NVFP4 values, 2.47 GB beside the UE4M3 bytes, and ready codes, made in the codes'
+    place; 1: beside the weight's own bytes, half a byte a value for codes, 19.7 GB; replace: in the weight's own
+    bytes' place, nothing added), or as `--ready-scales` / `--ready-codes` say."""
     from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales, tuning
 
     from flint_engine.checkpoint.gguf_writer import plan_tensors
@@ -350,7 +351,9 @@ def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(flags: lis
         return mode == "1" or (mode == "auto" and table_reads)
 
     ready = beside("scales", "FLINT_MMA_READY_SCALES", nvfp4_mma_scales.table_reads(h200))
-    codes = beside("codes", "FLINT_MMA_READY_CODES", nvfp4_mma_codes.table_reads(h200))
+    # auto makes ready codes in the codes' place where the table reads them (it does): nothing added
+    assert nvfp4_mma_codes.table_reads(h200)
+    codes = beside("codes", "FLINT_MMA_READY_CODES", False)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLINT_MMA_READY_")}
     r = subprocess.run(
         [sys.executable, "-m", "flint_engine.cli", "capacity", "--weights", "nvfp4", "bf16", *flags],

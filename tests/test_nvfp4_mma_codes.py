@@ -311,22 +311,26 @@ def test_ready_codes_are_wanted_where_the_table_reads_them(
     monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
 ) -> None:
     """By default (auto) a device wants ready codes when its tuning table has an `mma_ready_codes` entry (the shipped
-    H200 table has none yet); 1 and 0 force it; other values are errors."""
+    H200 table's MMA entries, since the forty-seventh session), and makes them in the codes' place; replace does so
+    on any device, 1 keeps them beside the codes, 0 never makes them; other values are errors."""
     cuda = torch.device("cuda", 0)
     monkeypatch.delenv("FLINT_MMA_READY_CODES", raising=False)
     monkeypatch.setenv("FLINT_TUNING_FILE", str(tuning.TABLES / "nvidia-h200.json"))
-    assert not nvfp4_mma_codes.wanted(cuda)
+    assert nvfp4_mma_codes.wanted(cuda) and nvfp4_mma_codes.replaces()
     table = json.loads((tuning.TABLES / "nvidia-h200.json").read_text())
-    entry = next(e for e in table["moe.decode"] if e["config"].get("mma"))
-    entry["config"]["mma_ready_codes"] = True
-    (tmp_path / "codes.json").write_text(json.dumps(table))
-    monkeypatch.setenv("FLINT_TUNING_FILE", str(tmp_path / "codes.json"))
-    assert nvfp4_mma_codes.wanted(cuda)
+    for op in nvfp4_mma_scales.READING_OPS:
+        for entry in table.get(op, ()):
+            entry["config"].pop("mma_ready_codes", None)
+    (tmp_path / "no_codes.json").write_text(json.dumps(table))
+    monkeypatch.setenv("FLINT_TUNING_FILE", str(tmp_path / "no_codes.json"))
+    assert not nvfp4_mma_codes.wanted(cuda)
+    monkeypatch.setenv("FLINT_MMA_READY_CODES", "replace")
+    assert nvfp4_mma_codes.wanted(cuda) and nvfp4_mma_codes.replaces()
+    monkeypatch.setenv("FLINT_MMA_READY_CODES", "1")
+    assert nvfp4_mma_codes.wanted(cuda) and not nvfp4_mma_codes.replaces()
+    monkeypatch.setenv("FLINT_TUNING_FILE", str(tuning.TABLES / "nvidia-h200.json"))
     monkeypatch.setenv("FLINT_MMA_READY_CODES", "0")
     assert not nvfp4_mma_codes.wanted(cuda)
-    monkeypatch.setenv("FLINT_TUNING_FILE", str(tuning.TABLES / "nvidia-h200.json"))
-    monkeypatch.setenv("FLINT_MMA_READY_CODES", "1")
-    assert nvfp4_mma_codes.wanted(cuda)
     monkeypatch.setenv("FLINT_MMA_READY_CODES", "yes")
     with pytest.raises(ValueError, match="FLINT_MMA_READY_CODES must be auto, 0, 1 or replace"):
         nvfp4_mma_codes.wanted(cuda)

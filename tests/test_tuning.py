@@ -166,8 +166,9 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     # The NVFP4 lm_head on the MMA linear at 1-8 rows (nineteenth session's whole-step A/B, 2026-12-02: b1 -0.6%,
     # b2 -1.8%), on its 16-byte-load kernel (twentieth session's: b8 -5.8% with the projections'); only the MMA flags
     # and the warps count there.
-    # Every MMA entry reads ready scale bytes (thirty-fourth session's whole-step A/B: b32 -5.3%, b64 -4.4%).
-    lm_mma = TileConfig(block_n=8, block_k=1024, **fma, mma=True, mma_vec=True, mma_ready=True)
+    # Every MMA entry reads ready scale bytes (thirty-fourth session's whole-step A/B: b32 -5.3%, b64 -4.4%) and,
+    # since the forty-seventh, ready codes (its H200 A/B: b16 -5.1%, b32 -4.1%, b64 -1.8%).
+    lm_mma = TileConfig(block_n=8, block_k=1024, **fma, mma=True, mma_vec=True, mma_ready=True, mma_ready_codes=True)
     assert gt.small_m_config(1, True, 2048, 150144, h200) == lm_mma
     for m in (2, 5, 8):
         cfg = gt.small_m_config(m, True, 2048, 150144, h200)
@@ -179,7 +180,7 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     for m in (3, 4, 5, 8, 9, 16, 17, 32, 33, 64):
         for k, n in ((2048, 5120), (2048, 2048), (2048, 150144)):
             cfg = gt.small_m_config(m, True, k, n, h200)
-            assert cfg.mma and cfg.mma_vec and cfg.mma_ready and cfg.num_warps == 4
+            assert cfg.mma and cfg.mma_vec and cfg.mma_ready and cfg.mma_ready_codes and cfg.num_warps == 4
             # 17-32 rows with 32 weight rows a warp (thirty-third session's A/B: b24 -0.8%, b32 -1.6%)
             assert cfg.mma_wide == (17 <= m <= 32), (m, k, n)
             # qkv at 9-16 rows in 4 K splits (forty-second session's A/B on an H100: b16 -1.0% over o's alone)
@@ -229,8 +230,10 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     # the gate_up from 17: b24 -3.8%, b32 -4.5%, b64 -6.8%), and 25-32 tokens in 4 warps again (b32 -2.5%); the wide
     # MMA gate_up at 9-16 lost (b12 +2.3%).
     # Since the thirty-fourth, reading ready scale bytes (b32 -5.3%, b64 -4.4%).
+    # Since the forty-seventh, ready codes too (b16 -5.1%, b32 -4.1%, b64 -1.8%).
     mma_down = dataclasses.replace(
-        fma_16x512, mma_down=True, mma_vec=True, mma_down_l2=2, mma_down_wide=True, mma_ready=True
+        fma_16x512, mma_down=True, mma_vec=True, mma_down_l2=2, mma_down_wide=True, mma_ready=True,
+        mma_ready_codes=True,
     )  # fmt: skip
     mma_both = dataclasses.replace(
         mma_down, expert_major=True, mma=True, mma_prefetch=True, mma_l2_ahead=2, mma_wide=True
