@@ -27,6 +27,17 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 CONTEXT_BUCKETS = (1024, 4096, 16384, 65536, 262144)
 
 
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """The sequence counts decode graphs are captured for, up to `max_batch`."""
+    return (*tuple(b for b in BATCH_BUCKETS if b < max_batch), max_batch)
+
+
+def batch_bucket(n: int, max_batch: int) -> int:
+    """The captured sequence count a decode step of `n <= max_batch` sequences runs at (padding rows added)."""
+    buckets = batch_buckets(max_batch)
+    return buckets[bisect.bisect_left(buckets, n)]
+
+
 def context_buckets(max_context: int) -> tuple[int, ...]:
     """The context lengths decode graphs are captured for, up to `max_context`."""
     return (*tuple(c for c in CONTEXT_BUCKETS if c < max_context), max_context)
@@ -84,7 +95,7 @@ class DecodeGraphs:
         self.model = model
         self.cache = cache
         self.device = model.device
-        self.batch_buckets = (*tuple(b for b in BATCH_BUCKETS if b < max_batch), max_batch)
+        self.batch_buckets = batch_buckets(max_batch)
         self.context_buckets = context_buckets(max_context)
         bs = cache.block_size
         self.max_blocks = -(-max_context // bs)
@@ -164,7 +175,7 @@ class DecodeGraphs:
         return 0 < len(rows.seq_lens) <= self.batch_buckets[-1] and max(rows.seq_lens) <= self.context_buckets[-1]
 
     def _graph_for(self, n: int, longest: int) -> tuple[_Graph, int]:
-        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, n)]
+        b = batch_bucket(n, self.batch_buckets[-1])
         return self.graphs[(b, context_bucket(longest, self.context_buckets[-1]))], b
 
     def _staging(self, g: _Graph, b: int) -> _Staging:

@@ -151,13 +151,14 @@ class LLMEngine:
         elif precompiling is not None:
             precompiling.cancel()
         # What the warm-up compiles itself (a manifest would list it: benchmarks/cold_start.py --record).
+        graph_batch = min(ec.max_num_seqs, 128)  # the largest decode graph's batch
         if fused_on_gpu:
-            self.runner.align_eager_decode(self.max_context)
+            self.runner.align_eager_decode(self.max_context, graph_batch)
         with precompile.Recorder() as compiled:
             if fused_on_gpu and ec.prefill_warmup:
                 warm_up_prefill(model, self.cache, self.prefill_tokens, ec.max_num_seqs, (ec.max_num_batched_tokens,))
             if fused_on_gpu and ec.cuda_graphs:
-                self.runner.enable_cuda_graphs(min(ec.max_num_seqs, 128), self.max_context)
+                self.runner.enable_cuda_graphs(graph_batch, self.max_context)
                 if self.step_graph_tokens:
                     self.runner.enable_step_graphs(self.step_graph_tokens)
         self.warmup_compiles = compiled.entries

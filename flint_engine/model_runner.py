@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import torch
 
-from .cuda_graphs import DecodeGraphs, DecodeRows, context_bucket
+from .cuda_graphs import DecodeGraphs, DecodeRows, batch_bucket, context_bucket
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .kv_cache_manager import NO_BLOCK, KVCacheManager
@@ -35,16 +35,19 @@ class ModelRunner:
         self.block_size = cache.block_size
         self.graphs: DecodeGraphs | None = None
         self.step_graphs: StepGraphs | None = None
-        # The longest context decode graphs would be captured for, where eager decode steps size their attention as
-        # the graphs do (`align_eager_decode`); None: from the batch's own longest sequence.
+        # The longest context and largest batch decode graphs would be captured for, where eager decode steps plan
+        # their attention as the graphs do (`align_eager_decode`); None: from the batch's own sequences.
         self.decode_context: int | None = None
+        self.decode_batch: int | None = None
 
-    def align_eager_decode(self, max_context: int) -> None:
+    def align_eager_decode(self, max_context: int, max_batch: int) -> None:
         """Eager decode steps give the tokens a decode graph would: their attention metadata carries the context
-        bucket a graph is captured for instead of the batch's longest sequence. Decode attention takes its key
-        splits from that host length, and another split count rounds differently (one split folds the sink in
-        first, several merge partials and add it last), enough to change a greedy token at a near-tie."""
+        and batch buckets a graph is captured for instead of the batch's longest sequence and its count. Decode
+        attention takes its table entry and key splits from those host values, and another split count rounds
+        differently (one split folds the sink in first, several merge partials and add it last), enough to change a
+        greedy token at a near-tie."""
         self.decode_context = max_context
+        self.decode_batch = max_batch
 
     def enable_cuda_graphs(self, max_batch: int, max_context: int) -> None:
         """Capture decode graphs; on any failure keep running eagerly (and say so)."""
@@ -114,8 +117,19 @@ class ModelRunner:
             logits_indices=torch.tensor(logits_idx, dtype=torch.int64, device=dev),
         )
         meta = batch.attn
-        if self.decode_context is not None and meta.max_query_len == 1 and 0 < meta.max_seq_len <= self.decode_context:
-            batch.attn = dataclasses.replace(meta, max_seq_len=context_bucket(meta.max_seq_len, self.decode_context))
+        n = len(meta.seq_lens)
+        if (
+            self.decode_context is not None
+            and self.decode_batch is not None
+            and meta.max_query_len == 1
+            and 0 < meta.max_seq_len <= self.decode_context
+            and 0 < n <= self.decode_batch
+        ):
+            batch.attn = dataclasses.replace(
+                meta,
+                max_seq_len=context_bucket(meta.max_seq_len, self.decode_context),
+                plan_seqs=batch_bucket(n, self.decode_batch),
+            )
         return batch, sample_rows
 
     def decode_rows(self, chunks: list[ScheduledChunk], ahead: int = 0) -> tuple[DecodeRows, list[int]] | None:

@@ -33,6 +33,9 @@ class AttnMeta:
     seq_lens_t: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    # The sequence count decode attention plans its launch for (table entry, split count), if not the batch's own:
+    # a decode graph's batch bucket, so an eager step takes the splits its graph would (`ModelRunner`).
+    plan_seqs: int = 0
 
     @classmethod
     def build(cls, query_start: list[int], seq_lens: list[int], device: torch.device | str) -> AttnMeta:

@@ -763,9 +763,10 @@ def paged_attention_decode(
     hq = packed.num_heads if packed is not None else q.shape[1]
     group = hq // hkv
     num_seqs = len(meta.seq_lens)
-    cfg = config or decode_config(meta.max_seq_len, window, num_seqs, q.device, k_cache.element_size())
+    plan = meta.plan_seqs or num_seqs  # what the launch is planned for (a graph's batch bucket)
+    cfg = config or decode_config(meta.max_seq_len, window, plan, q.device, k_cache.element_size())
     if num_splits is None:
-        num_splits = decode_num_splits(meta.max_seq_len, window, num_seqs, hkv, q.device, cfg)
+        num_splits = decode_num_splits(meta.max_seq_len, window, plan, hkv, q.device, cfg)
     if num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
     out = result_buffer(out, (t, hq, d), q.dtype, q.device)

@@ -57,29 +57,32 @@ def test_context_buckets() -> None:
     assert cuda_graphs.context_buckets(256) == (256,)
     got = [cuda_graphs.context_bucket(n, 5000) for n in (1, 1024, 1025, 4096, 4097, 5000)]
     assert got == [1024, 1024, 4096, 4096, 5000, 5000]
+    assert cuda_graphs.batch_buckets(20) == (1, 2, 4, 8, 16, 20)
+    assert [cuda_graphs.batch_bucket(n, 20) for n in (1, 3, 9, 16, 17, 20)] == [1, 4, 16, 16, 20, 20]
 
 
-def test_eager_decode_steps_carry_the_graphs_context_bucket() -> None:
+def test_eager_decode_steps_carry_the_graphs_buckets() -> None:
     """`align_eager_decode` (the engine sets it where the fused path runs on a GPU): a decode-only step's attention
-    metadata carries the context a decode graph is captured for, so decode attention takes the graph's key splits
-    (another split count rounds differently and can change a greedy token; the GPU test below); steps with a prompt
-    chunk keep their own longest sequence, and without the setting every step does."""
+    metadata carries the context and batch a decode graph is captured for, so decode attention takes the graph's
+    table entry and key splits (another split count rounds differently and can change a greedy token; the GPU test
+    below; `test_decode_planned_for_a_graphs_batch_bucket_interp`); steps with a prompt chunk keep their own
+    longest sequence and count, and without the setting every step does."""
     cfg = preset("tiny").replace(max_position_embeddings=256)
     model = FlintModel(random_weights(cfg, torch.float32, seed=3))
-    prompts = [list(range(3, 3 + n)) for n in (5, 31)]
+    prompts = [list(range(3, 3 + n)) for n in (5, 31, 12)]
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     ec = EngineConfig(kv_cache_memory=8 * 2**20, max_num_seqs=4, max_model_len=256, cuda_graphs=False)
 
     def steps(align: bool) -> tuple[list[list[int]], list[tuple[bool, int, int]]]:
         engine = LLMEngine(model, None, ec)
         if align:
-            engine.runner.align_eager_decode(engine.max_context)
-        seen: list[tuple[bool, int, int]] = []  # (decode only, longest sequence, max_seq_len)
+            engine.runner.align_eager_decode(engine.max_context, ec.max_num_seqs)
+        seen: list[tuple[bool, int, int, int, int]] = []  # (decode only, longest, max_seq_len, sequences, plan)
         forward = model.forward
 
         def spy(batch, cache):  # type: ignore[no-untyped-def]
-            decode = batch.attn.max_query_len == 1
-            seen.append((decode, max(batch.seq_lens), batch.attn.max_seq_len))
+            a = batch.attn
+            seen.append((a.max_query_len == 1, max(batch.seq_lens), a.max_seq_len, len(a.seq_lens), a.plan_seqs))
             return forward(batch, cache)
 
         model.forward = spy  # type: ignore[method-assign]
@@ -92,9 +95,11 @@ def test_eager_decode_steps_carry_the_graphs_context_bucket() -> None:
     plain, own = steps(False)
     aligned, seen = steps(True)
     assert aligned == plain  # the reference attention reads no split count: the same tokens
-    assert all(m == longest for _, longest, m in own)
-    assert any(d for d, _, _ in seen) and any(not d for d, _, _ in seen)
-    assert all(m == (256 if d else longest) for d, longest, m in seen), seen
+    assert all(m == longest and plan == 0 for _, longest, m, _, plan in own)
+    assert any(s[0] for s in seen) and any(not s[0] for s in seen)
+    assert all(m == (256 if d else longest) for d, longest, m, _, _ in seen), seen
+    assert all(plan == (cuda_graphs.batch_bucket(n, 4) if d else 0) for d, _, _, n, plan in seen), seen
+    assert any(s[0] and s[3] == 3 and s[4] == 4 for s in seen), seen  # 3 sequences planned as the 4-row graph
 
 
 def test_a_grown_sequence_copies_only_its_new_table_entries(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,6 +56,29 @@ def test_decode_interp(poison: None, hq: int, hkv: int, d: int, window: int | No
     check_attention(at.paged_attention(*case.args()), case.ref(), FP32_TOL)
 
 
+def test_decode_planned_for_a_graphs_batch_bucket_interp(poison: None) -> None:
+    """`AttnMeta.plan_seqs`: a step of 3 sequences planned for 16 (a decode graph's bucket, which pads the batch with
+    one-key rows) takes the padded launch's split count, whose occupancy bound differs from its own, and gives its
+    rows' bits exactly."""
+    case = Case([(6000, 1), (90, 1), (5, 1)], 4, 2, 32, None)
+    hkv, dev = 2, case.q.device
+    own, planned = (at.decode_num_splits(6000, None, n, hkv, dev) for n in (3, 16))
+    assert own != planned  # else the test shows nothing
+    pad = 13
+    g = torch.Generator().manual_seed(5)
+    q = torch.cat([case.q, torch.randn(pad, *case.q.shape[1:], generator=g)])
+    filler = case.table[2:3].expand(pad, -1)  # the 5-key sequence's blocks, read for one key each
+    table = torch.cat([case.table, filler])
+    meta = AttnMeta.build(list(range(3 + pad + 1)), case.meta.seq_lens + [1] * pad, dev)
+    padded = at.paged_attention(q, case.k_cache, case.v_cache, table, meta, case.sinks, case.scale, None)
+    plan = dataclasses.replace(case.meta, plan_seqs=3 + pad)
+    out = at.paged_attention(case.q, case.k_cache, case.v_cache, case.table, plan, case.sinks, case.scale, None)
+    assert torch.equal(out, padded[:3])
+    check_attention(out, case.ref(), FP32_TOL)
+    unplanned = at.paged_attention(*case.args())
+    assert not torch.equal(unplanned, out)  # its own split count rounds otherwise
+
+
 def test_decode_window_513_interp(poison: None) -> None:
     """Contexts just inside, at and across Flint's 513-key window (freed blocks behind it), block size 4."""
     case = Case([(600, 1), (513, 1), (514, 1), (20, 1)], 16, 2, 32, 513, block_size=4)
