@@ -3,22 +3,22 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the forty-sixth session, 2026-12-05/06: REG_CAP lost, NVFP4's q|k|v norm prologue
-# capped at 96 registers +6.7% (uncapped +11.7% in the same run), BF16's at 168 +0.9%: `TileConfig.max_registers`
-# removed; B1_PROBE's NVFP4 b1 gate_up in whole-K 4-column tiles +3.0% and lm_head on the FMA path +0.3%; the device
-# lent only H100s again; LM_PROBE's lm_head in 2 / 8 warps even / +0.5%; the RoPE table's three launches passed their
-# GPU tests; tests/test_cuda_graphs.py::test_graph_decoding_equals_eager_on_the_gpu found failing, before this session's
-# changes too; docs/performance.md's section of it):
-#   first, not a block here: confirm the graphs-vs-eager mend (eager decode now takes attention's split count from
-#                 the graphs' context bucket, `ModelRunner.align_eager_decode`, built without a GPU) on a GPU:
-#                 `python3 -m pytest -m gpu -n 4 tests/test_cuda_graphs.py tests/test_kernels_attention.py` (with
-#                 `. benchmarks/gpu_env.sh`), then the check (SKIP_HOST=1 SKIP_AB=1, without SKIP_CHECK);
-#   TABLE_AB=1 on an H200 (~4 minutes; the device lent only H100s in the forty-fifth session): the shipped table
-#                 against the forty-fourth session's on the GPU the targets name;
-#   READY_CODES=1 / REPLACE_CODES=1 again on an H200: on the H100 ready codes were even at b9-b16 and b64 and -1.5 to
-#                 -2.0% at b32, replace the same and the 8K prefill +2.7% in one sample (~5 minutes each);
+# Next, in this order (state after the forty-seventh session, 2026-12-06: on an H200 the graphs-vs-eager mend passed
+# (tests/test_cuda_graphs.py with attention's, 79 passed); TABLE_AB: the forty-fifth session's table NVFP4 b12 -2.4%,
+# b16 -1.8%, BF16 b1 -0.4%; READY_CODES: b16 -5.1%, b32 -4.1%, b64 -1.8%, b1 even; REPLACE_CODES: its 8 GPU tests
+# passed, b32 8.887 -> 8.432 ms, 8K prefill no loss: installed, `auto` makes ready codes in the codes' place where the
+# table's MMA entries read them; docs/performance.md's section of it):
+#   RECORD=1      first (not reached in the forty-seventh session): ready codes in the codes' place give every NVFP4
+#                 kernel an int8 code pointer, so the manifest's 43 uint8-code variants no longer match and an
+#                 NVFP4 warm-up compiles them itself (~23 s); an H100 will do;
+#   then, not a block here: `python3 -m pytest -m gpu -n 4 tests/test_cuda_graphs.py tests/test_kernels_attention.py`
+#                 (with `. benchmarks/gpu_env.sh`) for the batch-bucket mend (`AttnMeta.plan_seqs`, built without a
+#                 GPU after the graphs' tests passed);
 #   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
-#                 codes' 140.7 vs 136.9 may be the same effect).
+#                 codes' `0` run gave 148.0 against 133.7 this session, so one-off prefill timings vary that much):
+#                 if it holds, `auto` could put the ready scales in the UE4M3 bytes' place too (2.47 GB back to the
+#                 KV cache);
+#   the check on a fresh H200 (SKIP_HOST=1 SKIP_AB=1, without SKIP_CHECK; CHECK_TESTS=0 / CHECK_TABLE=0 split it).
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
 # (lost 0.9-6.7%; `max_registers` removed), B1_PROBE (lost 0.3-3.0%), LM_PROBE
@@ -807,7 +807,9 @@ if [ "${HEAD_TESTS:-0}" = 1 ]; then
     grep -c " PASSED" "$OUT/head_tests.txt"
     sed -n '/slowest 15 durations/,/^$/p' "$OUT/head_tests.txt" | head -17  # where the set's time goes
 fi
-# READY_CODES=1 (built in the thirty-eighth session without a GPU): the NVFP4 MMA kernels reading ready codes
+# READY_CODES=1 (built in the thirty-eighth session without a GPU; on an H200 in the forty-seventh: b16 -5.1%, b32
+# -4.1%, b64 -1.8%, b1 even, installed; now that the table's MMA entries set it, the A/B compares the same kernels
+# unless the variant is made from an older table): the NVFP4 MMA kernels reading ready codes
 # (`kernels/nvfp4_mma_codes.py`, TileConfig / MoEConfig.mma_ready_codes): each word of 8 codes in the order the K step
 # decodes in 8 integer instructions instead of 13, so the installed K steps are 15-31% shorter on sm_90 (the gate_up's
 # loop also takes two steps an iteration; `benchmarks/mma_k_loops.py`); the MoE at b32 issues on ~2 of 3 cycles, and the ready scale bytes' 13% fewer gave
@@ -839,7 +841,8 @@ if [ "${READY_CODES:-0}" = 1 ]; then
     cp $V/ready_codes.json "$OUT/"
     unset FLINT_MMA_READY_CODES
 fi
-# REPLACE_CODES=1 (built in the thirty-eighth session without a GPU): ready codes in the codes' place
+# REPLACE_CODES=1 (built in the thirty-eighth session without a GPU; on an H200 in the forty-seventh: 8 GPU tests
+# passed, b32 8.887 -> 8.432 ms, what `auto` does since): ready codes in the codes' place
 # (FLINT_MMA_READY_CODES=replace), which every NVFP4 path reads (the FMA and tensor-core GEMV tiles, the MoE's decode
 # and grouped kernels, the prefill twins, through an unsigned code pointer; the MMA kernels whatever the table says),
 # so they cost no memory. Its GPU tests (the same bits as from the engine's codes at 1-2,048 tokens), then the step at
