@@ -18,6 +18,8 @@
 #                 codes' `0` run gave 148.0 against 133.7 this session, so one-off prefill timings vary that much):
 #                 if it holds, `auto` could put the ready scales in the UE4M3 bytes' place too (2.47 GB back to the
 #                 KV cache);
+#   SHARED_SLOTS=1 the batch-1 MoE down with the shared expert in its padding slots (built without a GPU, ~4
+#                 minutes; an H100 will do);
 #   the check on a fresh H200 (SKIP_HOST=1 SKIP_AB=1, without SKIP_CHECK; CHECK_TESTS=0 / CHECK_TABLE=0 split it).
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
@@ -562,6 +564,26 @@ if [ "${B1_PROBE:-0}" = 1 ]; then
         --set block_n=8 block_k=2048 mma=false mma_vec=false mma_ready=false --out $V/lm_fma.json > /dev/null
     decode_ab b1_probe 280 "the gate_up in whole-K 4-column tiles / the lm_head on the FMA path" \
         "--formats nvfp4 --batches 1" $V/gu_4x2048.json $V/lm_fma.json
+fi
+# SHARED_SLOTS=1 (built in the forty-seventh session without a GPU): the batch-1 MoE down (`moe_down_slots_triton`,
+# NVFP4 10.2 us a layer on the H200, the step's longest launch after the lm_head) with the shared expert's two
+# 512-wide K parts in the slot rows that pad top-6 to 8 (`MoEConfig.dn_shared_slots`), which were decoded for
+# nothing: sm_90 SASS (ready codes, 2 columns a program) 762 -> 650 instructions after the PDL wait, 96 registers
+# either way; 4 columns 1,250 -> 1,072 at 167 registers. Its GPU tests, then NVFP4 and BF16 b1 against the 1-token
+# entry with it at 2 and at 4 columns a program. ~4 minutes; an H100 will do. A win: the entry's fields, RECORD=1.
+if [ "${SHARED_SLOTS:-0}" = 1 ]; then
+    gpu_tests "down token slots GPU tests" shared_slots_tests 200 -n 4 tests/test_kernels_moe.py -k token_slots_flint
+    V=/tmp/variants; mkdir -p $V
+    for fmt in nvfp4 bf16; do
+        when="{\"nvfp4\": $([ $fmt = nvfp4 ] && echo true || echo false), \"tokens_max\": 1}"
+        python3 benchmarks/tuning_variant.py --op moe.decode --when "$when" --set dn_shared_slots=true \
+            --out $V/ss2_$fmt.json > /dev/null
+        python3 benchmarks/tuning_variant.py --op moe.decode --when "$when" --set dn_shared_slots=true dn_block_n=4 \
+            --out $V/ss4_$fmt.json > /dev/null
+        decode_ab shared_slots_$fmt 200 "the shared expert in the down's padding slots at 2 / 4 columns ($fmt)" \
+            "--formats $fmt --batches 1 --profile-batches 1 --reserve-gib 2" $V/ss2_$fmt.json $V/ss4_$fmt.json
+        grep -E "x .* us = .*_moe_down" "$OUT/decode_shared_slots_${fmt}_ab.txt" | head -3
+    done
 fi
 # LM_PROBE=1 (forty-sixth session, on an H100: decode_h100_lm_probe_ab_s46; neither won, 2 warps 2.005 ms and 8 warps
 # 2.017 against 2.007 as shipped): NVFP4 b1 against the lm_head's MMA launch at one row in 2 and in 8

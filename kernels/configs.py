@@ -144,6 +144,10 @@ class MoEConfig:
     # (tile, pair) meeting on a counter whose last arrival adds them. Built for batch 1-2 (forty-first session),
     # where the down took 9.1 (NVFP4) and 11.4 us (BF16) a layer for ~1 us of weights.
     dn_token_slots: bool = False
+    # With dn_token_slots: the shared expert's INTER-wide K parts in the slot rows that pad TOPK to a power of two
+    # (Flint: 6 slots + 2 parts = 8), so the padding rows, decoded for nothing before, do the shared expert's work
+    # in the routed tiles (forty-seventh session, built without a GPU).
+    dn_shared_slots: bool = False
 
 
 @dataclass(frozen=True)

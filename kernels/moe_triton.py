@@ -889,8 +889,14 @@ def _token_slots(
     right after the previous expert's (`stacked`), weights of `value_bytes` each within its register bounds."""
     if not cfg.dn_token_slots or cfg.use_dot or cfg.block_m != 1:
         return False
-    n, warps = cfg.dn_block_n, cfg.num_warps
-    return moe_down_slots_triton.fits(topk, hidden, inter, shared_inter, n, warps, stacked, value_bytes)
+    n, warps, slots = cfg.dn_block_n, cfg.num_warps, _shared_slots(cfg, topk, inter, shared_inter)
+    return moe_down_slots_triton.fits(topk, hidden, inter, shared_inter, n, warps, stacked, value_bytes, slots)
+
+
+def _shared_slots(cfg: MoEConfig, topk: int, inter: int, shared_inter: int) -> bool:
+    """Whether the token-slots down takes the shared expert in its padding slots (MoEConfig.dn_shared_slots, where
+    its parts fit them)."""
+    return cfg.dn_shared_slots and moe_down_slots_triton.shared_slots_fit(topk, inter, shared_inter)
 
 
 def _unsorted_grouped(cfg: MoEConfig, shared: SharedExpert | None) -> bool:
@@ -1028,8 +1034,10 @@ def _routed(
         value_bytes = moe_down_slots_triton.NVFP4_VALUE_BYTES if nv2 else q2.element_size()
         if norm is None and _token_slots(cfg, stacked, value_bytes, hidden, topk, inter, shared_inter):
             down_args = (q2, s2, g2, we2, wn2, se2, sn2, ge2, seg2, nv2, gsc2)
+            # One load picks each row's pointer, so the shared expert's codes must be of the experts' kind.
+            slots = _shared_slots(cfg, topk, inter, shared_inter) and sh2[0].dtype == q2.dtype
             moe_down_slots_triton.launch(
-                h, ids, tw, down_args, sh2, max(parts, 1), shared_inter, out, cfg.dn_block_n, cfg.num_warps
+                h, ids, tw, down_args, sh2, max(parts, 1), shared_inter, out, cfg.dn_block_n, cfg.num_warps, slots
             )  # fmt: skip
             return out if add is None else out + add
         n_shared_tokens = 0 if shared is None else t

@@ -230,17 +230,23 @@ def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) 
         assert waits >= 2
 
 
-@pytest.mark.parametrize("fmt,block_n", [("nvfp4", 1), ("nvfp4", 2), ("bf16", 1), ("bf16", 2)])
-def test_moe_down_token_slots_compiles_for_sm90(fmt: str, block_n: int) -> None:
-    """The down of a program a (tile, token) at Flint's shapes with the shared expert: the ids, routing weights and
-    every slot's weight rows are requested before the one PDL wait."""
-    nv = fmt == "nvfp4"
-    wdt = "u8" if nv else "bf16"
-    pointers = {"h_ptr": "bf16", "ids_ptr": "i64", "tw_ptr": "fp32", "w_ptr": wdt, "s_ptr": wdt, "gs_ptr": "fp32",
-                "out_ptr": "bf16", "sw_ptr": wdt, "ss_ptr": wdt, "sgs_ptr": "fp32"}  # fmt: skip
+@pytest.mark.parametrize(
+    "fmt,block_n,shared_slots",
+    [("nvfp4", 1, False), ("nvfp4", 2, False), ("bf16", 1, False), ("bf16", 2, False), ("nvfp4", 2, True),
+     ("ready", 2, True), ("nvfp4", 4, True), ("bf16", 2, True)],
+)  # fmt: skip
+def test_moe_down_token_slots_compiles_for_sm90(fmt: str, block_n: int, shared_slots: bool) -> None:
+    """The down of a program a (tile, token) at Flint's shapes with the shared expert (in a tile of its own or in the
+    padding slots, `MoEConfig.dn_shared_slots`; engine or ready codes): the ids, routing weights and every slot's
+    weight rows are requested before the one PDL wait."""
+    nv = fmt != "bf16"
+    wdt = {"nvfp4": "u8", "ready": "i8", "bf16": "bf16"}[fmt]
+    sdt = "u8" if nv else "bf16"
+    pointers = {"h_ptr": "bf16", "ids_ptr": "i64", "tw_ptr": "fp32", "w_ptr": wdt, "s_ptr": sdt, "gs_ptr": "fp32",
+                "out_ptr": "bf16", "sw_ptr": wdt, "ss_ptr": sdt, "sgs_ptr": "fp32"}  # fmt: skip
     constexprs = {"NVFP4": nv, "GSCALE": nv, "SHARED": True, "TOPK": 6, "S_PAD": 8, "EVEN_K": True, "EVEN_KS": True,
                   "BLOCK_N": block_n, "BLOCK_K": 512, "BLOCK_KS": 1024, "PDL": True}  # fmt: skip
-    kernel = "_moe_down_slots_kernel"
+    kernel = "_moe_down_shared_slots_kernel" if shared_slots else "_moe_down_slots_kernel"
     loads, waits = _compile("flint_kernels.moe_down_slots_triton", kernel, pointers, constexprs, 4, 1)
     # ids and weights (2), each slot's code or value loads and the shared expert's: more than the 8 slots
     assert loads > 8 and waits == 1

@@ -329,6 +329,57 @@ def test_decode_down_adds_a_tokens_slots_in_one_program(fmt: str, t: int, k: int
     assert not split_k_triton.counters(DEVICE).any()
 
 
+@pytest.mark.parametrize(
+    "fmt,t,k,i", [("dense", 1, 6, 32), ("dense", 2, 5, 32), ("nvfp4", 1, 6, 32), ("nvfp4", 2, 5, 64)]
+)
+def test_decode_down_takes_the_shared_expert_in_its_padding_slots(fmt: str, t: int, k: int, i: int) -> None:
+    """`MoEConfig.dn_shared_slots`: the 2I-wide shared expert's two parts in the slot rows padding top-k 6 (all
+    eight rows used, as Flint's) or 5 (one left empty) to 8, H (80) not a multiple of the 16-column tile: the
+    reference's output, the token-slots launch's without it to FP32 rounding (only the shared K sum's order
+    differs), the same bits on every run, on its own kernel."""
+    x, tw, ids, w13, w2, shared = moe_case(fmt, t, 8, 80 if fmt == "dense" else 128, i, k, True, gen(250 + t + k))
+    kw = {"decode_max_tokens": 64, "shared": shared, "fold_max_tokens": 64}
+    own_tile = mt.fused_moe(x, tw, ids, w13, w2, config=TOKEN_SLOTS, **kw)
+    cfg = dataclasses.replace(TOKEN_SLOTS, dn_shared_slots=True)
+    ds = mt.moe_down_slots_triton
+    slots, own = LaunchSpy(ds._moe_down_shared_slots_kernel), LaunchSpy(ds._moe_down_slots_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ds, "_moe_down_shared_slots_kernel", slots)
+        mp.setattr(ds, "_moe_down_slots_kernel", own)
+        runs = [mt.fused_moe(x, tw, ids, w13, w2, config=cfg, **kw) for _ in "ab"]
+    assert (slots.launches, own.launches) == (2, 0)
+    assert rel_err(runs[0], moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
+    assert rel_err(runs[0], own_tile) < 1e-6
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_shared_slots_fit_only_the_padding() -> None:
+    """The shared expert's parts go into the padding slots only where they all fit and INTER is one K step; else the
+    token-slots launch keeps its own tile for it (Flint: 6 + 1024 / 512 = 8 fits)."""
+    from flint_kernels import moe_down_slots_triton as ds
+
+    assert ds.shared_slots_fit(6, 512, 1024)
+    assert ds.shared_slots_fit(5, 32, 64) and not ds.shared_slots_fit(7, 32, 64)
+    assert not ds.shared_slots_fit(3, 32, 64)  # 3 + 2 > 4
+    assert not ds.shared_slots_fit(6, 48, 96)  # INTER not a power of two
+    assert not ds.shared_slots_fit(6, 32, 48) and not ds.shared_slots_fit(6, 32, 0)
+    flint = (2048, 6, 512, 1024)
+    # 4 columns a program: 8 slots x 4 x 512 values over 128 threads, 256 bytes a thread with the shared expert in
+    # the padding (320 with its tile of 4 x 1024); 8 columns: 512 bytes, past the bound either way.
+    four = dataclasses.replace(TOKEN_SLOTS, dn_block_n=4, dn_shared_slots=True)
+    assert mt._token_slots(four, True, 2, *flint)
+    assert not mt._token_slots(dataclasses.replace(four, dn_block_n=8), True, 2, *flint)
+    x, tw, ids, w13, w2, shared = moe_case("dense", 1, 8, 80, 48, 6, True, gen(260))
+    slots, own = LaunchSpy(ds._moe_down_shared_slots_kernel), LaunchSpy(ds._moe_down_slots_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ds, "_moe_down_shared_slots_kernel", slots)
+        mp.setattr(ds, "_moe_down_slots_kernel", own)
+        cfg = dataclasses.replace(TOKEN_SLOTS, dn_shared_slots=True)
+        out = mt.fused_moe(x, tw, ids, w13, w2, config=cfg, decode_max_tokens=64, shared=shared, fold_max_tokens=64)
+    assert (slots.launches, own.launches) == (0, 1)  # I = 48: the shared expert keeps its own tile
+    assert rel_err(out, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-5
+
+
 def test_decode_down_token_slots_keep_the_per_pair_launch_where_they_do_not_fit() -> None:
     """Tiles past the register bound (Flint's down at 16 columns a program: 8 slots x 16 x 512 and the shared
     16 x 1024 values over 128 threads), experts whose rows are not stacked, tensor-core tiles, or the option off:
@@ -661,11 +712,15 @@ def test_gpu_shared_expert_flint_shapes(t: int, fmt: str) -> None:
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("t", [1, 2])
-@pytest.mark.parametrize("fmt,block_n", [("bf16", 1), ("bf16", 2), ("nvfp4", 1), ("nvfp4", 2)])
-def test_gpu_down_token_slots_flint_shapes(t: int, fmt: str, block_n: int) -> None:
-    """Flint's experts with the folded shared expert, BF16 tokens, the down of a program a (tile, token) at the
-    tiles its A/B tries: the reference's output, and the per-pair launch's up to a few roundings (the K sums'
-    order follows each tile's layout), without the per-pair launch."""
+@pytest.mark.parametrize(
+    "fmt,block_n,shared_slots",
+    [("bf16", 1, False), ("bf16", 2, False), ("nvfp4", 1, False), ("nvfp4", 2, False), ("bf16", 2, True),
+     ("bf16", 4, True), ("nvfp4", 2, True), ("nvfp4", 4, True)],
+)  # fmt: skip
+def test_gpu_down_token_slots_flint_shapes(t: int, fmt: str, block_n: int, shared_slots: bool) -> None:
+    """Flint's experts with the folded shared expert (in a tile of its own or in the padding slots), BF16 tokens,
+    the down of a program a (tile, token) at the tiles its A/Bs try: the reference's output, and the per-pair
+    launch's up to a few roundings (the K sums' order follows each tile's layout), without the per-pair launch."""
     g = gen(760 + t)
     x, tw, ids, w13, w2, shared = flint_moe_inputs(t, fmt, g)
     base = mt.decode_config(fmt == "nvfp4", t, x.device)
@@ -673,7 +728,7 @@ def test_gpu_down_token_slots_flint_shapes(t: int, fmt: str, block_n: int) -> No
     spy = LaunchSpy(mt._moe_down_kernel)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mt, "_moe_down_kernel", spy)
-        cfg = dataclasses.replace(base, dn_token_slots=True, dn_block_n=block_n)
+        cfg = dataclasses.replace(base, dn_token_slots=True, dn_block_n=block_n, dn_shared_slots=shared_slots)
         got = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg, shared=shared)
     assert spy.launches == 0
     assert rel_err(got, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-2
