@@ -330,13 +330,13 @@ def test_decode_down_adds_a_tokens_slots_in_one_program(fmt: str, t: int, k: int
 
 
 @pytest.mark.parametrize(
-    "fmt,t,k,i", [("dense", 1, 6, 32), ("dense", 2, 5, 32), ("nvfp4", 1, 6, 32), ("nvfp4", 2, 5, 64)]
+    "fmt,t,k,i", [("dense", 1, 6, 32), ("dense", 2, 5, 32), ("nvfp4", 1, 6, 32), ("nvfp4", 1, 5, 32)]
 )
 def test_decode_down_takes_the_shared_expert_in_its_padding_slots(fmt: str, t: int, k: int, i: int) -> None:
     """`MoEConfig.dn_shared_slots`: the 2I-wide shared expert's two parts in the slot rows padding top-k 6 (all
-    eight rows used, as Flint's) or 5 (one left empty) to 8, H (80) not a multiple of the 16-column tile: the
-    reference's output, the token-slots launch's without it to FP32 rounding (only the shared K sum's order
-    differs), the same bits on every run, on its own kernel."""
+    eight rows used, as Flint's) or 5 (one left empty) to 8, 1-2 tokens (dense) and 1 (NVFP4), H (80) not a multiple
+    of the 16-column tile: the reference's output, the token-slots launch's without it to FP32 rounding (only the
+    shared K sum's order differs), the same bits on every run, on its own kernel."""
     x, tw, ids, w13, w2, shared = moe_case(fmt, t, 8, 80 if fmt == "dense" else 128, i, k, True, gen(250 + t + k))
     kw = {"decode_max_tokens": 64, "shared": shared, "fold_max_tokens": 64}
     own_tile = mt.fused_moe(x, tw, ids, w13, w2, config=TOKEN_SLOTS, **kw)
