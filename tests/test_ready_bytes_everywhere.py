@@ -133,8 +133,8 @@ def test_the_word_plane_tiles_read_replaced_bytes(dtype: torch.dtype, kind: str)
 
 
 @interpreted
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("t", [1, 2])
+# Two tokens (~20 s in the interpreter) with the engine's default only: codes replaced, where the H200 table reads them.
+@pytest.mark.parametrize(("t", "kind"), [(1, "scales"), (1, "codes"), (2, "codes")])
 def test_the_moe_paths_read_replaced_bytes(t: int, kind: str) -> None:
     """`moe_triton.fused_moe` on its decode path (per-pair FMA tiles, expert-major FMA gate_up, the folded shared
     expert) and its grouped tensor-core path: the same bits from ready bytes."""
