@@ -27,26 +27,32 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 CONTEXT_BUCKETS = (1024, 4096, 16384, 65536, 262144)
 
 
+def _up_to(sizes: tuple[int, ...], top: int) -> tuple[int, ...]:
+    return (*tuple(s for s in sizes if s < top), top)
+
+
+def _smallest_holding(buckets: tuple[int, ...], n: int) -> int:
+    return buckets[bisect.bisect_left(buckets, n)]
+
+
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
     """The sequence counts decode graphs are captured for, up to `max_batch`."""
-    return (*tuple(b for b in BATCH_BUCKETS if b < max_batch), max_batch)
+    return _up_to(BATCH_BUCKETS, max_batch)
 
 
 def batch_bucket(n: int, max_batch: int) -> int:
     """The captured sequence count a decode step of `n <= max_batch` sequences runs at (padding rows added)."""
-    buckets = batch_buckets(max_batch)
-    return buckets[bisect.bisect_left(buckets, n)]
+    return _smallest_holding(batch_buckets(max_batch), n)
 
 
 def context_buckets(max_context: int) -> tuple[int, ...]:
     """The context lengths decode graphs are captured for, up to `max_context`."""
-    return (*tuple(c for c in CONTEXT_BUCKETS if c < max_context), max_context)
+    return _up_to(CONTEXT_BUCKETS, max_context)
 
 
 def context_bucket(longest: int, max_context: int) -> int:
     """The captured context a decode step whose longest sequence has `longest` tokens runs at (<= max_context)."""
-    buckets = context_buckets(max_context)
-    return buckets[bisect.bisect_left(buckets, longest)]
+    return _smallest_holding(context_buckets(max_context), longest)
 
 
 @dataclass
@@ -175,8 +181,9 @@ class DecodeGraphs:
         return 0 < len(rows.seq_lens) <= self.batch_buckets[-1] and max(rows.seq_lens) <= self.context_buckets[-1]
 
     def _graph_for(self, n: int, longest: int) -> tuple[_Graph, int]:
-        b = batch_bucket(n, self.batch_buckets[-1])
-        return self.graphs[(b, context_bucket(longest, self.context_buckets[-1]))], b
+        # The captured tuples, not rebuilt: this runs every decode step.
+        b = _smallest_holding(self.batch_buckets, n)
+        return self.graphs[(b, _smallest_holding(self.context_buckets, longest))], b
 
     def _staging(self, g: _Graph, b: int) -> _Staging:
         rows = StagingBuffer(tuple(g.inputs.shape), torch.int64, self.device)

@@ -41,6 +41,7 @@ from .linear import NVFP4Weight, Weight, linear_fp32_out_ref, linear_ref, matmul
 from .nvfp4_decode_triton import (
     MAX_SEGMENTS,
     bf16x2_scaled,
+    code_words,
     e2m1_pair_bits,
     e2m1_pair_packed,
     nvfp4_planes,
@@ -253,10 +254,7 @@ def fma_weights(
         offs_g = k0 // 16 + tl.arange(0, G)
         # One int64 a group of 16 values, so a thread holds whole groups: the sum over a group needs no lane
         # shuffle and the scale byte meets its group in the same thread.
-        if w_ptr.dtype.element_ty == tl.int8:  # ready codes: unsigned groups tell the decode (`e2m1_pair_packed`)
-            w64 = w_ptr.to(tl.pointer_type(tl.uint64))
-        else:
-            w64 = w_ptr.to(tl.pointer_type(tl.int64))
+        w64 = code_words(w_ptr)  # ready codes: unsigned groups tell the decode (`e2m1_pair_packed`)
         group_ptrs = w64 + rows[:, None] * (stride_wn // 8) + offs_g[None, :]
         s_ptrs = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
         if EVEN_K:

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .gemv_triton import dense_fma_part, fma_weights, nvfp4_gemv_step
-from .nvfp4_decode_triton import scale_value, segment_scale
+from .nvfp4_decode_triton import code_words, scale_value, segment_scale
 from .pdl import launch_options, pdl_entry
 
 # A thread's share of a program's weight tiles (the experts' rows times their padded K, and the shared expert's),
@@ -62,12 +62,7 @@ def _slot_and_shared_weights(
     if NVFP4:
         G: tl.constexpr = BLOCK_K // 16
         offs_g = tl.arange(0, G)
-        if w_ptr.dtype.element_ty == tl.int8:  # ready codes: unsigned groups tell the decode (`e2m1_pair_packed`)
-            w64 = w_ptr.to(tl.pointer_type(tl.uint64))
-            sw64 = sw_ptr.to(tl.pointer_type(tl.uint64))
-        else:
-            w64 = w_ptr.to(tl.pointer_type(tl.int64))
-            sw64 = sw_ptr.to(tl.pointer_type(tl.int64))
+        w64, sw64 = code_words(w_ptr), code_words(sw_ptr)
         shared_g = spart[:, None] * G + offs_g[None, :]  # [ROWS, G]: a part's groups follow the previous part's
         g_ptrs = tl.where(
             routed[:, None],

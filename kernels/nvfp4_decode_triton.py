@@ -50,6 +50,16 @@ def e4m3_value(b):
 
 
 @triton.jit
+def code_words(w_ptr):
+    """The NVFP4 codes at w_ptr as 64-bit words (16 values each): unsigned for ready codes (an int8 pointer,
+    `nvfp4_mma_codes`), whose words' type then tells each decoder, signed for the engine's uint8 codes."""
+    if w_ptr.dtype.element_ty == tl.int8:
+        return w_ptr.to(tl.pointer_type(tl.uint64))
+    else:
+        return w_ptr.to(tl.pointer_type(tl.int64))
+
+
+@triton.jit
 def scale_value(sb, s_ptr):
     """FP32 E4M3 value (`e4m3_value`'s) of scale bytes sb loaded from s_ptr: UE4M3 bytes (uint8), or ready bytes
     (int8, `nvfp4_mma_scales`: the value's FP32 bits are the byte plus 944, shifted; a block whose UE4M3 scale was 0

@@ -48,7 +48,7 @@ import triton.language as tl
 
 from .l2_prefetch import prefetch_lines
 from .linear import NVFP4Weight
-from .nvfp4_decode_triton import MAX_SEGMENTS, e4m3_value, segment_bounds, segment_scale
+from .nvfp4_decode_triton import MAX_SEGMENTS, code_words, e4m3_value, segment_bounds, segment_scale
 from .nvfp4_mma_codes import LEFTOVER_MASK, LEFTOVER_TIMES, MAGNITUDE_SIGN, ROTATIONS
 from .nvfp4_mma_scales import READY_PAIR_ADD
 from .pdl import launch_options, pdl_entry
@@ -273,12 +273,8 @@ def _scale_pair(b, s_ptr):
 def _weight_bases(w_ptr, s_ptr, ra, rb, c, stride_wn, stride_sn):
     """(codes as int64 words, scale bytes, then each lane's int64 word index of rows ra / rb and scale byte index of
     ra / rb at K = 0): lane c's 16 bytes of a row's K step start at word 2c, its two scale groups at byte 2c."""
-    if w_ptr.dtype.element_ty == tl.int8:  # ready codes (`nvfp4_mma_codes`): the words' type tells the K step
-        w64 = w_ptr.to(tl.pointer_type(tl.uint64))
-    else:
-        w64 = w_ptr.to(tl.pointer_type(tl.int64))
     return (
-        w64,
+        code_words(w_ptr),  # ready codes (`nvfp4_mma_codes`): the words' type tells the K step
         s_ptr,
         ra * (stride_wn // 8) + c * 2,
         rb * (stride_wn // 8) + c * 2,
