@@ -203,8 +203,9 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     dot_32 = MoEConfig(16, 32, 128, 64, 128, True, 4, 3)
     dot_expert = MoEConfig(16, 64, 128, 128, 128, True, 4, 3, expert_major=True)
     # BF16 at 1 token: the down adds the token's slots in one program of 2 columns (forty-third session's whole-step
-    # A/B on an H100: b1 -2.3%).
-    bf16_slots = dataclasses.replace(fma_8x1024, dn_block_n=2, dn_token_slots=True)
+    # A/B on an H100: b1 -2.3%), since the forty-eighth of 4 columns with the shared expert in the padding slot rows
+    # (its A/B on an H100: b1 -1.2%).
+    bf16_slots = dataclasses.replace(fma_8x1024, dn_block_n=4, dn_token_slots=True, dn_shared_slots=True)
     bf16_decode = [mt.decode_config(False, t, h200) for t in (1, 2, 3, 8, 9, 32, 64)]
     assert bf16_decode == [bf16_slots, fma_8x1024, dot_32, dot_32, dot_expert, dot_expert, dot_expert]
     # NVFP4 5-8 tokens (shared expert folded): gate_up in 16-column tiles, 4 warps (b8 -7.5%, b16 -10% in a
@@ -213,8 +214,9 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     fma_16x512 = MoEConfig(1, 16, 512, 32, 512, False, 4, 1)
     assert [mt.decode_config(True, t, h200) for t in (5, 8)] == [fma_16x512, fma_16x512]
     # NVFP4 at 1 token: the down adds the token's slots in one program of 2 columns (forty-second session's
-    # whole-step A/B on an H100: b1 -5.7%; at 2 tokens it lost 11%).
-    token_slots = dataclasses.replace(fma_8x1024, dn_block_n=2, dn_token_slots=True)
+    # whole-step A/B on an H100: b1 -5.7%; at 2 tokens it lost 11%), the shared expert in the padding slot rows since
+    # the forty-eighth (its A/B on an H100: b1 -1.8%).
+    token_slots = dataclasses.replace(fma_8x1024, dn_block_n=2, dn_token_slots=True, dn_shared_slots=True)
     assert mt.decode_config(True, 1, h200) == token_slots
     # NVFP4 at 2 tokens: the 1 token's gate_up, the 32-column down tiles (b2 -8%); at 3-4 the tiles from 5 (b3 -8%,
     # b4 -11%; whole-step A/Bs, 2026-12-02, seventeenth session).
@@ -574,9 +576,10 @@ def _as_swept_2026_11_29(shipped: MoEConfig, nvfp4: bool, tokens: int) -> MoECon
     seventeenth session's (decode_h200_nvfp4_moe_1_4_ab.json, decode_h200_nvfp4_moe2_dn32_ab.json). NVFP4 at 1
     token adds a token's slots in one program of 2 down columns since the forty-second session's
     (decode_h100_nvfp4_token_slots_ab_s42.json), BF16 since the forty-third's
-    (decode_h100_bf16_token_slots_ab_s43.json)."""
+    (decode_h100_bf16_token_slots_ab_s43.json), both with the shared expert in the padding slot rows since the
+    forty-eighth's (decode_h100_shared_slots_{nvfp4,bf16}_ab_s48.json)."""
     if tokens == 1:
-        return dataclasses.replace(shipped, dn_block_n=8, dn_token_slots=False)
+        return dataclasses.replace(shipped, dn_block_n=8, dn_token_slots=False, dn_shared_slots=False)
     if nvfp4 and 2 <= tokens <= 4:
         return dataclasses.replace(shipped, gu_block_i=8, gu_block_k=1024, dn_block_n=8)
     if nvfp4 and 5 <= tokens <= 16:
