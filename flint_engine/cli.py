@@ -149,14 +149,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ready_beside(mode: str, table_reads: bool) -> bool:
-    """Whether a ready-bytes setting (auto, 0, 1 or replace) keeps the ready bytes beside the weight's own."""
-    return mode == "1" or (mode == "auto" and table_reads)
-
-
 def cmd_capacity(args: argparse.Namespace) -> int:
     """How much context fits next to the weights on one GPU, from the engine's own sizing code."""
-    from flint_kernels import nvfp4_mma_codes, tuning
+    from flint_kernels import nvfp4_mma_codes
     from flint_kernels.router_triton import split_nbytes
     from gguf import GGMLQuantizationType
 
@@ -173,23 +168,23 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     step_tokens = budgets.prefill_tokens(fused_gpu=True)
     rows = []
     # The MMA kernels' ready bytes beside the weight's own: as the engine would make them under the same settings
-    # (FLINT_MMA_READY_*: auto reads the H200's table; replace puts them in the own bytes' place, adding nothing).
-    h200 = tuning.load(tuning.TABLES / "nvidia-h200.json")
+    # (FLINT_MMA_READY_*: only 1 keeps them beside; auto and replace put them in the own bytes' place, adding nothing).
     try:
         scales_mode = args.ready_scales or nvfp4_mma_scales.setting()
         codes_mode = args.ready_codes or nvfp4_mma_codes.setting()
     except ValueError as exc:  # a misspelt FLINT_MMA_READY_* variable
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    ready_scales = _ready_beside(scales_mode, nvfp4_mma_scales.table_reads(h200))
-    ready_codes = codes_mode == "1"  # auto makes them in the codes' place (nvfp4_mma_codes.replaces)
+    # auto makes both in the weight's own bytes' place (nvfp4_mma_scales.replaces, nvfp4_mma_codes.replaces)
+    ready_scales = scales_mode == "1"
+    ready_codes = codes_mode == "1"
     # The fused path keeps each MoE router weight also as three BF16 parts (router_triton.prepare).
     router_parts = split_nbytes(config.num_experts, config.hidden_size) * len(config.moe_layers)
     for fmt in args.weights:
         planned = plan_tensors(config, fmt)
         weight_bytes = sum(p.nbytes for p in planned) + router_parts
         nvfp4_values = sum(math.prod(p.shape) for p in planned if p.ggml_type == GGMLQuantizationType.NVFP4)
-        if ready_scales:  # beside the UE4M3 bytes, as FLINT_MMA_READY_SCALES=auto makes them
+        if ready_scales:  # beside the UE4M3 bytes, as FLINT_MMA_READY_SCALES=1 makes them
             weight_bytes += nvfp4_mma_scales.extra_bytes(nvfp4_values)
         if ready_codes:  # beside the codes, as FLINT_MMA_READY_CODES=1 makes them
             weight_bytes += nvfp4_mma_codes.extra_bytes(nvfp4_values)
@@ -285,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--block-size", type=int, default=16)
     for name, env, what in (
         ("scales", "FLINT_MMA_READY_SCALES", "ready scale bytes (1/16 byte a value)"),
-        ("codes", "FLINT_MMA_READY_CODES", "ready codes (1/2 byte a value; auto makes them in the codes' place)"),
+        ("codes", "FLINT_MMA_READY_CODES", "ready codes (1/2 byte a value)"),
     ):
         cap.add_argument(
             f"--ready-{name}",
@@ -293,8 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
             const="1",
             default=None,
             choices=nvfp4_mma_scales.SETTINGS,
-            help=f"the NVFP4 MMA kernels' {what} as {env} makes them: auto (as the H200's table asks), 1 (beside the "
-            f"weight's own bytes), replace (in their place: no memory added) or 0; default: ${env}, else auto",
+            help=f"the NVFP4 MMA kernels' {what} as {env} makes them: auto (in the weight's own bytes' place where "
+            f"the table reads them), 1 (beside the weight's own bytes), replace (in their place) or 0; auto and "
+            f"replace add no memory; default: ${env}, else auto",
         )
         cap.add_argument(f"--no-ready-{name}", dest=f"ready_{name}", action="store_const", const="0", help="--ready-"
                          f"{name} 0")  # fmt: skip

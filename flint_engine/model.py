@@ -52,9 +52,8 @@ class FlintModel:
         if kernels.prepare_nvfp4 is not None:
             for w in weights.nvfp4_weights():
                 kernels.prepare_nvfp4(w)
-            # Ready bytes kept beside the weights' own are memory the KV cache does not get: say so once
-            # (FLINT_MMA_READY_SCALES=0 / FLINT_MMA_READY_CODES=0 leave them out, FLINT_MMA_READY_SCALES=replace puts
-            # the scales in the UE4M3 bytes' place).
+            # Ready bytes kept beside the weights' own (FLINT_MMA_READY_SCALES=1 / FLINT_MMA_READY_CODES=1; the
+            # default puts them in the own bytes' place) are memory the KV cache does not get: say so once.
             extra = [w.extra_nbytes for w in weights.nvfp4_weights() if w.extra_nbytes]
             if extra:
                 log.info("ready scale and code bytes for %d NVFP4 weights: %.2f GB", len(extra), sum(extra) / 1e9)

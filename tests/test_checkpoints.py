@@ -332,9 +332,9 @@ def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(flags: lis
     """`flint capacity` weighs the checkpoint's tensors plus the BF16 router parts (3 x 2 bytes x 256 x 2048 for each
     of the 47 MoE layers, 141 MB) that the fused router keeps beside them, and the NVFP4 MMA kernels' ready bytes as
     the engine makes them: under FLINT_MMA_READY_SCALES / _CODES (auto: as the H200's table asks; its entries read
-    ready scale bytes, one per 16 NVFP4 values, 2.47 GB beside the UE4M3 bytes, and ready codes, made in the codes'
-    place; 1: beside the weight's own bytes, half a byte a value for codes, 19.7 GB; replace: in the weight's own
-    bytes' place, nothing added), or as `--ready-scales` / `--ready-codes` say."""
+    ready scale bytes and ready codes, made in the UE4M3 bytes' and the codes' place, nothing added; 1: beside the
+    weight's own bytes, one byte per 16 NVFP4 values for scales, 2.47 GB, half a byte a value for codes, 19.7 GB;
+    replace: in the weight's own bytes' place, nothing added), or as `--ready-scales` / `--ready-codes` say."""
     from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales, tuning
 
     from flint_engine.checkpoint.gguf_writer import plan_tensors
@@ -350,9 +350,9 @@ def test_capacity_counts_what_the_fused_path_keeps_beside_the_weights(flags: lis
             mode = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else "1"
         return mode == "1" or (mode == "auto" and table_reads)
 
-    ready = beside("scales", "FLINT_MMA_READY_SCALES", nvfp4_mma_scales.table_reads(h200))
-    # auto makes ready codes in the codes' place where the table reads them (it does): nothing added
-    assert nvfp4_mma_codes.table_reads(h200)
+    # auto makes ready bytes in the weight's own bytes' place where the table reads them (it reads both): nothing added
+    assert nvfp4_mma_scales.table_reads(h200) and nvfp4_mma_codes.table_reads(h200)
+    ready = beside("scales", "FLINT_MMA_READY_SCALES", False)
     codes = beside("codes", "FLINT_MMA_READY_CODES", False)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLINT_MMA_READY_")}
     r = subprocess.run(

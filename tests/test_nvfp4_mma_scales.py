@@ -127,12 +127,14 @@ def test_the_fused_table_has_the_hook_unless_turned_off(monkeypatch: pytest.Monk
 def test_ready_scales_are_wanted_where_the_table_reads_them(
     monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
 ) -> None:
-    """By default (auto) a device wants ready bytes when its tuning table has an `mma_ready` entry: the shipped H200
-    table does, a table without one and a device with no table do not; 1 and 0 force it; other values are errors."""
+    """By default (auto) a device wants ready bytes when its tuning table has an `mma_ready` entry, and makes them in
+    the UE4M3 bytes' place (since the forty-eighth session): the shipped H200 table does, a table without one and a
+    device with no table do not; replace makes them in that place on any device, 1 beside the UE4M3 bytes, 0 never;
+    other values are errors."""
     cuda = torch.device("cuda", 0)
     monkeypatch.delenv("FLINT_MMA_READY_SCALES", raising=False)
     monkeypatch.setenv("FLINT_TUNING_FILE", str(tuning.TABLES / "nvidia-h200.json"))
-    assert nvfp4_mma_scales.wanted(cuda)
+    assert nvfp4_mma_scales.wanted(cuda) and nvfp4_mma_scales.replaces()
     plain = json.loads((tuning.TABLES / "nvidia-h200.json").read_text())
     for op in nvfp4_mma_scales.READING_OPS:
         for entry in plain.get(op, []):
@@ -140,8 +142,10 @@ def test_ready_scales_are_wanted_where_the_table_reads_them(
     (tmp_path / "plain.json").write_text(json.dumps(plain))
     monkeypatch.setenv("FLINT_TUNING_FILE", str(tmp_path / "plain.json"))
     assert not nvfp4_mma_scales.wanted(cuda)
+    monkeypatch.setenv("FLINT_MMA_READY_SCALES", "replace")
+    assert nvfp4_mma_scales.wanted(cuda) and nvfp4_mma_scales.replaces()
     monkeypatch.setenv("FLINT_MMA_READY_SCALES", "1")
-    assert nvfp4_mma_scales.wanted(cuda)
+    assert nvfp4_mma_scales.wanted(cuda) and not nvfp4_mma_scales.replaces()
     monkeypatch.setenv("FLINT_MMA_READY_SCALES", "0")
     monkeypatch.setenv("FLINT_TUNING_FILE", str(tuning.TABLES / "nvidia-h200.json"))
     assert not nvfp4_mma_scales.wanted(cuda)
