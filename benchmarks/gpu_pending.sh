@@ -3,24 +3,16 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the forty-seventh session, 2026-12-06: on an H200 the graphs-vs-eager mend passed
-# (tests/test_cuda_graphs.py with attention's, 79 passed); TABLE_AB: the forty-fifth session's table NVFP4 b12 -2.4%,
-# b16 -1.8%, BF16 b1 -0.4%; READY_CODES: b16 -5.1%, b32 -4.1%, b64 -1.8%, b1 even; REPLACE_CODES: its 8 GPU tests
-# passed, b32 8.887 -> 8.432 ms, 8K prefill no loss: installed, `auto` makes ready codes in the codes' place where the
-# table's MMA entries read them; docs/performance.md's section of it):
-#   RECORD=1      first (not reached in the forty-seventh session): ready codes in the codes' place give every NVFP4
-#                 kernel an int8 code pointer, so the manifest's 43 uint8-code variants no longer match and an
-#                 NVFP4 warm-up compiles them itself (~23 s); an H100 will do;
-#   then, not a block here: `python3 -m pytest -m gpu -n 4 tests/test_cuda_graphs.py tests/test_kernels_attention.py`
-#                 (with `. benchmarks/gpu_env.sh`) for the batch-bucket mend (`AttnMeta.plan_seqs`, built without a
-#                 GPU after the graphs' tests passed);
-#   REPLACE=1     again: the replaced scale bytes' 8K prefill (157.6 vs 134.2 ms once, unexplained; the replaced
-#                 codes' `0` run gave 148.0 against 133.7 this session, so one-off prefill timings vary that much):
-#                 if it holds, `auto` could put the ready scales in the UE4M3 bytes' place too (2.47 GB back to the
-#                 KV cache);
-#   SHARED_SLOTS=1 the batch-1 MoE down with the shared expert in its padding slots (built without a GPU, ~4
-#                 minutes; an H100 will do);
-#   the check on a fresh H200 (SKIP_HOST=1 SKIP_AB=1, without SKIP_CHECK; CHECK_TESTS=0 / CHECK_TABLE=0 split it).
+# Next, in this order (state after the forty-eighth session, 2026-12-06, on an H100: the manifest recorded for both
+# profiles after the installs below (no warm-up compile); the graphs' and attention GPU tests passed with the
+# batch-bucket mend (79); SHARED_SLOTS: NVFP4 b1 -1.8% at 2 columns, BF16 -1.3% at 4, installed; REPLACE: the
+# replaced scales' GPU tests passed, b1 1.974 -> 1.918 ms, 8K prefill 135.56 / 135.59: installed, `auto` makes ready
+# scales in the UE4M3 bytes' place; the table with both, NVFP4 b1 1.888, b32 9.223; docs/performance.md's section):
+#   the check on a fresh H200 (SKIP_HOST=1 SKIP_AB=1, without SKIP_CHECK; CHECK_TESTS=0 / CHECK_TABLE=0 split it)
+#                 for the status figures with everything installed, and BF16's table (`--formats bf16`, the
+#                 check's decode.py line) for the shared-slots entry at 4 columns;
+#   the GPU tests not reached by the forty-eighth session's limits (`tests/test_kernels_moe.py`,
+#                 `tests/test_fast_path.py`, `tests/test_nvfp4_mma_moe.py` at -n 12 with a 400 s limit).
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
 # (lost 0.9-6.7%; `max_registers` removed), B1_PROBE (lost 0.3-3.0%), LM_PROBE
@@ -565,12 +557,14 @@ if [ "${B1_PROBE:-0}" = 1 ]; then
     decode_ab b1_probe 280 "the gate_up in whole-K 4-column tiles / the lm_head on the FMA path" \
         "--formats nvfp4 --batches 1" $V/gu_4x2048.json $V/lm_fma.json
 fi
-# SHARED_SLOTS=1 (built in the forty-seventh session without a GPU): the batch-1 MoE down (`moe_down_slots_triton`,
+# SHARED_SLOTS=1 (built in the forty-seventh session without a GPU; ran in the forty-eighth on an H100: NVFP4 b1 -1.8%
+# at 2 columns, BF16 -1.3% at 4, installed): the batch-1 MoE down (`moe_down_slots_triton`,
 # NVFP4 10.2 us a layer on the H200, the step's longest launch after the lm_head) with the shared expert's two
 # 512-wide K parts in the slot rows that pad top-6 to 8 (`MoEConfig.dn_shared_slots`), which were decoded for
 # nothing: sm_90 SASS (ready codes, 2 columns a program) 762 -> 650 instructions after the PDL wait, 96 registers
 # either way; 4 columns 1,250 -> 1,072 at 167 registers. Its GPU tests, then NVFP4 and BF16 b1 against the 1-token
 # entry with it at 2 and at 4 columns a program. ~4 minutes; an H100 will do. A win: the entry's fields, RECORD=1.
+# (The entries now have it: run again, the variants compare 2 against 4 columns with it.)
 if [ "${SHARED_SLOTS:-0}" = 1 ]; then
     gpu_tests "down token slots GPU tests" shared_slots_tests 200 -n 4 tests/test_kernels_moe.py -k token_slots_flint
     V=/tmp/variants; mkdir -p $V
@@ -881,15 +875,17 @@ fi
 # tokens; benchmarks/results/decode_h100_moe_next_ab_s40.json): ready codes b32 -2.1%, within 1% elsewhere; the
 # other two lost 13-16% and 3-15% at b9-b64, and their kernel options were removed, so their blocks went with them
 # (git show 1787883:benchmarks/gpu_pending.sh has them). READY_CODES=1 above is the ready codes' A/B alone.
-# REPLACE=1 (ran in the thirty-sixth session: same bits and decode speed; one 8K prefill timing 157.6 vs 134.2 ms):
+# REPLACE=1 (ran in the thirty-sixth session: same bits and decode speed; one 8K prefill timing 157.6 vs 134.2 ms;
+# again in the forty-eighth on an H100: 8 tests passed, b1 1.974 -> 1.918 ms, 8K prefill 135.56 / 135.59: installed):
 # the ready scale bytes in the UE4M3 bytes' place (FLINT_MMA_READY_SCALES=replace): every NVFP4 path reads them (the FMA, tensor-core and prefill kernels through
 # `nvfp4_decode_triton.scale_value`), so the weights keep one byte a block and the 2.47 GB the ready bytes add now comes back
 # to the KV cache. Its GPU tests (every path's bits at 1-2,048 tokens), the whole step with it against the table as
 # it is (separate processes: each makes its bytes at build), and the fast path against the plain one under it. ~4
-# minutes. If all holds: make replace what auto does (then `flint capacity --no-ready-scales` is the default).
+# minutes. Since auto makes them in that place, the A/B runs `1` (beside the UE4M3 bytes, as auto did when it ran)
+# against replace.
 if [ "${REPLACE:-0}" = 1 ]; then
     gpu_tests "replaced scales GPU tests" replace_tests 300 -n 4 tests/test_ready_bytes_everywhere.py -k scales
-    modes_ab FLINT_MMA_READY_SCALES scales 200 auto replace
+    modes_ab FLINT_MMA_READY_SCALES scales 200 1 replace
 fi
 # BF16_SHARED=1 ran in the thirty-sixth session: BF16's shared expert inside the expert-major tensor-core launches
 # (MoEConfig.shared_blocks) lost, b32 12.87 -> 14.19 ms, and was removed (docs/performance.md).
