@@ -8,6 +8,8 @@
 # batch-bucket mend (79); SHARED_SLOTS: NVFP4 b1 -1.8% at 2 columns, BF16 -1.3% at 4, installed; REPLACE: the
 # replaced scales' GPU tests passed, b1 1.974 -> 1.918 ms, 8K prefill 135.56 / 135.59: installed, `auto` makes ready
 # scales in the UE4M3 bytes' place; the table with both, NVFP4 b1 1.888, b32 9.223; docs/performance.md's section):
+#   ONE_WAVE=1    first: the 1-token MoE down's tiles in h's layout (64 registers, one wave; built without a GPU,
+#                 the default since: its GPU tests and the down's time a launch against 9.54 us on the H100);
 #   the check on a fresh H200 (SKIP_HOST=1 SKIP_AB=1, without SKIP_CHECK; CHECK_TESTS=0 / CHECK_TABLE=0 split it)
 #                 for the status figures with everything installed, and BF16's table (`--formats bf16`, the
 #                 check's decode.py line) for the shared-slots entry at 4 columns;
@@ -577,6 +579,28 @@ if [ "${SHARED_SLOTS:-0}" = 1 ]; then
         decode_ab shared_slots_$fmt 200 "the shared expert in the down's padding slots at 2 / 4 columns ($fmt)" \
             "--formats $fmt --batches 1 --profile-batches 1 --reserve-gib 2" $V/ss2_$fmt.json $V/ss4_$fmt.json
         grep -E "x .* us = .*_moe_down" "$OUT/decode_shared_slots_${fmt}_ab.txt" | head -3
+    done
+fi
+# ONE_WAVE=1 (built in the forty-eighth session without a GPU): the 1-token MoE down's tiles in h's layout
+# (`moe_down_slots_triton._unvectorized`: one 8-byte load a group, so a thread's h values serve all its columns and no
+# decoded plane moves between layouts): sm_90 SASS of the installed NVFP4 launch (ready codes and scales, shared
+# slots, 2 columns) 96 -> 64 registers and 634 -> 554 instructions after the PDL wait, so its 1,024 programs a token
+# run in one wave (8 an SM) instead of 1.55; 4 columns 174 -> 80 registers (one wave of 512). BF16 at 4 columns 96
+# either way, 983 -> 919 instructions. Its GPU tests (the bits against the reference on the GPU, with the PTX move),
+# then b1 and b2 against 4 columns (NVFP4) / 2 (BF16) with the eager profile's down time: on the H100 before it
+# `_moe_down_shared_slots_kernel` took 9.54 us a launch at NVFP4 b1 (`decode_h100_nvfp4_table_s48.txt`; the whole
+# step 1.888 ms). ~4 minutes; an H100 will do.
+if [ "${ONE_WAVE:-0}" = 1 ]; then
+    gpu_tests "down token slots GPU tests" one_wave_tests 200 -n 4 tests/test_kernels_moe.py -k token_slots_flint
+    V=/tmp/variants; mkdir -p $V
+    for fmt in nvfp4 bf16; do
+        when="{\"nvfp4\": $([ $fmt = nvfp4 ] && echo true || echo false), \"tokens_max\": 1}"
+        cols=$([ $fmt = nvfp4 ] && echo 4 || echo 2)
+        python3 benchmarks/tuning_variant.py --op moe.decode --when "$when" --set dn_block_n=$cols \
+            --out $V/dn${cols}_$fmt.json > /dev/null
+        decode_ab one_wave_$fmt 200 "the down in $cols columns a program ($fmt)" \
+            "--formats $fmt --batches 1 --profile-batches 1 --reserve-gib 2" $V/dn${cols}_$fmt.json
+        grep -E "^ +$fmt +1 +1024|x .* us = .*_moe_down" "$OUT/decode_one_wave_${fmt}_ab.txt" | head -3
     done
 fi
 # LM_PROBE=1 (forty-sixth session, on an H100: decode_h100_lm_probe_ab_s46; neither won, 2 warps 2.005 ms and 8 warps
