@@ -589,7 +589,7 @@ fi
 # either way, 983 -> 919 instructions. Its GPU tests (the bits against the reference on the GPU, with the PTX move),
 # then b1 and b2 against 4 columns (NVFP4) / 2 (BF16) with the eager profile's down time: on the H100 before it
 # `_moe_down_shared_slots_kernel` took 9.54 us a launch at NVFP4 b1 (`decode_h100_nvfp4_table_s48.txt`; the whole
-# step 1.888 ms). ~4 minutes; an H100 will do.
+# step 1.888 ms). ~5 minutes; an H100 will do.
 if [ "${ONE_WAVE:-0}" = 1 ]; then
     gpu_tests "down token slots GPU tests" one_wave_tests 200 -n 4 tests/test_kernels_moe.py -k token_slots_flint
     V=/tmp/variants; mkdir -p $V
@@ -602,6 +602,13 @@ if [ "${ONE_WAVE:-0}" = 1 ]; then
             "--formats $fmt --batches 1 --profile-batches 1 --reserve-gib 2" $V/dn${cols}_$fmt.json
         grep -E "^ +$fmt +1 +1024|x .* us = .*_moe_down" "$OUT/decode_one_wave_${fmt}_ab.txt" | head -3
     done
+    # At 2 tokens the token-slots down lost 11% in the forty-second session (2,048 programs of ~100 registers, over
+    # three waves); in h's layout at 4 columns it is 1,024 programs of 80 (1.3 waves): NVFP4 b2 against it.
+    python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": true, "tokens_min": 2, "tokens_max": 2}' \
+        --set dn_token_slots=true dn_shared_slots=true dn_block_n=4 --out $V/slots_b2.json > /dev/null
+    decode_ab one_wave_b2 200 "the token-slots down at 2 tokens, 4 columns (nvfp4)" \
+        "--formats nvfp4 --batches 2 --profile-batches 2" $V/slots_b2.json
+    grep -E "x .* us = .*_moe_down" "$OUT/decode_one_wave_b2_ab.txt" | head -3
 fi
 # LM_PROBE=1 (forty-sixth session, on an H100: decode_h100_lm_probe_ab_s46; neither won, 2 warps 2.005 ms and 8 warps
 # 2.017 against 2.007 as shipped): NVFP4 b1 against the lm_head's MMA launch at one row in 2 and in 8

@@ -28,7 +28,8 @@ from .pdl import launch_options, pdl_entry
 # in bytes a weight value: sm_90 compiles (Triton 3.9, forty-first session) put BF16 at 4 columns a program in 4
 # warps (320 bytes a thread) at 168 registers and NVFP4 at 193 (its decode holds x in FP32 planes a group, about
 # as many registers as BF16's values), both without spills, and NVFP4 at 8 columns (640) past 255 with spills.
-# Larger tiles keep the per-pair launch.
+# Larger tiles keep the per-pair launch. (With the tiles in h's layout, `_unvectorized`, Triton 3.6 puts the
+# installed launches lower: NVFP4 with ready bytes and shared slots 64 registers at 2 columns, 80 at 4; BF16 96 at 4.)
 MAX_THREAD_BYTES = 320
 NVFP4_VALUE_BYTES = 2
 _PTX = tl.constexpr(not _INTERPRET)
