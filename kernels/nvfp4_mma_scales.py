@@ -11,20 +11,19 @@ weight keeps its value, so every sum with a nonzero term keeps its bits; only a 
 path decodes the code -0 as +0 (the torch reference's table does), which shows only in an output whose every
 product is zero.
 
-The kernels take the ready bytes as an int8 tensor (`NVFP4Weight.ready_scales`): the pointer's type picks the decode,
-so no kernel gains a parameter. The tuning table's `mma_ready` (TileConfig, MoEConfig) has the MMA kernels read them,
-and the fused path makes them when the model is built (`prepare`) where the device's table reads them: one byte per 16
+The kernels take the ready bytes as an int8 tensor (`NVFP4Weight.ready_scales`): the pointer's type picks the decode, so
+no kernel gains a parameter. The tuning table's `mma_ready` (TileConfig, MoEConfig) has the MMA kernels read them, and
+the fused path makes them when the model is built (`prepare`) where the device's table reads them: one byte per 16
 values, in the UE4M3 bytes' place (kept beside them, 1/9 more NVFP4 weight bytes, ~2.5 GB on the full model).
-`FLINT_MMA_READY_SCALES=1` makes them on every CUDA
-device beside the UE4M3 bytes (A/Bs), `=0` never (then `mma_ready` entries fall back to the UE4M3 decode), `=replace`
-makes them on every CUDA device in the UE4M3 bytes' place, and `auto` (the default) in their place where the table
-reads them (`replaces`): every kernel then reads them (the FMA and prefill kernels through
-`nvfp4_decode_triton.scale_value`), no byte is added. On the H200 (thirty-fourth session) they took the NVFP4 decode
-step at batch 32 from 9.87 to 9.35 ms and at 64 from 14.61 to 13.97. In the UE4M3 bytes' place every path's GPU
-tests give the same bits (thirty-sixth and forty-eighth sessions); on an H100 (forty-eighth session, with ready codes
-in the codes' place, separate processes) the step ran b1 1.974 -> 1.918 ms, b8 4.989 -> 4.803, b32 9.347 -> 9.382,
-b64 14.549 -> 14.518, and the 8K prefill 135.56 -> 135.59 ms (the thirty-sixth session's one 157.6 against 134.2
-did not come again), so the 2.47 GB went back to the KV cache.
+`FLINT_MMA_READY_SCALES=1` makes them on every CUDA device beside the UE4M3 bytes (A/Bs), `=0` never (then `mma_ready`
+entries fall back to the UE4M3 decode), `=replace` makes them on every CUDA device in the UE4M3 bytes' place, and `auto`
+(the default) in their place where the table reads them (`replaces`): every kernel then reads them (the FMA and prefill
+kernels through `nvfp4_decode_triton.scale_value`), no byte is added. On the H200 (thirty-fourth session) they took the
+NVFP4 decode step at batch 32 from 9.87 to 9.35 ms and at 64 from 14.61 to 13.97. In the UE4M3 bytes' place every path's
+GPU tests give the same bits (thirty-sixth and forty-eighth sessions); on an H100 (forty-eighth session, with ready
+codes in the codes' place, separate processes) the step ran b1 1.974 -> 1.918 ms, b8 4.989 -> 4.803, b32 9.347 -> 9.382,
+b64 14.549 -> 14.518, and the 8K prefill 135.56 -> 135.59 ms (the thirty-sixth session's one 157.6 against 134.2 did not
+come again), so the 2.47 GB went back to the KV cache.
 """
 
 from __future__ import annotations
