@@ -586,12 +586,14 @@ fi
 # decoded plane moves between layouts): sm_90 SASS of the installed NVFP4 launch (ready codes and scales, shared
 # slots, 2 columns) 96 -> 64 registers and 634 -> 554 instructions after the PDL wait, so its 1,024 programs a token
 # run in one wave (8 an SM) instead of 1.55; 4 columns 174 -> 80 registers (one wave of 512). BF16 at 4 columns 96
-# either way, 983 -> 919 instructions. Its GPU tests (the bits against the reference on the GPU, with the PTX move),
-# then b1 and b2 against 4 columns (NVFP4) / 2 (BF16) with the eager profile's down time: on the H100 before it
+# either way, 983 -> 919 instructions. Its GPU tests (the reference's output, and on ready bytes the bits of the
+# engine's bytes, with the PTX move), then b1 against 4 columns (NVFP4) / 2 (BF16) with the eager profile's down
+# time, and b2 with the token-slots down: on the H100 before it
 # `_moe_down_shared_slots_kernel` took 9.54 us a launch at NVFP4 b1 (`decode_h100_nvfp4_table_s48.txt`; the whole
 # step 1.888 ms). ~5 minutes; an H100 will do.
 if [ "${ONE_WAVE:-0}" = 1 ]; then
-    gpu_tests "down token slots GPU tests" one_wave_tests 200 -n 4 tests/test_kernels_moe.py -k token_slots_flint
+    gpu_tests "down token slots GPU tests" one_wave_tests 200 -n 4 tests/test_kernels_moe.py \
+        -k "token_slots_flint or token_slots_on_ready"
     V=/tmp/variants; mkdir -p $V
     for fmt in nvfp4 bf16; do
         when="{\"nvfp4\": $([ $fmt = nvfp4 ] && echo true || echo false), \"tokens_max\": 1}"
