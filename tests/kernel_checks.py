@@ -1,5 +1,5 @@
 """What the Triton kernel tests share: the error measure, output buffers poisoned with NaN, a launch counter, a
-table turning on the qkv projection's norm prologue."""
+table turning on the qkv projection's norm prologue, NVFP4 weights with ready bytes in their own bytes' place."""
 
 from __future__ import annotations
 
@@ -101,3 +101,19 @@ def routing(t: int, e: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, t
     scores = torch.rand(t, e, generator=g, device=g.device)
     w, ids = torch.topk(scores, k, dim=-1)
     return w / w.sum(-1, keepdim=True), ids
+
+
+def replaced(w, kind: str = "scales"):  # NVFP4Weight -> NVFP4Weight
+    """A copy of w with ready scale bytes in the UE4M3 bytes' place ("scales"), ready codes in the engine's codes'
+    place ("codes"), or both ("both": the scales first, as `fast.prepare_nvfp4` makes them)."""
+    from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales
+    from flint_kernels.linear import NVFP4Weight
+
+    out = NVFP4Weight(w.qweight.clone(), w.scales.clone(), w.global_scale.clone(), w.segments)
+    if kind in ("scales", "both"):
+        nvfp4_mma_scales.make_ready(out, replace=True)
+        assert out.scales.dtype == torch.int8 and out.ready_scales is out.scales
+    if kind in ("codes", "both"):
+        nvfp4_mma_codes.make_ready(out, replace=True)
+        assert out.qweight.dtype == torch.int8 and out.ready_codes is out.qweight and out.extra_ready_codes is None
+    return out

@@ -18,7 +18,7 @@ from flint_kernels import moe_triton as mt
 from flint_kernels import nvfp4, split_k_triton
 from flint_kernels.linear import NVFP4Weight
 from flint_kernels.moe import moe_add_rms_norm_ref, moe_ref
-from kernel_checks import LaunchSpy, poisoned_empty, rel_err, routing
+from kernel_checks import LaunchSpy, poisoned_empty, rel_err, replaced, routing
 from kernel_checks import random_nvfp4_experts as random_nvfp4
 
 HAS_CUDA = torch.cuda.is_available()
@@ -744,21 +744,14 @@ def test_gpu_down_token_slots_on_ready_bytes(block_n: int) -> None:
     scales and codes took their own bytes' place, as the engine makes them on an H100 or H200: the bits of the same
     launch on the engine's UE4M3 scales and codes (the tiles' layout, `moe_down_slots_triton._unvectorized`, runs
     its PTX move on the GPU only)."""
-    from flint_kernels import nvfp4_mma_codes, nvfp4_mma_scales
-
     g = gen(770 + block_n)
     x, tw, ids, w13, w2, shared = flint_moe_inputs(1, "nvfp4", g)
     cfg = dataclasses.replace(mt.decode_config(True, 1, x.device), dn_token_slots=True, dn_block_n=block_n,
                               dn_shared_slots=True)  # fmt: skip
     want = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=cfg, shared=shared)
 
-    def ready(w: NVFP4Weight) -> NVFP4Weight:
-        out = NVFP4Weight(w.qweight.clone(), w.scales.clone(), w.global_scale.clone(), w.segments)
-        nvfp4_mma_scales.make_ready(out, replace=True)
-        nvfp4_mma_codes.make_ready(out, replace=True)
-        return out
-
-    r13, r2, rs = ready(w13), ready(w2), (ready(shared[0]), ready(shared[1]))
+    r13, r2 = replaced(w13, "both"), replaced(w2, "both")
+    rs = (replaced(shared[0], "both"), replaced(shared[1], "both"))
     slots = LaunchSpy(mt.moe_down_slots_triton._moe_down_shared_slots_kernel)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mt.moe_down_slots_triton, "_moe_down_shared_slots_kernel", slots)

@@ -15,8 +15,7 @@ import torch
 from flint_kernels import gemv_triton as gt
 from flint_kernels import moe_triton as mt
 from flint_kernels import nvfp4, nvfp4_mma_codes, nvfp4_mma_scales
-from flint_kernels.linear import NVFP4Weight
-from kernel_checks import random_nvfp4, random_nvfp4_experts, routing
+from kernel_checks import random_nvfp4, random_nvfp4_experts, replaced, routing
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -31,19 +30,6 @@ def gen(seed: int) -> torch.Generator:
 
 # What a replaced weight holds in its own bytes' place: ready scale bytes, ready codes, or both.
 KINDS = ["scales", "codes"]
-
-
-def replaced(w: NVFP4Weight, kind: str = "scales") -> NVFP4Weight:
-    """A copy of w with ready scale bytes in the UE4M3 bytes' place ("scales"), ready codes in the engine's codes'
-    place ("codes"), or both ("both": the scales first, as `fast.prepare_nvfp4` makes them)."""
-    out = NVFP4Weight(w.qweight.clone(), w.scales.clone(), w.global_scale.clone(), w.segments)
-    if kind in ("scales", "both"):
-        nvfp4_mma_scales.make_ready(out, replace=True)
-        assert out.scales.dtype == torch.int8 and out.ready_scales is out.scales
-    if kind in ("codes", "both"):
-        nvfp4_mma_codes.make_ready(out, replace=True)
-        assert out.qweight.dtype == torch.int8 and out.ready_codes is out.qweight and out.extra_ready_codes is None
-    return out
 
 
 def test_ready_bytes_decode_to_the_ue4m3_floats() -> None:
