@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_triton import _INTERPRET, dense_fma_part, fma_weights, nvfp4_gemv_step
+from .gemv_triton import dense_fma_part, fma_weights, nvfp4_gemv_step
 from .nvfp4_decode_triton import code_words, scale_value, segment_scale
 from .pdl import launch_options, pdl_entry
 
@@ -28,90 +28,63 @@ from .pdl import launch_options, pdl_entry
 # in bytes a weight value: sm_90 compiles (Triton 3.9, forty-first session) put BF16 at 4 columns a program in 4
 # warps (320 bytes a thread) at 168 registers and NVFP4 at 193 (its decode holds x in FP32 planes a group, about
 # as many registers as BF16's values), both without spills, and NVFP4 at 8 columns (640) past 255 with spills.
-# Larger tiles keep the per-pair launch. (With the tiles in h's layout, `_unvectorized`, Triton 3.6 puts the
-# installed launches lower: NVFP4 with ready bytes and shared slots 64 registers at 2 columns, 80 at 4; BF16 96 at 4.)
+# Larger tiles keep the per-pair launch.
 MAX_THREAD_BYTES = 320
 NVFP4_VALUE_BYTES = 2
-_PTX = tl.constexpr(not _INTERPRET)
 
 
 @triton.jit
-def _unvectorized(offs):
-    """`offs` through an opaque move, so Triton cannot tell they are contiguous and gives each thread one element of
-    them a load: the weight tiles then take the layout of h's rows (a warp's lanes along K, its threads holding every
-    column of their slots), so a thread's h values serve all its columns and no tile is moved between layouts. With
-    16-byte loads Triton spread the tiles' warps over the columns and moved each decoded plane to h's layout:
-    sm_90 SASS (ready codes, 2 columns a program) 96 -> 64 registers, one wave of 8 programs an SM for the 1,024 a
-    token (forty-eighth session). The interpreter runs no PTX and has no layouts: there they stay as they are."""
-    if _PTX:
-        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [offs], dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        return offs
-
-
-@triton.jit
-def _slot_weights(
-    w_ptr, s_ptr, sw_ptr, ss_ptr, e, cols, spart, routed, ok, H, INTER, stride_wn, stride_sn, stride_swn, stride_ssn,
-    NVFP4: tl.constexpr, EVEN_K: tl.constexpr, SHARED_SLOTS: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """[BLOCK_N, S_PAD, ...] weight tiles, the columns outermost (`_unvectorized`), K whole (BLOCK_K >= INTER): the
-    stacked experts' rows e * H + column for routed slots, else (SHARED_SLOTS) the shared expert's row `column`,
-    K part `spart` (values spart * INTER onwards). NVFP4: (int64 groups of 16 codes, FP32 block scales) [.., G];
-    dense: (values [.., BLOCK_K], 0)."""
-    c3 = cols[:, None, None]
-    rows = e[None, :, None] * H + c3
-    ok3 = ok[:, :, None]
-    routed3 = routed[None, :, None]
-    part3 = spart[None, :, None]
+def _slot_dots(wa, wb, h_ptr, h_off, k_len, NVFP4: tl.constexpr, EVEN_K: tl.constexpr, S_PAD: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """FP32 [S_PAD, BLOCK_N]: each slot's BLOCK_N weight rows (`fma_weights`' tiles of S_PAD * BLOCK_N rows,
+    slot-major) against that slot's h row at h_off [S_PAD], K in one step. h is held once a slot (broadcast over its
+    rows), not once a row."""
     if NVFP4:
         G: tl.constexpr = BLOCK_K // 16
-        g = _unvectorized(tl.arange(0, G))[None, None, :]
-        if not EVEN_K:
-            ok3 = ok3 & (g < INTER // 16)
-        g_ptrs = code_words(w_ptr) + rows * (stride_wn // 8) + g
-        s_ptrs = s_ptr + rows * stride_sn + g
-        if SHARED_SLOTS:  # a part's groups follow the previous part's
-            g_ptrs = tl.where(routed3, g_ptrs, code_words(sw_ptr) + c3 * (stride_swn // 8) + part3 * G + g)
-            s_ptrs = tl.where(routed3, s_ptrs, ss_ptr + c3 * stride_ssn + part3 * G + g)
-        groups = tl.load(g_ptrs, mask=ok3, other=0)
-        sb = tl.load(s_ptrs, mask=ok3, other=0)
-        return groups, scale_value(sb, s_ptr)
-    else:
-        kk = tl.arange(0, BLOCK_K)[None, None, :]
-        if not EVEN_K:
-            ok3 = ok3 & (kk < INTER)
-        ptrs = w_ptr + rows * stride_wn + kk
-        if SHARED_SLOTS:
-            ptrs = tl.where(routed3, ptrs, sw_ptr + c3 * stride_swn + part3 * BLOCK_K + kk)
-        return tl.load(ptrs, mask=ok3, other=0.0), 0
-
-
-@triton.jit
-def _slot_dots(wa, wb, h_ptr, h_off, k_len, NVFP4: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):  # fmt: skip
-    """FP32 [BLOCK_N, S_PAD]: `_slot_weights`' tiles against each slot's h row at h_off [S_PAD], K in one step; h
-    is held once a slot (broadcast over the columns)."""
-    if NVFP4:
-        part = nvfp4_gemv_step(wa, wb, h_ptr, h_off[None, :, None], 0, k_len, EVEN_K, BLOCK_N, BLOCK_K)
+        groups = tl.reshape(wa, (S_PAD, BLOCK_N, G))
+        scale = tl.reshape(wb, (S_PAD, BLOCK_N, G))
+        part = nvfp4_gemv_step(groups, scale, h_ptr, h_off[:, None, None], 0, k_len, EVEN_K, BLOCK_N, BLOCK_K)
         return tl.sum(part, axis=2) * 4.611686018427388e18  # 2**62 undoes the decode's offset (exact)
     else:
         kk = tl.arange(0, BLOCK_K)
-        xr = tl.load(h_ptr + h_off[None, :, None] + kk[None, None, :], mask=(kk < k_len)[None, None, :], other=0.0)
-        return tl.sum(dense_fma_part(wa, xr), axis=2)
+        xr = tl.load(h_ptr + h_off[:, None, None] + kk[None, None, :], mask=(kk < k_len)[None, None, :], other=0.0)
+        return tl.sum(dense_fma_part(tl.reshape(wa, (S_PAD, BLOCK_N, BLOCK_K)), xr), axis=2)
 
 
 @triton.jit
-def _shared_dots(sa, sb, h_ptr, h_row, k_len, NVFP4: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):  # fmt: skip
-    """FP32 [BLOCK_N]: the shared expert's tile of its own (`fma_weights`' [BLOCK_N, ...]) against h's row at
-    h_row."""
+def _slot_and_shared_weights(
+    w_ptr, s_ptr, sw_ptr, ss_ptr, rows, scol, spart, routed, ok, stride_wn, stride_sn, stride_swn, stride_ssn,
+    NVFP4: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """`fma_weights`' tiles (K whole: BLOCK_K = INTER) of rows that are the stacked experts' `rows` where `routed`,
+    else the shared expert's row `scol`, K part `spart` (values spart * INTER onwards): one load a tile, through
+    pointers picked per row."""
     if NVFP4:
-        part = nvfp4_gemv_step(sa, sb, h_ptr, h_row, 0, k_len, EVEN_K, BLOCK_N, BLOCK_K)
-        return tl.sum(part, axis=1) * 4.611686018427388e18
+        G: tl.constexpr = BLOCK_K // 16
+        offs_g = tl.arange(0, G)
+        w64, sw64 = code_words(w_ptr), code_words(sw_ptr)
+        shared_g = spart[:, None] * G + offs_g[None, :]  # [ROWS, G]: a part's groups follow the previous part's
+        g_ptrs = tl.where(
+            routed[:, None],
+            w64 + rows[:, None] * (stride_wn // 8) + offs_g[None, :],
+            sw64 + scol[:, None] * (stride_swn // 8) + shared_g,
+        )
+        s_ptrs = tl.where(
+            routed[:, None],
+            s_ptr + rows[:, None] * stride_sn + offs_g[None, :],
+            ss_ptr + scol[:, None] * stride_ssn + shared_g,
+        )
+        groups = tl.load(g_ptrs, mask=ok[:, None], other=0)
+        sb = tl.load(s_ptrs, mask=ok[:, None], other=0)
+        return groups, scale_value(sb, s_ptr)
     else:
         kk = tl.arange(0, BLOCK_K)
-        xr = tl.load(h_ptr + h_row + kk, mask=kk < k_len, other=0.0)
-        return tl.sum(dense_fma_part(sa, xr[None, :]), axis=1)
+        ptrs = tl.where(
+            routed[:, None],
+            w_ptr + rows[:, None] * stride_wn + kk[None, :],
+            sw_ptr + scol[:, None] * stride_swn + spart[:, None] * BLOCK_K + kk[None, :],
+        )
+        return tl.load(ptrs, mask=ok[:, None], other=0.0), 0
 
 
 @triton.jit
@@ -125,32 +98,38 @@ def _down_slots(
 ):  # fmt: skip
     """out[t, tile] = round(sum over slots s in order of FP32(y_s) * w_s) with y_s = round(h[pair] @ w2[e_s]^T);
     SHARED: then round(that + the shared expert's rounded output), as `_moe_down_kernel`'s last arrival. A
-    program's tiles are [column, slot]; the experts' weights are one [E * H, INTER] stack, so a row of expert e is
-    row e * H + column (the launcher checks the strides). SHARED_SLOTS: the shared expert's parts are slots TOPK..
-    (module docstring; the launcher checks they fit the padding and INTER is BLOCK_K)."""
+    program's rows are (slot, column) pairs, slot-major; the experts' weights are one [E * H, INTER] stack, so a
+    row of expert e is row e * H + column (the launcher checks the strides). SHARED_SLOTS: the shared expert's
+    parts are slot rows TOPK.. (module docstring; the launcher checks they fit the padding and INTER is BLOCK_K)."""
     pid_n = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
-    s_idx = tl.arange(0, S_PAD)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols_ok = cols < H
-    routed = s_idx < TOPK
-    spart = tl.maximum(s_idx - TOPK, 0)  # a shared slot's K part (SHARED_SLOTS)
+    ROWS: tl.constexpr = S_PAD * BLOCK_N
+    r = tl.arange(0, ROWS)
+    slot = r // BLOCK_N
+    col = pid_n * BLOCK_N + r % BLOCK_N
+    routed = slot < TOPK
+    spart = slot - TOPK  # a shared slot row's K part (SHARED_SLOTS)
     if SHARED_SLOTS:
-        ok = cols_ok[:, None] & (routed | (s_idx - TOPK < shared_parts))[None, :]
+        ok = (routed | (spart < shared_parts)) & (col < H)
     else:
-        ok = cols_ok[:, None] & routed[None, :]
-    pair = t * TOPK + tl.minimum(s_idx, TOPK - 1)
+        ok = routed & (col < H)
+    pair = t * TOPK + tl.minimum(slot, TOPK - 1)
     # The router's ids and weights: written two launches back, so read before the wait (`pdl` module).
     e = tl.load(ids_ptr + pair).to(tl.int64)
     weight = tl.load(tw_ptr + pair).to(tl.float32)
-    wa, wb = _slot_weights(
-        w_ptr, s_ptr, sw_ptr, ss_ptr, e, cols.to(tl.int64), spart, routed, ok, H, INTER, stride_wn, stride_sn,
-        stride_swn, stride_ssn, NVFP4, EVEN_K, SHARED_SLOTS, BLOCK_K,
-    )  # fmt: skip
+    if SHARED_SLOTS:
+        wa, wb = _slot_and_shared_weights(
+            w_ptr, s_ptr, sw_ptr, ss_ptr, e * H + col, col.to(tl.int64), tl.maximum(spart, 0), routed, ok, stride_wn,
+            stride_sn, stride_swn, stride_ssn, NVFP4, BLOCK_K,
+        )  # fmt: skip
+    else:
+        wa, wb = fma_weights(
+            w_ptr, s_ptr, e * H + col, ok, 0, INTER, stride_wn, stride_sn, NVFP4, EVEN_K, ROWS, BLOCK_K
+        )  # fmt: skip
     if GSCALE:
-        gs = segment_scale(
-            gs_ptr + e[None, :] * stride_gse, cols[:, None], cols_ok[:, None] & routed[None, :], seg1, seg2, seg3
-        )
+        gs = segment_scale(gs_ptr + e * stride_gse, col, routed & (col < H), seg1, seg2, seg3)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols_ok = cols < H
     if SHARED and SHARED_SLOTS:
         if GSCALE:
             sgs = segment_scale(sgs_ptr, cols, cols_ok, sseg1, sseg2, sseg3)
@@ -165,26 +144,32 @@ def _down_slots(
     xdt = h_ptr.dtype.element_ty
     # h: the shared expert's rows (shared_parts a token) first, then a row a pair (`moe_triton._routed`).
     first = n_tokens * shared_parts if SHARED else 0
+    s_idx = tl.arange(0, S_PAD)
     h_rows = t * TOPK + tl.minimum(s_idx, TOPK - 1) + first
     if SHARED_SLOTS:  # the shared expert's h: its parts' rows, token t's first
-        h_rows = tl.where(routed, h_rows, t * shared_parts + tl.minimum(spart, shared_parts - 1))
-    acc = _slot_dots(wa, wb, h_ptr, h_rows * stride_h, INTER, NVFP4, EVEN_K, BLOCK_N, BLOCK_K)
+        h_rows = tl.where(
+            s_idx < TOPK, h_rows, t * shared_parts + tl.minimum(tl.maximum(s_idx - TOPK, 0), shared_parts - 1)
+        )
+    h_off = h_rows * stride_h
+    acc = _slot_dots(wa, wb, h_ptr, h_off, INTER, NVFP4, EVEN_K, S_PAD, BLOCK_N, BLOCK_K)
     scaled = acc
     if GSCALE:
-        scaled = acc * gs
-    y = scaled.to(xdt).to(tl.float32) * weight[None, :]
-    slots = s_idx[None, :]
+        scaled = acc * tl.reshape(gs, (S_PAD, BLOCK_N))
+    y = scaled.to(xdt).to(tl.float32) * tl.reshape(weight, (S_PAD, BLOCK_N))
+    slots = s_idx[:, None]
     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for s in tl.static_range(TOPK):  # slot order, as the reduce launch; picking one slot's column adds only zeros
-        total += tl.sum(tl.where(slots == s, y, 0.0), axis=1)
+    for s in tl.static_range(TOPK):  # slot order, as the reduce launch; picking one slot's row adds only zeros
+        total += tl.sum(tl.where(slots == s, y, 0.0), axis=0)
     res = total.to(xdt)
     if SHARED:
         if SHARED_SLOTS:  # its parts' FP32 sums added, then scaled and rounded as one K sum would be
             mine = (slots >= TOPK) & (slots < TOPK + shared_parts)
-            ys = tl.sum(tl.where(mine, acc, 0.0), axis=1)
+            ys = tl.sum(tl.where(mine, acc, 0.0), axis=0)
         else:
-            ys = _shared_dots(sa, sb, h_ptr, t * shared_parts * stride_h, shared_inter, NVFP4, EVEN_KS, BLOCK_N,
-                              BLOCK_KS)  # fmt: skip
+            h_s = t * shared_parts * stride_h + tl.zeros((1,), dtype=tl.int64)
+            ys = tl.reshape(
+                _slot_dots(sa, sb, h_ptr, h_s, shared_inter, NVFP4, EVEN_KS, 1, BLOCK_N, BLOCK_KS), (BLOCK_N,)
+            )  # fmt: skip
         if GSCALE:
             ys = ys * sgs
         res = (res.to(tl.float32) + ys.to(xdt).to(tl.float32)).to(xdt)
