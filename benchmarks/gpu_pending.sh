@@ -3,18 +3,19 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the forty-eighth session, 2026-12-06, on an H100: the manifest recorded for both
-# profiles after the installs below (no warm-up compile); the graphs' and attention GPU tests passed with the
-# batch-bucket mend (79); SHARED_SLOTS: NVFP4 b1 -1.8% at 2 columns, BF16 -1.3% at 4, installed; REPLACE: the
-# replaced scales' GPU tests passed, b1 1.974 -> 1.918 ms, 8K prefill 135.56 / 135.59: installed, `auto` makes ready
-# scales in the UE4M3 bytes' place; the table with both, NVFP4 b1 1.888, b32 9.223; docs/performance.md's section):
-#   ONE_WAVE=1    first: the 1-token MoE down's tiles in h's layout (64 registers, one wave; built without a GPU,
-#                 the default since: its GPU tests and the down's time a launch against 9.54 us on the H100);
-#   the check on a fresh H200 (SKIP_HOST=1 SKIP_AB=1, without SKIP_CHECK; CHECK_TESTS=0 / CHECK_TABLE=0 split it)
-#                 for the status figures with everything installed, and BF16's table (`--formats bf16`, the
-#                 check's decode.py line) for the shared-slots entry at 4 columns;
-#   the GPU tests not reached by the forty-eighth session's limits (`tests/test_kernels_moe.py`,
-#                 `tests/test_fast_path.py`, `tests/test_nvfp4_mma_moe.py` at -n 12 with a 400 s limit).
+# Next, in this order (state after the forty-ninth session, 2026-12-06: ONE_WAVE and BODY_AB on an H100 found the
+# 1-token down's one-wave body slower (9.57 -> 11.4 us a launch, NVFP4 b1 +3.8%): the body before it is back;
+# BF16_TILES on an H200: every variant of the BF16 expert-major tiles lost, its MoE reads at the copy rate there;
+# the status figures on an H200 (`decode_h200_status_s49.json`); SHARED_BESIDE on an H100: BF16 b9 -4.3%, b16
+# -3.3%, b32 -2.4%, and apart from 2 tokens b4 -2.0%, b8 -3.0%: installed, the BF16 manifest profile recorded again):
+#   the BF16 table on an H200 (`decode.py --formats bf16 --batches 1 2 4 8 16 32 64`, the check's line) for the b32
+#                 target with the shared expert beside the routed launches (13.0-13.3 ms before, -2.4% on the H100);
+#   NVFP4's shared expert beside at the sizes where the MMA launches do not take it (none in the table now: the
+#                 fold to 8 tokens, `mma_shared` from 9), as a table A/B: `shared_fold_max_tokens=1` with
+#                 `shared_beside` against the fold at 2-8 tokens;
+#   the GPU tests of `tests/test_kernels_gemv.py`, `tests/test_kernels_sampling.py` and `tests/test_kernels_attention.py`
+#                 (not run this session; the MoE, fast-path, MMA MoE, ready-bytes, MMA codes and graphs files passed on
+#                 an H200: 118 + 22).
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
 # (lost 0.9-6.7%; `max_registers` removed), B1_PROBE (lost 0.3-3.0%), LM_PROBE
@@ -590,7 +591,9 @@ fi
 # engine's bytes, with the PTX move), then b1 against 4 columns (NVFP4) / 2 (BF16) with the eager profile's down
 # time, and b2 with the token-slots down: on the H100 before it
 # `_moe_down_shared_slots_kernel` took 9.54 us a launch at NVFP4 b1 (`decode_h100_nvfp4_table_s48.txt`; the whole
-# step 1.888 ms). ~5 minutes; an H100 will do.
+# step 1.888 ms). ~5 minutes; an H100 will do. Ran in the forty-ninth session (H100): 18 GPU tests passed; the down
+# 11.36 us a launch (NVFP4), 10.20 (BF16), the step 1.969 ms: slower, which BODY_AB confirmed (the body is reverted).
+# At 4 columns (NVFP4) and 2 (BF16) even; the token-slots down at 2 tokens still lost (2.50 -> 2.85 ms).
 if [ "${ONE_WAVE:-0}" = 1 ]; then
     gpu_tests "down token slots GPU tests" one_wave_tests 200 -n 4 tests/test_kernels_moe.py \
         -k "token_slots_flint or token_slots_on_ready"
@@ -611,6 +614,74 @@ if [ "${ONE_WAVE:-0}" = 1 ]; then
     decode_ab one_wave_b2 200 "the token-slots down at 2 tokens, 4 columns (nvfp4)" \
         "--formats nvfp4 --batches 2 --profile-batches 2" $V/slots_b2.json
     grep -E "x .* us = .*_moe_down" "$OUT/decode_one_wave_b2_ab.txt" | head -3
+fi
+# BODY_AB=1 (forty-ninth session): ONE_WAVE's eager profile on an H100 had the 1-token down at 11.36 us a launch (NVFP4;
+# BF16 10.20) and the step at 1.969 ms, against 9.54 us and 1.888 ms in the forty-eighth session's table run before
+# the rewrite: the rewritten body against the one before it (OLD_DOWN, default .probe/moe_down_slots_s47.py:
+# `git show 4e286a8^:kernels/moe_down_slots_triton.py`, carry ".probe") in separate processes of a copy of the tree,
+# two alternating rounds, both formats at b1 with the eager profile's down. ~4 minutes; an H100 will do. Ran in
+# the forty-ninth session on an H100 (`decode_h100_down_body_{new,old}_{1,2}_s49.json`): NVFP4 b1 1.962 / 1.971 ms
+# with the one-wave body against 1.893 / 1.895 with the one before, the down 11.40 against 9.57 us a launch; BF16
+# 2.962 / 2.942 against 2.836 / 2.940 ms, the down 10.13 against 10.30 us. The old body is back.
+if [ "${BODY_AB:-0}" = 1 ]; then
+    old=/tmp/flint-old-down; rm -rf $old $old-pp; mkdir -p $old $old-pp; cp -r . $old/
+    cp "${OLD_DOWN:-.probe/moe_down_slots_s47.py}" $old/kernels/moe_down_slots_triton.py
+    # gpu_env.sh links flint_kernels to this tree: the old copy gets links of its own
+    ln -sfn $old/kernels $old-pp/flint_kernels; ln -sfn $old/deployments $old-pp/flint_serve
+    (cd $old && PYTHONPATH=$old-pp:$old:/tmp/site python3 -c "import flint_kernels.moe_down_slots_triton as m
+print('old copy imports', m.__file__, 'with the opaque move' if hasattr(m, '_unvectorized') else 'without the move')")
+    for round in 1 2; do
+        for body in new old; do
+            dir=.; path=$PYTHONPATH
+            [ $body = old ] && dir=$old && path=$old-pp:$old:/tmp/site
+            (cd $dir && PYTHONPATH=$path timeout 150 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 --profile-batches 1 \
+                --contexts 1024 --prefill 0 --reps 30 --check-steps 0 --no-plain-timing --reserve-gib 2 \
+                --out "$OUT/decode_body_${body}_$round.json" > "$OUT/decode_body_${body}_$round.txt" 2>&1)
+            echo "== round $round, $body body"
+            grep -E "^ +(nvfp4|bf16) +1 +1024|x .* us = .*_moe_down|Error" "$OUT/decode_body_${body}_$round.txt" | head -6
+        done
+    done
+fi
+# SHARED_BESIDE=1 (forty-ninth session, built without a GPU): BF16's shared expert, which runs apart from 9 tokens
+# (cuBLAS GEMMs and the SiLU: 94 x 5.1 + 47 x 1.2 us of the b32 step on the H200, `decode_h200_bf16_tiles_ab_s49.txt`,
+# for 12.6 MB a layer that take ~3 us at the copy rate), on a side stream beside the routed launches, joined before
+# the slot reduce adds it (`MoEPaths.shared_beside`): its GPU tests (bits of the in-line run, eager and in a graph),
+# then BF16 at 9, 16, 32 and 64 sequences against it. ~3 minutes; an H100 will do (the b32 target is the H200's).
+# Ran in the forty-ninth session on an H100 (`decode_h100_shared_beside_ab_s49.json`; b64 skipped: its KV cache did not fit the
+# 80 GB card beside the BF16 weights): 3 GPU tests passed; b9 8.42 -> 8.06 ms, b16 11.70 -> 11.32, b32 17.00 -> 16.60. A second call,
+# both beside, the fold to 1 or 2 tokens against 8 (`decode_h100_beside_fold_ab_s49.json`): b2 3.93 -> 3.90, b4 5.74
+# -> 5.63, b8 8.24 -> 7.99 ms. Installed: BF16 `moe.paths` shared_fold_max_tokens 1, shared_beside.
+if [ "${SHARED_BESIDE:-0}" = 1 ]; then
+    gpu_tests "shared beside GPU tests" shared_beside_tests 150 tests/test_kernels_moe.py -k "shared_beside"
+    V=/tmp/variants; mkdir -p $V
+    python3 benchmarks/tuning_variant.py --op moe.paths --when '{"nvfp4": false}' --set shared_beside=true \
+        --out $V/shared_beside.json > /dev/null
+    decode_ab shared_beside 300 "the shared expert beside the routed launches (bf16)" \
+        "--formats bf16 --batches 9 16 32 64 --profile-batches 32 --reserve-gib 2" $V/shared_beside.json
+    grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_beside_ab.txt" | head -6
+fi
+# BF16_TILES=1 (forty-ninth session): BF16 b32 is 0.5-3.8% over its 13 ms target on the H200; on an H100 its profile
+# (`decode_h100_bf16_b32_profile_s49.txt`) has the expert-major MoE at 14.5 of 18.4 GPU ms, the gate_up 183 us a layer
+# (~136 experts' 571 MB at ~3.1 TB/s, the copy rate) and the down 116 us (285 MB at ~2.5 TB/s, 82% of it): its 128 x
+# 512 tiles run 4 K steps of 128 in 3 stages, so each program's ramp is a large part of it. The 9-64 token entry
+# against the down in 64 columns (n64), in K steps of 64 (k64) and of 256 over 64 columns (k256), and both launches
+# in 2 and 4 stages (s2, s4), at 16, 32 and 64 sequences. ~5 minutes; an H100 will do. Ran in the forty-ninth session
+# on an H200 (`decode_h200_bf16_tiles_ab_s49.json`): all lost (b32 12.96-13.02 ms as shipped; n64 15.6, k64 13.2,
+# k256 19.8, s2 13.1, s4 14.4; s2 at b64 within noise); on the H200 the down reads at ~4.0 TB/s (70.9 us a layer)
+# and the gate_up at ~4.3 (132.9 us): the H100's 82% was that card's.
+if [ "${BF16_TILES:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    for v in "n64 dn_block_n=64" "k64 dn_block_k=64" "k256 dn_block_n=64 dn_block_k=256" "s2 num_stages=2" \
+        "s4 num_stages=4"; do
+        set -- $v
+        name=$1; shift
+        python3 benchmarks/tuning_variant.py --op moe.decode --when '{"nvfp4": false}' --set "$@" \
+            --out $V/bf16_$name.json > /dev/null || echo "variant $name failed"
+    done
+    decode_ab bf16_tiles 480 "the BF16 expert-major down's tiles and the stages" \
+        "--formats bf16 --batches 16 32 64 --profile-batches 32 --reserve-gib 2" $V/bf16_n64.json $V/bf16_k64.json \
+        $V/bf16_k256.json $V/bf16_s2.json $V/bf16_s4.json
+    grep -E "x .* us = .*_moe" "$OUT/decode_bf16_tiles_ab.txt" | head -3
 fi
 # LM_PROBE=1 (forty-sixth session, on an H100: decode_h100_lm_probe_ab_s46; neither won, 2 warps 2.005 ms and 8 warps
 # 2.017 against 2.007 as shipped): NVFP4 b1 against the lm_head's MMA launch at one row in 2 and in 8

@@ -176,6 +176,10 @@ class MoEPaths:
     # 2.08 against 1.48 at 8,192).
     tma_nvfp4_min_tokens: int = 0
     tma_nvfp4_max_tokens: int = 0
+    # On the decode path, a shared expert that runs apart (above `shared_fold_max_tokens`) runs on a side stream
+    # beside the routed launches (CUDA only), joined before its output is added: its small GEMMs' latency leaves the
+    # step's chain of launches.
+    shared_beside: bool = False
 
 
 @dataclass(frozen=True)

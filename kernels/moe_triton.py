@@ -766,6 +766,7 @@ def fused_moe(
     tma_min_tokens: int | None = None,
     tma_nvfp4_min_tokens: int | None = None,
     tma_nvfp4_max_tokens: int | None = None,
+    shared_beside: bool | None = None,
 ) -> torch.Tensor:
     """`moe_ref` through the Triton kernels; `decode_max_tokens` picks the path (tests force either).
 
@@ -775,8 +776,9 @@ def fused_moe(
     `grouped_gemm_min_tokens` (0: never) plain experts run on torch's grouped GEMM (`moe_grouped_gemm`), and
     otherwise from `tma_min_tokens` (0: never) on the TMA-fed launches (`moe_grouped_tma_triton`, unless a `config`
     of the Triton grouped kernels is given). From `tma_nvfp4_min_tokens` (0: never) to `tma_nvfp4_max_tokens` (0: any)
-    NVFP4 experts run on those launches' twins that decode NVFP4 in registers, before any copy is made. All default
-    to `paths_config`'s.
+    NVFP4 experts run on those launches' twins that decode NVFP4 in registers, before any copy is made.
+    `shared_beside`: a shared expert run apart on the decode path runs on a side stream (CUDA). All default to
+    `paths_config`'s.
     """
     t = topk_ids.shape[0]
     decode, fold, copies = _paths(x, t, w13, w2, shared, decode_max_tokens, fold_max_tokens, dequant_min_tokens, config)
@@ -784,6 +786,7 @@ def fused_moe(
     limits = _limits(
         nv, x.device, grouped_gemm_min_tokens=grouped_gemm_min_tokens, tma_min_tokens=tma_min_tokens,
         tma_nvfp4_min_tokens=tma_nvfp4_min_tokens, tma_nvfp4_max_tokens=tma_nvfp4_max_tokens,
+        shared_beside=shared_beside,
     )  # fmt: skip
     pairs_per_expert = t * topk_ids.shape[-1] / w13.shape[0]
     tma_cfg = None
@@ -805,16 +808,36 @@ def fused_moe(
         # NVFP4's copies are BF16 launches with scaled epilogues: BF16's tiles ("nvfp4" picks the twins').
         tma_cfg = moe_grouped_tma_triton.config(pairs_per_expert, False, x.device)
         tma_cfg = tma_cfg if moe_grouped_tma_triton.fits(x, w13, w2, tma_cfg) else None
-    extra = None
+    extra, side = None, None
     if shared is not None and not fold:
-        # The shared expert first, so the routed path's slot-reduce launch (when it has one) adds it too.
-        extra = shared_expert(x, shared)
+        # The shared expert first, so the routed path's slot-reduce launch (when it has one) adds it too. On the
+        # decode path it may run on a side stream beside the routed launches (MoEPaths.shared_beside), which
+        # `_routed` joins before that add.
+        side = _side_stream(x.device) if decode and limits.shared_beside and x.is_cuda else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(x.device))
+            with torch.cuda.stream(side):
+                extra = shared_expert(x, shared)
+        else:
+            extra = shared_expert(x, shared)
         shared = None
     if gemm:
         return moe_grouped_gemm.routed(x, topk_weights, topk_ids, w13, w2, add=extra)  # type: ignore[arg-type]
     if tma_cfg is not None:
         return moe_grouped_tma_triton.routed(x, topk_weights, topk_ids, w13, w2, tma_cfg, add=extra)  # type: ignore[arg-type]
-    return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared, add=extra)
+    return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared, add=extra, add_after=side)
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream the shared expert runs on beside the routed launches (one a device, made on first use: a step's
+    warm-up runs eagerly before any capture)."""
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
 
 
 def _dequantized(w: Weight, dtype: torch.dtype) -> Weight:
@@ -922,25 +945,33 @@ def _routed(
     shared: SharedExpert | None,
     norm: tuple | None = None,
     add: torch.Tensor | None = None,
+    add_after: torch.cuda.Stream | None = None,
 ) -> torch.Tensor:
     """The launches of `fused_moe`; `shared` (decode path only) is already known to be foldable.
 
     `norm` (decode path only): (residual, norm weight, eps, h out, new residual out), filled by the down launch.
     `add` [T, H] (the shared expert run apart) is added to the result in x's dtype: by the slot-reduce launch where
-    the path has one, else as a separate add."""
+    the path has one, else as a separate add; `add_after`: the side stream `add` is made on, which the main stream
+    joins before that launch (and before returning, whatever the path)."""
+
+    def added() -> torch.Tensor | None:
+        if add_after is not None:
+            torch.cuda.current_stream(x.device).wait_stream(add_after)
+        return add if add is None or add.stride(-1) == 1 else add.contiguous()
+
     t, topk = topk_ids.shape
     hidden = x.shape[1]
     num_experts = w13.shape[0]
     inter = w2.shape[-1]
     out = _empty((t, hidden), x.dtype, x.device)
     if t == 0:
+        added()
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
     if isinstance(w13, NVFP4Weight):
         x = gemv_triton.rows_aligned(x)
     ids = topk_ids.contiguous()
     tw = topk_weights.contiguous()
-    add = add if add is None or add.stride(-1) == 1 else add.contiguous()
     p = t * topk
     nv = isinstance(w13, NVFP4Weight) or isinstance(w2, NVFP4Weight)
     cfg = config or (decode_config(nv, t, x.device) if decode else grouped_config(p / num_experts, nv, x.device))
@@ -1028,7 +1059,8 @@ def _routed(
             ready=cfg.mma_ready, shared=None if ys is None else (shared[1], hs, ys), perm=mma_shared and cfg.mma_perm_h,
             first=mma_shared and cfg.mma_shared_first, ready_codes=cfg.mma_ready_codes,
         )  # fmt: skip
-        return _reduce_slots_launch(y, tw, out, add if ys is None else ys)
+        more = added()
+        return _reduce_slots_launch(y, tw, out, more if ys is None else ys)
     if decode:
         stacked = we2 == hidden * wn2 and (not nv2 or se2 == hidden * sn2)
         value_bytes = moe_down_slots_triton.NVFP4_VALUE_BYTES if nv2 else q2.element_size()
@@ -1039,7 +1071,7 @@ def _routed(
             moe_down_slots_triton.launch(
                 h, ids, tw, down_args, sh2, max(parts, 1), shared_inter, out, cfg.dn_block_n, cfg.num_warps, slots
             )  # fmt: skip
-            return out if add is None else out + add
+            return _plus(out, added())
         n_shared_tokens = 0 if shared is None else t
         nslots = topk + (shared is not None)
         ws = _empty((t * dn_tiles * nslots * cfg.dn_block_n * cfg.block_m,), torch.float32, x.device)
@@ -1060,7 +1092,7 @@ def _routed(
             num_stages=cfg.num_stages,
             **launch_options(x.device),
         )  # fmt: skip
-        return out if add is None else out + add
+        return _plus(out, added())
     # Unsorted blocks with `slots_in_down`: the down launch reduces each token's slots (and adds the folded shared
     # expert, one block of rows a chunk of tokens, slot topk) into out itself.
     slots_here = unsorted and cfg.slots_in_down
@@ -1084,8 +1116,12 @@ def _routed(
         **launch_options(x.device),
     )  # fmt: skip
     if slots_here:
-        return out if add is None else out + add
-    return _reduce_slots_launch(y, tw, out, add)
+        return _plus(out, added())
+    return _reduce_slots_launch(y, tw, out, added())
+
+
+def _plus(out: torch.Tensor, add: torch.Tensor | None) -> torch.Tensor:
+    return out if add is None else out + add
 
 
 def _reduce_slots_launch(

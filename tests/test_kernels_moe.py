@@ -742,8 +742,7 @@ def test_gpu_down_token_slots_flint_shapes(t: int, fmt: str, block_n: int, share
 def test_gpu_down_token_slots_on_ready_bytes(block_n: int) -> None:
     """The installed 1-token NVFP4 down (token slots, the shared expert in the padding slots) on weights whose ready
     scales and codes took their own bytes' place, as the engine makes them on an H100 or H200: the bits of the same
-    launch on the engine's UE4M3 scales and codes (the tiles' layout, `moe_down_slots_triton._unvectorized`, runs
-    its PTX move on the GPU only)."""
+    launch on the engine's UE4M3 scales and codes."""
     g = gen(770 + block_n)
     x, tw, ids, w13, w2, shared = flint_moe_inputs(1, "nvfp4", g)
     cfg = dataclasses.replace(mt.decode_config(True, 1, x.device), dn_token_slots=True, dn_block_n=block_n,
@@ -759,6 +758,43 @@ def test_gpu_down_token_slots_on_ready_bytes(block_n: int) -> None:
     assert slots.launches == 1
     assert torch.equal(got, want)
     assert rel_err(got, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-2
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("fmt", "t"), [("bf16", 4), ("bf16", 32), ("nvfp4", 4)])
+def test_gpu_shared_beside_equals_in_line(fmt: str, t: int) -> None:
+    """The shared expert run apart on a side stream beside the routed launches (`MoEPaths.shared_beside`) gives the
+    bits of it run in line, eagerly and replayed from a CUDA graph that reads new tokens in place (the side stream
+    forks from the step's stream and is joined before its output is added)."""
+    g = gen(790 + t)
+    x, tw, ids, w13, w2, shared = flint_moe_inputs(t, fmt, g)
+    x2 = torch.randn(x.shape, generator=g, device=DEVICE).bfloat16()
+    kw = dict(decode_max_tokens=64, fold_max_tokens=0)  # the shared expert apart at any size
+    want = mt.fused_moe(x, tw, ids, w13, w2, shared=shared, shared_beside=False, **kw)
+    want2 = mt.fused_moe(x2, tw, ids, w13, w2, shared=shared, shared_beside=False, **kw)
+    forks: list[torch.device] = []
+    side_stream = mt._side_stream
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mt, "_side_stream", lambda device: forks.append(device) or side_stream(device))
+        got = mt.fused_moe(x, tw, ids, w13, w2, shared=shared, shared_beside=True, **kw)
+        assert len(forks) == 1
+        assert torch.equal(got, want)
+        assert rel_err(got, moe_ref(x, tw, ids, w13, w2, shared)) < 1e-2
+        static = x.clone()
+        warm = torch.cuda.Stream()
+        warm.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(warm):
+            mt.fused_moe(static, tw, ids, w13, w2, shared=shared, shared_beside=True, **kw)
+        torch.cuda.current_stream().wait_stream(warm)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = mt.fused_moe(static, tw, ids, w13, w2, shared=shared, shared_beside=True, **kw)
+        for tokens, expected in ((x2, want2), (x, want)):
+            static.copy_(tokens)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, expected)
 
 
 @pytest.mark.gpu

@@ -257,9 +257,11 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert mt.grouped_config(48, True, h200) == MoEConfig(64, 64, 64, 64, 64, True, 4, 3)
     assert mt.grouped_config(192, False, h200) == MoEConfig(128, 64, 64, 128, 64, True, 8, 3)
     # Prefill MoE paths (twenty-ninth session): the TMA-fed launches from 128 tokens (BF16) and for NVFP4's copies
-    # from 2,048, torch's grouped GEMM from 6,144 (BF16).
-    assert mt.paths_config(False, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=8,
-                                                    grouped_gemm_min_tokens=6144, tma_min_tokens=128)  # fmt: skip
+    # from 2,048, torch's grouped GEMM from 6,144 (BF16). BF16's shared expert apart from 2 tokens, on a side stream
+    # beside the routed launches (forty-ninth session: b8 -3.0%, b32 -2.4% on an H100).
+    assert mt.paths_config(False, h200) == MoEPaths(decode_max_tokens=64, shared_fold_max_tokens=1,
+                                                    grouped_gemm_min_tokens=6144, tma_min_tokens=128,
+                                                    shared_beside=True)  # fmt: skip
     # NVFP4: the decode path up to 192 tokens, then every step on the twins that decode in registers (thirty-first
     # session), so no BF16 copies are made.
     assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=192, shared_fold_max_tokens=8,
