@@ -10,12 +10,11 @@
 # -3.3%, b32 -2.4%, and apart from 2 tokens b4 -2.0%, b8 -3.0%: installed, the BF16 manifest profile recorded again):
 #   the BF16 table on an H200 (`decode.py --formats bf16 --batches 1 2 4 8 16 32 64`, the check's line) for the b32
 #                 target with the shared expert beside the routed launches (13.0-13.3 ms before, -2.4% on the H100);
-#   NVFP4's shared expert beside at the sizes where the MMA launches do not take it (none in the table now: the
-#                 fold to 8 tokens, `mma_shared` from 9), as a table A/B: `shared_fold_max_tokens=1` with
-#                 `shared_beside` against the fold at 2-8 tokens;
-#   the GPU tests of `tests/test_kernels_gemv.py`, `tests/test_kernels_sampling.py` and `tests/test_kernels_attention.py`
-#                 (not run this session; the MoE, fast-path, MMA MoE, ready-bytes, MMA codes and graphs files passed on
-#                 an H200: 118 + 22).
+#   BESIDE_MORE=1 (built): the shared expert beside where it is folded now: NVFP4 at 1-8 tokens (the gate_up's
+#                 extra programs and the down's padding slots) and BF16 at 1 token (the padding slots);
+#   the GPU tests of `tests/test_kernels_gemv.py`, `tests/test_kernels_sampling.py` and
+#                 `tests/test_kernels_attention.py` (not run this session; the MoE, fast-path, MMA MoE, ready-bytes,
+#                 MMA codes and graphs files passed on an H200: 118 + 22).
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
 # (lost 0.9-6.7%; `max_registers` removed), B1_PROBE (lost 0.3-3.0%), LM_PROBE
@@ -634,11 +633,13 @@ print('old copy imports', m.__file__, 'with the opaque move' if hasattr(m, '_unv
         for body in new old; do
             dir=.; path=$PYTHONPATH
             [ $body = old ] && dir=$old && path=$old-pp:$old:/tmp/site
-            (cd $dir && PYTHONPATH=$path timeout 150 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 --profile-batches 1 \
-                --contexts 1024 --prefill 0 --reps 30 --check-steps 0 --no-plain-timing --reserve-gib 2 \
+            (cd $dir && PYTHONPATH=$path timeout 150 python3 benchmarks/decode.py --formats nvfp4 bf16 --batches 1 \
+                --profile-batches 1 --contexts 1024 --prefill 0 --reps 30 --check-steps 0 --no-plain-timing \
+                --reserve-gib 2 \
                 --out "$OUT/decode_body_${body}_$round.json" > "$OUT/decode_body_${body}_$round.txt" 2>&1)
             echo "== round $round, $body body"
-            grep -E "^ +(nvfp4|bf16) +1 +1024|x .* us = .*_moe_down|Error" "$OUT/decode_body_${body}_$round.txt" | head -6
+            grep -E "^ +(nvfp4|bf16) +1 +1024|x .* us = .*_moe_down|Error" "$OUT/decode_body_${body}_$round.txt" \
+                | head -6
         done
     done
 fi
@@ -647,10 +648,11 @@ fi
 # for 12.6 MB a layer that take ~3 us at the copy rate), on a side stream beside the routed launches, joined before
 # the slot reduce adds it (`MoEPaths.shared_beside`): its GPU tests (bits of the in-line run, eager and in a graph),
 # then BF16 at 9, 16, 32 and 64 sequences against it. ~3 minutes; an H100 will do (the b32 target is the H200's).
-# Ran in the forty-ninth session on an H100 (`decode_h100_shared_beside_ab_s49.json`; b64 skipped: its KV cache did not fit the
-# 80 GB card beside the BF16 weights): 3 GPU tests passed; b9 8.42 -> 8.06 ms, b16 11.70 -> 11.32, b32 17.00 -> 16.60. A second call,
-# both beside, the fold to 1 or 2 tokens against 8 (`decode_h100_beside_fold_ab_s49.json`): b2 3.93 -> 3.90, b4 5.74
-# -> 5.63, b8 8.24 -> 7.99 ms. Installed: BF16 `moe.paths` shared_fold_max_tokens 1, shared_beside.
+# Ran in the forty-ninth session on an H100 (`decode_h100_shared_beside_ab_s49.json`; b64 skipped: its KV cache did
+# not fit the 80 GB card beside the BF16 weights): 3 GPU tests passed; b9 8.42 -> 8.06 ms, b16 11.70 -> 11.32, b32
+# 17.00 -> 16.60. A second call, both beside, the fold to 1 or 2 tokens against 8
+# (`decode_h100_beside_fold_ab_s49.json`, with FLINT_TUNING_FILE the table with `shared_beside`): b2 3.93 -> 3.90,
+# b4 5.74 -> 5.63, b8 8.24 -> 7.99 ms. Installed: BF16 `moe.paths` shared_fold_max_tokens 1, shared_beside.
 if [ "${SHARED_BESIDE:-0}" = 1 ]; then
     gpu_tests "shared beside GPU tests" shared_beside_tests 150 tests/test_kernels_moe.py -k "shared_beside"
     V=/tmp/variants; mkdir -p $V
@@ -659,6 +661,26 @@ if [ "${SHARED_BESIDE:-0}" = 1 ]; then
     decode_ab shared_beside 300 "the shared expert beside the routed launches (bf16)" \
         "--formats bf16 --batches 9 16 32 64 --profile-batches 32 --reserve-gib 2" $V/shared_beside.json
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_beside_ab.txt" | head -6
+fi
+# BESIDE_MORE=1 (forty-ninth session, built; a table A/B, no new code): the shared expert beside the routed launches
+# where it is folded into them now. NVFP4 folds it at 1-8 tokens (its gate_up in the gate_up launch's extra programs,
+# its down in the down's padding slots at 1 token, extra slots at 2-8) and takes it into the MMA launches' own
+# programs from 9; BF16 at 1 token in the padding slots only. `shared_fold_max_tokens=0` with `shared_beside` runs it
+# apart and beside at those sizes (the MMA launches keep theirs: `_paths` folds it there at any size). NVFP4 at 1,
+# 2, 4 and 8 sequences, BF16 at 1, against the table. The routed launches without the shared expert are variants the
+# manifest lacks: they compile in the warm-up. ~4 minutes; an H100 will do. A win: the table's `moe.paths` entry,
+# then RECORD=1 (or `gpu_record_manifest.sh` with MODEL=random:full:layers=8 for BF16).
+if [ "${BESIDE_MORE:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    for fmt in nvfp4 bf16; do
+        nv=$([ $fmt = nvfp4 ] && echo true || echo false)
+        python3 benchmarks/tuning_variant.py --op moe.paths --when "{\"nvfp4\": $nv}" \
+            --set shared_fold_max_tokens=0 shared_beside=true --out $V/beside_all_$fmt.json > /dev/null
+    done
+    decode_ab beside_more_nvfp4 240 "the shared expert apart and beside at 1-8 tokens (nvfp4)" \
+        "--formats nvfp4 --batches 1 2 4 8 --profile-batches 1" $V/beside_all_nvfp4.json
+    decode_ab beside_more_bf16 150 "the shared expert apart and beside at 1 token (bf16)" \
+        "--formats bf16 --batches 1 --profile-batches 1 --reserve-gib 2" $V/beside_all_bf16.json
 fi
 # BF16_TILES=1 (forty-ninth session): BF16 b32 is 0.5-3.8% over its 13 ms target on the H200; on an H100 its profile
 # (`decode_h100_bf16_b32_profile_s49.txt`) has the expert-major MoE at 14.5 of 18.4 GPU ms, the gate_up 183 us a layer
