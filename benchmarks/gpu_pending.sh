@@ -12,9 +12,10 @@
 #                 target with the shared expert beside the routed launches (13.0-13.3 ms before, -2.4% on the H100);
 #   BESIDE_MORE=1 (built): the shared expert beside where it is folded now: NVFP4 at 1-8 tokens (the gate_up's
 #                 extra programs and the down's padding slots) and BF16 at 1 token (the padding slots);
-#   the GPU tests of `tests/test_kernels_gemv.py`, `tests/test_kernels_sampling.py` and
-#                 `tests/test_kernels_attention.py` (not run this session; the MoE, fast-path, MMA MoE, ready-bytes,
-#                 MMA codes and graphs files passed on an H200: 118 + 22).
+#   the GPU tests of `tests/test_fast_path.py` and `tests/test_cuda_graphs.py` again (the whole BF16 model with the
+#                 shared expert beside, installed after they ran), then `tests/test_kernels_gemv.py`,
+#                 `tests/test_kernels_sampling.py` and `tests/test_kernels_attention.py` (not run this session; the
+#                 MoE, fast-path, MMA MoE, ready-bytes, MMA codes and graphs files passed on an H200: 118 + 22).
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
 # (lost 0.9-6.7%; `max_registers` removed), B1_PROBE (lost 0.3-3.0%), LM_PROBE
