@@ -14,8 +14,9 @@ parameters); every candidate is checked against the reference before it is timed
   (the last up to 64), with BLOCK_M following M.
 - moe.paths: the decode path up to the largest measured T such that it beat the grouped GEMM at that T and every
   smaller one measured; for NVFP4, where the sweep timed the experts from BF16 copies, the smallest T from which
-  the copies beat decoding in registers at every measured T (`dequant_min_tokens`); the shared-expert fold limit is
-  kept as it is (decode.py measures that one, on whole steps).
+  the copies beat decoding in registers at every measured T (`dequant_min_tokens`); the fields it does not measure
+  (the shared expert's fold limit and side stream, the prefill paths' thresholds) are kept as the table has them
+  (decode.py and the prefill benchmarks measure those, on whole steps).
 - moe.decode / moe.grouped: the fastest tiles of the path per measured T (decode: T up to that limit, timed with
   the shared expert folded in where the engine folds it, `--only shared`'s measurement; grouped: T above the limit,
   by pairs per expert); each T stands for the values above the previous one, the last for all above.
@@ -177,11 +178,16 @@ def _moe_best(rows: Iterable[dict], shared: Iterable[dict], fold: dict[str, int]
 
 
 def moe_entries(
-    rows: Iterable[dict], source: str, fold_max_tokens: dict[str, int] | None = None, shared: Iterable[dict] = ()
+    rows: Iterable[dict],
+    source: str,
+    fold_max_tokens: dict[str, int] | None = None,
+    shared: Iterable[dict] = (),
+    kept_paths: dict[str, dict] | None = None,
 ) -> dict[str, list]:
     """`moe.paths`, `moe.decode` and `moe.grouped` entries from `kernels_moe_gemv.moe_rows(..., sweep=True)` rows
     (us per candidate) and, for the decode tiles where the shared expert is folded in, `shared_rows` rows.
-    `fold_max_tokens` (per format) is written unchanged into `moe.paths`."""
+    `fold_max_tokens` (per format) is written unchanged into `moe.paths`, and so is every field of `kept_paths`
+    (per format: `MoEPaths` fields as the table has them) that this sweep does not measure."""
     best = _moe_best(rows, shared, fold_max_tokens)
     out: dict[str, list] = {"moe.paths": [], "moe.decode": [], "moe.grouped": []}
     for fmt in ("bf16", "nvfp4"):
@@ -200,7 +206,7 @@ def moe_entries(
             if dec is None or (grp is not None and grp[1] < dec[1]):
                 break
             limit = t
-        paths = {"decode_max_tokens": limit}
+        paths = {**(kept_paths or {}).get(fmt, {}), "decode_max_tokens": limit}
         # NVFP4 from BF16 copies from the smallest measured T above which the copies win at every measured T.
         copies = [t for t in ts if t > limit and "dequant" in per_t[t] and "grouped" in per_t[t]]
         if nv and copies:
@@ -213,7 +219,10 @@ def moe_entries(
             )
         if fold_max_tokens is not None:
             paths["shared_fold_max_tokens"] = fold_max_tokens[fmt]
-            why.append("shared_fold_max_tokens kept as it was (not measured here)")
+        measured = {"decode_max_tokens", *(("dequant_min_tokens",) if nv and copies else ())}
+        kept = sorted(set(paths) - measured)
+        if kept:
+            why.append(f"{', '.join(kept)} kept as {'it was' if len(kept) == 1 else 'they were'} (not measured here)")
         why_text = f"decode path up to {limit} tokens: " + "; ".join(why)
         out["moe.paths"].append({"when": {"nvfp4": nv}, "config": paths, "source": f"{source}: {fmt} {why_text}"})
         for path, key, points in (
@@ -276,6 +285,7 @@ def make_table(
     attention: Iterable[dict] = (),
     fold_max_tokens: dict[str, int] | None = None,
     moe_shared: Iterable[dict] = (),
+    kept_paths: dict[str, dict] | None = None,
 ) -> dict:
     """A tuning table from the sweeps' rows; `source` (date, GPU, command) starts every entry's source."""
     from flint_kernels import tuning
@@ -284,7 +294,7 @@ def make_table(
     small_m = gemv_entries(gemv, source)
     if small_m:
         table["gemv.small_m"] = small_m
-    table |= moe_entries(moe, source, fold_max_tokens, moe_shared)
+    table |= moe_entries(moe, source, fold_max_tokens, moe_shared, kept_paths)
     table |= attention_entries(attention, source)
     tuning.parse(table, "the new table")  # what the kernels will accept
     return table
@@ -368,7 +378,8 @@ def main() -> int:
     meta["command"] = command
     source = source_of(name, meta, str(sweeps_path.relative_to(ROOT)))
     dev = torch.device("cuda")
-    fold = {f: moe_triton.paths_config(f == "nvfp4", dev).shared_fold_max_tokens for f in ("bf16", "nvfp4")}
+    now = {f: moe_triton.paths_config(f == "nvfp4", dev) for f in ("bf16", "nvfp4")}
+    fold = {f: paths.shared_fold_max_tokens for f, paths in now.items()}
     # The raw times, one record per family; families this run does not measure keep the file's earlier record.
     sweeps = json.loads(sweeps_path.read_text()) if sweeps_path.is_file() else {}
     sweeps = sweeps if sweeps.get("device") == name else {"device": name}
@@ -387,6 +398,7 @@ def main() -> int:
         ran.get("attention", {}).get("rows", ()),
         fold_max_tokens=fold,
         moe_shared=ran.get("moe", {}).get("shared_rows", ()),
+        kept_paths={f: dataclasses.asdict(paths) for f, paths in now.items()},
     )
     written = write_table(table, out)
     counts = ", ".join(f"{op} {len(v)}" for op, v in written.items() if isinstance(v, list))

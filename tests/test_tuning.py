@@ -568,6 +568,25 @@ def test_tune_sets_the_nvfp4_copy_threshold_from_a_sweep_that_timed_both(tune: M
     assert never["config"]["dequant_min_tokens"] == 2**31 - 1
 
 
+def test_tune_keeps_the_paths_fields_it_does_not_measure(tune: ModuleType) -> None:
+    """A MoE sweep measures the decode limit (and NVFP4's copy threshold where it timed copies); the table's other
+    `moe.paths` fields, chosen on whole steps (the shared expert's side stream, the prefill paths' thresholds), are
+    written back as they were, and the entry's source says which."""
+    rows = json.loads((RESULTS / "kernels_moe_prefill_h200.json").read_text())["moe"]
+    kept = {
+        "bf16": {"decode_max_tokens": 99, "shared_beside": True, "grouped_gemm_min_tokens": 6144},
+        "nvfp4": {"decode_max_tokens": 99, "dequant_min_tokens": 7, "tma_nvfp4_min_tokens": 65},
+    }
+    paths = {e["when"]["nvfp4"]: e for e in tune.moe_entries(rows, "src", kept_paths=kept)["moe.paths"]}
+    measured = {e["when"]["nvfp4"]: e for e in tune.moe_entries(rows, "src")["moe.paths"]}
+    bf16, nvfp4 = paths[False]["config"], paths[True]["config"]
+    assert bf16["decode_max_tokens"] == measured[False]["config"]["decode_max_tokens"] != 99
+    assert bf16["shared_beside"] is True and bf16["grouped_gemm_min_tokens"] == 6144
+    assert nvfp4["dequant_min_tokens"] == 4096 and nvfp4["tma_nvfp4_min_tokens"] == 65  # the sweep timed copies
+    assert "grouped_gemm_min_tokens, shared_beside kept as they were" in paths[False]["source"]
+    assert "tma_nvfp4_min_tokens kept as it was" in paths[True]["source"]
+
+
 def _as_swept_2026_11_29(shipped: MoEConfig, nvfp4: bool, tokens: int) -> MoEConfig:
     """The shipped MoE decode tiles as the recorded 2026-11-29 sweeps chose them: the BF16 tiles from 3 tokens have
     since moved to 32 / 64 columns after a 2026-11-30 sweep with more candidates (moe_decode_bf16_h200.json), which
