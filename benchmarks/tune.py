@@ -23,6 +23,11 @@ parameters); every candidate is checked against the reference before it is timed
 - attention.decode / attention.prefill: per full / sliding layer, the candidate best on the geometric mean over the
   measured shapes.
 
+An op this run measures gets only the entries it writes: in `moe.decode`, `moe.grouped`, `gemv.small_m` and the
+attention ops, the flags that whole-step A/Bs chose on top of the tiles (the NVFP4 MMA paths, the token-slots down,
+norm prologues, K splits, merge launches) are not carried over from the file it replaces; it is a first table for a
+new GPU, or a sweep to compare with `git diff`, not a way to refresh a tuned one.
+
 The raw times go to benchmarks/results/tuning_<key>_sweeps.json, one record per family (a run keeps the records
 of the families it does not measure). Needs a CUDA GPU (exits 1 otherwise). Review the table, then try it before
 installing it: FLINT_TUNING_FILE=benchmarks/results/tuning_<key>.json python benchmarks/decode.py ...
