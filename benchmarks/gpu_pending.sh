@@ -668,9 +668,12 @@ fi
 # its down in the down's padding slots at 1 token, extra slots at 2-8) and takes it into the MMA launches' own
 # programs from 9; BF16 at 1 token in the padding slots only. `shared_fold_max_tokens=0` with `shared_beside` runs it
 # apart and beside at those sizes (the MMA launches keep theirs: `_paths` folds it there at any size). NVFP4 at 1,
-# 2, 4 and 8 sequences, BF16 at 1, against the table. The routed launches without the shared expert are variants the
-# manifest lacks: they compile in the warm-up. ~4 minutes; an H100 will do. A win: the table's `moe.paths` entry,
-# then RECORD=1 (or `gpu_record_manifest.sh` with MODEL=random:full:layers=8 for BF16).
+# 2, 4 and 8 sequences, BF16 at 1, against the table; then NVFP4 at 16, 32 and 64 with the shared expert out of
+# the MMA launches (`mma_shared` off in every entry) and beside (its own MMA linear launches on the side stream:
+# the thirty-fifth session's fold took b32 9.21 -> 8.91 ms against it in line). The routed launches without the
+# shared expert are variants the manifest lacks: they compile in the warm-up. ~6 minutes; an H100 will do. A win:
+# the table's `moe.paths` (and `moe.decode`) entries, then RECORD=1 (or `gpu_record_manifest.sh` with
+# MODEL=random:full:layers=8 for BF16).
 if [ "${BESIDE_MORE:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     for fmt in nvfp4 bf16; do
@@ -682,6 +685,12 @@ if [ "${BESIDE_MORE:-0}" = 1 ]; then
         "--formats nvfp4 --batches 1 2 4 8 --profile-batches 1" $V/beside_all_nvfp4.json
     decode_ab beside_more_bf16 150 "the shared expert apart and beside at 1 token (bf16)" \
         "--formats bf16 --batches 1 --profile-batches 1 --reserve-gib 2" $V/beside_all_bf16.json
+    python3 benchmarks/tuning_variant.py --op moe.paths --when '{"nvfp4": true}' --set shared_beside=true \
+        --out $V/beside_nvfp4.json > /dev/null
+    python3 benchmarks/tuning_variant.py --table $V/beside_nvfp4.json --op moe.decode --when all \
+        --set mma_shared=false --out $V/beside_mma_nvfp4.json > /dev/null
+    decode_ab beside_mma_nvfp4 240 "the shared expert out of the MMA launches and beside (nvfp4)" \
+        "--formats nvfp4 --batches 16 32 64 --profile-batches 32" $V/beside_mma_nvfp4.json
 fi
 # BF16_TILES=1 (forty-ninth session): BF16 b32 is 0.5-3.8% over its 13 ms target on the H200; on an H100 its profile
 # (`decode_h100_bf16_b32_profile_s49.txt`) has the expert-major MoE at 14.5 of 18.4 GPU ms, the gate_up 183 us a layer
