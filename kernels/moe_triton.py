@@ -38,6 +38,7 @@ deterministic and CUDA-graph capturable. Two other prefill paths take batches by
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 
 import torch
@@ -816,9 +817,7 @@ def fused_moe(
         side = _side_stream(x.device) if decode and limits.shared_beside and x.is_cuda else None
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(x.device))
-            with torch.cuda.stream(side):
-                extra = shared_expert(x, shared)
-        else:
+        with torch.cuda.stream(side):  # None: the current stream
             extra = shared_expert(x, shared)
         shared = None
     if gemm:
@@ -828,16 +827,11 @@ def fused_moe(
     return _routed(x, topk_weights, topk_ids, w13, w2, decode, config, split_k, shared, add=extra, add_after=side)
 
 
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
+@functools.cache
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
     """The stream the shared expert runs on beside the routed launches (one a device, made on first use: a step's
     warm-up runs eagerly before any capture)."""
-    stream = _SIDE_STREAMS.get(device)
-    if stream is None:
-        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return stream
+    return torch.cuda.Stream(device)
 
 
 def _dequantized(w: Weight, dtype: torch.dtype) -> Weight:
