@@ -3,19 +3,14 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next, in this order (state after the forty-ninth session, 2026-12-06: ONE_WAVE and BODY_AB on an H100 found the
-# 1-token down's one-wave body slower (9.57 -> 11.4 us a launch, NVFP4 b1 +3.8%): the body before it is back;
-# BF16_TILES on an H200: every variant of the BF16 expert-major tiles lost, its MoE reads at the copy rate there;
-# the status figures on an H200 (`decode_h200_status_s49.json`); SHARED_BESIDE on an H100: BF16 b9 -4.3%, b16
-# -3.3%, b32 -2.4%, and apart from 2 tokens b4 -2.0%, b8 -3.0%: installed, the BF16 manifest profile recorded again):
-#   the BF16 table on an H200 (`decode.py --formats bf16 --batches 1 2 4 8 16 32 64`, the check's line) for the b32
-#                 target with the shared expert beside the routed launches (13.0-13.3 ms before, -2.4% on the H100);
-#   BESIDE_MORE=1 (built): the shared expert beside where it is folded now: NVFP4 at 1-8 tokens (the gate_up's
-#                 extra programs and the down's padding slots) and BF16 at 1 token (the padding slots);
-#   the GPU tests of `tests/test_fast_path.py` and `tests/test_cuda_graphs.py` again (the whole BF16 model with the
-#                 shared expert beside, installed after they ran), then `tests/test_kernels_gemv.py`,
-#                 `tests/test_kernels_sampling.py` and `tests/test_kernels_attention.py` (not run this session; the
-#                 MoE, fast-path, MMA MoE, ready-bytes, MMA codes and graphs files passed on an H200: 118 + 22).
+# Next (state after the fiftieth session, 2026-12-06: on an H200 the BF16 table with the shared expert beside the
+# routed launches, b32 12.47 ms (`decode_h200_bf16_table_s50.json`: the 13 ms target met); BESIDE_MORE: NVFP4's
+# shared expert apart and beside at 2-8 tokens won (b8 -4.7%), installed with the NVFP4 manifest profile recorded
+# again; at 1 token (both formats) and in the MMA launches it lost or was even; every GPU test passed, 605):
+#   the NVFP4 status figures on an H200 with the install (`decode.py --formats nvfp4 bf16 --batches 1 2 4 8 16 32 64
+#                 --prefill 8192 --profile-batches 1`; the last call of the fiftieth session got an H100:
+#                 `decode_h100_nvfp4_status_s50.json`).
+# Nothing built is waiting for a GPU.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
 # (lost 0.9-6.7%; `max_registers` removed), B1_PROBE (lost 0.3-3.0%), LM_PROBE
@@ -673,7 +668,11 @@ fi
 # the thirty-fifth session's fold took b32 9.21 -> 8.91 ms against it in line). The routed launches without the
 # shared expert are variants the manifest lacks: they compile in the warm-up. ~6 minutes; an H100 will do. A win:
 # the table's `moe.paths` (and `moe.decode`) entries, then RECORD=1 (or `gpu_record_manifest.sh` with
-# MODEL=random:full:layers=8 for BF16).
+# MODEL=random:full:layers=8 for BF16). Ran in the fiftieth session on an H200 (`decode_h200_beside_more_*_s50.json`,
+# `decode_h200_beside_mma_nvfp4_ab_s50.json`): NVFP4 apart and beside b1 1.773 -> 1.885 (lost), b2 2.519 -> 2.460,
+# b4 3.219 -> 3.158, b8 4.629 -> 4.409 (won: installed as `shared_fold_max_tokens` 1 with `shared_beside`); BF16 at
+# 1 token 2.392 -> 2.533 (lost); out of the MMA launches b16 6.325 -> 6.311, b32 8.258 -> 8.278, b64 12.606 -> 12.699
+# (even: not installed).
 if [ "${BESIDE_MORE:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     for fmt in nvfp4 bf16; do

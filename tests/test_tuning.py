@@ -264,7 +264,7 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
                                                     shared_beside=True)  # fmt: skip
     # NVFP4: the decode path up to 192 tokens, then every step on the twins that decode in registers (thirty-first
     # session), so no BF16 copies are made. Its shared expert apart and beside from 2 tokens too (fiftieth session,
-    # on an H200: b2 -2.3%, b8 -4.8%); from 9 the MMA launches keep it inside their grids whatever the fold says.
+    # on an H200: b2 -2.4%, b8 -4.7%); from 9 the MMA launches keep it inside their grids whatever the fold says.
     assert mt.paths_config(True, h200) == MoEPaths(decode_max_tokens=192, shared_fold_max_tokens=1,
                                                    dequant_min_tokens=2048, tma_min_tokens=2048,
                                                    tma_nvfp4_min_tokens=65, tma_nvfp4_max_tokens=0,
