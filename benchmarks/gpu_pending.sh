@@ -10,7 +10,9 @@
 #   the NVFP4 status figures on an H200 with the install (`decode.py --formats nvfp4 bf16 --batches 1 2 4 8 16 32 64
 #                 --prefill 8192 --profile-batches 1`; the last call of the fiftieth session got an H100:
 #                 `decode_h100_nvfp4_status_s50.json`).
-# Nothing built is waiting for a GPU.
+#   the GPU tests that take the table's NVFP4 MoE tiles at 3-8 tokens, changed after the last full run
+#                 (`tests/test_kernels_moe.py -k flint_shapes`, `tests/test_fast_path.py`).
+# AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
 # (lost 0.9-6.7%; `max_registers` removed), B1_PROBE (lost 0.3-3.0%), LM_PROBE
@@ -657,6 +659,29 @@ if [ "${SHARED_BESIDE:-0}" = 1 ]; then
     decode_ab shared_beside 300 "the shared expert beside the routed launches (bf16)" \
         "--formats bf16 --batches 9 16 32 64 --profile-batches 32 --reserve-gib 2" $V/shared_beside.json
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_beside_ab.txt" | head -6
+fi
+# AFTER_BESIDE=1 (fiftieth session, built; a table A/B, no new code): NVFP4's MoE tiles at 3-8 tokens were chosen
+# with the shared expert folded into the launches (the gate_up's extra programs, the down's extra slots); since the
+# fiftieth session it runs beside them from 2 tokens, so the routed launches are narrower grids and other tiles may
+# win. At 3, 4, 6 and 8 sequences against: gu8, the gate_up in 8-row programs (twice the programs); dn16, the down in
+# 16 columns; mma, the 9-16 token entry's MMA launches (expert-major, the shared expert inside their grids again) from
+# 5 tokens (the twenty-third session's d8 / gd8 lost with the fold at 4). ~3 minutes; an H100 will do. A win: the
+# entry, then RECORD=1 (new variants). Ran in the fiftieth session on an H100 (`decode_h100_after_beside_ab_s50.json`,
+# and b5 / b7 / b8 again in `decode_h100_after_beside_b8_ab_s50.json`, the first call's b8 rounds disturbed): gu8
+# won at every size (b3 -1.4%, b4 -0.9%, b5 -0.8%, b6 -0.7%, b7 -3.1%, b8 -2.6%: installed); dn16 lost 5-10%; mma5
+# lost at 5-6 tokens (+8%, +4%) and was even to -2.6% at 7-8.
+if [ "${AFTER_BESIDE:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
+    variant --op moe.decode --when '{"nvfp4": true}' --set gu_block_i=8 --out $V/gu8.json
+    variant --op moe.decode --when '{"nvfp4": true}' --set dn_block_n=16 --out $V/dn16.json
+    mma="mma_down=true mma_vec=true mma_down_l2=2 mma_down_wide=true mma_ready=true mma=true mma_prefetch=true"
+    mma="$mma mma_l2_ahead=2 expert_major=true mma_wide=true mma_shared=true mma_perm_h=true mma_shared_first=true"
+    # shellcheck disable=SC2086  # the fields are a list of words
+    variant --op moe.decode --when '{"nvfp4": true}' --add '{"nvfp4": true, "tokens_min": 5, "tokens_max": 8}' \
+        --set $mma mma_ready_codes=true --out $V/mma5.json
+    decode_ab after_beside 420 "the NVFP4 MoE tiles at 3-8 tokens with the shared expert beside" \
+        "--formats nvfp4 --batches 3 4 6 8" $V/gu8.json $V/dn16.json $V/mma5.json
 fi
 # BESIDE_MORE=1 (forty-ninth session, built; a table A/B, no new code): the shared expert beside the routed launches
 # where it is folded into them now. NVFP4 folds it at 1-8 tokens (its gate_up in the gate_up launch's extra programs,

@@ -593,7 +593,7 @@ def test_ready_scales_on_the_gpu(tokens: int, monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("tokens", [9, 16, 32, 64])
+@pytest.mark.parametrize("tokens", [5, 8, 9, 16, 32, 64])
 @pytest.mark.parametrize("ready,perm", [(False, False), (True, False), (True, True)])
 def test_the_shared_expert_in_the_moe_launches_on_the_gpu(tokens: int, ready: bool, perm: bool) -> None:
     """MoEConfig.mma_shared at Flint's shapes (256 experts of I 512 top-6, a shared expert of 1024, H 2048): two MoE
