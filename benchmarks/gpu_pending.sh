@@ -11,7 +11,9 @@
 #                 --prefill 8192 --profile-batches 1`; the last call of the fiftieth session got an H100:
 #                 `decode_h100_nvfp4_status_s50.json`).
 #   the GPU tests that take the table's NVFP4 MoE tiles at 3-8 tokens, changed after the last full run
-#                 (`tests/test_kernels_moe.py -k flint_shapes`, `tests/test_fast_path.py`).
+#                 (`tests/test_kernels_moe.py -k flint_shapes`, `tests/test_fast_path.py`);
+#   ADD_IN_DOWN=1 (built): the shared expert's output added by the per-pair decode down's last arrivals at 2-8
+#                 tokens (`MoEConfig.dn_add`) instead of a separate add launch after it; its GPU tests, then A/Bs.
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
@@ -659,6 +661,29 @@ if [ "${SHARED_BESIDE:-0}" = 1 ]; then
     decode_ab shared_beside 300 "the shared expert beside the routed launches (bf16)" \
         "--formats bf16 --batches 9 16 32 64 --profile-batches 32 --reserve-gib 2" $V/shared_beside.json
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_beside_ab.txt" | head -6
+fi
+# ADD_IN_DOWN=1 (fiftieth session, built): with the shared expert beside the routed launches at 2-8 tokens, the
+# per-pair decode down (NVFP4 and BF16 there) is followed by a separate add of its output (a PyTorch launch, 1.3 us,
+# and its boundary: no PDL overlap into the next layer's norm). `MoEConfig.dn_add` has the down's last arrivals add
+# it (`moe_triton._moe_down_add_kernel`), the side stream joined before the down instead. Its GPU tests first (the
+# beside test's dn_add cases: the same bits eagerly and from a graph), then both formats at 2, 4 and 8 sequences
+# against the table with dn_add in their 2-8 token entries. ~4 minutes; an H100 will do. A win: the entries, then
+# RECORD=1 for both profiles (the twin is a new kernel).
+if [ "${ADD_IN_DOWN:-0}" = 1 ]; then
+    V=/tmp/variants; mkdir -p $V
+    gpu_tests "dn_add GPU tests" gpu_tests_dn_add 200 -n 4 tests/test_kernels_moe.py -k "shared_beside_equals_in_line"
+    variant() { python3 benchmarks/tuning_variant.py "$@" > /dev/null || echo "variant failed: $*"; }
+    variant --op moe.decode --when '{"nvfp4": true, "tokens_min": 2, "tokens_max": 2}' --set dn_add=true \
+        --out $V/add2_nvfp4.json
+    variant --table $V/add2_nvfp4.json --op moe.decode --when '{"nvfp4": true}' --set dn_add=true \
+        --out $V/add_nvfp4.json
+    variant --op moe.decode --when '{"nvfp4": false, "tokens_max": 2}' --set dn_add=true --out $V/add2_bf16.json
+    variant --table $V/add2_bf16.json --op moe.decode --when '{"nvfp4": false, "tokens_max": 8}' --set dn_add=true \
+        --out $V/add_bf16.json
+    decode_ab add_in_down_nvfp4 150 "the shared expert added in the down (nvfp4)" "--formats nvfp4 --batches 2 4 8" \
+        $V/add_nvfp4.json
+    decode_ab add_in_down_bf16 150 "the shared expert added in the down (bf16)" \
+        "--formats bf16 --batches 2 4 8 --reserve-gib 2" $V/add_bf16.json
 fi
 # AFTER_BESIDE=1 (fiftieth session, built; a table A/B, no new code): NVFP4's MoE tiles at 3-8 tokens were chosen
 # with the shared expert folded into the launches (the gate_up's extra programs, the down's extra slots); since the
