@@ -225,6 +225,19 @@ def test_decode_folds_shared_expert_dense_fp32(t: int, config: mt.MoEConfig, spl
     assert int(split_k_triton.counters(DEVICE).abs().sum()) == 0
 
 
+def shared_case(fmt: str, t: int, g: torch.Generator) -> tuple:
+    """t tokens of 8 experts (H 80, I 48, top-3) with a 2I-wide shared expert: FP32 "dense" ones with FP32 x, or
+    NVFP4 ones with FP16 x."""
+    e, h, i, k = 8, 80, 48, 3
+    x = torch.randn(t, h, generator=g, device=DEVICE)
+    tw, ids = routing(t, e, k, g)
+    if fmt == "dense":
+        w13, w2 = dense_experts(e, h, i, torch.float32, g)
+        return x, tw, ids, w13, w2, dense_shared(h, 2 * i, torch.float32, g)
+    w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
+    return x.half(), tw, ids, w13, w2, nvfp4_shared(h, 2 * i, g)
+
+
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
 def test_expert_major_slots_in_down_folds_shared_expert(fmt: str) -> None:
     """Expert-major tensor-core tiles that sum the slots in the down launch fold the shared expert at any decode
@@ -232,16 +245,7 @@ def test_expert_major_slots_in_down_folds_shared_expert(fmt: str) -> None:
     parts) run in the same two launches and arrive as one more slot; no reduce launch, no separate shared-expert
     launches. The reference's output, and the unfolded run's (shared expert apart, then added) to rounding."""
     g = gen(210 if fmt == "dense" else 211)
-    t, e, h, i, k = 20, 8, 80, 48, 3
-    x = torch.randn(t, h, generator=g, device=DEVICE)
-    tw, ids = routing(t, e, k, g)
-    if fmt == "dense":
-        w13, w2 = dense_experts(e, h, i, torch.float32, g)
-        shared = dense_shared(h, 2 * i, torch.float32, g)
-    else:
-        x = x.half()
-        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
-        shared = nvfp4_shared(h, 2 * i, g)
+    x, tw, ids, w13, w2, shared = shared_case(fmt, 20, g)
     assert mt.foldable(shared, x, w13, w2)
     apart = mt.fused_moe(x, tw, ids, w13, w2, decode_max_tokens=64, config=UNSORTED, shared=shared, fold_max_tokens=8)
     spy_reduce, spies = LaunchSpy(mt._moe_reduce_kernel), []
@@ -264,16 +268,7 @@ def test_decode_down_adds_the_shared_expert_run_apart(fmt: str, tiles: str) -> N
     (`_moe_down_add_kernel`): the same bits as the down then a separate add (the reference's add in x's dtype, FP32
     here, FP16 for NVFP4's x), near `moe_ref`; without a shared expert the twin is not launched."""
     g = gen(230)
-    t, e, h, i, k = 3, 8, 80, 48, 3
-    x = torch.randn(t, h, generator=g, device=DEVICE)
-    tw, ids = routing(t, e, k, g)
-    if fmt == "dense":
-        w13, w2 = dense_experts(e, h, i, torch.float32, g)
-        shared = dense_shared(h, 2 * i, torch.float32, g)
-    else:
-        x = x.half()
-        w13, w2 = random_nvfp4(e, 2 * i, h, g, (i, i)), random_nvfp4(e, h, i, g, (h,))
-        shared = nvfp4_shared(h, 2 * i, g)
+    x, tw, ids, w13, w2, shared = shared_case(fmt, 3, g)
     cfg = DECODE_FMA if tiles == "fma" else DECODE_DOT
     kw = dict(decode_max_tokens=64, shared=shared, fold_max_tokens=0)  # the shared expert apart
     apart = mt.fused_moe(x, tw, ids, w13, w2, config=cfg, **kw)
