@@ -704,9 +704,9 @@ def _moe_down_add_kernel(
     stride_add,
     PDL: tl.constexpr,
 ):
-    """`_moe_down_kernel` on the decode path (not GROUPED, no NORM, no SHARED) whose last arrival for a (token,
-    tile) also adds add[t] (the shared expert run apart, BF16 [T, H]), rounding as the reference's add: the add
-    launch after it goes (`MoEConfig.dn_add`). A twin, so the recorded `_moe_down_kernel` keeps its parameters."""
+    """`_moe_down_kernel` on the decode path whose last arrival for a (token, tile) also adds add[t] (the shared
+    expert run apart, [T, H] in x's dtype), rounding as the reference's add: the add launch after it goes
+    (`MoEConfig.dn_add`). A twin, so the recorded `_moe_down_kernel` keeps its parameters."""
     _moe_down_program(
         h_ptr, ids_ptr, order_ptr, meta_ptr, tw_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr, H, INTER,
         stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_out, seg1, seg2, seg3, sw_ptr,
@@ -1240,9 +1240,10 @@ def _routed(
             row = _no_norm(out)
         # MoEConfig.dn_add: the shared expert's output (run apart) added by the last arrivals, its stream joined
         # first; else added after the launch.
-        here = cfg.dn_add and add is not None and norm is None and shared is None
-        kernel, more = (_moe_down_add_kernel, added()) if here else (_moe_down_kernel, None)
-        extra = {} if more is None else {"add_ptr": more, "stride_add": more.stride(0)}
+        kernel, extra = _moe_down_kernel, {}
+        if cfg.dn_add and add is not None:
+            kernel, more = _moe_down_add_kernel, added()
+            extra = {"add_ptr": more, "stride_add": more.stride(0)}
         kernel[(dn_tiles, n_shared_tokens + p)](
             h, ids, order, meta, tw, q2, s2, g2, out, ws, cnt,
             hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, out.stride(0), *seg2,
@@ -1254,7 +1255,7 @@ def _routed(
             num_stages=cfg.num_stages, **extra,
             **launch_options(x.device),
         )  # fmt: skip
-        return out if here else _plus(out, added())
+        return out if extra else _plus(out, added())
     # Unsorted blocks with `slots_in_down`: the down launch reduces each token's slots (and adds the folded shared
     # expert, one block of rows a chunk of tokens, slot topk) into out itself.
     slots_here = unsorted and cfg.slots_in_down
