@@ -146,7 +146,7 @@ def _fields(config: object) -> dict:
         "packed", "expert_major", "slots_in_down", "mma", "mma_down", "mma_prefetch", "mma_vec",
         "mma_split_k", "mma_l2_ahead", "mma_down_l2", "mma_warp_k", "mma_wide", "mma_down_wide", "mma_ready",
         "mma_shared", "mma_perm_h", "mma_shared_first", "mma_ready_codes", "dn_token_slots", "dn_shared_slots",
-        "dn_add", "norm_prologue",
+        "norm_prologue",
     )  # fmt: skip
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     for flag in later:

@@ -148,12 +148,6 @@ class MoEConfig:
     # (Flint: 6 slots + 2 parts = 8), so the padding rows, decoded for nothing before, do the shared expert's work
     # in the routed tiles (forty-seventh session, built without a GPU).
     dn_shared_slots: bool = False
-    # On the decode path's per-pair down (a program per (output tile, pair) meeting on a counter, FMA or tensor-core
-    # tiles, no fused add+RMSNorm) with the shared expert run apart: the last arrival of each (token, tile) adds its
-    # output (`moe_triton._moe_down_add_kernel`), so the add launch after the down goes; the main stream joins the
-    # shared expert's side stream (MoEPaths.shared_beside) before the down instead of after it. Built in the
-    # fiftieth session for 2-8 tokens, where that add took 1.3 us and a launch boundary a layer; not yet measured.
-    dn_add: bool = False
 
 
 @dataclass(frozen=True)

@@ -382,8 +382,8 @@ def _moe_gate_up_expert_kernel(
             _silu_mul_store(acc0 * scale, h_ptr, one + p0, stride_h, jj, col_ok, BLOCK_I, 1)
 
 
-@triton.jit
-def _moe_down_program(
+@triton.jit(do_not_specialize=["n_shared_tokens", "n_pairs", "chunks"])
+def _moe_down_kernel(
     h_ptr,
     ids_ptr,
     order_ptr,
@@ -444,13 +444,16 @@ def _moe_down_program(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     P_PAD: tl.constexpr,
-    add_ptr,
-    stride_add,
-    ADD: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """The body of `_moe_down_kernel` and of `_moe_down_add_kernel` (ADD: the decode path's last arrival adds
-    add[t] in x's dtype, as SHARED adds the folded shared expert's output)."""
+    """y = round(h[p] @ w2[e]^T * scale). GROUPED: store y[p]. Else reduce the token's TOPK slots into out[t].
+    EXPERT (with GROUPED): the blocks come from the unsorted ids, as in `_moe_gate_up_kernel`; with SLOTS_HERE too,
+    the token's slots are reduced into out[t] in this launch (`_reduce_slots`) instead of by `_moe_reduce_kernel`.
+
+    SHARED (decode only): program rows below `n_shared_tokens` are each token's shared expert (its h is the
+    contiguous `shared_inter` columns at h row token * shared_parts), arriving as slot TOPK with weight 1; the last
+    arrival rounds the routed sum, then adds the shared output and rounds again, as the reference's BF16 add.
+    """
     # Decode (not GROUPED): the expert ids and routing weights read before `tile_matmul` waits for the previous grid
     # come from the router, which ran before the gate_up kernel and so has completed (a PDL kernel is launched only
     # once its predecessor has passed its own wait); the weights stream before the wait, h (gate_up's) after it.
@@ -541,12 +544,8 @@ def _moe_down_program(
         res = total.to(xdt)
         if SHARED:
             res = (res.to(tl.float32) + extra).to(xdt)
-        last = store_ok & is_last(arrived, NSLOTS, BLOCK_N)[:, None]
-        if ADD:  # the shared expert's output, run apart: the reference's BF16 add, as SHARED's
-            add_ptrs = add_ptr + t.to(tl.int64) * stride_add + rows[:, None] + tl.zeros((1, BLOCK_M), dtype=tl.int64)
-            res = (res.to(tl.float32) + tl.load(add_ptrs, mask=last, other=0.0).to(tl.float32)).to(xdt)
         out_ptrs = out_ptr + t.to(tl.int64) * stride_out + rows[:, None] + tl.zeros((1, BLOCK_M), dtype=tl.int64)
-        tl.store(out_ptrs, res, mask=last)
+        tl.store(out_ptrs, res, mask=store_ok & is_last(arrived, NSLOTS, BLOCK_N)[:, None])
         if NORM:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton compiles them apart)
             # Token t's row is whole once its dn_tiles final stores have arrived: the last one adds and normalises.
             if arrived == NSLOTS - 1:
@@ -554,167 +553,6 @@ def _moe_down_program(
                 _finish_row(
                     out_ptr + ro, res_ptr + ro, nw_ptr, hn_ptr + ro, res_out_ptr + ro, row_cnt_ptr + t, H, eps, N_PAD
                 )
-
-
-@triton.jit(do_not_specialize=["n_shared_tokens", "n_pairs", "chunks"])
-def _moe_down_kernel(
-    h_ptr,
-    ids_ptr,
-    order_ptr,
-    meta_ptr,
-    tw_ptr,
-    w_ptr,
-    s_ptr,
-    gs_ptr,
-    out_ptr,
-    ws_ptr,
-    cnt_ptr,
-    H,
-    INTER,
-    stride_h,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    stride_gse,
-    stride_out,
-    seg1,
-    seg2,
-    seg3,
-    sw_ptr,
-    ss_ptr,
-    sgs_ptr,
-    stride_swn,
-    stride_ssn,
-    sseg1,
-    sseg2,
-    sseg3,
-    n_shared_tokens,
-    shared_parts,
-    shared_inter,
-    res_ptr,
-    nw_ptr,
-    hn_ptr,
-    res_out_ptr,
-    row_cnt_ptr,
-    eps,
-    n_pairs,
-    chunks,
-    NVFP4: tl.constexpr,
-    GSCALE: tl.constexpr,
-    GROUPED: tl.constexpr,
-    EXPERT: tl.constexpr,
-    SLOTS_HERE: tl.constexpr,
-    SHARED: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    WORDS: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    PRECISION: tl.constexpr,
-    TOPK: tl.constexpr,
-    NSLOTS: tl.constexpr,
-    NORM: tl.constexpr,
-    N_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    P_PAD: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """y = round(h[p] @ w2[e]^T * scale). GROUPED: store y[p]. Else reduce the token's TOPK slots into out[t].
-    EXPERT (with GROUPED): the blocks come from the unsorted ids, as in `_moe_gate_up_kernel`; with SLOTS_HERE too,
-    the token's slots are reduced into out[t] in this launch (`_reduce_slots`) instead of by `_moe_reduce_kernel`.
-
-    SHARED (decode only): program rows below `n_shared_tokens` are each token's shared expert (its h is the
-    contiguous `shared_inter` columns at h row token * shared_parts), arriving as slot TOPK with weight 1; the last
-    arrival rounds the routed sum, then adds the shared output and rounds again, as the reference's BF16 add.
-    """
-    _moe_down_program(
-        h_ptr, ids_ptr, order_ptr, meta_ptr, tw_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr, H, INTER,
-        stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_out, seg1, seg2, seg3, sw_ptr,
-        ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2, sseg3, n_shared_tokens, shared_parts, shared_inter,
-        res_ptr, nw_ptr, hn_ptr, res_out_ptr, row_cnt_ptr, eps, n_pairs, chunks, NVFP4, GSCALE, GROUPED, EXPERT,
-        SLOTS_HERE, SHARED, EVEN_K, WORDS, USE_DOT, PRECISION, TOPK, NSLOTS, NORM, N_PAD, BLOCK_N, BLOCK_M,
-        BLOCK_K, P_PAD, out_ptr, 0, False, PDL
-    )  # fmt: skip
-
-
-@triton.jit(do_not_specialize=["n_shared_tokens", "n_pairs", "chunks"])
-def _moe_down_add_kernel(
-    h_ptr,
-    ids_ptr,
-    order_ptr,
-    meta_ptr,
-    tw_ptr,
-    w_ptr,
-    s_ptr,
-    gs_ptr,
-    out_ptr,
-    ws_ptr,
-    cnt_ptr,
-    H,
-    INTER,
-    stride_h,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    stride_gse,
-    stride_out,
-    seg1,
-    seg2,
-    seg3,
-    sw_ptr,
-    ss_ptr,
-    sgs_ptr,
-    stride_swn,
-    stride_ssn,
-    sseg1,
-    sseg2,
-    sseg3,
-    n_shared_tokens,
-    shared_parts,
-    shared_inter,
-    res_ptr,
-    nw_ptr,
-    hn_ptr,
-    res_out_ptr,
-    row_cnt_ptr,
-    eps,
-    n_pairs,
-    chunks,
-    NVFP4: tl.constexpr,
-    GSCALE: tl.constexpr,
-    GROUPED: tl.constexpr,
-    EXPERT: tl.constexpr,
-    SLOTS_HERE: tl.constexpr,
-    SHARED: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    WORDS: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    PRECISION: tl.constexpr,
-    TOPK: tl.constexpr,
-    NSLOTS: tl.constexpr,
-    NORM: tl.constexpr,
-    N_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    P_PAD: tl.constexpr,
-    add_ptr,
-    stride_add,
-    PDL: tl.constexpr,
-):
-    """`_moe_down_kernel` on the decode path whose last arrival for a (token, tile) also adds add[t] (the shared
-    expert run apart, [T, H] in x's dtype), rounding as the reference's add: the add launch after it goes
-    (`MoEConfig.dn_add`). A twin, so the recorded `_moe_down_kernel` keeps its parameters."""
-    _moe_down_program(
-        h_ptr, ids_ptr, order_ptr, meta_ptr, tw_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr, H, INTER,
-        stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_out, seg1, seg2, seg3, sw_ptr,
-        ss_ptr, sgs_ptr, stride_swn, stride_ssn, sseg1, sseg2, sseg3, n_shared_tokens, shared_parts, shared_inter,
-        res_ptr, nw_ptr, hn_ptr, res_out_ptr, row_cnt_ptr, eps, n_pairs, chunks, NVFP4, GSCALE, GROUPED, EXPERT,
-        SLOTS_HERE, SHARED, EVEN_K, WORDS, USE_DOT, PRECISION, TOPK, NSLOTS, NORM, N_PAD, BLOCK_N, BLOCK_M,
-        BLOCK_K, P_PAD, add_ptr, stride_add, True, PDL
-    )  # fmt: skip
 
 
 @triton.jit
@@ -1107,9 +945,8 @@ def _routed(
 
     `norm` (decode path only): (residual, norm weight, eps, h out, new residual out), filled by the down launch.
     `add` [T, H] (the shared expert run apart) is added to the result in x's dtype: by the slot-reduce launch where
-    the path has one, by the per-pair decode down's last arrivals with `MoEConfig.dn_add`, else as a separate add;
-    `add_after`: the side stream `add` is made on, which the main stream joins before that launch (and before
-    returning, whatever the path)."""
+    the path has one, else as a separate add; `add_after`: the side stream `add` is made on, which the main stream
+    joins before that launch (and before returning, whatever the path)."""
 
     def added() -> torch.Tensor | None:
         if add_after is not None:
@@ -1238,13 +1075,7 @@ def _routed(
             row = (residual, norm_w, h_out, res_out, cnt[COUNTER_SLOTS - t :], float(eps))
         else:
             row = _no_norm(out)
-        # MoEConfig.dn_add: the shared expert's output (run apart) added by the last arrivals, its stream joined
-        # first; else added after the launch.
-        kernel, extra = _moe_down_kernel, {}
-        if cfg.dn_add and add is not None:
-            kernel, more = _moe_down_add_kernel, added()
-            extra = {"add_ptr": more, "stride_add": more.stride(0)}
-        kernel[(dn_tiles, n_shared_tokens + p)](
+        _moe_down_kernel[(dn_tiles, n_shared_tokens + p)](
             h, ids, order, meta, tw, q2, s2, g2, out, ws, cnt,
             hidden, inter, h.stride(0), we2, wn2, se2, sn2, ge2, out.stride(0), *seg2,
             *sh2, n_shared_tokens, max(parts, 1), shared_inter, *row, p, chunks,
@@ -1252,10 +1083,10 @@ def _routed(
             EVEN_K=even_dn, WORDS=mode, USE_DOT=cfg.use_dot, PRECISION=prec, TOPK=topk, NSLOTS=nslots,
             NORM=norm is not None, N_PAD=triton.next_power_of_2(hidden) if norm is not None else 1,
             BLOCK_N=cfg.dn_block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.dn_block_k, P_PAD=1, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **extra,
+            num_stages=cfg.num_stages,
             **launch_options(x.device),
         )  # fmt: skip
-        return out if extra else _plus(out, added())
+        return _plus(out, added())
     # Unsorted blocks with `slots_in_down`: the down launch reduces each token's slots (and adds the folded shared
     # expert, one block of rows a chunk of tokens, slot topk) into out itself.
     slots_here = unsorted and cfg.slots_in_down

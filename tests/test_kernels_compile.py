@@ -230,34 +230,6 @@ def test_moe_decode_with_shared_expert_compiles_for_sm90(kernel: str, fmt: str) 
         assert waits >= 2
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
-def test_moe_down_add_compiles_for_sm90(fmt: str) -> None:
-    """The per-pair decode down that adds the shared expert's output run apart (`_moe_down_add_kernel`,
-    MoEConfig.dn_add) at the H200's 3-8 token tiles: the ids, routing weights and expert weights still load before
-    the PDL wait, the added row after it."""
-    import inspect
-
-    from flint_kernels import moe_triton
-
-    nv = fmt == "nvfp4"
-    wdt = "u8" if nv else "bf16"
-    pointers = {"h_ptr": "bf16", "ids_ptr": "i64", "order_ptr": "i64", "meta_ptr": "i64", "tw_ptr": "fp32",
-                "w_ptr": wdt, "s_ptr": wdt, "gs_ptr": "fp32" if nv else "bf16", "sw_ptr": wdt, "ss_ptr": wdt,
-                "sgs_ptr": "fp32" if nv else "bf16", "out_ptr": "bf16", "ws_ptr": "fp32", "cnt_ptr": "i32",
-                "res_ptr": "bf16", "nw_ptr": "fp32", "hn_ptr": "bf16", "res_out_ptr": "bf16", "row_cnt_ptr": "i32",
-                "add_ptr": "bf16"}  # fmt: skip
-    tiles = dict(USE_DOT=False, BLOCK_M=1, BLOCK_K=512, BLOCK_N=32) if nv else dict(
-        USE_DOT=True, BLOCK_M=16, BLOCK_K=128, BLOCK_N=64
-    )  # fmt: skip
-    constexprs = {"NVFP4": nv, "GSCALE": nv, "GROUPED": False, "EXPERT": False, "SLOTS_HERE": False, "P_PAD": 1,
-                  "SHARED": False, "EVEN_K": True, "WORDS": False, "PRECISION": "tf32", "TOPK": 6, "NSLOTS": 6,
-                  "NORM": False, "N_PAD": 1, "PDL": True, **tiles}  # fmt: skip
-    names = inspect.signature(moe_triton._moe_down_add_kernel.fn).parameters
-    pointers = {k: v for k, v in pointers.items() if k in names}
-    loads, waits = _compile("flint_kernels.moe_triton", "_moe_down_add_kernel", pointers, constexprs, 4, 1 if nv else 3)
-    assert loads > 0 and waits >= 1
-
-
 @pytest.mark.parametrize(
     "fmt,block_n,shared_slots",
     [("nvfp4", 1, False), ("nvfp4", 2, False), ("bf16", 1, False), ("bf16", 2, False), ("nvfp4", 2, True),
