@@ -3,22 +3,18 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (state after the fiftieth session, 2026-12-06: on an H200 the BF16 table with the shared expert beside the
-# routed launches, b32 12.47 ms (`decode_h200_bf16_table_s50.json`: the 13 ms target met); BESIDE_MORE: NVFP4's
-# shared expert apart and beside at 2-8 tokens won (b8 -4.7%), installed with the NVFP4 manifest profile recorded
-# again; at 1 token (both formats) and in the MMA launches it lost or was even; every GPU test passed, 605):
-#   the NVFP4 status figures on an H200 with the install (`decode.py --formats nvfp4 bf16 --batches 1 2 4 8 16 32 64
-#                 --prefill 8192 --profile-batches 1`; the last call of the fiftieth session got an H100:
-#                 `decode_h100_nvfp4_status_s50.json`).
-#   the GPU tests that take the table's NVFP4 MoE tiles at 3-8 tokens, changed after the last full run
-#                 (`tests/test_kernels_moe.py -k flint_shapes`, `tests/test_fast_path.py`);
-#   ADD_IN_DOWN=1 (built): the shared expert's output added by the per-pair decode down's last arrivals at 2-8
-#                 tokens (`MoEConfig.dn_add`) instead of a separate add launch after it; its GPU tests, then A/Bs.
+# Next (state after the fifty-first session, 2026-12-06: ADD_IN_DOWN ran on an H100 and lost 5-6% at 2-8 tokens, both
+# formats; `dn_add` removed):
+#   TWIN256=1 (new tiles, no kernel change): the NVFP4 prefill twins in 256-row blocks at 6,144-8,192 tokens, then
+#                 the whole 8K NVFP4 prefill with the best of them from 144 pairs an expert.
+#   the NVFP4 status figures on an H200 with the fiftieth session's installs (`decode.py --formats nvfp4 bf16 --batches
+#                 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`; its gate_up in 8-row programs at 3-8 tokens
+#                 was timed on an H100 only; the MoE GPU tests at Flint's shapes pass with it there, 55).
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
-# (lost 0.9-6.7%; `max_registers` removed), B1_PROBE (lost 0.3-3.0%), LM_PROBE
-# (even / +0.5%). An H100 runs the H200's table and manifest (`tuning.SIBLINGS`; the
+# (lost 0.9-6.7%; `max_registers` removed), ADD_IN_DOWN (lost 4.7-6.3%; `dn_add` removed), B1_PROBE (lost
+# 0.3-3.0%), LM_PROBE (even / +0.5%). An H100 runs the H200's table and manifest (`tuning.SIBLINGS`; the
 # fortieth session's calls set FLINT_TUNING_FILE to it, before that): the A/Bs compare the same tables there.
 #
 # The blocks of experiments already judged stay as the commands docs/performance.md quotes for their figures; each
@@ -662,13 +658,51 @@ if [ "${SHARED_BESIDE:-0}" = 1 ]; then
         "--formats bf16 --batches 9 16 32 64 --profile-batches 32 --reserve-gib 2" $V/shared_beside.json
     grep -E "GPU ms by kernel family|x .* us = " "$OUT/decode_shared_beside_ab.txt" | head -6
 fi
+# TWIN256=1 (fifty-first session; no kernel change, new tiles): the NVFP4 prefill twins at 8K take 0.952 ms (gate_up)
+# + 0.431 (down) a layer, where BF16's launches take ~0.48 + 0.29: with the decoded tile the MMA's register operand,
+# each K step's decode runs about as long as its MMAs, and 128-row blocks decode each expert twice for the ~192 pairs
+# an expert of an 8K prompt. 256-row blocks (8 warps, two [64, 256] FP32 accumulators) decode it once.
+# `benchmarks/moe_grouped_tma.py --twins-only --nv-block-m 128 256 --packed-only` at 6,144 and 8,192 tokens, then
+# the whole 8K NVFP4 prefill (prefill_ab.py, 2 rounds) with the best 256-row tiles from 144 pairs an expert (6,144
+# tokens). ~6 minutes. A win: the entry, then RECORD=1.
+if [ "${TWIN256:-0}" = 1 ]; then
+    timeout 300 python3 benchmarks/moe_grouped_tma.py --twins-only --nv-block-m 128 256 --packed-only \
+        --ts ${TWIN256_TS:-6144 8192} --formats nvfp4 --out "$OUT/moe_twins_256.json" > "$OUT/moe_twins_256.txt" 2>&1
+    grep -E "nvfp4 in launches m|installed|Error" "$OUT/moe_twins_256.txt" | grep -v "^  nvfp4 in launches" | cut -c1-260
+    grep -E "^  nvfp4 in launches (gate_up|down) m256" "$OUT/moe_twins_256.txt" | cut -c1-160
+    # The best 256-row whole MoE at the largest size: its config as --set arguments.
+    sets=$(python3 - "$OUT/moe_twins_256.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1])).get("rows", [])
+whole = rows[-1]["nvfp4_in_launches"]["whole"] if rows else {}
+best = min(((v["ms"], v["config"]) for k, v in whole.items() if " m256 " in k), default=None, key=lambda p: p[0])
+if best:
+    print(" ".join(f"{k}={json.dumps(v)}" for k, v in best[1].items()))
+PY
+)
+    if [ -n "$sets" ]; then
+        mkdir -p /tmp/variants
+        # shellcheck disable=SC2086  # the --set list is words
+        python3 benchmarks/tuning_variant.py --op moe.grouped_tma --when '{"nvfp4": true, "pairs_per_expert_min": 96.0}' \
+            --add '{"nvfp4": true, "pairs_per_expert_min": 144.0}' --set $sets --out /tmp/variants/twin256.json \
+            > /dev/null || echo "variant failed: $sets"
+        echo "== whole 8K NVFP4 prefill: table vs 256-row twins from 144 pairs an expert ($sets)"
+        timeout 300 python3 benchmarks/prefill_ab.py --format nvfp4 --variant-tuning-file /tmp/variants/twin256.json \
+            --rounds 2 --out "$OUT/prefill_ab_twin256.json" > "$OUT/prefill_ab_twin256.txt" 2>&1
+        grep -E "^round|median|Error" "$OUT/prefill_ab_twin256.txt"
+        cp /tmp/variants/twin256.json "$OUT/"
+    fi
+fi
 # ADD_IN_DOWN=1 (fiftieth session, built): with the shared expert beside the routed launches at 2-8 tokens, the
 # per-pair decode down (NVFP4 and BF16 there) is followed by a separate add of its output (a PyTorch launch, 1.3 us,
 # and its boundary: no PDL overlap into the next layer's norm). `MoEConfig.dn_add` has the down's last arrivals add
 # it (`moe_triton._moe_down_add_kernel`), the side stream joined before the down instead. Its GPU tests first (the
 # beside test's dn_add cases: the same bits eagerly and from a graph), then both formats at 2, 4 and 8 sequences
-# against the table with dn_add in their 2-8 token entries. ~4 minutes; an H100 will do. A win: the entries, then
-# RECORD=1 for both profiles (the twin is a new kernel).
+# against the table with dn_add in their 2-8 token entries. ~4 minutes; an H100 will do. Ran in the fifty-first
+# session on an H100 (`decode_h100_add_in_down_{nvfp4,bf16}_ab_s51.json`): the tests passed (5) and every size lost,
+# NVFP4 b2 2.433 -> 2.580, b4 3.292 -> 3.502, b8 4.634 -> 4.896, BF16 b2 3.910 -> 4.094, b4 5.475 -> 5.804, b8 7.886 ->
+# 8.161 ms (+4.7 to +6.3%): the down waiting on the side stream costs more than the add; `dn_add` and its twin kernel
+# are removed, so this block is kept as the command only.
 if [ "${ADD_IN_DOWN:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
     gpu_tests "dn_add GPU tests" gpu_tests_dn_add 200 -n 4 tests/test_kernels_moe.py -k "shared_beside_equals_in_line"

@@ -78,6 +78,8 @@ def run(
     only_paths: bool = False,
     twins_only: bool = False,
     decode_path: bool = False,
+    nv_block_ms: tuple[int, ...] = (64, 128),
+    packings: tuple[bool, ...] = (False, True),
 ) -> dict:
     from flint_kernels import moe_align_triton, moe_triton
     from flint_kernels import moe_grouped_gemm as mg
@@ -116,10 +118,10 @@ def run(
     if only_paths:
         return row
     # Each launch alone, on block tables made once per block_m.
-    tables = {m: moe_align_triton.sort_blocks(ids, EXPERTS, m) for m in (64, 128)}
+    tables = {m: moe_align_triton.sort_blocks(ids, EXPERTS, m) for m in {64, 128, *nv_block_ms}}
     if twins_only:
         if fmt == "nvfp4":
-            row["nvfp4_in_launches"] = nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops)
+            row["nvfp4_in_launches"] = nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops, nv_block_ms, packings)
         return row
     c13, c2 = copies(w13, w2)
     src, _, offs = moe_align_triton.sort(ids, EXPERTS)
@@ -201,7 +203,7 @@ def run(
         print(f"  {key}: {whole[key]}", flush=True)
     row["whole"] = whole
     if fmt == "nvfp4":
-        row["nvfp4_in_launches"] = nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops)
+        row["nvfp4_in_launches"] = nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops, nv_block_ms, packings)
     return row
 
 
@@ -220,6 +222,13 @@ NV_GATE_UP_TILES = [
     (64, 128, 128, 4, 2, True),
     (128, 128, 64, 8, 4, True),
     (128, 64, 128, 4, 2, True),
+    # Fifty-first session: 256-row blocks decode each expert's K step once for up to 256 pairs, where 128-row ones
+    # decode it twice for the ~192 pairs an expert of an 8K prompt (the decode costs about what the MMAs do); 8 warps
+    # hold the two [64, 256] FP32 accumulators (128 registers a thread).
+    (256, 64, 64, 8, 2, True),
+    (256, 64, 64, 8, 3, True),
+    (256, 64, 128, 8, 2, True),
+    (256, 64, 64, 8, 3, False),
 ]
 NV_DOWN_TILES = [
     (64, 128, 64, 4, 3),
@@ -231,6 +240,10 @@ NV_DOWN_TILES = [
     (64, 128, 128, 4, 2),  # thirty-fourth session, as the gate_up's
     (128, 128, 64, 8, 4),
     (128, 64, 128, 4, 2),
+    (256, 64, 64, 8, 3),  # fifty-first session, as the gate_up's
+    (256, 128, 64, 8, 2),
+    (256, 128, 64, 8, 3),
+    (256, 64, 128, 8, 2),
 ]
 # The fields a gate_up tile sets (`gate_up_cfg`); a joined config takes the down's others.
 GATE_UP_FIELDS = ("block_m", "gate_up_block_n", "gate_up_block_k", "gate_up_warps", "gate_up_stages", "gather")
@@ -240,9 +253,10 @@ def nv_name(c: tuple, packed: bool) -> str:
     return cfg_name(c) + (" packed" if packed else "")
 
 
-def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops) -> dict:
+def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops, block_ms=(64, 128), packings=(False, True)) -> dict:
     """Each launch alone and the whole routed MoE with NVFP4 decoded in the launches, by byte planes and by packed
-    pairs (`packed_decode`), against the copies' path (the same tiles on BF16 copies: equal results expected)."""
+    pairs (`packed_decode`), against the copies' path (the same tiles on BF16 copies: equal results expected); only
+    the tiles of `block_ms` and the decodes of `packings`."""
     from flint_kernels import moe_grouped_tma_triton as tma
     from flint_kernels import moe_triton
 
@@ -250,9 +264,9 @@ def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops) -> dict:
     out: dict = {"gate_up_us": {}, "down_us": {}, "whole": {}}
     h_by_m = {}
     gate_ups = {nv_name(c, p): dataclasses.replace(gate_up_cfg(c), packed_decode=p) for c in NV_GATE_UP_TILES
-                for p in (False, True)}  # fmt: skip
+                for p in packings if c[0] in block_ms}  # fmt: skip
     downs = {nv_name(c, p): dataclasses.replace(down_cfg(c), packed_decode=p) for c in NV_DOWN_TILES
-             for p in (False, True)}  # fmt: skip
+             for p in packings if c[0] in block_ms}  # fmt: skip
     for name, cfg in gate_ups.items():
         s_, _, meta = tables[cfg.block_m]
         try:
@@ -274,8 +288,8 @@ def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops) -> dict:
             out["down_us"][name] = f"{type(e).__name__}: {e}"[:200]
         print(f"  nvfp4 in launches down {name}: {out['down_us'][name]}", flush=True)
     c13, c2 = (moe_triton._dequantized(w, torch.bfloat16) for w in (w13, w2))
-    for m in (64, 128):
-        for packed in (False, True):
+    for m in block_ms:
+        for packed in packings:
 
             def best(us: dict, m: int = m, packed: bool = packed) -> str | None:
                 ok = [(v, k) for k, v in us.items() if isinstance(v, float) and k.startswith(f"m{m} ")
@@ -308,6 +322,9 @@ def main() -> int:
     ap.add_argument("--paths-only", action="store_true", help="only the installed path against the one before")
     ap.add_argument("--twins-only", action="store_true", help="only the paths and NVFP4 decoded in the launches")
     ap.add_argument("--decode-path", action="store_true", help="also time the decode path at each size")
+    ap.add_argument("--nv-block-m", type=int, nargs="+", default=[64, 128], choices=(64, 128, 256),
+                    help="the NVFP4 twins' tiles of these block heights only")  # fmt: skip
+    ap.add_argument("--packed-only", action="store_true", help="the NVFP4 twins' packed decode only")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/moe_grouped_tma.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -318,7 +335,12 @@ def main() -> int:
     for fmt in args.formats:
         stacks = [moe_weights(fmt, gen)[:2] for _ in range(2)]
         for t in args.ts:
-            rows.append(run(t, fmt, stacks, gen, args.paths_only, args.twins_only, args.decode_path))
+            rows.append(
+                run(
+                    t, fmt, stacks, gen, args.paths_only, args.twins_only, args.decode_path, tuple(args.nv_block_m),
+                    (True,) if args.packed_only else (False, True),
+                )
+            )  # fmt: skip
         del stacks
         torch.cuda.empty_cache()
     print(f"\nRouted MoE on {torch.cuda.get_device_name()} (ms a layer; rel. error against moe_ref)")
