@@ -164,6 +164,13 @@ def test_fits_declines_what_it_cannot_run() -> None:
     assert not mt2.fits(x, w13.half() if dtype != torch.float16 else w13.float(), w2, SMALL)
     assert not mt2.fits(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, SMALL)
     assert not mt2.fits(x.t().contiguous().t(), w13, w2, SMALL)  # x's rows not contiguous
+    # NVFP4 decoded in the down: blocks above 128 rows need 128 columns or more (64 gave NaN on an H100).
+    n13 = random_nvfp4_experts(e, 2 * i, 256, g, (i, i))
+    n2 = random_nvfp4_experts(e, 256, i, g, (256,))
+    xn = torch.randn(5, 256, generator=g, device=DEVICE).to(dtype)
+    rows256 = dataclasses.replace(SMALL, block_m=256, down_block_n=128)
+    assert mt2.fits(xn, n13, n2, rows256) and mt2.fits(xn, w13, w2, dataclasses.replace(SMALL, block_m=256))
+    assert not mt2.fits(xn, n13, n2, dataclasses.replace(rows256, down_block_n=64))
 
 
 @pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "shared"])
@@ -204,12 +211,12 @@ def test_fused_moe_takes_the_tma_launches_from_their_threshold(
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [512, 2048, 4096])
+@pytest.mark.parametrize("t", [512, 2048, 4096, 8192])
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 def test_flint_sizes_on_the_gpu(t: int, fmt: str) -> None:
     """Flint's experts (256 x 2048 x 512, top-6) in BF16, or NVFP4's copies and NVFP4 decoded in the launches, with
     the tiles the GPU's table gives at this size (the H200's: 64-row blocks below 96 pairs an expert, 128-row from
-    there)."""
+    there, NVFP4's 256-row from 144)."""
     g = gen(6)
     e, h, i, k = 256, 2048, 512, 6
     x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
@@ -233,6 +240,47 @@ def test_flint_sizes_on_the_gpu(t: int, fmt: str) -> None:
         assert torch.equal(mt2.routed(x, tw, ids, w13, w2, twins), copies)
         # Decoded two at a time and re-paired into K order: the same tiles, so the same sums.
         assert torch.equal(mt2.routed(x, tw, ids, w13, w2, dataclasses.replace(cfg, packed_decode=True)), copies)
+
+
+def _halves(meta: torch.Tensor) -> torch.Tensor:
+    """The block table of 256-row blocks `meta` cut into blocks of at most 128 rows (the same sorted rows)."""
+    cut = [(e, r0 + s, min(128, n - s)) for e, r0, n in meta.tolist() for s in range(0, n, 128)]
+    return torch.tensor(cut, dtype=torch.int32, device=meta.device)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("gather", [True, False], ids=["gather", "sorted-copy"])
+def test_nvfp4_256_row_blocks_on_the_gpu(gather: bool) -> None:
+    """NVFP4 decoded in 256-row blocks (8 warps; an 8K prompt's ~192 pairs an expert), each launch on its own: the
+    same sorted rows through the 128-row tiles (to BF16 rounding) and the copies' sums through the same tiles. (The
+    down in 64 columns left NaN in y on an H100, Triton 3.6: `fits` declines it.)"""
+    g = gen(8)
+    e, h, i, k, t = 256, 2048, 512, 6, 8192
+    x = torch.randn(t, h, generator=g, device=DEVICE).bfloat16()
+    _, ids = routing(t, e, k, g)
+    w13 = random_nvfp4_experts(e, 2 * i, h, g, (i, i))
+    w2 = random_nvfp4_experts(e, h, i, g, (h,))
+    c13, c2 = (mt._dequantized(w, torch.bfloat16) for w in (w13, w2))
+    cfg = MoETmaConfig(
+        block_m=256, gate_up_block_n=64, gate_up_block_k=128, gate_up_warps=8, gate_up_stages=2, gather=gather,
+        down_block_n=128, down_block_k=64, down_warps=8, down_stages=3, packed_decode=True,
+    )  # fmt: skip
+    rows128 = MoETmaConfig(
+        block_m=128, gate_up_block_n=64, gate_up_block_k=128, gate_up_warps=4, gate_up_stages=2, gather=True,
+        down_block_n=128, down_block_k=64, down_warps=8, down_stages=3, packed_decode=True,
+    )  # fmt: skip
+    assert mt2.fits(x, w13, w2, cfg)
+    src, _, meta = moe_align_triton.sort_blocks(ids, e, 256)
+    meta128 = _halves(meta)
+    want = mt2.gate_up(x, src, meta128, w13, rows128)
+    got = mt2.gate_up(x, src, meta, w13, cfg)
+    assert not got.isnan().any() and rel_err(got, want) < 1e-2
+    assert torch.equal(got, mt2.gate_up(x, src, meta, c13, cfg))
+    want_y = mt2.down(want, meta128, w2, rows128)
+    got_y = mt2.down(want, meta, w2, cfg)
+    assert not got_y.isnan().any() and rel_err(got_y, want_y) < 1e-2
+    assert torch.equal(got_y, mt2.down(want, meta, c2, cfg))
 
 
 def test_fused_moe_decodes_nvfp4_in_the_launches_from_their_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
