@@ -229,6 +229,11 @@ NV_GATE_UP_TILES = [
     (256, 64, 64, 8, 3, True),
     (256, 64, 128, 8, 2, True),
     (256, 64, 64, 8, 3, False),
+    # Then (installed: k128 in 2 stages, gathered) deeper pipelines and the sorted copy at 128 deep.
+    (256, 64, 128, 8, 3, True),
+    (256, 64, 128, 8, 2, False),
+    (256, 64, 128, 8, 3, False),
+    (256, 64, 64, 8, 4, False),
 ]
 NV_DOWN_TILES = [
     (64, 128, 64, 4, 3),
@@ -240,10 +245,11 @@ NV_DOWN_TILES = [
     (64, 128, 128, 4, 2),  # thirty-fourth session, as the gate_up's
     (128, 128, 64, 8, 4),
     (128, 64, 128, 4, 2),
-    (256, 64, 64, 8, 3),  # fifty-first session, as the gate_up's
+    # Fifty-first session: 256-row blocks in 128 columns (64 left NaN in y on an H100, so `fits` declines them).
     (256, 128, 64, 8, 2),
     (256, 128, 64, 8, 3),
-    (256, 64, 128, 8, 2),
+    (256, 128, 64, 8, 4),
+    (256, 128, 128, 8, 2),
 ]
 # The fields a gate_up tile sets (`gate_up_cfg`); a joined config takes the down's others.
 GATE_UP_FIELDS = ("block_m", "gate_up_block_n", "gate_up_block_k", "gate_up_warps", "gate_up_stages", "gather")
