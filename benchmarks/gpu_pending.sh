@@ -697,6 +697,28 @@ PY
         cp /tmp/variants/twin256.json "$OUT/"
     fi
 fi
+# TWIN256_S3=1 (fifty-first session): TWIN256's second run (H100, `moe_twins_256_s3_h100_s51.txt`) had the 256-row
+# gate_up 128 deep in 3 stages at 738.9 us against the installed 2 stages' 878.2 (8,192 tokens); its whole-MoE check
+# did not run (the copies' plain launch at those tiles needs 295 KB of shared memory). The whole 8K NVFP4 prefill
+# with 3 stages (3 rounds); a win of 0.5% or more installs it in the call's table, then the TMA launches' GPU tests
+# (3 stages against 2: the same sums); the table comes back under $OUT (then RECORD=1 in a call of its own).
+if [ "${TWIN256_S3:-0}" = 1 ]; then
+    mkdir -p /tmp/variants
+    python3 benchmarks/tuning_variant.py --op moe.grouped_tma --when '{"nvfp4": true, "pairs_per_expert_min": 144.0}' \
+        --set gate_up_stages=3 --out /tmp/variants/stages3.json > /dev/null || echo "variant failed"
+    timeout 200 python3 benchmarks/prefill_ab.py --format nvfp4 --variant-tuning-file /tmp/variants/stages3.json \
+        --rounds 3 --out "$OUT/prefill_ab_twin256_s3.json" > "$OUT/prefill_ab_twin256_s3.txt" 2>&1
+    grep -E "^round|median|Error" "$OUT/prefill_ab_twin256_s3.txt"
+    won=$(python3 - "$OUT/prefill_ab_twin256_s3.txt" <<'PY'
+import re, sys
+ms = dict(re.findall(r"tokens, (\S+): ([0-9.]+) ms \(median", open(sys.argv[1]).read()))
+print(int(len(ms) == 2 and float(ms["stages3"]) < 0.995 * float(ms["engine"])))
+PY
+)
+    [ "$won" = 1 ] && cp /tmp/variants/stages3.json kernels/tuning/nvidia-h200.json && cp /tmp/variants/stages3.json "$OUT/"
+    gpu_tests "TMA launches' GPU tests (3 stages installed: $won)" gpu_tests_tma_s3 150 -n 4 \
+        tests/test_kernels_moe_grouped_tma.py
+fi
 # ADD_IN_DOWN=1 (fiftieth session, built): with the shared expert beside the routed launches at 2-8 tokens, the
 # per-pair decode down (NVFP4 and BF16 there) is followed by a separate add of its output (a PyTorch launch, 1.3 us,
 # and its boundary: no PDL overlap into the next layer's norm). `MoEConfig.dn_add` has the down's last arrivals add
