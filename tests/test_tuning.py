@@ -286,12 +286,13 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert mgt.config(3, True, h200) == mgt.config(72, True, h200) == mgt.config(95.9, True, h200) == twins
     big_twins = MoETmaConfig(128, 64, 128, 4, 2, True, 128, 64, 8, 3, packed_decode=True)
     assert mgt.config(96, True, h200) == mgt.config(143.9, True, h200) == big_twins
-    # From 144 pairs an expert (6,144 tokens), 256-row blocks in 8 warps: each expert decoded once for an 8K prompt's
-    # ~192 pairs (fifty-first session, on an H100: the gate_up at 8K 935.9 -> 879.8 us, the prefill 134.0 -> 132.6).
+    # From 144 pairs an expert (6,144 tokens), 256-row blocks, the gate_up in 8 warps and 3 stages: each expert decoded
+    # once for an 8K prompt's ~192 pairs (fifty-first session, on an H100: the gate_up at 8K 935.9 -> 738.9 us, the
+    # prefill 133.7 -> 126.9 ms).
     assert (
         mgt.config(144, True, h200)
         == mgt.config(192, True, h200)
-        == dataclasses.replace(big_twins, block_m=256, gate_up_warps=8)
+        == dataclasses.replace(big_twins, block_m=256, gate_up_warps=8, gate_up_stages=3)
     )
     assert at.decode_config(32768, None, 1, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
     # Below 12 sequences (forty-fourth session): 64-key tiles, 64 keys a split at least, merged by a launch of their
