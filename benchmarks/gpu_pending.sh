@@ -3,17 +3,18 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (state after the fifty-first session, 2026-12-06: ADD_IN_DOWN ran on an H100 and lost 5-6% at 2-8 tokens, both
-# formats; `dn_add` removed):
-#   TWIN256=1 (new tiles, no kernel change): the NVFP4 prefill twins in 256-row blocks at 6,144-8,192 tokens, then
-#                 the whole 8K NVFP4 prefill with the best of them from 144 pairs an expert.
-#   the NVFP4 status figures on an H200 with the fiftieth session's installs (`decode.py --formats nvfp4 bf16 --batches
-#                 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`; its gate_up in 8-row programs at 3-8 tokens
-#                 was timed on an H100 only; the MoE GPU tests at Flint's shapes pass with it there, 55).
+# Next (state after the fifty-first session, 2026-12-06, H100s only: ADD_IN_DOWN lost 3.5-6.4% at 2-8 tokens, `dn_add`
+# removed; TWIN256 and TWIN256_S3 installed NVFP4's prefill twins in 256-row blocks from 6,144-token steps, the
+# gate_up 3 stages deep: the 8K NVFP4 prefill 133.7 -> 126.9 ms on an H100):
+#   RECORD=1 (or `bash benchmarks/gpu_record_manifest.sh`): the NVFP4 manifest profile with the 3-stage gate_up (its
+#                 entry's stages were edited by hand when the session's device time ran out mid-record).
+#   the status figures on an H200 with the fiftieth and fifty-first sessions' installs (`decode.py --formats nvfp4
+#                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`).
+#   the 256-row down: at 8K it is even with the 128-row one (399 us); a down tile 128 deep in 3 stages, or 4 warps.
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
-# (lost 0.9-6.7%; `max_registers` removed), ADD_IN_DOWN (lost 4.7-6.3%; `dn_add` removed), B1_PROBE (lost
+# (lost 0.9-6.7%; `max_registers` removed), ADD_IN_DOWN (lost 3.5-6.4%; `dn_add` removed), B1_PROBE (lost
 # 0.3-3.0%), LM_PROBE (even / +0.5%). An H100 runs the H200's table and manifest (`tuning.SIBLINGS`; the
 # fortieth session's calls set FLINT_TUNING_FILE to it, before that): the A/Bs compare the same tables there.
 #
@@ -727,7 +728,7 @@ fi
 # against the table with dn_add in their 2-8 token entries. ~4 minutes; an H100 will do. Ran in the fifty-first
 # session on an H100 (`decode_h100_add_in_down_{nvfp4,bf16}_ab_s51.json`): the tests passed (5) and every size lost,
 # NVFP4 b2 2.433 -> 2.580, b4 3.292 -> 3.502, b8 4.634 -> 4.896, BF16 b2 3.910 -> 4.094, b4 5.475 -> 5.804, b8 7.886 ->
-# 8.161 ms (+4.7 to +6.3%): the down waiting on the side stream costs more than the add; `dn_add` and its twin kernel
+# 8.161 ms (+3.5 to +6.4%): the down waiting on the side stream costs more than the add; `dn_add` and its twin kernel
 # are removed, so this block is kept as the command only.
 if [ "${ADD_IN_DOWN:-0}" = 1 ]; then
     V=/tmp/variants; mkdir -p $V
