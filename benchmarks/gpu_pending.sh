@@ -10,7 +10,9 @@
 #                 entry's stages were edited by hand when the session's device time ran out mid-record).
 #   the status figures on an H200 with the fiftieth and fifty-first sessions' installs (`decode.py --formats nvfp4
 #                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`).
-#   the 256-row down: at 8K it is even with the 128-row one (399 us); a down tile 128 deep in 3 stages, or 4 warps.
+#   TWIN256=1 TWIN256_BLOCK_M=256 again (the variant then sets the installed entry): the two tiles added after the
+#                 last run (the gate_up 64 deep in 6 stages, the down 128 deep in 3; at 8K the 256-row down is even
+#                 with the 128-row one, 399 us), and at 6,144 tokens the 3-stage gate_up, installed from an 8K A/B only.
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP

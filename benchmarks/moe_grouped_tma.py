@@ -234,6 +234,7 @@ NV_GATE_UP_TILES = [
     (256, 64, 128, 8, 2, False),
     (256, 64, 128, 8, 3, False),
     (256, 64, 64, 8, 4, False),
+    (256, 64, 64, 8, 6, True),  # not yet run: as deep in flight as 128 K in 3 stages, in smaller steps
 ]
 NV_DOWN_TILES = [
     (64, 128, 64, 4, 3),
@@ -250,6 +251,7 @@ NV_DOWN_TILES = [
     (256, 128, 64, 8, 3),
     (256, 128, 64, 8, 4),
     (256, 128, 128, 8, 2),
+    (256, 128, 128, 8, 3),  # not yet run: the gate_up's winning depth
 ]
 # The fields a gate_up tile sets (`gate_up_cfg`); a joined config takes the down's others.
 GATE_UP_FIELDS = ("block_m", "gate_up_block_n", "gate_up_block_k", "gate_up_warps", "gate_up_stages", "gather")
