@@ -10,8 +10,9 @@ summed in slot order by `reduce_sorted`), in two launches of our own instead of 
   BF16 copies).
 Blocks come from `moe_align_triton.sort_blocks`: (expert, first sorted row, rows) per block, so a block never mixes
 experts. The table picks the block height by pairs an expert (`MoETmaConfig`): 64-row blocks compute fewer unused
-rows at a few dozen pairs an expert, 128-row ones read each weight tile once for more rows. Rows of a tile past its
-block's belong to the next expert (or are TMA's zero fill): computed and never stored.
+rows at a few dozen pairs an expert, 128-row ones read each weight tile once for more rows, and for NVFP4's twins
+256-row ones (8 warps) decode each expert's weights once for an 8K prompt's ~192 pairs an expert. Rows of a tile
+past its block's belong to the next expert (or are TMA's zero fill): computed and never stored.
 
 Numerics (`moe_ref`'s): gate and up rounded to x's dtype after each segment's global scale on the FP32 accumulator,
 silu(gate) rounded, times up rounded; y rounded after its scale. Only the FP32 accumulation order differs from
