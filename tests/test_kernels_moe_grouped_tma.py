@@ -168,9 +168,11 @@ def test_fits_declines_what_it_cannot_run() -> None:
     n13 = random_nvfp4_experts(e, 2 * i, 256, g, (i, i))
     n2 = random_nvfp4_experts(e, 256, i, g, (256,))
     xn = torch.randn(5, 256, generator=g, device=DEVICE).to(dtype)
+    p13, p2 = experts(e, 256, i, dtype, g)
     rows256 = dataclasses.replace(SMALL, block_m=256, down_block_n=128)
-    assert mt2.fits(xn, n13, n2, rows256) and mt2.fits(xn, w13, w2, dataclasses.replace(SMALL, block_m=256))
-    assert not mt2.fits(xn, n13, n2, dataclasses.replace(rows256, down_block_n=64))
+    assert mt2.fits(xn, n13, n2, rows256)
+    narrow = dataclasses.replace(rows256, down_block_n=64)
+    assert not mt2.fits(xn, n13, n2, narrow) and mt2.fits(xn, p13, p2, narrow)  # plain stacks are not declined
 
 
 @pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "shared"])
