@@ -288,11 +288,11 @@ def test_h200_table_gives_the_documented_configs(gpu_named: Callable[[str], torc
     assert mgt.config(96, True, h200) == mgt.config(143.9, True, h200) == big_twins
     # From 144 pairs an expert (6,144 tokens), 256-row blocks, the gate_up in 8 warps and 3 stages: each expert decoded
     # once for an 8K prompt's ~192 pairs (fifty-first session, on an H100: the gate_up at 8K 935.9 -> 738.9 us, the
-    # prefill 133.7 -> 126.9 ms).
+    # prefill 133.7 -> 126.9 ms); the down 128 deep since the fifty-second (the prefill 127.3 -> 125.8 ms there).
     assert (
         mgt.config(144, True, h200)
         == mgt.config(192, True, h200)
-        == dataclasses.replace(big_twins, block_m=256, gate_up_warps=8, gate_up_stages=3)
+        == dataclasses.replace(big_twins, block_m=256, gate_up_warps=8, gate_up_stages=3, down_block_k=128)
     )
     assert at.decode_config(32768, None, 1, h200) == AttentionDecodeConfig(128, 4, 2, 256, 64, 16384)
     # Below 12 sequences (forty-fourth session): 64-key tiles, 64 keys a split at least, merged by a launch of their
