@@ -15,6 +15,10 @@ import torch
 # set before any kernel module is imported, which is why it lives at the top of conftest.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import interpreter_fast_paths
+
+    INTERPRETER_FAST_PATHS = interpreter_fast_paths.install()
 
 import pytest
 
