@@ -15,16 +15,19 @@ import torch
 # set before any kernel module is imported, which is why it lives at the top of conftest.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-if os.environ.get("TRITON_INTERPRET") == "1":
-    import interpreter_fast_paths
 
-    INTERPRETER_FAST_PATHS = interpreter_fast_paths.install()
-
+import interpreter_fast_paths
 import pytest
 
 from flint_engine.checkpoint.hf_writer import write_hf
 from flint_engine.checkpoint.random_tensors import random_provider
 from flint_engine.config import FlintConfig, preset
+
+# The interpreter's pure-overhead spots taken out (tests/interpreter_fast_paths.py: the same results, its kernel tests
+# about twice as fast); FLINT_TEST_PLAIN_INTERPRETER=1 runs Triton's interpreter as shipped.
+INTERPRETER_FAST_PATHS: list[str] = []
+if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("FLINT_TEST_PLAIN_INTERPRETER") != "1":
+    INTERPRETER_FAST_PATHS = interpreter_fast_paths.install()
 
 # Under pytest-xdist each worker shares the cores with the others (and with a Ray cluster's processes): one
 # intra-op thread a worker, so they do not oversubscribe the machine.

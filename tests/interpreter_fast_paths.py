@@ -11,6 +11,8 @@ that compute nothing a kernel sees:
 - `_patch_builtin` runs `inspect.getmembers` over `triton.language` for every nested `@triton.jit` call (39k calls)
   to find the builtins still unpatched; the builtins are listed once and the same check (is the attribute still the
   original builtin?) is made on that list.
+- `_patch_lang`, for each of those calls too, scans the function's module globals for `triton.language`; it reads
+  nothing else of the function, so it is handed the language modules found there, found once a module.
 
 Each patch is applied only where the interpreter has the names and shapes it was written against; otherwise that
 patch is left out (the suite is then only slower). `install()` returns the names applied, so a test can pin them.
@@ -19,6 +21,7 @@ patch is left out (the suite is then only slower). `install()` returns the names
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -37,6 +40,8 @@ def install() -> list[str]:
         applied.append("np_dtype")
     if _listed_builtins(interp, tl):
         applied.append("builtins")
+    if _found_languages(interp, tl):
+        applied.append("languages")
     return applied
 
 
@@ -107,4 +112,30 @@ def _listed_builtins(interp: Any, tl: Any) -> bool:
 
     patch_builtin._flint_listed = True  # type: ignore[attr-defined]
     interp._patch_builtin = patch_builtin
+    return True
+
+
+def _found_languages(interp: Any, tl: Any) -> bool:
+    plain = getattr(interp, "_patch_lang", None)
+    if plain is None or getattr(plain, "_flint_found", False):
+        return False
+    try:
+        source = inspect.getsource(plain)
+    except (OSError, TypeError):
+        return False
+    # Only where the function is read for its globals alone, and only for the modules themselves.
+    if source.count("fn.") != source.count("fn.__globals__") or "value in [tl, tl.core]" not in source:
+        return False
+    found: dict[int, tuple[dict, SimpleNamespace]] = {}
+
+    def patch_lang(fn: Any) -> Any:
+        g = fn.__globals__
+        entry = found.get(id(g))
+        if entry is None or entry[0] is not g:
+            langs = {name: v for name, v in g.items() if v is tl or v is tl.core}
+            entry = found[id(g)] = (g, SimpleNamespace(__globals__=langs))
+        return plain(entry[1])
+
+    patch_lang._flint_found = True  # type: ignore[attr-defined]
+    interp._patch_lang = patch_lang
     return True

@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter runs only on machines without a GPU"
+    os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("FLINT_TEST_PLAIN_INTERPRETER") == "1",
+    reason="the fast paths are installed only for the interpreter (machines without a GPU), unless asked not to be",
 )
 
 
@@ -31,7 +32,7 @@ def test_every_fast_path_is_applied() -> None:
     """A Triton whose interpreter moved these names would leave the suite slow, not wrong: this says so in CI."""
     from conftest import INTERPRETER_FAST_PATHS
 
-    assert INTERPRETER_FAST_PATHS == ["xor_reduce", "np_dtype", "builtins"]
+    assert INTERPRETER_FAST_PATHS == ["xor_reduce", "np_dtype", "builtins", "languages"]
 
 
 @pytest.mark.parametrize(("axis", "keep_dims"), [(0, False), (1, True), (None, False), (None, True)])
