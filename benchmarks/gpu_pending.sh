@@ -3,16 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (state after the fifty-first session, 2026-12-06, H100s only: ADD_IN_DOWN lost 3.5-6.4% at 2-8 tokens, `dn_add`
-# removed; TWIN256 and TWIN256_S3 installed NVFP4's prefill twins in 256-row blocks from 6,144-token steps, the
-# gate_up 3 stages deep: the 8K NVFP4 prefill 133.7 -> 126.9 ms on an H100):
-#   RECORD=1 (or `bash benchmarks/gpu_record_manifest.sh`): the NVFP4 manifest profile with the 3-stage gate_up (its
-#                 entry's stages were edited by hand when the session's device time ran out mid-record).
-#   the status figures on an H200 with the fiftieth and fifty-first sessions' installs (`decode.py --formats nvfp4
-#                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`).
-#   TWIN256=1 TWIN256_BLOCK_M=256 again (the variant then sets the installed entry): the two tiles added after the
-#                 last run (the gate_up 64 deep in 6 stages, the down 128 deep in 3; at 8K the 256-row down is even
-#                 with the 128-row one, 399 us), and at 6,144 tokens the 3-stage gate_up, installed from an 8K A/B only.
+# Next (state after the fifty-second session, 2026-12-06, H100s only: TWIN256 again put NVFP4's 256-row prefill down
+# 128 deep, installed (8K prefill 127.3 -> 125.8 ms); the manifest recorded with it; every GPU test on an H100):
+#   the status figures on an H200 with the fiftieth to fifty-second sessions' installs (`decode.py --formats nvfp4
+#                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`): no H200 came in the
+#                 fifty-first and fifty-second sessions.
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
@@ -672,7 +667,13 @@ fi
 # (64 columns by 128 K, 8 warps, 2 stages, gathered), the down even (398.9 in 128 columns against 403.3; in 64
 # columns it left NaN in y: `fits` declines that), the routed MoE 1.419 -> 1.398 ms a layer, the prefill 134.0 ->
 # 132.6 ms: installed from 144 pairs an expert, the manifest recorded (120 variants). Again (TWIN256_BLOCK_M=256), the
-# variant now sets that entry: deeper pipelines, the sorted copy at 128 deep, 3 prefill rounds.
+# variant now sets that entry: deeper pipelines, the sorted copy at 128 deep, 3 prefill rounds. Ran so in the
+# fifty-second session (H100, `moe_twins_256_h100_s52.json`, `prefill_ab_twin256_h100_s52.json`; its first try died in
+# the whole check: the copies' plain down 128 deep in 3 stages needs 295 KB too, now at <= 2 stages there as well):
+# the down 128 deep 394.7 against 400.0 us at 8K (379.9 / 382.5 at 6,144), the routed MoE 1.255 -> 1.218 ms a layer,
+# the prefill 127.3 -> 125.8 ms (every round's GPU time lower): installed. The gate_up 64 deep in 6 stages 1,085-1,157
+# us (against 742-801 at 128 deep in 3); from the sorted copy 768.5 against 801.1 gathered at 6,144 but 825.5 against
+# 742.1 at 8K.
 if [ "${TWIN256:-0}" = 1 ]; then
     timeout 300 python3 benchmarks/moe_grouped_tma.py --twins-only --nv-block-m ${TWIN256_BLOCK_M:-128 256} --packed-only \
         --ts ${TWIN256_TS:-6144 8192} --formats nvfp4 --out "$OUT/moe_twins_256.json" > "$OUT/moe_twins_256.txt" 2>&1
