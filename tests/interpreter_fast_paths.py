@@ -1,7 +1,7 @@
-"""Faster Triton CPU interpreter for the suite: three pure-overhead spots of `triton.runtime.interpreter`, same results.
+"""Faster Triton CPU interpreter for the suite: four pure-overhead spots of `triton.runtime.interpreter`, same results.
 
-Profiling an interpreter test (the sampler's draw filter, 2026-12-06, Triton 3.9) put ~70% of its time in three places
-that compute nothing a kernel sees:
+Profiles of two interpreter tests (the sampler's draw filter and the NVFP4 MoE's folded shared expert, 2026-12-06,
+Triton 3.9) put most of their time in places that compute nothing a kernel sees:
 
 - `tl.xor_sum` (which `tl.sort`'s bitonic network calls for every compare-and-swap) has no NumPy path and falls to
   `generic_reduce`, a Python loop calling the combine function element by element: 1,788 reductions over 306,528
@@ -45,6 +45,18 @@ def install() -> list[str]:
     return applied
 
 
+def _plain(interp: Any, name: str) -> Any:
+    """The interpreter's own function of that name; None if it lacks one or it is already replaced."""
+    fn = getattr(interp, name, None)
+    return None if fn is None or getattr(fn, "_flint_fast", False) else fn
+
+
+def _replace(interp: Any, name: str, fast: Any) -> bool:
+    fast._flint_fast = True
+    setattr(interp, name, fast)
+    return True
+
+
 def _xor_reduce(interp: Any, tl: Any, np: Any) -> bool:
     ops = getattr(interp, "ReduceOps", None)
     xor = getattr(getattr(tl, "standard", None), "_xor_combine", None)
@@ -66,13 +78,13 @@ def _xor_reduce(interp: Any, tl: Any, np: Any) -> bool:
 
 
 def _cached_np_dtype(interp: Any, tl: Any) -> bool:
-    plain = getattr(interp, "_get_np_dtype", None)
-    if plain is None or getattr(plain, "_flint_cached", False):
+    plain = _plain(interp, "_get_np_dtype")
+    if plain is None:
         return False
     cache: dict[Any, Any] = {}
 
     def get_np_dtype(tt_dtype: Any) -> Any:
-        # Blocks map by their element type; pointers (whose hash is the name alone) go through the plain function.
+        # Blocks map by their element type; pointers are left to the plain function (not cached by their hash).
         key = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
         if isinstance(key, tl.pointer_type):
             return plain(tt_dtype)
@@ -84,16 +96,14 @@ def _cached_np_dtype(interp: Any, tl: Any) -> bool:
         except TypeError:  # an unhashable type: as before
             return plain(tt_dtype)
 
-    get_np_dtype._flint_cached = True  # type: ignore[attr-defined]
-    interp._get_np_dtype = get_np_dtype
-    return True
+    return _replace(interp, "_get_np_dtype", get_np_dtype)
 
 
 def _listed_builtins(interp: Any, tl: Any) -> bool:
-    plain = getattr(interp, "_patch_builtin", None)
+    plain = _plain(interp, "_patch_builtin")
     patch_attr = getattr(interp, "_patch_attr", None)
     is_builtin = getattr(getattr(tl, "core", None), "is_builtin", None)
-    if plain is None or patch_attr is None or is_builtin is None or getattr(plain, "_flint_listed", False):
+    if plain is None or patch_attr is None or is_builtin is None:
         return False
     if list(inspect.signature(plain).parameters) != ["pkg", "builder", "scope"]:
         return False
@@ -110,14 +120,12 @@ def _listed_builtins(interp: Any, tl: Any) -> bool:
             if getattr(pkg, name, None) is member:
                 patch_attr(pkg, name, member, builder, scope)
 
-    patch_builtin._flint_listed = True  # type: ignore[attr-defined]
-    interp._patch_builtin = patch_builtin
-    return True
+    return _replace(interp, "_patch_builtin", patch_builtin)
 
 
 def _found_languages(interp: Any, tl: Any) -> bool:
-    plain = getattr(interp, "_patch_lang", None)
-    if plain is None or getattr(plain, "_flint_found", False):
+    plain = _plain(interp, "_patch_lang")
+    if plain is None:
         return False
     try:
         source = inspect.getsource(plain)
@@ -136,6 +144,4 @@ def _found_languages(interp: Any, tl: Any) -> bool:
             entry = found[id(g)] = (g, SimpleNamespace(__globals__=langs))
         return plain(entry[1])
 
-    patch_lang._flint_found = True  # type: ignore[attr-defined]
-    interp._patch_lang = patch_lang
-    return True
+    return _replace(interp, "_patch_lang", patch_lang)

@@ -56,7 +56,7 @@ def test_xor_reduce_equals_the_generic_loop(axis: int | None, keep_dims: bool, d
 def test_np_dtypes_as_before() -> None:
     from triton.runtime import interpreter as interp
 
-    assert interp._get_np_dtype._flint_cached
+    assert interp._get_np_dtype._flint_fast
     types = [tl.float32, tl.float16, tl.bfloat16, tl.int8, tl.uint32, tl.int1, tl.pointer_type(tl.float32)]
     types += [tl.block_type(t, [4, 8]) for t in (tl.float32, tl.int64, tl.pointer_type(tl.int8))]
     want = [np.float32, np.float16, np.uint16, np.int8, np.uint32, np.bool_, np.uint64, np.float32, np.int64, np.uint64]
