@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -67,6 +68,28 @@ def _mma_m16n8k16(a: list[np.ndarray], b: list[np.ndarray], c: list[np.ndarray])
     return [D[g + ro, 2 * t + co] for ro, co in ((0, 0), (0, 1), (8, 0), (8, 1))]
 
 
+@functools.cache
+def _statements(asm: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`asm`'s instructions as (opcode, operands), parsed once a text (a test runs one K step thousands of times)."""
+    out = []
+    for stmt in asm.replace("{", " ").replace("}", " ").split(";"):
+        stmt = stmt.strip()
+        if not stmt or stmt.startswith(".reg"):
+            continue
+        op, _, rest = stmt.partition(" ")
+        rest = rest.strip()
+        if op == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
+            args = tuple(re.findall(r"\$?\w+", rest))
+        elif op == "mov.b64":
+            m = re.match(r"(\w+)\s*,\s*(\w+)\s*,\s*(\$\d+)", rest)
+            assert m, stmt
+            args = m.groups()
+        else:
+            args = tuple(a.strip() for a in rest.split(","))
+        out.append((op, args))
+    return tuple(out)
+
+
 def run_ptx(asm: str, operands: dict[int, np.ndarray], n_out: int) -> list[np.ndarray]:
     """Run `asm` (the instructions `step_asm` emits) on one warp: operands $i are [32] arrays (b32 as uint32, b64
     as uint64, f32 as float64); returns the outputs $0 .. $n_out - 1."""
@@ -78,27 +101,18 @@ def run_ptx(asm: str, operands: dict[int, np.ndarray], n_out: int) -> list[np.nd
             return regs[tok]
         return np.full(32, int(tok, 0), dtype=np.uint32)
 
-    for stmt in asm.replace("{", " ").replace("}", " ").split(";"):
-        stmt = stmt.strip()
-        if not stmt or stmt.startswith(".reg"):
-            continue
-        op, _, rest = stmt.partition(" ")
-        rest = rest.strip()
+    for op, args in _statements(asm):
         if op == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
-            names = re.findall(r"\$?\w+", rest)
-            d, a, b, c = names[:4], names[4:8], names[8:10], names[10:14]
+            d, a, b, c = args[:4], args[4:8], args[8:10], args[10:14]
             out = _mma_m16n8k16([val(x) for x in a], [val(x) for x in b], [val(x) for x in c])
             for name, v in zip(d, out):
                 regs[name] = v
             continue
         if op == "mov.b64":
-            m = re.match(r"(\w+)\s*,\s*(\w+)\s*,\s*(\$\d+)", rest)
-            assert m, stmt
-            wide = val(m.group(3)).astype(np.uint64)
-            regs[m.group(1)] = (wide & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-            regs[m.group(2)] = (wide >> np.uint64(32)).astype(np.uint32)
+            wide = val(args[2]).astype(np.uint64)
+            regs[args[0]] = (wide & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+            regs[args[1]] = (wide >> np.uint64(32)).astype(np.uint32)
             continue
-        args = [a.strip() for a in rest.split(",")]
         dst, srcs = args[0], args[1:]
         if op == "mov.b32":
             regs[dst] = val(srcs[0]).astype(np.uint32)
