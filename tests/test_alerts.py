@@ -58,6 +58,7 @@ KNOWN_METRICS = {
     "ray_serve_num_http_error_requests_total",
     *(f"ray_serve_http_request_latency_ms{s}" for s in ("_bucket", "_sum", "_count")),
     "ray_serve_deployment_replica_healthy",
+    "ray_serve_deployment_status",
     "ray_serve_replica_processing_queries",
     "ray_serve_deployment_queued_queries",
     "ray_serve_deployment_replica_starts_total",
