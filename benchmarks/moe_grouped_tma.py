@@ -310,12 +310,7 @@ def nvfp4_in_launches(x, tw, ids, stacks, tables, ref, flops, block_ms=(64, 128)
             cfg = dataclasses.replace(downs[d], **{f: getattr(gate_ups[g], f) for f in GATE_UP_FIELDS})
             key = f"nvfp4 in launches m{m} [{g} | {d}]"
             got = tma.routed(x, tw, ids, w13, w2, cfg)
-            # The copies' plain launches stage their weight tiles in shared memory too: at most 2 stages there (the
-            # 256-row gate_up 128 deep in 3 stages needs 295 KB, the down likewise), which changes no sum.
-            plain = dataclasses.replace(
-                cfg, gate_up_stages=min(cfg.gate_up_stages, 2), down_stages=min(cfg.down_stages, 2)
-            )
-            copies = tma.routed(x, tw, ids, c13, c2, plain)
+            copies = tma.routed(x, tw, ids, c13, c2, tma.for_copies(cfg))
             ms = time_graph([lambda s=s, cfg=cfg: tma.routed(x, tw, ids, s[0], s[1], cfg) for s in stacks], reps=4)
             out["whole"][key] = {
                 "config": dataclasses.asdict(cfg),

@@ -28,6 +28,8 @@ the sums are the copies' too.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -55,6 +57,13 @@ def config(pairs_per_expert: float, nvfp4: bool = False, device: torch.device | 
     return tuning.tuned(
         "moe.grouped_tma", MoETmaConfig(), device, pairs_per_expert=float(pairs_per_expert), nvfp4=nvfp4
     )
+
+
+def for_copies(cfg: MoETmaConfig) -> MoETmaConfig:
+    """`cfg`'s tiles as the plain launches run them on NVFP4's BF16 copies: their weight tiles sit in shared memory
+    too, so at most 2 stages deep (a 256-row gate_up or down 128 deep in 3 stages needs 295 KB). A pipeline's depth
+    changes no sum, so the twins' results can be compared with these bit for bit."""
+    return dataclasses.replace(cfg, gate_up_stages=min(cfg.gate_up_stages, 2), down_stages=min(cfg.down_stages, 2))
 
 
 def fits(x: torch.Tensor, w13: object, w2: object, cfg: MoETmaConfig) -> bool:

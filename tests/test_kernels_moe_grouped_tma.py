@@ -91,6 +91,14 @@ def test_routed_matches_moe_ref(dtype: torch.dtype, gather: bool, with_add: bool
     assert not out.isnan().any() and rel_err(out, ref) < TOL[dtype]
 
 
+def test_copies_run_the_twins_tiles_at_most_two_stages_deep() -> None:
+    """The plain launches on NVFP4's copies keep every tile of the twins' config and cap only the pipeline depth."""
+    deep = dataclasses.replace(SMALL, block_m=256, gate_up_stages=3, down_stages=4, packed_decode=True)
+    assert mt2.for_copies(deep) == dataclasses.replace(deep, gate_up_stages=2, down_stages=2)
+    shallow = dataclasses.replace(SMALL, gate_up_stages=1, down_stages=2)
+    assert mt2.for_copies(shallow) == shallow
+
+
 @pytest.mark.parametrize("up_scales", [2, 1], ids=["gate-up-scales", "one-scale"])
 def test_nvfp4_copies_scaled_in_the_epilogues(up_scales: int) -> None:
     """NVFP4 experts' copies (`ScaledWeight`): each expert's global scales on the FP32 accumulators before the one
@@ -233,11 +241,7 @@ def test_flint_sizes_on_the_gpu(t: int, fmt: str) -> None:
     cfg = mt2.config(t * k / e, fmt == "nvfp4", x.device)
     assert mt2.fits(x, c13, c2, cfg)
     ref = moe_ref(x, tw, ids, w13, w2)
-    # NVFP4's copies through the twins' tiles: the plain launches also stage the weight tiles in shared memory, so at
-    # most 2 stages deep for the 256-row tiles (the pipeline's depth changes no sum).
-    plain = cfg
-    if fmt == "nvfp4":
-        plain = dataclasses.replace(cfg, gate_up_stages=min(cfg.gate_up_stages, 2), down_stages=min(cfg.down_stages, 2))
+    plain = mt2.for_copies(cfg) if fmt == "nvfp4" else cfg  # NVFP4's copies through the twins' tiles
     for gather in (cfg.gather, not cfg.gather):
         out = mt2.routed(x, tw, ids, c13, c2, dataclasses.replace(plain, gather=gather))
         assert not out.isnan().any() and rel_err(out, ref) < 1e-2
@@ -284,8 +288,7 @@ def test_nvfp4_256_row_blocks_on_the_gpu(gather: bool, stages: int) -> None:
     want = mt2.gate_up(x, src, meta128, w13, rows128)
     got = mt2.gate_up(x, src, meta, w13, cfg)
     assert not got.isnan().any() and rel_err(got, want) < 1e-2
-    # The copies' launch at most 2 stages deep (its weight tiles in shared memory too): the same sums.
-    assert torch.equal(got, mt2.gate_up(x, src, meta, c13, dataclasses.replace(cfg, gate_up_stages=2)))
+    assert torch.equal(got, mt2.gate_up(x, src, meta, c13, mt2.for_copies(cfg)))  # the same sums
     want_y = mt2.down(want, meta128, w2, rows128)
     got_y = mt2.down(want, meta, w2, cfg)
     assert not got_y.isnan().any() and rel_err(got_y, want_y) < 1e-2
