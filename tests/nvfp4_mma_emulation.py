@@ -37,7 +37,10 @@ def _bf16_to_f64(bits: np.ndarray) -> np.ndarray:
 
 
 def _f64_to_bf16(v: np.ndarray) -> np.ndarray:
-    return torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    """To FP32, then to BF16 bits rounded to nearest even; NaN as PTX's canonical BF16 NaN (0x7FFF)."""
+    u = v.astype(np.float32).view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(v), np.uint16(0x7FFF), rounded)
 
 
 def _prmt(a: np.ndarray, b: np.ndarray, sel: int) -> np.ndarray:
@@ -50,22 +53,28 @@ def _prmt(a: np.ndarray, b: np.ndarray, sel: int) -> np.ndarray:
     return out.astype(np.uint32)
 
 
+_LANE = np.arange(32)
+_G, _T = _LANE // 4, _LANE % 4
+
+
 def _mma_m16n8k16(a: list[np.ndarray], b: list[np.ndarray], c: list[np.ndarray]) -> list[np.ndarray]:
-    """PTX's mma.m16n8k16.row.col.f32.bf16.bf16.f32 for one warp: fragments [reg][lane] in, D fragments out."""
-    lane = np.arange(32)
-    g, t = lane // 4, lane % 4
-    A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+    """PTX's mma.m16n8k16.row.col.f32.bf16.bf16.f32 for whole warps: fragments [reg][warp * 32 + lane] in, D
+    fragments out; each warp's product its own, as one warp's MMA."""
+    w = a[0].shape[0] // 32
+    g, t = _G, _T
+    A, B, C = np.zeros((w, 16, 16)), np.zeros((w, 16, 8)), np.zeros((w, 16, 8))
     for reg, (row_off, col_off) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
-        lo, hi = _bf16_to_f64(a[reg] & 0xFFFF), _bf16_to_f64(a[reg] >> 16)
-        A[g + row_off, 2 * t + col_off] = lo
-        A[g + row_off, 2 * t + col_off + 1] = hi
+        frag = a[reg].reshape(w, 32)
+        A[:, g + row_off, 2 * t + col_off] = _bf16_to_f64(frag & 0xFFFF)
+        A[:, g + row_off, 2 * t + col_off + 1] = _bf16_to_f64(frag >> 16)
     for reg, k_off in enumerate((0, 8)):
-        B[2 * t + k_off, g] = _bf16_to_f64(b[reg] & 0xFFFF)
-        B[2 * t + k_off + 1, g] = _bf16_to_f64(b[reg] >> 16)
+        frag = b[reg].reshape(w, 32)
+        B[:, 2 * t + k_off, g] = _bf16_to_f64(frag & 0xFFFF)
+        B[:, 2 * t + k_off + 1, g] = _bf16_to_f64(frag >> 16)
     for reg, (row_off, col_off) in enumerate(((0, 0), (0, 1), (8, 0), (8, 1))):
-        C[g + row_off, 2 * t + col_off] = c[reg]
+        C[:, g + row_off, 2 * t + col_off] = c[reg].reshape(w, 32)
     D = A @ B + C
-    return [D[g + ro, 2 * t + co] for ro, co in ((0, 0), (0, 1), (8, 0), (8, 1))]
+    return [D[:, g + ro, 2 * t + co].reshape(-1) for ro, co in ((0, 0), (0, 1), (8, 0), (8, 1))]
 
 
 @functools.cache
@@ -91,15 +100,17 @@ def _statements(asm: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 
 def run_ptx(asm: str, operands: dict[int, np.ndarray], n_out: int) -> list[np.ndarray]:
-    """Run `asm` (the instructions `step_asm` emits) on one warp: operands $i are [32] arrays (b32 as uint32, b64
-    as uint64, f32 as float64); returns the outputs $0 .. $n_out - 1."""
+    """Run `asm` (the instructions `step_asm` emits) on whole warps: operands $i are [32 x warps] arrays (b32 as
+    uint32, b64 as uint64, f32 as float64); returns the outputs $0 .. $n_out - 1."""
     regs: dict[str, np.ndarray] = {f"${i}": v for i, v in operands.items()}
+    lanes = next(iter(operands.values())).shape[0]
+    assert lanes % 32 == 0, "the emulator runs whole warps"
 
     def val(tok: str) -> np.ndarray:
         tok = tok.strip()
         if tok in regs:
             return regs[tok]
-        return np.full(32, int(tok, 0), dtype=np.uint32)
+        return np.full(lanes, int(tok, 0), dtype=np.uint32)
 
     for op, args in _statements(asm):
         if op == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
@@ -160,19 +171,15 @@ def _emulated(groups: int, perm: bool = False) -> Callable[..., tuple]:
         ready_codes = w64.dtype.element_ty == core.uint64  # type: ignore[attr-defined]
         arrs = [a.handle.data for a in args]  # type: ignore[attr-defined]
         nt, n_out = arrs[0].shape[0], 4 * groups
-        outs = [np.zeros(nt, dtype=np.float32) for _ in range(n_out)]
-        for w0 in range(0, nt, 32):
-            ops: dict[int, np.ndarray] = {}
-            for i, a in enumerate(arrs):
-                v = a[w0 : w0 + 32]
-                if i < 4 or 8 <= i < 8 + 8 * groups:  # b64 words: codes, x
-                    ops[n_out + i] = v.astype(np.int64).view(np.uint64)
-                elif i < 8:  # b32 scales
-                    ops[n_out + i] = v.astype(np.int64).astype(np.uint32)
-                else:  # f32 accumulators
-                    ops[n_out + i] = v.astype(np.float64)
-            for q, d in enumerate(run_ptx(nm.step_asm(groups, perm, ready_codes), ops, n_out)):
-                outs[q][w0 : w0 + 32] = d
+        ops: dict[int, np.ndarray] = {}
+        for i, v in enumerate(arrs):  # every warp of the program at once
+            if i < 4 or 8 <= i < 8 + 8 * groups:  # b64 words: codes, x
+                ops[n_out + i] = v.astype(np.int64).view(np.uint64)
+            elif i < 8:  # b32 scales
+                ops[n_out + i] = v.astype(np.int64).astype(np.uint32)
+            else:  # f32 accumulators
+                ops[n_out + i] = v.astype(np.float64)
+        outs = [d.astype(np.float32) for d in run_ptx(nm.step_asm(groups, perm, ready_codes), ops, n_out)]
         block = core.block_type(core.float32, [nt])
         return tuple(core.tensor(TensorHandle(o, core.float32), block) for o in outs)
 

@@ -138,6 +138,41 @@ def test_perm_columns_is_the_mma_order() -> None:
     assert nm.step_asm(perm=True).count("mma.sync") == nm.step_asm().count("mma.sync") == 8
 
 
+def test_the_emulators_bf16_rounding_and_mma_are_the_references() -> None:
+    """The emulator's own pieces: BF16 rounding equals torch's conversion on every non-NaN FP32 bit pattern drawn
+    (NaN gives PTX's canonical 0x7FFF), and an MMA over several warps gives each warp its own exact product."""
+    import numpy as np
+    from nvfp4_mma_emulation import _f64_to_bf16, _mma_m16n8k16
+
+    rng = np.random.default_rng(5)
+    f = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    want = torch.from_numpy(f).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    got = _f64_to_bf16(f.astype(np.float64))
+    finite = ~np.isnan(f)
+    assert np.array_equal(got[finite], want[finite]) and (got[~finite] == 0x7FFF).all() and (~finite).any()
+
+    warps = 3
+    a_vals = torch.randn(warps, 16, 16, generator=seeded(6)).to(torch.bfloat16)
+    b_vals = torch.randn(warps, 16, 8, generator=seeded(7)).to(torch.bfloat16)
+    # C on BF16's grid too: every sum is then exact in float64, whatever order a matmul takes.
+    c_vals = torch.randn(warps, 16, 8, generator=seeded(8)).to(torch.bfloat16).double()
+    bits_a = a_vals.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
+    bits_b = b_vals.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    # PTX's fragment layouts: A's four registers, B's two (two BF16 a register, K pairs), C's four floats.
+    a = [
+        bits_a[:, g + r, 2 * t + c] | (bits_a[:, g + r, 2 * t + c + 1] << 16)
+        for r, c in ((0, 0), (8, 0), (0, 8), (8, 8))
+    ]
+    b = [bits_b[:, 2 * t + k, g] | (bits_b[:, 2 * t + k + 1, g] << 16) for k in (0, 8)]
+    c = [c_vals.numpy()[:, g + r, 2 * t + o] for r, o in ((0, 0), (0, 1), (8, 0), (8, 1))]
+    d = _mma_m16n8k16([x.reshape(-1) for x in a], [x.reshape(-1) for x in b], [x.reshape(-1) for x in c])
+    want_d = (a_vals.double() @ b_vals.double() + c_vals).numpy()
+    for reg, (r, o) in enumerate(((0, 0), (0, 1), (8, 0), (8, 1))):
+        assert np.array_equal(d[reg].reshape(warps, 32), want_d[:, g + r, 2 * t + o]), reg
+
+
 def test_decode_is_exact_for_each_code(emulated_ptx: None) -> None:
     """One-hot x: every E2M1 code (both nibbles of a byte, every pair position) comes out as its dequantised value
     exactly, so the decode itself is exact, not just close."""
