@@ -3,11 +3,14 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (state after the fifty-second session, 2026-12-06, H100s only: TWIN256 again put NVFP4's 256-row prefill down
-# 128 deep, installed (8K prefill 127.3 -> 125.8 ms); the manifest recorded with it; every GPU test on an H100):
+# Next (state after the fifty-third session, 2026-12-06, H100s only: every GPU test passed on an H100 in two
+# shards; the status figures on an H100, NVFP4 b2-b8 3-7% above the fiftieth session's H100 run with no code or table
+# change at 2 sequences between them):
 #   the status figures on an H200 with the fiftieth to fifty-second sessions' installs (`decode.py --formats nvfp4
 #                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`): no H200 came in the
-#                 fifty-first and fifty-second sessions.
+#                 fifty-first to fifty-third sessions;
+#   OLD_TREE=variants/old (ad14112's tree, see the block): NVFP4 b1-b8 of that tree and the head's, alternating on
+#                 one machine, to tell the machines' spread from a change.
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
@@ -1469,6 +1472,27 @@ if [ "${PREFILL_AB:-0}" = 1 ]; then
     timeout 300 python3 benchmarks/prefill_ab.py --variant scale_pass --rounds 3 --out "$OUT/prefill_ab.json" \
         > "$OUT/prefill_ab.txt" 2>&1
     grep -E "^round|median|Error" "$OUT/prefill_ab.txt"
+fi
+# OLD_TREE=DIR (fifty-third session, not yet run): another tree's whole step against this one's, alternating on this
+# machine, ROUNDS (2) of each: DIR holds that commit's kernels, flint_engine, benchmarks and deployments (here:
+# `mkdir -p variants/old && git archive ad14112 kernels flint_engine benchmarks deployments | tar -x -C variants/old`,
+# carry ["variants"]), to tell a change from the spread between machines (NVFP4 b2-b8 3-7% above the fiftieth
+# session's figures on another H100). OLD_ARGS replaces decode.py's arguments.
+if [ -n "${OLD_TREE:-}" ]; then
+    mkdir -p /tmp/pp_old
+    ln -sfn "$PWD/$OLD_TREE/kernels" /tmp/pp_old/flint_kernels
+    ln -sfn "$PWD/$OLD_TREE/deployments" /tmp/pp_old/flint_serve
+    old_args=${OLD_ARGS:-"--formats nvfp4 --batches 1 2 4 8 --contexts 1024 --prefill 0 --reps 30 --check-steps 0 --no-plain-timing --profile-batches"}
+    for r in $(seq "${ROUNDS:-2}"); do
+        # shellcheck disable=SC2086  # the arguments are a list of words
+        (cd "$OLD_TREE" && PYTHONPATH="/tmp/pp_old:$PWD:/tmp/site" timeout 120 python3 benchmarks/decode.py $old_args \
+            --out "$OUT/old_tree_$r.json" > "$OUT/old_tree_$r.txt" 2>&1)
+        # shellcheck disable=SC2086
+        timeout 120 python3 benchmarks/decode.py $old_args --out "$OUT/this_tree_$r.json" > "$OUT/this_tree_$r.txt" 2>&1
+    done
+    for f in "$OUT"/old_tree_*.txt "$OUT"/this_tree_*.txt; do
+        echo "== $(basename "$f" .txt): $(grep -E "^ +(nvfp4|bf16) +[0-9]+ +[0-9]+ " "$f" | awk '{printf "b%s %s  ", $2, $4}')"
+    done
 fi
 # RECORD=1: then the NVFP4 profile of the kernel manifest again, for the table as installed (~220 s).
 [ "${RECORD:-0}" = 1 ] && OUT="$OUT" bash benchmarks/gpu_record_manifest.sh
