@@ -9,7 +9,8 @@
 # session): fewer workers would not fit a call; the rerun sorts memory from kernels. Only the files that hold GPU
 # tests are collected: the others import what the device's image lacks (Ray, openai, FastAPI), and their collection
 # errors (10 in the thirty-ninth session's run, beside 573 passed) would hide a GPU file's own. The whole run no
-# longer fits one call on an H100 (612 of 617 within 440 s in the fifty-second session): SHARD=1/2 and SHARD=2/2.
+# longer fits one call on an H100 (612 of 617 within 440 s in the fifty-second session). In halves (fifty-third
+# session) the first took over 470 s for its 292 tests and the second 218 s for 325: use SHARD=1/3, 2/3 and 3/3.
 set -u
 . benchmarks/gpu_env.sh
 mapfile -t files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
