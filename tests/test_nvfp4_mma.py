@@ -15,13 +15,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from flint_kernels import nvfp4_mma_scales
 from flint_kernels import nvfp4_mma_triton as nm
 from flint_kernels.linear import NVFP4Weight, linear_fp32_out_ref, linear_ref
 from kernel_checks import LaunchSpy, random_nvfp4
-from nvfp4_mma_emulation import close_in_bf16, close_to_exact, emulate_ptx, exact, seeded, spied
+from nvfp4_mma_emulation import (
+    _f64_to_bf16,
+    _mma_m16n8k16,
+    close_in_bf16,
+    close_to_exact,
+    emulate_ptx,
+    exact,
+    seeded,
+    spied,
+)
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 HAS_CUDA = torch.cuda.is_available()
@@ -141,9 +151,6 @@ def test_perm_columns_is_the_mma_order() -> None:
 def test_the_emulators_bf16_rounding_and_mma_are_the_references() -> None:
     """The emulator's own pieces: BF16 rounding equals torch's conversion on every non-NaN FP32 bit pattern drawn
     (NaN gives PTX's canonical 0x7FFF), and an MMA over several warps gives each warp its own exact product."""
-    import numpy as np
-    from nvfp4_mma_emulation import _f64_to_bf16, _mma_m16n8k16
-
     rng = np.random.default_rng(5)
     f = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
     want = torch.from_numpy(f).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
