@@ -51,26 +51,19 @@ def install() -> list[str]:
         from triton.runtime import interpreter as interp
     except ImportError:
         return []
-    applied = []
-    if _xor_reduce(interp, tl, np):
-        applied.append("xor_reduce")
-    if _cached_np_dtype(interp, tl):
-        applied.append("np_dtype")
-    if _listed_builtins(interp, tl):
-        applied.append("builtins")
-    if _found_languages(interp, tl):
-        applied.append("languages")
-    if _patched_once_a_launch(interp):
-        applied.append("once_a_launch")
-    if _no_dead_overflow_checks(interp, tl):
-        applied.append("overflow_checks")
-    if _shared_block_types(interp, tl):
-        applied.append("block_types")
-    if _shared_tensor_shapes(tl):
-        applied.append("tensor_shapes")
-    if _equal_shapes_kept(interp, tl):
-        applied.append("equal_shapes")
-    return applied
+    # In this order: `once_a_launch` works through the `languages` path's function.
+    paths = {
+        "xor_reduce": lambda: _xor_reduce(interp, tl, np),
+        "np_dtype": lambda: _cached_np_dtype(interp, tl),
+        "builtins": lambda: _listed_builtins(interp, tl),
+        "languages": lambda: _found_languages(interp, tl),
+        "once_a_launch": lambda: _patched_once_a_launch(interp),
+        "overflow_checks": lambda: _no_dead_overflow_checks(interp, tl),
+        "block_types": lambda: _shared_block_types(interp, tl),
+        "tensor_shapes": lambda: _shared_tensor_shapes(tl),
+        "equal_shapes": lambda: _equal_shapes_kept(interp, tl),
+    }
+    return [name for name, apply in paths.items() if apply()]
 
 
 # Launches running (`_patched_once_a_launch`) and the language modules (ids) patched since the innermost began.
