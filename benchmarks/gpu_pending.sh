@@ -8,7 +8,7 @@
 # fiftieth session's H100 run with no code or table change at 2 sequences between them):
 #   the status figures on an H200 with the fiftieth to fifty-second sessions' installs (`decode.py --formats nvfp4
 #                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`): no H200 came in the
-#                 fifty-first to fifty-third sessions;
+#                 fifty-first to fifty-fourth sessions (the fifty-fourth got no machine at all);
 #   OLD_TREE=variants/old (ad14112's tree, see the block): NVFP4 b1-b8 of that tree and the head's, alternating on
 #                 one machine, to tell the machines' spread from a change.
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
