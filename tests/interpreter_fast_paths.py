@@ -68,9 +68,8 @@ def install() -> list[str]:
 
 # Launches running (`_patched_once_a_launch`) and the language modules (ids) patched since the innermost began.
 _LAUNCH: dict[str, Any] = {"depth": 0, "patched": set()}
-# The block types `_shared_block_types` made, by element type's class, element type and shape; their ids.
+# The block types `_shared_block_types` made, by element type's class, element type and shape.
 _BLOCK_TYPES: dict[tuple[type, Any, tuple[int, ...]], Any] = {}
-_SHARED_TYPE_IDS: set[int] = set()
 
 
 def _plain(interp: Any, name: str) -> Any:
@@ -242,9 +241,7 @@ def _shared_block_types(interp: Any, tl: Any) -> bool:
     builder_class = getattr(interp, "InterpreterBuilder", None)
     if block_type is None or builder_class is None or getattr(block_type, "_flint_shared", False):
         return False
-    plain_with = getattr(block_type, "with_element_ty", None)
-    plain_get = getattr(builder_class, "get_block_ty", None)
-    if plain_with is None or plain_get is None:
+    if not hasattr(block_type, "with_element_ty") or not hasattr(builder_class, "get_block_ty"):
         return False
     # A block type is a value (element type and shape, compared by both) that nothing changes once made; building one
     # unwraps and validates the shape and formats its name. Each distinct one is made once and then shared.
@@ -260,7 +257,7 @@ def _shared_block_types(interp: Any, tl: Any) -> bool:
             return made[key]
         except KeyError:
             made[key] = got = block_type(element_ty, shape)
-            _SHARED_TYPE_IDS.add(id(got))
+            got._flint_made = True  # `_shared_tensor_shapes` keeps its tensors' shape on it
             return got
         except TypeError:
             return block_type(element_ty, shape)
@@ -285,28 +282,25 @@ def _shared_tensor_shapes(tl: Any) -> bool:
     if list(inspect.signature(plain).parameters) != ["self", "handle", "type"]:
         return False
     # A tensor's shape (a Triton tuple of constexprs, with its tuple type) and numel follow from its type alone, and
-    # the interpreter makes a tensor for every op: each shared block type's pair (`_shared_block_types`) is made once
-    # (the plain constructor, on the type's first tensor) and then shared; those types live as long as the process.
+    # the interpreter makes a tensor for every op: a shared block type (`_shared_block_types`) keeps the pair its
+    # first tensor got from the plain constructor, and its later tensors take that pair.
     fields = {"handle", "type", "dtype", "shape", "numel"}
-    made: dict[int, tuple[Any, Any, Any]] = {}
     state = {"on": True}
 
     def __init__(self: Any, handle: Any, type: Any) -> None:
-        entry = made.get(id(type)) if state["on"] else None
-        if entry is None or entry[0] is not type:
+        kept = getattr(type, "_flint_tensor_shape", None) if state["on"] else None
+        if kept is None:
             plain(self, handle, type)
-            if not state["on"] or id(type) not in _SHARED_TYPE_IDS:
-                return
-            if set(vars(self)) == fields:
-                made[id(type)] = (type, self.shape, self.numel)
-            else:  # a Triton whose tensors hold more than these: the plain constructor from now on
-                state["on"] = False
+            if state["on"] and getattr(type, "_flint_made", False):
+                if set(vars(self)) == fields:
+                    type._flint_tensor_shape = (self.shape, self.numel)
+                else:  # a Triton whose tensors hold more than these: the plain constructor from now on
+                    state["on"] = False
             return
         self.handle = handle
         self.type = type
         self.dtype = type.scalar
-        self.shape = entry[1]
-        self.numel = entry[2]
+        self.shape, self.numel = kept
 
     tensor.__init__ = __init__
     tensor._flint_shared = True
