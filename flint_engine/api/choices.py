@@ -12,10 +12,14 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .errors import APIError
+
+if TYPE_CHECKING:
+    from ..engine import RequestOutput
 
 THINK_END = "</think>"
 
@@ -34,6 +38,23 @@ class ChoiceEvent:
     cached_tokens: int = 0
     error: str | None = None
 
+    @classmethod
+    def of(cls, index: int, o: RequestOutput, prompt_tokens: int, completion_tokens: int, cached: int) -> ChoiceEvent:
+        """The event for one engine output: its new text, tokens, log-probs and end, with the choice's counts."""
+        return cls(
+            index,
+            o.new_text,
+            o.new_token_ids,
+            o.new_logprobs,
+            o.finished,
+            o.finish_reason,
+            o.stop_reason,
+            prompt_tokens,
+            completion_tokens,
+            cached,
+            o.error,
+        )
+
 
 @dataclass
 class ChoicePlan:
@@ -50,19 +71,7 @@ async def _stream_choice(
     if plan.force is None:
         async for item in backend.generate(plan.prompt_ids, plan.params, request_id):
             o = item.output
-            yield ChoiceEvent(
-                index,
-                o.new_text,
-                o.new_token_ids,
-                o.new_logprobs,
-                o.finished,
-                o.finish_reason,
-                o.stop_reason,
-                n_prompt,
-                o.num_output_tokens,
-                o.num_cached_tokens,
-                o.error,
-            )
+            yield ChoiceEvent.of(index, o, n_prompt, o.num_output_tokens, o.num_cached_tokens)
         return
     tok = backend.tokenizer
     produced: list[int] = []
@@ -89,19 +98,7 @@ async def _stream_choice(
         closed = last.finish_reason == "stop" and last.stop_reason == THINK_END
         user_stop = last.finish_reason == "stop" and isinstance(last.stop_reason, str) and not closed
         if last.finish_reason in ("length", "abort", "error") or user_stop:
-            yield ChoiceEvent(
-                index,
-                last.new_text,
-                last.new_token_ids,
-                last.new_logprobs,
-                True,
-                last.finish_reason,
-                last.stop_reason,
-                n_prompt,
-                len(produced),
-                cached,
-                last.error,
-            )
+            yield ChoiceEvent.of(index, last, n_prompt, len(produced), cached)
             return
         tokens, logprobs = list(last.new_token_ids), last.new_logprobs
         ended_turn = bool(tokens) and tokens[-1] in set(getattr(tok, "eos_token_ids", ()))
@@ -131,19 +128,7 @@ async def _stream_choice(
     )
     async for item in backend.generate(plan.prompt_ids + produced, phase2, f"{request_id}-call"):
         o = item.output
-        yield ChoiceEvent(
-            index,
-            o.new_text,
-            o.new_token_ids,
-            o.new_logprobs,
-            o.finished,
-            o.finish_reason,
-            o.stop_reason,
-            n_prompt,
-            len(produced) + o.num_output_tokens,
-            cached,
-            o.error,
-        )
+        yield ChoiceEvent.of(index, o, n_prompt, len(produced) + o.num_output_tokens, cached)
 
 
 async def run_choices(
