@@ -14,7 +14,7 @@ from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
-from .limits import check_common_limits, resolve_max_tokens
+from .limits import check_common_request, resolve_max_tokens
 from .logprobs import Entry, TokenText, chat_logprobs
 from .protocol import (
     AssistantMessage,
@@ -61,11 +61,9 @@ class ChatHandler:
     # ------------------------------------------------------------------ request -> plan
     def prepare(self, req: ChatCompletionRequest) -> PreparedChat:
         backend, s = self.backend, self.settings
-        if req.model is not None and req.model != backend.model_name:
-            raise APIError(404, f"The model '{req.model}' does not exist.", "model", "model_not_found")
+        check_common_request(req, backend, s)
         if backend.tokenizer is None:
             raise APIError(400, "this checkpoint has no tokenizer: use /v1/completions with token ids", "messages")
-        check_common_limits(req, s)
         if req.top_logprobs is not None and req.top_logprobs > s.max_top_logprobs:
             raise APIError(400, f"top_logprobs must be <= {s.max_top_logprobs}", "top_logprobs")
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None

@@ -13,7 +13,7 @@ from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
-from .limits import check_common_limits, resolve_max_tokens
+from .limits import check_common_request, resolve_max_tokens
 from .logprobs import TokenText, completion_logprobs
 from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, PromptTokensDetails, Usage
 from .settings import APISettings
@@ -40,9 +40,7 @@ class CompletionHandler:
 
     def prepare(self, req: CompletionRequest) -> PreparedCompletion:
         backend, s = self.backend, self.settings
-        if req.model is not None and req.model != backend.model_name:
-            raise APIError(404, f"The model '{req.model}' does not exist.", "model", "model_not_found")
-        check_common_limits(req, s)
+        check_common_request(req, backend, s)
         if req.logprobs is not None and req.logprobs > min(s.max_top_logprobs, 5):
             raise APIError(400, f"logprobs must be <= {min(s.max_top_logprobs, 5)}", "logprobs")
         tok = backend.tokenizer

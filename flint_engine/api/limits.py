@@ -1,4 +1,4 @@
-"""Request limits shared by the endpoints; each rejection is a 400 that names the parameter."""
+"""Request checks shared by the endpoints: an unknown model is a 404, each limit a 400 naming the parameter."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from .protocol import SamplingFields
 from .settings import APISettings
 
 
-def check_common_limits(req: SamplingFields, s: APISettings) -> None:
+def check_common_request(req: SamplingFields, backend: GenerationBackend, s: APISettings) -> None:
+    if req.model is not None and req.model != backend.model_name:
+        raise APIError(404, f"The model '{req.model}' does not exist.", "model", "model_not_found")
     if req.n > s.max_n:
         raise APIError(400, f"n must be <= {s.max_n}, got {req.n}", "n")
     stops = req.stop_list()
