@@ -124,6 +124,23 @@ def test_logprobs(client) -> None:
         assert bytes(t.bytes).decode("utf-8", errors="replace") == t.token
 
 
+def test_logprobs_without_top_logprobs(client) -> None:
+    """`logprobs: true` alone returns each token's log-probability with no alternatives, as OpenAI does."""
+    kw = {"model": "flint", "messages": MSG, "max_tokens": 5, "temperature": 0, "logprobs": True}
+    with_top = client.chat.completions.create(**kw, top_logprobs=2).choices[0].logprobs.content
+    alone = client.chat.completions.create(**kw).choices[0].logprobs.content
+    assert [t.token for t in alone] == [t.token for t in with_top]
+    assert [t.logprob for t in alone] == pytest.approx([t.logprob for t in with_top], abs=1e-5)
+    assert all(t.top_logprobs == [] for t in alone)
+    streamed = [
+        t
+        for chunk in client.chat.completions.create(**kw, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs is not None
+        for t in chunk.choices[0].logprobs.content
+    ]
+    assert [t.token for t in streamed] == [t.token for t in alone]
+
+
 def test_completions_text_tokens_echo_stop(server, client) -> None:
     r = client.completions.create(
         model="flint", prompt="The quick brown fox", max_tokens=10, temperature=0, echo=True, logprobs=2

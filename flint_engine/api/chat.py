@@ -132,7 +132,7 @@ class ChatHandler:
             tools,
             tool_choice_none,
             req.parallel_tool_calls,
-            req.top_logprobs if req.logprobs else None,
+            (req.top_logprobs or 0) if req.logprobs else None,
             backend.model_name,
         )
 
