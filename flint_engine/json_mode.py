@@ -3,7 +3,9 @@
 The checker reads bytes and knows at every point whether the text so far can still be extended to one JSON object
 (optionally preceded by whitespace). The sampler walks candidates in the order it would have picked them and takes
 the first whose bytes keep the prefix valid, so the output is the model's most likely valid JSON under its own
-sampling settings, and generation ends once the object is closed.
+sampling settings, and generation ends once the object is closed. Whitespace outside strings comes in runs of at most
+`MAX_WHITESPACE_RUN` bytes: a model that prefers blanks to the object (OpenAI warns that its JSON mode may then emit
+"an unending stream of whitespace" up to the token limit) has to go on with the JSON once a run is that long.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import copy
 from dataclasses import dataclass, field
 
 WS = b" \t\n\r"
+# Long enough for pretty-printed JSON (a newline and the indent of a deep level), short enough to end a blank stream.
+MAX_WHITESPACE_RUN = 64
 # value-expecting states
 VALUE, OBJ_FIRST_KEY, OBJ_KEY, COLON, AFTER_VALUE, ARR_FIRST_VALUE, START, DONE = range(8)
 
@@ -27,6 +31,7 @@ class JsonPrefix:
     escape: int = 0  # 0: none, 1: after backslash, 2..5: reading \\uXXXX hex digits
     number: str = ""  # the number being read (its characters so far)
     literal: bytes = b""  # remaining bytes of true/false/null
+    blanks: int = 0  # whitespace bytes since the last byte of JSON
 
     def copy(self) -> JsonPrefix:
         return copy.deepcopy(self)
@@ -86,10 +91,12 @@ class JsonPrefix:
             self.number = ""
             self._value_done()
             # fall through: this byte ends the number and is read in the new state
-        if self.state == DONE:
-            return c in WS
         if c in WS:
-            return True
+            self.blanks += 1
+            return self.blanks <= MAX_WHITESPACE_RUN
+        self.blanks = 0
+        if self.state == DONE:
+            return False
         if self.state == START:
             if c != b"{":
                 return False

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flint_engine.json_mode import JsonPrefix
+from flint_engine.json_mode import MAX_WHITESPACE_RUN, JsonPrefix
 
 json_values = st.recursive(
     st.none()
@@ -72,3 +72,19 @@ def test_copy_is_independent() -> None:
     c = s.copy()
     assert c.feed(b"]}") and c.complete
     assert not s.complete and s.feed(b", 2]}") and s.complete
+
+
+@pytest.mark.parametrize("prefix", ["", '{"a"', '{"a":', '{"a": [1', '{"a": 1', '{"a": [true'])
+@pytest.mark.parametrize("blank", [" ", "\n", "\t", "\r\n"])
+def test_whitespace_runs_are_capped(prefix: str, blank: str) -> None:
+    """Blanks between JSON tokens come in runs of at most MAX_WHITESPACE_RUN bytes; any JSON byte starts a new run."""
+    state = JsonPrefix()
+    assert state.feed(prefix.encode())
+    run = (blank * MAX_WHITESPACE_RUN)[:MAX_WHITESPACE_RUN].encode()
+    assert state.feed(run)
+    assert not state.copy().feed(blank[0].encode())
+    rest = {"": "{}", '{"a"': ":1}", '{"a":': "1}", '{"a": [1': "]}", '{"a": 1': "}", '{"a": [true': "]}"}[prefix]
+    after = state.copy()
+    assert after.feed(rest[0].encode() + run) and after.feed(rest[1:].encode()) and after.complete
+    in_string = JsonPrefix()
+    assert in_string.feed(b'{"' + b" " * (3 * MAX_WHITESPACE_RUN) + b'": 1}') and in_string.complete  # not in strings
