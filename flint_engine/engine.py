@@ -31,6 +31,7 @@ from .scheduler import ScheduledChunk, Scheduler
 from .step_graphs import MAX_TOKENS as STEP_GRAPH_MAX_TOKENS
 from .stop_strings import StopStringText
 from .token_readback import TokenReadback
+from .tool_name_prefix import ToolNamePrefix
 
 log = logging.getLogger(__name__)
 _offline_ids = itertools.count()
@@ -83,6 +84,7 @@ class _TextState:
     logprobs: bool
     pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     json: JsonPrefix | None = None  # JSON mode, once active
+    tool_name: ToolNamePrefix | None = None  # a forced tool call's name, until it is complete
 
 
 class LLMEngine:
@@ -264,6 +266,8 @@ class LLMEngine:
             )
         if params.json_mode and self.tokenizer is None:
             raise EngineRequestError("JSON mode needs a tokenizer", param="response_format")
+        if params.tool_names is not None and self.tokenizer is None:
+            raise EngineRequestError("a forced tool call needs a tokenizer", param="tool_choice")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         if request_id in self.requests:
@@ -285,6 +289,7 @@ class LLMEngine:
             StopStringText(params.stop, params.include_stop_str_in_output),
             params.logprobs is not None,
             json=JsonPrefix() if params.json_mode and params.json_after_token is None else None,
+            tool_name=ToolNamePrefix(params.tool_names) if params.tool_names is not None else None,
         )
         self.scheduler.add(req)
         with self.metrics.lock:
@@ -436,8 +441,13 @@ class LLMEngine:
                 sorted(set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else req.eos_token_ids))
             )
         state = self.text[req.request_id]
+        allowed = None
+        if state.json is not None:
+            allowed = self._json_constraint(req, state.json)
+        elif state.tool_name is not None and not state.tool_name.done:
+            allowed = self._name_constraint(req, state.tool_name)
         return SamplingRow(
-            allowed=self._json_constraint(req, state.json) if state.json is not None else None,
+            allowed=allowed,
             temperature=t,
             top_p=p,
             top_k=k,
@@ -467,6 +477,11 @@ class LLMEngine:
 
         return allowed
 
+    def _name_constraint(self, req: Request, prefix: ToolNamePrefix) -> Any:
+        tok = self.tokenizer
+        stops = set(req.eos_token_ids) | set(req.params.stop_token_ids)
+        return lambda token: token not in stops and prefix.accepts(tok.token_bytes(token))
+
     def _append_token(
         self, req: Request, token: int, lp: tuple[float, list[tuple[int, float]]] | None, now: float
     ) -> RequestOutput | None:
@@ -481,6 +496,8 @@ class LLMEngine:
             state.json.feed(self.tokenizer.token_bytes(token))
         elif req.params.json_mode and state.json is None and token == req.params.json_after_token:
             state.json = JsonPrefix()
+        if state.tool_name is not None:
+            state.tool_name.feed(self.tokenizer.token_bytes(token))
         if req.first_token_time is None:
             req.first_token_time = now
             with self.metrics.lock:

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .tool_name_prefix import callable_name
+
 MAX_SEED = 2**63 - 1
 
 
@@ -38,6 +40,8 @@ class SamplingParams:
     skip_special_tokens: bool = False
     json_mode: bool = False  # constrain the output to one JSON object (response_format json_object)
     json_after_token: int | None = None  # the constraint starts after this token (e.g. </think>); None: at once
+    # The output opens with one of these names, then whitespace or "<" (a forced tool call's name; see tool_name_prefix)
+    tool_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -72,6 +76,10 @@ class SamplingParams:
             raise SamplingParamsError("min_tokens", f"must be in [0, max_tokens], got {self.min_tokens!r}")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise SamplingParamsError("logprobs", f"must be in [0, 20], got {self.logprobs!r}")
+        if self.tool_names is not None and not (self.tool_names and all(map(callable_name, self.tool_names))):
+            raise SamplingParamsError("tool_names", "must be non-empty names without whitespace or '<'")
+        if self.tool_names is not None and self.json_mode:
+            raise SamplingParamsError("tool_names", "cannot be combined with JSON mode")
 
     def with_defaults(self, defaults: dict[str, Any]) -> SamplingParams:
         """Fill unset temperature/top_p/top_k/min_p from the checkpoint's generation config."""

@@ -210,6 +210,11 @@ def test_completion_streaming(server) -> None:
             },
             None,
         ),
+        (
+            {"messages": MSG, "tools": [{"type": "function", "function": {"name": "get weather"}}]},
+            "tools.0.function.name",
+        ),
+        ({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f<x>"}}]}, "tools.0.function.name"),
     ],
 )
 def test_invalid_requests_are_400_in_openai_shape(server, body: dict, param: str | None) -> None:

@@ -55,12 +55,14 @@ class ScriptedBackend:
         self.tokenizer = tokenizer
         self.scripts = scripts
         self.prompts: list[str] = []
+        self.params: list[SamplingParams] = []
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[ChoiceOutput]:
         prompt = self.tokenizer.decode(prompt_ids)
         self.prompts.append(prompt)
+        self.params.append(params)
         user_turn = prompt.rsplit("<|user|>", 1)[1]
         question = user_turn.split("<|assistant|>", 1)[0]
         script = self.scripts[question]
@@ -218,12 +220,18 @@ def test_tool_choice_none_keeps_the_text(server) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_forced_tool_calls(server, stream: bool) -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
-    for choice in ("required", named):
-        m = ask(server[0], "forced", stream, tools=[WEATHER, CALC], tool_choice=choice)
+    # required: the model names the tool, constrained to the offered ones (one offered: it is named for the model)
+    for tools, choice, opened, names in (
+        ([WEATHER, CALC], "required", "<tool_call>", ("get_weather", "calc")),
+        ([WEATHER], "required", "<tool_call>get_weather", None),
+        ([WEATHER, CALC], named, "<tool_call>get_weather", None),
+    ):
+        m = ask(server[0], "forced", stream, tools=tools, tool_choice=choice)
         assert calls_of(m) == [("get_weather", {"city": "Paris"})]
         assert m["reasoning"] == "I should use a tool."
         assert m["finish_reason"] == "tool_calls"
-    assert server[1].prompts[-1].endswith("</think><tool_call>get_weather")  # the second phase's prompt
+        assert server[1].prompts[-1].endswith("</think>" + opened)  # the second phase's prompt
+        assert server[1].params[-1].tool_names == names and server[1].params[-2].tool_names is None
 
 
 def test_tool_call_inside_thinking_is_surfaced(server) -> None:

@@ -78,9 +78,10 @@ class ChatHandler:
                     )
         choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
         tool_choice_none = choice == "none"
-        force = None
-        if choice == "required":
-            force = "<tool_call>"
+        force, tool_names = None, None
+        if choice == "required":  # one of the offered tools, named by the model under a constraint
+            names = tuple(dict.fromkeys(t["function"]["name"] for t in tools or []))
+            force, tool_names = ("<tool_call>", names) if len(names) > 1 else (f"<tool_call>{names[0]}", None)
         elif isinstance(choice, NamedToolChoice):
             force = f"<tool_call>{choice.function.name}"
         json_mode = req.response_format is not None and req.response_format.type == "json_object"
@@ -124,7 +125,7 @@ class ChatHandler:
         for i in range(req.n):
             seed = None if req.seed is None else req.seed + i
             params = base if seed == base.seed else SamplingParams(**{**base.__dict__, "seed": seed})
-            plans.append(ChoicePlan(prompt_ids, params, thinking, force))
+            plans.append(ChoicePlan(prompt_ids, params, thinking, force, tool_names))
         return PreparedChat(
             prompt_ids,
             plans,

@@ -62,6 +62,7 @@ class ChoicePlan:
     params: SamplingParams  # n == 1; per-choice seed already set
     thinking: bool
     force: str | None = None  # text to append once thinking ends, e.g. "<tool_call>get_weather"
+    tool_names: tuple[str, ...] | None = None  # after `force`, the model names one of these (tool_choice required)
 
 
 async def _stream_choice(
@@ -124,7 +125,10 @@ async def _stream_choice(
         yield ChoiceEvent(index, "", [], None, True, "length", None, n_prompt, len(produced), cached)
         return
     phase2 = dataclasses.replace(
-        plan.params, max_tokens=remaining, seed=None if plan.params.seed is None else plan.params.seed + 7919
+        plan.params,
+        max_tokens=remaining,
+        seed=None if plan.params.seed is None else plan.params.seed + 7919,
+        tool_names=plan.tool_names,
     )
     async for item in backend.generate(plan.prompt_ids + produced, phase2, f"{request_id}-call"):
         o = item.output

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..tool_name_prefix import callable_name
+
 
 def _id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -75,6 +77,14 @@ class FunctionDef(Lenient):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _parseable_name(cls, v: str) -> str:
+        # A GLM-4.7 call's name ends at the first whitespace or "<": any other name could not be called.
+        if not callable_name(v):
+            raise ValueError("function names must not contain whitespace or '<'")
+        return v
 
     @field_validator("parameters")
     @classmethod
