@@ -250,6 +250,10 @@ def test_other_errors(server, client) -> None:
         and e.value.body["code"] == "context_length_exceeded"
     )
     with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="flint", prompt=[5] * 5000, max_tokens=5)
+    assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "prompt"
+    assert "your prompt resulted in 5000 tokens" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="flint", prompt=[5] * 4000, max_tokens=200)
     assert "requested 4200 tokens (4000 in the messages, 200 in the completion)" in e.value.body["message"]
 

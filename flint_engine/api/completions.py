@@ -60,7 +60,9 @@ class CompletionHandler:
             prompts.append(ids)
         plans = []
         for ids in prompts:
-            max_tokens = resolve_max_tokens(req.max_tokens if req.max_tokens is not None else 16, len(ids), backend, s)
+            max_tokens = resolve_max_tokens(
+                req.max_tokens if req.max_tokens is not None else 16, len(ids), backend, s, "prompt"
+            )
             for i in range(req.n):
                 plans.append(
                     ChoicePlan(

@@ -25,22 +25,26 @@ def check_common_request(req: SamplingFields, backend: GenerationBackend, s: API
         raise APIError(400, f"max_tokens must be <= {s.max_tokens_limit}, got {req.max_tokens}", "max_tokens")
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, backend: GenerationBackend, s: APISettings) -> int:
-    """The request's max_tokens, or the default: the rest of the context (capped by the server's settings)."""
+def resolve_max_tokens(
+    requested: int | None, prompt_len: int, backend: GenerationBackend, s: APISettings, field: str = "messages"
+) -> int:
+    """The request's max_tokens, or the default: the rest of the context (capped by the server's settings).
+
+    `field` names what the prompt came from in errors: the chat's "messages" or the completion's "prompt"."""
     if s.max_prompt_tokens is not None and prompt_len > s.max_prompt_tokens:
         raise APIError(
             400,
             f"the prompt has {prompt_len} tokens; this server accepts at most {s.max_prompt_tokens}",
-            "messages",
+            field,
             "prompt_too_long",
         )
     limit = min(backend.max_model_len, backend.max_context)
     if prompt_len >= limit:
         raise APIError(
             400,
-            f"This model's maximum context length is {limit} tokens. However, your messages resulted in"
-            f" {prompt_len} tokens. Please reduce the length of the messages.",
-            "messages",
+            f"This model's maximum context length is {limit} tokens. However, your {field} resulted in"
+            f" {prompt_len} tokens. Please reduce the length of the {field}.",
+            field,
             "context_length_exceeded",
         )
     if requested is not None:
