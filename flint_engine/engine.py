@@ -264,6 +264,11 @@ class LLMEngine:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
+        if params.logit_bias:
+            bad = next((t for t in params.logit_bias if t >= vocab), None)
+            if bad is not None:
+                msg = f"logit_bias names token id {bad}, outside the vocabulary of {vocab}"
+                raise EngineRequestError(msg, param="logit_bias")
         if params.json_mode and self.tokenizer is None:
             raise EngineRequestError("JSON mode needs a tokenizer", param="response_format")
         if params.tool_names is not None and self.tokenizer is None:
@@ -457,6 +462,7 @@ class LLMEngine:
             presence_penalty=req.params.presence_penalty,
             frequency_penalty=req.params.frequency_penalty,
             repetition_penalty=req.params.repetition_penalty,
+            logit_bias=req.params.logit_bias,
             output_ids=req.output_token_ids,
             prompt_ids=req.prompt_token_ids if req.params.repetition_penalty != 1.0 else (),
             banned_ids=banned,

@@ -32,6 +32,7 @@ class SamplingRow:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None  # added to those tokens' logits (after the penalties)
     output_ids: tuple[int, ...] | list[int] = ()
     prompt_ids: tuple[int, ...] | list[int] = ()
     banned_ids: tuple[int, ...] = ()  # e.g. EOS before min_tokens
@@ -71,6 +72,9 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
             if seen.numel():
                 vals = logits[i, seen]
                 logits[i, seen] = torch.where(vals > 0, vals / r.repetition_penalty, vals * r.repetition_penalty)
+        if r.logit_bias:
+            ids = torch.tensor(list(r.logit_bias), dtype=torch.long, device=logits.device)
+            logits[i, ids] += torch.tensor(list(r.logit_bias.values()), dtype=logits.dtype, device=logits.device)
         if r.banned_ids:
             logits[i, torch.tensor(r.banned_ids, device=logits.device)] = float("-inf")
     return logits
@@ -143,8 +147,8 @@ def _staging_buffer(dtype: torch.dtype, shape: tuple[int, int], dev: torch.devic
 
 
 def is_plain(row: SamplingRow, vocab: int) -> bool:
-    """Whether the row's token is a function of the logits on the device alone: no penalties, bans, constraint or
-    logprobs, and greedy or top-k sampling (so `draw_tokens` serves it without reading anything back)."""
+    """Whether the row's token is a function of the logits on the device alone: no penalties, biases, bans,
+    constraint or logprobs, and greedy or top-k sampling (so `draw_tokens` serves it without reading anything back)."""
     return (
         row.allowed is None
         and row.logprobs is None
@@ -152,6 +156,7 @@ def is_plain(row: SamplingRow, vocab: int) -> bool:
         and not row.presence_penalty
         and not row.frequency_penalty
         and row.repetition_penalty == 1.0
+        and not row.logit_bias
         and (array("f", [row.temperature])[0] == 0.0 or 0 < row.top_k < vocab)
     )
 

@@ -29,6 +29,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling (OpenAI's logit_bias)
     seed: int | None = None
     n: int = 1
     stop: list[str] = field(default_factory=list)
@@ -64,6 +65,11 @@ class SamplingParams:
                 raise SamplingParamsError(name, f"must be in [-2, 2], got {getattr(self, name)}")
         if not 0.0 < self.repetition_penalty <= 10.0:
             raise SamplingParamsError("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty}")
+        if self.logit_bias is not None and not all(
+            isinstance(t, int) and t >= 0 and isinstance(b, (int, float)) and -100.0 <= b <= 100.0
+            for t, b in self.logit_bias.items()
+        ):
+            raise SamplingParamsError("logit_bias", "must map token ids to values in [-100, 100]")
         if self.seed is not None and (not isinstance(self.seed, int) or not -MAX_SEED - 1 <= self.seed <= MAX_SEED):
             raise SamplingParamsError("seed", f"must be a 64-bit integer, got {self.seed!r}")
         if not isinstance(self.n, int) or not 1 <= self.n <= 128:

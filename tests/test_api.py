@@ -141,6 +141,25 @@ def test_logprobs_without_top_logprobs(client) -> None:
     assert [t.token for t in streamed] == [t.token for t in alone]
 
 
+def test_logit_bias(server, client) -> None:
+    """+100 on a token makes every greedy step take it; -100 on the greedy tokens makes the model write others."""
+    plain = client.completions.create(model="flint", prompt=[5, 6, 7], max_tokens=4, temperature=0, logprobs=0)
+    forced = client.completions.create(
+        model="flint", prompt=[5, 6, 7], max_tokens=4, temperature=0, logit_bias={"42": 100}
+    )
+    want = raw_post(server, "/detokenize", {"tokens": [42] * 4}).json()["prompt"]
+    assert forced.choices[0].text == want != plain.choices[0].text
+    firsts = raw_post(server, "/tokenize", {"prompt": plain.choices[0].logprobs.tokens[0]}).json()["tokens"]
+    avoided = client.completions.create(
+        model="flint", prompt=[5, 6, 7], max_tokens=1, temperature=0, logit_bias={str(firsts[0]): -100}
+    )
+    assert avoided.choices[0].text != plain.choices[0].logprobs.tokens[0]
+    chat = client.chat.completions.create(
+        model="flint", messages=MSG, max_tokens=3, temperature=0, logprobs=True, logit_bias={"42": 100}
+    )
+    assert [t.token for t in chat.choices[0].logprobs.content] == [want[: len(want) // 4]] * 3
+
+
 def test_completions_text_tokens_echo_stop(server, client) -> None:
     r = client.completions.create(
         model="flint", prompt="The quick brown fox", max_tokens=10, temperature=0, echo=True, logprobs=2
@@ -202,7 +221,10 @@ def test_completion_streaming(server) -> None:
         ({"messages": MSG, "stop": ["x"] * 100}, "stop"),
         ({"messages": MSG, "seed": 2**70}, "seed"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, None),
-        ({"messages": MSG, "logit_bias": {"5": 10}}, None),
+        ({"messages": MSG, "logit_bias": {"five": 10}}, "logit_bias"),
+        ({"messages": MSG, "logit_bias": {"5": 101}}, "logit_bias"),
+        ({"messages": MSG, "logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+        ({"messages": MSG, "logit_bias": {"99999999": 1}}, "logit_bias"),
         (
             {
                 "messages": MSG,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from flint_kernels.sampling import draw_top_k, uniform_noise, uniform_noise_at
 
-from flint_engine.sampler import SamplingRow, draw_full, sample
+from flint_engine.sampler import SamplingRow, apply_penalties, draw_full, is_plain, sample
 
 
 def _params(n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -94,3 +94,24 @@ def test_sampling_op_gets_16_byte_aligned_parameters(n: int) -> None:
     assert temps.tolist() == pytest.approx([0.5 + i for i in range(n)]) and top_k.tolist() == [5 + i for i in range(n)]
     assert top_p.tolist() == pytest.approx([0.9] * n) and min_p.tolist() == pytest.approx([0.01 * i for i in range(n)])
     assert seeds.tolist() == [100 + i for i in range(n)] and steps.tolist() == [7 * i for i in range(n)]
+
+
+def test_logit_bias_shifts_the_draw() -> None:
+    """logit_bias adds to the logits the draw sees (greedy, top-k and unbounded rows); a biased row is not plain."""
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 3000, generator=gen) * 2
+    top = logits.argmax(dim=-1).tolist()
+    pick = [int(i) for i in torch.randint(0, 3000, (3,), generator=gen)]
+    rows = [
+        SamplingRow(0.0, 1.0, 0, 0.0, seed=1, step=0, logit_bias={pick[0]: 100.0}),
+        SamplingRow(1.0, 0.95, 20, 0.0, seed=2, step=4, logit_bias={pick[1]: 100.0, top[1]: -100.0}),
+        SamplingRow(0.0, 1.0, 0, 0.0, seed=3, step=0, logit_bias={top[2]: -100.0}),
+    ]
+    assert sample(logits.clone(), rows).token_ids[:2] == pick[:2]
+    second = torch.topk(logits[2], 2).indices[1]
+    assert sample(logits[2:].clone(), rows[2:]).token_ids == [int(second)]
+    biased = apply_penalties(logits[:1].clone(), rows[:1])
+    assert float(biased[0, pick[0]] - logits[0, pick[0]]) == pytest.approx(100.0)
+    others = torch.arange(3000) != pick[0]
+    assert torch.equal(biased[0, others], logits[0, others])
+    assert not is_plain(rows[0], 3000) and is_plain(SamplingRow(0.0, 1.0, 0, 0.0, seed=1, step=0), 3000)

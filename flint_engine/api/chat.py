@@ -108,6 +108,7 @@ class ChatHandler:
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty,
+            logit_bias=req.token_biases(),
             seed=req.seed,
             n=1,
             stop=req.stop_list(),

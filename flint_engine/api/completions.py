@@ -76,6 +76,7 @@ class CompletionHandler:
                             presence_penalty=req.presence_penalty,
                             frequency_penalty=req.frequency_penalty,
                             repetition_penalty=req.repetition_penalty,
+                            logit_bias=req.token_biases(),
                             seed=None if req.seed is None else req.seed + i,
                             stop=req.stop_list(),
                             stop_token_ids=list(req.stop_token_ids or []),

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..tool_name_prefix import callable_name
 
+MAX_LOGIT_BIAS = 300  # as OpenAI's API
+
 
 def _id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -150,13 +152,29 @@ class SamplingFields(Lenient):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_biases(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias holds at most {MAX_LOGIT_BIAS} tokens, got {len(v)}")
+        for key, bias in v.items():
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids (integers as strings), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
+        return v
+
     @model_validator(mode="after")
     def _checks(self) -> SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported by this server")
         return self
+
+    def token_biases(self) -> dict[int, float] | None:
+        """logit_bias with integer token ids (None when empty)."""
+        return {int(k): float(b) for k, b in self.logit_bias.items()} if self.logit_bias else None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
