@@ -269,6 +269,11 @@ class LLMEngine:
             if bad is not None:
                 msg = f"logit_bias names token id {bad}, outside the vocabulary of {vocab}"
                 raise EngineRequestError(msg, param="logit_bias")
+        if params.allowed_token_ids:
+            bad = next((t for t in params.allowed_token_ids if t >= vocab), None)
+            if bad is not None:
+                msg = f"allowed_token_ids names token id {bad}, outside the vocabulary of {vocab}"
+                raise EngineRequestError(msg, param="allowed_token_ids")
         if params.json_mode and self.tokenizer is None:
             raise EngineRequestError("JSON mode needs a tokenizer", param="response_format")
         if params.tool_names is not None and self.tokenizer is None:
@@ -463,6 +468,7 @@ class LLMEngine:
             frequency_penalty=req.params.frequency_penalty,
             repetition_penalty=req.params.repetition_penalty,
             logit_bias=req.params.logit_bias,
+            allowed_ids=req.params.allowed_token_ids,
             output_ids=req.output_token_ids,
             prompt_ids=req.prompt_token_ids if req.params.repetition_penalty != 1.0 else (),
             banned_ids=banned,

@@ -33,6 +33,7 @@ class SamplingRow:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None  # added to those tokens' logits (after the penalties)
+    allowed_ids: tuple[int, ...] | None = None  # every other token is masked out
     output_ids: tuple[int, ...] | list[int] = ()
     prompt_ids: tuple[int, ...] | list[int] = ()
     banned_ids: tuple[int, ...] = ()  # e.g. EOS before min_tokens
@@ -75,6 +76,11 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         if r.logit_bias:
             ids = torch.tensor(list(r.logit_bias), dtype=torch.long, device=logits.device)
             logits[i, ids] += torch.tensor(list(r.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+        if r.allowed_ids:
+            ids = torch.tensor(r.allowed_ids, dtype=torch.long, device=logits.device)
+            kept = logits[i, ids]
+            logits[i] = float("-inf")
+            logits[i, ids] = kept
         if r.banned_ids:
             logits[i, torch.tensor(r.banned_ids, device=logits.device)] = float("-inf")
     return logits
@@ -147,8 +153,9 @@ def _staging_buffer(dtype: torch.dtype, shape: tuple[int, int], dev: torch.devic
 
 
 def is_plain(row: SamplingRow, vocab: int) -> bool:
-    """Whether the row's token is a function of the logits on the device alone: no penalties, biases, bans,
-    constraint or logprobs, and greedy or top-k sampling (so `draw_tokens` serves it without reading anything back)."""
+    """Whether the row's token is a function of the logits on the device alone: no penalties, biases, masks, bans,
+    constraint or logprobs, and greedy or top-k sampling (so `draw_tokens` serves it without reading anything
+    back)."""
     return (
         row.allowed is None
         and row.logprobs is None
@@ -157,6 +164,7 @@ def is_plain(row: SamplingRow, vocab: int) -> bool:
         and not row.frequency_penalty
         and row.repetition_penalty == 1.0
         and not row.logit_bias
+        and not row.allowed_ids
         and (array("f", [row.temperature])[0] == 0.0 or 0 < row.top_k < vocab)
     )
 

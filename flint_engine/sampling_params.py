@@ -30,6 +30,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling (OpenAI's logit_bias)
+    allowed_token_ids: tuple[int, ...] | None = None  # sample only among these tokens (vLLM's allowed_token_ids)
     seed: int | None = None
     n: int = 1
     stop: list[str] = field(default_factory=list)
@@ -70,6 +71,10 @@ class SamplingParams:
             for t, b in self.logit_bias.items()
         ):
             raise SamplingParamsError("logit_bias", "must map token ids to values in [-100, 100]")
+        if self.allowed_token_ids is not None and not (
+            self.allowed_token_ids and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids)
+        ):
+            raise SamplingParamsError("allowed_token_ids", "must be a non-empty list of token ids")
         if self.seed is not None and (not isinstance(self.seed, int) or not -MAX_SEED - 1 <= self.seed <= MAX_SEED):
             raise SamplingParamsError("seed", f"must be a 64-bit integer, got {self.seed!r}")
         if not isinstance(self.n, int) or not 1 <= self.n <= 128:

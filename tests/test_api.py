@@ -160,6 +160,34 @@ def test_logit_bias(server, client) -> None:
     assert [t.token for t in chat.choices[0].logprobs.content] == [want[: len(want) // 4]] * 3
 
 
+def test_allowed_token_ids(server, client) -> None:
+    """vLLM's allowed_token_ids: every sampled token is one of them, on both endpoints, greedy and sampled."""
+    allowed = [40, 41, 42]
+    texts = {raw_post(server, "/detokenize", {"tokens": [t]}).json()["prompt"] for t in allowed}
+    assert len(texts) == len(allowed)
+    for temperature in (0.0, 1.0):
+        r = client.completions.create(
+            model="flint",
+            prompt=[5, 6, 7],
+            max_tokens=6,
+            temperature=temperature,
+            seed=3,
+            logprobs=0,
+            extra_body={"allowed_token_ids": allowed},
+        )
+        assert len(r.choices[0].logprobs.tokens) == 6 and set(r.choices[0].logprobs.tokens) <= texts
+        chat = client.chat.completions.create(
+            model="flint",
+            messages=MSG,
+            max_tokens=4,
+            temperature=temperature,
+            seed=3,
+            logprobs=True,
+            extra_body={"allowed_token_ids": allowed},
+        )
+        assert {t.token for t in chat.choices[0].logprobs.content} <= texts
+
+
 def test_completions_text_tokens_echo_stop(server, client) -> None:
     r = client.completions.create(
         model="flint", prompt="The quick brown fox", max_tokens=10, temperature=0, echo=True, logprobs=2
@@ -225,6 +253,11 @@ def test_completion_streaming(server) -> None:
         ({"messages": MSG, "logit_bias": {"5": 101}}, "logit_bias"),
         ({"messages": MSG, "logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
         ({"messages": MSG, "logit_bias": {"99999999": 1}}, "logit_bias"),
+        ({"messages": MSG, "allowed_token_ids": [99999999]}, "allowed_token_ids"),
+        ({"messages": MSG, "allowed_token_ids": []}, "allowed_token_ids"),
+        ({"messages": MSG, "prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"messages": MSG, "guided_json": {"type": "object"}}, "guided_json"),
+        ({"messages": MSG, "bad_words": ["x"]}, "bad_words"),
         (
             {
                 "messages": MSG,

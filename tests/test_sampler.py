@@ -1,7 +1,10 @@
 """The top-k sampling path (one `topk` selection, noise for the candidates only) draws exactly what the full-vocabulary
-sort-and-mask path draws, for every mix of temperature, top-k, top-p and min-p in a batch."""
+sort-and-mask path draws, for every mix of temperature, top-k, top-p and min-p in a batch; per-row logit biases and
+allowed-token masks shape what every path draws."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -115,3 +118,21 @@ def test_logit_bias_shifts_the_draw() -> None:
     others = torch.arange(3000) != pick[0]
     assert torch.equal(biased[0, others], logits[0, others])
     assert not is_plain(rows[0], 3000) and is_plain(SamplingRow(0.0, 1.0, 0, 0.0, seed=1, step=0), 3000)
+
+
+def test_allowed_ids_mask_every_other_token() -> None:
+    """Greedy, top-k and unbounded rows draw only allowed tokens; greedy takes the best of them."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 2000, generator=gen) * 3
+    allowed = tuple(int(i) for i in torch.randperm(2000, generator=gen)[:5])
+    rows = [
+        SamplingRow(0.0, 1.0, 0, 0.0, seed=1, step=0, allowed_ids=allowed),
+        SamplingRow(1.0, 0.95, 20, 0.0, seed=2, step=1, allowed_ids=allowed),
+        SamplingRow(1.0, 1.0, 0, 0.0, seed=3, step=2, allowed_ids=allowed),
+    ]
+    for step in range(20):
+        rows = [dataclasses.replace(r, step=step) for r in rows]
+        got = sample(logits.clone(), rows).token_ids
+        assert all(t in allowed for t in got), got
+    assert got[0] == max(allowed, key=lambda t: float(logits[0, t]))
+    assert not is_plain(rows[0], 2000)

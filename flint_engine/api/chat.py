@@ -109,6 +109,7 @@ class ChatHandler:
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty,
             logit_bias=req.token_biases(),
+            allowed_token_ids=tuple(req.allowed_token_ids) if req.allowed_token_ids else None,
             seed=req.seed,
             n=1,
             stop=req.stop_list(),

@@ -77,6 +77,7 @@ class CompletionHandler:
                             frequency_penalty=req.frequency_penalty,
                             repetition_penalty=req.repetition_penalty,
                             logit_bias=req.token_biases(),
+                            allowed_token_ids=tuple(req.allowed_token_ids) if req.allowed_token_ids else None,
                             seed=None if req.seed is None else req.seed + i,
                             stop=req.stop_list(),
                             stop_token_ids=list(req.stop_token_ids or []),

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..tool_name_prefix import callable_name
 
@@ -151,6 +151,34 @@ class SamplingFields(Lenient):
     stream_options: StreamOptions | None = None
     user: str | None = None
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = Field(default=None, min_length=1)  # vLLM's: sample only these tokens
+    # vLLM extensions this server does not implement: refused (400) rather than silently ignored like unknown fields.
+    prompt_logprobs: Any = None
+    bad_words: Any = None
+    truncate_prompt_tokens: Any = None
+    use_beam_search: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+
+    @field_validator(
+        "prompt_logprobs",
+        "bad_words",
+        "truncate_prompt_tokens",
+        "use_beam_search",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+    )
+    @classmethod
+    def _not_implemented(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is not None and v is not False:
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return v
 
     @field_validator("logit_bias")
     @classmethod
