@@ -8,6 +8,7 @@ flint-serve --config my-settings.yaml --host 0.0.0.0 --api-key-file /etc/flint/k
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import math
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from flint_engine.api.server import warn_if_open
 from flint_engine.random_model import is_random_spec, parse_random_spec
@@ -72,8 +74,27 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     values["api"] = api
     try:
         return ServeSettings(**values)
+    except ValidationError as exc:
+        # One line a field ("api.max_n: Input should be ... (got 0)"), not pydantic's multi-line report with links.
+        lines = [
+            f"{'.'.join(map(str, e['loc'])) or 'settings'}: "
+            + ("no such setting" if e["type"] == "extra_forbidden" else f"{e['msg']} (got {e.get('input')!r})")
+            for e in exc.errors()
+        ]
+        raise StartupError("invalid settings: " + "; ".join(lines)) from None
     except Exception as exc:
         raise StartupError(f"invalid settings: {exc}") from exc
+
+
+def port_number(text: str) -> int:
+    """A TCP port for argparse: 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 1-65535")
+    return port
 
 
 def preflight(settings: ServeSettings, host: str, port: int) -> None:
@@ -94,8 +115,12 @@ def preflight(settings: ServeSettings, host: str, port: int) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host if host not in ("0.0.0.0", "") else "0.0.0.0", port))
+        except socket.gaierror as exc:
+            raise StartupError(f"--host {host} cannot be resolved ({exc.strerror})") from None
         except OSError as exc:
-            raise StartupError(f"port {port} on {host} is in use ({exc.strerror}); pick another with --port") from None
+            if exc.errno == errno.EADDRINUSE:
+                raise StartupError(f"port {port} on {host} is in use; pick another with --port") from None
+            raise StartupError(f"cannot listen on {host}:{port} ({exc.strerror}); check --host and --port") from None
 
 
 def start(
@@ -158,9 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any setting (api.* for the API)")
     p.add_argument("--api-key-file", help="file of API keys, one per line, re-read on change")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000)
     p.add_argument("--address", help="join an existing Ray cluster instead of starting one")
-    p.add_argument("--metrics-export-port", type=int, default=8080, help="Ray's Prometheus port (local cluster)")
+    p.add_argument(
+        "--metrics-export-port", type=port_number, default=8080, help="Ray's Prometheus port (local cluster)"
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 

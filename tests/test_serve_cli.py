@@ -37,6 +37,12 @@ def test_gpu_asked_for_without_one() -> None:
 def test_bad_settings_and_config(tmp_path) -> None:
     r = run("--set", "max_queued_requests=-5")
     assert r.returncode == 2 and "max_queued_requests" in r.stderr
+    # one line a field, without pydantic's report and links
+    r = run("--replicas", "0", "--set", "api.max_n=0", "--set", "nope=1")
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "errors.pydantic.dev" not in r.stderr
+    assert "num_replicas: Input should be greater than or equal to 1 (got 0)" in last
+    assert "api.max_n: Input should be greater than or equal to 1 (got 0)" in last and "nope: no such setting" in last
     r = run("--config", str(tmp_path / "none.yaml"))
     assert r.returncode == 2 and "does not exist" in r.stderr
     bad = tmp_path / "bad.yaml"
@@ -64,3 +70,15 @@ def test_bad_random_model_spec() -> None:
     assert r.returncode == 2 and "unknown preset 'huge'" in r.stderr
     r = run("--model", "random:tiny:fp8")
     assert r.returncode == 2 and "unknown option 'fp8'" in r.stderr
+
+
+def test_bad_host_and_port() -> None:
+    for args, says in (
+        (("--port", "99999"), "argument --port: port 99999 is outside 1-65535"),
+        (("--port", "http"), "argument --port: 'http' is not a port number"),
+        (("--metrics-export-port", "0"), "argument --metrics-export-port: port 0 is outside 1-65535"),
+        (("--host", "no-such-host.invalid"), "--host no-such-host.invalid cannot be resolved"),
+        (("--host", "203.0.113.123"), "cannot listen on 203.0.113.123:8000"),  # TEST-NET-3: no host of ours
+    ):
+        r = run(*args)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
