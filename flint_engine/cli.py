@@ -1,4 +1,5 @@
-"""`flint`: checkpoint tools (make random checkpoints, convert HF -> GGUF, inspect) and local generation."""
+"""`flint`: checkpoint tools (make random checkpoints, convert HF -> GGUF, inspect) and local generation
+(`flint generate`, in `generate_cli`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .checkpoint.random_tensors import random_provider
 from .checkpoint.tensor_plan import TensorSpec
 from .config import PRESETS, ConfigError, FlintConfig, describe, preset
 from .engine_config import IDLE_PREFILL_TOKENS_GPU, EngineConfig
+from .generate_cli import add_parser as add_generate_parser
 
 log = logging.getLogger("flint")
 
@@ -299,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="print a checkpoint's architecture and tensor types")
     ins.add_argument("path")
     ins.set_defaults(func=cmd_inspect)
+    add_generate_parser(sub)
     return p
 
 

@@ -1,0 +1,93 @@
+"""`flint generate`: answer prompts with a checkpoint in this process, no server.
+
+Each prompt is a user message put through the checkpoint's chat template (or, with `--raw`, text completed as is);
+all prompts run as one batch of the engine. The thinking and the answer are printed apart, as the API returns them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .engine_config import EngineConfig
+from .parsers.reasoning import ReasoningParser
+from .sampling_params import SamplingParams, SamplingParamsError
+
+
+def add_parser(sub: Any) -> None:
+    g = sub.add_parser("generate", help="answer prompts in this process, no server (the chat template, or --raw)")
+    g.add_argument("prompts", nargs="+", help="user messages; each is answered on its own, all in one batch")
+    g.add_argument("--model", help="GGUF file, HF directory or random:PRESET[:...] (default: the embedded demo model)")
+    g.add_argument("--raw", action="store_true", help="complete each prompt's text as is, without the chat template")
+    g.add_argument("--system", help="a system message before each prompt")
+    g.add_argument("--no-thinking", action="store_true", help="answer without a thinking block")
+    g.add_argument("--max-tokens", type=int, default=256, help="thinking counts toward it (default 256)")
+    g.add_argument("--temperature", type=float, help="default: the checkpoint's (Flint: 1.0); 0 is greedy")
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    g.add_argument("--json", action="store_true", help="one JSON object a prompt (reasoning, content, tokens, finish)")
+    g.set_defaults(func=cmd_generate)
+
+
+def _prompt_ids(engine: Any, args: argparse.Namespace, prompt: str) -> list[int]:
+    tok = engine.tokenizer
+    if args.raw:
+        return tok.encode(prompt)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": prompt}
+    ]
+    text = tok.apply_chat_template(messages, None, add_generation_prompt=True, enable_thinking=not args.no_thinking)
+    return tok.encode(text)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .engine import EngineRequestError, LLMEngine
+
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            skip_special_tokens=args.raw,
+        )
+    except SamplingParamsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype)
+    engine = LLMEngine.from_checkpoint(config, progress=not args.json)
+    if engine.tokenizer is None:
+        print("error: this checkpoint has no tokenizer, so it cannot take text prompts", file=sys.stderr)
+        return 1
+    try:
+        requests = engine.generate([_prompt_ids(engine, args, p) for p in args.prompts], params)
+    except EngineRequestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    parser = ReasoningParser(thinking=not args.no_thinking)
+    for prompt, req in zip(args.prompts, requests):
+        ids = [t for t in req.output_token_ids if t not in req.eos_token_ids]
+        text = engine.tokenizer.decode(ids, skip_special_tokens=args.raw)
+        reasoning, content = (None, text) if args.raw else parser.extract(text)
+        if args.json:
+            record = {
+                "prompt": prompt,
+                "reasoning": reasoning,
+                "content": content,
+                "completion_tokens": len(req.output_token_ids),
+                "finish_reason": req.finish_reason,
+            }
+            print(json.dumps(record, ensure_ascii=False))
+            continue
+        if len(args.prompts) > 1:
+            print(f"### {prompt}")
+        if reasoning:
+            print(f"[thinking] {reasoning.strip()}")
+        print((content or "").strip() if not args.raw else content)
+    return 0

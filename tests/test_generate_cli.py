@@ -1,0 +1,36 @@
+"""`flint generate`: prompts answered in-process by the embedded demo model, as the API would answer them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flint_engine.cli import main
+
+
+def test_chat_prompts_in_one_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "What is 7 + 8?", "What is 2 + 3?", "--temperature", "0", "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["prompt"] for r in records] == ["What is 7 + 8?", "What is 2 + 3?"]
+    assert "15" in records[0]["content"] and "7 + 8" in records[0]["reasoning"]
+    assert "5" in records[1]["content"] and records[1]["finish_reason"] == "stop"
+
+
+def test_text_output_and_no_thinking(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "What is 7 + 8?", "--temperature", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[thinking] ") and "7 + 8" in lines[0] and "15" in lines[1]
+    assert main(["generate", "What is 7 + 8?", "--temperature", "0", "--no-thinking", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["reasoning"] is None and "15" in record["content"]
+
+
+def test_raw_completion_and_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "7 + 8 =", "--raw", "--max-tokens", "3", "--temperature", "0", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["reasoning"] is None and record["completion_tokens"] <= 3 and record["content"].strip()
+    assert main(["generate", "hi", "--max-tokens", "0"]) == 2
+    assert "max_tokens" in capsys.readouterr().err
+    assert main(["generate", "hi", "--model", "/nonexistent/flint.gguf"]) == 1
+    assert "no such file" in capsys.readouterr().err
