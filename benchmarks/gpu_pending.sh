@@ -3,12 +3,12 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (state after the fifty-fourth session, 2026-12-06, which got no device machine; the fifty-third's, on H100s
-# only: every GPU test passed on an H100 in two shards; the status figures on an H100, NVFP4 b2-b8 3-7% above the
-# fiftieth session's H100 run with no code or table change at 2 sequences between them):
+# Next (state after the fifty-fifth session, 2026-12-07, which like the fifty-fourth got no device machine; the
+# fifty-third's, on H100s only: every GPU test passed on an H100 in two shards; the status figures on an H100, NVFP4
+# b2-b8 3-7% above the fiftieth session's H100 run with no code or table change at 2 sequences between them):
 #   the status figures on an H200 with the fiftieth to fifty-second sessions' installs (`decode.py --formats nvfp4
 #                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`): no H200 came in the
-#                 fifty-first to fifty-fourth sessions (the fifty-fourth got no machine at all);
+#                 fifty-first to fifty-fifth sessions (the fifty-fourth and fifty-fifth got no machine at all);
 #   OLD_TREE=variants/old (ad14112's tree, see the block): NVFP4 b1-b8 of that tree and the head's, alternating on
 #                 one machine, to tell the machines' spread from a change.
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
