@@ -16,6 +16,7 @@ from flint_kernels.dispatch import select_kernels
 from .config import FlintConfig
 from .engine_config import EngineConfig
 from .json_mode import JsonPrefix
+from .json_schema_prefix import SchemaPrefix, compile_schema
 from .kv_cache import KVCache
 from .kv_cache_manager import KVCacheManager
 from .kv_cache_plan import KVCachePlan, gpu_kv_budget, plan_kv_cache
@@ -83,8 +84,13 @@ class _TextState:
     stops: StopStringText
     logprobs: bool
     pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
-    json: JsonPrefix | None = None  # JSON mode, once active
+    json: JsonPrefix | SchemaPrefix | None = None  # JSON mode (or a schema's), once active
     tool_name: ToolNamePrefix | None = None  # a forced tool call's name, until it is complete
+
+
+def json_prefix(params: SamplingParams) -> JsonPrefix | SchemaPrefix:
+    """The checker JSON mode starts with: any object, or an instance of the request's schema."""
+    return SchemaPrefix(compile_schema(params.json_schema)) if params.json_schema is not None else JsonPrefix()
 
 
 class LLMEngine:
@@ -298,7 +304,7 @@ class LLMEngine:
             detok,
             StopStringText(params.stop, params.include_stop_str_in_output),
             params.logprobs is not None,
-            json=JsonPrefix() if params.json_mode and params.json_after_token is None else None,
+            json=json_prefix(params) if params.json_mode and params.json_after_token is None else None,
             tool_name=ToolNamePrefix(params.tool_names) if params.tool_names is not None else None,
         )
         self.scheduler.add(req)
@@ -475,7 +481,7 @@ class LLMEngine:
             logprobs=req.params.logprobs,
         )
 
-    def _json_constraint(self, req: Request, prefix: JsonPrefix) -> Any:
+    def _json_constraint(self, req: Request, prefix: JsonPrefix | SchemaPrefix) -> Any:
         tok = self.tokenizer
         special = tok.special_token_ids
         stops = set(req.eos_token_ids) | set(req.params.stop_token_ids)
@@ -507,7 +513,7 @@ class LLMEngine:
         if state.json is not None and token not in req.eos_token_ids and token not in req.params.stop_token_ids:
             state.json.feed(self.tokenizer.token_bytes(token))
         elif req.params.json_mode and state.json is None and token == req.params.json_after_token:
-            state.json = JsonPrefix()
+            state.json = json_prefix(req.params)
         if state.tool_name is not None:
             state.tool_name.feed(self.tokenizer.token_bytes(token))
         if req.first_token_time is None:

@@ -14,8 +14,8 @@ import copy
 from dataclasses import dataclass, field
 
 WS = b" \t\n\r"
-# Long enough for pretty-printed JSON (a newline and the indent of a deep level), short enough to end a blank stream.
-MAX_WHITESPACE_RUN = 64
+# A newline and an indent of up to 23 (llama.cpp's JSON grammar allows 21): pretty JSON fits, a blank stream ends.
+MAX_WHITESPACE_RUN = 24
 # value-expecting states
 VALUE, OBJ_FIRST_KEY, OBJ_KEY, COLON, AFTER_VALUE, ARR_FIRST_VALUE, START, DONE = range(8)
 

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .json_schema_prefix import SchemaError, compile_schema
 from .tool_name_prefix import callable_name
 
 MAX_SEED = 2**63 - 1
@@ -42,6 +43,7 @@ class SamplingParams:
     skip_special_tokens: bool = False
     json_mode: bool = False  # constrain the output to one JSON object (response_format json_object)
     json_after_token: int | None = None  # the constraint starts after this token (e.g. </think>); None: at once
+    json_schema: dict[str, Any] | None = None  # with json_mode: the object must be an instance of this JSON Schema
     # The output opens with one of these names, then whitespace or "<" (a forced tool call's name; see tool_name_prefix)
     tool_names: tuple[str, ...] | None = None
 
@@ -89,6 +91,13 @@ class SamplingParams:
             raise SamplingParamsError("logprobs", f"must be in [0, 20], got {self.logprobs!r}")
         if self.tool_names is not None and not (self.tool_names and all(map(callable_name, self.tool_names))):
             raise SamplingParamsError("tool_names", "must be non-empty names without whitespace or '<'")
+        if self.json_schema is not None:
+            if not self.json_mode:
+                raise SamplingParamsError("json_schema", "needs json_mode")
+            try:
+                compile_schema(self.json_schema)
+            except SchemaError as exc:
+                raise SamplingParamsError("json_schema", f"cannot be enforced: {exc}") from None
         if self.tool_names is not None and self.json_mode:
             raise SamplingParamsError("tool_names", "cannot be combined with JSON mode")
 

@@ -411,6 +411,45 @@ def test_overload_returns_503_with_retry_after(tmp_path) -> None:
         srv.stop()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_response_format(client, stream: bool) -> None:
+    """Structured outputs: even a random model answers with an instance of the schema (constrained sampling)."""
+    schema = {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green"]}, "size": {"type": "integer"}},
+        "required": ["color", "size"],
+        "additionalProperties": False,
+    }
+    for seed in range(2):
+        kw = {
+            "model": "flint",
+            "messages": MSG,
+            "max_tokens": 400,
+            "seed": seed,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema}},
+            "extra_body": {"chat_template_kwargs": {"enable_thinking": False}, "top_k": 5},
+        }
+        if stream:
+            text = "".join(
+                c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True) if c.choices
+            )
+        else:
+            r = client.chat.completions.create(**kw)
+            assert r.choices[0].finish_reason == "stop", r
+            text = r.choices[0].message.content
+        value = json.loads(text)
+        assert set(value) == {"color", "size"} and value["color"] in ("red", "green") and isinstance(value["size"], int)
+    with pytest.raises(openai.BadRequestError, match="'pattern' is not supported"):
+        client.chat.completions.create(
+            model="flint",
+            messages=MSG,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "t", "schema": {"type": "object", "properties": {"a": {"pattern": "x"}}}},
+            },
+        )
+
+
 @pytest.mark.parametrize("thinking", [True, False])
 def test_json_object_mode_gives_a_json_object(client, thinking: bool) -> None:
     """Even a random model answers with one parseable JSON object in JSON mode (constrained sampling)."""

@@ -84,11 +84,12 @@ class ChatHandler:
             force, tool_names = ("<tool_call>", names) if len(names) > 1 else (f"<tool_call>{names[0]}", None)
         elif isinstance(choice, NamedToolChoice):
             force = f"<tool_call>{choice.function.name}"
-        json_mode = req.response_format is not None and req.response_format.type == "json_object"
+        json_mode = req.response_format is not None and req.response_format.type in ("json_object", "json_schema")
+        json_schema = None
+        if json_mode and req.response_format.type == "json_schema":  # type: ignore[union-attr]
+            json_schema = req.response_format.json_schema["schema"]  # type: ignore[union-attr,index]
         if json_mode and force is not None:
-            raise APIError(
-                400, "response_format 'json_object' cannot be combined with a forced tool_choice", "response_format"
-            )
+            raise APIError(400, "response_format JSON cannot be combined with a forced tool_choice", "response_format")
         kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
         if req.reasoning_effort is not None and "enable_thinking" not in kwargs:
             kwargs["enable_thinking"] = req.reasoning_effort != "none"
@@ -120,6 +121,7 @@ class ChatHandler:
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
             skip_special_tokens=False,  # the parsers need the <think>/<tool_call> tags in the text
             json_mode=json_mode,
+            json_schema=json_schema,
             # With thinking on, the model reasons freely and the JSON constraint starts after </think>.
             json_after_token=backend.tokenizer.token_to_id(THINK_CLOSE) if json_mode and thinking else None,
         )

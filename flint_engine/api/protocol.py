@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ..json_schema_prefix import SchemaError, compile_schema
 from ..tool_name_prefix import callable_name
 
 MAX_LOGIT_BIAS = 300  # as OpenAI's API
@@ -236,7 +237,13 @@ class ChatCompletionRequest(SamplingFields):
         if self.tool_choice == "required" and not self.tools:
             raise ValueError("tool_choice 'required' needs tools")
         if self.response_format is not None and self.response_format.type == "json_schema":
-            raise ValueError("response_format 'json_schema' is not supported yet (use 'json_object' or 'text')")
+            spec = self.response_format.json_schema or {}
+            if not isinstance(spec.get("schema"), dict):
+                raise ValueError("response_format 'json_schema' needs json_schema.schema (a JSON Schema object)")
+            try:
+                compile_schema(spec["schema"])
+            except SchemaError as exc:
+                raise ValueError(f"response_format json_schema cannot be enforced: {exc}") from None
         return self
 
     def requested_max_tokens(self) -> int | None:
