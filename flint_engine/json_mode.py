@@ -20,6 +20,20 @@ MAX_WHITESPACE_RUN = 24
 VALUE, OBJ_FIRST_KEY, OBJ_KEY, COLON, AFTER_VALUE, ARR_FIRST_VALUE, START, DONE = range(8)
 
 
+def number_accepts(number: str, b: int) -> bool:
+    """Whether byte `b` may extend the JSON number begun as `number` (not empty)."""
+    ch = chr(b) if b < 0x80 else ""
+    if ch.isdigit():
+        return number not in ("0", "-0")  # no leading zeros
+    if ch == ".":
+        return "." not in number and "e" not in number.lower() and number[-1].isdigit()
+    if ch and ch in "eE":
+        return "e" not in number.lower() and number[-1].isdigit()
+    if ch and ch in "+-":
+        return number[-1] in "eE"
+    return False
+
+
 @dataclass
 class JsonPrefix:
     """State of a JSON-object prefix; `feed` returns False (and leaves the state unusable) on invalid input."""
@@ -153,17 +167,7 @@ class JsonPrefix:
         return False
 
     def _number_accepts(self, c: bytes) -> bool:
-        n = self.number
-        ch = c.decode(errors="replace")
-        if ch.isdigit():
-            return n not in ("0", "-0")  # no leading zeros
-        if ch == ".":
-            return "." not in n and "e" not in n.lower() and n[-1].isdigit()
-        if ch in "eE":
-            return "e" not in n.lower() and n[-1].isdigit()
-        if ch in "+-":
-            return n[-1] in "eE"
-        return False
+        return number_accepts(self.number, c[0])
 
     def _number_complete(self) -> bool:
         return self.number[-1].isdigit()

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .json_mode import MAX_WHITESPACE_RUN, WS
+from .json_mode import MAX_WHITESPACE_RUN, WS, number_accepts
 
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 IGNORED = {"title", "description", "default", "examples", "format", "$schema", "$id", "$comment", "strict"}
@@ -396,17 +396,8 @@ class SchemaPrefix:
 
     @staticmethod
     def _number_accepts(frame: _Number, b: int) -> bool:
-        n, ch = frame.text, chr(b)
-        if not n:
-            return ch == "-" or ch.isdigit()
-        if ch.isdigit():
-            return n not in ("0", "-0")
-        if ch in ".eE" and frame.integer:
+        if not frame.text:
+            return b == ord("-") or 48 <= b <= 57
+        if frame.integer and b in b".eE":
             return False
-        if ch == ".":
-            return "." not in n and "e" not in n.lower() and n[-1].isdigit()
-        if ch in "eE":
-            return "e" not in n.lower() and n[-1].isdigit()
-        if ch in "+-":
-            return n[-1] in "eE"
-        return False
+        return number_accepts(frame.text, b)

@@ -88,3 +88,10 @@ def test_whitespace_runs_are_capped(prefix: str, blank: str) -> None:
     assert after.feed(rest[0].encode() + run) and after.feed(rest[1:].encode()) and after.complete
     in_string = JsonPrefix()
     assert in_string.feed(b'{"' + b" " * (3 * MAX_WHITESPACE_RUN) + b'": 1}') and in_string.complete  # not in strings
+
+
+def test_numbers_take_ascii_digits_only() -> None:
+    state = JsonPrefix()
+    assert state.feed(b'{"a": 1')
+    assert not state.copy().feed(bytes([0xB2])) and not state.copy().feed("٣".encode())
+    assert state.feed(b"2e+5}") and state.complete

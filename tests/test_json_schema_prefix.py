@@ -227,3 +227,14 @@ def test_compound_literals_are_written_compactly() -> None:
     root = compile_schema({"type": "object", "properties": {"c": {"const": [1, {"a": False}]}}})
     assert SchemaPrefix(root).feed(b'{"c": [1,{"a":false}]}')
     assert not SchemaPrefix(root).feed(b'{"c": [1, {"a": false}]}')
+
+
+def test_numbers_take_ascii_digits_only() -> None:
+    """A UTF-8 byte that Python calls a digit as a character ("²" is 0xC2 0xB2) does not extend a number."""
+    root = compile_schema(PERSON)
+    for prefix in (b'{"name": "x", "age": 1', b'{"name": "x", "height": 2.5'):
+        p = SchemaPrefix(root)
+        assert p.feed(prefix)
+        assert not p.copy().feed(bytes([0xB2])) and not p.copy().feed("²".encode())
+        assert p.copy().feed(b"7, ")  # digits, then the number ends
+    assert not SchemaPrefix(root).feed(b'{"name": "x", "age": 1.5')  # an integer has no fraction
