@@ -378,7 +378,10 @@ class SchemaPrefix:
                 return True
             if frame.keys is not None and frame.read not in frame.keys:
                 return False
-            key = json.loads(b'"' + frame.read + b'"')
+            try:
+                key = json.loads(b'"' + frame.read + b'"')
+            except ValueError:  # bytes that are not UTF-8: no key of an object (the string may still go on)
+                return False
             if key in parent.seen:
                 return False
             self.stack.pop()

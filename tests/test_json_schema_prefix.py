@@ -238,3 +238,14 @@ def test_numbers_take_ascii_digits_only() -> None:
         assert not p.copy().feed(bytes([0xB2])) and not p.copy().feed("²".encode())
         assert p.copy().feed(b"7, ")  # digits, then the number ends
     assert not SchemaPrefix(root).feed(b'{"name": "x", "age": 1.5')  # an integer has no fraction
+
+
+def test_a_key_that_is_not_utf8_does_not_close() -> None:
+    root = compile_schema(OPEN)
+    p = SchemaPrefix(root)
+    assert p.feed(b'{"a' + bytes([0xB2]))  # inside the string: the model may still go on
+    assert not p.copy().feed(b'"')  # but this key can never close as it is
+    assert p.feed(b"bc")  # the string goes on, still unclosable
+    assert not p.copy().feed(b'"')
+    good = SchemaPrefix(root)
+    assert good.feed('{"é": 1}'.encode()) and good.complete
