@@ -17,6 +17,7 @@ keyword (`pattern`, `minimum`, `minLength`, ...) is refused rather than silently
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,9 +70,21 @@ ANY = Node()
 
 
 def compile_schema(schema: Any) -> Node:
-    """The root node of `schema` (a JSON Schema whose root describes an object)."""
+    """The root node of `schema` (a JSON Schema whose root describes an object). Compiled once per distinct schema
+    (the API, `SamplingParams` and the engine each ask; clients tend to send the same schema again)."""
     if not isinstance(schema, dict):
         raise SchemaError("the schema must be a JSON object")
+    try:
+        text = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(f"the schema is not JSON: {exc}") from None
+    return _compile_text(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_text(text: str) -> Node:
+    """`compile_schema` of a schema's canonical JSON text (nodes are never changed after compiling, so shared)."""
+    schema = json.loads(text)
     defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
     compiled: dict[str, Node] = {}
     root = _compile(schema, "#", defs, compiled)
@@ -283,11 +296,7 @@ class SchemaPrefix:
         elif c == b"{":
             self.stack[-1] = _Object(node)
         elif c == b"[":
-            if node.max_items == 0 and node.min_items == 0:
-                self.stack[-1] = _Array(node)
-                self.stack[-1].state = "next"  # type: ignore[attr-defined]
-            else:
-                self.stack[-1] = _Array(node)
+            self.stack[-1] = _Array(node)
         elif c in b"tf":
             self.stack[-1] = _Literal((b"true", b"false"))
             return self._byte(b)
@@ -344,6 +353,8 @@ class SchemaPrefix:
             if c == b"]" and frame.state == "first" and frame.count >= node.min_items:
                 self._value_done()
                 return True
+            if node.max_items == 0:  # "[" then only "]"
+                return False
             self.stack.append(_Value(node.items or ANY))
             return self._byte(b)  # the item's first byte; its end sets this frame's state to "next"
         if c == b"," and (node.max_items is None or frame.count < node.max_items):

@@ -249,3 +249,10 @@ def test_a_key_that_is_not_utf8_does_not_close() -> None:
     assert not p.copy().feed(b'"')
     good = SchemaPrefix(root)
     assert good.feed('{"é": 1}'.encode()) and good.complete
+
+
+def test_zero_items_and_compiled_once() -> None:
+    root = compile_schema({"type": "object", "properties": {"a": {"type": "array", "maxItems": 0}}})
+    assert SchemaPrefix(root).feed(b'{"a": [ ]}')
+    assert not SchemaPrefix(root).feed(b'{"a": [1')
+    assert compile_schema({"properties": {"a": {"type": "array", "maxItems": 0}}, "type": "object"}) is root
