@@ -270,6 +270,11 @@ class LLMEngine:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
+        if params.stop_token_ids:
+            bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+            if bad is not None:
+                msg = f"stop_token_ids names token id {bad}, outside the vocabulary of {vocab}"
+                raise EngineRequestError(msg, param="stop_token_ids")
         if params.logit_bias:
             bad = next((t for t in params.logit_bias if t >= vocab), None)
             if bad is not None:

@@ -445,7 +445,10 @@ class FlintTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids` (numpy/torch integer items are accepted); ids outside the vocabulary are dropped."""
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        # The Rust decoder takes u32 ids: a negative or huge id would raise OverflowError instead of being dropped.
+        vocab = self._vocab_size
+        kept = [k for k in (int(i) for i in ids) if 0 <= k < vocab]
+        return self._tok.decode(kept, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)

@@ -66,6 +66,12 @@ def test_encode_decode_round_trip(tok: FlintTokenizer, text: str) -> None:
     assert tok.decode(ids) == text
 
 
+def test_decode_drops_ids_outside_the_vocabulary(tok: FlintTokenizer) -> None:
+    """Negative and huge ids (past the Rust decoder's u32) are dropped, as ids past the vocabulary are."""
+    ids = tok.encode("hello world")
+    assert tok.decode([-1, *ids, tok.vocab_size, 2**40]) == tok.decode(ids) == "hello world"
+
+
 def test_special_tokens_are_single_ids(tok: FlintTokenizer) -> None:
     for t in SPECIAL_TOKENS:
         i = tok.token_to_id(t)

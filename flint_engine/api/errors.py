@@ -90,16 +90,38 @@ def to_api_error(exc: BaseException) -> APIError | None:
     return None
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+def _field_path(loc: tuple[Any, ...]) -> list[str]:
+    """A validation error's location as the request's field names: without "body" and the union-branch tags pydantic
+    adds ('str', 'list[TextPart]', "literal['none','auto']", 'NamedToolChoice')."""
+    out = []
+    for part in loc:
+        text = str(part)
+        if part == "body" or (not isinstance(part, int) and (text in _TYPE_TAGS or "[" in text or text[:1].isupper())):
+            continue
+        out.append(text)
+    return out
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+    # A value that fails a union fails each branch; the branch that got deepest into the value says what is wrong.
+    top = _field_path(errors[0].get("loc", ()))[:1]
+    same_field = [e for e in errors if _field_path(e.get("loc", ()))[:1] == top]
+    first = max(same_field, key=lambda e: len(_field_path(e.get("loc", ()))))
+    loc = _field_path(first.get("loc", ()))
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     msg = first.get("msg", "invalid value")
+    if first.get("type") == "value_error":  # our validators' own messages, without pydantic's "Value error, "
+        msg = str(first.get("ctx", {}).get("error", msg))
+        if loc and msg.startswith(loc[-1]):  # the message names its field already
+            return msg, param
     return (f"invalid '{param}': {msg}" if param else msg), param
 
 

@@ -56,6 +56,21 @@ class ChatMessage(Lenient):
             raise ValueError(f"a {self.role} message needs content")
         return self
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v: Any) -> Any:
+        # Without this, a non-text part fails every branch of the union and pydantic reports the branches' names.
+        if isinstance(v, list):
+            for part in v:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(
+                        f"content part type {kind!r} is not supported: Flint reads text only"
+                        if isinstance(kind, str)
+                        else "content parts must be objects with a 'type'"
+                    )
+        return v
+
     def text(self) -> str | None:
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
@@ -223,6 +238,42 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     reasoning_effort: str | None = None
     add_generation_prompt: bool = True
+    modalities: list[str] | None = None
+    # OpenAI fields this server cannot honour: refused (400) rather than ignored, since ignoring them changes what the
+    # client gets (no tools offered, no audio, no web search).
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    web_search_options: Any = None
+
+    @field_validator("functions", "function_call")
+    @classmethod
+    def _legacy_functions(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is not None:
+            raise ValueError(f"{info.field_name} is deprecated and not supported: send tools and tool_choice")
+        return v
+
+    @field_validator("audio", "web_search_options")
+    @classmethod
+    def _not_offered(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is not None:
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return v
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_output_only(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and any(m != "text" for m in v):
+            raise ValueError("only the 'text' modality is supported")
+        return v
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice_shape(cls, v: Any) -> Any:
+        # A clear message instead of pydantic's report on each branch of the union.
+        if isinstance(v, str) and v not in ("none", "auto", "required"):
+            raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _chat_checks(self) -> ChatCompletionRequest:
