@@ -23,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 
 from flint_engine.api.server import warn_if_open
+from flint_engine.byte_size import parse_byte_size
 from flint_engine.random_model import is_random_spec, parse_random_spec
 
 from .settings import ServeSettings
@@ -53,6 +54,15 @@ def load_settings_file(path: str) -> dict[str, Any]:
     return data
 
 
+def _setting_problem(error: Any) -> str:
+    """One pydantic error as a short phrase (our validators' own messages without pydantic's "Value error, ")."""
+    if error["type"] == "extra_forbidden":
+        return "no such setting"
+    if error["type"] == "value_error" and "error" in error.get("ctx", {}):
+        return str(error["ctx"]["error"])
+    return f"{error['msg']} (got {error.get('input')!r})"
+
+
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     values: dict[str, Any] = load_settings_file(args.config) if args.config else {}
     api = dict(values.pop("api", {}) or {})
@@ -76,11 +86,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         return ServeSettings(**values)
     except ValidationError as exc:
         # One line a field ("api.max_n: Input should be ... (got 0)"), not pydantic's multi-line report with links.
-        lines = [
-            f"{'.'.join(map(str, e['loc'])) or 'settings'}: "
-            + ("no such setting" if e["type"] == "extra_forbidden" else f"{e['msg']} (got {e.get('input')!r})")
-            for e in exc.errors()
-        ]
+        lines = [f"{'.'.join(map(str, e['loc'])) or 'settings'}: {_setting_problem(e)}" for e in exc.errors()]
         raise StartupError("invalid settings: " + "; ".join(lines)) from None
     except Exception as exc:
         raise StartupError(f"invalid settings: {exc}") from exc
@@ -95,6 +101,14 @@ def port_number(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is outside 1-65535")
     return port
+
+
+def byte_size(text: str) -> int:
+    """A byte count for argparse: `parse_byte_size`'s forms."""
+    try:
+        return parse_byte_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def preflight(settings: ServeSettings, host: str, port: int) -> None:
@@ -178,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-model-len", type=int)
-    p.add_argument("--kv-cache-memory", type=int, help="bytes of KV cache per replica")
+    p.add_argument(
+        "--kv-cache-memory", type=byte_size, help="KV cache per replica: bytes, or a size such as 8GiB or 512MiB"
+    )
     p.add_argument("--config", help="settings YAML (flat, or a Serve config whose first application's args are used)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any setting (api.* for the API)")
     p.add_argument("--api-key-file", help="file of API keys, one per line, re-read on change")

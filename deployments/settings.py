@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flint_engine.api.settings import APISettings
+from flint_engine.byte_size import parse_byte_size
 from flint_engine.engine_config import EngineConfig
 
 
@@ -24,7 +25,7 @@ class ServeSettings(BaseModel):
         default=None, ge=16, description="tokens of a prefill-only step; default 8192 on the fused GPU path"
     )
     max_model_len: int | None = Field(default=None, ge=16)
-    kv_cache_memory: int | None = Field(default=None, ge=1)
+    kv_cache_memory: int | None = Field(default=None, ge=1, description="bytes, or a size such as 8GiB")
     gpu_memory_utilization: float = Field(default=0.90, ge=0.05, le=0.99)
     block_size: int = 16
     enable_prefix_caching: bool = True
@@ -60,6 +61,11 @@ class ServeSettings(BaseModel):
 
     # API
     api: APISettings = Field(default_factory=APISettings)
+
+    @field_validator("kv_cache_memory", mode="before")
+    @classmethod
+    def _byte_size(cls, v: Any) -> Any:
+        return v if v is None else parse_byte_size(v)
 
     @model_validator(mode="after")
     def _sync(self) -> ServeSettings:

@@ -51,6 +51,23 @@ def test_bad_settings_and_config(tmp_path) -> None:
     assert r.returncode == 2 and "not valid YAML" in r.stderr
 
 
+def test_kv_cache_memory_takes_sizes(tmp_path) -> None:
+    from flint_serve.cli import build_parser, settings_from_args
+
+    args = build_parser().parse_args(["--kv-cache-memory", "512MiB"])
+    assert settings_from_args(args).kv_cache_memory == 512 * 2**20
+    args = build_parser().parse_args(["--set", "kv_cache_memory=8GiB"])
+    assert settings_from_args(args).kv_cache_memory == 8 * 2**30
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("kv_cache_memory: 2GB\n")
+    assert settings_from_args(build_parser().parse_args(["--config", str(cfg)])).kv_cache_memory == 2 * 10**9
+    r = run("--kv-cache-memory", "lots")
+    assert r.returncode == 2 and "'lots' is not a byte size" in r.stderr
+    r = run("--set", "kv_cache_memory=8 GiBs")
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "kv_cache_memory: '8 GiBs' is not a byte size" in last and "Value error" not in last
+
+
 def test_serve_config_yaml_is_valid() -> None:
     from pathlib import Path
 
