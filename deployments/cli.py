@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from flint_engine.api.errors import validation_problem
 from flint_engine.api.server import warn_if_open
 from flint_engine.byte_size import parse_byte_size
 from flint_engine.random_model import is_random_spec, parse_random_spec
@@ -58,8 +59,8 @@ def _setting_problem(error: Any) -> str:
     """One pydantic error as a short phrase (our validators' own messages without pydantic's "Value error, ")."""
     if error["type"] == "extra_forbidden":
         return "no such setting"
-    if error["type"] == "value_error" and "error" in error.get("ctx", {}):
-        return str(error["ctx"]["error"])
+    if error["type"] == "value_error":
+        return validation_problem(error)
     return f"{error['msg']} (got {error.get('input')!r})"
 
 

@@ -11,8 +11,6 @@ import json
 import sys
 from typing import Any
 
-from .engine_config import EngineConfig
-from .parsers.reasoning import ReasoningParser
 from .sampling_params import SamplingParams, SamplingParamsError
 
 
@@ -34,19 +32,14 @@ def add_parser(sub: Any) -> None:
     g.set_defaults(func=cmd_generate)
 
 
-def _prompt_ids(engine: Any, args: argparse.Namespace, prompt: str) -> list[int]:
-    tok = engine.tokenizer
-    if args.raw:
-        return tok.encode(prompt)
-    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": prompt}
-    ]
-    text = tok.apply_chat_template(messages, None, add_generation_prompt=True, enable_thinking=not args.no_thinking)
-    return tok.encode(text)
+def _conversation(args: argparse.Namespace, prompt: str) -> list[dict[str, str]]:
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    return [*system, {"role": "user", "content": prompt}]
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .engine import EngineRequestError, LLMEngine
+    from .engine import EngineRequestError
+    from .llm import LLM
 
     try:
         params = SamplingParams(
@@ -60,28 +53,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except SamplingParamsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype)
-    engine = LLMEngine.from_checkpoint(config, progress=not args.json)
-    if engine.tokenizer is None:
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, progress=not args.json)
+    if llm.engine.tokenizer is None:
         print("error: this checkpoint has no tokenizer, so it cannot take text prompts", file=sys.stderr)
         return 1
     try:
-        requests = engine.generate([_prompt_ids(engine, args, p) for p in args.prompts], params)
-    except EngineRequestError as exc:
+        if args.raw:
+            answers = [(None, c.text, c) for c in llm.generate(args.prompts, params)]
+        else:
+            convs = [_conversation(args, p) for p in args.prompts]
+            replies = llm.chat(convs, params, enable_thinking=not args.no_thinking)
+            answers = [(r.reasoning, r.content, r) for r in replies]
+    except (EngineRequestError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    parser = ReasoningParser(thinking=not args.no_thinking)
-    for prompt, req in zip(args.prompts, requests):
-        ids = [t for t in req.output_token_ids if t not in req.eos_token_ids]
-        text = engine.tokenizer.decode(ids, skip_special_tokens=args.raw)
-        reasoning, content = (None, text) if args.raw else parser.extract(text)
+    for prompt, (reasoning, content, out) in zip(args.prompts, answers):
         if args.json:
             record = {
                 "prompt": prompt,
                 "reasoning": reasoning,
                 "content": content,
-                "completion_tokens": len(req.output_token_ids),
-                "finish_reason": req.finish_reason,
+                "completion_tokens": len(out.token_ids),
+                "finish_reason": out.finish_reason,
             }
             print(json.dumps(record, ensure_ascii=False))
             continue

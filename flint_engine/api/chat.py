@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..parsers import ChatOutputParser
+from ..parsers.reasoning import THINK_END, THINK_START
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
@@ -28,9 +29,6 @@ from .protocol import (
     Usage,
 )
 from .settings import APISettings
-
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 
 
 @dataclass
@@ -98,7 +96,7 @@ class ChatHandler:
             messages, None if tool_choice_none else tools, add_generation_prompt=req.add_generation_prompt, **kwargs
         )
         prompt_ids = backend.tokenizer.encode(prompt_text)
-        thinking = prompt_text.rstrip().endswith(THINK_OPEN)
+        thinking = prompt_text.rstrip().endswith(THINK_START)
         max_tokens = resolve_max_tokens(req.requested_max_tokens(), len(prompt_ids), backend, s)
         base = SamplingParams(
             max_tokens=max_tokens,
@@ -123,7 +121,7 @@ class ChatHandler:
             json_mode=json_mode,
             json_schema=json_schema,
             # With thinking on, the model reasons freely and the JSON constraint starts after </think>.
-            json_after_token=backend.tokenizer.token_to_id(THINK_CLOSE) if json_mode and thinking else None,
+            json_after_token=backend.tokenizer.token_to_id(THINK_END) if json_mode and thinking else None,
         )
         plans = []
         for i in range(req.n):

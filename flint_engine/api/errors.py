@@ -105,6 +105,13 @@ def _field_path(loc: tuple[Any, ...]) -> list[str]:
     return out
 
 
+def validation_problem(error: Any) -> str:
+    """One pydantic error's message; our validators' own (value errors) without pydantic's "Value error, "."""
+    if error.get("type") == "value_error" and "error" in error.get("ctx", {}):
+        return str(error["ctx"]["error"])
+    return str(error.get("msg", "invalid value"))
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
@@ -117,11 +124,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
-    msg = first.get("msg", "invalid value")
-    if first.get("type") == "value_error":  # our validators' own messages, without pydantic's "Value error, "
-        msg = str(first.get("ctx", {}).get("error", msg))
-        if loc and msg.startswith(loc[-1]):  # the message names its field already
-            return msg, param
+    msg = validation_problem(first)
+    if first.get("type") == "value_error" and loc and msg.startswith(loc[-1]):  # the message names its field
+        return msg, param
     return (f"invalid '{param}': {msg}" if param else msg), param
 
 

@@ -1,0 +1,179 @@
+"""`LLM`: generation in this process, no server: text completions, and chat through the checkpoint's template with the
+thinking and GLM-4.7 tool calls parsed as the API server parses them.
+
+    from flint_engine import LLM, SamplingParams
+
+    llm = LLM()  # the embedded demo model; LLM("flint.gguf", device="cuda") for yours
+    [reply] = llm.chat([{"role": "user", "content": "What is 7 + 8?"}], SamplingParams(temperature=0))
+    print(reply.reasoning, reply.content)
+
+Every prompt of one call runs in one batch of the engine (`LLMEngine.generate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from .engine import LLMEngine
+from .engine_config import EngineConfig
+from .parsers.chat_output import ChatOutputParser, ParsedMessage
+from .parsers.reasoning import THINK_END, THINK_START
+from .parsers.tool_calls import ToolCall
+from .request import Request
+from .sampling_params import SamplingParams
+from .tokenizer import FlintTokenizer
+
+Conversation = Sequence[dict[str, Any]]
+
+
+@dataclass
+class Completion:
+    """One prompt's continuation."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # the generated tokens, an end-of-sequence token included when one ended the text
+    text: str
+    finish_reason: str | None  # "stop" or "length"
+
+
+@dataclass
+class ChatReply:
+    """One conversation's assistant turn, split as the API returns it."""
+
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop", "length", or "tool_calls" when the turn ended in tool calls
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI assistant message (append it to the conversation to continue it)."""
+        return ParsedMessage(self.reasoning, self.content, self.tool_calls).to_openai()
+
+
+class LLM:
+    """A checkpoint loaded in this process; `engine` is the `LLMEngine` underneath for finer control."""
+
+    def __init__(self, model: str | None = None, *, progress: bool = True, **config: Any) -> None:
+        """`model`: GGUF file, HF directory or random:PRESET[:...] (None: the embedded demo model); `config`: any
+        other `EngineConfig` field (device, dtype, max_num_seqs, kv_cache_memory, ...)."""
+        self.engine = LLMEngine.from_checkpoint(EngineConfig(model=model, **config), progress=progress)
+
+    @property
+    def tokenizer(self) -> FlintTokenizer:
+        if self.engine.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer: pass token ids to generate()")
+        return self.engine.tokenizer
+
+    def generate(
+        self, prompts: str | Sequence[str] | Sequence[Sequence[int]], params: SamplingParams | None = None
+    ) -> list[Completion]:
+        """Continue each prompt (text, or token ids) as is, without the chat template."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if len(prompts) == 0:
+            raise ValueError("no prompts given")
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        params = params or SamplingParams()
+        out = []
+        for prompt_ids, req in zip(ids, self.engine.generate(ids, params)):
+            text = self._text(req, params.skip_special_tokens)
+            out.append(Completion(prompt_ids, list(req.output_token_ids), text, req.finish_reason))
+        return out
+
+    def chat(
+        self,
+        conversations: Conversation | Sequence[Conversation],
+        params: SamplingParams | None = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        enable_thinking: bool = True,
+    ) -> list[ChatReply]:
+        """Answer one conversation (a list of OpenAI-style messages) or several, each with the next assistant turn.
+
+        `tools` are offered as in the API with tool_choice "auto"; the model's calls come back parsed. With
+        `params.json_mode` and thinking on, the JSON constraint starts after the thinking, as in the API.
+        """
+        if len(conversations) == 0:
+            raise ValueError("no conversation given")
+        many = not isinstance(conversations[0], dict)
+        convs: Sequence[Conversation] = conversations if many else [conversations]  # type: ignore[list-item,assignment]
+        tools = _checked_tools(tools)
+        tok = self.tokenizer
+        prompts, thinking = [], []
+        for i, conv in enumerate(convs):
+            text = tok.apply_chat_template(
+                _template_messages(conv, i), tools, add_generation_prompt=True, enable_thinking=enable_thinking
+            )
+            prompts.append(tok.encode(text))
+            thinking.append(text.rstrip().endswith(THINK_START))
+        base = params or SamplingParams()
+        # The parsers need the <think>/<tool_call> tags in the text.
+        base = replace(base, skip_special_tokens=False)
+        plist = [
+            replace(base, json_after_token=tok.token_to_id(THINK_END))
+            if base.json_mode and think and base.json_after_token is None
+            else base
+            for think in thinking
+        ]
+        replies = []
+        for prompt_ids, think, req in zip(prompts, thinking, self.engine.generate(prompts, plist)):
+            parsed = ChatOutputParser(think, tools).parse(self._text(req, False))
+            finish = "tool_calls" if parsed.tool_calls else req.finish_reason
+            replies.append(
+                ChatReply(
+                    parsed.reasoning,
+                    parsed.content,
+                    parsed.tool_calls,
+                    prompt_ids,
+                    list(req.output_token_ids),
+                    finish,
+                )
+            )
+        return replies
+
+    def _text(self, req: Request, skip_special_tokens: bool) -> str:
+        if self.engine.tokenizer is None:
+            return ""
+        ids = [t for t in req.output_token_ids if t not in req.eos_token_ids]
+        return self.engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _template_messages(conv: Conversation, index: int) -> list[dict[str, Any]]:
+    """The conversation checked as the API checks it (roles, content, tool calls), in the template's form."""
+    from .api.errors import validation_problem
+    from .api.protocol import ChatMessage
+
+    if len(conv) == 0:
+        raise ValueError(f"conversation {index} is empty")
+    out = []
+    for j, message in enumerate(conv):
+        try:
+            out.append(ChatMessage.model_validate(message).for_template())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            problem = validation_problem(first)
+            raise ValueError(f"conversation {index}, message {j}{' ' + where if where else ''}: {problem}") from None
+    return out
+
+
+def _checked_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """OpenAI tool definitions checked as the API checks them."""
+    from .api.errors import validation_problem
+    from .api.protocol import ToolDef
+
+    if tools is None:
+        return None
+    if len(tools) == 0:
+        raise ValueError("tools must not be an empty list")
+    try:
+        return [ToolDef.model_validate(t).model_dump(exclude_none=True) for t in tools]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"tools {'.'.join(str(p) for p in first['loc'])}: {validation_problem(first)}") from None

@@ -1,0 +1,93 @@
+"""`flint_engine.LLM`: generation in this process, with the chat template and the API's parsers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from flint_engine import LLM, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from demo_corpus import samples, score  # noqa: E402
+from eval_demo import openai_messages  # noqa: E402
+
+SEED = 424_242  # held out from the demo model's training batches and from tools/eval_demo.py
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(device="cpu", dtype="float32", kv_cache_memory=32 * 2**20, progress=False)
+
+
+def test_chat_answers_arithmetic_and_tool_prompts(llm: LLM) -> None:
+    """The demo model's held-out prompts, each alone in its own call and all in one batch: the same greedy tokens,
+    and the answers (reasoning, content, parsed tool calls) are right as the API's evaluation scores them."""
+    cases = samples(SEED, 4, kind="arith", thinking=True) + samples(SEED + 1, 4, kind="tool", thinking=True)
+    greedy = SamplingParams(temperature=0, max_tokens=96)
+    right = 0
+    for sample in cases:
+        [alone] = llm.chat(openai_messages(sample), greedy, tools=sample.tools)
+        calls = [c.to_openai() for c in alone.tool_calls]
+        right += score(sample, alone.reasoning, alone.content, calls)
+        assert alone.reasoning, sample.prompt_messages
+        if calls:
+            assert alone.finish_reason == "tool_calls" and alone.to_openai()["tool_calls"] == calls
+            assert all(isinstance(json.loads(c["function"]["arguments"]), dict) for c in calls)
+    assert right >= 7, f"{right} of {len(cases)} right"
+    # Same greedy tokens in one batch (each conversation with its own tools is a separate call's job: no tools here).
+    arith = [openai_messages(s) for s in cases[:4]]
+    batch = llm.chat(arith, greedy)
+    assert [r.token_ids for r in batch] == [llm.chat(c, greedy)[0].token_ids for c in arith]
+
+
+def test_thinking_off_and_json_mode(llm: LLM) -> None:
+    question = [{"role": "user", "content": "What is 3 + 4?"}]
+    [off] = llm.chat(question, SamplingParams(temperature=0, max_tokens=32), enable_thinking=False)
+    assert off.reasoning is None and off.content
+    # Structured output starts after the thinking, as in the API: the content is an instance of the schema whatever
+    # the demo model (never trained on JSON) would rather say.
+    schema = {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green"]}},
+        "required": ["color"],
+        "additionalProperties": False,
+    }
+    for seed in range(2):
+        params = SamplingParams(seed=seed, max_tokens=300, json_mode=True, json_schema=schema)
+        [js] = llm.chat(question, params)
+        assert js.finish_reason == "stop" and js.reasoning, js
+        assert json.loads(js.content)["color"] in ("red", "green")
+
+
+def test_generate_continues_text_and_ids(llm: LLM) -> None:
+    [a, b] = llm.generate(["Hello", llm.tokenizer.encode("Hello")], SamplingParams(temperature=0, max_tokens=6))
+    assert a.prompt_token_ids == b.prompt_token_ids and a.token_ids == b.token_ids
+    assert a.finish_reason == "length" and len(a.token_ids) == 6
+    assert a.text == llm.tokenizer.decode(a.token_ids) and a.text
+
+
+@pytest.mark.parametrize(
+    ("conversations", "tools", "says"),
+    [
+        ([], None, "no conversation"),
+        ([[]], None, "conversation 0 is empty"),
+        ([{"role": "robot", "content": "x"}], None, "message 0 role"),
+        ([{"role": "user"}], None, "a user message needs content"),
+        ([{"role": "user", "content": "x"}], [], "tools must not be an empty list"),
+        ([{"role": "user", "content": "x"}], [{"type": "function", "function": {"name": "a b"}}], "whitespace"),
+    ],
+)
+def test_bad_input_is_a_value_error(llm: LLM, conversations: list, tools: list | None, says: str) -> None:
+    with pytest.raises(ValueError, match=says) as e:
+        llm.chat(conversations, tools=tools)
+    assert "Value error" not in str(e.value)
+
+
+def test_generate_refuses_no_prompts(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="no prompts"):
+        llm.generate([])
