@@ -3,14 +3,15 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (state after the fifty-fifth session, 2026-12-07, which like the fifty-fourth got no device machine; the
-# fifty-third's, on H100s only: every GPU test passed on an H100 in two shards; the status figures on an H100, NVFP4
-# b2-b8 3-7% above the fiftieth session's H100 run with no code or table change at 2 sequences between them):
+# Next (state after the fifty-sixth session, 2026-12-07, which got one H100: the status figures there within 0.8% of
+# the fifty-third session's H100 run, and every GPU test at its head, 610 of 617 reached and passed in three shards,
+# the third cut by its limits; the fifty-fourth and fifty-fifth got no machine; the fifty-first to fifty-third only H100s):
 #   the status figures on an H200 with the fiftieth to fifty-second sessions' installs (`decode.py --formats nvfp4
 #                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`): no H200 came in the
-#                 fifty-first to fifty-fifth sessions (the fifty-fourth and fifty-fifth got no machine at all);
+#                 fifty-first to fifty-sixth sessions;
 #   OLD_TREE=variants/old (ad14112's tree, see the block): NVFP4 b1-b8 of that tree and the head's, alternating on
-#                 one machine, to tell the machines' spread from a change.
+#                 one machine, to tell the machines' spread from a change;
+#   GPU tests: SHARD=3/3 needs a call of its own with LIMIT=450 (the slow files: attention, norm/RoPE, MMA MoE).
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
