@@ -73,15 +73,17 @@ class LLM:
     def generate(
         self, prompts: str | Sequence[str] | Sequence[Sequence[int]], params: SamplingParams | None = None
     ) -> list[Completion]:
-        """Continue each prompt (text, or token ids) as is, without the chat template."""
+        """Continue each prompt (text, or token ids) as is, without the chat template; with `params.n` > 1 each
+        prompt's n completions come one after another."""
         if isinstance(prompts, str):
             prompts = [prompts]
         if len(prompts) == 0:
             raise ValueError("no prompts given")
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         params = params or SamplingParams()
+        ids, plist = _choices(ids, [params] * len(ids))
         out = []
-        for prompt_ids, req in zip(ids, self.engine.generate(ids, params)):
+        for prompt_ids, req in zip(ids, self.engine.generate(ids, plist)):
             text = self._text(req, params.skip_special_tokens)
             out.append(Completion(prompt_ids, list(req.output_token_ids), text, req.finish_reason))
         return out
@@ -97,7 +99,8 @@ class LLM:
         """Answer one conversation (a list of OpenAI-style messages) or several, each with the next assistant turn.
 
         `tools` are offered as in the API with tool_choice "auto"; the model's calls come back parsed. With
-        `params.json_mode` and thinking on, the JSON constraint starts after the thinking, as in the API.
+        `params.json_mode` and thinking on, the JSON constraint starts after the thinking, as in the API. With
+        `params.n` > 1 each conversation's n replies come one after another.
         """
         if len(conversations) == 0:
             raise ValueError("no conversation given")
@@ -121,6 +124,9 @@ class LLM:
             else base
             for think in thinking
         ]
+        n = base.n
+        prompts, plist = _choices(prompts, plist)
+        thinking = [think for think in thinking for _ in range(n)]
         replies = []
         for prompt_ids, think, req in zip(prompts, thinking, self.engine.generate(prompts, plist)):
             parsed = ChatOutputParser(think, tools).parse(self._text(req, False))
@@ -142,6 +148,16 @@ class LLM:
             return ""
         ids = [t for t in req.output_token_ids if t not in req.eos_token_ids]
         return self.engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _choices(prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Each prompt repeated for its `n` choices, seeded as the API seeds them (seed + choice index)."""
+    out_prompts, out_params = [], []
+    for ids, p in zip(prompts, params):
+        for i in range(p.n):
+            out_prompts.append(ids)
+            out_params.append(replace(p, n=1, seed=None if p.seed is None else p.seed + i) if p.n > 1 else p)
+    return out_prompts, out_params
 
 
 def _template_messages(conv: Conversation, index: int) -> list[dict[str, Any]]:

@@ -88,6 +88,20 @@ def test_bad_input_is_a_value_error(llm: LLM, conversations: list, tools: list |
     assert "Value error" not in str(e.value)
 
 
+def test_n_choices_come_one_after_another(llm: LLM) -> None:
+    """n > 1: each prompt's choices in a row, seeded as the API seeds them (seed + index), so choice i equals a
+    single-choice request with seed + i."""
+    convs = [[{"role": "user", "content": "What is 2 + 2?"}], [{"role": "user", "content": "Count to three."}]]
+    many = llm.chat(convs, SamplingParams(n=3, seed=11, max_tokens=24))
+    assert len(many) == 6
+    for k, conv in enumerate(convs):
+        for i in range(3):
+            [one] = llm.chat(conv, SamplingParams(seed=11 + i, max_tokens=24))
+            assert many[3 * k + i].token_ids == one.token_ids
+    texts = llm.generate(["Hello", "The"], SamplingParams(n=2, seed=3, max_tokens=5))
+    assert [t.prompt_token_ids for t in texts] == [llm.tokenizer.encode(p) for p in ("Hello", "Hello", "The", "The")]
+
+
 def test_generate_refuses_no_prompts(llm: LLM) -> None:
     with pytest.raises(ValueError, match="no prompts"):
         llm.generate([])
