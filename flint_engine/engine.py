@@ -294,6 +294,10 @@ class LLMEngine:
         if request_id in self.requests:
             raise EngineRequestError(f"request id {request_id!r} is already in use", param="request_id")
         self.check_request(prompt_token_ids, params)
+        if params.n != 1:
+            # A request is one sequence here; AsyncEngine, the API and flint_engine.LLM make n choices n requests.
+            msg = f"add_request runs one sequence (n={params.n}): add n requests, or use AsyncEngine or LLM"
+            raise EngineRequestError(msg, param="n")
         if len(self.scheduler.waiting) >= self.engine_config.max_waiting_requests:
             raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
         params = params.with_defaults(self.generation_defaults)

@@ -390,6 +390,12 @@ def test_request_validation(window7) -> None:
         engine.add_request("b", [10**6], SamplingParams(max_tokens=1))
     with pytest.raises(EngineRequestError, match="empty"):
         engine.add_request("c", [], SamplingParams(max_tokens=1))
+    # n choices are n requests (AsyncEngine, the API and LLM make them); one request never silently drops n - 1.
+    with pytest.raises(EngineRequestError, match="one sequence"):
+        engine.add_request("n", [1, 2], SamplingParams(max_tokens=1, n=2))
+    with pytest.raises(EngineRequestError, match="stop_token_ids names token id"):
+        engine.add_request("s", [1, 2], SamplingParams(max_tokens=1, stop_token_ids=[10**6]))
+    assert not engine.requests
     small = make_engine(ck, full_blocks=2)
     with pytest.raises(EngineRequestError, match="KV cache holds at most 32"):
         small.add_request("d", list(range(30)), SamplingParams(max_tokens=10))
