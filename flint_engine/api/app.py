@@ -32,6 +32,8 @@ from .protocol import (
     ModelList,
     TokenizeRequest,
 )
+from .responses import ResponsesHandler
+from .responses_protocol import ResponsesRequest
 from .settings import APISettings
 
 log = logging.getLogger("flint_engine.api")
@@ -170,6 +172,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     install_error_handlers(app)
     chat = ChatHandler(backend, settings)
     completions = CompletionHandler(backend, settings)
+    responses = ResponsesHandler(backend, settings)
     keys = APIKeys(settings.api_keys, settings.api_key_file)
     app.state.backend, app.state.settings, app.state.keys = backend, settings, keys
 
@@ -219,7 +222,10 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
             log.info("request %s body (log_prompts on): %s", rid, json.dumps(what, ensure_ascii=False)[:4000])
 
     async def _generate(
-        request: Request, handler: ChatHandler | CompletionHandler, request_type: type, exclude_none: bool
+        request: Request,
+        handler: ChatHandler | CompletionHandler | ResponsesHandler,
+        request_type: type,
+        exclude_none: bool,
     ) -> Response:
         """One generation request: parsed, prepared, then streamed as server-sent events or answered whole (the
         latter abandoned if the client disconnects)."""
@@ -230,16 +236,18 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         if req.stream:
             events = await _primed(handler.events(prep))
             opts = req.stream_options
+            include_usage = bool(getattr(opts, "include_usage", False))
+            continuous = bool(getattr(opts, "continuous_usage_stats", False))
             return StreamingResponse(
-                handler.stream(
-                    prep, events, bool(opts and opts.include_usage), bool(opts and opts.continuous_usage_stats)
-                ),
+                handler.stream(prep, events, include_usage, continuous),  # type: ignore[arg-type]
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
 
         async def run() -> Response:
-            result = await handler.complete(prep, handler.events(prep))
+            result = await handler.complete(prep, handler.events(prep))  # type: ignore[arg-type]
+            if isinstance(result, dict):  # the Responses API's object, built as the client reads it
+                return JSONResponse(result)
             return JSONResponse(result.model_dump(exclude_none=exclude_none))
 
         return await _until_disconnect(request, run(), settings.disconnect_poll_s)
@@ -251,6 +259,14 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     @app.post("/v1/completions")
     async def text_completions(request: Request) -> Response:
         return await _generate(request, completions, CompletionRequest, exclude_none=False)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        return await _generate(request, responses, ResponsesRequest, exclude_none=False)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> Response:
+        raise APIError(404, f"response {response_id!r} was not stored: this server stores no responses", "response_id")
 
     def _card() -> ModelCard:
         return ModelCard(id=backend.model_name, root=backend.model_name, max_model_len=backend.max_model_len)

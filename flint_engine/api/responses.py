@@ -1,0 +1,268 @@
+"""`POST /v1/responses`: OpenAI's Responses API on the chat path.
+
+The request becomes a chat request (`responses_protocol`), runs as one choice through `ChatHandler`, and its output is
+parsed as chat output is (thinking, content, GLM-4.7 tool calls) and returned as Responses output items: a
+`reasoning` item (the thinking as `reasoning_text`), a `message` with `output_text`, and one `function_call` item a
+call. Streaming sends the Responses event sequence (`response.created`, `response.output_item.added`, text and
+argument deltas, `...done`, `response.completed`), each event numbered.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from .backend import GenerationBackend
+from .chat import ChatHandler, PreparedChat
+from .choices import ChoiceEvent, collect, totals
+from .errors import APIError, _validation_message, error_body, to_api_error
+from .responses_protocol import ResponsesRequest
+from .settings import APISettings
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass
+class PreparedResponse:
+    req: ResponsesRequest
+    chat: PreparedChat
+    response_id: str = field(default_factory=lambda: _item_id("resp"))
+
+    # The request's settings echoed in every response object.
+    def envelope(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+        req = self.req
+        effort = req.reasoning_effort()
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.chat.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "model": self.chat.model,
+            "output": output,
+            "parallel_tool_calls": req.parallel_tool_calls,
+            "reasoning": {"effort": effort, "summary": None},
+            "store": False,
+            "temperature": req.temperature,
+            "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
+            "tool_choice": req.tool_choice or "auto",
+            "tools": req.tools or [],
+            "top_p": req.top_p,
+            "truncation": "disabled",
+            "usage": usage,
+            "user": req.user,
+            "metadata": req.metadata or {},
+        }
+
+
+def _usage(prep: PreparedResponse, output_tokens: int, cached: int, reasoning_tokens: int) -> dict[str, Any]:
+    prompt = len(prep.chat.prompt_ids)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": prompt + output_tokens,
+    }
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": status,
+    }
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [_text_part(text)] if status != "in_progress" else []
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+class ResponsesHandler:
+    def __init__(self, backend: GenerationBackend, settings: APISettings) -> None:
+        self.chat = ChatHandler(backend, settings)
+        self.backend = backend
+
+    def prepare(self, req: ResponsesRequest) -> PreparedResponse:
+        try:
+            chat_req = req.to_chat()
+        except ValidationError as exc:
+            from fastapi.exceptions import RequestValidationError
+
+            message, param = _validation_message(RequestValidationError(exc.errors()))
+            raise APIError(400, message, param) from None
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        return PreparedResponse(req, self.chat.prepare(chat_req))
+
+    def events(self, prep: PreparedResponse) -> AsyncIterator[ChoiceEvent]:
+        return self.chat.events(prep.chat)
+
+    async def complete(self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent]) -> dict[str, Any]:
+        [done] = await collect(events, 1)
+        parsed = prep.chat.parser().parse(done.text)
+        status = "incomplete" if done.final.finish_reason == "length" else "completed"
+        output = []
+        if parsed.reasoning:
+            output.append(_reasoning_item(_item_id("rs"), parsed.reasoning, status))
+        if parsed.content:
+            output.append(_message_item(_item_id("msg"), parsed.content, status))
+        for call in parsed.tool_calls:
+            output.append(_call_item(_item_id("fc"), call.id, call.name, call.arguments, "completed"))
+        completion, cached = totals([done])
+        reasoning_tokens = self._reasoning_tokens(parsed.reasoning)
+        return prep.envelope(status, output, _usage(prep, completion, cached, reasoning_tokens))
+
+    def _reasoning_tokens(self, reasoning: str | None) -> int:
+        tok = self.backend.tokenizer
+        return len(tok.encode(reasoning)) if reasoning and tok is not None else 0
+
+    async def stream(
+        self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent], include_usage: bool, continuous: bool
+    ) -> AsyncIterator[str]:
+        """The Responses event stream for `events` (primed by the caller); an error after the 200 is an `error`
+        event followed by `response.failed`."""
+        emitter = _EventStream(prep)
+        yield emitter.event("response.created", response=prep.envelope("in_progress", [], None))
+        yield emitter.event("response.in_progress", response=prep.envelope("in_progress", [], None))
+        streamer = prep.chat.parser().stream()
+        completion, cached, finish = 0, 0, None
+        try:
+            async for ev in events:
+                completion, cached = ev.completion_tokens, max(cached, ev.cached_tokens)
+                deltas = streamer.feed(ev.text) if ev.text else []
+                if ev.finished:
+                    if ev.error is not None or ev.finish_reason == "error":
+                        raise APIError(500, ev.error or "generation failed", code="generation_failed")
+                    deltas += streamer.finish()
+                    finish = ev.finish_reason
+                for d in deltas:
+                    for line in emitter.delta(d.reasoning, d.content, d.tool_calls):
+                        yield line
+            status = "incomplete" if finish == "length" else "completed"
+            for line in emitter.close_item(status):
+                yield line
+            usage = _usage(prep, completion, cached, self._reasoning_tokens(emitter.reasoning_text()))
+            final = prep.envelope(status, emitter.output, usage)
+            yield emitter.event(f"response.{status}", response=final)
+        except Exception as exc:  # after the 200 went out, an error travels as events
+            api = to_api_error(exc) or APIError(500, "internal server error", code="internal_error")
+            body = error_body(api.status, api.message, api.param, api.code)["error"]
+            yield emitter.event("error", code=api.code, message=api.message, param=api.param)
+            failed = prep.envelope("failed", emitter.output, None)
+            failed["error"] = {"code": body.get("code") or "server_error", "message": api.message}
+            yield emitter.event("response.failed", response=failed)
+
+
+class _EventStream:
+    """Numbers events and tracks the output item being written (reasoning, message, or a function call)."""
+
+    def __init__(self, prep: PreparedResponse) -> None:
+        self.prep = prep
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []
+        self.open: str | None = None  # "reasoning", "message" or "call"
+        self.text = ""
+        self.call_index: int | None = None
+
+    def event(self, kind: str, **fields: Any) -> str:
+        body = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def reasoning_text(self) -> str:
+        return "".join(part["text"] for item in self.output if item["type"] == "reasoning" for part in item["content"])
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.output[-1]["id"], "output_index": len(self.output) - 1}
+
+    def _open(self, kind: str, item: dict[str, Any]) -> list[str]:
+        self.output.append(item)
+        self.open, self.text = kind, ""
+        lines = [self.event("response.output_item.added", output_index=len(self.output) - 1, item=item)]
+        if kind == "reasoning":
+            part = {"type": "reasoning_text", "text": ""}
+            lines.append(self.event("response.content_part.added", **self._where(), content_index=0, part=part))
+        elif kind == "message":
+            part = _text_part("")
+            lines.append(self.event("response.content_part.added", **self._where(), content_index=0, part=part))
+        return lines
+
+    def close_item(self, status: str = "completed") -> list[str]:
+        if self.open is None:
+            return []
+        item, where, lines = self.output[-1], self._where(), []
+        if self.open == "reasoning":
+            done = _reasoning_item(item["id"], self.text, status)
+            part = done["content"][0]
+            lines.append(self.event("response.reasoning_text.done", **where, content_index=0, text=self.text))
+            lines.append(self.event("response.content_part.done", **where, content_index=0, part=part))
+        elif self.open == "message":
+            done = _message_item(item["id"], self.text, status)
+            lines.append(self.event("response.output_text.done", **where, content_index=0, text=self.text, logprobs=[]))
+            lines.append(self.event("response.content_part.done", **where, content_index=0, part=done["content"][0]))
+        else:
+            done = _call_item(item["id"], item["call_id"], item["name"], self.text, "completed")
+            lines.append(self.event("response.function_call_arguments.done", **where, arguments=self.text))
+        self.output[-1] = done
+        lines.append(self.event("response.output_item.done", output_index=where["output_index"], item=done))
+        self.open = None
+        return lines
+
+    def delta(self, reasoning: str | None, content: str | None, tool_calls: list[dict[str, Any]] | None) -> list[str]:
+        lines: list[str] = []
+        if reasoning:
+            if self.open != "reasoning":
+                lines += self.close_item()
+                lines += self._open("reasoning", _reasoning_item(_item_id("rs"), "", "in_progress") | {"content": []})
+            self.text += reasoning
+            lines.append(self.event("response.reasoning_text.delta", **self._where(), content_index=0, delta=reasoning))
+        if content:
+            if self.open != "message":
+                lines += self.close_item()
+                lines += self._open("message", _message_item(_item_id("msg"), "", "in_progress"))
+            self.text += content
+            lines.append(
+                self.event("response.output_text.delta", **self._where(), content_index=0, delta=content, logprobs=[])
+            )
+        for call in tool_calls or []:
+            index = call.get("index", 0)
+            function = call.get("function") or {}
+            if self.open != "call" or self.call_index != index:
+                lines += self.close_item()
+                item = _call_item(_item_id("fc"), call.get("id") or "", function.get("name") or "", "", "in_progress")
+                lines += self._open("call", item)
+                self.call_index = index
+            fragment = function.get("arguments") or ""
+            if fragment:
+                self.text += fragment
+                lines.append(self.event("response.function_call_arguments.delta", **self._where(), delta=fragment))
+        return lines

@@ -1,0 +1,185 @@
+"""OpenAI Responses API requests (`POST /v1/responses`), translated into the chat request this server already runs.
+
+A Responses request is a chat completion in other clothes: `instructions` is a system message, `input` is either a
+user message or a list of items (messages, the model's earlier `function_call`s and the client's
+`function_call_output`s), tools are flat function definitions, `text.format` is the response format and
+`reasoning.effort` turns the thinking on or off. Nothing is stored on this server, so `previous_response_id`,
+`conversation` and `background` are refused (400) rather than ignored: the client sends the whole conversation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from .protocol import ChatCompletionRequest, Lenient
+
+
+class ResponsesRequest(Lenient):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    reasoning: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None  # include_obfuscation: nothing to obfuscate here
+    store: bool | None = None  # accepted; nothing is stored here (the response says store: false)
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    # Extensions as in /v1/chat/completions (vLLM's Responses API takes them too).
+    top_k: int | None = Field(default=None, ge=-1)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    stop: str | list[str] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # What a stateless server cannot do: refused rather than silently ignored.
+    previous_response_id: Any = None
+    conversation: Any = None
+    background: Any = None
+    prompt: Any = None
+
+    @field_validator("previous_response_id", "conversation", "prompt")
+    @classmethod
+    def _stateless(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is not None:
+            raise ValueError(
+                f"{info.field_name} is not supported: this server stores no responses, send the conversation in input"
+            )
+        return v
+
+    @field_validator("background")
+    @classmethod
+    def _no_background(cls, v: Any) -> Any:
+        if v:
+            raise ValueError("background responses are not supported: stream instead")
+        return v
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, v: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        if isinstance(v, list) and not v:
+            raise ValueError("input must not be an empty list")
+        return v
+
+    # ------------------------------------------------------------------ translation
+    def reasoning_effort(self) -> str | None:
+        effort = (self.reasoning or {}).get("effort")
+        return effort if isinstance(effort, str) else None
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The equivalent chat completion request (ValueError naming the item or field that has no equivalent)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": self._messages(),
+            "max_completion_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "stop": self.stop,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "reasoning_effort": self.reasoning_effort(),
+            "chat_template_kwargs": self.chat_template_kwargs,
+            "stream": self.stream,
+        }
+        if self.tools is not None:
+            body["tools"] = [_chat_tool(t, i) for i, t in enumerate(self.tools)]
+        if self.tool_choice is not None:
+            body["tool_choice"] = _chat_tool_choice(self.tool_choice)
+        fmt = (self.text or {}).get("format")
+        if fmt is not None:
+            body["response_format"] = _chat_response_format(fmt)
+        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+
+    def _messages(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.instructions:
+            out.append({"role": "system", "content": self.instructions})
+        if isinstance(self.input, str):
+            out.append({"role": "user", "content": self.input})
+            return out
+        for i, item in enumerate(self.input):
+            kind = item.get("type", "message")
+            if kind == "message":
+                out.append(_chat_message(item, i))
+            elif kind == "function_call":
+                call = {
+                    "id": _text_field(item, "call_id", i),
+                    "type": "function",
+                    "function": {"name": _text_field(item, "name", i), "arguments": item.get("arguments", "{}")},
+                }
+                last = out[-1] if out else None
+                if last is not None and last["role"] == "assistant" and last.get("tool_calls") is not None:
+                    last["tool_calls"].append(call)  # parallel calls of one turn
+                else:
+                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                output = item.get("output")
+                if not isinstance(output, str):
+                    output = _parts_text(output, i, ("input_text", "output_text"))
+                out.append({"role": "tool", "tool_call_id": _text_field(item, "call_id", i), "content": output})
+            elif kind == "reasoning":
+                continue  # the template drops earlier turns' thinking; the model's own reasoning items come back
+            else:
+                raise ValueError(f"input[{i}]: items of type {kind!r} are not supported by this server")
+        return out
+
+
+def _text_field(item: dict[str, Any], key: str, i: int) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"input[{i}]: {item.get('type', 'message')} items need a {key} string")
+    return value
+
+
+def _parts_text(content: Any, i: int, kinds: tuple[str, ...]) -> str:
+    if not isinstance(content, list):
+        raise ValueError(f"input[{i}]: content must be a string or a list of text parts")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in kinds or not isinstance(part.get("text"), str):
+            raise ValueError(f"input[{i}]: content part type {kind!r} is not supported: Flint reads text only")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _chat_message(item: dict[str, Any], i: int) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in ("system", "developer", "user", "assistant"):
+        raise ValueError(f"input[{i}]: role must be system, developer, user or assistant, got {role!r}")
+    content = item.get("content")
+    if not isinstance(content, str):
+        content = _parts_text(content, i, ("input_text", "output_text", "text"))
+    return {"role": role, "content": content}
+
+
+def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    if tool.get("type") != "function":
+        raise ValueError(f"tools[{i}]: only function tools are supported, got type {tool.get('type')!r}")
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise ValueError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}")
+
+
+def _chat_response_format(fmt: Any) -> dict[str, Any]:
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind in ("text", "json_object"):
+        return {"type": kind}
+    if kind == "json_schema":
+        spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": spec}
+    raise ValueError(f"text.format type must be text, json_object or json_schema, got {kind!r}")

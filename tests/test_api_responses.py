@@ -1,0 +1,223 @@
+"""`POST /v1/responses` (OpenAI's Responses API) through the official `openai` client, on the trained demo model:
+the same answers as the chat endpoint for the same conversation, items and events as the client reads them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from flint_engine.api.server import start_local_server
+from flint_engine.api.settings import APISettings
+from flint_engine.engine import LLMEngine
+from flint_engine.engine_config import EngineConfig
+
+DEMO = Path(__file__).resolve().parents[1] / "flint_engine" / "assets" / "flint-demo.gguf"
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the weather forecast for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+    },
+}
+CHAT_WEATHER = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+ASK_WEATHER = "Weather forecast for Oslo, 3 days."
+
+
+@pytest.fixture(scope="module")
+def server():
+    config = EngineConfig(model=str(DEMO), device="cpu", dtype="float32", kv_cache_memory=32 * 2**20)
+    srv = start_local_server(LLMEngine.from_checkpoint(config, progress=False), APISettings())
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _texts(response) -> tuple[str | None, str | None]:
+    """(reasoning text, output text) of a response's items."""
+    reasoning = [c.text for o in response.output if o.type == "reasoning" for c in o.content or []]
+    return ("".join(reasoning) or None), (response.output_text or None)
+
+
+def test_text_answer_equals_the_chat_endpoint(client: openai.OpenAI) -> None:
+    r = client.responses.create(model="flint", input="What is 7 + 8?", temperature=0, instructions="Be brief.")
+    chat = client.chat.completions.create(
+        model="flint",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 7 + 8?"}],
+        temperature=0,
+    )
+    message = chat.choices[0].message
+    assert r.status == "completed" and r.object == "response" and r.id.startswith("resp_")
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert _texts(r) == (message.model_extra["reasoning_content"], message.content)
+    assert r.usage.input_tokens == chat.usage.prompt_tokens and r.usage.output_tokens == chat.usage.completion_tokens
+    assert 0 < r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
+    assert r.instructions == "Be brief." and r.store is False
+
+
+def test_message_items_and_text_parts_are_the_same_prompt(client: openai.OpenAI) -> None:
+    items = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "What is 7 + 8?"}]},
+    ]
+    a = client.responses.create(model="flint", input=items, temperature=0)
+    b = client.responses.create(model="flint", input="What is 7 + 8?", instructions="Be brief.", temperature=0)
+    assert _texts(a) == _texts(b)  # a developer message and instructions both render as the system turn
+
+
+def test_function_call_and_its_output(client: openai.OpenAI) -> None:
+    r = client.responses.create(model="flint", input=ASK_WEATHER, tools=[WEATHER], temperature=0)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].status == "completed"
+    assert json.loads(calls[0].arguments) == {"city": "Oslo", "days": 3}
+    assert calls[0].call_id.startswith("call_") and calls[0].id.startswith("fc_")
+    result = json.dumps({"forecast": "sunny", "high_c": 21})
+    follow = [
+        {"role": "user", "content": ASK_WEATHER},
+        {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": result},
+    ]
+    answer = client.responses.create(model="flint", input=follow, tools=[WEATHER], temperature=0)
+    chat = client.chat.completions.create(
+        model="flint",
+        tools=[CHAT_WEATHER],
+        temperature=0,
+        messages=[
+            {"role": "user", "content": ASK_WEATHER},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": calls[0].call_id,
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": calls[0].arguments},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": calls[0].call_id, "content": result},
+        ],
+    )
+    # The same prompt as the chat endpoint's (the demo model's answer after a tool result varies with the call id,
+    # so the two are compared, not the text).
+    message = chat.choices[0].message
+    assert answer.status == "completed" and answer.usage.input_tokens == chat.usage.prompt_tokens
+    assert _texts(answer) == (message.model_extra["reasoning_content"], message.content)
+    again = [(o.name, o.arguments) for o in answer.output if o.type == "function_call"]
+    assert again == [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
+def _events(server, body: dict) -> list[dict]:
+    events = []
+    with httpx.stream("POST", server.base_url + "/v1/responses", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        kind = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                assert data["type"] == kind
+                events.append(data)
+    return events
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_stream_rebuilds_the_whole_response(server, client: openai.OpenAI, tools: bool) -> None:
+    body = {"model": "flint", "input": ASK_WEATHER if tools else "What is 7 + 8?", "temperature": 0}
+    if tools:
+        body["tools"] = [WEATHER]
+    events = _events(server, {**body, "stream": True})
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1]["type"] == "response.completed"
+    whole = httpx.post(server.base_url + "/v1/responses", json=body, timeout=120).json()
+    final = events[-1]["response"]
+
+    def without_ids(items: list[dict]) -> list[dict]:
+        return [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in items]
+
+    assert without_ids(final["output"]) == without_ids(whole["output"])
+    assert {k: v for k, v in final.items() if k not in ("id", "output", "created_at")} == {
+        k: v for k, v in whole.items() if k not in ("id", "output", "created_at")
+    }
+    # Each item: added, its deltas, done; the deltas add up to the done texts and the final output.
+    for index, item in enumerate(final["output"]):
+        mine = [e for e in events if e.get("output_index") == index]
+        assert mine[0]["type"] == "response.output_item.added" and mine[-1]["type"] == "response.output_item.done"
+        assert mine[-1]["item"] == item
+        deltas = "".join(e["delta"] for e in mine if e["type"].endswith(".delta"))
+        if item["type"] == "reasoning":
+            assert deltas == item["content"][0]["text"]
+        elif item["type"] == "message":
+            assert deltas == item["content"][0]["text"]
+        else:
+            assert deltas == item["arguments"] and json.loads(deltas) == {"city": "Oslo", "days": 3}
+    assert final["usage"]["output_tokens"] == whole["usage"]["output_tokens"]
+    # The client's own stream helper accumulates the same answer.
+    with client.responses.stream(**body) as stream:
+        for _ in stream:
+            pass
+        got = stream.get_final_response()
+    texts = [part["text"] for item in whole["output"] if item["type"] == "message" for part in item["content"]]
+    assert got.output_text == "".join(texts) and [o.type for o in got.output] == [o["type"] for o in whole["output"]]
+
+
+def test_reasoning_off_and_incomplete(client: openai.OpenAI) -> None:
+    r = client.responses.create(model="flint", input="What is 7 + 8?", temperature=0, reasoning={"effort": "none"})
+    assert [o.type for o in r.output] == ["message"] and r.usage.output_tokens_details.reasoning_tokens == 0
+    cut = client.responses.create(model="flint", input="What is 7 + 8?", max_output_tokens=3)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.usage.output_tokens == 3
+
+
+def test_json_schema_format(client: openai.OpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green"]}},
+        "required": ["color"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "name": "pick", "schema": schema, "strict": True}
+    r = client.responses.create(model="flint", input="Pick a color.", text={"format": fmt}, max_output_tokens=300)
+    assert r.status == "completed" and json.loads(r.output_text)["color"] in ("red", "green")
+    assert r.text.format.type == "json_schema"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"input": "hi", "previous_response_id": "resp_1"}, "stores no responses"),
+        ({"input": "hi", "conversation": "conv_1"}, "stores no responses"),
+        ({"input": "hi", "background": True}, "background"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "only function tools"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text only"),
+        ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "'computer_call_output' are not supported"),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "call_id"),
+        ({"input": []}, "must not be an empty list"),
+        ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format type"),
+        ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),
+        ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "hi", "model": "gpt-9"}, "does not exist"),
+    ],
+)
+def test_refusals_in_openai_error_shape(server, body: dict, says: str) -> None:
+    r = httpx.post(server.base_url + "/v1/responses", json={"model": "flint", **body}, timeout=60)
+    assert r.status_code in (400, 404), r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and says in err["message"], err
+
+
+def test_nothing_is_stored(server) -> None:
+    r = httpx.get(server.base_url + "/v1/responses/resp_123", timeout=10)
+    assert r.status_code == 404 and "stores no responses" in r.json()["error"]["message"]
