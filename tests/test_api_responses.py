@@ -157,9 +157,7 @@ def test_stream_rebuilds_the_whole_response(server, client: openai.OpenAI, tools
         assert mine[0]["type"] == "response.output_item.added" and mine[-1]["type"] == "response.output_item.done"
         assert mine[-1]["item"] == item
         deltas = "".join(e["delta"] for e in mine if e["type"].endswith(".delta"))
-        if item["type"] == "reasoning":
-            assert deltas == item["content"][0]["text"]
-        elif item["type"] == "message":
+        if item["type"] in ("reasoning", "message"):
             assert deltas == item["content"][0]["text"]
         else:
             assert deltas == item["arguments"] and json.loads(deltas) == {"city": "Oslo", "days": 3}
