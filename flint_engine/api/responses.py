@@ -142,6 +142,8 @@ class ResponsesHandler:
         return prep.envelope(status, output, _usage(prep, completion, cached, reasoning_tokens))
 
     def _reasoning_tokens(self, reasoning: str | None) -> int:
+        """The thinking's length in tokens, by encoding its text again (the choice events carry text, not ids; the
+        count can differ from the sampled tokens by the odd merge)."""
         tok = self.backend.tokenizer
         return len(tok.encode(reasoning)) if reasoning and tok is not None else 0
 
