@@ -68,6 +68,12 @@ def test_chat_and_streaming_through_the_router(cluster: ServeCluster, client: op
     assert text == r.choices[0].message.model_extra["reasoning"]
     assert client.models.list().data[0].id == "flint"
     assert httpx.get(cluster.base_url + "/health").json()["status"] == "ok"
+    # The Responses API rides the same router: the same greedy tokens as the chat call, streamed or not.
+    resp = client.responses.create(model="flint", input=MSG, max_output_tokens=8, temperature=0)
+    assert resp.usage.output_tokens == r.usage.completion_tokens
+    events = list(client.responses.create(model="flint", input=MSG, max_output_tokens=8, temperature=0, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == f"response.{resp.status}"
+    assert events[-1].response.usage.output_tokens == r.usage.completion_tokens
 
 
 def test_two_replicas_both_take_traffic(cluster: ServeCluster, client: openai.OpenAI) -> None:
