@@ -174,9 +174,23 @@ def test_stream_rebuilds_the_whole_response(server, client: openai.OpenAI, tools
 def test_reasoning_off_and_incomplete(client: openai.OpenAI) -> None:
     r = client.responses.create(model="flint", input="What is 7 + 8?", temperature=0, reasoning={"effort": "none"})
     assert [o.type for o in r.output] == ["message"] and r.usage.output_tokens_details.reasoning_tokens == 0
-    cut = client.responses.create(model="flint", input="What is 7 + 8?", max_output_tokens=3)
+    cut = client.responses.create(model="flint", input="What is 7 + 8?", max_output_tokens=3, temperature=0)
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
-    assert cut.usage.output_tokens == 3
+    assert cut.usage.output_tokens == 3 and [(o.type, o.status) for o in cut.output] == [("reasoning", "incomplete")]
+
+
+@pytest.mark.parametrize("limit", [3, 20, 21])
+def test_a_stream_cut_by_the_limit_ends_as_the_whole_response(server, limit: int) -> None:
+    """Cut inside the thinking, at its end or inside the answer: the stream's last event and items' statuses are
+    the whole response's."""
+    body = {"model": "flint", "input": "What is 7 + 8?", "temperature": 0, "max_output_tokens": limit}
+    events = _events(server, {**body, "stream": True})
+    whole = httpx.post(server.base_url + "/v1/responses", json=body, timeout=120).json()
+    assert events[-1]["type"] == f"response.{whole['status']}"
+    final = events[-1]["response"]
+    assert [(o["type"], o["status"]) for o in final["output"]] == [(o["type"], o["status"]) for o in whole["output"]]
+    if limit == 3:
+        assert whole["status"] == "incomplete" and final["output"][-1]["status"] == "incomplete"
 
 
 def test_json_schema_format(client: openai.OpenAI) -> None:

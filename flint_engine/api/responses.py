@@ -132,11 +132,13 @@ class ResponsesHandler:
         status = "incomplete" if done.final.finish_reason == "length" else "completed"
         output = []
         if parsed.reasoning:
-            output.append(_reasoning_item(_item_id("rs"), parsed.reasoning, status))
+            output.append(_reasoning_item(_item_id("rs"), parsed.reasoning, "completed"))
         if parsed.content:
-            output.append(_message_item(_item_id("msg"), parsed.content, status))
+            output.append(_message_item(_item_id("msg"), parsed.content, "completed"))
         for call in parsed.tool_calls:
             output.append(_call_item(_item_id("fc"), call.id, call.name, call.arguments, "completed"))
+        if status == "incomplete" and output and output[-1]["type"] != "function_call":
+            output[-1]["status"] = "incomplete"  # the item the limit cut, as the stream closes it
         completion, cached = totals([done])
         reasoning_tokens = self._reasoning_tokens(parsed.reasoning)
         return prep.envelope(status, output, _usage(prep, completion, cached, reasoning_tokens))
