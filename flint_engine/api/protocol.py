@@ -246,18 +246,13 @@ class ChatCompletionRequest(SamplingFields):
     audio: Any = None
     web_search_options: Any = None
 
-    @field_validator("functions", "function_call")
-    @classmethod
-    def _legacy_functions(cls, v: Any, info: ValidationInfo) -> Any:
-        if v is not None:
-            raise ValueError(f"{info.field_name} is deprecated and not supported: send tools and tool_choice")
-        return v
-
-    @field_validator("audio", "web_search_options")
+    @field_validator("functions", "function_call", "audio", "web_search_options")
     @classmethod
     def _not_offered(cls, v: Any, info: ValidationInfo) -> Any:
         if v is not None:
-            raise ValueError(f"{info.field_name} is not supported by this server")
+            legacy = info.field_name in ("functions", "function_call")
+            why = "is deprecated and not supported: send tools and tool_choice" if legacy else "is not supported"
+            raise ValueError(f"{info.field_name} {why}")
         return v
 
     @field_validator("modalities")
