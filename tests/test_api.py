@@ -256,7 +256,11 @@ def test_completion_streaming(server) -> None:
         ({"messages": MSG, "allowed_token_ids": [99999999]}, "allowed_token_ids"),
         ({"messages": MSG, "allowed_token_ids": []}, "allowed_token_ids"),
         ({"messages": MSG, "prompt_logprobs": 1}, "prompt_logprobs"),
-        ({"messages": MSG, "guided_json": {"type": "object"}}, "guided_json"),
+        ({"messages": MSG, "guided_regex": "[a-z]+"}, "guided_regex"),
+        ({"messages": MSG, "structured_outputs": {"regex": "[a-z]+"}}, None),
+        ({"messages": MSG, "guided_json": {"type": "object"}, "response_format": {"type": "json_object"}}, None),
+        ({"messages": MSG, "guided_json": "{not json"}, None),
+        ({"messages": MSG, "guided_json": {"type": "string", "pattern": "x"}}, None),
         ({"messages": MSG, "bad_words": ["x"]}, "bad_words"),
         (
             {
@@ -492,6 +496,40 @@ def test_json_schema_response_format(client, stream: bool) -> None:
                 "json_schema": {"name": "t", "schema": {"type": "object", "properties": {"a": {"pattern": "x"}}}},
             },
         )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"guided_json": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}},
+        {"guided_json": json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})},
+        {"structured_outputs": {"json": {"type": "object", "properties": {"ok": {"type": "boolean"}}}}},
+        {"structured_outputs": {"json_object": True}},
+    ],
+)
+def test_vllm_json_constraints_are_response_formats(server, extra: dict) -> None:
+    """vLLM's guided_json / structured_outputs (json, json_object) constrain the answer as response_format does."""
+    body = {
+        "model": "flint",
+        "messages": MSG,
+        "max_tokens": 400,
+        "seed": 1,
+        "top_k": 5,
+        "chat_template_kwargs": {"enable_thinking": False},
+        **extra,
+    }
+    r = raw_post(server, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    content = choice["message"]["content"]
+    if "json_object" in json.dumps(extra):  # any object: a random model may run out of tokens inside a string
+        assert content.lstrip().startswith("{")
+        assert choice["finish_reason"] == "length" or isinstance(json.loads(content), dict)
+    else:  # the schema's only key: the object closes
+        assert choice["finish_reason"] == "stop" and set(json.loads(content)) <= {"ok"}
+        assert all(isinstance(v, bool) for v in json.loads(content).values())
+    r = raw_post(server, "/v1/completions", {"model": "flint", "prompt": "x", **extra})
+    assert r.status_code == 400 and "chat/completions only" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("thinking", [True, False])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -173,22 +174,18 @@ class SamplingFields(Lenient):
     bad_words: Any = None
     truncate_prompt_tokens: Any = None
     use_beam_search: Any = None
-    guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
-    structured_outputs: Any = None
 
     @field_validator(
         "prompt_logprobs",
         "bad_words",
         "truncate_prompt_tokens",
         "use_beam_search",
-        "guided_json",
         "guided_regex",
         "guided_choice",
         "guided_grammar",
-        "structured_outputs",
     )
     @classmethod
     def _not_implemented(cls, v: Any, info: ValidationInfo) -> Any:
@@ -270,6 +267,36 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {v!r}")
         return v
 
+    # vLLM's spellings of a JSON constraint, read as response_format (its regex, choice and grammar are refused).
+    guided_json: dict[str, Any] | str | None = None
+    structured_outputs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _vllm_json_constraints(self) -> ChatCompletionRequest:
+        spec = self.structured_outputs
+        if spec is not None:
+            other = sorted(k for k, v in spec.items() if k not in ("json", "json_object") and v is not None)
+            if other:
+                raise ValueError(f"structured_outputs {', '.join(other)} is not supported (json and json_object are)")
+        schema = self.guided_json if self.guided_json is not None else (spec or {}).get("json")
+        wants_object = bool((spec or {}).get("json_object"))
+        if schema is None and not wants_object:
+            return self
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("give one of response_format, guided_json and structured_outputs")
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError:
+                raise ValueError("guided_json must be a JSON Schema (an object, or its JSON text)") from None
+        if schema is None:
+            self.response_format = ResponseFormat(type="json_object")
+        elif isinstance(schema, dict):
+            self.response_format = ResponseFormat(type="json_schema", json_schema={"name": "guided", "schema": schema})
+        else:
+            raise ValueError("guided_json must be a JSON Schema (an object, or its JSON text)")
+        return self
+
     @model_validator(mode="after")
     def _chat_checks(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
@@ -298,6 +325,16 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    guided_json: Any = None  # JSON constraints are a chat feature here
+    structured_outputs: Any = None
+
+    @field_validator("guided_json", "structured_outputs")
+    @classmethod
+    def _chat_only(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is not None:
+            raise ValueError(f"{info.field_name} is supported on /v1/chat/completions only")
+        return v
+
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0)
     suffix: str | None = None
