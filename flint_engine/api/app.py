@@ -17,12 +17,14 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from .anthropic_messages import MessagesHandler, anthropic_error
+from .anthropic_protocol import MessagesRequest
 from .auth import APIKeys
 from .backend import GenerationBackend
 from .chat import ChatHandler
 from .choices import ChoiceEvent
 from .completions import CompletionHandler
-from .errors import APIError, error_response, install_error_handlers
+from .errors import APIError, error_response, install_error_handlers, to_api_error
 from .prometheus import render
 from .protocol import (
     ChatCompletionRequest,
@@ -107,7 +109,8 @@ class GateMiddleware:
         key_id = None
         if self.keys.enabled and path not in PUBLIC_PATHS and (path != "/metrics" or s.protect_metrics):
             auth = headers.get("authorization", "")
-            token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            # Anthropic's clients send the key as x-api-key.
+            token = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "").strip()
             key = self.keys.check(token) if token else None
             if key is None:
                 await reply(
@@ -173,6 +176,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     chat = ChatHandler(backend, settings)
     completions = CompletionHandler(backend, settings)
     responses = ResponsesHandler(backend, settings)
+    messages = MessagesHandler(backend, settings)
     keys = APIKeys(settings.api_keys, settings.api_key_file)
     app.state.backend, app.state.settings, app.state.keys = backend, settings, keys
 
@@ -223,7 +227,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
 
     async def _generate(
         request: Request,
-        handler: ChatHandler | CompletionHandler | ResponsesHandler,
+        handler: ChatHandler | CompletionHandler | ResponsesHandler | MessagesHandler,
         request_type: type,
         exclude_none: bool,
     ) -> Response:
@@ -263,6 +267,26 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
         return await _generate(request, responses, ResponsesRequest, exclude_none=False)
+
+    @app.post("/v1/messages")
+    async def anthropic_create_message(request: Request) -> Response:
+        try:
+            return await _generate(request, messages, MessagesRequest, exclude_none=False)
+        except Exception as exc:  # Anthropic's clients read errors in Anthropic's shape
+            api = to_api_error(exc)
+            if api is None:
+                raise
+            return anthropic_error(api)
+
+    @app.post("/v1/messages/count_tokens")
+    async def anthropic_count_tokens(request: Request) -> Response:
+        try:
+            data = await _body(request)
+            if isinstance(data, dict):
+                data = {"max_tokens": 1, **data}  # counting needs no output budget
+            return JSONResponse(messages.count_tokens(_parse(MessagesRequest, data)))
+        except APIError as exc:
+            return anthropic_error(exc)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> Response:

@@ -1,0 +1,173 @@
+"""Anthropic Messages API requests (`POST /v1/messages`), translated into the chat request this server already runs.
+
+`system` becomes the system message; `text` blocks are text, an assistant's `tool_use` blocks its tool calls, a
+user's `tool_result` blocks tool messages, earlier `thinking` blocks are dropped (the template drops earlier turns'
+thinking anyway); `tools` (`name`, `description`, `input_schema`) and `tool_choice` (`auto`, `any`, `tool`, `none`)
+map onto the chat ones, `thinking.type` `disabled` turns the thinking off (absent or `enabled`: the model's default,
+on). What Flint cannot take (images, documents, server tools such as web search, MCP servers) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import Field
+
+from .protocol import ChatCompletionRequest, Lenient
+
+
+class MessagesRequest(Lenient):
+    model: str | None = None
+    max_tokens: int = Field(ge=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    stream: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    mcp_servers: Any = None
+    container: Any = None
+    stream_options: Any = None  # never sent by Anthropic clients; `_generate` reads it
+
+    def thinking_on(self) -> bool | None:
+        """False for `{"type": "disabled"}`, else None (the model's default)."""
+        kind = (self.thinking or {}).get("type")
+        if kind not in (None, "enabled", "disabled", "adaptive"):
+            raise ValueError(f"thinking.type must be enabled, disabled or adaptive, got {kind!r}")
+        return False if kind == "disabled" else None
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The equivalent chat completion request (ValueError naming the block or field that has no equivalent)."""
+        for name in ("mcp_servers", "container"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} is not supported by this server")
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": self._messages(),
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k if self.top_k else None,
+            "stop": self.stop_sequences or None,
+            "stream": self.stream,
+        }
+        if self.thinking_on() is False:
+            body["chat_template_kwargs"] = {"enable_thinking": False}
+        if self.tools is not None:
+            body["tools"] = [_chat_tool(t, i) for i, t in enumerate(self.tools)]
+        if self.tool_choice is not None:
+            choice, parallel = _chat_tool_choice(self.tool_choice)
+            body["tool_choice"], body["parallel_tool_calls"] = choice, parallel
+        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+
+    def _messages(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.system:
+            system = self.system if isinstance(self.system, str) else _blocks_text(self.system, "system")
+            out.append({"role": "system", "content": system})
+        for i, message in enumerate(self.messages):
+            role, content = message.get("role"), message.get("content")
+            where = f"messages[{i}]"
+            if role not in ("user", "assistant"):
+                raise ValueError(f"{where}: role must be user or assistant, got {role!r}")
+            if isinstance(content, str):
+                out.append({"role": role, "content": content})
+            elif isinstance(content, list):
+                out += _assistant_turn(content, where) if role == "assistant" else _user_turn(content, where)
+            else:
+                raise ValueError(f"{where}: content must be a string or a list of content blocks")
+        return out
+
+
+def _block_kind(block: Any, where: str) -> str:
+    kind = block.get("type") if isinstance(block, dict) else None
+    if not isinstance(kind, str):
+        raise ValueError(f"{where}: content blocks must be objects with a 'type'")
+    return kind
+
+
+def _blocks_text(blocks: list[Any], where: str) -> str:
+    texts = []
+    for j, block in enumerate(blocks):
+        kind = _block_kind(block, where)
+        if kind != "text" or not isinstance(block.get("text"), str):
+            raise ValueError(f"{where}[{j}]: content block type {kind!r} is not supported here: Flint reads text only")
+        texts.append(block["text"])
+    return "".join(texts)
+
+
+def _user_turn(blocks: list[Any], where: str) -> list[dict[str, Any]]:
+    """A user turn: its tool results as tool messages (first, as they answer the last assistant turn), then text."""
+    tools, texts = [], []
+    for j, block in enumerate(blocks):
+        kind = _block_kind(block, f"{where}.content[{j}]")
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "tool_result":
+            result = block.get("content", "")
+            if not isinstance(result, str):
+                result = _blocks_text(result if isinstance(result, list) else [result], f"{where}.content[{j}]")
+            if block.get("is_error"):
+                result = f"Error: {result}"
+            tools.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": result})
+        else:
+            raise ValueError(
+                f"{where}.content[{j}]: content block type {kind!r} is not supported: Flint reads text only"
+            )
+    return tools + ([{"role": "user", "content": "".join(texts)}] if texts or not tools else [])
+
+
+def _assistant_turn(blocks: list[Any], where: str) -> list[dict[str, Any]]:
+    texts, calls = [], []
+    for j, block in enumerate(blocks):
+        kind = _block_kind(block, f"{where}.content[{j}]")
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "tool_use":
+            if not isinstance(block.get("name"), str):
+                raise ValueError(f"{where}.content[{j}]: tool_use blocks need a name")
+            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            call_id = str(block.get("id") or f"toolu_{j}")
+            calls.append(
+                {"id": call_id, "type": "function", "function": {"name": block["name"], "arguments": arguments}}
+            )
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # earlier turns' thinking: the template leaves it out
+        else:
+            raise ValueError(f"{where}.content[{j}]: content block type {kind!r} is not supported in assistant turns")
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        message["tool_calls"] = calls
+    elif message["content"] is None:
+        message["content"] = ""
+    return [message]
+
+
+def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    if tool.get("type") not in (None, "custom"):
+        raise ValueError(f"tools[{i}]: server tools ({tool.get('type')!r}) are not supported: define custom tools")
+    function: dict[str, Any] = {"name": tool.get("name")}
+    if tool.get("description") is not None:
+        function["description"] = tool["description"]
+    if tool.get("input_schema") is not None:
+        function["parameters"] = tool["input_schema"]
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: dict[str, Any]) -> tuple[str | dict[str, Any], bool]:
+    """(chat tool_choice, parallel_tool_calls)."""
+    parallel = not choice.get("disable_parallel_tool_use", False)
+    kind = choice.get("type")
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}, parallel
+    raise ValueError("tool_choice must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}")
