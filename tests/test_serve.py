@@ -74,6 +74,10 @@ def test_chat_and_streaming_through_the_router(cluster: ServeCluster, client: op
     events = list(client.responses.create(model="flint", input=MSG, max_output_tokens=8, temperature=0, stream=True))
     assert events[0].type == "response.created" and events[-1].type == f"response.{resp.status}"
     assert events[-1].response.usage.output_tokens == r.usage.completion_tokens
+    # So does Anthropic's Messages API.
+    body = {"model": "flint", "max_tokens": 8, "temperature": 0, "messages": MSG}
+    anthropic = httpx.post(cluster.base_url + "/v1/messages", json=body, timeout=60).json()
+    assert anthropic["type"] == "message" and anthropic["usage"]["output_tokens"] == r.usage.completion_tokens
 
 
 def test_two_replicas_both_take_traffic(cluster: ServeCluster, client: openai.OpenAI) -> None:
