@@ -1,4 +1,5 @@
-"""The OpenAI-compatible FastAPI app, usable alone (one process) or as Ray Serve's ingress."""
+"""The FastAPI app (OpenAI-compatible, plus Anthropic's Messages API), usable alone (one process) or as Ray Serve's
+ingress."""
 
 from __future__ import annotations
 
