@@ -84,7 +84,8 @@ def test_tool_use_and_its_result(server) -> None:
     assert use["name"] == "get_weather" and use["input"] == {"city": "Oslo", "days": 3}
     assert m["stop_reason"] == "tool_use"
     result = json.dumps({"forecast": "sunny", "high_c": 21})
-    turn = {"role": "assistant", "content": [{"type": "text", "text": "Let me check."}, use]}
+    [thought] = blocks(m, "thinking")  # sent back as returned: the tool loop's thinking stays in the prompt
+    turn = {"role": "assistant", "content": [thought, {"type": "text", "text": "Let me check."}, use]}
     reply = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": result}]}
     answer = messages(server, {"max_tokens": 96, "temperature": 0, "tools": [WEATHER], "messages": [*ask, turn, reply]})
     answer = answer.json()
@@ -93,12 +94,20 @@ def test_tool_use_and_its_result(server) -> None:
         "type": "function",
         "function": {"name": "get_weather", "arguments": json.dumps(use["input"])},
     }
-    chat_turn = {"role": "assistant", "content": "Let me check.", "tool_calls": [call]}
+    chat_turn = {
+        "role": "assistant",
+        "content": "Let me check.",
+        "reasoning_content": thought["thinking"],
+        "tool_calls": [call],
+    }
     chat_reply = {"role": "tool", "tool_call_id": use["id"], "content": result}
     body = {"max_tokens": 96, "temperature": 0, "tools": [CHAT_WEATHER], "messages": [*ask, chat_turn, chat_reply]}
     c = chat(server, body)
     message = c["choices"][0]["message"]
     assert answer["usage"]["input_tokens"] == c["usage"]["prompt_tokens"]
+    bare = {**turn, "content": [b for b in turn["content"] if b["type"] != "thinking"]}
+    counted = messages(server, {"tools": [WEATHER], "messages": [*ask, bare, reply]}, "/v1/messages/count_tokens")
+    assert counted.json()["input_tokens"] < answer["usage"]["input_tokens"]  # the thinking reached the prompt
     assert [b.get("text") for b in blocks(answer, "text")] == ([message["content"]] if message["content"] else [])
     again = [(b["name"], b["input"]) for b in blocks(answer, "tool_use")]
     assert again == [

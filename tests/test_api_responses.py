@@ -82,8 +82,10 @@ def test_function_call_and_its_output(client: openai.OpenAI) -> None:
     assert json.loads(calls[0].arguments) == {"city": "Oslo", "days": 3}
     assert calls[0].call_id.startswith("call_") and calls[0].id.startswith("fc_")
     result = json.dumps({"forecast": "sunny", "high_c": 21})
+    [thought] = [o.model_dump(exclude_none=True) for o in r.output if o.type == "reasoning"]
     follow = [
         {"role": "user", "content": ASK_WEATHER},
+        thought,  # sent back as the SDK returned it: the tool loop's thinking stays in the prompt
         {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "arguments": calls[0].arguments},
         {"type": "function_call_output", "call_id": calls[0].call_id, "output": result},
     ]
@@ -97,6 +99,7 @@ def test_function_call_and_its_output(client: openai.OpenAI) -> None:
             {
                 "role": "assistant",
                 "content": None,
+                "reasoning_content": thought["content"][0]["text"],
                 "tool_calls": [
                     {
                         "id": calls[0].call_id,
@@ -112,6 +115,9 @@ def test_function_call_and_its_output(client: openai.OpenAI) -> None:
     # so the two are compared, not the text).
     message = chat.choices[0].message
     assert answer.status == "completed" and answer.usage.input_tokens == chat.usage.prompt_tokens
+    unthought = [item for item in follow if item is not thought]
+    short = client.responses.create(model="flint", input=unthought, tools=[WEATHER], max_output_tokens=1)
+    assert short.usage.input_tokens < answer.usage.input_tokens  # the reasoning item reached the prompt
     assert _texts(answer) == (message.model_extra["reasoning_content"], message.content)
     again = [(o.name, o.arguments) for o in answer.output if o.type == "function_call"]
     assert again == [(c.function.name, c.function.arguments) for c in message.tool_calls or []]

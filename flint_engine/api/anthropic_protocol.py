@@ -1,8 +1,8 @@
 """Anthropic Messages API requests (`POST /v1/messages`), translated into the chat request this server already runs.
 
-`system` becomes the system message; `text` blocks are text, an assistant's `tool_use` blocks its tool calls, a
-user's `tool_result` blocks tool messages, earlier `thinking` blocks are dropped (the template drops earlier turns'
-thinking anyway); `tools` (`name`, `description`, `input_schema`) and `tool_choice` (`auto`, `any`, `tool`, `none`)
+`system` becomes the system message; `text` blocks are text, an assistant's `tool_use` blocks its tool calls and its
+`thinking` blocks its reasoning (shown by the template in a tool loop's turns), a user's `tool_result` blocks tool
+messages; `tools` (`name`, `description`, `input_schema`) and `tool_choice` (`auto`, `any`, `tool`, `none`)
 map onto the chat ones, `thinking.type` `disabled` turns the thinking off (absent or `enabled`: the model's default,
 on). What Flint cannot take (images, documents, server tools such as web search, MCP servers) is refused.
 """
@@ -124,7 +124,7 @@ def _user_turn(blocks: list[Any], where: str) -> list[dict[str, Any]]:
 
 
 def _assistant_turn(blocks: list[Any], where: str) -> list[dict[str, Any]]:
-    texts, calls = [], []
+    texts, calls, thinking = [], [], []
     for j, block in enumerate(blocks):
         kind = _block_kind(block, f"{where}.content[{j}]")
         if kind == "text":
@@ -137,11 +137,17 @@ def _assistant_turn(blocks: list[Any], where: str) -> list[dict[str, Any]]:
             calls.append(
                 {"id": call_id, "type": "function", "function": {"name": block["name"], "arguments": arguments}}
             )
-        elif kind in ("thinking", "redacted_thinking"):
-            continue  # earlier turns' thinking: the template leaves it out
+        elif kind == "thinking":
+            # The template shows the thinking of the turns since the last user message (a tool loop's) and leaves
+            # older turns' out.
+            thinking.append(str(block.get("thinking", "")))
+        elif kind == "redacted_thinking":
+            continue
         else:
             raise ValueError(f"{where}.content[{j}]: content block type {kind!r} is not supported in assistant turns")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if "".join(thinking):
+        message["reasoning_content"] = "".join(thinking)
     if calls:
         message["tool_calls"] = calls
     elif message["content"] is None:

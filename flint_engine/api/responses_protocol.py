@@ -104,10 +104,15 @@ class ResponsesRequest(Lenient):
         if isinstance(self.input, str):
             out.append({"role": "user", "content": self.input})
             return out
+        reasoning: str | None = None  # a reasoning item's text, for the assistant turn that follows it
         for i, item in enumerate(self.input):
             kind = item.get("type", "message")
             if kind == "message":
-                out.append(_chat_message(item, i))
+                message = _chat_message(item, i)
+                if message["role"] == "assistant" and reasoning:
+                    message["reasoning_content"] = reasoning
+                reasoning = None
+                out.append(message)
             elif kind == "function_call":
                 call = {
                     "id": _text_field(item, "call_id", i),
@@ -119,16 +124,29 @@ class ResponsesRequest(Lenient):
                     last["tool_calls"].append(call)  # parallel calls of one turn
                 else:
                     out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                    if reasoning:
+                        out[-1]["reasoning_content"] = reasoning
+                reasoning = None
             elif kind == "function_call_output":
                 output = item.get("output")
                 if not isinstance(output, str):
                     output = _parts_text(output, i, ("input_text", "output_text"))
                 out.append({"role": "tool", "tool_call_id": _text_field(item, "call_id", i), "content": output})
             elif kind == "reasoning":
-                continue  # the template drops earlier turns' thinking; the model's own reasoning items come back
+                # Kept with the next assistant turn: the template shows the thinking of the turns since the last user
+                # message (a tool loop's), and leaves older turns' out.
+                reasoning = _reasoning_text(item, i)
             else:
                 raise ValueError(f"input[{i}]: items of type {kind!r} are not supported by this server")
         return out
+
+
+def _reasoning_text(item: dict[str, Any], i: int) -> str:
+    """A reasoning item's text: its reasoning_text content, else its summary."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        raise ValueError(f"input[{i}]: a reasoning item's content must be a list of text parts")
+    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
 
 
 def _text_field(item: dict[str, Any], key: str, i: int) -> str:
