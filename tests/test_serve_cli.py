@@ -2,20 +2,41 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
+import pytest
 import torch
+from flint_serve import cli
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flint_serve.cli", *args], capture_output=True, text=True, timeout=120)
+def run(*args: str) -> SimpleNamespace:
+    """`flint-serve ARGS` in this process (its refusals come before any Ray work; a run that got as far as starting
+    Ray fails the test instead), with its exit status and stderr."""
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        mp.setattr(cli, "start", lambda *a, **k: pytest.fail(f"flint-serve {' '.join(args)} got as far as starting"))
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exc:  # argparse's refusals
+            code = exc.code
+    return SimpleNamespace(returncode=code, stderr=err.getvalue())
 
 
 def test_missing_model_file() -> None:
-    r = run("--model", "/nonexistent/flint.gguf")
+    """Through the real entry point once: a new process, its exit status and stderr."""
+    r = subprocess.run(
+        [sys.executable, "-m", "flint_serve.cli", "--model", "/nonexistent/flint.gguf"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "model file /nonexistent/flint.gguf does not exist" in r.stderr
+    assert run("--model", "/nonexistent/flint.gguf").stderr == r.stderr
 
 
 def test_port_in_use() -> None:
