@@ -4,6 +4,7 @@ the same answers as the chat endpoint for the same conversation, items and event
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -239,3 +240,41 @@ def test_refusals_in_openai_error_shape(server, body: dict, says: str) -> None:
 def test_nothing_is_stored(server) -> None:
     r = httpx.get(server.base_url + "/v1/responses/resp_123", timeout=10)
     assert r.status_code == 404 and "stores no responses" in r.json()["error"]["message"]
+
+
+def _idle(server) -> bool:
+    engine = server.engine.engine
+    return engine.kv.all_free() and not engine.requests
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/responses",
+            {"input": "Count to a thousand.", "max_output_tokens": 2000, "stream": True, "ignore_eos": True},
+        ),
+        (
+            "/v1/messages",
+            {
+                "messages": [{"role": "user", "content": "Count to a thousand."}],
+                "max_tokens": 2000,
+                "stream": True,
+                "ignore_eos": True,
+            },
+        ),
+    ],
+)
+def test_leaving_a_stream_aborts_its_request(server, path: str, body: dict) -> None:
+    """A client that leaves a Responses or Messages stream frees its sequence, as on the chat endpoint."""
+    aborted = server.engine.engine.metrics.snapshot()["request_success_total"].get("abort", 0)
+    with httpx.stream("POST", server.base_url + path, json={"model": "flint", **body}, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(12):
+            next(lines)
+        assert server.engine.engine.metrics.snapshot()["num_requests_running"] == 1
+    deadline = time.monotonic() + 10
+    while not _idle(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _idle(server)
+    assert server.engine.engine.metrics.snapshot()["request_success_total"]["abort"] == aborted + 1

@@ -31,6 +31,7 @@ class MessagesRequest(Lenient):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    ignore_eos: bool = False  # vLLM's extension: fixed-length answers for benchmarks
     mcp_servers: Any = None
     container: Any = None
     stream_options: Any = None  # never sent by Anthropic clients; `_generate` reads it
@@ -56,6 +57,7 @@ class MessagesRequest(Lenient):
             "top_k": self.top_k if self.top_k else None,
             "stop": self.stop_sequences or None,
             "stream": self.stream,
+            "ignore_eos": self.ignore_eos or None,
         }
         if self.thinking_on() is False:
             body["chat_template_kwargs"] = {"enable_thinking": False}

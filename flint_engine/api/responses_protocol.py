@@ -38,6 +38,7 @@ class ResponsesRequest(Lenient):
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    ignore_eos: bool = False  # vLLM's extension: fixed-length answers for benchmarks
     # What a stateless server cannot do: refused rather than silently ignored.
     previous_response_id: Any = None
     conversation: Any = None
@@ -86,6 +87,7 @@ class ResponsesRequest(Lenient):
             "parallel_tool_calls": self.parallel_tool_calls,
             "reasoning_effort": self.reasoning_effort(),
             "chat_template_kwargs": self.chat_template_kwargs,
+            "ignore_eos": self.ignore_eos or None,
             "stream": self.stream,
         }
         if self.tools is not None:
