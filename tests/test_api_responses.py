@@ -66,6 +66,38 @@ def test_text_answer_equals_the_chat_endpoint(client: openai.OpenAI) -> None:
     assert r.instructions == "Be brief." and r.store is False
 
 
+def test_an_assistant_turn_of_text_and_calls_is_one_chat_turn(server) -> None:
+    """A message item then function_call items (a turn that said something and called tools) renders as one
+    assistant turn with content and tool calls, as the chat endpoint's prompt for it."""
+    call = {"type": "function_call", "call_id": "call_a", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    items = [
+        {"role": "user", "content": ASK_WEATHER},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        call,
+        {**call, "call_id": "call_b", "arguments": '{"city": "Rome"}'},
+        {"type": "function_call_output", "call_id": "call_a", "output": "sunny"},
+        {"type": "function_call_output", "call_id": "call_b", "output": "rain"},
+    ]
+    chat_calls = [
+        {"id": c, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+        for c, city in (("call_a", "Oslo"), ("call_b", "Rome"))
+    ]
+    messages = [
+        {"role": "user", "content": ASK_WEATHER},
+        {"role": "assistant", "content": "Checking.", "tool_calls": chat_calls},
+        {"role": "tool", "tool_call_id": "call_a", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "rain"},
+    ]
+    tok = httpx.post(server.base_url + "/tokenize", json={"model": "flint", "messages": messages})
+    r = httpx.post(
+        server.base_url + "/v1/responses",
+        json={"model": "flint", "input": items, "max_output_tokens": 1},
+        timeout=60,
+    )
+    assert r.status_code == 200 and tok.status_code == 200, (r.text, tok.text)
+    assert r.json()["usage"]["input_tokens"] == tok.json()["count"]
+
+
 def test_message_items_and_text_parts_are_the_same_prompt(client: openai.OpenAI) -> None:
     items = [
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},

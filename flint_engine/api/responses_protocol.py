@@ -122,8 +122,9 @@ class ResponsesRequest(Lenient):
                     "function": {"name": _text_field(item, "name", i), "arguments": item.get("arguments", "{}")},
                 }
                 last = out[-1] if out else None
-                if last is not None and last["role"] == "assistant" and last.get("tool_calls") is not None:
-                    last["tool_calls"].append(call)  # parallel calls of one turn
+                if last is not None and last["role"] == "assistant":
+                    # The same turn: its text (a message item) or parallel calls came just before.
+                    last.setdefault("tool_calls", []).append(call)
                 else:
                     out.append({"role": "assistant", "content": None, "tool_calls": [call]})
                     if reasoning:
