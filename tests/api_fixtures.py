@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
+import httpx
 import torch
 
 from flint_engine.api.server import LocalServer, start_local_server
@@ -46,3 +49,35 @@ def tiny_engine(path: Path, **engine_kw) -> LLMEngine:
 
 def tiny_server(tmp: Path, settings: APISettings | None = None, **engine_kw) -> LocalServer:
     return start_local_server(tiny_engine(tiny_checkpoint(tmp), **engine_kw), settings)
+
+
+def named_events(url: str, body: dict, headers: dict | None = None) -> list[dict]:
+    """The data of each event of a stream whose events are named (`event:` lines, as the Responses and Messages APIs
+    send them), each checked to carry its name as its `type`."""
+    events = []
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
+        kind = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                assert data["type"] == kind
+                events.append(data)
+    return events
+
+
+def engine_idle(server: LocalServer) -> bool:
+    """No request running and every KV block free."""
+    snap = server.engine.engine.metrics.snapshot()
+    return (
+        snap["num_requests_running"] == 0 and snap["kv_cache_usage_perc"] == 0.0 and server.engine.engine.kv.all_free()
+    )
+
+
+def wait_until_idle(server: LocalServer, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not engine_idle(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return engine_idle(server)

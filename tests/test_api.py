@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from api_fixtures import tiny_server
+from api_fixtures import tiny_server, wait_until_idle
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -396,13 +396,6 @@ def test_tokenize_detokenize_models_version_health_metrics(server, client) -> No
         assert name in text
 
 
-def _engine_idle(server) -> bool:
-    snap = server.engine.engine.metrics.snapshot()
-    return (
-        snap["num_requests_running"] == 0 and snap["kv_cache_usage_perc"] == 0.0 and server.engine.engine.kv.all_free()
-    )
-
-
 def test_disconnecting_stream_frees_the_cache(server) -> None:
     body = {"model": "flint", "messages": MSG, "max_tokens": 500, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=60) as r:
@@ -410,10 +403,7 @@ def test_disconnecting_stream_frees_the_cache(server) -> None:
         for _ in range(3):
             next(lines)
         assert server.engine.engine.metrics.snapshot()["num_requests_running"] == 1
-    deadline = time.monotonic() + 10
-    while not _engine_idle(server) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _engine_idle(server)
+    assert wait_until_idle(server)
     assert server.engine.engine.metrics.snapshot()["request_success_total"]["abort"] >= 1
 
 
@@ -425,10 +415,7 @@ def test_disconnecting_non_streaming_client_aborts(server) -> None:
             timeout=0.5,
             json={"model": "flint", "messages": MSG, "max_tokens": 4000, "ignore_eos": True},
         )
-    deadline = time.monotonic() + 10
-    while not _engine_idle(server) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _engine_idle(server)
+    assert wait_until_idle(server)
     assert server.engine.engine.metrics.snapshot()["request_success_total"]["abort"] == before + 1
 
 

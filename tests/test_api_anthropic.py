@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from api_fixtures import named_events
 
 from flint_engine.api.server import start_local_server
 from flint_engine.api.settings import APISettings
@@ -116,21 +117,8 @@ def test_tool_use_and_its_result(server) -> None:
 
 
 def _events(server, body: dict) -> list[tuple[str, dict]]:
-    out = []
-    with httpx.stream(
-        "POST", server.base_url + "/v1/messages", json={"model": "flint", **body, "stream": True}, headers=HEADERS,
-        timeout=120,
-    ) as r:  # fmt: skip
-        assert r.status_code == 200
-        kind = None
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: "):
-                data = json.loads(line[6:])
-                assert data["type"] == kind
-                out.append((kind, data))
-    return out
+    events = named_events(server.base_url + "/v1/messages", {"model": "flint", **body, "stream": True}, HEADERS)
+    return [(e["type"], e) for e in events]
 
 
 @pytest.mark.parametrize("tools", [False, True])

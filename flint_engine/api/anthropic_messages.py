@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
 from .anthropic_protocol import MessagesRequest
 from .backend import GenerationBackend
-from .chat import ChatHandler, PreparedChat
+from .chat import ChatHandler, PreparedChat, parsed_deltas
 from .choices import ChoiceEvent, collect, totals
-from .errors import APIError, _validation_message, to_api_error
+from .errors import APIError, chat_request_of, to_api_error
 from .settings import APISettings
 
 # Anthropic's error types by HTTP status.
@@ -95,16 +94,7 @@ class MessagesHandler:
         self.chat = ChatHandler(backend, settings)
 
     def prepare(self, req: MessagesRequest) -> PreparedMessages:
-        try:
-            chat_req = req.to_chat()
-        except ValidationError as exc:
-            from fastapi.exceptions import RequestValidationError
-
-            message, param = _validation_message(RequestValidationError(exc.errors()))
-            raise APIError(400, message, param) from None
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from None
-        return PreparedMessages(req, self.chat.prepare(chat_req))
+        return PreparedMessages(req, self.chat.prepare(chat_request_of(req)))
 
     def count_tokens(self, req: MessagesRequest) -> dict[str, int]:
         return {"input_tokens": len(self.prepare(req).chat.prompt_ids)}
@@ -133,17 +123,11 @@ class MessagesHandler:
         blocks = _BlockStream()
         start = prep.message([], (None, None), prep.usage(0, 0))
         yield _event("message_start", message=start)
-        streamer = prep.chat.parser().stream()
         completion, cached, last = 0, 0, None
         try:
-            async for ev in events:
+            async for ev, deltas in parsed_deltas(prep.chat, events):
                 completion, cached = ev.completion_tokens, max(cached, ev.cached_tokens)
-                deltas = streamer.feed(ev.text) if ev.text else []
-                if ev.finished:
-                    if ev.error is not None or ev.finish_reason == "error":
-                        raise APIError(500, ev.error or "generation failed", code="generation_failed")
-                    deltas += streamer.finish()
-                    last = ev
+                last = ev if ev.finished else last
                 for d in deltas:
                     for line in blocks.delta(d.reasoning, d.content, d.tool_calls):
                         yield line

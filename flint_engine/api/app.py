@@ -25,7 +25,7 @@ from .backend import GenerationBackend
 from .chat import ChatHandler
 from .choices import ChoiceEvent
 from .completions import CompletionHandler
-from .errors import APIError, error_response, install_error_handlers, to_api_error
+from .errors import APIError, error_response, install_error_handlers, to_api_error, validation_error
 from .prometheus import render
 from .protocol import (
     ChatCompletionRequest,
@@ -210,17 +210,12 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     def _parse(model: type, data: Any) -> Any:
         from pydantic import ValidationError
 
-        from .errors import _validation_message
-
         if not isinstance(data, dict):
             raise APIError(400, "the request body must be a JSON object")
         try:
             return model.model_validate(data)
         except ValidationError as exc:
-            from fastapi.exceptions import RequestValidationError
-
-            message, param = _validation_message(RequestValidationError(exc.errors()))
-            raise APIError(400, message, param) from None
+            raise validation_error(exc) from None
 
     def _log_prompt(rid: str, what: Any) -> None:
         if settings.log_prompts:

@@ -50,6 +50,22 @@ class PreparedChat:
         )
 
 
+async def parsed_deltas(
+    prep: PreparedChat, events: AsyncIterator[ChoiceEvent]
+) -> AsyncIterator[tuple[ChoiceEvent, list[Any]]]:
+    """One choice's events, each with the parsed message deltas it adds (thinking, content, tool-call pieces; the
+    parser's last ones with the final event), for the APIs that stream in their own shape; a failed generation raises
+    APIError 500."""
+    streamer = prep.parser().stream()
+    async for ev in events:
+        deltas = streamer.feed(ev.text) if ev.text else []
+        if ev.finished:
+            if ev.error is not None or ev.finish_reason == "error":
+                raise APIError(500, ev.error or "generation failed", code="generation_failed")
+            deltas += streamer.finish()
+        yield ev, deltas
+
+
 class ChatHandler:
     def __init__(self, backend: GenerationBackend, settings: APISettings) -> None:
         self.backend = backend

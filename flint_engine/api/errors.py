@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import EngineDeadError
@@ -128,6 +129,23 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "value_error" and loc and msg.startswith(loc[-1]):  # the message names its field
         return msg, param
     return (f"invalid '{param}': {msg}" if param else msg), param
+
+
+def validation_error(exc: ValidationError) -> APIError:
+    """A request model's validation failure as the 400 the client gets."""
+    message, param = _validation_message(RequestValidationError(exc.errors()))
+    return APIError(400, message, param)
+
+
+def chat_request_of(req: Any) -> Any:
+    """`req.to_chat()`: another API's request (Responses, Anthropic Messages) as the chat request it runs as; what
+    has no chat equivalent is a 400."""
+    try:
+        return req.to_chat()
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
 
 
 def install_error_handlers(app: FastAPI) -> None:

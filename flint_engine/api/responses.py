@@ -15,12 +15,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from .backend import GenerationBackend
-from .chat import ChatHandler, PreparedChat
+from .chat import ChatHandler, PreparedChat, parsed_deltas
 from .choices import ChoiceEvent, collect, totals
-from .errors import APIError, _validation_message, error_body, to_api_error
+from .errors import APIError, chat_request_of, error_body, to_api_error
 from .responses_protocol import ResponsesRequest
 from .settings import APISettings
 
@@ -112,16 +110,7 @@ class ResponsesHandler:
         self.backend = backend
 
     def prepare(self, req: ResponsesRequest) -> PreparedResponse:
-        try:
-            chat_req = req.to_chat()
-        except ValidationError as exc:
-            from fastapi.exceptions import RequestValidationError
-
-            message, param = _validation_message(RequestValidationError(exc.errors()))
-            raise APIError(400, message, param) from None
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from None
-        return PreparedResponse(req, self.chat.prepare(chat_req))
+        return PreparedResponse(req, self.chat.prepare(chat_request_of(req)))
 
     def events(self, prep: PreparedResponse) -> AsyncIterator[ChoiceEvent]:
         return self.chat.events(prep.chat)
@@ -157,17 +146,11 @@ class ResponsesHandler:
         emitter = _EventStream(prep)
         yield emitter.event("response.created", response=prep.envelope("in_progress", [], None))
         yield emitter.event("response.in_progress", response=prep.envelope("in_progress", [], None))
-        streamer = prep.chat.parser().stream()
         completion, cached, finish = 0, 0, None
         try:
-            async for ev in events:
+            async for ev, deltas in parsed_deltas(prep.chat, events):
                 completion, cached = ev.completion_tokens, max(cached, ev.cached_tokens)
-                deltas = streamer.feed(ev.text) if ev.text else []
-                if ev.finished:
-                    if ev.error is not None or ev.finish_reason == "error":
-                        raise APIError(500, ev.error or "generation failed", code="generation_failed")
-                    deltas += streamer.finish()
-                    finish = ev.finish_reason
+                finish = ev.finish_reason if ev.finished else finish
                 for d in deltas:
                     for line in emitter.delta(d.reasoning, d.content, d.tool_calls):
                         yield line
