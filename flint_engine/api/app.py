@@ -246,7 +246,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
 
         async def run() -> Response:
             result = await handler.complete(prep, handler.events(prep))  # type: ignore[arg-type]
-            if isinstance(result, dict):  # the Responses API's object, built as the client reads it
+            if isinstance(result, dict):  # the Responses and Messages APIs' objects, built as their clients read them
                 return JSONResponse(result)
             return JSONResponse(result.model_dump(exclude_none=exclude_none))
 
@@ -279,7 +279,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         try:
             data = await _body(request)
             if isinstance(data, dict):
-                data = {"max_tokens": 1, **data}  # counting needs no output budget
+                data = {**data, "max_tokens": 1}  # counting needs no output budget (nor fails on a large one)
             return JSONResponse(messages.count_tokens(_parse(MessagesRequest, data)))
         except APIError as exc:
             return anthropic_error(exc)
