@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse
 
 from .anthropic_protocol import MessagesRequest
 from .backend import GenerationBackend
-from .chat import ChatHandler, PreparedChat, parsed_deltas
+from .chat import ChatHandler, PreparedChat, chat_request_of, parsed_deltas
 from .choices import ChoiceEvent, collect, totals
-from .errors import APIError, chat_request_of, to_api_error
+from .errors import APIError, to_api_error
 from .settings import APISettings
 
 # Anthropic's error types by HTTP status.

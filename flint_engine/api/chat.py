@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..parsers import ChatOutputParser
 from ..parsers.reasoning import THINK_END, THINK_START
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
-from .errors import APIError, error_body, to_api_error
+from .errors import APIError, error_body, to_api_error, validation_error
 from .limits import check_common_request, resolve_max_tokens
 from .logprobs import Entry, TokenText, chat_logprobs
 from .protocol import (
@@ -48,6 +50,17 @@ class PreparedChat:
         return ChatOutputParser(
             self.thinking, self.tools, self.tool_choice_none, parallel_tool_calls=self.parallel_tool_calls
         )
+
+
+def chat_request_of(req: Any) -> ChatCompletionRequest:
+    """`req.to_chat()`: another API's request (Responses, Anthropic Messages) as the chat request it runs as; what
+    has no chat equivalent is a 400."""
+    try:
+        return req.to_chat()
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
 
 
 async def parsed_deltas(

@@ -137,17 +137,6 @@ def validation_error(exc: ValidationError) -> APIError:
     return APIError(400, message, param)
 
 
-def chat_request_of(req: Any) -> Any:
-    """`req.to_chat()`: another API's request (Responses, Anthropic Messages) as the chat request it runs as; what
-    has no chat equivalent is a 400."""
-    try:
-        return req.to_chat()
-    except ValidationError as exc:
-        raise validation_error(exc) from None
-    except ValueError as exc:
-        raise APIError(400, str(exc)) from None
-
-
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

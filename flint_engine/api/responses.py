@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backend import GenerationBackend
-from .chat import ChatHandler, PreparedChat, parsed_deltas
+from .chat import ChatHandler, PreparedChat, chat_request_of, parsed_deltas
 from .choices import ChoiceEvent, collect, totals
-from .errors import APIError, chat_request_of, error_body, to_api_error
+from .errors import APIError, error_body, to_api_error
 from .responses_protocol import ResponsesRequest
 from .settings import APISettings
 
