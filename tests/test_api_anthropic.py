@@ -227,4 +227,16 @@ def test_forced_tools_and_the_key_header(server) -> None:
     r = httpx.post(
         server.base_url + "/v1/messages", json={"model": "flint", "max_tokens": 2, "messages": ask}, timeout=60
     )
-    assert r.status_code == 401  # no key: refused before the handler (OpenAI's error shape, as every route's gate)
+    # No key: the gate refuses before any route, in Anthropic's shape here, with its header.
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert r.json() == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": r.json()["error"]["message"]},
+    }
+    assert "x-api-key" in r.json()["error"]["message"]
+    big = httpx.post(
+        server.base_url + "/v1/messages", content=b"{" + b" " * (9 * 2**20) + b"}", headers=HEADERS, timeout=60
+    )
+    assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
+    chat = httpx.post(server.base_url + "/v1/chat/completions", json={"model": "flint", "messages": ask})
+    assert chat.status_code == 401 and chat.json()["error"]["code"] == "invalid_api_key"  # OpenAI's shape there

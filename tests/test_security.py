@@ -59,15 +59,19 @@ def test_every_route_needs_a_key_except_health(server) -> None:
     for r in routes:
         path = r.path.replace("{model_id:path}", "flint")
         for method in r.methods:
-            for headers in ({}, auth("wrong-key"), {"Authorization": KEY}):
+            for headers in ({}, auth("wrong-key"), {"Authorization": KEY}, {"x-api-key": "wrong-key"}):
                 resp = httpx.request(method, server.base_url + path, headers=headers, json={}, timeout=10)
                 if path == "/health":
                     assert resp.status_code == 200
+                elif path.startswith("/v1/messages"):  # Anthropic's clients get Anthropic's shape
+                    assert resp.status_code == 401, (method, path, headers)
+                    assert resp.json()["type"] == "error" and resp.json()["error"]["type"] == "authentication_error"
                 else:
                     assert resp.status_code == 401, (method, path, headers)
                     err = resp.json()["error"]
                     assert err["type"] == "authentication_error" and err["code"] == "invalid_api_key"
     assert httpx.get(server.base_url + "/v1/models", headers=auth(KEY)).status_code == 200
+    assert httpx.get(server.base_url + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
     assert httpx.get(server.base_url + "/metrics", headers=auth(KEY)).status_code == 200
 
 

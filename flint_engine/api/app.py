@@ -103,6 +103,12 @@ class GateMiddleware:
         status = {"code": 0}
 
         async def reply(response: Response) -> None:
+            if path.startswith("/v1/messages") and response.status_code >= 400:
+                # Anthropic's clients read the gate's refusals in Anthropic's shape too.
+                error = json.loads(bytes(response.body))["error"]
+                kept = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+                api = APIError(response.status_code, error["message"], headers=kept)
+                response = anthropic_error(api)
             response.headers["x-request-id"] = rid
             status["code"] = response.status_code
             await response(scope, receive, send)
@@ -117,7 +123,7 @@ class GateMiddleware:
                 await reply(
                     error_response(
                         401,
-                        "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                        "missing or invalid API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
                         code="invalid_api_key",
                         headers={"WWW-Authenticate": "Bearer"},
                     )
