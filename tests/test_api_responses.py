@@ -44,6 +44,10 @@ def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+def server_url(client: openai.OpenAI) -> str:
+    return str(client.base_url).rstrip("/").removesuffix("/v1")
+
+
 def _texts(response) -> tuple[str | None, str | None]:
     """(reasoning text, output text) of a response's items."""
     reasoning = [c.text for o in response.output if o.type == "reasoning" for c in o.content or []]
@@ -62,7 +66,9 @@ def test_text_answer_equals_the_chat_endpoint(client: openai.OpenAI) -> None:
     assert [o.type for o in r.output] == ["reasoning", "message"]
     assert _texts(r) == (message.model_extra["reasoning_content"], message.content)
     assert r.usage.input_tokens == chat.usage.prompt_tokens and r.usage.output_tokens == chat.usage.completion_tokens
-    assert 0 < r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
+    # The sampled tokens before </think>: the rest are </think>, the answer and the end of turn.
+    answer = httpx.post(server_url(client) + "/tokenize", json={"model": "flint", "prompt": message.content}).json()
+    assert r.usage.output_tokens_details.reasoning_tokens == r.usage.output_tokens - 2 - answer["count"]
     assert r.instructions == "Be brief." and r.store is False
 
 
@@ -207,6 +213,7 @@ def test_reasoning_off_and_incomplete(client: openai.OpenAI) -> None:
     cut = client.responses.create(model="flint", input="What is 7 + 8?", max_output_tokens=3, temperature=0)
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
     assert cut.usage.output_tokens == 3 and [(o.type, o.status) for o in cut.output] == [("reasoning", "incomplete")]
+    assert cut.usage.output_tokens_details.reasoning_tokens == 3  # every sampled token was thinking
 
 
 @pytest.mark.parametrize("limit", [3, 20, 21])

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..parsers.reasoning import THINK_END
 from .backend import GenerationBackend
 from .chat import ChatHandler, PreparedChat, chat_request_of, parsed_deltas
 from .choices import ChoiceEvent, collect, totals
@@ -115,8 +116,13 @@ class ResponsesHandler:
     def events(self, prep: PreparedResponse) -> AsyncIterator[ChoiceEvent]:
         return self.chat.events(prep.chat)
 
+    def _thinking_tokens(self, prep: PreparedResponse) -> _ThinkingTokens:
+        tok = self.backend.tokenizer
+        return _ThinkingTokens(prep.chat.thinking, tok.token_to_id(THINK_END) if tok is not None else None)
+
     async def complete(self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent]) -> dict[str, Any]:
-        [done] = await collect(events, 1)
+        thinking = self._thinking_tokens(prep)
+        [done] = await collect(thinking.count(events), 1)
         parsed = prep.chat.parser().parse(done.text)
         status = "incomplete" if done.final.finish_reason == "length" else "completed"
         output = []
@@ -129,14 +135,7 @@ class ResponsesHandler:
         if status == "incomplete" and output and output[-1]["type"] != "function_call":
             output[-1]["status"] = "incomplete"  # the item the limit cut, as the stream closes it
         completion, cached = totals([done])
-        reasoning_tokens = self._reasoning_tokens(parsed.reasoning)
-        return prep.envelope(status, output, _usage(prep, completion, cached, reasoning_tokens))
-
-    def _reasoning_tokens(self, reasoning: str | None) -> int:
-        """The thinking's length in tokens, by encoding its text again (the choice events carry text, not ids; the
-        count can differ from the sampled tokens by the odd merge)."""
-        tok = self.backend.tokenizer
-        return len(tok.encode(reasoning)) if reasoning and tok is not None else 0
+        return prep.envelope(status, output, _usage(prep, completion, cached, thinking.tokens))
 
     async def stream(
         self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent], include_usage: bool, continuous: bool
@@ -148,7 +147,8 @@ class ResponsesHandler:
         yield emitter.event("response.in_progress", response=prep.envelope("in_progress", [], None))
         completion, cached, finish = 0, 0, None
         try:
-            async for ev, deltas in parsed_deltas(prep.chat, events):
+            thinking = self._thinking_tokens(prep)
+            async for ev, deltas in parsed_deltas(prep.chat, thinking.count(events)):
                 completion, cached = ev.completion_tokens, max(cached, ev.cached_tokens)
                 finish = ev.finish_reason if ev.finished else finish
                 for d in deltas:
@@ -157,7 +157,7 @@ class ResponsesHandler:
             status = "incomplete" if finish == "length" else "completed"
             for line in emitter.close_item(status):
                 yield line
-            usage = _usage(prep, completion, cached, self._reasoning_tokens(emitter.reasoning_text()))
+            usage = _usage(prep, completion, cached, thinking.tokens)
             final = prep.envelope(status, emitter.output, usage)
             yield emitter.event(f"response.{status}", response=final)
         except Exception as exc:  # after the 200 went out, an error travels as events
@@ -167,6 +167,25 @@ class ResponsesHandler:
             failed = prep.envelope("failed", emitter.output, None)
             failed["error"] = {"code": body.get("code") or "server_error", "message": api.message}
             yield emitter.event("response.failed", response=failed)
+
+
+class _ThinkingTokens:
+    """Counts a choice's sampled tokens before its `</think>` (all of them if the limit cut the thinking; none with
+    thinking off) from the events' token ids, as the events pass."""
+
+    def __init__(self, thinking: bool, end_id: int | None) -> None:
+        self.open = thinking and end_id is not None
+        self.end_id = end_id
+        self.tokens = 0
+
+    async def count(self, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:
+        async for ev in events:
+            for t in ev.token_ids if self.open else ():
+                if t == self.end_id:
+                    self.open = False
+                    break
+                self.tokens += 1
+            yield ev
 
 
 class _EventStream:
@@ -184,9 +203,6 @@ class _EventStream:
         body = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
         return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-    def reasoning_text(self) -> str:
-        return "".join(part["text"] for item in self.output if item["type"] == "reasoning" for part in item["content"])
 
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.output[-1]["id"], "output_index": len(self.output) - 1}
