@@ -102,13 +102,12 @@ class GateMiddleware:
         start = time.monotonic()
         status = {"code": 0}
 
-        async def reply(response: Response) -> None:
-            if path.startswith("/v1/messages") and response.status_code >= 400:
-                # Anthropic's clients read the gate's refusals in Anthropic's shape too.
-                error = json.loads(bytes(response.body))["error"]
-                kept = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
-                api = APIError(response.status_code, error["message"], headers=kept)
-                response = anthropic_error(api)
+        async def refuse(code: int, message: str, error_code: str, extra: dict[str, str] | None = None) -> None:
+            """The gate's refusal, in the shape the route's clients read (Anthropic's on /v1/messages)."""
+            if path.startswith("/v1/messages"):
+                response = anthropic_error(APIError(code, message, code=error_code, headers=extra))
+            else:
+                response = error_response(code, message, code=error_code, headers=extra)
             response.headers["x-request-id"] = rid
             status["code"] = response.status_code
             await response(scope, receive, send)
@@ -120,35 +119,27 @@ class GateMiddleware:
             token = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "").strip()
             key = self.keys.check(token) if token else None
             if key is None:
-                await reply(
-                    error_response(
-                        401,
-                        "missing or invalid API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
-                        code="invalid_api_key",
-                        headers={"WWW-Authenticate": "Bearer"},
-                    )
+                await refuse(
+                    401,
+                    "missing or invalid API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
+                    "invalid_api_key",
+                    {"WWW-Authenticate": "Bearer"},
                 )
                 log.info("request %s %s %s -> 401", rid, method, path)
                 return
             key_id = hashlib.sha256(key.encode()).hexdigest()[:12]
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > s.max_request_bytes:
-            await reply(
-                error_response(
-                    413, f"request body is larger than {s.max_request_bytes} bytes", code="request_too_large"
-                )
-            )
+            await refuse(413, f"request body is larger than {s.max_request_bytes} bytes", "request_too_large")
             return
         limited = key_id is not None and s.max_concurrent_per_key is not None and method == "POST"
         if limited:
             if self.in_flight.get(key_id, 0) >= s.max_concurrent_per_key:  # type: ignore[arg-type,operator]
-                await reply(
-                    error_response(
-                        429,
-                        f"this API key already has {s.max_concurrent_per_key} requests in flight",
-                        code="concurrency_limit_exceeded",
-                        headers={"Retry-After": "1"},
-                    )
+                await refuse(
+                    429,
+                    f"this API key already has {s.max_concurrent_per_key} requests in flight",
+                    "concurrency_limit_exceeded",
+                    {"Retry-After": "1"},
                 )
                 return
             self.in_flight[key_id] = self.in_flight.get(key_id, 0) + 1  # type: ignore[index]
