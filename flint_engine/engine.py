@@ -15,8 +15,6 @@ from flint_kernels.dispatch import select_kernels
 
 from .config import FlintConfig
 from .engine_config import EngineConfig
-from .json_mode import JsonPrefix
-from .json_schema_prefix import SchemaPrefix, compile_schema
 from .kv_cache import KVCache
 from .kv_cache_manager import KVCacheManager
 from .kv_cache_plan import KVCachePlan, gpu_kv_budget, plan_kv_cache
@@ -24,6 +22,7 @@ from .late_compiles import WATCH as LATE_COMPILES
 from .metrics import EngineMetrics
 from .model import FlintModel
 from .model_runner import ModelRunner
+from .output_constraint import OutputConstraint, output_constraint
 from .prefill_warmup import warm_up_prefill
 from .request import Request
 from .sampler import SampleResult, SamplingRow, draw_tokens, is_plain, sample
@@ -84,13 +83,8 @@ class _TextState:
     stops: StopStringText
     logprobs: bool
     pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
-    json: JsonPrefix | SchemaPrefix | None = None  # JSON mode (or a schema's), once active
+    constraint: OutputConstraint | None = None  # JSON mode, a choice or a pattern, once active
     tool_name: ToolNamePrefix | None = None  # a forced tool call's name, until it is complete
-
-
-def json_prefix(params: SamplingParams) -> JsonPrefix | SchemaPrefix:
-    """The checker JSON mode starts with: any object, or an instance of the request's schema."""
-    return SchemaPrefix(compile_schema(params.json_schema)) if params.json_schema is not None else JsonPrefix()
 
 
 class LLMEngine:
@@ -285,8 +279,9 @@ class LLMEngine:
             if bad is not None:
                 msg = f"allowed_token_ids names token id {bad}, outside the vocabulary of {vocab}"
                 raise EngineRequestError(msg, param="allowed_token_ids")
-        if params.json_mode and self.tokenizer is None:
-            raise EngineRequestError("JSON mode needs a tokenizer", param="response_format")
+        if params.constrained and self.tokenizer is None:
+            msg = "an output constraint (JSON, choice or regex) needs a tokenizer"
+            raise EngineRequestError(msg, param="response_format")
         if params.tool_names is not None and self.tokenizer is None:
             raise EngineRequestError("a forced tool call needs a tokenizer", param="tool_choice")
 
@@ -313,7 +308,9 @@ class LLMEngine:
             detok,
             StopStringText(params.stop, params.include_stop_str_in_output),
             params.logprobs is not None,
-            json=json_prefix(params) if params.json_mode and params.json_after_token is None else None,
+            constraint=output_constraint(params)
+            if params.constrained and params.constraint_after_token is None
+            else None,
             tool_name=ToolNamePrefix(params.tool_names) if params.tool_names is not None else None,
         )
         self.scheduler.add(req)
@@ -399,7 +396,7 @@ class LLMEngine:
             req = ch.request
             if req.is_finished or ch.num_tokens != 1 or req.num_computed_tokens + 1 != req.num_tokens:
                 return None
-            if req.params.json_mode:  # the host may replace the token that ends the reasoning
+            if req.params.constrained:  # the host may replace the token that ends the reasoning
                 return None
             if len(req.output_token_ids) + 1 >= req.params.max_tokens or req.num_tokens + 1 >= self.max_model_len:
                 continue  # ends with `prev`'s token
@@ -466,9 +463,11 @@ class LLMEngine:
                 sorted(set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else req.eos_token_ids))
             )
         state = self.text[req.request_id]
-        allowed = None
-        if state.json is not None:
-            allowed = self._json_constraint(req, state.json)
+        allowed, dead_end = None, None
+        if state.constraint is not None:
+            allowed = self._output_constraint(req, state.constraint)
+            ends = req.params.stop_token_ids or sorted(req.eos_token_ids)
+            dead_end = ends[0] if ends else None
         elif state.tool_name is not None and not state.tool_name.done:
             allowed = self._name_constraint(req, state.tool_name)
         return SamplingRow(
@@ -488,19 +487,21 @@ class LLMEngine:
             prompt_ids=req.prompt_token_ids if req.params.repetition_penalty != 1.0 else (),
             banned_ids=banned,
             logprobs=req.params.logprobs,
+            dead_end=dead_end,
         )
 
-    def _json_constraint(self, req: Request, prefix: JsonPrefix | SchemaPrefix) -> Any:
+    def _output_constraint(self, req: Request, prefix: OutputConstraint) -> Any:
         tok = self.tokenizer
         special = tok.special_token_ids
         stops = set(req.eos_token_ids) | set(req.params.stop_token_ids)
+        can_end, complete = prefix.can_end, prefix.complete  # fixed for this step: read once, not per candidate
 
         def allowed(token: int) -> bool:
-            if prefix.complete:
-                return token in stops  # the object is closed: end the turn
-            if token in special or token in stops:
-                return False
-            return prefix.copy().feed(tok.token_bytes(token))
+            if token in stops:
+                return can_end
+            if complete or token in special:
+                return False  # e.g. the object is closed: only the end of the turn may follow
+            return prefix.accepts(tok.token_bytes(token))
 
         return allowed
 
@@ -514,15 +515,15 @@ class LLMEngine:
     ) -> RequestOutput | None:
         state = self.text[req.request_id]
         ends_turn = token in req.eos_token_ids or token in req.params.stop_token_ids
-        if req.params.json_mode and state.json is None and ends_turn:
-            # JSON mode with thinking: ending the turn inside the reasoning closes the reasoning instead, so the
-            # answer (the JSON object) still follows.
-            token = req.params.json_after_token  # type: ignore[assignment]
+        if req.params.constrained and state.constraint is None and ends_turn:
+            # A constraint after the thinking: ending the turn inside the reasoning closes the reasoning instead, so
+            # the constrained answer still follows.
+            token = req.params.constraint_after_token  # type: ignore[assignment]
         req.output_token_ids.append(token)
-        if state.json is not None and token not in req.eos_token_ids and token not in req.params.stop_token_ids:
-            state.json.feed(self.tokenizer.token_bytes(token))
-        elif req.params.json_mode and state.json is None and token == req.params.json_after_token:
-            state.json = json_prefix(req.params)
+        if state.constraint is not None and not ends_turn:
+            state.constraint.feed(self.tokenizer.token_bytes(token))
+        elif req.params.constrained and state.constraint is None and token == req.params.constraint_after_token:
+            state.constraint = output_constraint(req.params)
         if state.tool_name is not None:
             state.tool_name.feed(self.tokenizer.token_bytes(token))
         if req.first_token_time is None:

@@ -34,8 +34,30 @@ def number_accepts(number: str, b: int) -> bool:
     return False
 
 
+class WholeValueEnd:
+    """`accepts` and `can_end` of a checker that reads one whole value and then lets only the turn's end follow."""
+
+    def copy(self) -> WholeValueEnd:
+        raise NotImplementedError
+
+    def feed(self, data: bytes) -> bool:
+        raise NotImplementedError
+
+    @property
+    def complete(self) -> bool:
+        raise NotImplementedError
+
+    def accepts(self, piece: bytes) -> bool:
+        """Whether the output may go on with these bytes (the state itself is left as it is)."""
+        return self.copy().feed(piece)
+
+    @property
+    def can_end(self) -> bool:
+        return self.complete
+
+
 @dataclass
-class JsonPrefix:
+class JsonPrefix(WholeValueEnd):
     """State of a JSON-object prefix; `feed` returns False (and leaves the state unusable) on invalid input."""
 
     state: int = START

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .json_mode import MAX_WHITESPACE_RUN, WS, number_accepts
+from .json_mode import MAX_WHITESPACE_RUN, WS, WholeValueEnd, number_accepts
 
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 IGNORED = {"title", "description", "default", "examples", "format", "$schema", "$id", "$comment", "strict"}
@@ -204,7 +204,7 @@ class _Array(_Frame):
         self.node, self.count, self.state = node, 0, "first"
 
 
-class SchemaPrefix:
+class SchemaPrefix(WholeValueEnd):
     """State of an instance prefix; `feed` returns False (and leaves the state unusable) on bytes that cannot lead
     to an instance."""
 

@@ -98,8 +98,9 @@ class LLM:
     ) -> list[ChatReply]:
         """Answer one conversation (a list of OpenAI-style messages) or several, each with the next assistant turn.
 
-        `tools` are offered as in the API with tool_choice "auto"; the model's calls come back parsed. With
-        `params.json_mode` and thinking on, the JSON constraint starts after the thinking, as in the API. With
+        `tools` are offered as in the API with tool_choice "auto"; the model's calls come back parsed. With an
+        output constraint (`params.json_mode`, `choice` or `regex`) and thinking on, the constraint starts after the
+        thinking, as in the API. With
         `params.n` > 1 each conversation's n replies come one after another.
         """
         if len(conversations) == 0:
@@ -119,8 +120,8 @@ class LLM:
         # The parsers need the <think>/<tool_call> tags in the text.
         base = replace(base, skip_special_tokens=False)
         plist = [
-            replace(base, json_after_token=tok.token_to_id(THINK_END))
-            if base.json_mode and think and base.json_after_token is None
+            replace(base, constraint_after_token=tok.token_to_id(THINK_END))
+            if base.constrained and think and base.constraint_after_token is None
             else base
             for think in thinking
         ]

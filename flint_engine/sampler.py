@@ -8,6 +8,7 @@ Returned logprobs are those of the raw model distribution (before penalties, tem
 
 from __future__ import annotations
 
+import logging
 import threading
 from array import array
 from collections.abc import Callable
@@ -17,6 +18,8 @@ import torch
 from flint_kernels.sampling import keep_sorted, sample_top_k_ref, uniform_noise
 
 from .staging_buffer import StagingBuffer, to_device
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,6 +42,9 @@ class SamplingRow:
     banned_ids: tuple[int, ...] = ()  # e.g. EOS before min_tokens
     logprobs: int | None = None
     allowed: Callable[[int], bool] | None = None  # a constraint (JSON mode): the best allowed candidate wins
+    # Where the constraint accepts no token at all (a pattern nothing in the vocabulary continues), this token (the
+    # end of the turn) ends the output instead of failing the step; None: fail.
+    dead_end: int | None = None
 
 
 @dataclass
@@ -48,8 +54,11 @@ class SampleResult:
     top_logprobs: list[list[tuple[int, float]]] | None
 
 
-def _best_allowed(scores: torch.Tensor, allowed: Callable[[int], bool], first: int = 64) -> int:
-    """The highest-scoring token the constraint accepts (tokens outside top-k/top-p come last, but still count)."""
+def _best_allowed(
+    scores: torch.Tensor, allowed: Callable[[int], bool], dead_end: int | None = None, first: int = 64
+) -> int:
+    """The highest-scoring token the constraint accepts (tokens outside top-k/top-p come last, but still count);
+    `dead_end` where it accepts none."""
     order = torch.argsort(scores, descending=True)
     head = order[:first].tolist()
     for t in head:
@@ -58,6 +67,9 @@ def _best_allowed(scores: torch.Tensor, allowed: Callable[[int], bool], first: i
     for t in order[first:].tolist():
         if allowed(t):
             return t
+    if dead_end is not None:
+        log.warning("the output constraint accepts no token; ending the output")
+        return dead_end
     raise RuntimeError("the output constraint accepts no token")
 
 
@@ -223,7 +235,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sampl
     token_list = tokens.tolist()
     for i, r in enumerate(rows):
         if r.allowed is not None and not r.allowed(token_list[i]):
-            token_list[i] = _best_allowed(scores[i], r.allowed)
+            token_list[i] = _best_allowed(scores[i], r.allowed, r.dead_end)
     if raw_logprobs is None:
         return SampleResult(token_list, None, None)
     chosen = raw_logprobs[torch.arange(n, device=dev), tokens].tolist()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .json_schema_prefix import SchemaError, compile_schema
+from .regex_prefix import RegexError, compile_pattern
 from .tool_name_prefix import callable_name
 
 MAX_SEED = 2**63 - 1
@@ -42,8 +43,11 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; 0: the sampled token only; k: plus the top k
     skip_special_tokens: bool = False
     json_mode: bool = False  # constrain the output to one JSON object (response_format json_object)
-    json_after_token: int | None = None  # the constraint starts after this token (e.g. </think>); None: at once
     json_schema: dict[str, Any] | None = None  # with json_mode: the object must be an instance of this JSON Schema
+    choice: tuple[str, ...] | None = None  # the output is exactly one of these strings (vLLM's guided_choice)
+    regex: str | None = None  # the whole output matches this regular expression (vLLM's guided_regex)
+    # The constraint (JSON, choice or regex) starts after this token (e.g. </think>); None: at once.
+    constraint_after_token: int | None = None
     # The output opens with one of these names, then whitespace or "<" (a forced tool call's name; see tool_name_prefix)
     tool_names: tuple[str, ...] | None = None
 
@@ -98,8 +102,26 @@ class SamplingParams:
                 compile_schema(self.json_schema)
             except SchemaError as exc:
                 raise SamplingParamsError("json_schema", f"cannot be enforced: {exc}") from None
-        if self.tool_names is not None and self.json_mode:
-            raise SamplingParamsError("tool_names", "cannot be combined with JSON mode")
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not all(isinstance(c, str) and c for c in self.choice):
+                raise SamplingParamsError("choice", "must be a list of non-empty strings")
+            if not self.choice:
+                raise SamplingParamsError("choice", "must not be empty")
+            self.choice = tuple(self.choice)
+        if self.regex is not None:
+            if not isinstance(self.regex, str):
+                raise SamplingParamsError("regex", f"must be a string, got {type(self.regex).__name__}")
+            try:
+                compile_pattern(self.regex)
+            except RegexError as exc:
+                raise SamplingParamsError("regex", str(exc)) from None
+        kinds = [k for k, on in (("json_mode", self.json_mode), ("choice", self.choice), ("regex", self.regex)) if on]
+        if len(kinds) > 1:
+            raise SamplingParamsError(kinds[1], f"cannot be combined with {kinds[0]}: give one output constraint")
+        if self.tool_names is not None and self.constrained:
+            raise SamplingParamsError("tool_names", f"cannot be combined with {kinds[0]}")
+        if self.constraint_after_token is not None and not self.constrained:
+            raise SamplingParamsError("constraint_after_token", "needs json_mode, choice or regex")
 
     def with_defaults(self, defaults: dict[str, Any]) -> SamplingParams:
         """Fill unset temperature/top_p/top_k/min_p from the checkpoint's generation config."""
@@ -109,6 +131,11 @@ class SamplingParams:
             if getattr(self, k) is None and k in defaults
         }
         return dataclasses.replace(self, **fill) if fill else self
+
+    @property
+    def constrained(self) -> bool:
+        """The output is held to JSON, a choice or a pattern."""
+        return self.json_mode or self.choice is not None or self.regex is not None
 
     @property
     def greedy(self) -> bool:

@@ -64,6 +64,19 @@ def test_thinking_off_and_json_mode(llm: LLM) -> None:
         assert json.loads(js.content)["color"] in ("red", "green")
 
 
+def test_choice_and_regex_after_the_thinking(llm: LLM) -> None:
+    """The demo model thinks as usual, then answers under the constraint; raw generation is held from the first
+    token."""
+    question = [{"role": "user", "content": "What is 3 + 4?"}]
+    [pick] = llm.chat(question, SamplingParams(temperature=0, max_tokens=200, choice=("seven", "7", "eight")))
+    assert pick.finish_reason == "stop" and pick.reasoning and pick.content in ("seven", "7", "eight"), pick
+    [number] = llm.chat(question, SamplingParams(temperature=0, max_tokens=200, regex=r"[0-9]+ exactly"))
+    assert number.finish_reason == "stop" and number.reasoning and number.content.endswith(" exactly"), number
+    assert number.content.split()[0].isdigit()
+    [raw] = llm.generate("3 + 4 =", SamplingParams(temperature=0, max_tokens=20, choice=("yes", "no")))
+    assert raw.finish_reason == "stop" and raw.text in ("yes", "no")
+
+
 def test_generate_continues_text_and_ids(llm: LLM) -> None:
     [a, b] = llm.generate(["Hello", llm.tokenizer.encode("Hello")], SamplingParams(temperature=0, max_tokens=6))
     assert a.prompt_token_ids == b.prompt_token_ids and a.token_ids == b.token_ids

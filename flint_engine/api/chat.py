@@ -111,12 +111,11 @@ class ChatHandler:
             force, tool_names = ("<tool_call>", names) if len(names) > 1 else (f"<tool_call>{names[0]}", None)
         elif isinstance(choice, NamedToolChoice):
             force = f"<tool_call>{choice.function.name}"
-        json_mode = req.response_format is not None and req.response_format.type in ("json_object", "json_schema")
-        json_schema = None
-        if json_mode and req.response_format.type == "json_schema":  # type: ignore[union-attr]
-            json_schema = req.response_format.json_schema["schema"]  # type: ignore[union-attr,index]
-        if json_mode and force is not None:
-            raise APIError(400, "response_format JSON cannot be combined with a forced tool_choice", "response_format")
+        json_mode, json_schema = req.json_constraint()
+        constrained = json_mode or req.guided_choice is not None or req.guided_regex is not None
+        if constrained and force is not None:
+            field = "response_format" if json_mode else "guided_choice" if req.guided_choice else "guided_regex"
+            raise APIError(400, "an output constraint cannot be combined with a forced tool_choice", field)
         kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
         if req.reasoning_effort is not None and "enable_thinking" not in kwargs:
             kwargs["enable_thinking"] = req.reasoning_effort != "none"
@@ -149,8 +148,10 @@ class ChatHandler:
             skip_special_tokens=False,  # the parsers need the <think>/<tool_call> tags in the text
             json_mode=json_mode,
             json_schema=json_schema,
-            # With thinking on, the model reasons freely and the JSON constraint starts after </think>.
-            json_after_token=backend.tokenizer.token_to_id(THINK_END) if json_mode and thinking else None,
+            choice=tuple(req.guided_choice) if req.guided_choice is not None else None,
+            regex=req.guided_regex,
+            # With thinking on, the model reasons freely and the constraint starts after </think>.
+            constraint_after_token=backend.tokenizer.token_to_id(THINK_END) if constrained and thinking else None,
         )
         plans = []
         for i in range(req.n):

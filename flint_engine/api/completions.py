@@ -58,6 +58,7 @@ class CompletionHandler:
             if not ids:
                 raise APIError(400, "the prompt is empty", "prompt")
             prompts.append(ids)
+        json_mode, json_schema = req.json_constraint()
         plans = []
         for ids in prompts:
             max_tokens = resolve_max_tokens(
@@ -86,6 +87,10 @@ class CompletionHandler:
                             min_tokens=min(req.min_tokens, max_tokens),
                             logprobs=req.logprobs,
                             skip_special_tokens=req.skip_special_tokens,
+                            json_mode=json_mode,
+                            json_schema=json_schema,
+                            choice=tuple(req.guided_choice) if req.guided_choice is not None else None,
+                            regex=req.guided_regex,
                         ),
                         thinking=False,
                     )

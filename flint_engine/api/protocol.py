@@ -7,12 +7,26 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from ..json_schema_prefix import SchemaError, compile_schema
+from ..regex_prefix import RegexError, compile_pattern
 from ..tool_name_prefix import callable_name
 
 MAX_LOGIT_BIAS = 300  # as OpenAI's API
+# guided_choice: enough for a label set or an enum; each choice is a prefix check per candidate token (bisected).
+MAX_CHOICES = 1024
+MAX_CHOICE_BYTES = 65536  # all choices together, UTF-8
+STRUCTURED_OUTPUTS = ("json", "json_object", "choice", "regex")  # vLLM's structured_outputs keys honoured here
 
 
 def _id(prefix: str) -> str:
@@ -144,6 +158,21 @@ class ResponseFormat(Lenient):
 
 
 # ------------------------------------------------------------------------------------------------ requests
+def _checked_choices(choice: Any) -> list[str]:
+    """guided_choice as a list of non-empty strings within the limits (ValueError naming the problem)."""
+    if not isinstance(choice, list) or not choice:
+        raise ValueError("guided_choice must be a non-empty list of strings")
+    for i, c in enumerate(choice):
+        if not isinstance(c, str) or not c:
+            raise ValueError(f"guided_choice[{i}] must be a non-empty string, got {c!r}")
+    if len(choice) > MAX_CHOICES:
+        raise ValueError(f"guided_choice holds at most {MAX_CHOICES} strings, got {len(choice)}")
+    size = sum(len(c.encode()) for c in choice)
+    if size > MAX_CHOICE_BYTES:
+        raise ValueError(f"guided_choice is {size} bytes; at most {MAX_CHOICE_BYTES} are allowed")
+    return choice
+
+
 class SamplingFields(Lenient):
     """Fields shared by chat and text completions."""
 
@@ -174,17 +203,21 @@ class SamplingFields(Lenient):
     bad_words: Any = None
     truncate_prompt_tokens: Any = None
     use_beam_search: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
     guided_grammar: Any = None
+    # Output constraints: vLLM's guided_* fields and structured_outputs (its newer spelling of them), and
+    # response_format (OpenAI's, on chat; vLLM reads it on text completions too). At most one is given; a JSON one
+    # is read into response_format, so the handlers look at response_format, guided_choice and guided_regex only.
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_choice: list[str] | None = None
+    guided_regex: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     @field_validator(
         "prompt_logprobs",
         "bad_words",
         "truncate_prompt_tokens",
         "use_beam_search",
-        "guided_regex",
-        "guided_choice",
         "guided_grammar",
     )
     @classmethod
@@ -213,6 +246,68 @@ class SamplingFields(Lenient):
             raise ValueError("stream_options is only allowed when stream is true")
         return self
 
+    @model_validator(mode="after")
+    def _output_constraint(self) -> SamplingFields:
+        spec = self.structured_outputs or {}
+        other = sorted(k for k, v in spec.items() if k not in STRUCTURED_OUTPUTS and v is not None and v is not False)
+        if other:
+            raise ValueError(
+                f"structured_outputs {', '.join(other)} is not supported (json, json_object, choice and regex are)"
+            )
+        schema = self.guided_json if self.guided_json is not None else spec.get("json")
+        wants_object = bool(spec.get("json_object"))
+        choice = self.guided_choice if self.guided_choice is not None else spec.get("choice")
+        pattern = self.guided_regex if self.guided_regex is not None else spec.get("regex")
+        given = [
+            name
+            for name, on in (
+                ("response_format", self.response_format is not None and self.response_format.type != "text"),
+                ("a JSON constraint", schema is not None or wants_object),
+                ("a choice", choice is not None),
+                ("a regex", pattern is not None),
+            )
+            if on
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give one output constraint, got {' and '.join(given)}")
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError:
+                raise ValueError("guided_json must be a JSON Schema (an object, or its JSON text)") from None
+        if schema is not None and not isinstance(schema, dict):
+            raise ValueError("guided_json must be a JSON Schema (an object, or its JSON text)")
+        if schema is not None:
+            self.response_format = ResponseFormat(type="json_schema", json_schema={"name": "guided", "schema": schema})
+        elif wants_object:
+            self.response_format = ResponseFormat(type="json_object")
+        if self.response_format is not None and self.response_format.type == "json_schema":
+            fmt = self.response_format.json_schema or {}
+            if not isinstance(fmt.get("schema"), dict):
+                raise ValueError("response_format 'json_schema' needs json_schema.schema (a JSON Schema object)")
+            try:
+                compile_schema(fmt["schema"])
+            except SchemaError as exc:
+                raise ValueError(f"response_format json_schema cannot be enforced: {exc}") from None
+        if choice is not None:
+            self.guided_choice = _checked_choices(choice)
+        if pattern is not None:
+            if not isinstance(pattern, str):
+                raise ValueError("guided_regex must be a string (a regular expression)")
+            try:
+                compile_pattern(pattern)
+            except RegexError as exc:
+                raise ValueError(f"guided_regex: {exc}") from None
+            self.guided_regex = pattern
+        return self
+
+    def json_constraint(self) -> tuple[bool, dict[str, Any] | None]:
+        """(JSON mode on, its schema or None) from response_format."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return False, None
+        return True, (fmt.json_schema or {}).get("schema") if fmt.type == "json_schema" else None
+
     def token_biases(self) -> dict[int, float] | None:
         """logit_bias with integer token ids (None when empty)."""
         return {int(k): float(b) for k, b in self.logit_bias.items()} if self.logit_bias else None
@@ -232,7 +327,6 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: ResponseFormat | None = None
     reasoning_effort: str | None = None
     add_generation_prompt: bool = True
     modalities: list[str] | None = None
@@ -267,36 +361,6 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {v!r}")
         return v
 
-    # vLLM's spellings of a JSON constraint, read as response_format (its regex, choice and grammar are refused).
-    guided_json: dict[str, Any] | str | None = None
-    structured_outputs: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _vllm_json_constraints(self) -> ChatCompletionRequest:
-        spec = self.structured_outputs
-        if spec is not None:
-            other = sorted(k for k, v in spec.items() if k not in ("json", "json_object") and v is not None)
-            if other:
-                raise ValueError(f"structured_outputs {', '.join(other)} is not supported (json and json_object are)")
-        schema = self.guided_json if self.guided_json is not None else (spec or {}).get("json")
-        wants_object = bool((spec or {}).get("json_object"))
-        if schema is None and not wants_object:
-            return self
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError("give one of response_format, guided_json and structured_outputs")
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError:
-                raise ValueError("guided_json must be a JSON Schema (an object, or its JSON text)") from None
-        if schema is None:
-            self.response_format = ResponseFormat(type="json_object")
-        elif isinstance(schema, dict):
-            self.response_format = ResponseFormat(type="json_schema", json_schema={"name": "guided", "schema": schema})
-        else:
-            raise ValueError("guided_json must be a JSON Schema (an object, or its JSON text)")
-        return self
-
     @model_validator(mode="after")
     def _chat_checks(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
@@ -309,14 +373,6 @@ class ChatCompletionRequest(SamplingFields):
                 raise ValueError(f"tool_choice names '{self.tool_choice.function.name}', which is not in tools")
         if self.tool_choice == "required" and not self.tools:
             raise ValueError("tool_choice 'required' needs tools")
-        if self.response_format is not None and self.response_format.type == "json_schema":
-            spec = self.response_format.json_schema or {}
-            if not isinstance(spec.get("schema"), dict):
-                raise ValueError("response_format 'json_schema' needs json_schema.schema (a JSON Schema object)")
-            try:
-                compile_schema(spec["schema"])
-            except SchemaError as exc:
-                raise ValueError(f"response_format json_schema cannot be enforced: {exc}") from None
         return self
 
     def requested_max_tokens(self) -> int | None:
@@ -325,16 +381,6 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    guided_json: Any = None  # JSON constraints are a chat feature here
-    structured_outputs: Any = None
-
-    @field_validator("guided_json", "structured_outputs")
-    @classmethod
-    def _chat_only(cls, v: Any, info: ValidationInfo) -> Any:
-        if v is not None:
-            raise ValueError(f"{info.field_name} is supported on /v1/chat/completions only")
-        return v
-
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0)
     suffix: str | None = None
@@ -419,6 +465,14 @@ class AssistantMessage(Strict):
     reasoning_content: str | None = None
     reasoning: str | None = None
     tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _content_always(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The chat response leaves out None fields, but OpenAI's message always has content (null beside tool calls
+        # or when the limit cut the thinking), and typed clients read a missing key as another thing than null.
+        out = handler(self)
+        out.setdefault("content", None)
+        return out
 
 
 class ChatChoice(Strict):

@@ -1,0 +1,124 @@
+"""vLLM's choice and regex constraints through the HTTP API (`guided_choice`, `guided_regex`, `structured_outputs`),
+on chat (after the thinking) and text completions (from the first token), streamed and not; and an engine step
+that holds a request whose pattern nothing continues, beside one that has no constraint."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import regex
+from api_fixtures import tiny_checkpoint, tiny_engine, tiny_server
+
+from flint_engine.sampling_params import SamplingParams
+
+MSG = [{"role": "user", "content": "Is the sky blue?"}]
+CHOICES = ["yes", "no", "maybe not"]
+PATTERN = r"[0-9]{3}-[a-z]{2}"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    s = tiny_server(tmp_path_factory.mktemp("guided"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+
+
+def post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json={"model": "flint", **body}, timeout=120)
+
+
+def chat_answers(server, extra: dict, thinking: bool, seeds: range = range(4)) -> list[tuple[str, str]]:
+    out = []
+    for seed in seeds:
+        body = {"messages": MSG, "max_tokens": 120, "seed": seed, "top_k": 5, **extra}
+        body["chat_template_kwargs"] = {"enable_thinking": thinking}
+        r = post(server, "/v1/chat/completions", body)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        out.append((choice["message"].get("content") or "", choice["finish_reason"]))
+    return out
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("spelling", ["guided_choice", "structured_outputs"])
+def test_chat_answers_one_of_the_choices(server, spelling: str, thinking: bool) -> None:
+    extra = {"guided_choice": CHOICES} if spelling == "guided_choice" else {"structured_outputs": {"choice": CHOICES}}
+    answers = chat_answers(server, extra, thinking)
+    for content, finish in answers:
+        if finish == "stop":
+            assert content in CHOICES
+        else:  # out of tokens (in the thinking, or inside "maybe not"): a prefix of a choice
+            assert finish == "length" and any(c.startswith(content) for c in CHOICES)
+    assert sum(finish == "stop" for _, finish in answers) >= 2, answers
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_chat_answer_matches_the_pattern(server, thinking: bool) -> None:
+    for extra in ({"guided_regex": PATTERN}, {"structured_outputs": {"regex": PATTERN}}):
+        answers = chat_answers(server, extra, thinking)
+        for content, finish in answers:
+            if finish == "stop":
+                assert regex.fullmatch(PATTERN, content), content
+            else:
+                assert finish == "length" and regex.fullmatch(PATTERN, content, partial=True), content
+        assert sum(finish == "stop" for _, finish in answers) >= 2, answers
+
+
+def test_streamed_choices_equal_the_whole_answer(client) -> None:
+    kw = dict(model="flint", messages=MSG, max_tokens=120, seed=7, n=2)
+    extra = {"guided_choice": CHOICES, "top_k": 5, "chat_template_kwargs": {"enable_thinking": False}}
+    whole = client.chat.completions.create(**kw, extra_body=extra)
+    parts: dict[int, str] = {}
+    for chunk in client.chat.completions.create(**kw, extra_body=extra, stream=True):
+        for c in chunk.choices:
+            parts[c.index] = parts.get(c.index, "") + (c.delta.content or "")
+    assert [parts[i] for i in range(2)] == [c.message.content for c in whole.choices]
+    assert all(c.message.content in CHOICES and c.finish_reason == "stop" for c in whole.choices)
+
+
+def test_completions_hold_the_constraint_from_the_first_token(server) -> None:
+    for extra, ok in (
+        ({"guided_choice": ["Paris", "London"]}, lambda t: t in ("Paris", "London")),
+        ({"guided_regex": PATTERN}, lambda t: regex.fullmatch(PATTERN, t)),
+        ({"structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": "integer"}}}}}, None),
+    ):
+        r = post(server, "/v1/completions", {"prompt": "The capital", "max_tokens": 60, "seed": 3, "n": 2, **extra})
+        assert r.status_code == 200, r.text
+        for choice in r.json()["choices"]:
+            if ok is None:  # the JSON schema: an object with an integer "a" at most, or a prefix of one
+                assert choice["text"].lstrip().startswith("{")
+                if choice["finish_reason"] == "stop":
+                    assert set(json.loads(choice["text"])) <= {"a"}
+            else:
+                assert choice["finish_reason"] == "stop" and ok(choice["text"]), choice
+
+
+def test_constraints_refused_with_a_forced_tool_call(server) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for extra, param in (({"guided_choice": ["a"]}, "guided_choice"), ({"guided_regex": "a+"}, "guided_regex")):
+        body = {"messages": MSG, "tools": tools, "tool_choice": "required", **extra}
+        r = post(server, "/v1/chat/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "forced tool_choice" in r.json()["error"]["message"]
+
+
+def test_a_pattern_nothing_continues_ends_its_output_not_the_step(tmp_path) -> None:
+    """`ab\\bc` can never match past "ab" (no word boundary between two letters): the sampler finds no token, and
+    that request ends there ("stop") while the unconstrained one in the same steps runs to its length."""
+    engine = tiny_engine(tiny_checkpoint(tmp_path))
+    tok = engine.tokenizer
+    stuck, free = engine.generate(
+        [tok.encode("Hello"), tok.encode("Hello")],
+        [SamplingParams(max_tokens=12, seed=1, regex=r"ab\bc"), SamplingParams(max_tokens=12, seed=1)],
+    )
+    assert stuck.finish_reason == "stop" and tok.decode(stuck.output_token_ids[:-1]) == "ab"
+    assert stuck.output_token_ids[-1] in engine.eos_token_ids
+    assert free.finish_reason == "length" and len(free.output_token_ids) == 12
