@@ -84,6 +84,7 @@ class _TextState:
     logprobs: bool
     pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     constraint: OutputConstraint | None = None  # JSON mode, a choice or a pattern, once active
+    reasoning: bool = False  # the output is inside its reasoning (before params.reasoning_end_token)
     tool_name: ToolNamePrefix | None = None  # a forced tool call's name, until it is complete
 
 
@@ -279,6 +280,9 @@ class LLMEngine:
             if bad is not None:
                 msg = f"allowed_token_ids names token id {bad}, outside the vocabulary of {vocab}"
                 raise EngineRequestError(msg, param="allowed_token_ids")
+        if params.reasoning_end_token is not None and params.reasoning_end_token >= vocab:
+            msg = f"reasoning_end_token {params.reasoning_end_token} is outside the vocabulary of {vocab}"
+            raise EngineRequestError(msg, param="reasoning_end_token")
         if params.constrained and self.tokenizer is None:
             msg = "an output constraint (JSON, choice or regex) needs a tokenizer"
             raise EngineRequestError(msg, param="response_format")
@@ -308,10 +312,9 @@ class LLMEngine:
             detok,
             StopStringText(params.stop, params.include_stop_str_in_output),
             params.logprobs is not None,
-            constraint=output_constraint(params)
-            if params.constrained and params.constraint_after_token is None
-            else None,
+            constraint=output_constraint(params) if params.constrained and params.reasoning_end_token is None else None,
             tool_name=ToolNamePrefix(params.tool_names) if params.tool_names is not None else None,
+            reasoning=params.reasoning_end_token is not None,
         )
         self.scheduler.add(req)
         with self.metrics.lock:
@@ -463,6 +466,10 @@ class LLMEngine:
                 sorted(set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else req.eos_token_ids))
             )
         state = self.text[req.request_id]
+        allowed_ids = req.params.allowed_token_ids
+        budget = req.params.thinking_token_budget
+        if state.reasoning and budget is not None and len(req.output_token_ids) + ahead >= budget:
+            allowed_ids = (req.params.reasoning_end_token,)  # the thinking budget is spent: close the reasoning
         allowed, dead_end = None, None
         if state.constraint is not None:
             allowed = self._output_constraint(req, state.constraint)
@@ -482,7 +489,7 @@ class LLMEngine:
             frequency_penalty=req.params.frequency_penalty,
             repetition_penalty=req.params.repetition_penalty,
             logit_bias=req.params.logit_bias,
-            allowed_ids=req.params.allowed_token_ids,
+            allowed_ids=allowed_ids,
             output_ids=req.output_token_ids,
             prompt_ids=req.prompt_token_ids if req.params.repetition_penalty != 1.0 else (),
             banned_ids=banned,
@@ -518,12 +525,14 @@ class LLMEngine:
         if req.params.constrained and state.constraint is None and ends_turn:
             # A constraint after the thinking: ending the turn inside the reasoning closes the reasoning instead, so
             # the constrained answer still follows.
-            token = req.params.constraint_after_token  # type: ignore[assignment]
+            token = req.params.reasoning_end_token  # type: ignore[assignment]
         req.output_token_ids.append(token)
         if state.constraint is not None and not ends_turn:
             state.constraint.feed(self.tokenizer.token_bytes(token))
-        elif req.params.constrained and state.constraint is None and token == req.params.constraint_after_token:
+        elif req.params.constrained and state.constraint is None and token == req.params.reasoning_end_token:
             state.constraint = output_constraint(req.params)
+        if state.reasoning and token == req.params.reasoning_end_token:
+            state.reasoning = False
         if state.tool_name is not None:
             state.tool_name.feed(self.tokenizer.token_bytes(token))
         if req.first_token_time is None:

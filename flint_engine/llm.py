@@ -120,8 +120,8 @@ class LLM:
         # The parsers need the <think>/<tool_call> tags in the text.
         base = replace(base, skip_special_tokens=False)
         plist = [
-            replace(base, constraint_after_token=tok.token_to_id(THINK_END))
-            if base.constrained and think and base.constraint_after_token is None
+            replace(base, reasoning_end_token=tok.token_to_id(THINK_END))
+            if think and base.reasoning_end_token is None
             else base
             for think in thinking
         ]

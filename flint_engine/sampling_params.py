@@ -46,8 +46,14 @@ class SamplingParams:
     json_schema: dict[str, Any] | None = None  # with json_mode: the object must be an instance of this JSON Schema
     choice: tuple[str, ...] | None = None  # the output is exactly one of these strings (vLLM's guided_choice)
     regex: str | None = None  # the whole output matches this regular expression (vLLM's guided_regex)
-    # The constraint (JSON, choice or regex) starts after this token (e.g. </think>); None: at once.
-    constraint_after_token: int | None = None
+    # The token that closes the reasoning the output opens in (</think> where the prompt ends in <think>); None: the
+    # output opens outside any reasoning. An output constraint starts after it, and thinking_token_budget counts the
+    # tokens before it.
+    reasoning_end_token: int | None = None
+    # At most this many tokens of reasoning: then reasoning_end_token is forced (vLLM's thinking_token_budget,
+    # Anthropic's thinking.budget_tokens); no effect on an output without reasoning (LLM.chat and the API set
+    # reasoning_end_token when the thinking is on). The reasoning still counts toward max_tokens.
+    thinking_token_budget: int | None = None
     # The output opens with one of these names, then whitespace or "<" (a forced tool call's name; see tool_name_prefix)
     tool_names: tuple[str, ...] | None = None
 
@@ -120,8 +126,13 @@ class SamplingParams:
             raise SamplingParamsError(kinds[1], f"cannot be combined with {kinds[0]}: give one output constraint")
         if self.tool_names is not None and self.constrained:
             raise SamplingParamsError("tool_names", f"cannot be combined with {kinds[0]}")
-        if self.constraint_after_token is not None and not self.constrained:
-            raise SamplingParamsError("constraint_after_token", "needs json_mode, choice or regex")
+        if self.reasoning_end_token is not None and (
+            not isinstance(self.reasoning_end_token, int) or self.reasoning_end_token < 0
+        ):
+            raise SamplingParamsError("reasoning_end_token", f"must be a token id, got {self.reasoning_end_token!r}")
+        budget = self.thinking_token_budget
+        if budget is not None and (not isinstance(budget, int) or budget < 0):
+            raise SamplingParamsError("thinking_token_budget", f"must be a non-negative integer, got {budget!r}")
 
     def with_defaults(self, defaults: dict[str, Any]) -> SamplingParams:
         """Fill unset temperature/top_p/top_k/min_p from the checkpoint's generation config."""

@@ -141,7 +141,8 @@ def test_output_constraint_picks_the_requested_kind() -> None:
         ({"regex": 3}, "regex"),
         ({"choice": ("a",), "regex": "a"}, "regex"),
         ({"json_mode": True, "choice": ("a",)}, "choice"),
-        ({"constraint_after_token": 5}, "constraint_after_token"),
+        ({"thinking_token_budget": 2.5}, "thinking_token_budget"),
+        ({"thinking_token_budget": -1, "reasoning_end_token": 7}, "thinking_token_budget"),
         ({"choice": ("a",), "tool_names": ("f",)}, "tool_names"),
     ],
 )

@@ -4,7 +4,8 @@
 `thinking` blocks its reasoning (shown by the template in a tool loop's turns), a user's `tool_result` blocks tool
 messages; `tools` (`name`, `description`, `input_schema`) and `tool_choice` (`auto`, `any`, `tool`, `none`)
 map onto the chat ones, `thinking.type` `disabled` turns the thinking off (absent or `enabled`: the model's default,
-on). What Flint cannot take (images, documents, server tools such as web search, MCP servers) is refused.
+on) and `enabled` with `budget_tokens` caps it (the chat request's `thinking_token_budget`). What Flint cannot take
+(images, documents, server tools such as web search, MCP servers) is refused.
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ class MessagesRequest(Lenient):
             raise ValueError(f"thinking.type must be enabled, disabled or adaptive, got {kind!r}")
         return False if kind == "disabled" else None
 
+    def thinking_budget(self) -> int | None:
+        """`thinking.budget_tokens` of an enabled thinking (Anthropic's minimum of 1,024 is not imposed)."""
+        if (self.thinking or {}).get("type") != "enabled" or "budget_tokens" not in (self.thinking or {}):
+            return None
+        budget = self.thinking["budget_tokens"]  # type: ignore[index]
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise ValueError(f"thinking.budget_tokens must be a non-negative integer, got {budget!r}")
+        return budget
+
     def to_chat(self) -> ChatCompletionRequest:
         """The equivalent chat completion request (ValueError naming the block or field that has no equivalent)."""
         for name in ("mcp_servers", "container"):
@@ -61,6 +71,7 @@ class MessagesRequest(Lenient):
         }
         if self.thinking_on() is False:
             body["chat_template_kwargs"] = {"enable_thinking": False}
+        body["thinking_token_budget"] = self.thinking_budget()
         if self.tools is not None:
             body["tools"] = [_chat_tool(t, i) for i, t in enumerate(self.tools)]
         if self.tool_choice is not None:

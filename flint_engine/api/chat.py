@@ -150,8 +150,10 @@ class ChatHandler:
             json_schema=json_schema,
             choice=tuple(req.guided_choice) if req.guided_choice is not None else None,
             regex=req.guided_regex,
-            # With thinking on, the model reasons freely and the constraint starts after </think>.
-            constraint_after_token=backend.tokenizer.token_to_id(THINK_END) if constrained and thinking else None,
+            # With thinking on, the model reasons freely (within the budget, if any) and the constraint starts after
+            # </think>.
+            reasoning_end_token=backend.tokenizer.token_to_id(THINK_END) if thinking else None,
+            thinking_token_budget=req.thinking_token_budget if thinking else None,
         )
         plans = []
         for i in range(req.n):

@@ -14,14 +14,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..parsers.reasoning import THINK_END
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .errors import APIError
 
 if TYPE_CHECKING:
     from ..engine import RequestOutput
-
-THINK_END = "</think>"
 
 
 @dataclass

@@ -328,6 +328,8 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    # vLLM's: at most this many tokens of thinking, then </think> is forced (ignored with the thinking off).
+    thinking_token_budget: int | None = Field(default=None, ge=0)
     add_generation_prompt: bool = True
     modalities: list[str] | None = None
     # OpenAI fields this server cannot honour: refused (400) rather than ignored, since ignoring them changes what the
