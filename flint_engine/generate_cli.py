@@ -28,6 +28,10 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--seed", type=int)
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    g.add_argument("--thinking-budget", type=int, help="at most this many tokens of thinking, then </think>")
+    constraint = g.add_mutually_exclusive_group()
+    constraint.add_argument("--choice", action="append", help="the answer is one of these (repeat the option)")
+    constraint.add_argument("--regex", help="the whole answer matches this regular expression")
     g.add_argument("--json", action="store_true", help="one JSON object a prompt (reasoning, content, tokens, finish)")
     g.set_defaults(func=cmd_generate)
 
@@ -49,6 +53,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             seed=args.seed,
             skip_special_tokens=args.raw,
+            choice=tuple(args.choice) if args.choice else None,
+            regex=args.regex,
+            thinking_token_budget=args.thinking_budget,
         )
     except SamplingParamsError as exc:
         print(f"error: {exc}", file=sys.stderr)

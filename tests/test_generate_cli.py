@@ -34,3 +34,16 @@ def test_raw_completion_and_limits(capsys: pytest.CaptureFixture[str]) -> None:
     assert "max_tokens" in capsys.readouterr().err
     assert main(["generate", "hi", "--model", "/nonexistent/flint.gguf"]) == 1
     assert "no such file" in capsys.readouterr().err
+
+
+def test_constraints_and_thinking_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["generate", "What is 7 + 8?", "--temperature", "0", "--json"]
+    assert main([*args, "--choice", "fifteen", "--choice", "15"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["content"] in ("fifteen", "15") and record["finish_reason"] == "stop" and record["reasoning"]
+    assert main([*args, "--regex", "[0-9]{2}!"]) == 0
+    assert json.loads(capsys.readouterr().out)["content"] == "15!"
+    assert main([*args, "--thinking-budget", "2"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["reasoning"]) < len("The user asks for 7 + 8.")
+    assert main([*args, "--regex", "(a"]) == 2
+    assert "regex" in capsys.readouterr().err
