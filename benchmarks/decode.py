@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fast_path_accuracy import agreement, greedy, rel_err  # a sibling script: benchmarks/ is on sys.path
+from fast_path_accuracy import (  # a sibling script: benchmarks/ is on sys.path
+    agreement,
+    forced,
+    forced_agreement,
+    greedy,
+    rel_err,
+)
 from flint_kernels import precompile, tuning
 from flint_kernels.dispatch import REFERENCE, select_kernels
 from flint_kernels.fast import fast_kernels, parse_ops
@@ -35,6 +41,9 @@ from flint_engine.model import FlintModel
 from flint_engine.weights import FlintWeights, random_weights
 
 RESULTS = Path(__file__).parent / "results"
+# Top-2 gap (log-probability) of the plain path under which a teacher-forced difference is a near-tie (the random
+# model's free-running divergences came at gaps of 0.016-0.057).
+TIE = 0.1
 
 FAMILIES = (
     ("nvfp4 dequant", ("dequant", "scale_rows")),
@@ -256,12 +265,16 @@ def check_fast_vs_plain(
     fast: FlintModel, plain: FlintModel, cfg: FlintConfig, dev: torch.device, steps: int, batch: int, bs: int
 ) -> dict[str, Any]:
     """Prefill logits of both paths, then each path's engine greedy-decodes `steps` tokens (prefill + decode over
-    the paged cache, as in serving); compare logits and tokens. (fast_path_accuracy.py judges both against FP32.)"""
+    the paged cache, as in serving); compare logits and tokens, free-running and with the fused path fed the plain
+    path's tokens (teacher-forced: every step compared on the same context; a difference where the plain path's top
+    two are within TIE is a near-tie). (fast_path_accuracy.py judges both against FP32.)"""
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (37 + 11 * i,), generator=gen).tolist() for i in range(batch)]
     lf = torch.cat(fast.forward_sequences(prompts, bs))
     lp = torch.cat(plain.forward_sequences(prompts, bs))
-    greedy_cmp = agreement(greedy(fast, prompts, steps), greedy(plain, prompts, steps))
+    plain_tokens = greedy(plain, prompts, steps)
+    greedy_cmp = agreement(greedy(fast, prompts, steps), plain_tokens)
+    forced_cmp = forced_agreement(forced(fast, prompts, plain_tokens), plain_tokens, TIE)
     return {
         "batch": batch,
         "steps": steps,
@@ -270,6 +283,10 @@ def check_fast_vs_plain(
         "greedy_token_agreement": greedy_cmp["agreement"],
         "first_divergence_step": greedy_cmp["first_divergence"],
         "top2_gap_at_divergences": greedy_cmp["gap_at_divergences"],
+        "forced_token_agreement": forced_cmp["agreement"],
+        "forced_differ_beyond_tie": forced_cmp["differ_beyond_tie"],
+        "forced_widest_gap_at_difference": forced_cmp["widest_gap_at_difference"],
+        "tie": TIE,
     }
 
 
@@ -567,7 +584,9 @@ def main() -> None:
     for c in rep.data["checks"]:
         print(
             f"check {c['format']} b{c['batch']}: logits rel {c['prefill_logits_rel_err']:.2e},"
-            f" greedy agreement {c['greedy_token_agreement']:.3f} (first divergence {c['first_divergence_step']})"
+            f" greedy agreement {c['greedy_token_agreement']:.3f} (first divergence {c['first_divergence_step']});"
+            f" teacher-forced {c['forced_token_agreement']:.3f}, {c['forced_differ_beyond_tie']} differences beyond a"
+            f" {c['tie']} top-2 gap (widest {c['forced_widest_gap_at_difference']})"
         )
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
 

@@ -7,7 +7,10 @@
 Both BF16 paths round differently from each other, so on a random Flint (whose logits are near-ties) their greedy
 tokens part after a few steps whichever is right. The yardstick here is the model evaluated in FP32 on the same
 BF16/NVFP4 weights (`as_float32`): for prefill logits and for greedy decoding through the engine, the fused path
-must be as close to it as the plain path is. Per-op rows swap one fused op into the plain path, to point at an op
+must be as close to it as the plain path is. Teacher-forced rows feed each path FP32's greedy tokens and compare
+its own greedy choice at every step on the same context: a free-running comparison stops meaning anything after
+the first flipped near-tie, a forced one covers all `--steps` steps, and a path is right where it differs from FP32
+only at near-ties (`--tie`). Per-op rows swap one fused op into the plain path, to point at an op
 that adds more error than rounding. A last check decodes the trained demo model (confident logits) with both
 paths, where greedy tokens must agree exactly. Prints a table and writes JSON (benchmarks/results/, or --out).
 """
@@ -65,6 +68,52 @@ def greedy(model: FlintModel, prompts: list[list[int]], steps: int, ignore_eos: 
     return decoded(LLMEngine(model, None, ec).generate(prompts, params))
 
 
+def forced(model: FlintModel, prompts: list[list[int]], ref: Decoded) -> Decoded:
+    """Teacher forcing: decode through the engine, but feed `ref`'s tokens at every step; returns this model's own
+    greedy choice at each of `ref`'s positions and its top-2 gap there. Unlike free-running greedy, one flipped near
+    tie does not send the rest of the sequence elsewhere, so every step is compared on the same context."""
+    steps = max(len(t) for t in ref.tokens)
+    ec = EngineConfig(kv_cache_memory=kv_budget(model, len(prompts)), max_num_seqs=len(prompts), cuda_graphs=False)
+    engine = LLMEngine(model, None, ec)
+    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True, logprobs=2)
+    reqs = [engine.add_request(f"forced-{i}", p, params) for i, p in enumerate(prompts)]
+    row = {r.request_id: i for i, r in enumerate(reqs)}
+    own: list[list[int]] = [[] for _ in prompts]
+    append = engine._append_token
+
+    def feed_ref(req: Request, token: int, lp: Any, now: float) -> Any:
+        i = row[req.request_id]
+        own[i].append(token)
+        step = len(req.output_token_ids)
+        return append(req, ref.tokens[i][step] if step < len(ref.tokens[i]) else token, lp, now)
+
+    engine._append_token = feed_ref  # type: ignore[method-assign]
+    while engine.has_unfinished():
+        engine.step()
+    return Decoded(own, decoded(reqs).gaps)
+
+
+def forced_agreement(a: Decoded, ref: Decoded, tie: float) -> dict[str, Any]:
+    """`a` (from `forced` along `ref`) against `ref`'s tokens, position by position: the share that agree, how many
+    differ where `ref`'s top two are further apart than `tie` (a real disagreement, not a flipped near-tie), and
+    the widest `ref` gap at a difference."""
+    diffs = [
+        ref.gaps[s][i]
+        for s, (x, y) in enumerate(zip(a.tokens, ref.tokens))
+        for i, (p, q) in enumerate(zip(x, y))
+        if p != q
+    ]
+    total = sum(len(t) for t in ref.tokens)
+    return {
+        "positions": total,
+        "agreement": 1 - len(diffs) / max(total, 1),
+        "differ": len(diffs),
+        "differ_beyond_tie": sum(g > tie for g in diffs),
+        "tie": tie,
+        "widest_gap_at_difference": round(max(diffs), 4) if diffs else None,
+    }
+
+
 def decoded(reqs: list[Request]) -> Decoded:
     return Decoded(
         [r.output_token_ids for r in reqs], [[top[0][1] - top[1][1] for _, top in r.output_logprobs] for r in reqs]
@@ -117,6 +166,8 @@ def random_model_rows(fmt: str, layers: int, args: argparse.Namespace, dev: torc
         }
         for row in (plain, fused):
             row["greedy_vs_fp32"] = agreement(tokens[row["path"]], tokens["fp32"])
+            model = FlintModel(w, REFERENCE if row["path"] == "plain" else fk)
+            row["forced_vs_fp32"] = forced_agreement(forced(model, prompts, tokens["fp32"]), tokens["fp32"], args.tie)
         fused["greedy_vs_plain"] = agreement(tokens["fused"], tokens["plain"])
     emit(plain)
     emit(fused)
@@ -168,6 +219,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64, help="greedy steps per path (0: logits only)")
     ap.add_argument("--demo-steps", type=int, default=256)
     ap.add_argument("--gain", type=float, default=0.5)
+    ap.add_argument("--tie", type=float, default=0.1, help="top-2 gap under which a forced difference is a near-tie")
     ap.add_argument("--per-op", action="store_true", help="also one fused op at a time in the plain path")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=str(RESULTS / "fast_path_accuracy.json"))
@@ -212,6 +264,8 @@ def main() -> None:
             f" {r['argmax_agreement_vs_fp32']:>7.3f} {g.get('agreement', float('nan')):>7.3f}"
             f" {g.get('first_divergence', '')!s:>5} {g.get('gap_at_divergences', '')!s}"
         )
+        if "forced_vs_fp32" in r:
+            print(f"{'':>42} teacher-forced along FP32's greedy tokens {r['forced_vs_fp32']}")
         if "greedy_vs_plain" in r:
             print(f"{'':>42} fused vs plain greedy {r['greedy_vs_plain']}")
     for r in report["demo"]:
