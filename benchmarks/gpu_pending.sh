@@ -1474,6 +1474,18 @@ if [ "${PREFILL_AB:-0}" = 1 ]; then
         > "$OUT/prefill_ab.txt" 2>&1
     grep -E "^round|median|Error" "$OUT/prefill_ab.txt"
 fi
+# FORCED=1 (fifty-seventh session, built on CPU, not yet run): the fused path against the plain one over 256 greedy
+# steps at 1 and 8 sequences, free-running and teacher-forced (the fused path fed the plain path's tokens, its own
+# choice compared at every step; differences where the plain path's top two lie within decode.py's TIE are
+# near-ties), BF16 (~2 minutes: the plain path's 256 steps at ~150 ms) and, with FORCED_FORMATS="bf16 nvfp4", NVFP4
+# too (its plain path dequantises each use: ~900 ms a step, ~8 minutes more).
+if [ "${FORCED:-0}" = 1 ]; then
+    # shellcheck disable=SC2086  # the formats are a list of words
+    timeout 560 python3 benchmarks/decode.py --formats ${FORCED_FORMATS:-bf16} --batches 1 --contexts 1024 --prefill 0 \
+        --reps 5 --check-steps 256 --check-batches 1 8 --no-plain-timing --profile-batches \
+        --out "$OUT/decode_forced.json" > "$OUT/decode_forced.txt" 2>&1
+    grep -E "^check|Error" "$OUT/decode_forced.txt"
+fi
 # OLD_TREE=DIR (fifty-third session, not yet run): another tree's whole step against this one's, alternating on this
 # machine, ROUNDS (2) of each: DIR holds that commit's kernels, flint_engine, benchmarks and deployments (here:
 # `mkdir -p variants/old && git archive ad14112 kernels flint_engine benchmarks deployments | tar -x -C variants/old`,
