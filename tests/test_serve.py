@@ -78,6 +78,10 @@ def test_chat_and_streaming_through_the_router(cluster: ServeCluster, client: op
     body = {"model": "flint", "max_tokens": 8, "temperature": 0, "messages": MSG}
     anthropic = httpx.post(cluster.base_url + "/v1/messages", json=body, timeout=60).json()
     assert anthropic["type"] == "message" and anthropic["usage"]["output_tokens"] == r.usage.completion_tokens
+    # vLLM's constraints and thinking budget pass through the router to the replica's engine.
+    extra = {"guided_choice": ["yes", "no"], "thinking_token_budget": 2}
+    picked = client.chat.completions.create(model="flint", messages=MSG, max_tokens=40, seed=1, extra_body=extra)
+    assert picked.choices[0].message.content in ("yes", "no"), picked
 
 
 def test_two_replicas_both_take_traffic(cluster: ServeCluster, client: openai.OpenAI) -> None:
