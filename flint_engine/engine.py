@@ -23,6 +23,7 @@ from .metrics import EngineMetrics
 from .model import FlintModel
 from .model_runner import ModelRunner
 from .output_constraint import OutputConstraint, output_constraint
+from .parsers.reasoning import TOOL_CALL_START
 from .prefill_warmup import warm_up_prefill
 from .request import Request
 from .sampler import SampleResult, SamplingRow, draw_tokens, is_plain, sample
@@ -102,6 +103,9 @@ class LLMEngine:
         self.model = model
         self.config: FlintConfig = model.config
         self.tokenizer = tokenizer
+        # A tool call the model opens inside its reasoning ends the reasoning (as the reasoning parser reads it), so
+        # a thinking budget stops counting there rather than forcing </think> into the call.
+        self._tool_call_token = tokenizer.token_to_id(TOOL_CALL_START) if tokenizer is not None else None
         self.engine_config = ec = engine_config
         self.generation_defaults = dict(generation_defaults or {})
         self.max_model_len = min(
@@ -531,7 +535,7 @@ class LLMEngine:
             state.constraint.feed(self.tokenizer.token_bytes(token))
         elif req.params.constrained and state.constraint is None and token == req.params.reasoning_end_token:
             state.constraint = output_constraint(req.params)
-        if state.reasoning and token == req.params.reasoning_end_token:
+        if state.reasoning and token in (req.params.reasoning_end_token, self._tool_call_token):
             state.reasoning = False
         if state.tool_name is not None:
             state.tool_name.feed(self.tokenizer.token_bytes(token))

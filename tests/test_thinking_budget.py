@@ -8,7 +8,7 @@ import pytest
 from api_fixtures import tiny_checkpoint, tiny_engine, tiny_server
 
 from flint_engine import LLM, SamplingParams
-from flint_engine.parsers.reasoning import THINK_END
+from flint_engine.parsers.reasoning import THINK_END, TOOL_CALL_START
 
 QUESTION = [{"role": "user", "content": "What is 12 + 30?"}]
 
@@ -37,6 +37,16 @@ def test_the_engine_forces_the_end_of_the_reasoning_at_the_budget(tmp_path) -> N
     assert zero.output_token_ids[0] == end
     # Only one </think> is forced: after it the output runs free to its length.
     assert capped.output_token_ids.count(end) == 1 and len(capped.output_token_ids) == 24
+    # A tool call opened inside the reasoning ends it (as the reasoning parser reads it): nothing is forced into it.
+    call = engine.tokenizer.token_to_id(TOOL_CALL_START)
+    [calling] = engine.generate(
+        [prompt],
+        SamplingParams(
+            max_tokens=6, temperature=0, ignore_eos=True, reasoning_end_token=end, thinking_token_budget=2,
+            logit_bias={call: 100.0},
+        ),
+    )  # fmt: skip
+    assert calling.output_token_ids[0] == call and end not in calling.output_token_ids
 
 
 def test_the_demo_model_answers_after_a_capped_thinking() -> None:
