@@ -240,3 +240,76 @@ def test_forced_tools_and_the_key_header(server) -> None:
     assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
     chat = httpx.post(server.base_url + "/v1/chat/completions", json={"model": "flint", "messages": ask})
     assert chat.status_code == 401 and chat.json()["error"]["code"] == "invalid_api_key"  # OpenAI's shape there
+
+
+def test_the_anthropic_sdk_reads_messages_streams_tools_and_errors(server) -> None:
+    """Anthropic's own client against this server: a message, a tool loop, a thinking budget, omitted thinking, a
+    JSON output format, the stream helper's accumulated message (built from our events alone) equal to the whole
+    one, token counting and typed errors. (The SDK no longer sends temperature: greedy goes in extra_body.)"""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.base_url, api_key=KEY, max_retries=0)
+    greedy = {"temperature": 0}
+    ask = [{"role": "user", "content": "What is 7 + 8?"}]
+    whole = client.messages.create(model="flint", max_tokens=64, messages=ask, extra_body=greedy)
+    assert whole.type == "message" and whole.stop_reason == "end_turn"
+    assert [b.type for b in whole.content] == ["thinking", "text"] and "15" in whole.content[1].text
+    with client.messages.stream(model="flint", max_tokens=64, messages=ask, extra_body=greedy) as stream:
+        texts = list(stream.text_stream)
+        streamed = stream.get_final_message()
+    assert "".join(texts) == whole.content[1].text
+    assert streamed.model_dump(exclude={"id"}) == whole.model_dump(exclude={"id"})
+
+    weather = [{"role": "user", "content": ASK_WEATHER}]
+    call = client.messages.create(model="flint", max_tokens=96, messages=weather, tools=[WEATHER], extra_body=greedy)
+    [use] = [b for b in call.content if b.type == "tool_use"]
+    assert call.stop_reason == "tool_use" and use.name == "get_weather" and use.input == {"city": "Oslo", "days": 3}
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 21 C"}
+    turns = [*weather, {"role": "assistant", "content": call.content}, {"role": "user", "content": [result]}]
+    after = client.messages.create(model="flint", max_tokens=96, messages=turns, tools=[WEATHER], extra_body=greedy)
+    assert after.stop_reason in ("end_turn", "tool_use", "max_tokens") and after.content
+
+    capped = client.messages.create(
+        model="flint", max_tokens=64, messages=ask, thinking={"type": "enabled", "budget_tokens": 3}, extra_body=greedy
+    )
+    assert whole.content[0].thinking.startswith(capped.content[0].thinking)
+    assert len(capped.content[0].thinking) < len(whole.content[0].thinking)
+    for kind in ("adaptive", "between_tools"):
+        same = client.messages.create(
+            model="flint", max_tokens=64, messages=ask, thinking={"type": kind}, extra_body=greedy
+        )
+        assert same.content == whole.content
+    hidden = {"type": "adaptive", "display": "omitted"}
+    omitted = client.messages.create(model="flint", max_tokens=64, messages=ask, thinking=hidden, extra_body=greedy)
+    assert omitted.content[0].type == "thinking" and omitted.content[0].thinking == ""
+    assert omitted.content[1:] == whole.content[1:]
+    with client.messages.stream(
+        model="flint", max_tokens=64, messages=ask, thinking=hidden, extra_body=greedy
+    ) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None), getattr(b, "text", None)) for b in final.content] == [
+        (b.type, getattr(b, "thinking", None), getattr(b, "text", None)) for b in omitted.content
+    ]
+
+    schema = {"type": "object", "properties": {"even": {"type": "boolean"}}, "required": ["even"]}
+    shaped = client.messages.create(
+        model="flint",
+        max_tokens=200,
+        messages=ask,
+        output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"},
+        extra_body=greedy,
+    )
+    [text] = [b for b in shaped.content if b.type == "text"]
+    assert shaped.stop_reason == "end_turn" and isinstance(json.loads(text.text)["even"], bool)
+
+    counted = client.messages.count_tokens(model="flint", messages=ask)
+    assert counted.input_tokens == whole.usage.input_tokens
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(model="flint", max_tokens=8, messages=[{"role": "robot", "content": "x"}])
+    assert info.value.body["type"] == "error" and "role" in info.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model="flint", max_tokens=8, messages=ask, output_config={"format": {"type": "xml"}})
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.base_url, api_key="wrong", max_retries=0).messages.create(
+            model="flint", max_tokens=8, messages=ask
+        )

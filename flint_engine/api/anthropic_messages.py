@@ -107,7 +107,8 @@ class MessagesHandler:
         parsed = prep.chat.parser().parse(done.text)
         content: list[dict[str, Any]] = []
         if parsed.reasoning:
-            content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
+            thinking = "" if prep.req.thinking_omitted() else parsed.reasoning
+            content.append({"type": "thinking", "thinking": thinking, "signature": ""})
         if parsed.content:
             content.append({"type": "text", "text": parsed.content})
         for call in parsed.tool_calls:
@@ -120,7 +121,7 @@ class MessagesHandler:
         self, prep: PreparedMessages, events: AsyncIterator[ChoiceEvent], include_usage: bool, continuous: bool
     ) -> AsyncIterator[str]:
         """Anthropic's event stream for `events` (primed by the caller); an error after the 200 is an `error` event."""
-        blocks = _BlockStream()
+        blocks = _BlockStream(omit_thinking=prep.req.thinking_omitted())
         start = prep.message([], (None, None), prep.usage(0, 0))
         yield _event("message_start", message=start)
         completion, cached, last = 0, 0, None
@@ -155,7 +156,8 @@ def _event(kind: str, **fields: Any) -> str:
 class _BlockStream:
     """Tracks the content block being written (thinking, text, or one tool_use) and its index."""
 
-    def __init__(self) -> None:
+    def __init__(self, omit_thinking: bool = False) -> None:
+        self.omit_thinking = omit_thinking  # `display: "omitted"`: thinking blocks open and close, with no text
         self.index = -1
         self.open: str | None = None
         self.call_index: int | None = None
@@ -185,8 +187,9 @@ class _BlockStream:
         if reasoning:
             if self.open != "thinking":
                 lines += self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            delta = {"type": "thinking_delta", "thinking": reasoning}
-            lines.append(_event("content_block_delta", index=self.index, delta=delta))
+            if not self.omit_thinking:
+                delta = {"type": "thinking_delta", "thinking": reasoning}
+                lines.append(_event("content_block_delta", index=self.index, delta=delta))
         if content:
             if self.open != "text":
                 lines += self._start("text", {"type": "text", "text": ""})

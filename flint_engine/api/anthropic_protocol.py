@@ -4,8 +4,9 @@
 `thinking` blocks its reasoning (shown by the template in a tool loop's turns), a user's `tool_result` blocks tool
 messages; `tools` (`name`, `description`, `input_schema`) and `tool_choice` (`auto`, `any`, `tool`, `none`)
 map onto the chat ones, `thinking.type` `disabled` turns the thinking off (absent or `enabled`: the model's default,
-on) and `enabled` with `budget_tokens` caps it (the chat request's `thinking_token_budget`). What Flint cannot take
-(images, documents, server tools such as web search, MCP servers) is refused.
+on) and `enabled` with `budget_tokens` caps it (the chat request's `thinking_token_budget`); `display: "omitted"`
+returns the thinking blocks empty; `output_config.format` (a JSON schema) is the chat request's response_format.
+What Flint cannot take (images, documents, server tools such as web search, MCP servers) is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Any
 from pydantic import Field
 
 from .protocol import ChatCompletionRequest, Lenient
+
+# Anthropic's thinking types; None: absent. "adaptive" and "between_tools" run as the model's default (it thinks).
+THINKING_TYPES = (None, "enabled", "disabled", "adaptive", "between_tools")
 
 
 class MessagesRequest(Lenient):
@@ -31,6 +35,7 @@ class MessagesRequest(Lenient):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # `format` (a JSON schema) is honoured; `effort` is accepted
     metadata: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: fixed-length answers for benchmarks
     mcp_servers: Any = None
@@ -38,11 +43,28 @@ class MessagesRequest(Lenient):
     stream_options: Any = None  # never sent by Anthropic clients; `_generate` reads it
 
     def thinking_on(self) -> bool | None:
-        """False for `{"type": "disabled"}`, else None (the model's default)."""
+        """False for `{"type": "disabled"}`, else None (the model's default: it thinks before each answer, also
+        between tool calls)."""
         kind = (self.thinking or {}).get("type")
-        if kind not in (None, "enabled", "disabled", "adaptive"):
-            raise ValueError(f"thinking.type must be enabled, disabled or adaptive, got {kind!r}")
+        if kind not in THINKING_TYPES:
+            raise ValueError(f"thinking.type must be one of {', '.join(THINKING_TYPES[1:])}, got {kind!r}")
+        display = (self.thinking or {}).get("display")
+        if display not in (None, "summarized", "omitted"):
+            raise ValueError(f"thinking.display must be summarized or omitted, got {display!r}")
         return False if kind == "disabled" else None
+
+    def thinking_omitted(self) -> bool:
+        """`thinking.display: "omitted"`: thinking blocks come back empty (the model still thinks)."""
+        return (self.thinking or {}).get("display") == "omitted"
+
+    def response_format(self) -> dict[str, Any] | None:
+        """`output_config.format` as the chat request's response_format."""
+        fmt = (self.output_config or {}).get("format")
+        if fmt is None:
+            return None
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise ValueError('output_config.format must be {"type": "json_schema", "schema": {...}}')
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
     def thinking_budget(self) -> int | None:
         """`thinking.budget_tokens` of an enabled thinking (Anthropic's minimum of 1,024 is not imposed)."""
@@ -72,6 +94,7 @@ class MessagesRequest(Lenient):
         if self.thinking_on() is False:
             body["chat_template_kwargs"] = {"enable_thinking": False}
         body["thinking_token_budget"] = self.thinking_budget()
+        body["response_format"] = self.response_format()
         if self.tools is not None:
             body["tools"] = [_chat_tool(t, i) for i, t in enumerate(self.tools)]
         if self.tool_choice is not None:
