@@ -258,6 +258,8 @@ def test_json_schema_format(client: openai.OpenAI) -> None:
         ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "hi", "model": "gpt-9"}, "does not exist"),
+        ({"input": "hi", "top_logprobs": 3}, "use /v1/chat/completions for logprobs"),
+        ({"input": "hi", "include": ["message.output_text.logprobs"]}, "use /v1/chat/completions for logprobs"),
     ],
 )
 def test_refusals_in_openai_error_shape(server, body: dict, says: str) -> None:
@@ -265,6 +267,15 @@ def test_refusals_in_openai_error_shape(server, body: dict, says: str) -> None:
     assert r.status_code in (400, 404), r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and says in err["message"], err
+
+
+def test_codex_style_include_and_zero_top_logprobs_are_accepted(server) -> None:
+    """`include: ["reasoning.encrypted_content"]` (sent by stateless agents) and `top_logprobs: 0` ask for nothing
+    this server would leave out."""
+    body = {"model": "flint", "input": "hi", "max_output_tokens": 4, "store": False, "top_logprobs": 0}
+    body["include"] = ["reasoning.encrypted_content"]
+    r = httpx.post(server.base_url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text
 
 
 def test_nothing_is_stored(server) -> None:

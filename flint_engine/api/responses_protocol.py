@@ -44,6 +44,27 @@ class ResponsesRequest(Lenient):
     conversation: Any = None
     background: Any = None
     prompt: Any = None
+    # Logprobs of the output text are not returned here (the chat endpoint has them).
+    top_logprobs: int | None = None
+    include: list[str] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, v: int | None) -> int | None:
+        if v:
+            raise ValueError("top_logprobs is not supported on /v1/responses: use /v1/chat/completions for logprobs")
+        return v
+
+    @field_validator("include")
+    @classmethod
+    def _no_logprobs_included(cls, v: list[str] | None) -> list[str] | None:
+        # Other values name outputs of tools this server does not offer, or encrypted reasoning (the reasoning
+        # item's text is what a client sends back here), so there is nothing for them to add.
+        if v and "message.output_text.logprobs" in v:
+            raise ValueError(
+                "include message.output_text.logprobs is not supported: use /v1/chat/completions for logprobs"
+            )
+        return v
 
     @field_validator("previous_response_id", "conversation", "prompt")
     @classmethod
