@@ -65,6 +65,8 @@ class RequestOutput:
     # per new token: (token id, logprob, [(alt id, alt logprob), ...])
     new_logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
     error: str | None = None
+    # With the first token, when asked for (SamplingParams.prompt_logprobs): per prompt position, None for the first.
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]] | None] | None = None
 
 
 @dataclass
@@ -458,6 +460,8 @@ class LLMEngine:
                 lp = (result.logprobs[j], result.top_logprobs[j] if result.top_logprobs else [])
             out = self._append_token(req, token_ids[j], lp, now)
             if out is not None:
+                if req.prompt_logprobs is not None and len(req.output_token_ids) == 1:
+                    out.prompt_logprobs = req.prompt_logprobs
                 outputs.append(out)
         return outputs
 

@@ -15,6 +15,7 @@ from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .kv_cache_manager import NO_BLOCK, KVCacheManager
 from .model import FlintModel
+from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .scheduler import ScheduledChunk
 from .step_graphs import StepGraphs
 
@@ -172,8 +173,10 @@ class ModelRunner:
         return self.graphs.run_rows(decode[0], input_ids)
 
     def execute(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor | None, list[int]]:
-        """FP32 logits [len(sample_rows), V] and which chunks they belong to."""
-        if self.graphs is not None:
+        """FP32 logits [len(sample_rows), V] and which chunks they belong to; the prompt log-probabilities of the
+        chunks that ask for them are recorded on their requests (`prompt_logprobs`)."""
+        prompt_lp = any(wants_prompt_logprobs(ch) for ch in chunks)
+        if self.graphs is not None and not prompt_lp:  # decode graphs keep only the sampled rows' logits
             decode = self.decode_rows(chunks)
             if decode is not None and self.graphs.covers_rows(decode[0]):
                 rows, sampled = decode
@@ -186,6 +189,8 @@ class ModelRunner:
             hidden = self.step_graphs.run(batch)
         else:
             hidden = self.model.forward(batch, self.cache)
+        if prompt_lp:
+            record_prompt_logprobs(self.model, hidden, batch.query_start, chunks)
         if not sample_rows:
             return None, sample_rows
         return self.model.compute_logits(hidden[batch.logits_indices]), sample_rows

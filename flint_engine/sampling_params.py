@@ -41,6 +41,9 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None  # None: none; 0: the sampled token only; k: plus the top k
+    # Log-probabilities of the prompt's tokens (from the second on), as `logprobs`: None, 0 or the top k too. Such a
+    # request computes its whole prompt (no prefix-cache hit) and its lm_head rows.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = False
     json_mode: bool = False  # constrain the output to one JSON object (response_format json_object)
     json_schema: dict[str, Any] | None = None  # with json_mode: the object must be an instance of this JSON Schema
@@ -97,8 +100,10 @@ class SamplingParams:
             raise SamplingParamsError("stop_token_ids", "must be non-negative integers")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
             raise SamplingParamsError("min_tokens", f"must be in [0, max_tokens], got {self.min_tokens!r}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            raise SamplingParamsError("logprobs", f"must be in [0, 20], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or not 0 <= value <= 20):
+                raise SamplingParamsError(name, f"must be in [0, 20], got {value!r}")
         if self.tool_names is not None and not (self.tool_names and all(map(callable_name, self.tool_names))):
             raise SamplingParamsError("tool_names", "must be non-empty names without whitespace or '<'")
         if self.json_schema is not None:

@@ -104,7 +104,9 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             tokens = req.all_token_ids
-            cached, hashes = self.kv.find_prefix(tokens)
+            # A request that wants its prompt's log-probabilities computes the whole prompt: a cached prefix has no
+            # logits.
+            cached, hashes = (0, []) if req.prompt_logprobs is not None else self.kv.find_prefix(tokens)
             n = min(len(tokens) - cached, budget)
             if not self.kv.can_allocate(req.request_id, cached, n, hashes):
                 break  # first come, first served: later requests wait behind this one

@@ -192,9 +192,17 @@ def test_completions_text_tokens_echo_stop(server, client) -> None:
     r = client.completions.create(
         model="flint", prompt="The quick brown fox", max_tokens=10, temperature=0, echo=True, logprobs=2
     )
-    Completion.model_validate(r.model_dump())
     assert r.choices[0].text.startswith("The quick brown fox")
-    assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens
+    # As OpenAI's echo: the prompt's tokens first, the very first without a logprob (null, which the SDK's type
+    # leaves out), then the completion's.
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None for v in lp.token_logprobs[1:])
+    assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0
+    plain = client.completions.create(model="flint", prompt="The quick brown fox", max_tokens=10, logprobs=2)
+    Completion.model_validate(plain.model_dump())
+    assert len(plain.choices[0].logprobs.tokens) == plain.usage.completion_tokens
     ids = raw_post(server, "/tokenize", {"prompt": "The quick brown fox"}).json()["tokens"]
     r2 = client.completions.create(model="flint", prompt=ids, max_tokens=10, temperature=0)
     assert r2.choices[0].text == r.choices[0].text[len("The quick brown fox") :]

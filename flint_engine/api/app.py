@@ -342,6 +342,26 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
             out["token_strs"] = [tok.id_to_token(i) for i in ids]
         return out
 
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        """The tokenizer's special tokens and chat template, as vLLM's endpoint of that name answers (clients such
+        as lm-evaluation-harness's remote tokenizer read it, then call /tokenize and /detokenize)."""
+        tok = backend.tokenizer
+        if tok is None:
+            raise APIError(400, "this checkpoint has no tokenizer")
+        return {
+            "tokenizer_class": "FlintTokenizer",
+            "vocab_size": tok.vocab_size,
+            "model_max_length": backend.max_model_len,
+            "bos_token": tok.bos_token,
+            "eos_token": tok.eos_token,
+            "pad_token": tok.pad_token,
+            "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+            "chat_template": tok.chat_template,
+        }
+
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, str]:
         req: DetokenizeRequest = _parse(DetokenizeRequest, await _body(request))

@@ -36,6 +36,7 @@ class ChoiceEvent:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]] | None] | None = None  # with the first token
 
     @classmethod
     def of(cls, index: int, o: RequestOutput, prompt_tokens: int, completion_tokens: int, cached: int) -> ChoiceEvent:
@@ -52,6 +53,7 @@ class ChoiceEvent:
             completion_tokens,
             cached,
             o.error,
+            o.prompt_logprobs,
         )
 
 
@@ -178,6 +180,7 @@ class FinishedChoice:
     text: str
     logprobs: list[tuple[int, float, list[tuple[int, float]]]]
     final: ChoiceEvent
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]] | None] | None = None
 
 
 async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[FinishedChoice]:
@@ -185,8 +188,11 @@ async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[FinishedCh
     texts = [""] * n
     entries: list[list[tuple[int, float, list[tuple[int, float]]]]] = [[] for _ in range(n)]
     final: list[ChoiceEvent | None] = [None] * n
+    prompt: list[list | None] = [None] * n
     async for ev in events:
         texts[ev.index] += ev.text
+        if ev.prompt_logprobs is not None:
+            prompt[ev.index] = ev.prompt_logprobs
         if ev.logprobs:
             entries[ev.index] += ev.logprobs
         if ev.finished:
@@ -197,7 +203,7 @@ async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[FinishedCh
         assert ev is not None
         if ev.error is not None or ev.finish_reason == "error":
             raise APIError(500, ev.error or "generation failed", code="generation_failed")
-        out.append(FinishedChoice(texts[i], entries[i], ev))
+        out.append(FinishedChoice(texts[i], entries[i], ev, prompt[i]))
     return out
 
 

@@ -86,6 +86,8 @@ class CompletionHandler:
                             ignore_eos=req.ignore_eos,
                             min_tokens=min(req.min_tokens, max_tokens),
                             logprobs=req.logprobs,
+                            # echo with logprobs scores the prompt too (lm-evaluation-harness's loglikelihood)
+                            prompt_logprobs=req.logprobs if req.echo else None,
                             skip_special_tokens=req.skip_special_tokens,
                             json_mode=json_mode,
                             json_schema=json_schema,
@@ -100,6 +102,11 @@ class CompletionHandler:
     def _prefix(self, prep: PreparedCompletion, index: int) -> str:
         return prep.prompt_texts[index // prep.n] if prep.echo else ""
 
+    @staticmethod
+    def _echoed(prep: PreparedCompletion, index: int, entries: list | None) -> tuple[list[int], list] | None:
+        """The echoed prompt's token ids and log-probabilities of choice `index`, once the engine has sent them."""
+        return (prep.prompts[index // prep.n], entries) if prep.echo and entries is not None else None
+
     def events(self, prep: PreparedCompletion) -> AsyncIterator[ChoiceEvent]:
         return run_choices(self.backend, prep.plans, prep.request_id)
 
@@ -111,7 +118,9 @@ class CompletionHandler:
             prefix = self._prefix(prep, i)
             lp = None
             if prep.logprobs is not None and self.token_text is not None:
-                lp = completion_logprobs(self.token_text, c.logprobs, prep.logprobs, len(prefix))
+                prompt = self._echoed(prep, i, c.prompt_logprobs)
+                start = 0 if prompt else len(prefix)  # echoed prompt tokens carry the prompt's text themselves
+                lp = completion_logprobs(self.token_text, c.logprobs, prep.logprobs, start, prompt)
             choices.append(
                 CompletionChoice(
                     index=i,
@@ -168,8 +177,10 @@ class CompletionHandler:
                     started[i] = True
                     text = self._prefix(prep, i) + text
                 lp = None
-                if prep.logprobs is not None and ev.logprobs and self.token_text is not None:
-                    lp = completion_logprobs(self.token_text, ev.logprobs, prep.logprobs, offsets[i]).model_dump()
+                prompt = self._echoed(prep, i, ev.prompt_logprobs)
+                if prep.logprobs is not None and (ev.logprobs or prompt) and self.token_text is not None:
+                    at = 0 if prompt else offsets[i]
+                    lp = completion_logprobs(self.token_text, ev.logprobs or [], prep.logprobs, at, prompt).model_dump()
                 offsets[i] += len(text)
                 if text or ev.finished or lp:
                     yield body(

@@ -33,14 +33,27 @@ def chat_logprobs(tt: TokenText, entries: list[Entry], top_n: int) -> ChoiceLogp
     return ChoiceLogprobs(content=content)
 
 
-def completion_logprobs(tt: TokenText, entries: list[Entry], top_n: int, offset: int) -> CompletionLogprobs:
+def completion_logprobs(
+    tt: TokenText,
+    entries: list[Entry],
+    top_n: int,
+    offset: int,
+    prompt: tuple[list[int], list[Entry | None]] | None = None,
+) -> CompletionLogprobs:
+    """The legacy completions' logprobs of `entries`, their text starting at `offset`; with `prompt` (its token ids
+    and their entries, as `echo` returns them) the prompt's tokens first, the first one without a logprob."""
     out = CompletionLogprobs()
     pos = offset
-    for tid, lp, top in entries:
+    rows: list[tuple[int, float | None, list[tuple[int, float]] | None]] = []
+    if prompt is not None:
+        ids, prompt_entries = prompt
+        rows += [(t, None, None) if e is None else (t, e[1], e[2]) for t, e in zip(ids, prompt_entries)]
+    rows += entries
+    for tid, lp, top in rows:
         text, _ = tt.get(tid)
         out.tokens.append(text)
         out.token_logprobs.append(lp)
-        out.top_logprobs.append({tt.get(t)[0]: v for t, v in top[:top_n]} if top_n else None)
+        out.top_logprobs.append({tt.get(t)[0]: v for t, v in top[:top_n]} if top_n and top is not None else None)
         out.text_offset.append(pos)
         pos += len(text)
     return out

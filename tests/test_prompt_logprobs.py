@@ -1,0 +1,103 @@
+"""Log-probabilities of the prompt's own tokens (`SamplingParams.prompt_logprobs`; OpenAI's `echo` with `logprobs`
+on /v1/completions, which lm-evaluation-harness's `local-completions` reads to score answers): equal to one whole
+forward's FP32 log-softmax, whether the prompt is prefilled in one step or in chunks, after a prefix-cache hit
+would have skipped it, and beside requests that ask for nothing."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+from api_fixtures import tiny_checkpoint, tiny_engine, tiny_server
+
+from flint_engine.sampling_params import SamplingParams
+
+PROMPT = [(7 * i + 3) % 384 for i in range(45)]
+
+
+def expected(engine, prompt: list[int], top_k: int) -> list[tuple[int, float, list[tuple[int, float]]] | None]:
+    [logits] = engine.model.forward_sequences([prompt])
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    out: list = [None]
+    for pos in range(1, len(prompt)):
+        vals, ids = torch.topk(logp[pos - 1], top_k)
+        out.append((prompt[pos], logp[pos - 1, prompt[pos]].item(), list(zip(ids.tolist(), vals.tolist()))))
+    return out
+
+
+def assert_close(got: list, want: list) -> None:
+    assert len(got) == len(want) and got[0] is None
+    for g, w in zip(got[1:], want[1:]):
+        assert g[0] == w[0] and g[1] == pytest.approx(w[1], abs=1e-4)
+        assert [t for t, _ in g[2]] == [t for t, _ in w[2]]
+        assert [v for _, v in g[2]] == pytest.approx([v for _, v in w[2]], abs=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [2048, 16, 7])
+def test_prompt_logprobs_equal_a_whole_forward(tmp_path, chunk: int) -> None:
+    engine = tiny_engine(tiny_checkpoint(tmp_path), max_num_batched_tokens=chunk)
+    want = expected(engine, PROMPT, 3)
+    params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3)
+    first, plain = engine.generate([PROMPT, PROMPT[:20]], [params, SamplingParams(max_tokens=2)])
+    assert_close(first.prompt_logprobs, want)
+    assert plain.prompt_logprobs is None
+    # The same prompt again: a plain request takes its prefix from the cache, one asking for logprobs computes it.
+    hit, again = engine.generate([PROMPT, PROMPT], [SamplingParams(max_tokens=2, temperature=0), params])
+    assert hit.cached_prompt_tokens > 0 and again.cached_prompt_tokens == 0
+    assert_close(again.prompt_logprobs, want)
+    assert first.output_token_ids == again.output_token_ids == hit.output_token_ids
+
+
+def test_the_first_output_carries_them(tmp_path) -> None:
+    engine = tiny_engine(tiny_checkpoint(tmp_path))
+    engine.add_request("a", PROMPT, SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=0))
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert [o.prompt_logprobs is not None for o in outputs] == [True, False, False]
+    assert all(entry[2] == [] for entry in outputs[0].prompt_logprobs[1:])  # 0: the prompt tokens' own only
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    s = tiny_server(tmp_path_factory.mktemp("prompt-lp"))
+    yield s
+    s.stop()
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_reads_it(server) -> None:
+    """lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs 1, max_tokens 1, temperature 0; it
+    sums token_logprobs[ctxlen:-1] and checks each against max(top_logprobs) for greediness."""
+    body = {"model": "flint", "prompt": PROMPT, "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}
+    r = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(PROMPT) + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    want = expected(server.engine.engine, PROMPT, 1)
+    assert lp["token_logprobs"][1:-1] == pytest.approx([w[1] for w in want[1:]], abs=1e-4)
+    greedy = [w[2][0][0] == w[0] for w in want[1:]]
+    assert [tok == max(top.values()) for tok, top in zip(lp["token_logprobs"][1:-1], lp["top_logprobs"][1:-1])] == [
+        g or abs(w[1] - w[2][0][1]) < 1e-6 for g, w in zip(greedy, want[1:])
+    ]
+    assert lp["text_offset"][0] == 0 and "".join(lp["tokens"]) == r.json()["choices"][0]["text"]
+    # Streamed: the first chunk carries the prompt's entries with the echoed text.
+    body["stream"] = True
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as s:
+        import json
+
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    streamed = [x for c in chunks for ch in c["choices"] if ch["logprobs"] for x in ch["logprobs"]["token_logprobs"]]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp["token_logprobs"][1:], abs=1e-6)
+
+
+def test_tokenizer_info_for_remote_tokenizers(server) -> None:
+    """lm-evaluation-harness's remote tokenizer: GET /tokenizer_info (a dict with eos_token), then /tokenize and
+    /detokenize round-trip its prompts."""
+    info = httpx.get(f"{server.base_url}/tokenizer_info", timeout=10).json()
+    tok = server.engine.engine.tokenizer
+    assert info["eos_token"] == tok.eos_token and info["eos_token_id"] == tok.eos_token_id
+    assert info["chat_template"] == tok.chat_template and info["vocab_size"] == tok.vocab_size
+    ids = httpx.post(f"{server.base_url}/tokenize", json={"prompt": "2 + 2 = 4", "add_special_tokens": False}).json()
+    text = httpx.post(f"{server.base_url}/detokenize", json={"tokens": ids["tokens"]}).json()["prompt"]
+    assert text == "2 + 2 = 4"
