@@ -38,6 +38,10 @@ class Completion:
     token_ids: list[int]  # the generated tokens, an end-of-sequence token included when one ended the text
     text: str
     finish_reason: str | None  # "stop" or "length"
+    # With params.logprobs: per generated token, (its logprob, [(alternative id, logprob), ...]).
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    # With params.prompt_logprobs: per prompt token, (id, logprob, alternatives); None for the first.
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]] | None] | None = None
 
 
 @dataclass
@@ -85,7 +89,10 @@ class LLM:
         out = []
         for prompt_ids, req in zip(ids, self.engine.generate(ids, plist)):
             text = self._text(req, params.skip_special_tokens)
-            out.append(Completion(prompt_ids, list(req.output_token_ids), text, req.finish_reason))
+            lp = list(req.output_logprobs) if params.logprobs is not None else None
+            out.append(
+                Completion(prompt_ids, list(req.output_token_ids), text, req.finish_reason, lp, req.prompt_logprobs)
+            )
         return out
 
     def chat(

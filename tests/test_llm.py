@@ -118,3 +118,14 @@ def test_n_choices_come_one_after_another(llm: LLM) -> None:
 def test_generate_refuses_no_prompts(llm: LLM) -> None:
     with pytest.raises(ValueError, match="no prompts"):
         llm.generate([])
+
+
+def test_generate_returns_logprobs_and_prompt_logprobs(llm: LLM) -> None:
+    """A prompt scored as lm-evaluation-harness scores it: the continuation's tokens' log-probabilities summed from
+    prompt_logprobs, and the generated tokens' logprobs (greedy: each the top alternative)."""
+    [c] = llm.generate("What is 7 + 8?", SamplingParams(temperature=0, max_tokens=3, logprobs=1, prompt_logprobs=1))
+    assert c.prompt_logprobs is not None and c.prompt_logprobs[0] is None
+    assert [e[0] for e in c.prompt_logprobs[1:]] == c.prompt_token_ids[1:]
+    assert all(e[1] <= 0.0 and len(e[2]) == 1 and e[2][0][1] >= e[1] for e in c.prompt_logprobs[1:])
+    assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+    assert all(top[0][0] == t and top[0][1] == lp for t, (lp, top) in zip(c.token_ids, c.logprobs))
