@@ -223,7 +223,12 @@ class SamplingFields(Lenient):
     @classmethod
     def _not_implemented(cls, v: Any, info: ValidationInfo) -> Any:
         if v is not None and v is not False:
-            raise ValueError(f"{info.field_name} is not supported by this server")
+            hint = (
+                " (/v1/completions with echo and logprobs returns the prompt's log-probabilities)"
+                if info.field_name == "prompt_logprobs"
+                else ""
+            )
+            raise ValueError(f"{info.field_name} is not supported by this server{hint}")
         return v
 
     @field_validator("logit_bias")
