@@ -510,13 +510,24 @@ class LLMEngine:
         special = tok.special_token_ids
         stops = set(req.eos_token_ids) | set(req.params.stop_token_ids)
         can_end, complete = prefix.can_end, prefix.complete  # fixed for this step: read once, not per candidate
+        # Whether the output may go on with an ASCII byte, per byte, for this step: a token whose first byte may not
+        # follow is refused without checking its other bytes (most of a vocabulary, where few tokens fit), which
+        # holds for every constraint here, as a character that cannot follow cannot begin a longer piece either.
+        ascii_ok: dict[int, bool] = {}
 
         def allowed(token: int) -> bool:
             if token in stops:
                 return can_end
             if complete or token in special:
                 return False  # e.g. the object is closed: only the end of the turn may follow
-            return prefix.accepts(tok.token_bytes(token))
+            piece = tok.token_bytes(token)
+            if piece and piece[0] < 0x80:
+                ok = ascii_ok.get(piece[0])
+                if ok is None:
+                    ok = ascii_ok[piece[0]] = prefix.accepts(piece[:1])
+                if not ok:
+                    return False
+            return prefix.accepts(piece)
 
         return allowed
 
