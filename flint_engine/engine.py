@@ -22,7 +22,7 @@ from .late_compiles import WATCH as LATE_COMPILES
 from .metrics import EngineMetrics
 from .model import FlintModel
 from .model_runner import ModelRunner
-from .output_constraint import OutputConstraint, output_constraint
+from .output_constraint import OutputConstraint, output_constraint, token_filter
 from .parsers.reasoning import TOOL_CALL_START
 from .prefill_warmup import warm_up_prefill
 from .request import Request
@@ -506,30 +506,8 @@ class LLMEngine:
         )
 
     def _output_constraint(self, req: Request, prefix: OutputConstraint) -> Any:
-        tok = self.tokenizer
-        special = tok.special_token_ids
         stops = set(req.eos_token_ids) | set(req.params.stop_token_ids)
-        can_end, complete = prefix.can_end, prefix.complete  # fixed for this step: read once, not per candidate
-        # Whether the output may go on with an ASCII byte, per byte, for this step: a token whose first byte may not
-        # follow is refused without checking its other bytes (most of a vocabulary, where few tokens fit), which
-        # holds for every constraint here, as a character that cannot follow cannot begin a longer piece either.
-        ascii_ok: dict[int, bool] = {}
-
-        def allowed(token: int) -> bool:
-            if token in stops:
-                return can_end
-            if complete or token in special:
-                return False  # e.g. the object is closed: only the end of the turn may follow
-            piece = tok.token_bytes(token)
-            if piece and piece[0] < 0x80:
-                ok = ascii_ok.get(piece[0])
-                if ok is None:
-                    ok = ascii_ok[piece[0]] = prefix.accepts(piece[:1])
-                if not ok:
-                    return False
-            return prefix.accepts(piece)
-
-        return allowed
+        return token_filter(prefix, self.tokenizer.token_bytes, stops, self.tokenizer.special_token_ids)
 
     def _name_constraint(self, req: Request, prefix: ToolNamePrefix) -> Any:
         tok = self.tokenizer
