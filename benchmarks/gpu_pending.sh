@@ -3,15 +3,14 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (state after the fifty-sixth session, 2026-12-07, which got one H100: the status figures there within 0.8% of
-# the fifty-third session's H100 run, and every GPU test at its head, 610 of 617 reached and passed in three shards,
-# the third cut by its limits; the fifty-fourth and fifty-fifth got no machine; the fifty-first to fifty-third only H100s):
+# Next (state after the fifty-seventh session, 2026-12-07, which got one H100 for ~18 minutes: OLD_TREE ran (the head
+# and ad14112's tree even at b1, the head 0.3-1.1% faster at b2-b8, both 5-12% below earlier H100s at b2-b8: the
+# machines' spread) and the third shard of the GPU tests passed (242), so all 617 pass at the current kernels; no
+# H200 since the fiftieth session):
+#   FORCED=1 (below): the teacher-forced 256-step fused-vs-plain check, BF16 at 1 and 8 sequences (~3 minutes; on
+#                 an 80 GB H100 the BF16 weights take 74 GiB: it may need an H200);
 #   the status figures on an H200 with the fiftieth to fifty-second sessions' installs (`decode.py --formats nvfp4
-#                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`): no H200 came in the
-#                 fifty-first to fifty-sixth sessions;
-#   OLD_TREE=variants/old (ad14112's tree, see the block): NVFP4 b1-b8 of that tree and the head's, alternating on
-#                 one machine, to tell the machines' spread from a change;
-#   GPU tests: SHARD=3/3 needs a call of its own with LIMIT=450 (the slow files: attention, norm/RoPE, MMA MoE).
+#                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`).
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
@@ -1486,7 +1485,8 @@ if [ "${FORCED:-0}" = 1 ]; then
         --out "$OUT/decode_forced.json" > "$OUT/decode_forced.txt" 2>&1
     grep -E "^check|Error" "$OUT/decode_forced.txt"
 fi
-# OLD_TREE=DIR (fifty-third session, not yet run): another tree's whole step against this one's, alternating on this
+# OLD_TREE=DIR (fifty-third session; ran in the fifty-seventh on an H100: the head and ad14112's tree even at b1,
+# the head 0.3-1.1% faster at b2-b8, both 5-12% below earlier H100s there, so the gap below was the machines'): another tree's whole step against this one's, alternating on this
 # machine, ROUNDS (2) of each: DIR holds that commit's kernels, flint_engine, benchmarks and deployments (here:
 # `mkdir -p variants/old && git archive ad14112 kernels flint_engine benchmarks deployments | tar -x -C variants/old`,
 # carry ["variants"]), to tell a change from the spread between machines (NVFP4 b2-b8 3-7% above the fiftieth

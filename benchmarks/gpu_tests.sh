@@ -12,7 +12,7 @@
 # longer fits one call on an H100 (612 of 617 within 440 s in the fifty-second session). In halves (fifty-third
 # session) the first took over 470 s for its 292 tests and the second 218 s for 325: use SHARD=1/3, 2/3 and 3/3. On an
 # H100 (fifty-sixth session) the first third took 120 s, the second ~60 s (+ its rerun), the third over 380 s: give
-# SHARD=3/3 a call of its own with LIMIT=450.
+# SHARD=3/3 a call of its own with LIMIT=450 (fifty-seventh session: 242 passed in 416 s).
 set -u
 . benchmarks/gpu_env.sh
 mapfile -t files < <(grep -l "pytest.mark.gpu" tests/test_*.py)

@@ -66,7 +66,7 @@ class RequestOutput:
     new_logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
     error: str | None = None
     # With the first token, when asked for (SamplingParams.prompt_logprobs): per prompt position, None for the first.
-    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]] | None] | None = None
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]], int] | None] | None = None
 
 
 @dataclass

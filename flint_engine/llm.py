@@ -40,8 +40,8 @@ class Completion:
     finish_reason: str | None  # "stop" or "length"
     # With params.logprobs: per generated token, (its logprob, [(alternative id, logprob), ...]).
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
-    # With params.prompt_logprobs: per prompt token, (id, logprob, alternatives); None for the first.
-    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]] | None] | None = None
+    # With params.prompt_logprobs: per prompt token, (id, logprob, alternatives, rank); None for the first.
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]], int] | None] | None = None
 
 
 @dataclass

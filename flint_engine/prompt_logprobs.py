@@ -1,6 +1,7 @@
 """Log-probabilities of a prompt's own tokens (OpenAI's `echo` with `logprobs`, as lm-evaluation-harness scores
-multiple-choice answers): the lm_head over a prefill chunk's hidden rows, each row's FP32 log-softmax read at the
-prompt's next token, as the sampler reads a sampled token's.
+multiple-choice answers, and vLLM's `prompt_logprobs`): the lm_head over a prefill chunk's hidden rows, each row's
+FP32 log-softmax read at the prompt's next token, as the sampler reads a sampled token's, with that token's rank
+and the top alternatives. An entry is (token, logprob, [(alternative, logprob), ...], rank).
 
 Row r of a chunk that starts at position c holds position c + r and predicts the token at c + r + 1, so a chunk
 yields the prompt tokens c + 1 .. c + n (up to the prompt's last); the prompt's first token has none. Rows go
@@ -38,10 +39,12 @@ def record_prompt_logprobs(
             first_row = query_start[i] + lo - 1 - c
             logp = torch.log_softmax(model.compute_logits(hidden[first_row : first_row + hi - lo]).float(), dim=-1)
             targets = torch.tensor(prompt[lo:hi], dtype=torch.int64, device=logp.device)
-            chosen = logp.gather(1, targets[:, None]).squeeze(1).tolist()
+            chosen_t = logp.gather(1, targets[:, None])
+            ranks = ((logp > chosen_t).sum(dim=-1) + 1).tolist()  # 1: the most likely token
+            chosen = chosen_t.squeeze(1).tolist()
             tops: list[list[tuple[int, float]]] = [[] for _ in chosen]
             if top_k:
                 vals, ids = torch.topk(logp, top_k, dim=-1)
                 tops = [list(zip(r_ids, r_vals)) for r_ids, r_vals in zip(ids.tolist(), vals.tolist())]
             for j, pos in enumerate(range(lo, hi)):
-                req.prompt_logprobs[pos] = (prompt[pos], chosen[j], tops[j])  # type: ignore[index]
+                req.prompt_logprobs[pos] = (prompt[pos], chosen[j], tops[j], ranks[j])  # type: ignore[index]

@@ -74,9 +74,9 @@ class Request:
     last_token_time: float | None = None
     # Parallel list of (logprob of the sampled token, top alternatives) when logprobs were asked for.
     output_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
-    # With params.prompt_logprobs: per prompt position, (token, logprob, top alternatives); None for the first
+    # With params.prompt_logprobs: per prompt position, (token, logprob, top alternatives, rank); None for the first
     # token (nothing predicts it) and for positions not computed yet.
-    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]] | None] | None = None
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]], int] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:

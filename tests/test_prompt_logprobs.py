@@ -101,3 +101,41 @@ def test_tokenizer_info_for_remote_tokenizers(server) -> None:
     ids = httpx.post(f"{server.base_url}/tokenize", json={"prompt": "2 + 2 = 4", "add_special_tokens": False}).json()
     text = httpx.post(f"{server.base_url}/detokenize", json={"tokens": ids["tokens"]}).json()["prompt"]
     assert text == "2 + 2 = 4"
+
+
+def test_vllm_prompt_logprobs_on_completions_and_chat(server) -> None:
+    """vLLM's `prompt_logprobs: k`: per prompt position (None first) the prompt token and the top k by token id,
+    each with logprob, rank and text; on each completions choice, and on the chat response (the templated prompt)."""
+    body = {"model": "flint", "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 2}
+    r = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    [choice] = r.json()["choices"]
+    got = choice["prompt_logprobs"]
+    want = expected(server.engine.engine, PROMPT, 2)
+    assert len(got) == len(PROMPT) and got[0] is None and choice["logprobs"] is None
+    tok = server.engine.engine.tokenizer
+    for pos in range(1, len(PROMPT)):
+        row, (token, lp, top) = got[pos], want[pos]
+        assert row[str(token)]["logprob"] == pytest.approx(lp, abs=1e-4)
+        assert row[str(token)]["decoded_token"] == tok.token_bytes(token).decode("utf-8", errors="replace")
+        ranks = {t: row[str(t)]["rank"] for t, _ in top}
+        assert ranks[top[0][0]] == 1 and set(ranks.values()) <= {1, 2}
+        above = sum(v > lp + 1e-6 for _, v in top)  # the prompt token's rank counts the tokens above it
+        assert row[str(token)]["rank"] == above + 1 or (row[str(token)]["rank"] > 2 and above == 2)
+    chat = {"model": "flint", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "prompt_logprobs": 0}
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=chat, timeout=60)
+    assert r.status_code == 200, r.text
+    ids = httpx.post(f"{server.base_url}/tokenize", json={"messages": chat["messages"]}).json()["tokens"]
+    scored = r.json()["prompt_logprobs"]
+    assert len(scored) == len(ids) and scored[0] is None
+    assert all(list(row) == [str(t)] for row, t in zip(scored[1:], ids[1:]))  # k = 0: the prompt token alone
+    for bad, says in (({"stream": True}, "stream"), ({"prompt_logprobs": 21}, "prompt_logprobs")):
+        r = httpx.post(f"{server.base_url}/v1/completions", json={**body, **bad}, timeout=60)
+        assert r.status_code == 400 and says in r.text
+    forced = {
+        **chat,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "tool_choice": "required",
+    }
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=forced, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"

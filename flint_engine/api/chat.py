@@ -18,7 +18,7 @@ from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error, validation_error
 from .limits import check_common_request, resolve_max_tokens
-from .logprobs import Entry, TokenText, chat_logprobs
+from .logprobs import Entry, TokenText, chat_logprobs, prompt_logprobs
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -43,6 +43,7 @@ class PreparedChat:
     parallel_tool_calls: bool
     top_logprobs: int | None
     model: str
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k), on the response
     request_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -113,6 +114,9 @@ class ChatHandler:
             force = f"<tool_call>{choice.function.name}"
         json_mode, json_schema = req.json_constraint()
         constrained = json_mode or req.guided_choice is not None or req.guided_regex is not None
+        if req.prompt_logprobs is not None and force is not None:
+            # A forced call runs as two requests, the second over the prompt and the forced tokens.
+            raise APIError(400, "prompt_logprobs cannot be combined with a forced tool_choice", "prompt_logprobs")
         if constrained and force is not None:
             field = "response_format" if json_mode else "guided_choice" if req.guided_choice else "guided_regex"
             raise APIError(400, "an output constraint cannot be combined with a forced tool_choice", field)
@@ -145,6 +149,7 @@ class ChatHandler:
             ignore_eos=req.ignore_eos,
             min_tokens=min(req.min_tokens, max_tokens),
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            prompt_logprobs=req.prompt_logprobs,
             skip_special_tokens=False,  # the parsers need the <think>/<tool_call> tags in the text
             json_mode=json_mode,
             json_schema=json_schema,
@@ -169,6 +174,7 @@ class ChatHandler:
             req.parallel_tool_calls,
             (req.top_logprobs or 0) if req.logprobs else None,
             backend.model_name,
+            req.prompt_logprobs,
         )
 
     # ------------------------------------------------------------------ non-streaming
@@ -202,8 +208,16 @@ class ChatHandler:
             total_tokens=len(prep.prompt_ids) + completion_tokens,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         )
+        scored = None
+        if prep.prompt_logprobs is not None and done and done[0].prompt_logprobs is not None and self.token_text:
+            scored = prompt_logprobs(self.token_text, done[0].prompt_logprobs, prep.prompt_logprobs)
         return ChatCompletionResponse(
-            id=prep.request_id, created=prep.created, model=prep.model, choices=choices, usage=usage
+            id=prep.request_id,
+            created=prep.created,
+            model=prep.model,
+            choices=choices,
+            usage=usage,
+            prompt_logprobs=scored,
         )
 
     # ------------------------------------------------------------------ streaming

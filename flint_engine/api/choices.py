@@ -18,6 +18,7 @@ from ..parsers.reasoning import THINK_END
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .errors import APIError
+from .logprobs import PromptEntry
 
 if TYPE_CHECKING:
     from ..engine import RequestOutput
@@ -36,7 +37,7 @@ class ChoiceEvent:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
-    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]] | None] | None = None  # with the first token
+    prompt_logprobs: list[PromptEntry | None] | None = None  # with the first token
 
     @classmethod
     def of(cls, index: int, o: RequestOutput, prompt_tokens: int, completion_tokens: int, cached: int) -> ChoiceEvent:
@@ -180,7 +181,7 @@ class FinishedChoice:
     text: str
     logprobs: list[tuple[int, float, list[tuple[int, float]]]]
     final: ChoiceEvent
-    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]] | None] | None = None
+    prompt_logprobs: list[PromptEntry | None] | None = None
 
 
 async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[FinishedChoice]:

@@ -14,7 +14,7 @@ from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
 from .limits import check_common_request, resolve_max_tokens
-from .logprobs import TokenText, completion_logprobs
+from .logprobs import TokenText, completion_logprobs, prompt_logprobs
 from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, PromptTokensDetails, Usage
 from .settings import APISettings
 
@@ -28,6 +28,7 @@ class PreparedCompletion:
     echo: bool
     logprobs: int | None
     model: str
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k) on each choice
     request_id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -59,6 +60,8 @@ class CompletionHandler:
                 raise APIError(400, "the prompt is empty", "prompt")
             prompts.append(ids)
         json_mode, json_schema = req.json_constraint()
+        wanted = (req.prompt_logprobs, req.logprobs if req.echo else None)
+        prompt_k = max((k for k in wanted if k is not None), default=None)
         plans = []
         for ids in prompts:
             max_tokens = resolve_max_tokens(
@@ -87,7 +90,7 @@ class CompletionHandler:
                             min_tokens=min(req.min_tokens, max_tokens),
                             logprobs=req.logprobs,
                             # echo with logprobs scores the prompt too (lm-evaluation-harness's loglikelihood)
-                            prompt_logprobs=req.logprobs if req.echo else None,
+                            prompt_logprobs=prompt_k,
                             skip_special_tokens=req.skip_special_tokens,
                             json_mode=json_mode,
                             json_schema=json_schema,
@@ -97,7 +100,9 @@ class CompletionHandler:
                         thinking=False,
                     )
                 )
-        return PreparedCompletion(prompts, texts, plans, req.n, req.echo, req.logprobs, backend.model_name)
+        return PreparedCompletion(
+            prompts, texts, plans, req.n, req.echo, req.logprobs, backend.model_name, req.prompt_logprobs
+        )
 
     def _prefix(self, prep: PreparedCompletion, index: int) -> str:
         return prep.prompt_texts[index // prep.n] if prep.echo else ""
@@ -121,6 +126,9 @@ class CompletionHandler:
                 prompt = self._echoed(prep, i, c.prompt_logprobs)
                 start = 0 if prompt else len(prefix)  # echoed prompt tokens carry the prompt's text themselves
                 lp = completion_logprobs(self.token_text, c.logprobs, prep.logprobs, start, prompt)
+            scored = None
+            if prep.prompt_logprobs is not None and c.prompt_logprobs is not None and self.token_text is not None:
+                scored = prompt_logprobs(self.token_text, c.prompt_logprobs, prep.prompt_logprobs)
             choices.append(
                 CompletionChoice(
                     index=i,
@@ -128,6 +136,7 @@ class CompletionHandler:
                     logprobs=lp,
                     finish_reason=ev.finish_reason,
                     stop_reason=ev.stop_reason,
+                    prompt_logprobs=scored,
                 )
             )
         completion_tokens, cached = totals(done)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocol import ChoiceLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from .protocol import ChoiceLogprobs, CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob
 
 Entry = tuple[int, float, list[tuple[int, float]]]
+PromptEntry = tuple[int, float, list[tuple[int, float]], int]  # and the prompt token's rank (1: the most likely)
 
 
 class TokenText:
@@ -38,7 +39,7 @@ def completion_logprobs(
     entries: list[Entry],
     top_n: int,
     offset: int,
-    prompt: tuple[list[int], list[Entry | None]] | None = None,
+    prompt: tuple[list[int], list[PromptEntry | None]] | None = None,
 ) -> CompletionLogprobs:
     """The legacy completions' logprobs of `entries`, their text starting at `offset`; with `prompt` (its token ids
     and their entries, as `echo` returns them) the prompt's tokens first, the first one without a logprob."""
@@ -56,4 +57,24 @@ def completion_logprobs(
         out.top_logprobs.append({tt.get(t)[0]: v for t, v in top[:top_n]} if top_n and top is not None else None)
         out.text_offset.append(pos)
         pos += len(text)
+    return out
+
+
+def prompt_logprobs(
+    tt: TokenText, entries: list[PromptEntry | None], top_n: int
+) -> list[dict[str, PromptLogprob] | None]:
+    """vLLM's `prompt_logprobs`: per prompt position (None for the first) the prompt token and the top `top_n`, by
+    token id, each with its logprob, rank and text."""
+    out: list[dict[str, PromptLogprob] | None] = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        token, lp, top, rank = e
+        row = {
+            str(t): PromptLogprob(logprob=v, rank=r, decoded_token=tt.get(t)[0])
+            for r, (t, v) in enumerate(top[:top_n], 1)
+        }
+        row[str(token)] = PromptLogprob(logprob=lp, rank=rank, decoded_token=tt.get(token)[0])
+        out.append(row)
     return out

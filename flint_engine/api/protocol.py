@@ -199,7 +199,8 @@ class SamplingFields(Lenient):
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = Field(default=None, min_length=1)  # vLLM's: sample only these tokens
     # vLLM extensions this server does not implement: refused (400) rather than silently ignored like unknown fields.
-    prompt_logprobs: Any = None
+    # vLLM's: the prompt's tokens' log-probabilities with the top k (non-streamed answers)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     bad_words: Any = None
     truncate_prompt_tokens: Any = None
     use_beam_search: Any = None
@@ -214,7 +215,6 @@ class SamplingFields(Lenient):
     structured_outputs: dict[str, Any] | None = None
 
     @field_validator(
-        "prompt_logprobs",
         "bad_words",
         "truncate_prompt_tokens",
         "use_beam_search",
@@ -223,12 +223,7 @@ class SamplingFields(Lenient):
     @classmethod
     def _not_implemented(cls, v: Any, info: ValidationInfo) -> Any:
         if v is not None and v is not False:
-            hint = (
-                " (/v1/completions with echo and logprobs returns the prompt's log-probabilities)"
-                if info.field_name == "prompt_logprobs"
-                else ""
-            )
-            raise ValueError(f"{info.field_name} is not supported by this server{hint}")
+            raise ValueError(f"{info.field_name} is not supported by this server")
         return v
 
     @field_validator("logit_bias")
@@ -249,6 +244,8 @@ class SamplingFields(Lenient):
     def _checks(self) -> SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is not supported with stream")
         return self
 
     @model_validator(mode="after")
@@ -508,6 +505,7 @@ class ChatCompletionResponse(Strict):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's, when asked for
 
 
 class CompletionLogprobs(Strict):
@@ -517,12 +515,21 @@ class CompletionLogprobs(Strict):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(Strict):
+    """vLLM's entry of `prompt_logprobs`, keyed by token id."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
 class CompletionChoice(Strict):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's, when asked for
 
 
 class CompletionResponse(Strict):
