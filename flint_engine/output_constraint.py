@@ -18,6 +18,10 @@ from .sampling_params import SamplingParams
 
 
 class OutputConstraint(Protocol):
+    # Whether `accepts` is cheap enough that memoising openings costs more than it saves (a choice's bisection, a
+    # pattern's own first-character memo) rather than a copy of a parser state per token (JSON).
+    cheap_accepts: bool
+
     def accepts(self, piece: bytes) -> bool: ...
 
     def feed(self, piece: bytes) -> bool: ...
@@ -27,6 +31,9 @@ class OutputConstraint(Protocol):
 
     @property
     def complete(self) -> bool: ...
+
+
+MEMO_BYTES = 3  # openings of 1-3 ASCII bytes: ~95^3 at most a step, far fewer in practice
 
 
 def token_filter(
@@ -39,13 +46,26 @@ def token_filter(
     takes the first allowed): a stop token once the output may end, no other special token, and a text token whose
     bytes keep the output valid. The state does not change while the filter is used (one step).
 
-    A token whose first byte is ASCII and may not follow is refused without reading its other bytes, and that
-    answer is kept for the step, per byte: most of a vocabulary fails there where few tokens fit, and a character
-    that may not come next cannot begin a longer piece either, under every constraint here (a walk over Flint's
-    150,144 tokens: ~30 ms instead of 74-171 ms for a pattern or a choice and ~3.7 s for JSON,
-    `benchmarks/constraint_walk.py`)."""
+    Unless the prefix's `accepts` is cheap, a token is first judged by its opening ASCII bytes, up to MEMO_BYTES of
+    them, each such opening answered once a step: a piece whose opening may not follow is refused without copying
+    the parser state. Most of a vocabulary fails there where few tokens fit (" word" after a JSON value fails at
+    "w"), and an opening of whole characters that may not come next cannot begin a longer piece either
+    (`benchmarks/constraint_walk.py`: a whole-vocabulary walk after a JSON value 784 -> 249 ms, before a schema's key
+    512 -> 231)."""
     can_end, complete = prefix.can_end, prefix.complete  # read once, not per candidate
-    ascii_ok: dict[int, bool] = {}
+    opening_ok: dict[bytes, bool] = {}
+
+    def opening_refused(piece: bytes) -> bool:
+        for n in range(1, min(MEMO_BYTES, len(piece) - 1) + 1):
+            if piece[n - 1] >= 0x80:
+                return False  # a character's bytes: its opening alone may be refused where the whole is not
+            opening = piece[:n]
+            ok = opening_ok.get(opening)
+            if ok is None:
+                ok = opening_ok[opening] = prefix.accepts(opening)
+            if not ok:
+                return True
+        return False
 
     def allowed(token: int) -> bool:
         if token in stops:
@@ -53,14 +73,9 @@ def token_filter(
         if complete or token in special:
             return False  # e.g. the object is closed: only the end of the turn may follow
         piece = token_bytes(token)
-        if piece and piece[0] < 0x80:
-            ok = ascii_ok.get(piece[0])
-            if ok is None:
-                ok = ascii_ok[piece[0]] = prefix.accepts(piece[:1])
-            if not ok:
-                return False
-        return prefix.accepts(piece)
+        return prefix.accepts(piece) if cheap else not opening_refused(piece) and prefix.accepts(piece)
 
+    cheap = prefix.cheap_accepts
     return allowed
 
 

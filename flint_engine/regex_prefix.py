@@ -55,6 +55,8 @@ def _char_length(lead: int) -> int:
 class RegexPrefix:
     """The output so far against a pattern; a byte-level tokenizer may split a character over two tokens."""
 
+    cheap_accepts = True  # its own memo answers most tokens by their first character
+
     def __init__(self, pattern: str) -> None:
         self.pattern = compile_pattern(pattern)
         self.data = b""
