@@ -93,3 +93,39 @@ def test_anthropic_budget_tokens(server) -> None:
     assert full.startswith(capped) and 0 < len(capped) < len(full)
     bad = thinking({"type": "enabled", "budget_tokens": "many"})
     assert bad.status_code == 400 and bad.json()["type"] == "error" and "budget_tokens" in bad.text
+
+
+def test_server_default_and_effort_budgets(tmp_path) -> None:
+    """An operator's caps (`api.thinking_token_budget`, `api.reasoning_effort_budgets`) for requests that name no
+    budget: by reasoning effort on all three APIs, else the default; a request's own budget wins."""
+    from flint_engine.api.settings import APISettings
+
+    settings = APISettings(thinking_token_budget=2, reasoning_effort_budgets={"low": 0, "high": 40})
+    srv = tiny_server(tmp_path, settings)
+    try:
+        url = srv.base_url
+
+        def chat(**extra) -> str:
+            body = {"model": "flint", "messages": QUESTION, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+            r = httpx.post(f"{url}/v1/chat/completions", json={**body, **extra}, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["message"].get("reasoning") or ""
+
+        default, low, high, own = (
+            chat(),
+            chat(reasoning_effort="low"),
+            chat(reasoning_effort="high"),
+            chat(thinking_token_budget=5),
+        )
+        assert low == "" and 0 < len(default) < len(own) < len(high)
+        assert high.startswith(own) and own.startswith(default)
+        assert chat(reasoning_effort="medium") == default  # an effort without a budget: the server's default
+        body = {"model": "flint", "input": QUESTION, "max_output_tokens": 60, "temperature": 0, "ignore_eos": True}
+        r = httpx.post(f"{url}/v1/responses", json={**body, "reasoning": {"effort": "low"}}, timeout=60)
+        assert r.status_code == 200 and all(i["type"] != "reasoning" for i in r.json()["output"]), r.text
+        msg = {"model": "flint", "messages": QUESTION, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+        r = httpx.post(f"{url}/v1/messages", json={**msg, "output_config": {"effort": "high"}}, timeout=60)
+        thinking = "".join(b["thinking"] for b in r.json()["content"] if b["type"] == "thinking")
+        assert thinking == high
+    finally:
+        srv.stop()

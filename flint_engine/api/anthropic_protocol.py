@@ -95,6 +95,8 @@ class MessagesRequest(Lenient):
             body["chat_template_kwargs"] = {"enable_thinking": False}
         body["thinking_token_budget"] = self.thinking_budget()
         body["response_format"] = self.response_format()
+        effort = (self.output_config or {}).get("effort")
+        body["reasoning_effort"] = effort if isinstance(effort, str) else None
         if self.tools is not None:
             body["tools"] = [_chat_tool(t, i) for i, t in enumerate(self.tools)]
         if self.tool_choice is not None:

@@ -87,6 +87,16 @@ class ChatHandler:
         self.token_text = TokenText(backend.tokenizer) if backend.tokenizer is not None else None
 
     # ------------------------------------------------------------------ request -> plan
+    def _thinking_budget(self, req: ChatCompletionRequest) -> int | None:
+        """The request's thinking_token_budget, else its reasoning effort's budget in the settings, else the
+        server's default (None: no cap)."""
+        if req.thinking_token_budget is not None:
+            return req.thinking_token_budget
+        s = self.settings
+        if req.reasoning_effort is not None and req.reasoning_effort in s.reasoning_effort_budgets:
+            return s.reasoning_effort_budgets[req.reasoning_effort]
+        return s.thinking_token_budget
+
     def prepare(self, req: ChatCompletionRequest) -> PreparedChat:
         backend, s = self.backend, self.settings
         check_common_request(req, backend, s)
@@ -158,7 +168,7 @@ class ChatHandler:
             # With thinking on, the model reasons freely (within the budget, if any) and the constraint starts after
             # </think>.
             reasoning_end_token=backend.tokenizer.token_to_id(THINK_END) if thinking else None,
-            thinking_token_budget=req.thinking_token_budget if thinking else None,
+            thinking_token_budget=self._thinking_budget(req) if thinking else None,
         )
         plans = []
         for i in range(req.n):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, NonNegativeInt
 
 
 class APISettings(BaseModel):
@@ -17,6 +17,11 @@ class APISettings(BaseModel):
     max_stop_length: int = Field(default=256, ge=1)
     max_tools: int = Field(default=128, ge=0)
     max_tool_schema_bytes: int = Field(default=64 * 1024, ge=256)
+    # Thinking budgets where a request names none (`thinking_token_budget`, Anthropic's budget_tokens): by its
+    # reasoning effort (OpenAI's reasoning_effort / Responses' reasoning.effort, Anthropic's output_config.effort),
+    # e.g. {"low": 512, "medium": 2048}, else the server's default; None: the model thinks as long as it likes.
+    thinking_token_budget: int | None = Field(default=None, ge=0)
+    reasoning_effort_budgets: dict[str, NonNegativeInt] = Field(default_factory=dict)
     api_keys: list[str] = Field(default_factory=list)
     api_key_file: str | None = None
     protect_metrics: bool = False
