@@ -89,6 +89,16 @@ def test_kv_cache_memory_takes_sizes(tmp_path) -> None:
     assert r.returncode == 2 and "kv_cache_memory: '8 GiBs' is not a byte size" in last and "Value error" not in last
 
 
+def test_thinking_budget_settings_from_the_command_line() -> None:
+    from flint_serve.cli import StartupError, build_parser, settings_from_args
+
+    argv = ["--set", "api.reasoning_effort_budgets={low: 512, medium: 2048}", "--set", "api.thinking_token_budget=8192"]
+    api = settings_from_args(build_parser().parse_args(argv)).api
+    assert api.reasoning_effort_budgets == {"low": 512, "medium": 2048} and api.thinking_token_budget == 8192
+    with pytest.raises(StartupError, match="reasoning_effort_budgets"):
+        settings_from_args(build_parser().parse_args(["--set", "api.reasoning_effort_budgets={low: -1}"]))
+
+
 def test_serve_config_yaml_is_valid() -> None:
     from pathlib import Path
 
