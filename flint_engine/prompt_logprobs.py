@@ -14,7 +14,7 @@ import torch
 from .model import FlintModel
 from .scheduler import ScheduledChunk
 
-ROWS_A_PASS = 512
+ROWS_A_PASS = 256  # ~150 MB of FP32 logits and as much log-softmax at Flint's vocabulary
 
 
 def wants_prompt_logprobs(chunk: ScheduledChunk) -> bool:

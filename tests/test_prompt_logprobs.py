@@ -10,6 +10,7 @@ import pytest
 import torch
 from api_fixtures import tiny_checkpoint, tiny_engine, tiny_server
 
+from flint_engine import prompt_logprobs
 from flint_engine.sampling_params import SamplingParams
 
 PROMPT = [(7 * i + 3) % 384 for i in range(45)]
@@ -33,8 +34,10 @@ def assert_close(got: list, want: list) -> None:
         assert [v for _, v in g[2]] == pytest.approx([v for _, v in w[2]], abs=1e-4)
 
 
-@pytest.mark.parametrize("chunk", [2048, 16, 7])
-def test_prompt_logprobs_equal_a_whole_forward(tmp_path, chunk: int) -> None:
+@pytest.mark.parametrize(("chunk", "rows_a_pass"), [(2048, 256), (2048, 8), (16, 5), (7, 256)])
+def test_prompt_logprobs_equal_a_whole_forward(tmp_path, monkeypatch, chunk: int, rows_a_pass: int) -> None:
+    """In one step or in chunks, the lm_head rows in one pass or several (a pass boundary inside a chunk)."""
+    monkeypatch.setattr(prompt_logprobs, "ROWS_A_PASS", rows_a_pass)
     engine = tiny_engine(tiny_checkpoint(tmp_path), max_num_batched_tokens=chunk)
     want = expected(engine, PROMPT, 3)
     params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3)
