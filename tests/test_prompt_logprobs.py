@@ -142,3 +142,25 @@ def test_vllm_prompt_logprobs_on_completions_and_chat(server) -> None:
     }
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json=forced, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_prompt_logprobs_have_a_prompt_length_cap(tmp_path) -> None:
+    """Each prompt token's entry stays on the host until the answer: `api.max_prompt_logprobs_tokens` bounds it."""
+    from flint_engine.api.settings import APISettings
+
+    srv = tiny_server(tmp_path, APISettings(max_prompt_logprobs_tokens=20))
+    try:
+        url = f"{srv.base_url}/v1/completions"
+        body = {"model": "flint", "prompt": PROMPT, "max_tokens": 1}
+        for extra, param in (({"echo": True, "logprobs": 1}, "echo"), ({"prompt_logprobs": 0}, "prompt_logprobs")):
+            r = httpx.post(url, json={**body, **extra}, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param and "up to 20" in r.text
+        ok = httpx.post(url, json={**body, "prompt": PROMPT[:20], "echo": True, "logprobs": 1}, timeout=60)
+        assert ok.status_code == 200 and len(ok.json()["choices"][0]["logprobs"]["tokens"]) == 21
+        chat = {"model": "flint", "messages": [{"role": "user", "content": "x " * 30}], "prompt_logprobs": 0}
+        r = httpx.post(f"{srv.base_url}/v1/chat/completions", json=chat, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+        plain = httpx.post(url, json={**body, "echo": True}, timeout=60)  # echo alone keeps no entries
+        assert plain.status_code == 200
+    finally:
+        srv.stop()

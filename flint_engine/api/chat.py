@@ -17,7 +17,7 @@ from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error, validation_error
-from .limits import check_common_request, resolve_max_tokens
+from .limits import check_common_request, check_prompt_logprobs, resolve_max_tokens
 from .logprobs import Entry, TokenText, chat_logprobs, prompt_logprobs
 from .protocol import (
     AssistantMessage,
@@ -138,6 +138,8 @@ class ChatHandler:
             messages, None if tool_choice_none else tools, add_generation_prompt=req.add_generation_prompt, **kwargs
         )
         prompt_ids = backend.tokenizer.encode(prompt_text)
+        if req.prompt_logprobs is not None:
+            check_prompt_logprobs(len(prompt_ids), s, "prompt_logprobs")
         thinking = prompt_text.rstrip().endswith(THINK_START)
         max_tokens = resolve_max_tokens(req.requested_max_tokens(), len(prompt_ids), backend, s)
         base = SamplingParams(

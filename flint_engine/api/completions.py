@@ -13,7 +13,7 @@ from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
-from .limits import check_common_request, resolve_max_tokens
+from .limits import check_common_request, check_prompt_logprobs, resolve_max_tokens
 from .logprobs import TokenText, completion_logprobs, prompt_logprobs
 from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, PromptTokensDetails, Usage
 from .settings import APISettings
@@ -62,6 +62,9 @@ class CompletionHandler:
         json_mode, json_schema = req.json_constraint()
         wanted = (req.prompt_logprobs, req.logprobs if req.echo else None)
         prompt_k = max((k for k in wanted if k is not None), default=None)
+        if prompt_k is not None:
+            for ids in prompts:
+                check_prompt_logprobs(len(ids), s, "prompt_logprobs" if req.prompt_logprobs is not None else "echo")
         plans = []
         for ids in prompts:
             max_tokens = resolve_max_tokens(

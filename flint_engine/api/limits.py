@@ -25,6 +25,17 @@ def check_common_request(req: SamplingFields, backend: GenerationBackend, s: API
         raise APIError(400, f"max_tokens must be <= {s.max_tokens_limit}, got {req.max_tokens}", "max_tokens")
 
 
+def check_prompt_logprobs(prompt_len: int, s: APISettings, field: str) -> None:
+    """A request for its prompt's log-probabilities keeps an entry per prompt token on the host: within a cap."""
+    if prompt_len > s.max_prompt_logprobs_tokens:
+        raise APIError(
+            400,
+            f"the prompt's log-probabilities are returned for prompts of up to {s.max_prompt_logprobs_tokens}"
+            f" tokens; this one has {prompt_len}",
+            field,
+        )
+
+
 def resolve_max_tokens(
     requested: int | None, prompt_len: int, backend: GenerationBackend, s: APISettings, field: str = "messages"
 ) -> int:

@@ -17,6 +17,8 @@ class APISettings(BaseModel):
     max_stop_length: int = Field(default=256, ge=1)
     max_tools: int = Field(default=128, ge=0)
     max_tool_schema_bytes: int = Field(default=64 * 1024, ge=256)
+    # Prompt log-probabilities (echo with logprobs, prompt_logprobs) keep a host entry a prompt token.
+    max_prompt_logprobs_tokens: int = Field(default=32768, ge=1)
     # Thinking budgets where a request names none (`thinking_token_budget`, Anthropic's budget_tokens): by its
     # reasoning effort (OpenAI's reasoning_effort / Responses' reasoning.effort, Anthropic's output_config.effort),
     # e.g. {"low": 512, "medium": 2048}, else the server's default; None: the model thinks as long as it likes.
