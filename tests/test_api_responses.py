@@ -258,8 +258,7 @@ def test_json_schema_format(client: openai.OpenAI) -> None:
         ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "hi", "model": "gpt-9"}, "does not exist"),
-        ({"input": "hi", "top_logprobs": 3}, "use /v1/chat/completions for logprobs"),
-        ({"input": "hi", "include": ["message.output_text.logprobs"]}, "use /v1/chat/completions for logprobs"),
+        ({"input": "hi", "top_logprobs": 21}, "top_logprobs"),
     ],
 )
 def test_refusals_in_openai_error_shape(server, body: dict, says: str) -> None:
@@ -269,13 +268,40 @@ def test_refusals_in_openai_error_shape(server, body: dict, says: str) -> None:
     assert set(err) == {"message", "type", "param", "code"} and says in err["message"], err
 
 
-def test_codex_style_include_and_zero_top_logprobs_are_accepted(server) -> None:
-    """`include: ["reasoning.encrypted_content"]` (sent by stateless agents) and `top_logprobs: 0` ask for nothing
-    this server would leave out."""
-    body = {"model": "flint", "input": "hi", "max_output_tokens": 4, "store": False, "top_logprobs": 0}
+def test_codex_style_include_is_accepted(server) -> None:
+    """`include: ["reasoning.encrypted_content"]` (sent by stateless agents) asks for nothing this server would
+    leave out; no logprobs unless asked."""
+    body = {"model": "flint", "input": "What is 7 + 8?", "temperature": 0, "store": False}
     body["include"] = ["reasoning.encrypted_content"]
     r = httpx.post(server.base_url + "/v1/responses", json=body, timeout=60)
-    assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text
+    assert r.status_code == 200 and r.json()["status"] == "completed", r.text
+    [message] = [o for o in r.json()["output"] if o["type"] == "message"]
+    assert message["content"][0]["logprobs"] == []
+
+
+def test_output_text_logprobs(server, client: openai.OpenAI) -> None:
+    """`include: ["message.output_text.logprobs"]` with `top_logprobs`: the answer's tokens (not the thinking's,
+    not </think> or the end of turn), each with its alternatives, equal to the chat endpoint's last entries; the
+    stream's deltas carry them in pieces that add up to the done event's."""
+    ask = "What is 7 + 8?"
+    r = client.responses.create(
+        model="flint", input=ask, temperature=0, include=["message.output_text.logprobs"], top_logprobs=2
+    )
+    [message] = [o for o in r.output if o.type == "message"]
+    part = message.content[0]
+    assert part.logprobs and "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(len(lp.top_logprobs) == 2 and lp.top_logprobs[0].logprob >= lp.logprob for lp in part.logprobs)
+    chat = client.chat.completions.create(
+        model="flint", messages=[{"role": "user", "content": ask}], temperature=0, logprobs=True, top_logprobs=2
+    )
+    entries = chat.choices[0].logprobs.content  # thinking, </think>, the answer, the end of turn
+    answer = entries[-1 - len(part.logprobs) : -1]
+    assert [(e.token, e.logprob) for e in answer] == [(lp.token, lp.logprob) for lp in part.logprobs]
+    body = {"model": "flint", "input": ask, "temperature": 0, "top_logprobs": 1, "stream": True}
+    events = named_events(server.base_url + "/v1/responses", body)
+    deltas = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    [done] = [e for e in events if e["type"] == "response.output_text.done"]
+    assert deltas == done["logprobs"] and [d["token"] for d in deltas] == [lp.token for lp in part.logprobs]
 
 
 def test_nothing_is_stored(server) -> None:

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..parsers.reasoning import THINK_END
+from ..parsers.tool_calls import TOOL_CALL_END, TOOL_CALL_START
 from .backend import GenerationBackend
 from .chat import ChatHandler, PreparedChat, chat_request_of, parsed_deltas
 from .choices import ChoiceEvent, collect, totals
 from .errors import APIError, error_body, to_api_error
+from .logprobs import Entry, TokenText, chat_logprobs
 from .responses_protocol import ResponsesRequest
 from .settings import APISettings
 
@@ -85,12 +87,12 @@ def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    content = [_text_part(text)] if status != "in_progress" else []
+def _message_item(item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content = [_text_part(text, logprobs)] if status != "in_progress" else []
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
@@ -120,16 +122,19 @@ class ResponsesHandler:
         tok = self.backend.tokenizer
         return _ThinkingTokens(prep.chat.thinking, tok.token_to_id(THINK_END) if tok is not None else None)
 
+    def _message_logprobs(self, prep: PreparedResponse) -> _MessageLogprobs:
+        return _MessageLogprobs(prep.req.output_logprobs(), prep.chat.thinking, self.backend.tokenizer)
+
     async def complete(self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent]) -> dict[str, Any]:
-        thinking = self._thinking_tokens(prep)
-        [done] = await collect(thinking.count(events), 1)
+        thinking, logprobs = self._thinking_tokens(prep), self._message_logprobs(prep)
+        [done] = await collect(thinking.count(logprobs.watch(events)), 1)
         parsed = prep.chat.parser().parse(done.text)
         status = "incomplete" if done.final.finish_reason == "length" else "completed"
         output = []
         if parsed.reasoning:
             output.append(_reasoning_item(_item_id("rs"), parsed.reasoning, "completed"))
         if parsed.content:
-            output.append(_message_item(_item_id("msg"), parsed.content, "completed"))
+            output.append(_message_item(_item_id("msg"), parsed.content, "completed", logprobs.all))
         for call in parsed.tool_calls:
             output.append(_call_item(_item_id("fc"), call.id, call.name, call.arguments, "completed"))
         if status == "incomplete" and output and output[-1]["type"] != "function_call":
@@ -142,13 +147,13 @@ class ResponsesHandler:
     ) -> AsyncIterator[str]:
         """The Responses event stream for `events` (primed by the caller); an error after the 200 is an `error`
         event followed by `response.failed`."""
-        emitter = _EventStream(prep)
+        emitter = _EventStream(prep, self._message_logprobs(prep))
         yield emitter.event("response.created", response=prep.envelope("in_progress", [], None))
         yield emitter.event("response.in_progress", response=prep.envelope("in_progress", [], None))
         completion, cached, finish = 0, 0, None
         try:
             thinking = self._thinking_tokens(prep)
-            async for ev, deltas in parsed_deltas(prep.chat, thinking.count(events)):
+            async for ev, deltas in parsed_deltas(prep.chat, thinking.count(emitter.logprobs.watch(events))):
                 completion, cached = ev.completion_tokens, max(cached, ev.cached_tokens)
                 finish = ev.finish_reason if ev.finished else finish
                 for d in deltas:
@@ -188,11 +193,53 @@ class _ThinkingTokens:
             yield ev
 
 
+class _MessageLogprobs:
+    """The output text's token logprobs, in the Responses API's shape, from the events' entries as they pass: the
+    tokens outside the thinking (up to `</think>`, or a tool call opened inside it, as the reasoning parser reads it)
+    and outside tool calls, special tokens left out. `all` for the whole text, `take_pending` for a delta's."""
+
+    def __init__(self, top: int | None, thinking: bool, tokenizer: Any) -> None:
+        self.top = top
+        ids = tokenizer.token_to_id if tokenizer is not None else (lambda _: None)
+        self.think_end, self.call_start, self.call_end = ids(THINK_END), ids(TOOL_CALL_START), ids(TOOL_CALL_END)
+        self.special = tokenizer.special_token_ids if tokenizer is not None else frozenset()
+        self.text = TokenText(tokenizer) if tokenizer is not None else None
+        self.in_thinking = thinking and self.think_end is not None
+        self.in_call = False
+        self.all: list[dict[str, Any]] = []
+        self.pending: list[dict[str, Any]] = []
+
+    async def watch(self, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:
+        async for ev in events:
+            if self.top is not None and self.text is not None:
+                for entry in ev.logprobs or ():
+                    self._take(entry)
+            yield ev
+
+    def _take(self, entry: Entry) -> None:
+        token = entry[0]
+        if token == self.call_start:
+            self.in_thinking, self.in_call = False, True
+        elif self.in_thinking:
+            self.in_thinking = token != self.think_end
+        elif self.in_call:
+            self.in_call = token != self.call_end
+        elif token not in self.special:
+            [shaped] = chat_logprobs(self.text, [entry], self.top or 0).model_dump()["content"]  # type: ignore[arg-type]
+            self.all.append(shaped)
+            self.pending.append(shaped)
+
+    def take_pending(self) -> list[dict[str, Any]]:
+        out, self.pending = self.pending, []
+        return out
+
+
 class _EventStream:
     """Numbers events and tracks the output item being written (reasoning, message, or a function call)."""
 
-    def __init__(self, prep: PreparedResponse) -> None:
+    def __init__(self, prep: PreparedResponse, logprobs: _MessageLogprobs) -> None:
         self.prep = prep
+        self.logprobs = logprobs
         self.seq = 0
         self.output: list[dict[str, Any]] = []
         self.open: str | None = None  # "reasoning", "message" or "call"
@@ -229,8 +276,11 @@ class _EventStream:
             lines.append(self.event("response.reasoning_text.done", **where, content_index=0, text=self.text))
             lines.append(self.event("response.content_part.done", **where, content_index=0, part=part))
         elif self.open == "message":
-            done = _message_item(item["id"], self.text, status)
-            lines.append(self.event("response.output_text.done", **where, content_index=0, text=self.text, logprobs=[]))
+            done = _message_item(item["id"], self.text, status, self.logprobs.all)
+            all_lp = self.logprobs.all
+            lines.append(
+                self.event("response.output_text.done", **where, content_index=0, text=self.text, logprobs=all_lp)
+            )
             lines.append(self.event("response.content_part.done", **where, content_index=0, part=done["content"][0]))
         else:
             done = _call_item(item["id"], item["call_id"], item["name"], self.text, "completed")
@@ -253,8 +303,9 @@ class _EventStream:
                 lines += self.close_item()
                 lines += self._open("message", _message_item(_item_id("msg"), "", "in_progress"))
             self.text += content
+            lp = self.logprobs.take_pending()
             lines.append(
-                self.event("response.output_text.delta", **self._where(), content_index=0, delta=content, logprobs=[])
+                self.event("response.output_text.delta", **self._where(), content_index=0, delta=content, logprobs=lp)
             )
         for call in tool_calls or []:
             index = call.get("index", 0)

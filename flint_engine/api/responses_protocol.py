@@ -44,27 +44,11 @@ class ResponsesRequest(Lenient):
     conversation: Any = None
     background: Any = None
     prompt: Any = None
-    # Logprobs of the output text are not returned here (the chat endpoint has them).
-    top_logprobs: int | None = None
+    # The output text's logprobs: asked for by `include` or by `top_logprobs` (the alternatives a token). Other
+    # `include` values name outputs of tools this server does not offer, or encrypted reasoning (the reasoning
+    # item's text is what a client sends back here), so there is nothing for them to add.
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     include: list[str] | None = None
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError("top_logprobs is not supported on /v1/responses: use /v1/chat/completions for logprobs")
-        return v
-
-    @field_validator("include")
-    @classmethod
-    def _no_logprobs_included(cls, v: list[str] | None) -> list[str] | None:
-        # Other values name outputs of tools this server does not offer, or encrypted reasoning (the reasoning
-        # item's text is what a client sends back here), so there is nothing for them to add.
-        if v and "message.output_text.logprobs" in v:
-            raise ValueError(
-                "include message.output_text.logprobs is not supported: use /v1/chat/completions for logprobs"
-            )
-        return v
 
     @field_validator("previous_response_id", "conversation", "prompt")
     @classmethod
@@ -90,6 +74,12 @@ class ResponsesRequest(Lenient):
         return v
 
     # ------------------------------------------------------------------ translation
+    def output_logprobs(self) -> int | None:
+        """The alternatives a token of the output text's logprobs (0: the token's own only), or None: none asked."""
+        if self.top_logprobs is None and "message.output_text.logprobs" not in (self.include or []):
+            return None
+        return self.top_logprobs or 0
+
     def reasoning_effort(self) -> str | None:
         effort = (self.reasoning or {}).get("effort")
         return effort if isinstance(effort, str) else None
@@ -111,6 +101,8 @@ class ResponsesRequest(Lenient):
             "ignore_eos": self.ignore_eos or None,
             "stream": self.stream,
         }
+        if self.output_logprobs() is not None:
+            body["logprobs"], body["top_logprobs"] = True, self.output_logprobs()
         if self.tools is not None:
             body["tools"] = [_chat_tool(t, i) for i, t in enumerate(self.tools)]
         if self.tool_choice is not None:
