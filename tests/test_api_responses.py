@@ -337,3 +337,40 @@ def test_leaving_a_stream_aborts_its_request(server, path: str, body: dict) -> N
         assert server.engine.engine.metrics.snapshot()["num_requests_running"] == 1
     assert wait_until_idle(server)
     assert server.engine.engine.metrics.snapshot()["request_success_total"]["abort"] == aborted + 1
+
+
+def test_truncation_auto_drops_the_oldest_turns(tmp_path) -> None:
+    """A conversation longer than the context: a 400 as with `disabled`, while `auto` drops whole turns from the
+    oldest (the instructions kept) until it fits; a last turn that alone does not fit stays a 400."""
+    from api_fixtures import tiny_server
+
+    srv = tiny_server(tmp_path, max_model_len=160)
+    try:
+        turns = []
+        for i in range(8):
+            turns.append({"role": "user", "content": f"question {i}: " + "tell me more " * 4})
+            turns.append({"role": "assistant", "content": f"answer {i}: " + "here is more " * 4})
+        turns.append({"role": "user", "content": "and the last one?"})
+        body = {"model": "flint", "input": turns, "instructions": "Be brief.", "max_output_tokens": 4}
+        url = srv.base_url + "/v1/responses"
+        r = httpx.post(url, json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        r = httpx.post(url, json={**body, "truncation": "auto"}, timeout=60)
+        assert r.status_code == 200 and r.json()["truncation"] == "auto", r.text
+        kept = r.json()["usage"]["input_tokens"]
+        assert 0 < kept < 160
+        # The largest suffix of whole turns that fits, with the instructions first: one turn more would not.
+        tokenize = srv.base_url + "/tokenize"
+
+        def length(items: list[dict]) -> int:
+            msgs = [{"role": "system", "content": "Be brief."}, *items]
+            return httpx.post(tokenize, json={"messages": msgs}).json()["count"]
+
+        starts = [i for i, t in enumerate(turns) if t["role"] == "user"]
+        fitting = [s for s in starts if length(turns[s:]) < 160]
+        assert kept == length(turns[fitting[0] :]) and fitting[0] > 0
+        huge = {**body, "input": "word " * 400, "truncation": "auto"}
+        r = httpx.post(url, json=huge, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    finally:
+        srv.stop()

@@ -22,8 +22,12 @@ from .chat import ChatHandler, PreparedChat, chat_request_of, parsed_deltas
 from .choices import ChoiceEvent, collect, totals
 from .errors import APIError, error_body, to_api_error
 from .logprobs import Entry, TokenText, chat_logprobs
+from .protocol import ChatCompletionRequest
 from .responses_protocol import ResponsesRequest
 from .settings import APISettings
+
+# The errors of an input too long for the context or the server's prompt limit (`limits.resolve_max_tokens`).
+_TOO_LONG = ("context_length_exceeded", "prompt_too_long")
 
 
 def _item_id(prefix: str) -> str:
@@ -59,7 +63,7 @@ class PreparedResponse:
             "tool_choice": req.tool_choice or "auto",
             "tools": req.tools or [],
             "top_p": req.top_p,
-            "truncation": "disabled",
+            "truncation": req.truncation or "disabled",
             "usage": usage,
             "user": req.user,
             "metadata": req.metadata or {},
@@ -113,7 +117,29 @@ class ResponsesHandler:
         self.backend = backend
 
     def prepare(self, req: ResponsesRequest) -> PreparedResponse:
-        return PreparedResponse(req, self.chat.prepare(chat_request_of(req)))
+        chat = chat_request_of(req)
+        try:
+            return PreparedResponse(req, self.chat.prepare(chat))
+        except APIError as exc:
+            if req.truncation != "auto" or exc.code not in _TOO_LONG:
+                raise
+            return PreparedResponse(req, self._truncated(chat, exc))
+
+    def _truncated(self, chat: ChatCompletionRequest, too_long: APIError) -> PreparedChat:
+        """`truncation: "auto"`: the conversation without its oldest turns (a turn runs from a user message to the
+        next), the instructions kept, the fewest dropped that make it fit; `too_long` again if even the last turn
+        does not."""
+        messages = list(chat.messages)
+        lead = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), len(messages))
+        system, turns = messages[:lead], messages[lead:]  # the instructions, then the conversation
+        starts = [i for i, m in enumerate(turns) if m.role == "user"]
+        for start in starts[1:]:
+            try:
+                return self.chat.prepare(chat.model_copy(update={"messages": system + turns[start:]}))
+            except APIError as exc:
+                if exc.code not in _TOO_LONG:
+                    raise
+        raise too_long
 
     def events(self, prep: PreparedResponse) -> AsyncIterator[ChoiceEvent]:
         return self.chat.events(prep.chat)

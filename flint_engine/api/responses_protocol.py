@@ -9,7 +9,7 @@ user message or a list of items (messages, the model's earlier `function_call`s 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -49,6 +49,8 @@ class ResponsesRequest(Lenient):
     # item's text is what a client sends back here), so there is nothing for them to add.
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     include: list[str] | None = None
+    # "auto": an input longer than the context loses its oldest turns (after the instructions) until it fits.
+    truncation: Literal["auto", "disabled"] | None = None
 
     @field_validator("previous_response_id", "conversation", "prompt")
     @classmethod
