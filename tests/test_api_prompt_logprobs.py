@@ -1,7 +1,8 @@
 """Log-probabilities of the prompt's own tokens (`SamplingParams.prompt_logprobs`; OpenAI's `echo` with `logprobs`
-on /v1/completions, which lm-evaluation-harness's `local-completions` reads to score answers): equal to one whole
-forward's FP32 log-softmax, whether the prompt is prefilled in one step or in chunks, after a prefix-cache hit
-would have skipped it, and beside requests that ask for nothing."""
+on /v1/completions, which lm-evaluation-harness's `local-completions` reads to score answers, and vLLM's
+`prompt_logprobs`): equal to one whole forward's FP32 log-softmax, whether the prompt is prefilled in one step or in
+chunks, after a prefix-cache hit would have skipped it, and beside requests that ask for nothing; through the API.
+The GPU's fused path against the reference: tests/test_prompt_logprobs_gpu.py."""
 
 from __future__ import annotations
 
