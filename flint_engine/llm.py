@@ -107,8 +107,8 @@ class LLM:
 
         `tools` are offered as in the API with tool_choice "auto"; the model's calls come back parsed. With an
         output constraint (`params.json_mode`, `choice` or `regex`) and thinking on, the constraint starts after the
-        thinking, as in the API. With
-        `params.n` > 1 each conversation's n replies come one after another.
+        thinking, and `params.thinking_token_budget` caps the thinking, as in the API. With `params.n` > 1 each
+        conversation's n replies come one after another.
         """
         if len(conversations) == 0:
             raise ValueError("no conversation given")
