@@ -22,11 +22,6 @@ class ChoicePrefix:
         self.choices = sorted({c.encode() for c in choices})
         self.text = b""
 
-    def copy(self) -> ChoicePrefix:
-        other = object.__new__(ChoicePrefix)
-        other.choices, other.text = self.choices, self.text
-        return other
-
     def _extensions(self, text: bytes) -> list[bytes]:
         """The choices that start with `text` (a run of the sorted list), at most two: enough to tell "several"."""
         i = bisect.bisect_left(self.choices, text)

@@ -64,12 +64,6 @@ class RegexPrefix:
         self._whole_chars = True  # the output so far does not end inside a character
         self._first_chars: dict[str, bool] = {}  # per state: may the output go on with this character?
 
-    def copy(self) -> RegexPrefix:
-        other = object.__new__(RegexPrefix)
-        other.pattern, other.data, other.timed_out = self.pattern, self.data, self.timed_out
-        other._whole_chars, other._first_chars = self._whole_chars, {}
-        return other
-
     def _match(self, text: str) -> Any:
         try:
             return self.pattern.fullmatch(text, partial=True, timeout=MATCH_TIMEOUT_S)

@@ -127,8 +127,8 @@ def test_vllm_prompt_logprobs_on_completions_and_chat(server) -> None:
         above = sum(v > lp + 1e-6 for _, v in top)  # the prompt token's rank counts the tokens above it
         assert row[str(token)]["rank"] == above + 1 or (row[str(token)]["rank"] > 2 and above == 2)
     chat = {"model": "flint", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "prompt_logprobs": 0}
-    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=chat, timeout=60)
-    assert r.status_code == 200, r.text
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json={**chat, "n": 2}, timeout=60)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text  # the first choice computes them
     ids = httpx.post(f"{server.base_url}/tokenize", json={"messages": chat["messages"]}).json()["tokens"]
     scored = r.json()["prompt_logprobs"]
     assert len(scored) == len(ids) and scored[0] is None

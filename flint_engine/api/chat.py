@@ -175,7 +175,9 @@ class ChatHandler:
         plans = []
         for i in range(req.n):
             seed = None if req.seed is None else req.seed + i
-            params = base if seed == base.seed else SamplingParams(**{**base.__dict__, "seed": seed})
+            # The prompt's logprobs are the response's, not a choice's: the first choice computes them alone.
+            changes = {"seed": seed} | ({"prompt_logprobs": None} if i else {})
+            params = base if seed == base.seed and not i else SamplingParams(**{**base.__dict__, **changes})
             plans.append(ChoicePlan(prompt_ids, params, thinking, force, tool_names))
         return PreparedChat(
             prompt_ids,
