@@ -4,6 +4,7 @@ answers as the chat endpoint for the same conversation, as content blocks and An
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import httpx
@@ -15,21 +16,20 @@ from flint_engine.api.settings import APISettings
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
 
-DEMO = Path(__file__).resolve().parents[1] / "flint_engine" / "assets" / "flint-demo.gguf"
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "flint_engine" / "assets" / "flint-demo.gguf"
+sys.path.insert(0, str(ROOT / "tools"))
+
+from demo_corpus import TOOL_WEATHER  # noqa: E402
+
 KEY = "sk-anthropic-style-key"
+# The tool the demo model was trained on, in Anthropic's shape and the chat one.
 WEATHER = {
-    "name": "get_weather",
-    "description": "Get the weather forecast for a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city", "days"],
-    },
+    "name": TOOL_WEATHER["function"]["name"],
+    "description": TOOL_WEATHER["function"]["description"],
+    "input_schema": TOOL_WEATHER["function"]["parameters"],
 }
-CHAT_WEATHER = {
-    "type": "function",
-    "function": {"name": "get_weather", "description": WEATHER["description"], "parameters": WEATHER["input_schema"]},
-}
+CHAT_WEATHER = TOOL_WEATHER
 ASK_WEATHER = "Weather forecast for Oslo, 3 days."
 HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 

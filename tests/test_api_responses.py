@@ -4,6 +4,7 @@ the same answers as the chat endpoint for the same conversation, items and event
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import httpx
@@ -16,18 +17,15 @@ from flint_engine.api.settings import APISettings
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
 
-DEMO = Path(__file__).resolve().parents[1] / "flint_engine" / "assets" / "flint-demo.gguf"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the weather forecast for a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city", "days"],
-    },
-}
-CHAT_WEATHER = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "flint_engine" / "assets" / "flint-demo.gguf"
+sys.path.insert(0, str(ROOT / "tools"))
+
+from demo_corpus import TOOL_WEATHER  # noqa: E402
+
+# The tool the demo model was trained on, in the Responses API's shape and the chat one.
+WEATHER = {"type": "function", **TOOL_WEATHER["function"]}
+CHAT_WEATHER = TOOL_WEATHER
 ASK_WEATHER = "Weather forecast for Oslo, 3 days."
 
 
