@@ -1,5 +1,5 @@
 """`flint`: checkpoint tools (make random checkpoints, convert HF -> GGUF, inspect) and local generation
-(`flint generate`, in `generate_cli`)."""
+(`flint generate`, in `generate_cli`; `flint run-batch`, in `batch_cli`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from flint_kernels import nvfp4_mma_scales
 
+from .batch_cli import add_parser as add_batch_parser
 from .checkpoint import FLINT_GENERATION_DEFAULTS, CheckpointError, open_source
 from .checkpoint.gguf_writer import FORMATS, write_gguf
 from .checkpoint.hf_writer import write_hf
@@ -302,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("path")
     ins.set_defaults(func=cmd_inspect)
     add_generate_parser(sub)
+    add_batch_parser(sub)
     return p
 
 
