@@ -6,9 +6,11 @@
 #   call 2 (carry [".rayB"]):  bash benchmarks/gpu_serve.sh
 # .rayB also holds the wheels the GPU image lacks (gguf, openai and their needs); after the script above:
 #   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux2014_x86_64 -d .rayB openai httpx2 httpcore2 truststore distro jiter sniffio
+#     --platform manylinux2014_x86_64 -d .rayB openai httpx2 httpcore2 truststore distro jiter sniffio regex \
+#     python-multipart
 #   cp .whl/gguf-*.whl .rayB/
-# (On 2026-12-01 .rayB had openai without httpx2: serve_smoke.py failed to import, serve_load.py ran.)
+# (On 2026-12-01 .rayB had openai without httpx2: serve_smoke.py failed to import, serve_load.py ran.) regex serves
+# guided_regex and python-multipart the Batch API's uploads (/v1/files answers 501 without it).
 #
 # flint-serve with one replica of the full-size model (random NVFP4 weights built on the GPU; MODEL=random:full for
 # BF16) through the router: serve_smoke.py (openai client; the replica must report a CUDA device), serve_load.py.

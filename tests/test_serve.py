@@ -84,6 +84,31 @@ def test_chat_and_streaming_through_the_router(cluster: ServeCluster, client: op
     assert picked.choices[0].message.content in ("yes", "no"), picked
 
 
+def test_a_batch_runs_in_the_router(cluster: ServeCluster, client: openai.OpenAI) -> None:
+    """OpenAI's Batch API on the Ray app: the router keeps the files and sends the batch's requests to the
+    replicas as it sends any request; each record is the chat endpoint's answer."""
+    bodies = {f"q{i}": {"messages": [{"role": "user", "content": f"Hi {i}"}], "max_tokens": 6, "temperature": 0}
+              for i in range(3)}  # fmt: skip
+    text = "\n".join(
+        json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
+        for cid, body in bodies.items()
+    )
+    uploaded = client.files.create(file=("in.jsonl", text.encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    wait_for(lambda: client.batches.retrieve(batch.id).status == "completed", 60, "the batch to complete")
+    batch = client.batches.retrieve(batch.id)
+    assert batch.request_counts.completed == 3 and batch.error_file_id is None
+    records = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
+    assert sorted(r["custom_id"] for r in records) == sorted(bodies)
+    for r in records:
+        direct = client.chat.completions.create(model="flint", **bodies[r["custom_id"]])
+        message = r["response"]["body"]["choices"][0]["message"]
+        assert (message["content"], message.get("reasoning")) == (
+            direct.choices[0].message.content,
+            direct.choices[0].message.model_extra.get("reasoning"),
+        )
+
+
 def test_two_replicas_both_take_traffic(cluster: ServeCluster, client: openai.OpenAI) -> None:
     def one(i: int) -> None:
         client.completions.create(model="flint", prompt=f"prompt number {i} " * 3, max_tokens=4)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
 import time
@@ -22,6 +23,8 @@ from .anthropic_messages import MessagesHandler, anthropic_error
 from .anthropic_protocol import MessagesRequest
 from .auth import APIKeys
 from .backend import GenerationBackend
+from .batch_jobs import INTERNAL_OWNER_HEADER, INTERNAL_TOKEN_HEADER
+from .batch_routes import FILES_PATH, add_batch_routes, batch_jobs, upload_cap
 from .chat import ChatHandler
 from .choices import ChoiceEvent
 from .completions import CompletionHandler
@@ -85,10 +88,11 @@ class GateMiddleware:
     """Pure ASGI (so disconnects still reach the handlers): API keys, body-size cap, per-key concurrency, request
     ids and one log line per request, which never contains prompt or completion text."""
 
-    def __init__(self, app: Any, settings: APISettings, keys: APIKeys) -> None:
+    def __init__(self, app: Any, settings: APISettings, keys: APIKeys, internal_token: str | None = None) -> None:
         self.app = app
         self.settings = settings
         self.keys = keys
+        self.internal_token = internal_token  # a Batch API job's requests, in this process, carry it
         self.in_flight: dict[str, int] = {}
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -113,7 +117,11 @@ class GateMiddleware:
             await response(scope, receive, send)
 
         key_id = None
-        if self.keys.enabled and path not in PUBLIC_PATHS and (path != "/metrics" or s.protect_metrics):
+        token = headers.get(INTERNAL_TOKEN_HEADER, "")
+        internal = bool(self.internal_token and token) and hmac.compare_digest(token, self.internal_token or "")
+        if internal:  # a batch's request: its owner's, admitted when the batch was
+            key_id = headers.get(INTERNAL_OWNER_HEADER, "")
+        elif self.keys.enabled and path not in PUBLIC_PATHS and (path != "/metrics" or s.protect_metrics):
             auth = headers.get("authorization", "")
             # Anthropic's clients send the key as x-api-key.
             token = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "").strip()
@@ -128,11 +136,14 @@ class GateMiddleware:
                 log.info("request %s %s %s -> 401", rid, method, path)
                 return
             key_id = hashlib.sha256(key.encode()).hexdigest()[:12]
+        # The request's owner (its key's hash, "" without keys): the Batch API's files and batches are the owner's.
+        scope.setdefault("state", {})["owner"] = key_id or ""
         length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > s.max_request_bytes:
-            await refuse(413, f"request body is larger than {s.max_request_bytes} bytes", "request_too_large")
+        cap = upload_cap(s) if path == FILES_PATH else s.max_request_bytes
+        if length.isdigit() and int(length) > cap:
+            await refuse(413, f"request body is larger than {cap} bytes", "request_too_large")
             return
-        limited = key_id is not None and s.max_concurrent_per_key is not None and method == "POST"
+        limited = key_id is not None and not internal and s.max_concurrent_per_key is not None and method == "POST"
         if limited:
             if self.in_flight.get(key_id, 0) >= s.max_concurrent_per_key:  # type: ignore[arg-type,operator]
                 await refuse(
@@ -182,11 +193,14 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
         )
 
-    app.add_middleware(GateMiddleware, settings=settings, keys=keys)
+    jobs = batch_jobs(settings)
+    jobs.app = app  # a batch's requests go through the whole app, this gate included
+    app.state.batch_jobs = jobs
+    app.add_middleware(GateMiddleware, settings=settings, keys=keys, internal_token=jobs.token)
 
     async def _body(request: Request) -> Any:
         """The JSON body, read with a hard size cap (chunked uploads have no Content-Length)."""
@@ -280,6 +294,8 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
             return JSONResponse(messages.count_tokens(_parse(MessagesRequest, data)))
         except APIError as exc:
             return anthropic_error(exc)
+
+    add_batch_routes(app, jobs, _body, _parse)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> Response:

@@ -29,13 +29,14 @@ class BatchLine:
 
 
 class BatchFileError(ValueError):
-    """The input file has lines that are not valid batch requests; each problem names its line."""
+    """The input file has lines that are not valid batch requests: (line number, problem) each."""
 
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        shown = problems[:_LISTED]
-        more = f"\n... and {len(problems) - _LISTED} more" if len(problems) > _LISTED else ""
-        super().__init__(f"{len(problems)} problem(s) in the batch file:\n" + "\n".join(shown) + more)
+    def __init__(self, found: list[tuple[int, str]]) -> None:
+        self.found = found
+        self.problems = [f"line {n}: {what}" for n, what in found]
+        shown = self.problems[:_LISTED]
+        more = f"\n... and {len(found) - _LISTED} more" if len(found) > _LISTED else ""
+        super().__init__(f"{len(found)} problem(s) in the batch file:\n" + "\n".join(shown) + more)
 
 
 def _line_problem(data: Any, model_name: str) -> str | None:
@@ -59,10 +60,13 @@ def _line_problem(data: Any, model_name: str) -> str | None:
     return None
 
 
-def read_batch_lines(lines: Iterable[str], model_name: str) -> list[BatchLine]:
-    """Every request of a batch file, or BatchFileError listing each bad line (blank lines are skipped)."""
+def read_batch_lines(
+    lines: Iterable[str], model_name: str, endpoint: str | None = None, max_requests: int | None = None
+) -> list[BatchLine]:
+    """Every request of a batch file, or BatchFileError listing each bad line (blank lines are skipped); with
+    `endpoint`, every line's url must be it (a Batch API batch names one)."""
     found: list[BatchLine] = []
-    problems: list[str] = []
+    problems: list[tuple[int, str]] = []
     seen: dict[str, int] = {}
     for number, text in enumerate(lines, start=1):
         if not text.strip():
@@ -70,16 +74,21 @@ def read_batch_lines(lines: Iterable[str], model_name: str) -> list[BatchLine]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            problems.append(f"line {number}: not valid JSON ({exc.msg})")
+            problems.append((number, f"not valid JSON ({exc.msg})"))
             continue
         problem = _line_problem(data, model_name)
+        if problem is None and endpoint is not None and data["url"] != endpoint:
+            problem = f"url {data['url']!r} is not the batch's endpoint {endpoint!r}"
         if problem is not None:
-            problems.append(f"line {number}: {problem}")
+            problems.append((number, problem))
             continue
         cid = data["custom_id"]
         if cid in seen:
-            problems.append(f"line {number}: custom_id {cid!r} is also on line {seen[cid]} (each must be unique)")
+            problems.append((number, f"custom_id {cid!r} is also on line {seen[cid]} (each must be unique)"))
             continue
+        if max_requests is not None and len(found) == max_requests:
+            problems.append((number, f"a batch holds at most {max_requests} requests"))
+            break
         seen[cid] = number
         found.append(BatchLine(number, cid, data["url"], data["body"]))
     if problems:

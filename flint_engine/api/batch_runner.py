@@ -74,12 +74,12 @@ def _decode(response: ASGIResponse) -> Any:
         return {"error": {"message": text or f"HTTP {response.status}", "type": "server_error", "code": None}}
 
 
-async def _answer(app: Any, line: BatchLine, summary: BatchSummary) -> dict[str, Any]:
+async def _answer(app: Any, line: BatchLine, summary: BatchSummary, headers: dict[str, str]) -> dict[str, Any]:
     rid = f"batch-{uuid.uuid4().hex}"
     payload = json.dumps(line.body).encode()
     pause = RETRY_FIRST_S
     while True:
-        response = await asgi_post(app, line.url, payload, {"x-request-id": rid})
+        response = await asgi_post(app, line.url, payload, {**headers, "x-request-id": rid})
         body = _decode(response)
         if not _shed(response, body):
             break
@@ -102,8 +102,11 @@ async def run_batch(
     write: Callable[[dict[str, Any]], None],
     concurrency: int,
     progress: bool = True,
+    headers: dict[str, str] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> BatchSummary:
-    """Answer every line (at most `concurrency` in flight), handing each record to `write` as it is made."""
+    """Answer every line (at most `concurrency` in flight), handing each record to `write` as it is made; `headers`
+    go with each request; once `should_stop()` is true no further line starts (those in flight finish)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     summary = BatchSummary(requests=len(lines))
@@ -113,7 +116,9 @@ async def run_batch(
 
     async def worker() -> None:
         for line in todo:  # one shared iterator: each line is taken by exactly one worker
-            write(await _answer(app, line, summary))
+            if should_stop is not None and should_stop():
+                return
+            write(await _answer(app, line, summary, headers or {}))
             bar.update(1)
 
     try:

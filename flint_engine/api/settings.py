@@ -31,3 +31,11 @@ class APISettings(BaseModel):
     log_prompts: bool = False
     cors_origins: list[str] = Field(default_factory=list)
     disconnect_poll_s: float = Field(default=0.5, gt=0)
+    # OpenAI's Batch API (/v1/files, /v1/batches): where uploaded files, batches and their results live (None: a new
+    # temporary directory each start); an upload's and all files' byte caps; requests a batch keeps in flight; lines
+    # a batch file may hold.
+    batch_dir: str | None = None
+    max_file_bytes: int = Field(default=200 * 2**20, ge=1024)
+    max_stored_bytes: int = Field(default=10 * 2**30, ge=1024)
+    batch_concurrency: int = Field(default=32, ge=1)
+    max_batch_requests: int = Field(default=50_000, ge=1)

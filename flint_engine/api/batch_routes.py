@@ -1,0 +1,135 @@
+"""The routes of OpenAI's Files and Batch APIs: upload a JSONL file of requests, start a batch on it, poll it, read
+its output file (`batch_store` keeps them, `batch_jobs` runs them)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from .batch_jobs import BatchCreate, BatchJobs
+from .batch_store import BatchStore, public
+from .errors import APIError
+from .settings import APISettings
+
+FILES_PATH = "/v1/files"
+# Room in an upload's body beside the file's own bytes (the form's boundaries, headers and purpose field): the body
+# is capped at the file cap plus this, the file itself exactly at the cap.
+FORM_OVERHEAD_BYTES = 64 * 1024
+
+
+def upload_cap(settings: APISettings) -> int:
+    return settings.max_file_bytes + FORM_OVERHEAD_BYTES
+
+
+def _owner(request: Request) -> str:
+    return getattr(request.state, "owner", "")
+
+
+def _capped(receive: Callable, cap: int) -> Callable:
+    """`receive` refusing a body past `cap` bytes as it arrives (a chunked upload has no Content-Length to check)."""
+    seen = 0
+
+    async def capped() -> dict[str, Any]:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > cap:
+                raise APIError(413, f"request body is larger than {cap} bytes", code="request_too_large")
+        return message
+
+    return capped
+
+
+def batch_jobs(settings: APISettings) -> BatchJobs:
+    def make_store() -> BatchStore:
+        root = settings.batch_dir or tempfile.mkdtemp(prefix="flint-batches-")
+        return BatchStore(root, settings.max_file_bytes, settings.max_stored_bytes)
+
+    return BatchJobs(make_store, settings.model_name, settings.batch_concurrency, settings.max_batch_requests)
+
+
+def add_batch_routes(
+    app: FastAPI, jobs: BatchJobs, body: Callable[[Request], Awaitable[Any]], parse: Callable[[type, Any], Any]
+) -> None:
+    """Add the routes; `body` reads a JSON body and `parse` validates it into a model as the other routes do."""
+
+    def store() -> BatchStore:
+        jobs.resume()
+        return jobs.store
+
+    @app.post(FILES_PATH)
+    async def upload_file(request: Request) -> Any:
+        capped = Request(request.scope, _capped(request.receive, jobs.store.max_file_bytes + FORM_OVERHEAD_BYTES))
+        try:
+            form = await capped.form(max_files=1, max_fields=8)
+        except AssertionError as exc:  # Starlette's way of saying python-multipart is missing
+            raise APIError(501, f"file uploads need the python-multipart package: {exc}") from None
+        try:
+            upload, purpose = form.get("file"), form.get("purpose")
+            if not isinstance(upload, UploadFile):
+                raise APIError(400, "send the file as multipart/form-data field 'file'", "file")
+            if not isinstance(purpose, str):
+                raise APIError(400, "send the file's purpose as multipart/form-data field 'purpose'", "purpose")
+            owner = _owner(request)
+            return await run_in_threadpool(
+                store().save_upload, upload.file, upload.filename or "upload.jsonl", purpose, owner
+            )
+        finally:
+            await form.close()
+
+    @app.get(FILES_PATH)
+    async def list_files(request: Request, purpose: str | None = None) -> dict[str, Any]:
+        data = store().files(_owner(request), purpose)
+        return {"object": "list", "data": data, "has_more": False}
+
+    @app.get(FILES_PATH + "/{file_id}")
+    async def get_file(request: Request, file_id: str) -> dict[str, Any]:
+        return store().file(file_id, _owner(request))
+
+    @app.delete(FILES_PATH + "/{file_id}")
+    async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
+        return store().delete_file(file_id, _owner(request))
+
+    @app.get(FILES_PATH + "/{file_id}/content")
+    async def file_content(request: Request, file_id: str) -> FileResponse:
+        path = store().content(file_id, _owner(request))
+        return FileResponse(path, media_type="application/octet-stream")
+
+    @app.post("/v1/batches")
+    async def create_batch(request: Request) -> JSONResponse:
+        req = parse(BatchCreate, await body(request))
+        store()
+        return JSONResponse(jobs.create(req, _owner(request)))
+
+    @app.get("/v1/batches")
+    async def list_batches(request: Request, limit: int = 20, after: str | None = None) -> dict[str, Any]:
+        if not 1 <= limit <= 100:
+            raise APIError(400, f"limit must be between 1 and 100, got {limit}", "limit")
+        found = store().batches(_owner(request))
+        if after is not None:
+            ids = [b["id"] for b in found]
+            found = found[ids.index(after) + 1 :] if after in ids else []
+        page = found[:limit]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(found) > limit,
+        }
+
+    @app.get("/v1/batches/{batch_id}")
+    async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        return public(store().batch(batch_id, _owner(request)))
+
+    @app.post("/v1/batches/{batch_id}/cancel")
+    async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        store()
+        return jobs.cancel(batch_id, _owner(request))

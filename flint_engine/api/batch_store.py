@@ -1,0 +1,177 @@
+"""Files and batches of OpenAI's Batch API, kept on disk under one directory.
+
+    <root>/files/<file id>.json   the file object (and its owner), <root>/files/<file id>.data its bytes
+    <root>/batches/<batch id>.json  the batch object (and its owner), rewritten at each change
+
+Every object lives in its own JSON file, replaced atomically, so a reader (another router process on the same
+directory, or this one after a restart) never sees half an object. Objects belong to the API key that made them
+(its hash; "" without keys): another key's id answers 404, as if it did not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import APIError
+
+# Purposes a client may upload with, and the ones this server writes (OpenAI's names).
+UPLOAD_PURPOSES = ("batch",)
+OUTPUT_PURPOSE = "batch_output"
+_COPY_CHUNK = 1 << 20
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def public(record: dict[str, Any]) -> dict[str, Any]:
+    """An object as the API shows it (without its owner)."""
+    return {k: v for k, v in record.items() if k != "owner"}
+
+
+class BatchStore:
+    def __init__(self, root: str | Path, max_file_bytes: int, max_stored_bytes: int) -> None:
+        self.root = Path(root)
+        self.files_dir = self.root / "files"
+        self.batches_dir = self.root / "batches"
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        self.batches_dir.mkdir(parents=True, exist_ok=True)
+        self.max_file_bytes = max_file_bytes
+        self.max_stored_bytes = max_stored_bytes
+        self._lock = threading.Lock()  # one upload's room is reserved at a time
+
+    # ------------------------------------------------------------------ files
+    def data_path(self, file_id: str) -> Path:
+        return self.files_dir / f"{file_id}.data"
+
+    def stored_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.files_dir.glob("*.data") if p.is_file())
+
+    def save_upload(self, source: IO[bytes], filename: str, purpose: str, owner: str) -> dict[str, Any]:
+        """Copy an uploaded file in (within the size caps) and return its file object."""
+        if purpose not in UPLOAD_PURPOSES:
+            raise APIError(400, f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}, got {purpose!r}", "purpose")
+        file_id = f"file-{uuid.uuid4().hex}"
+        path = self.data_path(file_id)
+        size = 0
+        with self._lock:
+            room = self.max_stored_bytes - self.stored_bytes()
+            try:
+                with path.open("wb") as out:
+                    while chunk := source.read(_COPY_CHUNK):
+                        size += len(chunk)
+                        if size > self.max_file_bytes:
+                            raise APIError(
+                                413, f"the file is larger than {self.max_file_bytes} bytes", "file", "file_too_large"
+                            )
+                        if size > room:
+                            raise APIError(
+                                413,
+                                f"the server's file storage ({self.max_stored_bytes} bytes) is full: delete files"
+                                " (DELETE /v1/files/{file_id}) first",
+                                "file",
+                                "storage_full",
+                            )
+                        out.write(chunk)
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
+        return self.register_file(file_id, filename, purpose, owner)
+
+    def new_output_file(self) -> str:
+        """An id for a file this server writes (a batch's output or errors), its data file created empty."""
+        file_id = f"file-{uuid.uuid4().hex}"
+        self.data_path(file_id).touch()
+        return file_id
+
+    def register_file(self, file_id: str, filename: str, purpose: str, owner: str) -> dict[str, Any]:
+        """Write (or rewrite, as its data grew) the file object of data already under `data_path(file_id)`."""
+        previous = _read_json(self.files_dir / f"{file_id}.json")
+        record = {
+            "id": file_id,
+            "object": "file",
+            "bytes": self.data_path(file_id).stat().st_size,
+            "created_at": previous["created_at"] if previous else int(time.time()),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+            "expires_at": None,
+            "owner": owner,
+        }
+        _write_json(self.files_dir / f"{file_id}.json", record)
+        return public(record)
+
+    def _file(self, file_id: str, owner: str) -> dict[str, Any]:
+        record = _read_json(self.files_dir / f"{file_id}.json") if _safe_id(file_id) else None
+        if record is None or record.get("owner") != owner:
+            raise APIError(404, f"No such File object: {file_id}", "file_id", "file_not_found")
+        return record
+
+    def file(self, file_id: str, owner: str) -> dict[str, Any]:
+        return public(self._file(file_id, owner))
+
+    def files(self, owner: str, purpose: str | None = None) -> list[dict[str, Any]]:
+        found = []
+        for path in self.files_dir.glob("file-*.json"):
+            record = _read_json(path)
+            if record and record.get("owner") == owner and (purpose is None or record.get("purpose") == purpose):
+                found.append(public(record))
+        return sorted(found, key=lambda r: (r["created_at"], r["id"]), reverse=True)
+
+    def delete_file(self, file_id: str, owner: str) -> dict[str, Any]:
+        self._file(file_id, owner)
+        (self.files_dir / f"{file_id}.json").unlink(missing_ok=True)
+        self.data_path(file_id).unlink(missing_ok=True)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    def content(self, file_id: str, owner: str) -> Path:
+        self._file(file_id, owner)
+        return self.data_path(file_id)
+
+    # ------------------------------------------------------------------ batches
+    def save_batch(self, record: dict[str, Any]) -> None:
+        _write_json(self.batches_dir / f"{record['id']}.json", record)
+
+    def batch_record(self, batch_id: str) -> dict[str, Any] | None:
+        return _read_json(self.batches_dir / f"{batch_id}.json") if _safe_id(batch_id) else None
+
+    def batch(self, batch_id: str, owner: str) -> dict[str, Any]:
+        record = self.batch_record(batch_id)
+        if record is None or record.get("owner") != owner:
+            raise APIError(404, f"No such Batch object: {batch_id}", "batch_id", "batch_not_found")
+        return record
+
+    def all_batches(self) -> Iterator[dict[str, Any]]:
+        for path in self.batches_dir.glob("batch_*.json"):
+            record = _read_json(path)
+            if record:
+                yield record
+
+    def batches(self, owner: str) -> list[dict[str, Any]]:
+        """The owner's batches, newest first."""
+        mine = [public(r) for r in self.all_batches() if r.get("owner") == owner]
+        return sorted(mine, key=lambda r: (r["created_at"], r["id"]), reverse=True)
+
+    def lock_path(self, batch_id: str) -> Path:
+        return self.batches_dir / f"{batch_id}.lock"
+
+
+def _safe_id(name: str) -> bool:
+    """An id that names a file inside the store (no separators, no dot files): clients send ids in URLs."""
+    return bool(name) and os.sep not in name and "/" not in name and not name.startswith(".") and ".." not in name
