@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 COMPLETION_WINDOW = "24h"
 COMPLETION_WINDOW_S = 24 * 3600
 TERMINAL = frozenset({"failed", "completed", "expired", "cancelled"})
-CANCELLABLE = frozenset({"validating", "in_progress", "finalizing"})
+CANCELLABLE = frozenset({"validating", "in_progress"})  # finalizing is only the registering of its files
 # Headers of the requests a batch makes through the app: the process's token, and the batch's owner.
 INTERNAL_TOKEN_HEADER = "x-flint-batch-token"
 INTERNAL_OWNER_HEADER = "x-flint-batch-owner"
@@ -132,6 +132,9 @@ class BatchJobs:
     def cancel(self, batch_id: str, owner: str) -> dict[str, Any]:
         record = self.store.batch(batch_id, owner)
         if record["status"] in CANCELLABLE:
+            # The marker, not the batch's JSON, is what its runner reads: a runner saving its counts could overwrite
+            # a status written between its read and its write, never a file it does not write.
+            self.store.cancel_marker(batch_id).touch()
             record["status"], record["cancelling_at"] = "cancelling", int(time.time())
             self.store.save_batch(record)
             self._start(batch_id)  # a batch no process runs is settled by its next runner (at once here)
@@ -209,7 +212,8 @@ class BatchJobs:
         if record is None or record["status"] in TERMINAL:
             return
         owner = record["owner"]
-        if record["status"] == "cancelling" and record["in_progress_at"] is None:
+        marker = self.store.cancel_marker(batch_id)
+        if marker.exists() and record["in_progress_at"] is None:
             self._settle(record, "cancelled")  # cancelled before any request ran
             return
         lines = self._lines(record)
@@ -238,13 +242,11 @@ class BatchJobs:
                 stop["why"] = "expired"
             if stop["why"] is None and time.monotonic() - last_check >= _SAVE_EVERY_S:
                 last_check = time.monotonic()
-                on_disk = self.store.batch_record(batch_id)
-                if on_disk is not None and on_disk["status"] == "cancelling":
-                    record["status"], record["cancelling_at"] = "cancelling", on_disk["cancelling_at"]
+                if marker.exists():
                     stop["why"] = "cancelled"
                 else:
                     self.store.save_batch(record)
-            return stop["why"] is not None or record["status"] == "cancelling"
+            return stop["why"] is not None
 
         with out_path.open("a", encoding="utf-8") as out, err_path.open("a", encoding="utf-8") as err:
 
@@ -255,7 +257,7 @@ class BatchJobs:
                 counts["completed" if ok else "failed"] += 1
                 answered.add(rec["custom_id"])
 
-            if record["status"] != "cancelling":
+            if not marker.exists():
                 await run_batch(
                     self.app,
                     todo,
@@ -265,10 +267,8 @@ class BatchJobs:
                     headers=self.internal_headers(owner),
                     should_stop=should_stop,
                 )
-            latest = self.store.batch_record(batch_id) or record
             unrun = [line for line in todo if line.custom_id not in answered]
-            if latest["status"] == "cancelling" or record["status"] == "cancelling":
-                record["cancelling_at"] = latest["cancelling_at"] or record["cancelling_at"]
+            if marker.exists():
                 outcome = "cancelled"
             elif unrun:  # the window closed first: each request left gets OpenAI's batch_expired error record
                 for line in unrun:
@@ -296,9 +296,13 @@ class BatchJobs:
                 continue
             self.store.register_file(file_id, f"{bid}_{name}.jsonl", OUTPUT_PURPOSE, owner)
         now = int(time.time())
+        if status == "cancelled":  # its cancel's time, as the cancel call saved it (the runner's copy may predate it)
+            on_disk = self.store.batch_record(bid) or record
+            record["cancelling_at"] = on_disk.get("cancelling_at") or record.get("cancelling_at") or now
         record["status"] = status
         record[f"{status}_at"] = now
         self.store.save_batch(record)
+        self.store.cancel_marker(bid).unlink(missing_ok=True)
 
 
 def _whole_records(path: Path) -> set[str]:

@@ -171,6 +171,10 @@ class BatchStore:
     def lock_path(self, batch_id: str) -> Path:
         return self.batches_dir / f"{batch_id}.lock"
 
+    def cancel_marker(self, batch_id: str) -> Path:
+        """Present from a cancel call until the batch is settled (its runner, in any process, polls for it)."""
+        return self.batches_dir / f"{batch_id}.cancel"
+
 
 def _safe_id(name: str) -> bool:
     """An id that names a file inside the store (no separators, no dot files): clients send ids in URLs."""
