@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from flint_engine.api.batch_jobs import BatchCreate, new_batch
 from flint_engine.api.batch_store import BatchStore
 from flint_engine.api.server import start_local_server
 from flint_engine.api.settings import APISettings
@@ -145,6 +146,25 @@ def test_bad_uploads_and_batches_are_refused(server) -> None:
     assert "not the batch's endpoint" in failed.errors.data[0].message
 
 
+def test_lists_page(tmp_path: Path) -> None:
+    server = start(tmp_path / "store")
+    try:
+        c = client(server)
+        made = []
+        for i in range(3):
+            made.append(c.files.create(file=(f"{i}.jsonl", io.BytesIO(b"{}")), purpose="batch").id)
+        page = c.files.list(limit=2)
+        assert [f.id for f in page.data] == made[::-1][:2] and page.has_more
+        assert [f.id for f in c.files.list(limit=2, after=page.data[-1].id).data] == [made[0]]
+        assert [f.id for f in c.files.list(order="asc")] == made
+        with pytest.raises(openai.BadRequestError, match="limit"):
+            c.batches.list(limit=0)
+        with pytest.raises(openai.BadRequestError, match="order"):
+            c.files.list(order="sideways")  # type: ignore[arg-type]
+    finally:
+        server.stop()
+
+
 def test_upload_caps(tmp_path: Path) -> None:
     server = start(tmp_path / "store", max_file_bytes=2048, max_stored_bytes=3000)
     try:
@@ -205,29 +225,16 @@ def _stopped_batch(root: Path, bodies: dict[str, dict], answered: list[str], exp
             f.write(json.dumps({**rec, "error": None}) + "\n")
         f.write('{"id": "batch_req_cut", "custom_')  # the record being written when it stopped
     now = int(time.time())
-    record = {
-        "id": "batch_stopped",
-        "object": "batch",
-        "endpoint": "/v1/chat/completions",
-        "errors": None,
-        "input_file_id": source["id"],
-        "completion_window": "24h",
-        "status": "in_progress",
-        "output_file_id": out_id,
-        "error_file_id": err_id,
-        "created_at": now - 60,
-        "in_progress_at": now - 59,
-        "expires_at": expires_at,
-        "finalizing_at": None,
-        "completed_at": None,
-        "failed_at": None,
-        "expired_at": None,
-        "cancelling_at": None,
-        "cancelled_at": None,
-        "request_counts": {"total": len(bodies), "completed": len(answered), "failed": 0},
-        "metadata": None,
-        "owner": "",
-    }
+    req = BatchCreate(input_file_id=source["id"], endpoint="/v1/chat/completions", completion_window="24h")
+    record = new_batch(req, "", now - 60)
+    record.update(
+        status="in_progress",
+        output_file_id=out_id,
+        error_file_id=err_id,
+        in_progress_at=now - 59,
+        expires_at=expires_at,
+        request_counts={"total": len(bodies), "completed": len(answered), "failed": 0},
+    )
     store.save_batch(record)
     return record["id"]
 

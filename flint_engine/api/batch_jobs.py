@@ -73,6 +73,30 @@ class BatchCreate(BaseModel):
         return v
 
 
+def new_batch(req: BatchCreate, owner: str, now: int | None = None) -> dict[str, Any]:
+    """A batch object as it is created (status validating), with its owner."""
+    now = int(time.time()) if now is None else now
+    times = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
+    return {
+        "id": f"batch_{uuid.uuid4().hex}",
+        "object": "batch",
+        "endpoint": req.endpoint,
+        "errors": None,
+        "input_file_id": req.input_file_id,
+        "completion_window": req.completion_window,
+        "status": "validating",
+        "output_file_id": None,
+        "error_file_id": None,
+        "created_at": now,
+        "created_ns": time.time_ns(),
+        "expires_at": now + COMPLETION_WINDOW_S,
+        **{f"{name}_at": None for name in times},
+        "request_counts": {"total": 0, "completed": 0, "failed": 0},
+        "metadata": req.metadata,
+        "owner": owner,
+    }
+
+
 class BatchJobs:
     def __init__(
         self, make_store: Callable[[], BatchStore], model_name: str, concurrency: int, max_requests: int
@@ -101,30 +125,7 @@ class BatchJobs:
             raise APIError(
                 400, f"file {req.input_file_id} has purpose {source['purpose']!r}, not 'batch'", "input_file_id"
             )
-        now = int(time.time())
-        record = {
-            "id": f"batch_{uuid.uuid4().hex}",
-            "object": "batch",
-            "endpoint": req.endpoint,
-            "errors": None,
-            "input_file_id": req.input_file_id,
-            "completion_window": req.completion_window,
-            "status": "validating",
-            "output_file_id": None,
-            "error_file_id": None,
-            "created_at": now,
-            "in_progress_at": None,
-            "expires_at": now + COMPLETION_WINDOW_S,
-            "finalizing_at": None,
-            "completed_at": None,
-            "failed_at": None,
-            "expired_at": None,
-            "cancelling_at": None,
-            "cancelled_at": None,
-            "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": req.metadata,
-            "owner": owner,
-        }
+        record = new_batch(req, owner)
         self.store.save_batch(record)
         self._start(record["id"])
         return public(record)

@@ -47,6 +47,23 @@ def _capped(receive: Callable, cap: int) -> Callable:
     return capped
 
 
+def _page(found: list[dict[str, Any]], limit: int, after: str | None, most: int) -> dict[str, Any]:
+    """One page of a list in OpenAI's shape: up to `limit` objects after the one with id `after`."""
+    if not 1 <= limit <= most:
+        raise APIError(400, f"limit must be between 1 and {most}, got {limit}", "limit")
+    if after is not None:
+        ids = [item["id"] for item in found]
+        found = found[ids.index(after) + 1 :] if after in ids else []
+    page = found[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(found) > limit,
+    }
+
+
 def batch_jobs(settings: APISettings) -> BatchJobs:
     def make_store() -> BatchStore:
         root = settings.batch_dir or tempfile.mkdtemp(prefix="flint-batches-")
@@ -85,9 +102,13 @@ def add_batch_routes(
             await form.close()
 
     @app.get(FILES_PATH)
-    async def list_files(request: Request, purpose: str | None = None) -> dict[str, Any]:
-        data = store().files(_owner(request), purpose)
-        return {"object": "list", "data": data, "has_more": False}
+    async def list_files(
+        request: Request, purpose: str | None = None, limit: int = 10_000, after: str | None = None, order: str = "desc"
+    ) -> dict[str, Any]:
+        if order not in ("asc", "desc"):
+            raise APIError(400, f"order must be 'asc' or 'desc', got {order!r}", "order")
+        found = store().files(_owner(request), purpose)
+        return _page(found if order == "desc" else found[::-1], limit, after, 10_000)
 
     @app.get(FILES_PATH + "/{file_id}")
     async def get_file(request: Request, file_id: str) -> dict[str, Any]:
@@ -110,20 +131,7 @@ def add_batch_routes(
 
     @app.get("/v1/batches")
     async def list_batches(request: Request, limit: int = 20, after: str | None = None) -> dict[str, Any]:
-        if not 1 <= limit <= 100:
-            raise APIError(400, f"limit must be between 1 and 100, got {limit}", "limit")
-        found = store().batches(_owner(request))
-        if after is not None:
-            ids = [b["id"] for b in found]
-            found = found[ids.index(after) + 1 :] if after in ids else []
-        page = found[:limit]
-        return {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": len(found) > limit,
-        }
+        return _page(store().batches(_owner(request)), limit, after, 100)
 
     @app.get("/v1/batches/{batch_id}")
     async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:

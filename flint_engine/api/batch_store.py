@@ -40,9 +40,19 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+# Kept beside an object, never shown: its owner, and its creation time in nanoseconds (lists are ordered by it;
+# `created_at` has whole seconds).
+_HIDDEN = frozenset({"owner", "created_ns"})
+
+
 def public(record: dict[str, Any]) -> dict[str, Any]:
     """An object as the API shows it (without its owner)."""
-    return {k: v for k, v in record.items() if k != "owner"}
+    return {k: v for k, v in record.items() if k not in _HIDDEN}
+
+
+def _newest_first(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ordered = sorted(records, key=lambda r: (r.get("created_ns", r["created_at"] * 10**9), r["id"]), reverse=True)
+    return [public(r) for r in ordered]
 
 
 class BatchStore:
@@ -108,6 +118,7 @@ class BatchStore:
             "object": "file",
             "bytes": self.data_path(file_id).stat().st_size,
             "created_at": previous["created_at"] if previous else int(time.time()),
+            "created_ns": previous.get("created_ns", 0) if previous else time.time_ns(),
             "filename": filename,
             "purpose": purpose,
             "status": "processed",
@@ -127,12 +138,13 @@ class BatchStore:
         return public(self._file(file_id, owner))
 
     def files(self, owner: str, purpose: str | None = None) -> list[dict[str, Any]]:
+        """The owner's files, newest first."""
         found = []
         for path in self.files_dir.glob("file-*.json"):
             record = _read_json(path)
             if record and record.get("owner") == owner and (purpose is None or record.get("purpose") == purpose):
-                found.append(public(record))
-        return sorted(found, key=lambda r: (r["created_at"], r["id"]), reverse=True)
+                found.append(record)
+        return _newest_first(found)
 
     def delete_file(self, file_id: str, owner: str) -> dict[str, Any]:
         self._file(file_id, owner)
@@ -165,8 +177,7 @@ class BatchStore:
 
     def batches(self, owner: str) -> list[dict[str, Any]]:
         """The owner's batches, newest first."""
-        mine = [public(r) for r in self.all_batches() if r.get("owner") == owner]
-        return sorted(mine, key=lambda r: (r["created_at"], r["id"]), reverse=True)
+        return _newest_first([r for r in self.all_batches() if r.get("owner") == owner])
 
     def lock_path(self, batch_id: str) -> Path:
         return self.batches_dir / f"{batch_id}.lock"
