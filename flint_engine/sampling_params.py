@@ -11,6 +11,7 @@ from .regex_prefix import RegexError, compile_pattern
 from .tool_name_prefix import callable_name
 
 MAX_SEED = 2**63 - 1
+MAX_PRIORITY = 2**31 - 1
 
 
 class SamplingParamsError(ValueError):
@@ -59,6 +60,10 @@ class SamplingParams:
     thinking_token_budget: int | None = None
     # The output opens with one of these names, then whitespace or "<" (a forced tool call's name; see tool_name_prefix)
     tool_names: tuple[str, ...] | None = None
+    # Scheduling, not sampling, but it travels with the request: a waiting request of a lower priority value is
+    # admitted first, and under memory pressure the highest value is preempted first (vLLM's request priority);
+    # equal priorities keep first-come first-served.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -104,6 +109,8 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or not 0 <= value <= 20):
                 raise SamplingParamsError(name, f"must be in [0, 20], got {value!r}")
+        if not isinstance(self.priority, int) or not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
+            raise SamplingParamsError("priority", f"must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}]")
         if self.tool_names is not None and not (self.tool_names and all(map(callable_name, self.tool_names))):
             raise SamplingParamsError("tool_names", "must be non-empty names without whitespace or '<'")
         if self.json_schema is not None:

@@ -3,9 +3,14 @@ next chunk of a long prompt) with new requests admitted first-come first-served,
 is larger in steps where no running request is generating yet (prefill-only), so a long prompt on an idle engine
 takes fewer, more efficient chunks without lengthening anyone's inter-token gaps.
 
-When blocks run out, the most recently admitted running request is preempted: its blocks are released (they stay
-in the prefix cache) and it goes back to the head of the queue, to be recomputed from its prompt plus the tokens
-it already generated, so it resumes exactly where it left off.
+Requests carry a priority (`SamplingParams.priority`, lower first; 0 unless asked): the queue is ordered by it, then
+by arrival, and a step's token budget goes to the running requests of the lowest values first, so a batch job's
+requests (the Batch API sends them at `api.batch_priority`) yield to interactive ones without a second engine.
+
+When blocks run out, a running request is preempted: of those not yet given this step's tokens, the one of the
+highest priority value, the most recently admitted among equals. Its blocks are released (they stay in the prefix
+cache) and it goes back to the head of its priority's place in the queue, to be recomputed from its prompt plus the
+tokens it already generated, so it resumes exactly where it left off.
 """
 
 from __future__ import annotations
@@ -47,7 +52,18 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        self._enqueue(req, ahead=False)
+
+    def _enqueue(self, req: Request, ahead: bool) -> None:
+        """Into the queue by priority: behind the requests of its priority (`ahead`: in front of them, as a
+        preempted request that had been admitted before them)."""
+        p = req.params.priority
+        i = len(self.waiting)
+        while i > 0 and (
+            self.waiting[i - 1].params.priority > p or (ahead and self.waiting[i - 1].params.priority == p)
+        ):
+            i -= 1
+        self.waiting.insert(i, req)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -64,8 +80,21 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        self._enqueue(req, ahead=True)
         out.preempted.append(req)
+
+    def _victim(self, scheduled: set[str]) -> Request | None:
+        """The running request to preempt: not yet given this step's tokens, of the highest priority value, the
+        most recently admitted among equals."""
+        best: tuple[int, int] | None = None
+        victim = None
+        for i, r in enumerate(self.running):
+            if r.request_id in scheduled:
+                continue
+            key = (r.params.priority, i)
+            if best is None or key > best:
+                best, victim = key, r
+        return victim
 
     def step_budget(self) -> int:
         """Tokens this step may compute: max_num_batched_tokens while a running request is generating (the step's
@@ -78,7 +107,8 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.step_budget()
         scheduled: set[str] = set()
-        for req in list(self.running):
+        # Lowest priority values first (a stable sort: admission order among equals, as without priorities).
+        for req in sorted(self.running, key=lambda r: r.params.priority):
             if budget <= 0:
                 break
             if req not in self.running:  # preempted below to make room
@@ -87,7 +117,7 @@ class Scheduler:
             if n <= 0:
                 continue
             while not self.kv.can_allocate(req.request_id, req.num_computed_tokens, n):
-                victim = next((r for r in reversed(self.running) if r.request_id not in scheduled), None)
+                victim = self._victim(scheduled)
                 if victim is None:
                     break
                 self._preempt(victim, out)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import json
@@ -99,9 +100,15 @@ def new_batch(req: BatchCreate, owner: str, now: int | None = None) -> dict[str,
 
 class BatchJobs:
     def __init__(
-        self, make_store: Callable[[], BatchStore], model_name: str, concurrency: int, max_requests: int
+        self,
+        make_store: Callable[[], BatchStore],
+        model_name: str,
+        concurrency: int,
+        max_requests: int,
+        priority: int = 0,
     ) -> None:
         self._make_store = make_store
+        self.priority = priority  # the requests' scheduling priority, unless a line's body names one
         self.model_name = model_name
         self.concurrency = concurrency
         self.max_requests = max_requests
@@ -227,7 +234,11 @@ class BatchJobs:
         err_path = self.store.data_path(record["error_file_id"])
         # A resumed batch: what its files already answer stays, and counts.
         done_out, done_err = _whole_records(out_path), _whole_records(err_path)
-        todo = [line for line in lines if line.custom_id not in done_out and line.custom_id not in done_err]
+        todo = [
+            dataclasses.replace(line, body={"priority": self.priority, **line.body})
+            for line in lines
+            if line.custom_id not in done_out and line.custom_id not in done_err
+        ]
         counts = {"total": len(lines), "completed": len(done_out), "failed": len(done_err)}
         if record["status"] == "validating":
             record["status"], record["in_progress_at"] = "in_progress", int(time.time())

@@ -69,7 +69,8 @@ def batch_jobs(settings: APISettings) -> BatchJobs:
         root = settings.batch_dir or tempfile.mkdtemp(prefix="flint-batches-")
         return BatchStore(root, settings.max_file_bytes, settings.max_stored_bytes)
 
-    return BatchJobs(make_store, settings.model_name, settings.batch_concurrency, settings.max_batch_requests)
+    s = settings
+    return BatchJobs(make_store, s.model_name, s.batch_concurrency, s.max_batch_requests, s.batch_priority)
 
 
 def add_batch_routes(

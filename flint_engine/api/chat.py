@@ -171,6 +171,7 @@ class ChatHandler:
             # </think>.
             reasoning_end_token=backend.tokenizer.token_to_id(THINK_END) if thinking else None,
             thinking_token_budget=self._thinking_budget(req) if thinking else None,
+            priority=req.priority,
         )
         plans = []
         for i in range(req.n):

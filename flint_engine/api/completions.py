@@ -99,6 +99,7 @@ class CompletionHandler:
                             json_schema=json_schema,
                             choice=tuple(req.guided_choice) if req.guided_choice is not None else None,
                             regex=req.guided_regex,
+                            priority=req.priority,
                         ),
                         thinking=False,
                     )

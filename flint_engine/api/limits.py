@@ -21,6 +21,13 @@ def check_common_request(req: SamplingFields, backend: GenerationBackend, s: API
             raise APIError(400, "stop sequences must not be empty", "stop")
         if len(st) > s.max_stop_length:
             raise APIError(400, f"stop sequences must be at most {s.max_stop_length} characters", "stop")
+    if s.min_request_priority is not None and req.priority < s.min_request_priority:
+        raise APIError(
+            400,
+            f"priority must be >= {s.min_request_priority} on this server (api.min_request_priority), got"
+            f" {req.priority}",
+            "priority",
+        )
     if req.max_tokens is not None and s.max_tokens_limit is not None and req.max_tokens > s.max_tokens_limit:
         raise APIError(400, f"max_tokens must be <= {s.max_tokens_limit}, got {req.max_tokens}", "max_tokens")
 

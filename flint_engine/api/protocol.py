@@ -20,6 +20,7 @@ from pydantic import (
 
 from ..json_schema_prefix import SchemaError, compile_schema
 from ..regex_prefix import RegexError, compile_pattern
+from ..sampling_params import MAX_PRIORITY
 from ..tool_name_prefix import callable_name
 
 MAX_LOGIT_BIAS = 300  # as OpenAI's API
@@ -198,6 +199,8 @@ class SamplingFields(Lenient):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = Field(default=None, min_length=1)  # vLLM's: sample only these tokens
+    # vLLM's: lower values are scheduled first (the server's api.min_request_priority bounds how low)
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     # vLLM extensions this server does not implement: refused (400) rather than silently ignored like unknown fields.
     # vLLM's: the prompt's tokens' log-probabilities with the top k (non-streamed answers)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)

@@ -39,6 +39,7 @@ class ResponsesRequest(Lenient):
     stop: str | list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: fixed-length answers for benchmarks
+    priority: int = 0  # vLLM's: lower values are scheduled first (checked as on chat)
     # What a stateless server cannot do: refused rather than silently ignored.
     previous_response_id: Any = None
     conversation: Any = None
@@ -101,6 +102,7 @@ class ResponsesRequest(Lenient):
             "reasoning_effort": self.reasoning_effort(),
             "chat_template_kwargs": self.chat_template_kwargs,
             "ignore_eos": self.ignore_eos or None,
+            "priority": self.priority,
             "stream": self.stream,
         }
         if self.output_logprobs() is not None:

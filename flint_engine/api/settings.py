@@ -28,6 +28,11 @@ class APISettings(BaseModel):
     api_key_file: str | None = None
     protect_metrics: bool = False
     max_concurrent_per_key: int | None = Field(default=None, ge=1)
+    # Request priorities (vLLM's `priority`, lower first): the lowest a client may ask for (None: any), so by default
+    # a client can yield to others but not go ahead of them; and the priority a Batch API job's requests run at
+    # (behind interactive traffic's 0) unless a line's body names one.
+    min_request_priority: int | None = 0
+    batch_priority: int = 1
     log_prompts: bool = False
     cors_origins: list[str] = Field(default_factory=list)
     disconnect_poll_s: float = Field(default=0.5, gt=0)
