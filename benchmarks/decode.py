@@ -270,8 +270,10 @@ def check_fast_vs_plain(
     two are within TIE is a near-tie). (fast_path_accuracy.py judges both against FP32.)"""
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (37 + 11 * i,), generator=gen).tolist() for i in range(batch)]
-    lf = torch.cat(fast.forward_sequences(prompts, bs))
-    lp = torch.cat(plain.forward_sequences(prompts, bs))
+    # One sequence at a time, each one's logits on the host: the batch's [tokens, 150144] FP32 logits at once did not
+    # fit beside the BF16 weights on an 80 GB H100 at 8 sequences (fifty-eighth session).
+    lf = torch.cat([fast.forward_sequences([p], bs)[0].cpu() for p in prompts])
+    lp = torch.cat([plain.forward_sequences([p], bs)[0].cpu() for p in prompts])
     plain_tokens = greedy(plain, prompts, steps)
     greedy_cmp = agreement(greedy(fast, prompts, steps), plain_tokens)
     forced_cmp = forced_agreement(forced(fast, prompts, plain_tokens), plain_tokens, TIE)
