@@ -244,6 +244,8 @@ class BatchJobs:
             record["status"], record["in_progress_at"] = "in_progress", int(time.time())
         record["request_counts"] = counts
         self.store.save_batch(record)
+        resumed = f" ({counts['total'] - len(todo)} answered before a stop)" if len(todo) < counts["total"] else ""
+        log.info("batch %s: %d requests to %s%s", batch_id, counts["total"], record["endpoint"], resumed)
         answered: set[str] = set()
         last_check = time.monotonic()
         stop = {"why": None}
@@ -315,6 +317,11 @@ class BatchJobs:
         record[f"{status}_at"] = now
         self.store.save_batch(record)
         self.store.cancel_marker(bid).unlink(missing_ok=True)
+        counts = record["request_counts"]
+        log.info(
+            "batch %s %s: %d answered, %d refused, of %d (%d s since it was created)",
+            bid, status, counts["completed"], counts["failed"], counts["total"], now - record["created_at"],
+        )  # fmt: skip
 
 
 def _whole_records(path: Path) -> set[str]:
