@@ -12,7 +12,6 @@ also across router processes sharing the directory).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import fcntl
 import functools
@@ -159,13 +158,6 @@ class BatchJobs:
             if record["status"] not in TERMINAL:
                 self._start(record["id"])
 
-    async def wait(self, batch_id: str) -> None:
-        """Until this process's runner of the batch (if any) has finished (tests, shutdown)."""
-        task = self._tasks.get(batch_id)
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(task)
-
     # ------------------------------------------------------------------ the runner
     def _start(self, batch_id: str) -> None:
         if batch_id in self._tasks:
@@ -190,8 +182,8 @@ class BatchJobs:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _fail(self, record: dict[str, Any], code: str, message: str, line: int | None = None) -> None:
-        self._fail_all(record, [{"code": code, "message": message, "param": None, "line": line}])
+    def _fail(self, record: dict[str, Any], code: str, message: str) -> None:
+        self._fail_all(record, [{"code": code, "message": message, "param": None, "line": None}])
 
     def _fail_all(self, record: dict[str, Any], errors: list[dict[str, Any]]) -> None:
         record["status"], record["failed_at"] = "failed", int(time.time())
