@@ -3,14 +3,14 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (state after the fifty-seventh session, 2026-12-07, which got one H100 for ~18 minutes: OLD_TREE ran (the head
-# and ad14112's tree even at b1, the head 0.3-1.1% faster at b2-b8, both 5-12% below earlier H100s at b2-b8: the
-# machines' spread) and the third shard of the GPU tests passed (242), so all 617 pass at the current kernels; no
-# H200 since the fiftieth session):
-#   FORCED=1 (below): the teacher-forced 256-step fused-vs-plain check, BF16 at 1 and 8 sequences (~3 minutes; on
-#                 an 80 GB H100 the BF16 weights take 74 GiB: it may need an H200);
+# Next (state after the fifty-eighth session, 2026-12-07, H100s only: FORCED ran, the fused path's greedy choice
+# differing from the plain path's only at near-ties over 256 teacher-forced steps, BF16 at 1 and 8 sequences and NVFP4
+# at 1; the status figures on an H100 within 1.1% of the fifty-sixth session's; no H200 since the fiftieth session):
 #   the status figures on an H200 with the fiftieth to fifty-second sessions' installs (`decode.py --formats nvfp4
-#                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`).
+#                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`);
+#   NVFP4's teacher-forced check at 8 sequences (`decode.py --formats nvfp4 --batches 1 --prefill 0 --check-steps 256
+#                 --check-batches 8`): its plain path dequantises at each use, ~0.9 s a step, and 512 steps did not
+#                 finish in a call's 560 s on an H100 (fewer steps, or --check-steps 128 twice, fit).
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
@@ -1473,7 +1473,9 @@ if [ "${PREFILL_AB:-0}" = 1 ]; then
         > "$OUT/prefill_ab.txt" 2>&1
     grep -E "^round|median|Error" "$OUT/prefill_ab.txt"
 fi
-# FORCED=1 (fifty-seventh session, built on CPU, not yet run): the fused path against the plain one over 256 greedy
+# FORCED=1 (built in the fifty-seventh session, ran in the fifty-eighth on H100s: 0 differences beyond a near-tie at
+# BF16 b1 / b8 and NVFP4 b1; BF16 b8 needed the check's prefill logits one sequence at a time on an 80 GB card, and
+# NVFP4 b8 did not finish in one call): the fused path against the plain one over 256 greedy
 # steps at 1 and 8 sequences, free-running and teacher-forced (the fused path fed the plain path's tokens, its own
 # choice compared at every step; differences where the plain path's top two lie within decode.py's TIE are
 # near-ties), BF16 (~2 minutes: the plain path's 256 steps at ~150 ms) and, with FORCED_FORMATS="bf16 nvfp4", NVFP4
