@@ -209,6 +209,30 @@ def test_cancel_stops_a_running_batch(tmp_path: Path) -> None:
         server.stop()
 
 
+def test_batch_concurrency_bounds_all_batches_together(tmp_path: Path) -> None:
+    server = start(tmp_path / "store", batch_concurrency=1)
+    try:
+        busy: list[int] = []
+        add = server.engine.engine.add_request
+
+        def recording(rid, prompt, params):  # how many other requests the engine holds as each one arrives
+            busy.append(len(server.engine.engine.requests))
+            return add(rid, prompt, params)
+
+        server.engine.engine.add_request = recording  # type: ignore[method-assign]
+        c = client(server)
+        ids = []
+        for k in range(2):
+            bodies = {f"q{k}{i}": question(i) for i in range(3)}
+            uploaded = c.files.create(file=("in.jsonl", io.BytesIO(batch_file(bodies))), purpose="batch")
+            ids.append(c.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                        completion_window="24h").id)  # fmt: skip
+        assert all(settle(c, i).status == "completed" for i in ids)
+        assert len(busy) == 6 and max(busy) == 0  # one batch request at a time across both batches
+    finally:
+        server.stop()
+
+
 def _stopped_batch(root: Path, bodies: dict[str, dict], answered: list[str], expires_at: int) -> str:
     """A batch as a server that stopped mid-run left it: in progress, its output holding `answered`'s records."""
     store = BatchStore(root, 2**20, 2**30)

@@ -2,11 +2,12 @@
 
 A batch goes validating -> in_progress -> finalizing -> completed (or failed, when its file has bad lines; cancelling
 -> cancelled; expired after its 24 h window). Its requests run as `batch_runner` runs a `flint run-batch` file, at
-most `batch_concurrency` at a time, each through the whole app (the same checks and answers as over HTTP; the
-gate lets them in by a token only this process knows, as their batch's owner). Successful records go to the output
-file, refused ones to the error file, both appended as requests finish, so a batch whose process stopped resumes
-where its files end: the next process to touch the Batch API takes it up (a lock file keeps one runner a batch,
-also across router processes sharing the directory).
+most `batch_concurrency` at a time for all batches together, each through the whole app (the same checks and
+answers as over HTTP; the gate lets them in by a token only this process knows, as their batch's owner), at the
+batch priority unless a line names its own. Successful records go to the output file, refused ones to the error
+file, both appended as requests finish, so a batch whose process stopped resumes where its files end: the next
+process to touch the Batch API takes it up (a lock file keeps one runner a batch, also across router processes
+sharing the directory).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class BatchJobs:
         self.max_requests = max_requests
         self.app: Any = None  # the app the requests go through (set once it is built)
         self.token = secrets.token_hex(32)
+        self._gate: asyncio.Semaphore | None = None  # `concurrency` requests in flight for all batches together
         self._tasks: dict[str, asyncio.Task] = {}
         self._resumed = False
 
@@ -159,6 +161,12 @@ class BatchJobs:
                 self._start(record["id"])
 
     # ------------------------------------------------------------------ the runner
+    def _shared_gate(self) -> asyncio.Semaphore:
+        """Made on the loop the batches run on (at their first run), so that many batches share one bound."""
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self.concurrency)
+        return self._gate
+
     def _start(self, batch_id: str) -> None:
         if batch_id in self._tasks:
             return
@@ -272,6 +280,7 @@ class BatchJobs:
                     progress=False,
                     headers=self.internal_headers(owner),
                     should_stop=should_stop,
+                    gate=self._shared_gate(),
                 )
             unrun = [line for line in todo if line.custom_id not in answered]
             if marker.exists():

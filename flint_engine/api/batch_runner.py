@@ -9,6 +9,7 @@ Records are handed to `write` as requests finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -104,9 +105,11 @@ async def run_batch(
     progress: bool = True,
     headers: dict[str, str] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    gate: asyncio.Semaphore | None = None,
 ) -> BatchSummary:
-    """Answer every line (at most `concurrency` in flight), handing each record to `write` as it is made; `headers`
-    go with each request; once `should_stop()` is true no further line starts (those in flight finish)."""
+    """Answer every line (at most `concurrency` in flight, and each holding `gate` if given: a bound shared with
+    other runs), handing each record to `write` as it is made; `headers` go with each request; once `should_stop()`
+    is true no further line starts (those in flight finish)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     summary = BatchSummary(requests=len(lines))
@@ -116,9 +119,11 @@ async def run_batch(
 
     async def worker() -> None:
         for line in todo:  # one shared iterator: each line is taken by exactly one worker
-            if should_stop is not None and should_stop():
-                return
-            write(await _answer(app, line, summary, headers or {}))
+            async with gate or contextlib.nullcontext():
+                if should_stop is not None and should_stop():
+                    return
+                record = await _answer(app, line, summary, headers or {})
+            write(record)
             bar.update(1)
 
     try:
