@@ -3,6 +3,8 @@ its output file (`batch_store` keeps them, `batch_jobs` runs them)."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -66,7 +68,10 @@ def _page(found: list[dict[str, Any]], limit: int, after: str | None, most: int)
 
 def batch_jobs(settings: APISettings) -> BatchJobs:
     def make_store() -> BatchStore:
-        root = settings.batch_dir or tempfile.mkdtemp(prefix="flint-batches-")
+        root = settings.batch_dir
+        if root is None:  # this process's alone: the next start makes another, so it goes when this one exits
+            root = tempfile.mkdtemp(prefix="flint-batches-")
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
         return BatchStore(root, settings.max_file_bytes, settings.max_stored_bytes)
 
     s = settings
