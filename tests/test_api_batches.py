@@ -146,6 +146,16 @@ def test_bad_uploads_and_batches_are_refused(server) -> None:
     assert "not the batch's endpoint" in failed.errors.data[0].message
 
 
+def test_uploads_without_python_multipart_say_so(server, monkeypatch: pytest.MonkeyPatch) -> None:
+    import starlette.requests
+
+    monkeypatch.setattr(starlette.requests, "parse_options_header", None)  # as when python-multipart is missing
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    r = httpx.post(f"{server.base_url}/v1/files", files={"file": ("a.jsonl", b"{}")}, data={"purpose": "batch"},
+                   headers=headers)  # fmt: skip
+    assert r.status_code == 501 and "python-multipart" in r.json()["error"]["message"]
+
+
 def test_lists_page(tmp_path: Path) -> None:
     server = start(tmp_path / "store")
     try:
