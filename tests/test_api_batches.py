@@ -144,6 +144,9 @@ def test_bad_uploads_and_batches_are_refused(server) -> None:
     problems = [(e.line, e.code) for e in failed.errors.data]
     assert problems == [(1, "invalid_request"), (2, "invalid_request")]
     assert "not the batch's endpoint" in failed.errors.data[0].message
+    empty = c.files.create(file=("empty.jsonl", io.BytesIO(b"\n")), purpose="batch")
+    failed = settle(c, c.batches.create(input_file_id=empty.id, endpoint="/v1/completions", completion_window="24h").id)
+    assert failed.status == "failed" and failed.errors.data[0].code == "empty_file"
 
 
 def test_uploads_without_python_multipart_say_so(server, monkeypatch: pytest.MonkeyPatch) -> None:

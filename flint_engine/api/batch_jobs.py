@@ -227,6 +227,9 @@ class BatchJobs:
         lines = self._lines(record)
         if lines is None:
             return
+        if not lines:
+            self._fail(record, "empty_file", f"the input file {record['input_file_id']} holds no requests")
+            return
         if record["output_file_id"] is None:
             record["output_file_id"] = self.store.new_output_file()
             record["error_file_id"] = self.store.new_output_file()
