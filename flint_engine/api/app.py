@@ -180,7 +180,15 @@ class GateMiddleware:
 
 def build_app(backend: GenerationBackend, settings: APISettings | None = None) -> FastAPI:
     settings = settings or APISettings(model_name=backend.model_name)
-    app = FastAPI(title="Flint Serve", version=version(), docs_url=None, redoc_url=None)
+    jobs = batch_jobs(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if settings.batch_dir is not None:  # a stopped process's batches go on now, not at a later Batch API call
+            jobs.resume()
+        yield
+
+    app = FastAPI(title="Flint Serve", version=version(), docs_url=None, redoc_url=None, lifespan=lifespan)
     install_error_handlers(app)
     chat = ChatHandler(backend, settings)
     completions = CompletionHandler(backend, settings)
@@ -197,7 +205,6 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
             allow_headers=["Authorization", "Content-Type"],
         )
 
-    jobs = batch_jobs(settings)
     jobs.app = app  # a batch's requests go through the whole app, this gate included
     app.state.batch_jobs = jobs
     app.add_middleware(GateMiddleware, settings=settings, keys=keys, internal_token=jobs.token)

@@ -6,8 +6,8 @@ most `batch_concurrency` at a time for all batches together, each through the wh
 answers as over HTTP; the gate lets them in by a token only this process knows, as their batch's owner), at the
 batch priority unless a line names its own. Successful records go to the output file, refused ones to the error
 file, both appended as requests finish, so a batch whose process stopped resumes where its files end: the next
-process to touch the Batch API takes it up (a lock file keeps one runner a batch, also across router processes
-sharing the directory).
+process on its directory takes it up as it starts (a lock file keeps one runner a batch, also across router
+processes sharing the directory).
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ class BatchJobs:
         return public(record)
 
     def resume(self) -> None:
-        """Take up the batches no process is running (this process's first Batch API call after a start)."""
+        """Take up the batches no process is running (at the app's start with a configured directory, else at this
+        process's first Batch API call)."""
         if self._resumed:
             return
         self._resumed = True
