@@ -1,5 +1,5 @@
-"""Request priorities (vLLM's `priority`, lower first): the queue's order, the preemption victims, the API's floor,
-and the Batch API's requests queued behind interactive ones."""
+"""Request priorities (vLLM's `priority`, lower first; OpenAI's service_tier "flex"): the queue's order, the
+preemption victims, the API's floor, and the Batch API's requests queued behind interactive ones."""
 
 from __future__ import annotations
 
@@ -83,6 +83,16 @@ def test_the_api_takes_priorities_within_the_servers_floor(tmp_path: Path) -> No
         resp = {"input": "hi", "max_output_tokens": 2, "priority": 4}
         assert httpx.post(f"{server.base_url}/v1/responses", json=resp, timeout=60).status_code == 200
         assert seen == [3, 2, 4]
+        # OpenAI's service_tier: "flex" waits behind the default tier (api.flex_priority), unless a priority is named.
+        for extra, want in (({"service_tier": "flex"}, 1), ({"service_tier": "flex", "priority": 0}, 0),
+                            ({"service_tier": "default"}, 0), ({"service_tier": "priority"}, 0)):  # fmt: skip
+            seen.clear()
+            for url, b in (("/v1/completions", body), ("/v1/chat/completions", chat), ("/v1/responses", resp)):
+                b = {k: v for k, v in b.items() if k != "priority"}
+                assert httpx.post(f"{server.base_url}{url}", json={**b, **extra}, timeout=60).status_code == 200
+            assert seen == [want] * 3, extra
+        r = httpx.post(f"{server.base_url}/v1/chat/completions", json={**chat, "service_tier": "gold"}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "service_tier"
         r = httpx.post(f"{server.base_url}/v1/completions", json={**body, "priority": -1}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
         assert "api.min_request_priority" in r.json()["error"]["message"]

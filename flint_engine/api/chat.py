@@ -17,7 +17,7 @@ from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error, validation_error
-from .limits import check_common_request, check_prompt_logprobs, resolve_max_tokens
+from .limits import check_common_request, check_prompt_logprobs, request_priority, resolve_max_tokens
 from .logprobs import Entry, TokenText, chat_logprobs, prompt_logprobs
 from .protocol import (
     AssistantMessage,
@@ -171,7 +171,7 @@ class ChatHandler:
             # </think>.
             reasoning_end_token=backend.tokenizer.token_to_id(THINK_END) if thinking else None,
             thinking_token_budget=self._thinking_budget(req) if thinking else None,
-            priority=req.priority,
+            priority=request_priority(req, s),
         )
         plans = []
         for i in range(req.n):

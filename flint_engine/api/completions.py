@@ -13,7 +13,7 @@ from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
-from .limits import check_common_request, check_prompt_logprobs, resolve_max_tokens
+from .limits import check_common_request, check_prompt_logprobs, request_priority, resolve_max_tokens
 from .logprobs import TokenText, completion_logprobs, prompt_logprobs
 from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, PromptTokensDetails, Usage
 from .settings import APISettings
@@ -99,7 +99,7 @@ class CompletionHandler:
                             json_schema=json_schema,
                             choice=tuple(req.guided_choice) if req.guided_choice is not None else None,
                             regex=req.guided_regex,
-                            priority=req.priority,
+                            priority=request_priority(req, s),
                         ),
                         thinking=False,
                     )

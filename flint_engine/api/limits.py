@@ -21,15 +21,23 @@ def check_common_request(req: SamplingFields, backend: GenerationBackend, s: API
             raise APIError(400, "stop sequences must not be empty", "stop")
         if len(st) > s.max_stop_length:
             raise APIError(400, f"stop sequences must be at most {s.max_stop_length} characters", "stop")
-    if s.min_request_priority is not None and req.priority < s.min_request_priority:
+    if s.min_request_priority is not None and request_priority(req, s) < s.min_request_priority:
         raise APIError(
             400,
             f"priority must be >= {s.min_request_priority} on this server (api.min_request_priority), got"
-            f" {req.priority}",
+            f" {request_priority(req, s)}",
             "priority",
         )
     if req.max_tokens is not None and s.max_tokens_limit is not None and req.max_tokens > s.max_tokens_limit:
         raise APIError(400, f"max_tokens must be <= {s.max_tokens_limit}, got {req.max_tokens}", "max_tokens")
+
+
+def request_priority(req: SamplingFields, s: APISettings) -> int:
+    """The scheduling priority a request runs at: its own `priority` if it names one, else OpenAI's service tier's
+    (flex: `api.flex_priority`; the others the default, 0)."""
+    if "priority" in req.model_fields_set:
+        return req.priority
+    return s.flex_priority if req.service_tier == "flex" else 0
 
 
 def check_prompt_logprobs(prompt_len: int, s: APISettings, field: str) -> None:

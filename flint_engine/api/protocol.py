@@ -199,8 +199,10 @@ class SamplingFields(Lenient):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = Field(default=None, min_length=1)  # vLLM's: sample only these tokens
-    # vLLM's: lower values are scheduled first (the server's api.min_request_priority bounds how low)
+    # vLLM's: lower values are scheduled first (the server's api.min_request_priority bounds how low); without it,
+    # OpenAI's service_tier "flex" (slower, for work that can wait) runs at api.flex_priority, any other tier at 0
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     # vLLM extensions this server does not implement: refused (400) rather than silently ignored like unknown fields.
     # vLLM's: the prompt's tokens' log-probabilities with the top k (non-streamed answers)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)

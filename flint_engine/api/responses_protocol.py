@@ -39,7 +39,8 @@ class ResponsesRequest(Lenient):
     stop: str | list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: fixed-length answers for benchmarks
-    priority: int = 0  # vLLM's: lower values are scheduled first (checked as on chat)
+    priority: int | None = None  # vLLM's: lower values are scheduled first (checked as on chat)
+    service_tier: str | None = None  # OpenAI's: "flex" runs at api.flex_priority unless a priority is named
     # What a stateless server cannot do: refused rather than silently ignored.
     previous_response_id: Any = None
     conversation: Any = None
@@ -102,9 +103,12 @@ class ResponsesRequest(Lenient):
             "reasoning_effort": self.reasoning_effort(),
             "chat_template_kwargs": self.chat_template_kwargs,
             "ignore_eos": self.ignore_eos or None,
-            "priority": self.priority,
             "stream": self.stream,
         }
+        if self.priority is not None:  # only when named: a chat request without one takes its service tier's
+            body["priority"] = self.priority
+        if self.service_tier is not None:
+            body["service_tier"] = self.service_tier
         if self.output_logprobs() is not None:
             body["logprobs"], body["top_logprobs"] = True, self.output_logprobs()
         if self.tools is not None:

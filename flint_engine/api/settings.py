@@ -33,6 +33,7 @@ class APISettings(BaseModel):
     # (behind interactive traffic's 0) unless a line's body names one.
     min_request_priority: int | None = 0
     batch_priority: int = 1
+    flex_priority: int = 1  # OpenAI's service_tier "flex" on a request that names no priority
     log_prompts: bool = False
     cors_origins: list[str] = Field(default_factory=list)
     disconnect_poll_s: float = Field(default=0.5, gt=0)
