@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from .anthropic_batches import add_message_batch_routes
 from .anthropic_messages import MessagesHandler, anthropic_error
 from .anthropic_protocol import MessagesRequest
 from .auth import APIKeys
@@ -303,6 +304,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
             return anthropic_error(exc)
 
     add_batch_routes(app, jobs, _body, _parse)
+    add_message_batch_routes(app, jobs, _body, _parse, settings.model_name)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> Response:

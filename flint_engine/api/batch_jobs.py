@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from .batch_lines import BATCH_URLS, BatchFileError, BatchLine, read_batch_lines, recorded_ids
 from .batch_runner import run_batch
-from .batch_store import OUTPUT_PURPOSE, BatchStore, public
+from .batch_store import ANTHROPIC, OPENAI, OUTPUT_PURPOSE, BatchStore, public
 from .errors import APIError
 
 log = logging.getLogger(__name__)
@@ -74,12 +74,13 @@ class BatchCreate(BaseModel):
         return v
 
 
-def new_batch(req: BatchCreate, owner: str, now: int | None = None) -> dict[str, Any]:
-    """A batch object as it is created (status validating), with its owner."""
+def new_batch(req: BatchCreate, owner: str, now: int | None = None, kind: str = OPENAI) -> dict[str, Any]:
+    """A batch object as it is created (status validating), with its owner and the API that made it."""
     now = int(time.time()) if now is None else now
     times = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
     return {
-        "id": f"batch_{uuid.uuid4().hex}",
+        "id": f"{'msgbatch' if kind == ANTHROPIC else 'batch'}_{uuid.uuid4().hex}",
+        "kind": kind,
         "object": "batch",
         "endpoint": req.endpoint,
         "errors": None,
@@ -133,13 +134,19 @@ class BatchJobs:
             raise APIError(
                 400, f"file {req.input_file_id} has purpose {source['purpose']!r}, not 'batch'", "input_file_id"
             )
-        record = new_batch(req, owner)
+        return public(self.start(req, owner))
+
+    def start(self, req: BatchCreate, owner: str, kind: str = OPENAI, total: int = 0) -> dict[str, Any]:
+        """Save a new batch on an input file already checked (of `total` requests, where known before its file is
+        read), start its runner, and return its whole record."""
+        record = new_batch(req, owner, kind=kind)
+        record["request_counts"]["total"] = total
         self.store.save_batch(record)
         self._start(record["id"])
-        return public(record)
+        return record
 
-    def cancel(self, batch_id: str, owner: str) -> dict[str, Any]:
-        record = self.store.batch(batch_id, owner)
+    def cancel(self, batch_id: str, owner: str, kind: str = OPENAI) -> dict[str, Any]:
+        record = self.store.batch(batch_id, owner, kind)
         if record["status"] in CANCELLABLE:
             # The marker, not the batch's JSON, is what its runner reads: a runner saving its counts could overwrite
             # a status written between its read and its write, never a file it does not write.
@@ -293,6 +300,7 @@ class BatchJobs:
                 for line in unrun:
                     err.write(json.dumps(_expired_record(line.custom_id)) + "\n")
                 counts["failed"] += len(unrun)
+                record["expired_count"] = record.get("expired_count", 0) + len(unrun)
                 outcome = "expired"
             else:
                 outcome = "completed"

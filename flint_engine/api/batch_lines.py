@@ -39,7 +39,7 @@ class BatchFileError(ValueError):
         super().__init__(f"{len(found)} problem(s) in the batch file:\n" + "\n".join(shown) + more)
 
 
-def _line_problem(data: Any, model_name: str) -> str | None:
+def _line_problem(data: Any, model_name: str, urls: tuple[str, ...]) -> str | None:
     if not isinstance(data, dict):
         return "a line must be a JSON object"
     cid = data.get("custom_id")
@@ -47,8 +47,8 @@ def _line_problem(data: Any, model_name: str) -> str | None:
         return "custom_id must be a non-empty string"
     if data.get("method") != "POST":
         return f'method must be "POST", got {data.get("method")!r}'
-    if data.get("url") not in BATCH_URLS:
-        return f"url must be one of {', '.join(BATCH_URLS)}, got {data.get('url')!r}"
+    if data.get("url") not in urls:
+        return f"url must be one of {', '.join(urls)}, got {data.get('url')!r}"
     body = data.get("body")
     if not isinstance(body, dict):
         return "body must be a JSON object (the request the url would take)"
@@ -76,7 +76,7 @@ def read_batch_lines(
         except json.JSONDecodeError as exc:
             problems.append((number, f"not valid JSON ({exc.msg})"))
             continue
-        problem = _line_problem(data, model_name)
+        problem = _line_problem(data, model_name, BATCH_URLS if endpoint is None else (*BATCH_URLS, endpoint))
         if problem is None and endpoint is not None and data["url"] != endpoint:
             problem = f"url {data['url']!r} is not the batch's endpoint {endpoint!r}"
         if problem is not None:

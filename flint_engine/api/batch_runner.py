@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from .asgi_request import ASGIResponse, asgi_post
 from .batch_lines import BatchLine, output_record
+from .errors import OVERLOADED
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,14 @@ class BatchSummary:
 
 
 def _shed(response: ASGIResponse, body: Any) -> bool:
-    """Whether the answer is the engine shedding load (try again), rather than an answer to this request."""
+    """Whether the answer is the engine shedding load (try again), rather than an answer to this request: OpenAI's
+    error shape names the code, Anthropic's (on /v1/messages) only the message."""
     if response.status != 503 or not isinstance(body, dict):
         return False
     error = body.get("error")
-    return isinstance(error, dict) and error.get("code") == "server_overloaded"
+    if not isinstance(error, dict):
+        return False
+    return error.get("code") == "server_overloaded" or str(error.get("message", "")).startswith(OVERLOADED)
 
 
 def _usage(body: Any) -> tuple[int, int]:
@@ -75,7 +79,10 @@ def _decode(response: ASGIResponse) -> Any:
         return {"error": {"message": text or f"HTTP {response.status}", "type": "server_error", "code": None}}
 
 
-async def _answer(app: Any, line: BatchLine, summary: BatchSummary, headers: dict[str, str]) -> dict[str, Any]:
+async def _answer(
+    app: Any, line: BatchLine, summary: BatchSummary, headers: dict[str, str], should_stop: Callable[[], bool]
+) -> dict[str, Any] | None:
+    """The line's record, or None if `should_stop()` turned true while it waited out the engine's overload."""
     rid = f"batch-{uuid.uuid4().hex}"
     payload = json.dumps(line.body).encode()
     pause = RETRY_FIRST_S
@@ -87,6 +94,8 @@ async def _answer(app: Any, line: BatchLine, summary: BatchSummary, headers: dic
         summary.retries += 1
         await asyncio.sleep(pause)
         pause = min(pause * 2, RETRY_MAX_S)
+        if should_stop():
+            return None
     if 200 <= response.status < 300:
         summary.succeeded += 1
         prompt, completion = _usage(body)
@@ -113,6 +122,7 @@ async def run_batch(
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     summary = BatchSummary(requests=len(lines))
+    stop = should_stop or (lambda: False)
     start = time.monotonic()
     todo = iter(lines)
     bar = tqdm(total=len(lines), unit="req", desc="batch", disable=not progress)
@@ -120,9 +130,11 @@ async def run_batch(
     async def worker() -> None:
         for line in todo:  # one shared iterator: each line is taken by exactly one worker
             async with gate or contextlib.nullcontext():
-                if should_stop is not None and should_stop():
+                if stop():
                     return
-                record = await _answer(app, line, summary, headers or {})
+                record = await _answer(app, line, summary, headers or {}, stop)
+            if record is None:
+                return
             write(record)
             bar.update(1)
 

@@ -21,9 +21,13 @@ from typing import IO, Any
 
 from .errors import APIError
 
-# Purposes a client may upload with, and the ones this server writes (OpenAI's names).
+# Purposes a client may upload with, and the ones this server writes (OpenAI's names; a message batch's requests,
+# written from an Anthropic Message Batches call, are not listed unless asked for by purpose).
 UPLOAD_PURPOSES = ("batch",)
 OUTPUT_PURPOSE = "batch_output"
+MESSAGE_BATCH_PURPOSE = "message_batch"
+# Which API made a batch: OpenAI's Batch API or Anthropic's Message Batches (each API sees only its own).
+OPENAI, ANTHROPIC = "openai", "anthropic"
 _COPY_CHUNK = 1 << 20
 
 
@@ -40,9 +44,9 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-# Kept beside an object, never shown: its owner, and its creation time in nanoseconds (lists are ordered by it;
-# `created_at` has whole seconds).
-_HIDDEN = frozenset({"owner", "created_ns"})
+# Kept beside an object, never shown: its owner, its creation time in nanoseconds (lists are ordered by it;
+# `created_at` has whole seconds), which API made a batch, and how many of its requests expired.
+_HIDDEN = frozenset({"owner", "created_ns", "kind", "expired_count"})
 
 
 def public(record: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +81,10 @@ class BatchStore:
         """Copy an uploaded file in (within the size caps) and return its file object."""
         if purpose not in UPLOAD_PURPOSES:
             raise APIError(400, f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}, got {purpose!r}", "purpose")
+        return self.save_file(source, filename, purpose, owner)
+
+    def save_file(self, source: IO[bytes], filename: str, purpose: str, owner: str) -> dict[str, Any]:
+        """`save_upload` for any purpose (the server's own files, such as a message batch's requests)."""
         file_id = f"file-{uuid.uuid4().hex}"
         path = self.data_path(file_id)
         size = 0
@@ -142,7 +150,9 @@ class BatchStore:
         found = []
         for path in self.files_dir.glob("file-*.json"):
             record = _read_json(path)
-            if record and record.get("owner") == owner and (purpose is None or record.get("purpose") == purpose):
+            if not record or record.get("owner") != owner:
+                continue
+            if record.get("purpose") == purpose or (purpose is None and record.get("purpose") != MESSAGE_BATCH_PURPOSE):
                 found.append(record)
         return _newest_first(found)
 
@@ -163,21 +173,35 @@ class BatchStore:
     def batch_record(self, batch_id: str) -> dict[str, Any] | None:
         return _read_json(self.batches_dir / f"{batch_id}.json") if _safe_id(batch_id) else None
 
-    def batch(self, batch_id: str, owner: str) -> dict[str, Any]:
+    def batch(self, batch_id: str, owner: str, kind: str = OPENAI) -> dict[str, Any]:
         record = self.batch_record(batch_id)
-        if record is None or record.get("owner") != owner:
+        if record is None or record.get("owner") != owner or record.get("kind", OPENAI) != kind:
             raise APIError(404, f"No such Batch object: {batch_id}", "batch_id", "batch_not_found")
         return record
 
     def all_batches(self) -> Iterator[dict[str, Any]]:
-        for path in self.batches_dir.glob("batch_*.json"):
+        for path in self.batches_dir.glob("*.json"):  # not the dot-named files being written
             record = _read_json(path)
             if record:
                 yield record
 
-    def batches(self, owner: str) -> list[dict[str, Any]]:
-        """The owner's batches, newest first."""
-        return _newest_first([r for r in self.all_batches() if r.get("owner") == owner])
+    def batches(self, owner: str, kind: str = OPENAI) -> list[dict[str, Any]]:
+        """The owner's batches of one API, newest first."""
+        mine = [r for r in self.all_batches() if r.get("owner") == owner and r.get("kind", OPENAI) == kind]
+        return _newest_first(mine)
+
+    def delete_batch(self, batch_id: str) -> None:
+        """The batch's object and files (its requests, results and errors) removed."""
+        record = self.batch_record(batch_id)
+        if record is None:
+            return
+        for key in ("input_file_id", "output_file_id", "error_file_id"):
+            if record.get(key):
+                (self.files_dir / f"{record[key]}.json").unlink(missing_ok=True)
+                self.data_path(record[key]).unlink(missing_ok=True)
+        for path in (self.lock_path(batch_id), self.cancel_marker(batch_id)):
+            path.unlink(missing_ok=True)
+        (self.batches_dir / f"{batch_id}.json").unlink(missing_ok=True)
 
     def lock_path(self, batch_id: str) -> Path:
         return self.batches_dir / f"{batch_id}.lock"

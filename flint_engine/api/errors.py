@@ -65,10 +65,14 @@ def error_response(
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
+# How a load-shedding refusal's message begins, in either API's error shape (the batch runners retry these).
+OVERLOADED = "the server is overloaded, retry later"
+
+
 def overloaded(message: str) -> APIError:
     return APIError(
         503,
-        f"the server is overloaded, retry later ({message})",
+        f"{OVERLOADED} ({message})",
         code="server_overloaded",
         headers={"Retry-After": str(RETRY_AFTER_S)},
     )
