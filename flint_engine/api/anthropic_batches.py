@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
+from starlette.concurrency import run_in_threadpool
 
 from .anthropic_messages import anthropic_error
 from .batch_jobs import TERMINAL, BatchCreate, BatchJobs
@@ -135,7 +136,12 @@ def add_message_batch_routes(
             req = parse(MessageBatchCreate, await body(request))
         except APIError as exc:
             return anthropic_error(exc)
-        return answer(lambda: message_batch(_create(jobs, req, owner(request), model_name), base(request)))
+        try:  # writing up to max_file_bytes of requests: off the event loop
+            record = await run_in_threadpool(_create, jobs, req, owner(request), model_name)
+        except APIError as exc:
+            return anthropic_error(exc)
+        jobs.launch(record["id"])
+        return JSONResponse(message_batch(record, base(request)))
 
     @app.get(PATH)
     async def list_message_batches(
@@ -217,7 +223,6 @@ def _create(jobs: BatchJobs, req: MessageBatchCreate, owner: str, model_name: st
         {"custom_id": r.custom_id, "method": "POST", "url": "/v1/messages", "body": r.params} for r in req.requests
     ]
     data = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
-    jobs.resume()
     source = jobs.store.save_file(io.BytesIO(data), "message_batch_requests.jsonl", MESSAGE_BATCH_PURPOSE, owner)
     spec = BatchCreate.model_construct(input_file_id=source["id"], endpoint="/v1/messages", completion_window="24h")
-    return jobs.start(spec, owner, ANTHROPIC, total=len(req.requests))
+    return jobs.save_new(spec, owner, ANTHROPIC, total=len(req.requests))

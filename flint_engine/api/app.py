@@ -25,7 +25,7 @@ from .anthropic_protocol import MessagesRequest
 from .auth import APIKeys
 from .backend import GenerationBackend
 from .batch_jobs import INTERNAL_OWNER_HEADER, INTERNAL_TOKEN_HEADER
-from .batch_routes import FILES_PATH, add_batch_routes, batch_jobs, upload_cap
+from .batch_routes import add_batch_routes, batch_jobs, body_cap
 from .chat import ChatHandler
 from .choices import ChoiceEvent
 from .completions import CompletionHandler
@@ -140,7 +140,7 @@ class GateMiddleware:
         # The request's owner (its key's hash, "" without keys): the Batch API's files and batches are the owner's.
         scope.setdefault("state", {})["owner"] = key_id or ""
         length = headers.get("content-length", "")
-        cap = upload_cap(s) if path == FILES_PATH else s.max_request_bytes
+        cap = body_cap(s, path)
         if length.isdigit() and int(length) > cap:
             await refuse(413, f"request body is larger than {cap} bytes", "request_too_large")
             return
@@ -212,14 +212,13 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
 
     async def _body(request: Request) -> Any:
         """The JSON body, read with a hard size cap (chunked uploads have no Content-Length)."""
+        cap = body_cap(settings, request.url.path)
         size = 0
         parts = []
         async for part in request.stream():
             size += len(part)
-            if size > settings.max_request_bytes:
-                raise APIError(
-                    413, f"request body is larger than {settings.max_request_bytes} bytes", code="request_too_large"
-                )
+            if size > cap:
+                raise APIError(413, f"request body is larger than {cap} bytes", code="request_too_large")
             parts.append(part)
         try:
             return json.loads(b"".join(parts))

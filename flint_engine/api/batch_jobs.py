@@ -136,14 +136,23 @@ class BatchJobs:
             )
         return public(self.start(req, owner))
 
-    def start(self, req: BatchCreate, owner: str, kind: str = OPENAI, total: int = 0) -> dict[str, Any]:
-        """Save a new batch on an input file already checked (of `total` requests, where known before its file is
-        read), start its runner, and return its whole record."""
+    def start(self, req: BatchCreate, owner: str) -> dict[str, Any]:
+        """Save a new batch on an input file already checked, start its runner, and return its whole record."""
+        record = self.save_new(req, owner)
+        self.launch(record["id"])
+        return record
+
+    def save_new(self, req: BatchCreate, owner: str, kind: str = OPENAI, total: int = 0) -> dict[str, Any]:
+        """Save a new batch (of `total` requests, where known before its file is read); `launch` starts it."""
         record = new_batch(req, owner, kind=kind)
         record["request_counts"]["total"] = total
         self.store.save_batch(record)
-        self._start(record["id"])
         return record
+
+    def launch(self, batch_id: str) -> None:
+        """Start the batch's runner on this event loop (a no-op while one runs here)."""
+        self.resume()
+        self._start(batch_id)
 
     def cancel(self, batch_id: str, owner: str, kind: str = OPENAI) -> dict[str, Any]:
         record = self.store.batch(batch_id, owner, kind)

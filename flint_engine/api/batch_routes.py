@@ -25,8 +25,16 @@ FILES_PATH = "/v1/files"
 FORM_OVERHEAD_BYTES = 64 * 1024
 
 
-def upload_cap(settings: APISettings) -> int:
-    return settings.max_file_bytes + FORM_OVERHEAD_BYTES
+# Request bodies that carry a whole batch (a file upload, an Anthropic message batch's requests) are capped by
+# `max_file_bytes`, not `max_request_bytes`.
+BATCH_BODY_PATHS = (FILES_PATH, "/v1/messages/batches")
+
+
+def body_cap(settings: APISettings, path: str) -> int:
+    """The most bytes a request body to `path` may hold."""
+    if path in BATCH_BODY_PATHS:
+        return settings.max_file_bytes + FORM_OVERHEAD_BYTES
+    return settings.max_request_bytes
 
 
 def _owner(request: Request) -> str:
