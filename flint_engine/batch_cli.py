@@ -117,12 +117,14 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not getattr(args, "verbose", False):  # a line a request is noise beside the batch's progress bar
-        logging.getLogger("flint_engine.api").setLevel(logging.WARNING)
     engine = LLMEngine.from_checkpoint(config, progress=not args.no_progress)
     concurrency = args.concurrency or 2 * engine.engine_config.max_num_seqs
     async_engine = AsyncEngine(engine)
     async_engine.start()
+    api_log = logging.getLogger("flint_engine.api")
+    level = api_log.level
+    if not getattr(args, "verbose", False):  # a line a request is noise beside the batch's progress bar
+        api_log.setLevel(logging.WARNING)
     try:
         app = build_app(LocalBackend(async_engine, args.model_name), APISettings(model_name=args.model_name))
         with _records(args.output, append=skipped > 0) as out:
@@ -133,6 +135,7 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
 
             summary = asyncio.run(run_batch(app, todo, write, concurrency, progress=not args.no_progress))
     finally:
+        api_log.setLevel(level)  # as it was: a caller in the same process (the Python API, tests) keeps its logs
         async_engine.shutdown()
     print(f"run-batch: {summary.line()}", file=sys.stderr)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -82,7 +83,9 @@ def demo_server():
 def test_a_batch_is_answered_as_the_http_api_answers(tmp_path: Path, demo_server, capsys) -> None:
     batch = write_batch(tmp_path / "in.jsonl", list(REQUESTS))
     out = tmp_path / "out.jsonl"
+    level = logging.getLogger("flint_engine.api").level
     assert main(["run-batch", "-i", str(batch), "-o", str(out), "--device", "cpu", "--no-progress"]) == 0
+    assert logging.getLogger("flint_engine.api").level == level  # quiet during the run only
     err = capsys.readouterr().err
     assert "6 requests: 4 succeeded, 2 failed" in err
     got = records(out)
