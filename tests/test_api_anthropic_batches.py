@@ -148,3 +148,29 @@ def test_cancel_and_expiry(tmp_path: Path) -> None:
         assert [r.result.type for r in c.messages.batches.results(done.id)] == ["expired", "expired"]
     finally:
         server.stop()
+
+
+def test_a_batch_body_is_capped_as_an_upload(tmp_path: Path) -> None:
+    """A message batch carries a whole batch: its body may pass max_request_bytes (up to max_file_bytes), which a
+    single message's may not; each of its requests is still the message it would be over HTTP, refused alike."""
+    server = start(tmp_path / "store", max_request_bytes=1024, max_file_bytes=4096)
+    try:
+        c = client(server)
+        long = request(1) | {"system": "x" * 1500}
+        with pytest.raises(anthropic.APIStatusError) as err:
+            c.messages.create(model="flint", **{k: v for k, v in long.items() if k != "temperature"})
+        assert err.value.status_code == 413
+        small = request(2)
+        batch = c.messages.batches.create(
+            requests=[{"custom_id": "a", "params": long}, {"custom_id": "b", "params": small}]  # type: ignore[list-item]
+        )
+        counts = ended(c, batch.id).request_counts
+        assert (counts.succeeded, counts.errored) == (1, 1)
+        results = {r.custom_id: r.result for r in c.messages.batches.results(batch.id)}
+        assert results["b"].type == "succeeded" and results["a"].type == "errored"
+        assert results["a"].error.error.type == "request_too_large"
+        with pytest.raises(anthropic.APIStatusError) as err:
+            c.messages.batches.create(requests=[{"custom_id": "b", "params": request(1) | {"system": "y" * 70_000}}])
+        assert err.value.status_code == 413
+    finally:
+        server.stop()
