@@ -31,4 +31,11 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         settings.num_replicas or "autoscaled",
         "GPU" if gpu else "CPU",
     )
+    if settings.router_replicas > 1 and settings.api.batch_dir is None:
+        log.warning(
+            "router_replicas is %d but api.batch_dir is unset: each router keeps the Batch API's files and batches in "
+            "a directory of its own, so a batch made through one is not found through another; set api.batch_dir to "
+            "a directory they share",
+            settings.router_replicas,
+        )
     return router.bind(replica.bind(settings.model_dump(), gpu), settings.model_dump())

@@ -130,3 +130,16 @@ def test_bad_host_and_port() -> None:
     ):
         r = run(*args)
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_several_routers_without_a_shared_batch_dir_are_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    from flint_serve.app import build_app
+
+    with caplog.at_level("WARNING", logger="flint_serve"):
+        build_app({"router_replicas": 2, "device": "cpu"})
+    assert "api.batch_dir is unset" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="flint_serve"):
+        build_app({"router_replicas": 2, "device": "cpu", "api": {"batch_dir": "/data/batches"}})
+        build_app({"device": "cpu"})
+    assert "batch_dir" not in caplog.text
