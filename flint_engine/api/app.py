@@ -302,7 +302,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         except APIError as exc:
             return anthropic_error(exc)
 
-    add_batch_routes(app, jobs, _body, _parse)
+    add_batch_routes(app, jobs, _body, _parse, settings)
     add_message_batch_routes(app, jobs, _body, _parse, settings.model_name)
 
     @app.get("/v1/responses/{response_id}")

@@ -87,7 +87,11 @@ def batch_jobs(settings: APISettings) -> BatchJobs:
 
 
 def add_batch_routes(
-    app: FastAPI, jobs: BatchJobs, body: Callable[[Request], Awaitable[Any]], parse: Callable[[type, Any], Any]
+    app: FastAPI,
+    jobs: BatchJobs,
+    body: Callable[[Request], Awaitable[Any]],
+    parse: Callable[[type, Any], Any],
+    settings: APISettings,
 ) -> None:
     """Add the routes; `body` reads a JSON body and `parse` validates it into a model as the other routes do."""
 
@@ -97,7 +101,7 @@ def add_batch_routes(
 
     @app.post(FILES_PATH)
     async def upload_file(request: Request) -> Any:
-        capped = Request(request.scope, _capped(request.receive, jobs.store.max_file_bytes + FORM_OVERHEAD_BYTES))
+        capped = Request(request.scope, _capped(request.receive, body_cap(settings, FILES_PATH)))
         try:
             form = await capped.form(max_files=1, max_fields=8)
         except AssertionError as exc:  # Starlette's way of saying python-multipart is missing
