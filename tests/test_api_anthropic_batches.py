@@ -146,6 +146,8 @@ def test_cancel_and_expiry(tmp_path: Path) -> None:
         done = ended(c, record["id"])
         assert (done.request_counts.expired, done.request_counts.succeeded) == (2, 0)
         assert [r.result.type for r in c.messages.batches.results(done.id)] == ["expired", "expired"]
+        listed = next(b for b in c.messages.batches.list() if b.id == done.id)
+        assert listed.request_counts == done.request_counts  # lists show what retrieve shows
     finally:
         server.stop()
 

@@ -149,7 +149,7 @@ def add_batch_routes(
 
     @app.get("/v1/batches")
     async def list_batches(request: Request, limit: int = 20, after: str | None = None) -> dict[str, Any]:
-        return _page(store().batches(_owner(request)), limit, after, 100)
+        return _page([public(b) for b in store().batches(_owner(request))], limit, after, 100)
 
     @app.get("/v1/batches/{batch_id}")
     async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:

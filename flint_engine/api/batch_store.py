@@ -55,8 +55,7 @@ def public(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _newest_first(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    ordered = sorted(records, key=lambda r: (r.get("created_ns", r["created_at"] * 10**9), r["id"]), reverse=True)
-    return [public(r) for r in ordered]
+    return sorted(records, key=lambda r: (r.get("created_ns", r["created_at"] * 10**9), r["id"]), reverse=True)
 
 
 class BatchStore:
@@ -154,7 +153,7 @@ class BatchStore:
                 continue
             if record.get("purpose") == purpose or (purpose is None and record.get("purpose") != MESSAGE_BATCH_PURPOSE):
                 found.append(record)
-        return _newest_first(found)
+        return [public(r) for r in _newest_first(found)]
 
     def delete_file(self, file_id: str, owner: str) -> dict[str, Any]:
         self._file(file_id, owner)
@@ -186,7 +185,7 @@ class BatchStore:
                 yield record
 
     def batches(self, owner: str, kind: str = OPENAI) -> list[dict[str, Any]]:
-        """The owner's batches of one API, newest first."""
+        """The owner's batches of one API, newest first (whole records: `public` shows one)."""
         mine = [r for r in self.all_batches() if r.get("owner") == owner and r.get("kind", OPENAI) == kind]
         return _newest_first(mine)
 
