@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .anthropic_messages import anthropic_error
 from .batch_jobs import TERMINAL, BatchCreate, BatchJobs
+from .batch_routes import request_owner
 from .batch_store import ANTHROPIC, MESSAGE_BATCH_PURPOSE
 from .errors import APIError
 
@@ -118,11 +119,11 @@ def add_message_batch_routes(
 ) -> None:
     """Add the routes (`body` and `parse` read and validate JSON as the other routes do)."""
 
-    def owner(request: Request) -> str:
-        return getattr(request.state, "owner", "")
-
     def base(request: Request) -> str:
         return str(request.base_url).rstrip("/")
+
+    def mine(request: Request, batch_id: str) -> dict[str, Any]:
+        return jobs.store.batch(batch_id, request_owner(request), ANTHROPIC)
 
     def answer(work: Callable[[], Any]) -> Response:
         try:
@@ -137,7 +138,7 @@ def add_message_batch_routes(
         except APIError as exc:
             return anthropic_error(exc)
         try:  # writing up to max_file_bytes of requests: off the event loop
-            record = await run_in_threadpool(_create, jobs, req, owner(request), model_name)
+            record = await run_in_threadpool(_create, jobs, req, request_owner(request), model_name)
         except APIError as exc:
             return anthropic_error(exc)
         jobs.launch(record["id"])
@@ -151,7 +152,7 @@ def add_message_batch_routes(
             if not 1 <= limit <= 1000:
                 raise APIError(400, f"limit must be between 1 and 1000, got {limit}", "limit")
             jobs.resume()
-            found = [message_batch(r, base(request)) for r in jobs.store.batches(owner(request), ANTHROPIC)]
+            found = [message_batch(r, base(request)) for r in jobs.store.batches(request_owner(request), ANTHROPIC)]
             ids = [b["id"] for b in found]
             if after_id is not None:
                 found = found[ids.index(after_id) + 1 :] if after_id in ids else []
@@ -172,20 +173,20 @@ def add_message_batch_routes(
 
     @app.get(PATH + "/{batch_id}")
     async def get_message_batch(request: Request, batch_id: str) -> Response:
-        return answer(lambda: message_batch(jobs.store.batch(batch_id, owner(request), ANTHROPIC), base(request)))
+        return answer(lambda: message_batch(mine(request, batch_id), base(request)))
 
     @app.post(PATH + "/{batch_id}/cancel")
     async def cancel_message_batch(request: Request, batch_id: str) -> Response:
         def cancel() -> dict[str, Any]:
-            jobs.cancel(batch_id, owner(request), ANTHROPIC)
-            return message_batch(jobs.store.batch(batch_id, owner(request), ANTHROPIC), base(request))
+            jobs.cancel(batch_id, request_owner(request), ANTHROPIC)
+            return message_batch(mine(request, batch_id), base(request))
 
         return answer(cancel)
 
     @app.delete(PATH + "/{batch_id}")
     async def delete_message_batch(request: Request, batch_id: str) -> Response:
         def delete() -> dict[str, Any]:
-            record = jobs.store.batch(batch_id, owner(request), ANTHROPIC)
+            record = mine(request, batch_id)
             if record["status"] not in TERMINAL:
                 raise APIError(400, f"batch {batch_id} is still processing: cancel it, then delete it once ended")
             jobs.store.delete_batch(batch_id)
@@ -196,7 +197,7 @@ def add_message_batch_routes(
     @app.get(PATH + "/{batch_id}/results")
     async def message_batch_results(request: Request, batch_id: str) -> Response:
         try:
-            record = jobs.store.batch(batch_id, owner(request), ANTHROPIC)
+            record = mine(request, batch_id)
             if record["status"] not in TERMINAL:
                 raise APIError(400, f"batch {batch_id} is still processing: its results come once it has ended")
         except APIError as exc:

@@ -37,7 +37,8 @@ def body_cap(settings: APISettings, path: str) -> int:
     return settings.max_request_bytes
 
 
-def _owner(request: Request) -> str:
+def request_owner(request: Request) -> str:
+    """Whose files and batches a request sees: its key's hash, as the gate put it ("" without keys)."""
     return getattr(request.state, "owner", "")
 
 
@@ -112,7 +113,7 @@ def add_batch_routes(
                 raise APIError(400, "send the file as multipart/form-data field 'file'", "file")
             if not isinstance(purpose, str):
                 raise APIError(400, "send the file's purpose as multipart/form-data field 'purpose'", "purpose")
-            owner = _owner(request)
+            owner = request_owner(request)
             return await run_in_threadpool(
                 store().save_upload, upload.file, upload.filename or "upload.jsonl", purpose, owner
             )
@@ -125,37 +126,37 @@ def add_batch_routes(
     ) -> dict[str, Any]:
         if order not in ("asc", "desc"):
             raise APIError(400, f"order must be 'asc' or 'desc', got {order!r}", "order")
-        found = store().files(_owner(request), purpose)
+        found = store().files(request_owner(request), purpose)
         return _page(found if order == "desc" else found[::-1], limit, after, 10_000)
 
     @app.get(FILES_PATH + "/{file_id}")
     async def get_file(request: Request, file_id: str) -> dict[str, Any]:
-        return store().file(file_id, _owner(request))
+        return store().file(file_id, request_owner(request))
 
     @app.delete(FILES_PATH + "/{file_id}")
     async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
-        return store().delete_file(file_id, _owner(request))
+        return store().delete_file(file_id, request_owner(request))
 
     @app.get(FILES_PATH + "/{file_id}/content")
     async def file_content(request: Request, file_id: str) -> FileResponse:
-        path = store().content(file_id, _owner(request))
+        path = store().content(file_id, request_owner(request))
         return FileResponse(path, media_type="application/octet-stream")
 
     @app.post("/v1/batches")
     async def create_batch(request: Request) -> JSONResponse:
         req = parse(BatchCreate, await body(request))
         store()
-        return JSONResponse(jobs.create(req, _owner(request)))
+        return JSONResponse(jobs.create(req, request_owner(request)))
 
     @app.get("/v1/batches")
     async def list_batches(request: Request, limit: int = 20, after: str | None = None) -> dict[str, Any]:
-        return _page([public(b) for b in store().batches(_owner(request))], limit, after, 100)
+        return _page([public(b) for b in store().batches(request_owner(request))], limit, after, 100)
 
     @app.get("/v1/batches/{batch_id}")
     async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:
-        return public(store().batch(batch_id, _owner(request)))
+        return public(store().batch(batch_id, request_owner(request)))
 
     @app.post("/v1/batches/{batch_id}/cancel")
     async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
         store()
-        return jobs.cancel(batch_id, _owner(request))
+        return jobs.cancel(batch_id, request_owner(request))
