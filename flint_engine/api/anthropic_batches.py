@@ -115,7 +115,6 @@ def add_message_batch_routes(
     jobs: BatchJobs,
     body: Callable[[Request], Awaitable[Any]],
     parse: Callable[[type, Any], Any],
-    model_name: str,
 ) -> None:
     """Add the routes (`body` and `parse` read and validate JSON as the other routes do)."""
 
@@ -138,7 +137,7 @@ def add_message_batch_routes(
         except APIError as exc:
             return anthropic_error(exc)
         try:  # writing up to max_file_bytes of requests: off the event loop
-            record = await run_in_threadpool(_create, jobs, req, request_owner(request), model_name)
+            record = await run_in_threadpool(_create, jobs, req, request_owner(request))
         except APIError as exc:
             return anthropic_error(exc)
         jobs.launch(record["id"])
@@ -205,7 +204,7 @@ def add_message_batch_routes(
         return StreamingResponse(_results(jobs, record), media_type="application/x-jsonl")
 
 
-def _create(jobs: BatchJobs, req: MessageBatchCreate, owner: str, model_name: str) -> dict[str, Any]:
+def _create(jobs: BatchJobs, req: MessageBatchCreate, owner: str) -> dict[str, Any]:
     """Check the requests, write them as a batch file of /v1/messages lines, and start the batch."""
     if len(req.requests) > jobs.max_requests:
         raise APIError(400, f"a batch holds at most {jobs.max_requests} requests, got {len(req.requests)}", "requests")
@@ -218,8 +217,9 @@ def _create(jobs: BatchJobs, req: MessageBatchCreate, owner: str, model_name: st
         if item.params.get("stream"):
             raise APIError(400, f"{where}.params.stream: a batch's requests are not streamed", f"{where}.params")
         model = item.params.get("model")
-        if model is not None and model != model_name:
-            raise APIError(400, f"{where}.params.model is {model!r}; the model served here is {model_name!r}", where)
+        if model is not None and model != jobs.model_name:
+            served = jobs.model_name
+            raise APIError(400, f"{where}.params.model is {model!r}; the model served here is {served!r}", where)
     lines = [
         {"custom_id": r.custom_id, "method": "POST", "url": "/v1/messages", "body": r.params} for r in req.requests
     ]

@@ -303,7 +303,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
             return anthropic_error(exc)
 
     add_batch_routes(app, jobs, _body, _parse, settings)
-    add_message_batch_routes(app, jobs, _body, _parse, settings.model_name)
+    add_message_batch_routes(app, jobs, _body, _parse)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> Response:
