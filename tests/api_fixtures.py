@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 
 from flint_engine.api.server import LocalServer, start_local_server
@@ -49,6 +50,18 @@ def tiny_engine(path: Path, **engine_kw) -> LLMEngine:
 
 def tiny_server(tmp: Path, settings: APISettings | None = None, **engine_kw) -> LocalServer:
     return start_local_server(tiny_engine(tiny_checkpoint(tmp), **engine_kw), settings)
+
+
+def module_server(name: str, settings: APISettings | None = None, **engine_kw):
+    """A module-scoped pytest fixture: a tiny server (`tiny_server`) for the module's tests, stopped after them."""
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory: pytest.TempPathFactory):
+        srv = tiny_server(tmp_path_factory.mktemp(name), settings, **engine_kw)
+        yield srv
+        srv.stop()
+
+    return server
 
 
 def named_events(url: str, body: dict, headers: dict | None = None) -> list[dict]:

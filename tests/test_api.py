@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from api_fixtures import tiny_server, wait_until_idle
+from api_fixtures import module_server, tiny_server, wait_until_idle
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -18,11 +18,7 @@ from flint_engine.api.settings import APISettings
 MSG = [{"role": "user", "content": "Hello there, how are you?"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    srv = tiny_server(tmp_path_factory.mktemp("api"), APISettings(max_tokens_limit=4000))
-    yield srv
-    srv.stop()
+server = module_server("api", APISettings(max_tokens_limit=4000))
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import os
 
 import httpx
 import pytest
-from api_fixtures import tiny_server
+from api_fixtures import module_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -71,11 +71,7 @@ json_value = st.recursive(
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    srv = tiny_server(tmp_path_factory.mktemp("fuzz"), APISettings(default_max_tokens=4, max_tokens_limit=64))
-    yield srv
-    srv.stop()
+server = module_server("fuzz", APISettings(default_max_tokens=4, max_tokens_limit=64))
 
 
 def _set(body: dict, path: str, value: object) -> dict:

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 import regex
-from api_fixtures import tiny_checkpoint, tiny_engine, tiny_server
+from api_fixtures import module_server, tiny_checkpoint, tiny_engine
 
 from flint_engine.sampling_params import SamplingParams
 
@@ -19,11 +19,7 @@ CHOICES = ["yes", "no", "maybe not"]
 PATTERN = r"[0-9]{3}-[a-z]{2}"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    s = tiny_server(tmp_path_factory.mktemp("guided"))
-    yield s
-    s.stop()
+server = module_server("guided")
 
 
 @pytest.fixture(scope="module")

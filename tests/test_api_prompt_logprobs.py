@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from api_fixtures import tiny_checkpoint, tiny_engine, tiny_server
+from api_fixtures import module_server, tiny_checkpoint, tiny_engine, tiny_server
 
 from flint_engine import prompt_logprobs
 from flint_engine.sampling_params import SamplingParams
@@ -62,11 +62,7 @@ def test_the_first_output_carries_them(tmp_path) -> None:
     assert all(entry[2] == [] for entry in outputs[0].prompt_logprobs[1:])  # 0: the prompt tokens' own only
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    s = tiny_server(tmp_path_factory.mktemp("prompt-lp"))
-    yield s
-    s.stop()
+server = module_server("prompt-lp")
 
 
 def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_reads_it(server) -> None:

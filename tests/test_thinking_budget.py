@@ -4,8 +4,7 @@ tokens of thinking `</think>` is forced and the answer follows, in the engine, t
 from __future__ import annotations
 
 import httpx
-import pytest
-from api_fixtures import tiny_checkpoint, tiny_engine, tiny_server
+from api_fixtures import module_server, tiny_checkpoint, tiny_engine, tiny_server
 
 from flint_engine import LLM, SamplingParams
 from flint_engine.parsers.reasoning import THINK_END, TOOL_CALL_START
@@ -13,11 +12,7 @@ from flint_engine.parsers.reasoning import THINK_END, TOOL_CALL_START
 QUESTION = [{"role": "user", "content": "What is 12 + 30?"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    s = tiny_server(tmp_path_factory.mktemp("budget"))
-    yield s
-    s.stop()
+server = module_server("budget")
 
 
 def test_the_engine_forces_the_end_of_the_reasoning_at_the_budget(tmp_path) -> None:
