@@ -125,8 +125,9 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
     level = api_log.level
     if not getattr(args, "verbose", False):  # a line a request is noise beside the batch's progress bar
         api_log.setLevel(logging.WARNING)
+    backend = LocalBackend(async_engine, args.model_name)
     try:
-        app = build_app(LocalBackend(async_engine, args.model_name), APISettings(model_name=args.model_name))
+        app = build_app(backend, APISettings(model_name=args.model_name))
         with _records(args.output, append=skipped > 0) as out:
 
             def write(record: dict[str, Any]) -> None:
@@ -137,5 +138,6 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
     finally:
         api_log.setLevel(level)  # as it was: a caller in the same process (the Python API, tests) keeps its logs
         async_engine.shutdown()
+        backend.release()
     print(f"run-batch: {summary.line()}", file=sys.stderr)
     return 0

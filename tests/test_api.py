@@ -554,3 +554,24 @@ def test_json_object_mode_gives_a_json_object(client, thinking: bool) -> None:
             assert isinstance(json.loads(choice.message.content), dict)
         else:  # out of tokens: still a valid prefix of one object, begun (blank runs are capped)
             assert choice.message.content is not None and choice.message.content.lstrip().startswith("{")
+
+
+def test_a_stopped_server_lets_go_of_its_engine(tmp_path) -> None:
+    """FastAPI caches every route's function for the life of the process; a stopped server's engine (its model and
+    KV cache) must still be freed, or each server a process starts and stops keeps its memory."""
+    import gc
+    import weakref
+
+    from api_fixtures import tiny_checkpoint, tiny_engine
+
+    from flint_engine.api.server import start_local_server
+
+    engine = tiny_engine(tiny_checkpoint(tmp_path))
+    server = start_local_server(engine, APISettings())
+    r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200
+    server.stop()
+    gone = weakref.ref(engine)
+    del engine, server
+    gc.collect()
+    assert gone() is None

@@ -46,6 +46,12 @@ class LocalBackend:
         self.generation_defaults = engine.engine.generation_defaults
         self.wedge_timeout_s = wedge_timeout_s
 
+    def release(self) -> None:
+        """Let go of the engine once it is shut down. FastAPI keeps every route's function in a module-level cache
+        (its callable classification), so an app's routes, and through them this backend, outlive the app: without
+        this, each app built in a process would hold its model and KV cache until the process exits."""
+        self.engine = None  # type: ignore[assignment]
+
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[ChoiceOutput]:

@@ -52,6 +52,7 @@ class LocalServer:
     thread: threading.Thread
     host: str
     port: int
+    backend: LocalBackend
 
     @property
     def base_url(self) -> str:
@@ -61,6 +62,7 @@ class LocalServer:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.engine.shutdown()
+        self.backend.release()
 
 
 def free_port() -> int:
@@ -76,7 +78,8 @@ def start_local_server(
     settings = settings or APISettings()
     async_engine = AsyncEngine(engine)
     async_engine.start()
-    app = build_app(LocalBackend(async_engine, settings.model_name), settings)
+    backend = LocalBackend(async_engine, settings.model_name)
+    app = build_app(backend, settings)
     port = port or free_port()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
@@ -89,17 +92,19 @@ def start_local_server(
             raise RuntimeError(f"the API server did not start on {host}:{port}")
         time.sleep(0.02)
     warn_if_open(host, settings)
-    return LocalServer(async_engine, server, thread, host, port)
+    return LocalServer(async_engine, server, thread, host, port, backend)
 
 
 def serve_forever(engine_config: EngineConfig, settings: APISettings, host: str, port: int) -> None:
     engine = LLMEngine.from_checkpoint(engine_config)
     async_engine = AsyncEngine(engine)
     async_engine.start()
-    app = build_app(LocalBackend(async_engine, settings.model_name), settings)
+    backend = LocalBackend(async_engine, settings.model_name)
+    app = build_app(backend, settings)
     warn_if_open(host, settings)
     log.info("serving %s at http://%s:%d/v1", settings.model_name, host, port)
     try:
         uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
     finally:
         async_engine.shutdown()
+        backend.release()
