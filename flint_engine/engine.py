@@ -390,13 +390,13 @@ class LLMEngine:
         """The decode step after `prev` (in flight) on its requests, launched before `prev`'s tokens are read, or
         None where that is not possible: `prev` is not a plain decode step of every running request on graphs, one
         needs the host to sample or to rewrite its token (JSON mode), a request waits for admission and a sequence
-        slot is free, or blocks are short (then the regular schedule decides, preempting if it must). Requests that
-        end with `prev` by their length are left out of it. With every slot taken, requests that wait (a saturated
-        server) do not stop it: one that would take the slot of a request stopping in `prev` is admitted a step
-        later."""
+        slot is free or a running request of a higher priority value to preempt, or blocks are short (then the
+        regular schedule decides, preempting if it must). Requests that end with `prev` by their length are left out
+        of it. With every slot taken, requests that wait (a saturated server) do not stop it: one that would take the
+        slot of a request stopping in `prev` is admitted a step later."""
         if self.runner.graphs is None or prev.tokens is None or len(prev.reqs) != len(prev.chunks):
             return None
-        if self.scheduler.has_free_seat():
+        if self.scheduler.has_free_seat() or self.scheduler.would_preempt():
             return None
         if len(prev.chunks) != len(self.scheduler.running):  # every running request, none finished since
             return None

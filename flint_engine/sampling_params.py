@@ -61,8 +61,8 @@ class SamplingParams:
     # The output opens with one of these names, then whitespace or "<" (a forced tool call's name; see tool_name_prefix)
     tool_names: tuple[str, ...] | None = None
     # Scheduling, not sampling, but it travels with the request: a waiting request of a lower priority value is
-    # admitted first, and under memory pressure the highest value is preempted first (vLLM's request priority);
-    # equal priorities keep first-come first-served.
+    # admitted first and may preempt running requests of higher values for a seat or blocks; under memory pressure
+    # the highest value is preempted first (vLLM's request priority); equal priorities keep first-come first-served.
     priority: int = 0
 
     def __post_init__(self) -> None:

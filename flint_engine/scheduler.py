@@ -6,6 +6,9 @@ takes fewer, more efficient chunks without lengthening anyone's inter-token gaps
 Requests carry a priority (`SamplingParams.priority`, lower first; 0 unless asked): the queue is ordered by it, then
 by arrival, and a step's token budget goes to the running requests of the lowest values first, so a batch job's
 requests (the Batch API sends them at `api.batch_priority`) yield to interactive ones without a second engine.
+A waiting request that finds no seat or too few blocks takes them from running requests of a higher priority value
+(the highest first, the most recently admitted among equals), as vLLM's priority scheduling does; requests of equal
+priority never preempt each other, so without priorities nothing changes.
 
 When blocks run out, a running request is preempted: of those not yet given this step's tokens, the one of the
 highest priority value, the most recently admitted among equals. Its blocks are released (they stay in the prefix
@@ -96,6 +99,38 @@ class Scheduler:
                 best, victim = key, r
         return victim
 
+    def _outranked(self, req: Request) -> Request | None:
+        """The running request `req` may preempt for a seat or blocks: of a higher priority value than its own, the
+        highest, the most recently admitted among equals."""
+        victim = None
+        for r in self.running:
+            if r.params.priority > req.params.priority and (
+                victim is None or r.params.priority >= victim.params.priority
+            ):
+                victim = r
+        return victim
+
+    def would_preempt(self) -> bool:
+        """Whether the next schedule would preempt a running request for the first waiting one (no seat is free and
+        a running request has a higher priority value)."""
+        return (
+            bool(self.waiting)
+            and len(self.running) >= self.max_num_seqs
+            and self._outranked(self.waiting[0]) is not None
+        )
+
+    def _make_room(self, req: Request, out: SchedulerOutput) -> int | None:
+        """Preempt the running request `req` outranks (`_outranked`), taking back this step's tokens if it was given
+        them; returns those tokens (for the step's budget), or None if no running request is outranked."""
+        victim = self._outranked(req)
+        if victim is None:
+            return None
+        chunk = next((c for c in out.chunks if c.request is victim), None)
+        if chunk is not None:
+            out.chunks.remove(chunk)
+        self._preempt(victim, out)
+        return chunk.num_tokens if chunk is not None else 0
+
     def step_budget(self) -> int:
         """Tokens this step may compute: max_num_batched_tokens while a running request is generating (the step's
         length is its inter-token latency), else the larger budget of prefill-only steps."""
@@ -131,15 +166,25 @@ class Scheduler:
             budget -= n
         if out.preempted:
             return out  # memory is tight: let the running requests drain before admitting more
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0:
             req = self.waiting[0]
+            if len(self.running) >= self.max_num_seqs:
+                freed = self._make_room(req, out)
+                if freed is None:
+                    break
+                budget += freed
+                continue
             tokens = req.all_token_ids
             # A request that wants its prompt's log-probabilities computes the whole prompt: a cached prefix has no
             # logits.
             cached, hashes = (0, []) if req.prompt_logprobs is not None else self.kv.find_prefix(tokens)
             n = min(len(tokens) - cached, budget)
             if not self.kv.can_allocate(req.request_id, cached, n, hashes):
-                break  # first come, first served: later requests wait behind this one
+                freed = self._make_room(req, out)
+                if freed is None:
+                    break  # first come, first served: later requests wait behind this one
+                budget += freed
+                continue
             self.waiting.popleft()
             self.kv.prefix_queries += len(tokens)
             self.kv.prefix_hits += cached

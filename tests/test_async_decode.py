@@ -104,6 +104,35 @@ def test_a_full_server_still_launches_ahead(model: FlintModel) -> None:
     assert seen_waiting_ahead  # steps went ahead while requests waited for a slot
 
 
+def test_an_outranking_arrival_stops_the_steps_ahead_for_its_preemption(model: FlintModel) -> None:
+    """One slot held by a priority-1 request decoding ahead: a priority-0 arrival takes it at the next schedule (no
+    step goes ahead while it waits), and both requests' tokens are those of one step at a time."""
+    low = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, priority=1)
+    high = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for async_decode, graphs in ((False, False), (True, True)):
+        engine = engine_on(model, async_decode, graphs=graphs, max_num_seqs=1)
+        reqs = [engine.add_request("low", PROMPTS[0], low)]
+        while len(reqs[0].output_token_ids) < 6:
+            engine.step()
+        reqs.append(engine.add_request("high", PROMPTS[1], high))
+        if async_decode:
+            assert engine.steps_ahead > 0
+        ahead_before = engine.steps_ahead
+        while engine.has_unfinished() and not reqs[1].is_finished:
+            engine.step()
+            if async_decode and engine.scheduler.would_preempt():
+                assert engine._ahead is None
+        assert len(reqs[0].output_token_ids) < 20 and reqs[0].num_preemptions == 1  # overtaken mid-answer
+        while engine.has_unfinished():
+            engine.step()
+        if async_decode:
+            assert engine.steps_ahead > ahead_before  # the resumed request went ahead again
+        assert engine.kv.all_free()
+        runs[async_decode] = [r.output_token_ids for r in reqs]
+    assert runs[True] == runs[False]
+
+
 def test_aborts_and_arrivals_while_a_step_is_ahead(model: FlintModel) -> None:
     greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     want = {r.request_id: r.output_token_ids for r in _run(engine_on(model, False, graphs=False), greedy)}

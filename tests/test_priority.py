@@ -56,6 +56,74 @@ def test_memory_pressure_preempts_the_highest_priority_value_first(window7) -> N
     assert tight.kv.all_free()
 
 
+def _run_to_end(engine) -> None:
+    while engine.has_unfinished():
+        engine.step()
+
+
+def test_a_lower_value_takes_a_seat_from_a_running_higher_value(window7) -> None:  # noqa: F811
+    """One seat: a priority-1 request decoding is preempted for a priority-0 one that arrives, which finishes first;
+    the preempted request then resumes where it was, its output equal to an uninterrupted run's."""
+    gen = random.Random(5)
+    prompts = [[gen.randrange(window7.config.vocab_size) for _ in range(12)] for _ in range(2)]
+    engine = make_engine(window7, max_num_seqs=1)
+    low = engine.add_request("low", prompts[0], SamplingParams(max_tokens=30, priority=1, **GREEDY))
+    for _ in range(6):
+        engine.step()
+    assert engine.scheduler.running == [low] and 0 < len(low.output_token_ids) < 30
+    high = engine.add_request("high", prompts[1], SamplingParams(max_tokens=8, priority=0, **GREEDY))
+    engine.step()
+    assert engine.scheduler.running == [high] and low.num_preemptions == 1
+    finished: list[str] = []
+    while engine.has_unfinished():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished == ["high", "low"]
+    alone = make_engine(window7)
+    want = [alone.add_request(f"r{i}", p, SamplingParams(max_tokens=n, **GREEDY)) for i, (p, n) in
+            enumerate(zip(prompts, (30, 8)))]  # fmt: skip
+    _run_to_end(alone)
+    assert [low.output_token_ids, high.output_token_ids] == [r.output_token_ids for r in want]
+    assert engine.kv.all_free()
+
+
+def test_equal_priorities_never_preempt_for_a_seat(window7) -> None:  # noqa: F811
+    engine = make_engine(window7, max_num_seqs=1)
+    first = engine.add_request("first", [5, 6, 7], SamplingParams(max_tokens=10, priority=2, **GREEDY))
+    engine.step()
+    engine.add_request("second", [8, 9], SamplingParams(max_tokens=3, priority=2, **GREEDY))
+    finished: list[str] = []
+    while engine.has_unfinished():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished == ["first", "second"] and first.num_preemptions == 0
+    assert engine.scheduler.num_preemptions == 0
+
+
+def test_a_lower_value_takes_blocks_from_running_higher_values(window7) -> None:  # noqa: F811
+    """Seats free but blocks short: the priority-0 request preempts the priority-3 ones holding them, not the
+    priority-0 one running beside them, and every output equals a roomy engine's."""
+    gen = random.Random(9)
+    prompts = [[gen.randrange(window7.config.vocab_size) for _ in range(40)] for _ in range(4)]
+    # Three 40-token prompts fill the nine 16-token blocks (with room for their four tokens each).
+    tight = make_engine(window7, full_blocks=9, max_num_seqs=8, max_num_batched_tokens=256, block_size=16)
+    roomy = make_engine(window7)
+    order = [("a", 0), ("b", 3), ("c", 3)]
+    got, want = {}, {}
+    for (rid, priority), prompt in zip(order, prompts):
+        got[rid] = tight.add_request(rid, prompt, SamplingParams(max_tokens=4, priority=priority, **GREEDY))
+        want[rid] = roomy.add_request(rid, prompt, SamplingParams(max_tokens=4, **GREEDY))
+    tight.step()
+    assert {r.request_id for r in tight.scheduler.running} == {"a", "b", "c"}
+    got["d"] = tight.add_request("d", prompts[3], SamplingParams(max_tokens=4, priority=0, **GREEDY))
+    want["d"] = roomy.add_request("d", prompts[3], SamplingParams(max_tokens=4, **GREEDY))
+    tight.step()
+    assert "d" in {r.request_id for r in tight.scheduler.running}
+    assert got["a"].num_preemptions == 0 and got["b"].num_preemptions + got["c"].num_preemptions > 0
+    _run_to_end(tight)
+    _run_to_end(roomy)
+    assert {k: r.output_token_ids for k, r in got.items()} == {k: r.output_token_ids for k, r in want.items()}
+    assert tight.kv.all_free()
+
+
 def test_priority_is_checked() -> None:
     with pytest.raises(SamplingParamsError, match="priority"):
         SamplingParams(priority=2**40)
@@ -126,5 +194,34 @@ def test_batch_requests_run_at_the_batch_priority(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert c.batches.retrieve(batch.id).request_counts.completed == 2
         assert sorted(seen.values()) == [2, 7]  # the batch's priority, unless the line names its own
+    finally:
+        server.stop()
+
+
+def test_an_interactive_request_overtakes_a_running_batch_request_over_http(tmp_path: Path) -> None:
+    """One seat taken by a long priority-1 stream: a priority-0 request answers while that stream still runs, and
+    the stream, preempted and resumed, says the same as without the interruption."""
+    server = start_local_server(tiny_engine(tiny_checkpoint(tmp_path), max_num_seqs=1), APISettings())
+    try:
+        url = f"{server.base_url}/v1/completions"
+        long = {"prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": True, "temperature": 0, "priority": 1}
+        alone = httpx.post(url, json=long, timeout=120).json()["choices"][0]["text"]
+        parts: list[str] = []
+        unfinished: list = []
+        with httpx.stream("POST", url, json={**long, "stream": True}, timeout=120) as stream:
+            for line in stream.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                parts.append(json.loads(line[6:])["choices"][0]["text"])
+                if len(parts) == 5:
+                    short = {"prompt": [4, 5], "max_tokens": 3, "temperature": 0, "priority": 0}
+                    r = httpx.post(url, json=short, timeout=60)
+                    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+                    sched = server.engine.engine.scheduler
+                    # Answered while the long request still waits to go on (without preemption it would be done).
+                    unfinished = [q for q in (*sched.waiting, *sched.running) if q.params.priority == 1]
+        assert len(unfinished) == 1 and len(parts) > 5
+        assert server.engine.engine.scheduler.num_preemptions >= 1
+        assert "".join(parts) == alone
     finally:
         server.stop()
