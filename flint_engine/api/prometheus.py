@@ -16,7 +16,7 @@ GAUGES = {
 COUNTERS = {
     "prompt_tokens": "Prompt tokens processed.",
     "generation_tokens": "Tokens generated.",
-    "num_preemptions": "Requests preempted (recomputed later) for lack of KV blocks.",
+    "num_preemptions": "Requests preempted (recomputed later): short of KV blocks, or for a higher-priority request.",
     "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
     "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
     "late_kernel_compiles": "Triton kernels compiled after the warm-up (each one stalls a step; see the log).",
