@@ -313,3 +313,61 @@ def test_a_batch_past_its_window_expires(tmp_path: Path) -> None:
         assert (done.request_counts.completed, done.request_counts.failed) == (1, 2)
     finally:
         server.stop()
+
+
+def test_files_expire_as_openai_says(tmp_path: Path) -> None:
+    """Uploads and a batch's output expire after `expires_after` / `output_expires_after` (30 days unless told);
+    past that a file answers 404, leaves the list and its bytes go; bad policies are 400s naming the field."""
+    server = start(tmp_path / "store")
+    try:
+        c = client(server)
+        data = batch_file({"q1": question(1)})
+        plain = c.files.create(file=("a.jsonl", io.BytesIO(data)), purpose="batch")
+        assert plain.expires_at == plain.created_at + 30 * 24 * 3600  # OpenAI's default for batch files
+        hour = c.files.create(
+            file=("b.jsonl", io.BytesIO(data)), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600}
+        )
+        assert hour.expires_at == hour.created_at + 3600 and c.files.retrieve(hour.id).expires_at == hour.expires_at
+        for policy in ({"anchor": "created_at", "seconds": 60}, {"anchor": "last_active_at", "seconds": 3600}):
+            with pytest.raises(openai.BadRequestError) as err:
+                c.files.create(file=("c.jsonl", io.BytesIO(data)), purpose="batch", expires_after=policy)  # type: ignore[arg-type]
+            assert err.value.body["param"] == "expires_after"
+        batch = c.batches.create(
+            input_file_id=plain.id, endpoint="/v1/chat/completions", completion_window="24h",
+            output_expires_after={"anchor": "created_at", "seconds": 7200},
+        )  # fmt: skip
+        out = c.files.retrieve(settle(c, batch.id).output_file_id)
+        assert out.expires_at == out.created_at + 7200
+        with pytest.raises(openai.BadRequestError):
+            c.batches.create(
+                input_file_id=plain.id, endpoint="/v1/chat/completions", completion_window="24h",
+                output_expires_after={"anchor": "created_at", "seconds": 10**9},
+            )  # fmt: skip
+        # Two hours on: the hour's upload and the batch's output are gone, the default upload stays.
+        store = server.server.config.app.state.batch_jobs.store
+        store.clock = lambda: time.time() + 2 * 3600 + 5
+        with pytest.raises(openai.NotFoundError):
+            c.files.retrieve(hour.id)
+        with pytest.raises(openai.NotFoundError):
+            c.files.content(out.id)
+        assert [f.id for f in c.files.list()] == [plain.id]
+        assert not store.data_path(hour.id).exists() and not store.data_path(out.id).exists()
+    finally:
+        server.stop()
+
+
+def test_an_expired_file_stays_while_a_running_batch_uses_it(tmp_path: Path) -> None:
+    now = [time.time()]
+    store = BatchStore(tmp_path, 2**20, 2**30, clock=lambda: now[0])
+    used = store.save_upload(io.BytesIO(batch_file({"q": question(1)})), "in.jsonl", "batch", "", 3600)
+    idle = store.save_upload(io.BytesIO(batch_file({"q": question(2)})), "in.jsonl", "batch", "", 3600)
+    req = BatchCreate(input_file_id=used["id"], endpoint="/v1/chat/completions", completion_window="24h")
+    record = new_batch(req, "")
+    record["status"] = "in_progress"
+    store.save_batch(record)
+    now[0] += 3601
+    assert store.sweep() == 1 and not store.data_path(idle["id"]).exists()
+    assert store.data_path(used["id"]).exists() and store.files("") == []  # kept for its batch, not listed
+    record["status"] = "completed"
+    store.save_batch(record)
+    assert store.sweep() == 1 and not store.data_path(used["id"]).exists()

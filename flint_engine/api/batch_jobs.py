@@ -23,20 +23,28 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from .batch_lines import BATCH_URLS, BatchFileError, BatchLine, read_batch_lines, recorded_ids
 from .batch_runner import run_batch
-from .batch_store import ANTHROPIC, OPENAI, OUTPUT_PURPOSE, BatchStore, public
+from .batch_store import (
+    ANTHROPIC,
+    MAX_TTL_S,
+    MIN_TTL_S,
+    OPENAI,
+    OUTPUT_PURPOSE,
+    TERMINAL,
+    BatchStore,
+    public,
+)
 from .errors import APIError
 
 log = logging.getLogger(__name__)
 
 COMPLETION_WINDOW = "24h"
 COMPLETION_WINDOW_S = 24 * 3600
-TERMINAL = frozenset({"failed", "completed", "expired", "cancelled"})
 CANCELLABLE = frozenset({"validating", "in_progress"})  # finalizing is only the registering of its files
 # Headers of the requests a batch makes through the app: the process's token, and the batch's owner.
 INTERNAL_TOKEN_HEADER = "x-flint-batch-token"
@@ -45,11 +53,19 @@ INTERNAL_OWNER_HEADER = "x-flint-batch-owner"
 _SAVE_EVERY_S = 1.0
 
 
+class ExpiresAfter(BaseModel):
+    """OpenAI's expiration policy of a file: `seconds` after its creation."""
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=MIN_TTL_S, le=MAX_TTL_S)
+
+
 class BatchCreate(BaseModel):
     input_file_id: str
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    output_expires_after: ExpiresAfter | None = None  # the output and error files' lifetime (else the server's)
 
     @field_validator("endpoint")
     @classmethod
@@ -96,6 +112,7 @@ def new_batch(req: BatchCreate, owner: str, now: int | None = None, kind: str = 
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
         "metadata": req.metadata,
         "owner": owner,
+        "output_ttl_s": req.output_expires_after.seconds if req.output_expires_after else None,
     }
 
 
@@ -107,8 +124,10 @@ class BatchJobs:
         concurrency: int,
         max_requests: int,
         priority: int = 0,
+        file_ttl_s: int | None = None,
     ) -> None:
         self._make_store = make_store
+        self.file_ttl_s = file_ttl_s  # an OpenAI batch's output and error files' lifetime unless it names one
         self.priority = priority  # the requests' scheduling priority, unless a line's body names one
         self.model_name = model_name
         self.concurrency = concurrency
@@ -145,6 +164,8 @@ class BatchJobs:
     def save_new(self, req: BatchCreate, owner: str, kind: str = OPENAI, total: int = 0) -> dict[str, Any]:
         """Save a new batch (of `total` requests, where known before its file is read); `launch` starts it."""
         record = new_batch(req, owner, kind=kind)
+        if kind == OPENAI and record["output_ttl_s"] is None:
+            record["output_ttl_s"] = self.file_ttl_s  # a message batch's results live as long as the batch
         record["request_counts"]["total"] = total
         self.store.save_batch(record)
         return record
@@ -330,7 +351,7 @@ class BatchJobs:
                 path.unlink(missing_ok=True)
                 record[key] = None
                 continue
-            self.store.register_file(file_id, f"{bid}_{name}.jsonl", OUTPUT_PURPOSE, owner)
+            self.store.register_file(file_id, f"{bid}_{name}.jsonl", OUTPUT_PURPOSE, owner, record.get("output_ttl_s"))
         now = int(time.time())
         if status == "cancelled":  # its cancel's time, as the cancel call saved it (the runner's copy may predate it)
             on_disk = self.store.batch_record(bid) or record

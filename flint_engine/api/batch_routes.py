@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from .batch_jobs import BatchCreate, BatchJobs
-from .batch_store import BatchStore, public
+from .batch_store import BatchStore, expires_after_seconds, public
 from .errors import APIError
 from .settings import APISettings
 
@@ -84,7 +84,9 @@ def batch_jobs(settings: APISettings) -> BatchJobs:
         return BatchStore(root, settings.max_file_bytes, settings.max_stored_bytes)
 
     s = settings
-    return BatchJobs(make_store, s.model_name, s.batch_concurrency, s.max_batch_requests, s.batch_priority)
+    return BatchJobs(
+        make_store, s.model_name, s.batch_concurrency, s.max_batch_requests, s.batch_priority, s.batch_file_ttl_s
+    )
 
 
 def add_batch_routes(
@@ -114,8 +116,12 @@ def add_batch_routes(
             if not isinstance(purpose, str):
                 raise APIError(400, "send the file's purpose as multipart/form-data field 'purpose'", "purpose")
             owner = request_owner(request)
+            ttl = settings.batch_file_ttl_s
+            if "expires_after[anchor]" in form or "expires_after[seconds]" in form:  # the openai client's form keys
+                anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+                ttl = expires_after_seconds(anchor, seconds, "expires_after")
             return await run_in_threadpool(
-                store().save_upload, upload.file, upload.filename or "upload.jsonl", purpose, owner
+                store().save_upload, upload.file, upload.filename or "upload.jsonl", purpose, owner, ttl
             )
         finally:
             await form.close()

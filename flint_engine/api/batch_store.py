@@ -6,20 +6,27 @@
 Every object lives in its own JSON file, replaced atomically, so a reader (another router process on the same
 directory, or this one after a restart) never sees half an object. Objects belong to the API key that made them
 (its hash; "" without keys): another key's id answers 404, as if it did not exist.
+
+Files may expire (OpenAI's `expires_after`; batch uploads and outputs after 30 days unless told otherwise, by
+default): past its `expires_at` a file answers 404 and is removed at the next sweep (an upload, a list, a lookup),
+unless a batch still running reads or writes it, which keeps it until that batch settles.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from .errors import APIError
+
+log = logging.getLogger(__name__)
 
 # Purposes a client may upload with, and the ones this server writes (OpenAI's names; a message batch's requests,
 # written from an Anthropic Message Batches call, are not listed unless asked for by purpose).
@@ -28,6 +35,10 @@ OUTPUT_PURPOSE = "batch_output"
 MESSAGE_BATCH_PURPOSE = "message_batch"
 # Which API made a batch: OpenAI's Batch API or Anthropic's Message Batches (each API sees only its own).
 OPENAI, ANTHROPIC = "openai", "anthropic"
+# A batch's states after which it reads and writes none of its files.
+TERMINAL = frozenset({"failed", "completed", "expired", "cancelled"})
+# OpenAI's bounds on a file's lifetime (`expires_after.seconds`): one hour to thirty days.
+MIN_TTL_S, MAX_TTL_S = 3600, 30 * 24 * 3600
 _COPY_CHUNK = 1 << 20
 
 
@@ -45,8 +56,9 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 # Kept beside an object, never shown: its owner, its creation time in nanoseconds (lists are ordered by it;
-# `created_at` has whole seconds), which API made a batch, and how many of its requests expired.
-_HIDDEN = frozenset({"owner", "created_ns", "kind", "expired_count"})
+# `created_at` has whole seconds), which API made a batch, how many of its requests expired, and the lifetime of its
+# output and error files.
+_HIDDEN = frozenset({"owner", "created_ns", "kind", "expired_count", "output_ttl_s"})
 
 
 def public(record: dict[str, Any]) -> dict[str, Any]:
@@ -54,12 +66,31 @@ def public(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in _HIDDEN}
 
 
+def expires_after_seconds(anchor: object, seconds: object, param: str) -> int:
+    """OpenAI's expiration policy ({"anchor": "created_at", "seconds": N}) checked: N, or a 400 naming `param`."""
+    if anchor != "created_at":
+        raise APIError(400, f"{param}.anchor must be 'created_at', got {anchor!r}", param)
+    try:
+        n = int(str(seconds))
+    except ValueError:
+        raise APIError(400, f"{param}.seconds must be an integer, got {seconds!r}", param) from None
+    if not MIN_TTL_S <= n <= MAX_TTL_S:
+        raise APIError(400, f"{param}.seconds must be between {MIN_TTL_S} and {MAX_TTL_S}, got {n}", param)
+    return n
+
+
+def _expired(record: dict[str, Any], now: float) -> bool:
+    return record.get("expires_at") is not None and record["expires_at"] <= now
+
+
 def _newest_first(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: (r.get("created_ns", r["created_at"] * 10**9), r["id"]), reverse=True)
 
 
 class BatchStore:
-    def __init__(self, root: str | Path, max_file_bytes: int, max_stored_bytes: int) -> None:
+    def __init__(
+        self, root: str | Path, max_file_bytes: int, max_stored_bytes: int, clock: Callable[[], float] = time.time
+    ) -> None:
         self.root = Path(root)
         self.files_dir = self.root / "files"
         self.batches_dir = self.root / "batches"
@@ -68,6 +99,7 @@ class BatchStore:
         self.max_file_bytes = max_file_bytes
         self.max_stored_bytes = max_stored_bytes
         self._lock = threading.Lock()  # one upload's room is reserved at a time
+        self.clock = clock  # the time files expire by
 
     # ------------------------------------------------------------------ files
     def data_path(self, file_id: str) -> Path:
@@ -76,17 +108,23 @@ class BatchStore:
     def stored_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.files_dir.glob("*.data") if p.is_file())
 
-    def save_upload(self, source: IO[bytes], filename: str, purpose: str, owner: str) -> dict[str, Any]:
-        """Copy an uploaded file in (within the size caps) and return its file object."""
+    def save_upload(
+        self, source: IO[bytes], filename: str, purpose: str, owner: str, ttl_s: int | None = None
+    ) -> dict[str, Any]:
+        """Copy an uploaded file in (within the size caps; expiring `ttl_s` seconds after, if given) and return its
+        file object."""
         if purpose not in UPLOAD_PURPOSES:
             raise APIError(400, f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}, got {purpose!r}", "purpose")
-        return self.save_file(source, filename, purpose, owner)
+        return self.save_file(source, filename, purpose, owner, ttl_s)
 
-    def save_file(self, source: IO[bytes], filename: str, purpose: str, owner: str) -> dict[str, Any]:
+    def save_file(
+        self, source: IO[bytes], filename: str, purpose: str, owner: str, ttl_s: int | None = None
+    ) -> dict[str, Any]:
         """`save_upload` for any purpose (the server's own files, such as a message batch's requests)."""
         file_id = f"file-{uuid.uuid4().hex}"
         path = self.data_path(file_id)
         size = 0
+        self.sweep()
         with self._lock:
             room = self.max_stored_bytes - self.stored_bytes()
             try:
@@ -109,7 +147,7 @@ class BatchStore:
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise
-        return self.register_file(file_id, filename, purpose, owner)
+        return self.register_file(file_id, filename, purpose, owner, ttl_s)
 
     def new_output_file(self) -> str:
         """An id for a file this server writes (a batch's output or errors), its data file created empty."""
@@ -117,19 +155,23 @@ class BatchStore:
         self.data_path(file_id).touch()
         return file_id
 
-    def register_file(self, file_id: str, filename: str, purpose: str, owner: str) -> dict[str, Any]:
-        """Write (or rewrite, as its data grew) the file object of data already under `data_path(file_id)`."""
+    def register_file(
+        self, file_id: str, filename: str, purpose: str, owner: str, ttl_s: int | None = None
+    ) -> dict[str, Any]:
+        """Write (or rewrite, as its data grew) the file object of data already under `data_path(file_id)`, expiring
+        `ttl_s` seconds after its creation if given."""
         previous = _read_json(self.files_dir / f"{file_id}.json")
+        created_at = previous["created_at"] if previous else int(self.clock())
         record = {
             "id": file_id,
             "object": "file",
             "bytes": self.data_path(file_id).stat().st_size,
-            "created_at": previous["created_at"] if previous else int(time.time()),
+            "created_at": created_at,
             "created_ns": previous.get("created_ns", 0) if previous else time.time_ns(),
             "filename": filename,
             "purpose": purpose,
             "status": "processed",
-            "expires_at": None,
+            "expires_at": None if ttl_s is None else created_at + ttl_s,
             "owner": owner,
         }
         _write_json(self.files_dir / f"{file_id}.json", record)
@@ -137,19 +179,46 @@ class BatchStore:
 
     def _file(self, file_id: str, owner: str) -> dict[str, Any]:
         record = _read_json(self.files_dir / f"{file_id}.json") if _safe_id(file_id) else None
+        if record is not None and _expired(record, self.clock()):
+            self.sweep()
+            record = None
         if record is None or record.get("owner") != owner:
             raise APIError(404, f"No such File object: {file_id}", "file_id", "file_not_found")
         return record
+
+    def _in_use(self) -> set[str]:
+        """The files of batches still running (their input, output and error files)."""
+        keys = ("input_file_id", "output_file_id", "error_file_id")
+        return {r[k] for r in self.all_batches() if r.get("status") not in TERMINAL for k in keys if r.get(k)}
+
+    def sweep(self) -> int:
+        """Remove the expired files no running batch uses; returns how many went."""
+        now = self.clock()
+        expired = [r for r in map(_read_json, self.files_dir.glob("file-*.json")) if r and _expired(r, now)]
+        if not expired:
+            return 0
+        in_use = self._in_use()
+        gone = 0
+        for record in expired:
+            if record["id"] not in in_use:
+                (self.files_dir / f"{record['id']}.json").unlink(missing_ok=True)
+                self.data_path(record["id"]).unlink(missing_ok=True)
+                gone += 1
+        if gone:
+            log.info("removed %d expired files", gone)
+        return gone
 
     def file(self, file_id: str, owner: str) -> dict[str, Any]:
         return public(self._file(file_id, owner))
 
     def files(self, owner: str, purpose: str | None = None) -> list[dict[str, Any]]:
         """The owner's files, newest first."""
+        self.sweep()
         found = []
+        now = self.clock()
         for path in self.files_dir.glob("file-*.json"):
             record = _read_json(path)
-            if not record or record.get("owner") != owner:
+            if not record or record.get("owner") != owner or _expired(record, now):
                 continue
             if record.get("purpose") == purpose or (purpose is None and record.get("purpose") != MESSAGE_BATCH_PURPOSE):
                 found.append(record)

@@ -45,3 +45,6 @@ class APISettings(BaseModel):
     max_stored_bytes: int = Field(default=10 * 2**30, ge=1024)
     batch_concurrency: int = Field(default=32, ge=1)
     max_batch_requests: int = Field(default=50_000, ge=1)
+    # How long batch uploads and a batch's output and error files live unless the client says (OpenAI's
+    # `expires_after` / `output_expires_after`, one hour to 30 days); None keeps them until deleted.
+    batch_file_ttl_s: int | None = Field(default=30 * 24 * 3600, ge=3600, le=30 * 24 * 3600)
