@@ -1509,6 +1509,15 @@ if [ -n "${OLD_TREE:-}" ]; then
         echo "== $(basename "$f" .txt): $(grep -E "^ +(nvfp4|bf16) +[0-9]+ +[0-9]+ " "$f" | awk '{printf "b%s %s  ", $2, $4}')"
     done
 fi
+# FLEX=1 (fifty-ninth session, not yet run): the sliding layers' prefill attention at 2K and 8K tokens on torch's
+# FlexAttention (band block mask, sinks from its log-sum-exp) against our Triton kernel (~0.32 ms a layer at 8K,
+# ~210 TFLOP/s; 35 layers, ~11-12 ms of the 8K prefill), three of Flex's launch parameter sets (~2 minutes with its
+# compiles).
+if [ "${FLEX:-0}" = 1 ]; then
+    timeout 240 python3 benchmarks/sliding_attention_flex.py --ts 2048 8192 --out "$OUT/sliding_attention_flex.json" \
+        > "$OUT/sliding_attention_flex.txt" 2>&1
+    sed -n '/^Sliding prefill/,$p' "$OUT/sliding_attention_flex.txt"; grep -E "Error|Traceback" "$OUT/sliding_attention_flex.txt" | head -5
+fi
 # RECORD=1: then the NVFP4 profile of the kernel manifest again, for the table as installed (~220 s).
 [ "${RECORD:-0}" = 1 ] && OUT="$OUT" bash benchmarks/gpu_record_manifest.sh
 [ "${SKIP_HOST:-0}" = 1 ] && SKIP_TESTS=1
