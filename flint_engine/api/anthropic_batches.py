@@ -23,9 +23,9 @@ from starlette.concurrency import run_in_threadpool
 
 from .anthropic_messages import anthropic_error
 from .batch_jobs import TERMINAL, BatchCreate, BatchJobs
-from .batch_routes import request_owner
 from .batch_store import ANTHROPIC, MESSAGE_BATCH_PURPOSE
 from .errors import APIError
+from .ownership import request_owner
 
 PATH = "/v1/messages/batches"
 _CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")

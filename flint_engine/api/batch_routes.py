@@ -17,6 +17,8 @@ from starlette.datastructures import UploadFile
 from .batch_jobs import BatchCreate, BatchJobs
 from .batch_store import BatchStore, expires_after_seconds, public
 from .errors import APIError
+from .list_page import page
+from .ownership import request_owner
 from .settings import APISettings
 
 FILES_PATH = "/v1/files"
@@ -37,11 +39,6 @@ def body_cap(settings: APISettings, path: str) -> int:
     return settings.max_request_bytes
 
 
-def request_owner(request: Request) -> str:
-    """Whose files and batches a request sees: its key's hash, as the gate put it ("" without keys)."""
-    return getattr(request.state, "owner", "")
-
-
 def _capped(receive: Callable, cap: int) -> Callable:
     """`receive` refusing a body past `cap` bytes as it arrives (a chunked upload has no Content-Length to check)."""
     seen = 0
@@ -56,23 +53,6 @@ def _capped(receive: Callable, cap: int) -> Callable:
         return message
 
     return capped
-
-
-def _page(found: list[dict[str, Any]], limit: int, after: str | None, most: int) -> dict[str, Any]:
-    """One page of a list in OpenAI's shape: up to `limit` objects after the one with id `after`."""
-    if not 1 <= limit <= most:
-        raise APIError(400, f"limit must be between 1 and {most}, got {limit}", "limit")
-    if after is not None:
-        ids = [item["id"] for item in found]
-        found = found[ids.index(after) + 1 :] if after in ids else []
-    page = found[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(found) > limit,
-    }
 
 
 def batch_jobs(settings: APISettings) -> BatchJobs:
@@ -133,7 +113,7 @@ def add_batch_routes(
         if order not in ("asc", "desc"):
             raise APIError(400, f"order must be 'asc' or 'desc', got {order!r}", "order")
         found = store().files(request_owner(request), purpose)
-        return _page(found if order == "desc" else found[::-1], limit, after, 10_000)
+        return page(found if order == "desc" else found[::-1], limit, after, 10_000)
 
     @app.get(FILES_PATH + "/{file_id}")
     async def get_file(request: Request, file_id: str) -> dict[str, Any]:
@@ -156,7 +136,7 @@ def add_batch_routes(
 
     @app.get("/v1/batches")
     async def list_batches(request: Request, limit: int = 20, after: str | None = None) -> dict[str, Any]:
-        return _page([public(b) for b in store().batches(request_owner(request))], limit, after, 100)
+        return page([public(b) for b in store().batches(request_owner(request))], limit, after, 100)
 
     @app.get("/v1/batches/{batch_id}")
     async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:

@@ -3,9 +3,8 @@
     <root>/files/<file id>.json   the file object (and its owner), <root>/files/<file id>.data its bytes
     <root>/batches/<batch id>.json  the batch object (and its owner), rewritten at each change
 
-Every object lives in its own JSON file, replaced atomically, so a reader (another router process on the same
-directory, or this one after a restart) never sees half an object. Objects belong to the API key that made them
-(its hash; "" without keys): another key's id answers 404, as if it did not exist.
+Every object lives in its own JSON file, replaced atomically (`json_files`). Objects belong to the API key that made
+them (its hash; "" without keys): another key's id answers 404, as if it did not exist.
 
 Files may expire (OpenAI's `expires_after`; batch uploads and outputs after 30 days unless told otherwise, by
 default): past its `expires_at` a file answers 404 and is removed at the next sweep (an upload, a list, a lookup),
@@ -14,9 +13,7 @@ unless a batch still running reads or writes it, which keeps it until that batch
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -25,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import APIError
+from .json_files import read_json, safe_id, write_json
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +38,6 @@ TERMINAL = frozenset({"failed", "completed", "expired", "cancelled"})
 # OpenAI's bounds on a file's lifetime (`expires_after.seconds`): one hour to thirty days.
 MIN_TTL_S, MAX_TTL_S = 3600, 30 * 24 * 3600
 _COPY_CHUNK = 1 << 20
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    tmp.replace(path)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 # Kept beside an object, never shown: its owner, its creation time in nanoseconds (lists are ordered by it;
@@ -160,7 +145,7 @@ class BatchStore:
     ) -> dict[str, Any]:
         """Write (or rewrite, as its data grew) the file object of data already under `data_path(file_id)`, expiring
         `ttl_s` seconds after its creation if given."""
-        previous = _read_json(self.files_dir / f"{file_id}.json")
+        previous = read_json(self.files_dir / f"{file_id}.json")
         created_at = previous["created_at"] if previous else int(self.clock())
         record = {
             "id": file_id,
@@ -174,11 +159,11 @@ class BatchStore:
             "expires_at": None if ttl_s is None else created_at + ttl_s,
             "owner": owner,
         }
-        _write_json(self.files_dir / f"{file_id}.json", record)
+        write_json(self.files_dir / f"{file_id}.json", record)
         return public(record)
 
     def _file(self, file_id: str, owner: str) -> dict[str, Any]:
-        record = _read_json(self.files_dir / f"{file_id}.json") if _safe_id(file_id) else None
+        record = read_json(self.files_dir / f"{file_id}.json") if safe_id(file_id) else None
         if record is not None and _expired(record, self.clock()):
             self.sweep()
             record = None
@@ -194,7 +179,7 @@ class BatchStore:
     def sweep(self) -> int:
         """Remove the expired files no running batch uses; returns how many went."""
         now = self.clock()
-        expired = [r for r in map(_read_json, self.files_dir.glob("file-*.json")) if r and _expired(r, now)]
+        expired = [r for r in map(read_json, self.files_dir.glob("file-*.json")) if r and _expired(r, now)]
         if not expired:
             return 0
         in_use = self._in_use()
@@ -217,7 +202,7 @@ class BatchStore:
         found = []
         now = self.clock()
         for path in self.files_dir.glob("file-*.json"):
-            record = _read_json(path)
+            record = read_json(path)
             if not record or record.get("owner") != owner or _expired(record, now):
                 continue
             if record.get("purpose") == purpose or (purpose is None and record.get("purpose") != MESSAGE_BATCH_PURPOSE):
@@ -236,10 +221,10 @@ class BatchStore:
 
     # ------------------------------------------------------------------ batches
     def save_batch(self, record: dict[str, Any]) -> None:
-        _write_json(self.batches_dir / f"{record['id']}.json", record)
+        write_json(self.batches_dir / f"{record['id']}.json", record)
 
     def batch_record(self, batch_id: str) -> dict[str, Any] | None:
-        return _read_json(self.batches_dir / f"{batch_id}.json") if _safe_id(batch_id) else None
+        return read_json(self.batches_dir / f"{batch_id}.json") if safe_id(batch_id) else None
 
     def batch(self, batch_id: str, owner: str, kind: str = OPENAI) -> dict[str, Any]:
         record = self.batch_record(batch_id)
@@ -249,7 +234,7 @@ class BatchStore:
 
     def all_batches(self) -> Iterator[dict[str, Any]]:
         for path in self.batches_dir.glob("*.json"):  # not the dot-named files being written
-            record = _read_json(path)
+            record = read_json(path)
             if record:
                 yield record
 
@@ -277,8 +262,3 @@ class BatchStore:
     def cancel_marker(self, batch_id: str) -> Path:
         """Present from a cancel call until the batch is settled (its runner, in any process, polls for it)."""
         return self.batches_dir / f"{batch_id}.cancel"
-
-
-def _safe_id(name: str) -> bool:
-    """An id that names a file inside the store (no separators, no dot files): clients send ids in URLs."""
-    return bool(name) and os.sep not in name and "/" not in name and not name.startswith(".") and ".." not in name
