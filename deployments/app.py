@@ -38,4 +38,11 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             "a directory they share",
             settings.router_replicas,
         )
+    if settings.router_replicas > 1 and settings.api.store_responses and settings.api.responses_dir is None:
+        log.warning(
+            "router_replicas is %d with api.store_responses but api.responses_dir is unset: each router keeps its "
+            "stored responses in a directory of its own, so previous_response_id fails through another; set "
+            "api.responses_dir to a directory they share",
+            settings.router_replicas,
+        )
     return router.bind(replica.bind(settings.model_dump(), gpu), settings.model_dump())

@@ -244,8 +244,8 @@ def test_json_schema_format(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"input": "hi", "previous_response_id": "resp_1"}, "stores no responses"),
-        ({"input": "hi", "conversation": "conv_1"}, "stores no responses"),
+        ({"input": "hi", "previous_response_id": "resp_1"}, "api.store_responses is off"),
+        ({"input": "hi", "conversation": "conv_1"}, "keeps no conversations"),
         ({"input": "hi", "background": True}, "background"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "only function tools"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text only"),
@@ -304,7 +304,7 @@ def test_output_text_logprobs(server, client: openai.OpenAI) -> None:
 
 def test_nothing_is_stored(server) -> None:
     r = httpx.get(server.base_url + "/v1/responses/resp_123", timeout=10)
-    assert r.status_code == 404 and "stores no responses" in r.json()["error"]["message"]
+    assert r.status_code == 404 and "api.store_responses is off" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

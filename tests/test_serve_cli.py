@@ -132,7 +132,7 @@ def test_bad_host_and_port() -> None:
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
 
 
-def test_several_routers_without_a_shared_batch_dir_are_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+def test_several_routers_without_shared_directories_are_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     from flint_serve.app import build_app
 
     with caplog.at_level("WARNING", logger="flint_serve"):
@@ -143,3 +143,11 @@ def test_several_routers_without_a_shared_batch_dir_are_warned_about(caplog: pyt
         build_app({"router_replicas": 2, "device": "cpu", "api": {"batch_dir": "/data/batches"}})
         build_app({"device": "cpu"})
     assert "batch_dir" not in caplog.text
+    with caplog.at_level("WARNING", logger="flint_serve"):
+        build_app({"router_replicas": 2, "device": "cpu", "api": {"store_responses": True}})
+    assert "api.responses_dir is unset" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="flint_serve"):
+        build_app({"router_replicas": 2, "device": "cpu", "api": {"store_responses": True, "responses_dir": "/r"}})
+        build_app({"router_replicas": 2, "device": "cpu"})  # nothing stored
+    assert "responses_dir" not in caplog.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -30,6 +31,7 @@ from .chat import ChatHandler
 from .choices import ChoiceEvent
 from .completions import CompletionHandler
 from .errors import APIError, error_response, install_error_handlers, to_api_error, validation_error
+from .ownership import request_owner
 from .prometheus import render
 from .protocol import (
     ChatCompletionRequest,
@@ -41,6 +43,7 @@ from .protocol import (
 )
 from .responses import ResponsesHandler
 from .responses_protocol import ResponsesRequest
+from .responses_routes import add_response_routes, response_store
 from .settings import APISettings
 
 log = logging.getLogger("flint_engine.api")
@@ -193,7 +196,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     install_error_handlers(app)
     chat = ChatHandler(backend, settings)
     completions = CompletionHandler(backend, settings)
-    responses = ResponsesHandler(backend, settings)
+    responses = ResponsesHandler(backend, settings, response_store(settings))
     messages = MessagesHandler(backend, settings)
     keys = APIKeys(settings.api_keys, settings.api_key_file)
     app.state.backend, app.state.settings, app.state.keys = backend, settings, keys
@@ -244,13 +247,14 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         handler: ChatHandler | CompletionHandler | ResponsesHandler | MessagesHandler,
         request_type: type,
         exclude_none: bool,
+        prepare: Callable[[Any], Any] | None = None,
     ) -> Response:
-        """One generation request: parsed, prepared, then streamed as server-sent events or answered whole (the
-        latter abandoned if the client disconnects)."""
+        """One generation request: parsed, prepared (by `prepare` if given, else the handler's), then streamed as
+        server-sent events or answered whole (the latter abandoned if the client disconnects)."""
         data = await _body(request)
         req = _parse(request_type, data)
         _log_prompt(request.headers.get("x-request-id", "-"), data)
-        prep = handler.prepare(req)
+        prep = (prepare or handler.prepare)(req)
         if req.stream:
             events = await _primed(handler.events(prep))
             opts = req.stream_options
@@ -280,7 +284,9 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
 
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
-        return await _generate(request, responses, ResponsesRequest, exclude_none=False)
+        owner = request_owner(request)  # a stored response is its key's alone
+        prepare = functools.partial(responses.prepare, owner=owner)
+        return await _generate(request, responses, ResponsesRequest, exclude_none=False, prepare=prepare)
 
     @app.post("/v1/messages")
     async def anthropic_create_message(request: Request) -> Response:
@@ -305,9 +311,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     add_batch_routes(app, jobs, _body, _parse, settings)
     add_message_batch_routes(app, jobs, _body, _parse)
 
-    @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str) -> Response:
-        raise APIError(404, f"response {response_id!r} was not stored: this server stores no responses", "response_id")
+    add_response_routes(app, responses.store)
 
     def _card() -> ModelCard:
         return ModelCard(id=backend.model_name, root=backend.model_name, max_model_len=backend.max_model_len)

@@ -10,6 +10,7 @@ argument deltas, `...done`, `response.completed`), each event numbered.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -23,8 +24,11 @@ from .choices import ChoiceEvent, collect, totals
 from .errors import APIError, error_body, to_api_error
 from .logprobs import Entry, TokenText, chat_logprobs
 from .protocol import ChatCompletionRequest
+from .response_store import ResponseStore, stored_items
 from .responses_protocol import ResponsesRequest
 from .settings import APISettings
+
+log = logging.getLogger(__name__)
 
 # The errors of an input too long for the context or the server's prompt limit (`limits.resolve_max_tokens`).
 _TOO_LONG = ("context_length_exceeded", "prompt_too_long")
@@ -39,6 +43,9 @@ class PreparedResponse:
     req: ResponsesRequest
     chat: PreparedChat
     response_id: str = field(default_factory=lambda: _item_id("resp"))
+    own_items: list[dict[str, Any]] = field(default_factory=list)  # this turn's input items (stored with it)
+    owner: str = ""
+    stored: bool = False  # kept in the response store once finished
 
     # The request's settings echoed in every response object.
     def envelope(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -56,8 +63,9 @@ class PreparedResponse:
             "model": self.chat.model,
             "output": output,
             "parallel_tool_calls": req.parallel_tool_calls,
+            "previous_response_id": req.previous_response_id,
             "reasoning": {"effort": effort, "summary": None},
-            "store": False,
+            "store": self.stored,
             "temperature": req.temperature,
             "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "tool_choice": req.tool_choice or "auto",
@@ -112,18 +120,43 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
 
 
 class ResponsesHandler:
-    def __init__(self, backend: GenerationBackend, settings: APISettings) -> None:
+    def __init__(self, backend: GenerationBackend, settings: APISettings, store: ResponseStore | None = None) -> None:
         self.chat = ChatHandler(backend, settings)
         self.backend = backend
+        self.store = store  # where finished responses are kept (None: nowhere)
 
-    def prepare(self, req: ResponsesRequest) -> PreparedResponse:
-        chat = chat_request_of(req)
+    def prepare(self, req: ResponsesRequest, owner: str = "") -> PreparedResponse:
+        """`req` as the chat request it runs as, after the conversation it continues (`previous_response_id`)."""
+        own = stored_items(req.input_items())
+        stored = self.store is not None and req.store is not False
+        full = req
+        if req.previous_response_id is not None:
+            if self.store is None:
+                raise APIError(
+                    400,
+                    "previous_response_id needs stored responses, which this server does not keep"
+                    " (api.store_responses is off): send the whole conversation in input",
+                    "previous_response_id",
+                )
+            full = req.model_copy(update={"input": self.store.history(req.previous_response_id, owner) + own})
+        chat = chat_request_of(full)
         try:
-            return PreparedResponse(req, self.chat.prepare(chat))
+            prepared = self.chat.prepare(chat)
         except APIError as exc:
             if req.truncation != "auto" or exc.code not in _TOO_LONG:
                 raise
-            return PreparedResponse(req, self._truncated(chat, exc))
+            prepared = self._truncated(chat, exc)
+        return PreparedResponse(req, prepared, own_items=own, owner=owner, stored=stored)
+
+    def _keep(self, prep: PreparedResponse, response: dict[str, Any]) -> None:
+        """Store a finished response (if its request is stored); a store that fails leaves it unstored, said so."""
+        if not prep.stored or self.store is None:
+            return
+        try:
+            self.store.save(response, prep.own_items, prep.req.previous_response_id, prep.owner)
+        except OSError:
+            log.exception("storing response %s failed; answered without storing it", prep.response_id)
+            response["store"] = False
 
     def _truncated(self, chat: ChatCompletionRequest, too_long: APIError) -> PreparedChat:
         """`truncation: "auto"`: the conversation without its oldest turns (a turn runs from a user message to the
@@ -166,7 +199,9 @@ class ResponsesHandler:
         if status == "incomplete" and output and output[-1]["type"] != "function_call":
             output[-1]["status"] = "incomplete"  # the item the limit cut, as the stream closes it
         completion, cached = totals([done])
-        return prep.envelope(status, output, _usage(prep, completion, cached, thinking.tokens))
+        response = prep.envelope(status, output, _usage(prep, completion, cached, thinking.tokens))
+        self._keep(prep, response)
+        return response
 
     async def stream(
         self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent], include_usage: bool, continuous: bool
@@ -190,6 +225,7 @@ class ResponsesHandler:
                 yield line
             usage = _usage(prep, completion, cached, thinking.tokens)
             final = prep.envelope(status, emitter.output, usage)
+            self._keep(prep, final)  # before the last event: a client may ask for it as soon as it has that
             yield emitter.event(f"response.{status}", response=final)
         except Exception as exc:  # after the 200 went out, an error travels as events
             api = to_api_error(exc) or APIError(500, "internal server error", code="internal_error")

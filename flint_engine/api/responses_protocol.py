@@ -3,8 +3,9 @@
 A Responses request is a chat completion in other clothes: `instructions` is a system message, `input` is either a
 user message or a list of items (messages, the model's earlier `function_call`s and the client's
 `function_call_output`s), tools are flat function definitions, `text.format` is the response format and
-`reasoning.effort` turns the thinking on or off. Nothing is stored on this server, so `previous_response_id`,
-`conversation` and `background` are refused (400) rather than ignored: the client sends the whole conversation.
+`reasoning.effort` turns the thinking on or off. A `previous_response_id` puts the stored conversation before `input`
+(`response_store`, with `api.store_responses` on); `conversation` and `background` are refused (400) rather than
+ignored.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class ResponsesRequest(Lenient):
     text: dict[str, Any] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None  # include_obfuscation: nothing to obfuscate here
-    store: bool | None = None  # accepted; nothing is stored here (the response says store: false)
+    store: bool | None = None  # with api.store_responses on, false keeps this response from being stored
     metadata: dict[str, str] | None = None
     user: str | None = None
     # Extensions as in /v1/chat/completions (vLLM's Responses API takes them too).
@@ -41,8 +42,8 @@ class ResponsesRequest(Lenient):
     ignore_eos: bool = False  # vLLM's extension: fixed-length answers for benchmarks
     priority: int | None = None  # vLLM's: lower values are scheduled first (checked as on chat)
     service_tier: str | None = None  # OpenAI's: "flex" runs at api.flex_priority unless a priority is named
-    # What a stateless server cannot do: refused rather than silently ignored.
-    previous_response_id: Any = None
+    previous_response_id: str | None = None  # a stored response this one continues from
+    # What this server cannot do: refused rather than silently ignored.
     conversation: Any = None
     background: Any = None
     prompt: Any = None
@@ -54,12 +55,13 @@ class ResponsesRequest(Lenient):
     # "auto": an input longer than the context loses its oldest turns (after the instructions) until it fits.
     truncation: Literal["auto", "disabled"] | None = None
 
-    @field_validator("previous_response_id", "conversation", "prompt")
+    @field_validator("conversation", "prompt")
     @classmethod
-    def _stateless(cls, v: Any, info: ValidationInfo) -> Any:
+    def _not_kept(cls, v: Any, info: ValidationInfo) -> Any:
         if v is not None:
             raise ValueError(
-                f"{info.field_name} is not supported: this server stores no responses, send the conversation in input"
+                f"{info.field_name} is not supported: this server keeps no conversations or prompts, send the"
+                " conversation in input (or continue a stored response with previous_response_id)"
             )
         return v
 
@@ -78,6 +80,12 @@ class ResponsesRequest(Lenient):
         return v
 
     # ------------------------------------------------------------------ translation
+    def input_items(self) -> list[dict[str, Any]]:
+        """`input` as a list of items (a string is one user message)."""
+        if isinstance(self.input, str):
+            return [{"type": "message", "role": "user", "content": self.input}]
+        return list(self.input)
+
     def output_logprobs(self) -> int | None:
         """The alternatives a token of the output text's logprobs (0: the token's own only), or None: none asked."""
         if self.top_logprobs is None and "message.output_text.logprobs" not in (self.include or []):

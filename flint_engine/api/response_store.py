@@ -1,0 +1,141 @@
+"""Stored responses of OpenAI's Responses API (`store`, `previous_response_id`, `GET /v1/responses/{id}`).
+
+    <root>/<response id>.json   the response object, the request's own input items, the response it continued from,
+                                its owner and when it expires
+
+A response keeps only its own turn; a `previous_response_id` chain is read back oldest first (each response's input
+items, then its output items), so a conversation of n turns takes n files of one turn each. Responses belong to the
+API key that made them (its hash; "" without keys): another key's id answers 404. They expire after `ttl_s`, and
+past `max_bytes` the oldest go first; both are swept at most once every `SWEEP_EVERY_S` as responses are saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import APIError
+from .json_files import read_json, safe_id, write_json
+
+log = logging.getLogger(__name__)
+
+SWEEP_EVERY_S = 60.0
+# The longest `previous_response_id` chain read back (a guard: each turn is one file read).
+MAX_CHAIN = 10_000
+
+
+def _not_found(response_id: str, param: str = "response_id") -> APIError:
+    if param == "previous_response_id":
+        return APIError(
+            404, f"Previous response with id '{response_id}' not found.", param, "previous_response_not_found"
+        )
+    return APIError(404, f"Response with id '{response_id}' not found.", param, "response_not_found")
+
+
+def stored_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input items as a stored response lists them (OpenAI's input item shapes): each with an id (`msg_...` and the
+    like where it had none), a message's text as a list of parts."""
+    prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+    out = []
+    for item in items:
+        kind = item.get("type", "message")
+        item = {"id": f"{prefixes.get(kind, 'item')}_{uuid.uuid4().hex}", **item} if "id" not in item else dict(item)
+        if kind == "message":
+            item["type"] = "message"
+            if isinstance(item.get("content"), str):
+                part = "output_text" if item.get("role") == "assistant" else "input_text"
+                item["content"] = [{"type": part, "text": item["content"]}]
+            item.setdefault("status", "completed")
+        out.append(item)
+    return out
+
+
+class ResponseStore:
+    def __init__(self, root: str | Path, ttl_s: int, max_bytes: int, clock: Callable[[], float] = time.time) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._last_sweep = 0.0
+
+    def _path(self, response_id: str) -> Path:
+        return self.root / f"{response_id}.json"
+
+    def save(
+        self, response: dict[str, Any], input_items: list[dict[str, Any]], previous_id: str | None, owner: str
+    ) -> None:
+        """Keep a finished response with its own input items (`stored_items`)."""
+        now = self.clock()
+        record = {
+            "response": response,
+            "input_items": input_items,
+            "previous_response_id": previous_id,
+            "owner": owner,
+            "created_ns": time.time_ns(),
+            "expires_at": now + self.ttl_s,
+        }
+        write_json(self._path(response["id"]), record)
+        if now - self._last_sweep >= SWEEP_EVERY_S:
+            self.sweep()
+
+    def _record(self, response_id: str, owner: str, param: str = "response_id") -> dict[str, Any]:
+        record = read_json(self._path(response_id)) if safe_id(response_id) else None
+        if record is None or record.get("owner") != owner or record["expires_at"] <= self.clock():
+            raise _not_found(response_id, param)
+        return record
+
+    def response(self, response_id: str, owner: str) -> dict[str, Any]:
+        return self._record(response_id, owner)["response"]
+
+    def input_items(self, response_id: str, owner: str) -> list[dict[str, Any]]:
+        """The response's own input items, in the order they were sent."""
+        return self._record(response_id, owner)["input_items"]
+
+    def delete(self, response_id: str, owner: str) -> dict[str, Any]:
+        self._record(response_id, owner)
+        self._path(response_id).unlink(missing_ok=True)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    def history(self, response_id: str, owner: str) -> list[dict[str, Any]]:
+        """The conversation up to and with `response_id`, oldest first: each turn's input items, then its output."""
+        turns: list[list[dict[str, Any]]] = []
+        param, next_id = "previous_response_id", response_id
+        while next_id is not None:
+            if len(turns) >= MAX_CHAIN:
+                raise APIError(400, f"the conversation is longer than {MAX_CHAIN} responses", param)
+            record = self._record(next_id, owner, param)
+            turns.append(record["input_items"] + record["response"]["output"])
+            next_id = record.get("previous_response_id")
+        return [item for turn in reversed(turns) for item in turn]
+
+    def sweep(self) -> int:
+        """Remove the expired responses, then the oldest while the store is past `max_bytes`; returns how many went."""
+        with self._lock:
+            self._last_sweep = now = self.clock()
+            kept, gone = [], 0
+            for path in self.root.glob("*.json"):  # not the dot-named files being written
+                record = read_json(path)
+                if record is None:
+                    continue
+                if record["expires_at"] <= now:
+                    path.unlink(missing_ok=True)
+                    gone += 1
+                else:
+                    kept.append((record.get("created_ns", 0), path, path.stat().st_size))
+            total = sum(size for _, _, size in kept)
+            for _, path, size in sorted(kept, key=lambda k: k[0]):
+                if total <= self.max_bytes:
+                    break
+                path.unlink(missing_ok=True)
+                total -= size
+                gone += 1
+        if gone:
+            log.info("removed %d stored responses (expired, or the oldest past %d bytes)", gone, self.max_bytes)
+        return gone

@@ -1,0 +1,55 @@
+"""The routes of stored responses (`GET` and `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`), and
+the store they read (`response_store`), made when `api.store_responses` is on."""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from .errors import APIError
+from .list_page import page
+from .ownership import request_owner
+from .response_store import ResponseStore
+from .settings import APISettings
+
+
+def response_store(settings: APISettings) -> ResponseStore | None:
+    """The store of `settings` (under `api.responses_dir`, else a temporary directory removed at exit), or None when
+    responses are not stored."""
+    if not settings.store_responses:
+        return None
+    root = settings.responses_dir
+    if root is None:  # this process's alone: the next start makes another
+        root = tempfile.mkdtemp(prefix="flint-responses-")
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return ResponseStore(root, settings.response_ttl_s, settings.max_stored_response_bytes)
+
+
+def add_response_routes(app: FastAPI, store: ResponseStore | None) -> None:
+    def stored() -> ResponseStore:
+        if store is None:
+            raise APIError(
+                404, "this server stores no responses (api.store_responses is off)", "response_id", "response_not_found"
+            )
+        return store
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(request: Request, response_id: str) -> dict[str, Any]:
+        return stored().response(response_id, request_owner(request))
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
+        return stored().delete(response_id, request_owner(request))
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def response_input_items(
+        request: Request, response_id: str, limit: int = 20, after: str | None = None, order: str = "desc"
+    ) -> dict[str, Any]:
+        if order not in ("asc", "desc"):
+            raise APIError(400, f"order must be 'asc' or 'desc', got {order!r}", "order")
+        items = stored().input_items(response_id, request_owner(request))
+        return page(items[::-1] if order == "desc" else items, limit, after, 100)

@@ -1,0 +1,117 @@
+"""Stored responses of the Responses API through the `openai` client: `previous_response_id` continues a conversation
+as sending it whole does, `GET` / `DELETE /v1/responses/{id}` and `input_items`, each key seeing only its own, expiry
+and the byte cap; and without `api.store_responses`, the refusals that say so."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from flint_engine.api.response_store import ResponseStore
+from flint_engine.api.server import start_local_server
+from flint_engine.api.settings import APISettings
+from flint_engine.engine import LLMEngine
+from flint_engine.engine_config import EngineConfig
+
+KEY_A, KEY_B = "key-a-0123456789", "key-b-0123456789"
+ASK = {"model": "flint", "temperature": 0, "max_output_tokens": 96}
+
+
+def start(**settings):
+    engine = LLMEngine.from_checkpoint(EngineConfig(device="cpu"), progress=False)
+    return start_local_server(engine, APISettings(**settings))
+
+
+def client(server, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=key, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    s = start(api_keys=[KEY_A, KEY_B], store_responses=True, responses_dir=str(tmp_path_factory.mktemp("responses")))
+    yield s
+    s.stop()
+
+
+def test_a_conversation_continues_from_a_stored_response(server) -> None:
+    a, b = client(server, KEY_A), client(server, KEY_B)
+    first = a.responses.create(input="What is 7 + 8?", **ASK)
+    assert first.store and first.previous_response_id is None
+    assert a.responses.retrieve(first.id).model_dump() == first.model_dump()
+    second = a.responses.create(previous_response_id=first.id, input="And 2 + 2?", **ASK)
+    assert second.previous_response_id == first.id
+    # The same turn with the conversation sent whole (the first turn's output items sent back as input).
+    sent_back = [item.model_dump(exclude_none=True) for item in first.output]
+    whole = [
+        {"role": "user", "content": "What is 7 + 8?"},
+        *sent_back,
+        {"role": "user", "content": "And 2 + 2?"},
+    ]
+    again = a.responses.create(input=whole, store=False, **ASK)
+    assert second.output_text == again.output_text and "4" in second.output_text
+    assert second.usage.input_tokens == again.usage.input_tokens > first.usage.input_tokens
+    items = a.responses.input_items.list(second.id)
+    assert [(i.type, i.role, i.content[0].text) for i in items.data] == [("message", "user", "And 2 + 2?")]
+    assert items.data[0].id.startswith("msg_")
+    assert not again.store
+    with pytest.raises(openai.NotFoundError):
+        a.responses.retrieve(again.id)
+    # Another key sees none of it.
+    with pytest.raises(openai.NotFoundError):
+        b.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as err:
+        b.responses.create(previous_response_id=first.id, input="Hi", **ASK)
+    assert err.value.body["code"] == "previous_response_not_found"
+    # Deleted: gone, and so is every conversation continuing from it.
+    a.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        a.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        a.responses.create(previous_response_id=second.id, input="And 3 + 3?", **ASK)
+
+
+def test_a_streamed_response_is_stored_as_it_completed(server) -> None:
+    a = client(server, KEY_A)
+    with a.responses.stream(input="What is 3 + 4?", **ASK) as stream:
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.store
+    assert a.responses.retrieve(final.id).output_text == final.output_text
+    nxt = a.responses.create(previous_response_id=final.id, input="And 1 + 1?", **ASK)
+    assert nxt.status == "completed" and nxt.previous_response_id == final.id
+
+
+def test_without_the_setting_nothing_is_stored(tmp_path: Path) -> None:
+    server = start()
+    try:
+        c = client(server, "unused")
+        r = c.responses.create(input="What is 7 + 8?", **ASK)
+        assert r.store is False
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(r.id)
+        with pytest.raises(openai.BadRequestError) as err:
+            c.responses.create(previous_response_id=r.id, input="And 2 + 2?", **ASK)
+        assert "api.store_responses" in err.value.body["message"]
+    finally:
+        server.stop()
+
+
+def test_stored_responses_expire_and_the_oldest_go_past_the_byte_cap(tmp_path: Path) -> None:
+    now = [time.time()]
+    store = ResponseStore(tmp_path, ttl_s=3600, max_bytes=10**9, clock=lambda: now[0])
+    for i in range(3):
+        store.save(
+            {"id": f"resp_{i}", "output": []}, [{"id": f"msg_{i}", "role": "user", "content": "x" * 400}], None, ""
+        )
+    assert store.response("resp_0", "")["id"] == "resp_0"
+    store.max_bytes = 2 * (tmp_path / "resp_2.json").stat().st_size  # room for two: the oldest goes
+    assert store.sweep() == 1
+    with pytest.raises(Exception, match="not found"):
+        store.response("resp_0", "")
+    assert store.input_items("resp_2", "")[0]["id"] == "msg_2"
+    now[0] += 3601
+    with pytest.raises(Exception, match="not found"):
+        store.response("resp_2", "")  # expired: not found at once
+    assert store.sweep() == 2 and not list(tmp_path.glob("*.json"))
