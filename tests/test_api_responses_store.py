@@ -103,7 +103,10 @@ def test_stored_responses_expire_and_the_oldest_go_past_the_byte_cap(tmp_path: P
     store = ResponseStore(tmp_path, ttl_s=3600, max_bytes=10**9, clock=lambda: now[0])
     for i in range(3):
         store.save(
-            {"id": f"resp_{i}", "output": []}, [{"id": f"msg_{i}", "role": "user", "content": "x" * 400}], None, ""
+            {"id": f"resp_{i}", "status": "completed", "output": []},
+            [{"id": f"msg_{i}", "role": "user", "content": "x" * 400}],
+            None,
+            "",
         )
     assert store.response("resp_0", "")["id"] == "resp_0"
     store.max_bytes = 2 * (tmp_path / "resp_2.json").stat().st_size  # room for two: the oldest goes
@@ -115,3 +118,74 @@ def test_stored_responses_expire_and_the_oldest_go_past_the_byte_cap(tmp_path: P
     with pytest.raises(Exception, match="not found"):
         store.response("resp_2", "")  # expired: not found at once
     assert store.sweep() == 2 and not list(tmp_path.glob("*.json"))
+
+
+def _settled(c: openai.OpenAI, response_id: str, seconds: float = 60.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        r = c.responses.retrieve(response_id)
+        if r.status not in ("queued", "in_progress"):
+            return r
+        time.sleep(0.05)
+    raise AssertionError(f"response {response_id} still {r.status} after {seconds} s")
+
+
+def test_a_background_response_is_polled_to_the_same_answer(server) -> None:
+    a = client(server, KEY_A)
+    queued = a.responses.create(input="What is 6 + 7?", background=True, **ASK)
+    assert queued.status == "queued" and queued.background and queued.output == []
+    done = _settled(a, queued.id)
+    plain = a.responses.create(input="What is 6 + 7?", store=False, **ASK)
+    assert done.status == "completed" and done.output_text == plain.output_text and "13" in done.output_text
+    assert done.usage.output_tokens == plain.usage.output_tokens
+    nxt = a.responses.create(previous_response_id=done.id, input="And 1 + 1?", **ASK)  # continues as any stored one
+    assert nxt.status == "completed"
+    with pytest.raises(openai.BadRequestError) as err:
+        a.responses.cancel(nxt.id)  # only background responses can be
+    assert err.value.body["param"] == "response_id"
+    assert a.responses.cancel(done.id).status == "completed"  # a finished one stays as it was
+
+
+def test_a_background_response_is_cancelled_here_or_by_another_router(server) -> None:
+    a = client(server, KEY_A)
+    long = {**ASK, "max_output_tokens": 4000, "extra_body": {"ignore_eos": True}}
+    engine = server.engine.engine
+    for how in ("call", "marker"):
+        r = a.responses.create(input="Count to a thousand.", background=True, **long)
+        deadline = time.monotonic() + 30
+        while not engine.scheduler.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.scheduler.running  # generating
+        if how == "call":
+            assert a.responses.cancel(r.id).status == "cancelled"
+        else:  # another router's cancel: the marker file its runner polls
+            server.server.config.app.state.background.store.cancel_marker(r.id).touch()
+        done = _settled(a, r.id)
+        assert done.status == "cancelled"
+        deadline = time.monotonic() + 10
+        while engine.scheduler.has_work() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not engine.scheduler.has_work()  # its generation was aborted, not left running
+    with pytest.raises(openai.BadRequestError) as err:
+        a.responses.create(input="Hi", background=True, stream=True, **ASK)
+    assert err.value.body["param"] == "background"
+
+
+def test_background_needs_the_store(tmp_path: Path) -> None:
+    server = start()
+    try:
+        with pytest.raises(openai.BadRequestError) as err:
+            client(server, "unused").responses.create(input="Hi", background=True, **ASK)
+        assert err.value.body["param"] == "background" and "api.store_responses" in err.value.body["message"]
+    finally:
+        server.stop()
+
+
+def test_a_background_response_whose_runner_stopped_reads_as_failed(tmp_path: Path) -> None:
+    now = [time.time()]
+    store = ResponseStore(tmp_path, ttl_s=3600, max_bytes=10**9, clock=lambda: now[0])
+    store.save({"id": "resp_1", "status": "in_progress", "output": [], "error": None, "background": True}, [], None, "")
+    assert store.response("resp_1", "")["status"] == "in_progress"
+    now[0] += 31  # no heartbeat since
+    gone = store.response("resp_1", "")
+    assert gone["status"] == "failed" and "stopped" in gone["error"]["message"]

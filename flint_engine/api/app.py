@@ -25,6 +25,7 @@ from .anthropic_messages import MessagesHandler, anthropic_error
 from .anthropic_protocol import MessagesRequest
 from .auth import APIKeys
 from .backend import GenerationBackend
+from .background_responses import BackgroundResponses
 from .batch_jobs import INTERNAL_OWNER_HEADER, INTERNAL_TOKEN_HEADER
 from .batch_routes import add_batch_routes, batch_jobs, body_cap
 from .chat import ChatHandler
@@ -197,6 +198,11 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     chat = ChatHandler(backend, settings)
     completions = CompletionHandler(backend, settings)
     responses = ResponsesHandler(backend, settings, response_store(settings))
+    background = None
+    if responses.store is not None:
+        background = BackgroundResponses(
+            responses, responses.store, settings.max_background_responses, settings.max_concurrent_per_key
+        )
     messages = MessagesHandler(backend, settings)
     keys = APIKeys(settings.api_keys, settings.api_key_file)
     app.state.backend, app.state.settings, app.state.keys = backend, settings, keys
@@ -211,6 +217,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
 
     jobs.app = app  # a batch's requests go through the whole app, this gate included
     app.state.batch_jobs = jobs
+    app.state.background = background  # background responses (None without stored responses)
     app.add_middleware(GateMiddleware, settings=settings, keys=keys, internal_token=jobs.token)
 
     async def _body(request: Request) -> Any:
@@ -250,11 +257,14 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         prepare: Callable[[Any], Any] | None = None,
     ) -> Response:
         """One generation request: parsed, prepared (by `prepare` if given, else the handler's), then streamed as
-        server-sent events or answered whole (the latter abandoned if the client disconnects)."""
+        server-sent events or answered whole (the latter abandoned if the client disconnects); a background response
+        is answered at once, queued."""
         data = await _body(request)
         req = _parse(request_type, data)
         _log_prompt(request.headers.get("x-request-id", "-"), data)
         prep = (prepare or handler.prepare)(req)
+        if getattr(req, "background", False) and background is not None:  # `prepare` refused it without a store
+            return JSONResponse(background.start(prep))
         if req.stream:
             events = await _primed(handler.events(prep))
             opts = req.stream_options
@@ -311,7 +321,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     add_batch_routes(app, jobs, _body, _parse, settings)
     add_message_batch_routes(app, jobs, _body, _parse)
 
-    add_response_routes(app, responses.store)
+    add_response_routes(app, responses.store, background)
 
     def _card() -> ModelCard:
         return ModelCard(id=backend.model_name, root=backend.model_name, max_model_len=backend.max_model_len)

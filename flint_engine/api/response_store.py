@@ -3,6 +3,10 @@
     <root>/<response id>.json   the response object, the request's own input items, the response it continued from,
                                 its owner and when it expires
 
+A background response (`background_responses`) is saved as it starts (`queued`), rewritten every `HEARTBEAT_S` while
+it runs, and last when it ends; one whose runner stopped writing (its process gone) reads as `failed`. A cancel made
+through any process is a marker file beside it (`<response id>.cancel`), which its runner polls.
+
 A response keeps only its own turn; a `previous_response_id` chain is read back oldest first (each response's input
 items, then its output items), so a conversation of n turns takes n files of one turn each. Responses belong to the
 API key that made them (its hash; "" without keys): another key's id answers 404. They expire after `ttl_s`, and
@@ -25,6 +29,10 @@ from .json_files import read_json, safe_id, write_json
 log = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 60.0
+# A running background response's record is rewritten this often; one not rewritten for STALE_S lost its runner.
+HEARTBEAT_S = 5.0
+STALE_S = 30.0
+RUNNING = frozenset({"queued", "in_progress"})
 # The longest `previous_response_id` chain read back (a guard: each turn is one file read).
 MAX_CHAIN = 10_000
 
@@ -68,10 +76,14 @@ class ResponseStore:
     def _path(self, response_id: str) -> Path:
         return self.root / f"{response_id}.json"
 
+    def cancel_marker(self, response_id: str) -> Path:
+        return self.root / f"{response_id}.cancel"
+
     def save(
         self, response: dict[str, Any], input_items: list[dict[str, Any]], previous_id: str | None, owner: str
     ) -> None:
-        """Keep a finished response with its own input items (`stored_items`)."""
+        """Keep a response with its own input items (`stored_items`): a finished one, or a background one as it runs
+        (stamped, so that a reader can tell a runner that stopped)."""
         now = self.clock()
         record = {
             "response": response,
@@ -80,6 +92,7 @@ class ResponseStore:
             "owner": owner,
             "created_ns": time.time_ns(),
             "expires_at": now + self.ttl_s,
+            "heartbeat_at": now,
         }
         write_json(self._path(response["id"]), record)
         if now - self._last_sweep >= SWEEP_EVERY_S:
@@ -87,8 +100,15 @@ class ResponseStore:
 
     def _record(self, response_id: str, owner: str, param: str = "response_id") -> dict[str, Any]:
         record = read_json(self._path(response_id)) if safe_id(response_id) else None
-        if record is None or record.get("owner") != owner or record["expires_at"] <= self.clock():
+        now = self.clock()
+        if record is None or record.get("owner") != owner or record["expires_at"] <= now:
             raise _not_found(response_id, param)
+        response = record["response"]
+        if response["status"] in RUNNING and now - record.get("heartbeat_at", now) > STALE_S:
+            response["status"] = "failed"
+            response["error"] = {"code": "server_error", "message": "the server stopped before this response finished"}
+            write_json(self._path(response_id), record)
+            self.cancel_marker(response_id).unlink(missing_ok=True)
         return record
 
     def response(self, response_id: str, owner: str) -> dict[str, Any]:
@@ -101,6 +121,7 @@ class ResponseStore:
     def delete(self, response_id: str, owner: str) -> dict[str, Any]:
         self._record(response_id, owner)
         self._path(response_id).unlink(missing_ok=True)
+        self.cancel_marker(response_id).unlink(missing_ok=True)
         return {"id": response_id, "object": "response", "deleted": True}
 
     def history(self, response_id: str, owner: str) -> list[dict[str, Any]]:
@@ -111,6 +132,10 @@ class ResponseStore:
             if len(turns) >= MAX_CHAIN:
                 raise APIError(400, f"the conversation is longer than {MAX_CHAIN} responses", param)
             record = self._record(next_id, owner, param)
+            if record["response"]["status"] in RUNNING:
+                raise APIError(
+                    400, f"response {next_id} is still {record['response']['status']}: wait for it to finish", param
+                )
             turns.append(record["input_items"] + record["response"]["output"])
             next_id = record.get("previous_response_id")
         return [item for turn in reversed(turns) for item in turn]
@@ -126,6 +151,7 @@ class ResponseStore:
                     continue
                 if record["expires_at"] <= now:
                     path.unlink(missing_ok=True)
+                    path.with_suffix(".cancel").unlink(missing_ok=True)
                     gone += 1
                 else:
                     kept.append((record.get("created_ns", 0), path, path.stat().st_size))

@@ -64,6 +64,7 @@ class PreparedResponse:
             "output": output,
             "parallel_tool_calls": req.parallel_tool_calls,
             "previous_response_id": req.previous_response_id,
+            "background": bool(req.background),
             "reasoning": {"effort": effort, "summary": None},
             "store": self.stored,
             "temperature": req.temperature,
@@ -129,6 +130,16 @@ class ResponsesHandler:
         """`req` as the chat request it runs as, after the conversation it continues (`previous_response_id`)."""
         own = stored_items(req.input_items())
         stored = self.store is not None and req.store is not False
+        if req.background:
+            why = None
+            if self.store is None:
+                why = "background responses are kept in the response store, which is off here (api.store_responses)"
+            elif req.store is False:
+                why = "background responses must be stored: leave store true"
+            elif req.stream:
+                why = "a background response cannot be streamed here: poll it with GET /v1/responses/{id}"
+            if why is not None:
+                raise APIError(400, why, "background")
         full = req
         if req.previous_response_id is not None:
             if self.store is None:
@@ -184,7 +195,10 @@ class ResponsesHandler:
     def _message_logprobs(self, prep: PreparedResponse) -> _MessageLogprobs:
         return _MessageLogprobs(prep.req.output_logprobs(), prep.chat.thinking, self.backend.tokenizer)
 
-    async def complete(self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent]) -> dict[str, Any]:
+    async def complete(
+        self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent], keep: bool = True
+    ) -> dict[str, Any]:
+        """The finished response object (stored, if its request is and `keep`)."""
         thinking, logprobs = self._thinking_tokens(prep), self._message_logprobs(prep)
         [done] = await collect(thinking.count(logprobs.watch(events)), 1)
         parsed = prep.chat.parser().parse(done.text)
@@ -200,7 +214,8 @@ class ResponsesHandler:
             output[-1]["status"] = "incomplete"  # the item the limit cut, as the stream closes it
         completion, cached = totals([done])
         response = prep.envelope(status, output, _usage(prep, completion, cached, thinking.tokens))
-        self._keep(prep, response)
+        if keep:
+            self._keep(prep, response)
         return response
 
     async def stream(

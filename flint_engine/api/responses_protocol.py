@@ -4,8 +4,8 @@ A Responses request is a chat completion in other clothes: `instructions` is a s
 user message or a list of items (messages, the model's earlier `function_call`s and the client's
 `function_call_output`s), tools are flat function definitions, `text.format` is the response format and
 `reasoning.effort` turns the thinking on or off. A `previous_response_id` puts the stored conversation before `input`
-(`response_store`, with `api.store_responses` on); `conversation` and `background` are refused (400) rather than
-ignored.
+(`response_store`, with `api.store_responses` on), as `background` runs it (`background_responses`); `conversation`
+and `prompt` are refused (400) rather than ignored.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ class ResponsesRequest(Lenient):
     priority: int | None = None  # vLLM's: lower values are scheduled first (checked as on chat)
     service_tier: str | None = None  # OpenAI's: "flex" runs at api.flex_priority unless a priority is named
     previous_response_id: str | None = None  # a stored response this one continues from
+    background: bool | None = None  # answered at once as queued, polled with GET (needs stored responses)
     # What this server cannot do: refused rather than silently ignored.
     conversation: Any = None
-    background: Any = None
     prompt: Any = None
     # The output text's logprobs: asked for by `include` or by `top_logprobs` (the alternatives a token). Other
     # `include` values name outputs of tools this server does not offer, or encrypted reasoning (the reasoning
@@ -63,13 +63,6 @@ class ResponsesRequest(Lenient):
                 f"{info.field_name} is not supported: this server keeps no conversations or prompts, send the"
                 " conversation in input (or continue a stored response with previous_response_id)"
             )
-        return v
-
-    @field_validator("background")
-    @classmethod
-    def _no_background(cls, v: Any) -> Any:
-        if v:
-            raise ValueError("background responses are not supported: stream instead")
         return v
 
     @field_validator("input")

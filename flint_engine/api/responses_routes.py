@@ -1,5 +1,6 @@
-"""The routes of stored responses (`GET` and `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`), and
-the store they read (`response_store`), made when `api.store_responses` is on."""
+"""The routes of stored responses (`GET` and `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`,
+`POST /v1/responses/{id}/cancel` of a background one), and the store they read (`response_store`), made when
+`api.store_responses` is on."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
+from .background_responses import BackgroundResponses
 from .errors import APIError
 from .list_page import page
 from .ownership import request_owner
@@ -29,7 +31,7 @@ def response_store(settings: APISettings) -> ResponseStore | None:
     return ResponseStore(root, settings.response_ttl_s, settings.max_stored_response_bytes)
 
 
-def add_response_routes(app: FastAPI, store: ResponseStore | None) -> None:
+def add_response_routes(app: FastAPI, store: ResponseStore | None, background: BackgroundResponses | None) -> None:
     def stored() -> ResponseStore:
         if store is None:
             raise APIError(
@@ -44,6 +46,12 @@ def add_response_routes(app: FastAPI, store: ResponseStore | None) -> None:
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
         return stored().delete(response_id, request_owner(request))
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(request: Request, response_id: str) -> dict[str, Any]:
+        stored()
+        assert background is not None  # made with the store
+        return background.cancel(response_id, request_owner(request))
 
     @app.get("/v1/responses/{response_id}/input_items")
     async def response_input_items(

@@ -55,3 +55,4 @@ class APISettings(BaseModel):
     responses_dir: str | None = None
     response_ttl_s: int = Field(default=30 * 24 * 3600, ge=60)
     max_stored_response_bytes: int = Field(default=2**30, ge=1024)
+    max_background_responses: int = Field(default=64, ge=1)  # `background: true` responses running at once
