@@ -21,9 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels_attention import HQ, WINDOW, D, _paged_case, _rel_err
-from prefill_attention_sdpa import measured, triton_only
-from results_file import write_results
+from kernels_attention import D
+from sliding_attention_cudnn import run_sliding
 
 # Flex kernel launch parameters tried (None: Flex's own choice for the shape).
 KERNEL_OPTIONS: dict[str, dict | None] = {
@@ -71,46 +70,7 @@ def main() -> int:
     ap.add_argument("--ts", type=int, nargs="*", default=[2048, 8192])
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sliding_attention_flex.json")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 1
-    from flint_kernels import attention_triton as at
-    from flint_kernels.attention import gather_kv, paged_attention_ref
-
-    rows = []
-    for t in args.ts:
-        q, kc, vc, table, meta, sinks = _paged_case([t], [t], None, torch.bfloat16, seed=t)
-        pargs = (q, kc, vc, table, meta, sinks, D**-0.5, WINDOW)
-        ref = paged_attention_ref(*pargs)
-        k, v = (gather_kv(c, table[0], 0, t) for c in (kc, vc))
-        flops = 4.0 * sum(min(WINDOW, i + 1) for i in range(t)) * HQ * D
-        ours = triton_only(t, q.device, WINDOW)
-        cases: dict[str, Callable[[], object]] = {
-            "ours (Triton)": lambda pargs=pargs, c=ours: at.paged_attention_prefill(*pargs, config=c),
-            "gather K/V from the cache": lambda t=t, kc=kc, vc=vc, table=table: [
-                gather_kv(c, table[0], 0, t, checked=False) for c in (kc, vc)
-            ],
-        }
-        try:
-            cases.update(flex_cases(q, k, v, sinks, WINDOW))
-        except Exception as e:  # a torch without FlexAttention (or its compile failing) is a row, not the end
-            rows.append({"T": t, "variant": "flex", "error": f"{type(e).__name__}: {str(e)[:160]}"})
-        for name, fn in cases.items():
-            judged = name.endswith("(whole)") or name.startswith("ours")
-            judge = (lambda out, ref=ref: _rel_err(out, ref)) if judged else (lambda out: None)
-            rows.append(measured({"T": t, "variant": name}, fn, judge, flops, 60))
-        del q, kc, vc, table, meta, sinks, ref, k, v, cases
-        torch.cuda.empty_cache()
-    print(f"\nSliding prefill attention (513 keys) on {torch.cuda.get_device_name()} (torch {torch.__version__}):")
-    print(f"{'T':>6s} {'variant':40s} {'ms':>8s} {'TFLOP/s':>8s} {'rel err':>9s}")
-    for r in rows:
-        if "error" in r:
-            print(f"{r['T']:6d} {r['variant']:40s} {r['error']}")
-        else:
-            err = f"{r['rel_err']:9.1e}" if r.get("rel_err") is not None else f"{'':9s}"
-            print(f"{r['T']:6d} {r['variant']:40s} {r['ms']:8.4f} {r['TFLOP/s']:8.1f} {err}")
-    write_results(args.out, "python benchmarks/sliding_attention_flex.py " + " ".join(sys.argv[1:]), rows)
-    return 0
+    return run_sliding("sliding_attention_flex.py", args.ts, flex_cases, args.out)
 
 
 if __name__ == "__main__":
