@@ -62,14 +62,14 @@ def test_a_conversation_continues_from_a_stored_response(server) -> None:
     # Another key sees none of it.
     with pytest.raises(openai.NotFoundError):
         b.responses.retrieve(first.id)
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.BadRequestError) as err:  # OpenAI's status and code for it
         b.responses.create(previous_response_id=first.id, input="Hi", **ASK)
     assert err.value.body["code"] == "previous_response_not_found"
     # Deleted: gone, and so is every conversation continuing from it.
     a.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         a.responses.retrieve(first.id)
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError):
         a.responses.create(previous_response_id=second.id, input="And 3 + 3?", **ASK)
 
 

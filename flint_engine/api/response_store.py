@@ -38,9 +38,9 @@ MAX_CHAIN = 10_000
 
 
 def _not_found(response_id: str, param: str = "response_id") -> APIError:
-    if param == "previous_response_id":
+    if param == "previous_response_id":  # a 400, as OpenAI answers it (Codex CLI resends the whole turn on its code)
         return APIError(
-            404, f"Previous response with id '{response_id}' not found.", param, "previous_response_not_found"
+            400, f"Previous response with id '{response_id}' not found.", param, "previous_response_not_found"
         )
     return APIError(404, f"Response with id '{response_id}' not found.", param, "response_not_found")
 
