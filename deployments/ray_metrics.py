@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from ray.util import metrics as ray_metrics
 
+from flint_engine.api import api_metrics
 from flint_engine.api.prometheus import COUNTERS, GAUGES, HISTOGRAMS
 from flint_engine.metrics import FINISH_REASONS, EngineMetrics
 
@@ -71,3 +72,21 @@ class RayMetricsExporter:
             h = self.histograms[n]
             for v in values:
                 h.observe(v, tags=self.tags)
+
+
+class RouterMetricsExporter:
+    """A router's own work (`api_metrics`: batches by status, batch requests left, background responses running)
+    through Ray's metrics agent: `ray_flint_batches{status}` and the others, tagged with the router."""
+
+    def __init__(self, tags: dict[str, str], period_s: float = 5.0) -> None:
+        self.tags = tags
+        self.period_s = period_s
+        keys = tuple(tags)
+        self.batches = ray_metrics.Gauge(PREFIX + "batches", api_metrics.BATCHES_DOC, tag_keys=(*keys, "status"))
+        self.gauges = {n: ray_metrics.Gauge(PREFIX + n, doc, tag_keys=keys) for n, doc in api_metrics.GAUGES.items()}
+
+    def export_once(self, snapshot: dict[str, Any]) -> None:
+        for status, count in snapshot["batches"].items():
+            self.batches.set(float(count), tags={**self.tags, "status": status})
+        for n, g in self.gauges.items():
+            g.set(float(snapshot[n]), tags=self.tags)

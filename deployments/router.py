@@ -21,6 +21,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from flint_engine.api.api_metrics import api_snapshot
 from flint_engine.api.app import build_app
 from flint_engine.api.backend import replica_entry
 from flint_engine.async_engine import ChoiceOutput, EngineDeadError
@@ -29,6 +30,7 @@ from flint_engine.sampling_params import SamplingParams
 from flint_engine.tokenizer import FlintTokenizer
 
 from .metrics_hub import get_hub
+from .ray_metrics import RouterMetricsExporter
 from .request_router import prefix_hashes
 from .settings import ServeSettings
 
@@ -127,11 +129,26 @@ class FlintRouter:
         ctx = serve.get_replica_context()
         self.backend = RayBackend(replica, self.settings, ctx.app_name if ctx is not None else "flint")
         await self.backend.fetch_spec()
+        router_id = ctx.replica_tag if ctx is not None else f"pid{os.getpid()}"
+        self.exporter = RouterMetricsExporter({"model_name": self.settings.model_name, "router": router_id})
+        self._app: FastAPI | None = None  # (`app` is serve.ingress's own)
+        self._export_task = asyncio.get_running_loop().create_task(self._export())
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         app = build_app(self.backend, self.settings.api)
         app.add_middleware(DisconnectOnCancel)
+        self._app = app
         return app
+
+    async def _export(self) -> None:
+        """The router's own gauges (batches, background responses) to Ray's metrics, every few seconds."""
+        while True:
+            try:
+                if self._app is not None:
+                    self.exporter.export_once(api_snapshot(self._app.state))
+            except Exception:  # metrics must never take a router down
+                log.exception("router metrics export failed")
+            await asyncio.sleep(self.exporter.period_s)
 
     def process_info(self) -> dict[str, Any]:
         """The router's process (operators and the fault tests use it)."""

@@ -614,6 +614,7 @@ class LLMEngine:
             m.num_waiting = len(self.scheduler.waiting)
             m.kv_cache_usage = self.kv.usage(self.plan.full_block_bytes, self.plan.sliding_block_bytes)
             m.num_preemptions = self.scheduler.num_preemptions
+            m.num_priority_preemptions = self.scheduler.num_priority_preemptions
             m.prefix_cache_queries = self.kv.prefix_queries
             m.prefix_cache_hits = self.kv.prefix_hits
             m.late_kernel_compiles = LATE_COMPILES.count if self.watches_compiles else 0

@@ -118,6 +118,7 @@ class EngineMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.num_preemptions = 0
+        self.num_priority_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.late_kernel_compiles = 0
@@ -162,6 +163,7 @@ class EngineMetrics:
                 "prompt_tokens_total": self.prompt_tokens,
                 "generation_tokens_total": self.generation_tokens,
                 "num_preemptions_total": self.num_preemptions,
+                "num_priority_preemptions_total": self.num_priority_preemptions,
                 "prefix_cache_queries_total": self.prefix_cache_queries,
                 "prefix_cache_hits_total": self.prefix_cache_hits,
                 "late_kernel_compiles_total": self.late_kernel_compiles,

@@ -52,7 +52,8 @@ class Scheduler:
         self.idle_prefill_tokens = max(max_num_batched_tokens, idle_prefill_tokens)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.num_preemptions = 0
+        self.num_preemptions = 0  # for lack of blocks
+        self.num_priority_preemptions = 0  # for a waiting request of a lower priority value
 
     def add(self, req: Request) -> None:
         self._enqueue(req, ahead=False)
@@ -76,13 +77,16 @@ class Scheduler:
         blocks are checked when it is)."""
         return bool(self.waiting) and len(self.running) < self.max_num_seqs
 
-    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, req: Request, out: SchedulerOutput, for_priority: bool = False) -> None:
         self.running.remove(req)
         self.kv.free(req.request_id)
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
-        self.num_preemptions += 1
+        if for_priority:
+            self.num_priority_preemptions += 1
+        else:
+            self.num_preemptions += 1
         self._enqueue(req, ahead=True)
         out.preempted.append(req)
 
@@ -128,7 +132,7 @@ class Scheduler:
         chunk = next((c for c in out.chunks if c.request is victim), None)
         if chunk is not None:
             out.chunks.remove(chunk)
-        self._preempt(victim, out)
+        self._preempt(victim, out, for_priority=True)
         return chunk.num_tokens if chunk is not None else 0
 
     def step_budget(self) -> int:

@@ -46,11 +46,15 @@ KNOWN_METRICS = {
             "prompt_tokens_total",
             "generation_tokens_total",
             "num_preemptions_total",
+            "num_priority_preemptions_total",
             "request_success_total",
             "prefix_cache_queries_total",
             "prefix_cache_hits_total",
             "late_kernel_compiles_total",
             "gpu_memory_used_bytes",
+            "batches",  # the routers' own (api_metrics)
+            "batch_requests_remaining",
+            "background_responses_running",
         )
     ),
     *(f"ray_flint_{h}{s}" for h in _FLINT_HISTOGRAMS for s in ("_bucket", "_sum", "_count")),

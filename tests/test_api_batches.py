@@ -371,3 +371,34 @@ def test_an_expired_file_stays_while_a_running_batch_uses_it(tmp_path: Path) -> 
     record["status"] = "completed"
     store.save_batch(record)
     assert store.sweep() == 1 and not store.data_path(used["id"]).exists()
+
+
+def _gauges(server) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def test_metrics_count_batches_by_status_and_the_requests_left(tmp_path: Path) -> None:
+    server = start(tmp_path / "store")
+    try:
+        before = _gauges(server)
+        assert before[("flint:batches", (("status", "completed"),))] == 0  # every status there from the start
+        assert before[("flint:batch_requests_remaining", ())] == 0
+        c = client(server)
+        uploaded = c.files.create(file=("in.jsonl", io.BytesIO(batch_file({"a": question(1)}))), purpose="batch")
+        done = settle(c, c.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                          completion_window="24h").id)  # fmt: skip
+        after = _gauges(server)
+        assert done.status == "completed" and after[("flint:batches", (("status", "completed"),))] == 1
+        assert after[("flint:batch_requests_remaining", ())] == 0
+    finally:
+        server.stop()
+    # A stopped server's batch with one of four requests answered: three remain.
+    _stopped_batch(tmp_path / "other", {f"q{i}": question(i) for i in range(4)}, ["q0"], 10**10)
+    assert BatchStore(tmp_path / "other", 2**20, 2**30).status_counts() == ({"in_progress": 1}, 3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -156,6 +157,8 @@ def test_a_background_response_is_cancelled_here_or_by_another_router(server) ->
         while not engine.scheduler.running and time.monotonic() < deadline:
             time.sleep(0.01)
         assert engine.scheduler.running  # generating
+        metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+        assert "flint:background_responses_running 1.0" in metrics
         if how == "call":
             assert a.responses.cancel(r.id).status == "cancelled"
         else:  # another router's cancel: the marker file its runner polls

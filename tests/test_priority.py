@@ -74,6 +74,7 @@ def test_a_lower_value_takes_a_seat_from_a_running_higher_value(window7) -> None
     high = engine.add_request("high", prompts[1], SamplingParams(max_tokens=8, priority=0, **GREEDY))
     engine.step()
     assert engine.scheduler.running == [high] and low.num_preemptions == 1
+    assert (engine.scheduler.num_priority_preemptions, engine.scheduler.num_preemptions) == (1, 0)  # counted apart
     finished: list[str] = []
     while engine.has_unfinished():
         finished += [o.request_id for o in engine.step() if o.finished]
@@ -95,7 +96,7 @@ def test_equal_priorities_never_preempt_for_a_seat(window7) -> None:  # noqa: F8
     while engine.has_unfinished():
         finished += [o.request_id for o in engine.step() if o.finished]
     assert finished == ["first", "second"] and first.num_preemptions == 0
-    assert engine.scheduler.num_preemptions == 0
+    assert engine.scheduler.num_preemptions == engine.scheduler.num_priority_preemptions == 0
 
 
 def test_a_lower_value_takes_blocks_from_running_higher_values(window7) -> None:  # noqa: F811
@@ -221,7 +222,9 @@ def test_an_interactive_request_overtakes_a_running_batch_request_over_http(tmp_
                     # Answered while the long request still waits to go on (without preemption it would be done).
                     unfinished = [q for q in (*sched.waiting, *sched.running) if q.params.priority == 1]
         assert len(unfinished) == 1 and len(parts) > 5
-        assert server.engine.engine.scheduler.num_preemptions >= 1
+        metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+        assert 'flint:num_priority_preemptions_total{model_name="flint"' in metrics
+        assert server.engine.engine.scheduler.num_priority_preemptions >= 1
         assert "".join(parts) == alone
     finally:
         server.stop()

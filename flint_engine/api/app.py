@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .anthropic_batches import add_message_batch_routes
 from .anthropic_messages import MessagesHandler, anthropic_error
 from .anthropic_protocol import MessagesRequest
+from .api_metrics import api_snapshot
 from .auth import APIKeys
 from .backend import GenerationBackend
 from .background_responses import BackgroundResponses
@@ -354,7 +355,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        body = render(await backend.metrics_snapshots())
+        body = render(await backend.metrics_snapshots(), api_snapshot(app.state))
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/tokenize")

@@ -33,6 +33,10 @@ class BackgroundResponses:
         self.per_key = per_key  # ... of one key (api.max_concurrent_per_key)
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}  # response id -> (owner, task)
 
+    @property
+    def running(self) -> int:
+        return len(self._tasks)
+
     def start(self, prep: PreparedResponse) -> dict[str, Any]:
         """Save the response as queued, start its task, and return it as the create call answers."""
         if len(self._tasks) >= self.most:

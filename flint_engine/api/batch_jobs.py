@@ -143,6 +143,12 @@ class BatchJobs:
         """Made at the first Batch API call (its directory, when none is configured, too)."""
         return self._make_store()
 
+    def status_counts(self) -> tuple[dict[str, int], int]:
+        """`BatchStore.status_counts`, or none before the store is made (no batch directory, no Batch API call)."""
+        if "store" not in self.__dict__:  # the cached property not made yet: making it would make a directory
+            return {}, 0
+        return self.store.status_counts()
+
     def internal_headers(self, owner: str) -> dict[str, str]:
         return {INTERNAL_TOKEN_HEADER: self.token, INTERNAL_OWNER_HEADER: owner}
 

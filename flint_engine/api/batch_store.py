@@ -85,6 +85,7 @@ class BatchStore:
         self.max_stored_bytes = max_stored_bytes
         self._lock = threading.Lock()  # one upload's room is reserved at a time
         self.clock = clock  # the time files expire by
+        self._settled: dict[str, str] = {}  # batch id -> its terminal status (a settled batch no longer changes)
 
     # ------------------------------------------------------------------ files
     def data_path(self, file_id: str) -> Path:
@@ -237,6 +238,26 @@ class BatchStore:
             record = read_json(path)
             if record:
                 yield record
+
+    def status_counts(self) -> tuple[dict[str, int], int]:
+        """How many batches are in each status, and how many requests of unsettled batches wait for an answer (for
+        the metrics: settled batches are read once)."""
+        counts: dict[str, int] = {}
+        remaining = 0
+        for path in self.batches_dir.glob("*.json"):  # not the dot-named files being written
+            status = self._settled.get(path.stem)
+            if status is None:
+                record = read_json(path)
+                if record is None:
+                    continue
+                status = record["status"]
+                if status in TERMINAL:
+                    self._settled[path.stem] = status
+                else:
+                    c = record["request_counts"]
+                    remaining += max(0, c["total"] - c["completed"] - c["failed"])
+            counts[status] = counts.get(status, 0) + 1
+        return counts, remaining
 
     def batches(self, owner: str, kind: str = OPENAI) -> list[dict[str, Any]]:
         """The owner's batches of one API, newest first (whole records: `public` shows one)."""

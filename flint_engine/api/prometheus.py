@@ -1,4 +1,5 @@
-"""Engine metrics in Prometheus text format, under vLLM-style names with a `flint:` prefix."""
+"""Engine metrics in Prometheus text format, under vLLM-style names with a `flint:` prefix (and the API process's own,
+`api_metrics`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from . import api_metrics
 
 PREFIX = "flint:"
 GAUGES = {
@@ -16,7 +19,8 @@ GAUGES = {
 COUNTERS = {
     "prompt_tokens": "Prompt tokens processed.",
     "generation_tokens": "Tokens generated.",
-    "num_preemptions": "Requests preempted (recomputed later): short of KV blocks, or for a higher-priority request.",
+    "num_preemptions": "Requests preempted (recomputed later) for lack of KV blocks.",
+    "num_priority_preemptions": "Requests preempted (recomputed later) for a waiting request of higher priority.",
     "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
     "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
     "late_kernel_compiles": "Triton kernels compiled after the warm-up (each one stalls a step; see the log).",
@@ -32,10 +36,20 @@ HISTOGRAMS = {
 
 
 class _Snapshots:
-    def __init__(self, snapshots: list[tuple[dict[str, str], dict[str, Any]]]) -> None:
+    def __init__(
+        self, snapshots: list[tuple[dict[str, str], dict[str, Any]]], api: dict[str, Any] | None = None
+    ) -> None:
         self.snapshots = snapshots
+        self.api = api  # the API process's own work (`api_metrics.api_snapshot`)
 
     def collect(self):
+        if self.api is not None:
+            fam = GaugeMetricFamily(PREFIX + "batches", api_metrics.BATCHES_DOC, labels=["status"])
+            for status, count in self.api["batches"].items():
+                fam.add_metric([status], float(count))
+            yield fam
+            for name, doc in api_metrics.GAUGES.items():
+                yield GaugeMetricFamily(PREFIX + name, doc, value=float(self.api[name]))
         label_names = sorted({k for labels, _ in self.snapshots for k in labels})
         for name, doc in GAUGES.items():
             fam = GaugeMetricFamily(PREFIX + name, doc, labels=label_names)
@@ -63,7 +77,8 @@ class _Snapshots:
             yield fam
 
 
-def render(snapshots: list[tuple[dict[str, str], dict[str, Any]]]) -> bytes:
+def render(snapshots: list[tuple[dict[str, str], dict[str, Any]]], api: dict[str, Any] | None = None) -> bytes:
+    """The engines' snapshots (labelled), and the API process's own gauges if given."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshots(snapshots))
+    registry.register(_Snapshots(snapshots, api))
     return generate_latest(registry)
