@@ -256,6 +256,8 @@ def test_prometheus_scrapes_flint_and_serve_metrics(
                 query("ray_flint_generation_tokens_total")
                 and query("flint:generation_tokens_total")
                 and query("ray_serve_num_http_requests_total")
+                and query('ray_flint_batches{status="completed"}')  # the router's own gauges
+                and query("flint:batch_requests_remaining")
             ),
             90,
             "series in Prometheus",

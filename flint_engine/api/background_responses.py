@@ -91,11 +91,12 @@ class BackgroundResponses:
                     since_beat = 0.0
                     self._save(prep, prep.envelope("in_progress", [], None))
             final = work.result()
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # a cancel call here, or this process stopping
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await work
-            final = prep.envelope("cancelled", [], None)
+            final = prep.envelope("failed", [], None)
+            final["error"] = {"code": "server_error", "message": "the server stopped before this response finished"}
         except Exception as exc:  # the engine's refusal or failure: the response says what went wrong
             api = to_api_error(exc)
             if api is None:
@@ -103,8 +104,8 @@ class BackgroundResponses:
                 api = APIError(500, "internal server error", code="internal_error")
             final = prep.envelope("failed", [], None)
             final["error"] = {"code": api.code or "server_error", "message": api.message}
-        if self._cancelled(prep):
-            final["status"] = "cancelled"
+        if self._cancelled(prep):  # (a cancel call marks it before cancelling the task)
+            final["status"], final["error"] = "cancelled", None
         self._save(prep, final)
         self.store.cancel_marker(prep.response_id).unlink(missing_ok=True)
 
