@@ -3,11 +3,14 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (state after the fifty-eighth session, 2026-12-07, H100s only: FORCED ran, the fused path's greedy choice
-# differing from the plain path's only at near-ties over 256 teacher-forced steps, BF16 at 1 and 8 sequences and NVFP4
-# at 1; the status figures on an H100 within 1.1% of the fifty-sixth session's; no H200 since the fiftieth session):
+# Next (state after the fifty-ninth session, 2026-12-07: no device machine came; after the fifty-eighth, H100s only:
+# FORCED ran, the fused path's greedy choice differing from the plain path's only at near-ties over 256 teacher-forced
+# steps, BF16 at 1 and 8 sequences and NVFP4 at 1; the status figures on an H100 within 1.1% of the fifty-sixth
+# session's; no H200 since the fiftieth session):
 #   the status figures on an H200 with the fiftieth to fifty-second sessions' installs (`decode.py --formats nvfp4
 #                 bf16 --batches 1 2 4 8 16 32 64 --prefill 8192 --profile-batches 1`);
+#   FLEX=1 (fifty-ninth session, not yet run: no device machine came): the sliding layers' prefill attention on
+#                 torch's FlexAttention against ours (~0.32 ms a layer at 8K, ~12 ms of the 8K prefill);
 #   NVFP4's teacher-forced check at 8 sequences (`decode.py --formats nvfp4 --batches 1 --prefill 0 --check-steps 256
 #                 --check-batches 8`): its plain path dequantises at each use, ~0.9 s a step, and 512 steps did not
 #                 finish in a call's 560 s on an H100 (fewer steps, or --check-steps 128 twice, fit).
