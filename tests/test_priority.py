@@ -160,6 +160,18 @@ def test_the_api_takes_priorities_within_the_servers_floor(tmp_path: Path) -> No
                 b = {k: v for k, v in b.items() if k != "priority"}
                 assert httpx.post(f"{server.base_url}{url}", json={**b, **extra}, timeout=60).status_code == 200
             assert seen == [want] * 3, extra
+        # The answer names the tier it ran at (OpenAI's), on every chunk of a stream too; nothing when none was asked.
+        c = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+        ask = {"model": "flint", "messages": chat["messages"], "max_tokens": 2}
+        assert c.chat.completions.create(**ask, service_tier="flex").service_tier == "flex"
+        assert c.chat.completions.create(**ask, service_tier="auto").service_tier == "default"
+        assert c.chat.completions.create(**ask).service_tier is None
+        chunks = list(c.chat.completions.create(**ask, service_tier="flex", stream=True))
+        assert chunks and {k.service_tier for k in chunks} == {"flex"}
+        assert (
+            c.responses.create(model="flint", input="hi", max_output_tokens=2, service_tier="flex").service_tier
+            == "flex"
+        )
         r = httpx.post(f"{server.base_url}/v1/chat/completions", json={**chat, "service_tier": "gold"}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "service_tier"
         r = httpx.post(f"{server.base_url}/v1/completions", json={**body, "priority": -1}, timeout=60)

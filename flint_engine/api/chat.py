@@ -44,6 +44,7 @@ class PreparedChat:
     top_logprobs: int | None
     model: str
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k), on the response
+    service_tier: str | None = None  # the tier it ran at, echoed where the request named one (OpenAI's)
     request_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -51,6 +52,14 @@ class PreparedChat:
         return ChatOutputParser(
             self.thinking, self.tools, self.tool_choice_none, parallel_tool_calls=self.parallel_tool_calls
         )
+
+
+def served_tier(asked: str | None) -> str | None:
+    """The service tier a request runs at, as OpenAI names it in its answer: "flex" (`api.flex_priority`), or
+    "default" for every other tier asked for (this server has no faster one); None where none was asked for."""
+    if asked is None:
+        return None
+    return "flex" if asked == "flex" else "default"
 
 
 def chat_request_of(req: Any) -> ChatCompletionRequest:
@@ -190,6 +199,7 @@ class ChatHandler:
             (req.top_logprobs or 0) if req.logprobs else None,
             backend.model_name,
             req.prompt_logprobs,
+            served_tier(req.service_tier),
         )
 
     # ------------------------------------------------------------------ non-streaming
@@ -233,6 +243,7 @@ class ChatHandler:
             choices=choices,
             usage=usage,
             prompt_logprobs=scored,
+            service_tier=prep.service_tier,
         )
 
     # ------------------------------------------------------------------ streaming
@@ -270,6 +281,8 @@ class ChatHandler:
                 "model": prep.model,
                 "choices": [choice],
             }
+            if prep.service_tier is not None:
+                body["service_tier"] = prep.service_tier
             if continuous_usage:
                 body["usage"] = usage_dict()
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
@@ -316,6 +329,8 @@ class ChatHandler:
                     "choices": [],
                     "usage": usage_dict(),
                 }
+                if prep.service_tier is not None:
+                    body["service_tier"] = prep.service_tier
                 yield f"data: {json.dumps(body)}\n\n"
         except Exception as exc:  # after the 200 went out, an error travels as an SSE event
             api = to_api_error(exc) or APIError(500, "internal server error", code="internal_error")

@@ -511,6 +511,7 @@ class ChatCompletionResponse(Strict):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's, when asked for
+    service_tier: str | None = None  # OpenAI's: the tier it ran at, where the request named one
 
 
 class CompletionLogprobs(Strict):

@@ -67,6 +67,7 @@ class PreparedResponse:
             "background": bool(req.background),
             "reasoning": {"effort": effort, "summary": None},
             "store": self.stored,
+            "service_tier": self.chat.service_tier,
             "temperature": req.temperature,
             "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "tool_choice": req.tool_choice or "auto",
