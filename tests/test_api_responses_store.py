@@ -192,3 +192,27 @@ def test_a_background_response_whose_runner_stopped_reads_as_failed(tmp_path: Pa
     now[0] += 31  # no heartbeat since
     gone = store.response("resp_1", "")
     assert gone["status"] == "failed" and "stopped" in gone["error"]["message"]
+
+
+def test_a_background_response_waits_out_the_engines_overload_queued(tmp_path: Path) -> None:
+    """One seat, one waiting place, both taken: the background response stays queued (the engine sheds it, it
+    retries) until they free, then completes."""
+    engine = LLMEngine.from_checkpoint(
+        EngineConfig(device="cpu", max_num_seqs=1, max_waiting_requests=1), progress=False
+    )
+    server = start_local_server(engine, APISettings(store_responses=True, responses_dir=str(tmp_path)))
+    try:
+        c = client(server, "unused")
+        long = {**ASK, "max_output_tokens": 300, "extra_body": {"ignore_eos": True}}
+        busy = [c.responses.create(input=f"Count to {n}.", background=True, **long) for n in (100, 200)]
+        deadline = time.monotonic() + 30
+        while len(engine.scheduler.running) + len(engine.scheduler.waiting) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        later = c.responses.create(input="What is 6 + 7?", background=True, **ASK)
+        time.sleep(0.5)
+        assert c.responses.retrieve(later.id).status == "queued"  # shed by the engine, waiting to be taken
+        assert all(_settled(c, r.id).status == "incomplete" for r in busy)  # cut at max_output_tokens
+        done = _settled(c, later.id)
+        assert done.status == "completed" and "13" in done.output_text
+    finally:
+        server.stop()

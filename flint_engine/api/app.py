@@ -30,7 +30,7 @@ from .background_responses import BackgroundResponses
 from .batch_jobs import INTERNAL_OWNER_HEADER, INTERNAL_TOKEN_HEADER
 from .batch_routes import add_batch_routes, batch_jobs, body_cap
 from .chat import ChatHandler
-from .choices import ChoiceEvent
+from .choices import primed
 from .completions import CompletionHandler
 from .errors import APIError, error_response, install_error_handlers, to_api_error, validation_error
 from .ownership import request_owner
@@ -58,18 +58,6 @@ def version() -> str:
         return metadata.version("flint-serve")
     except metadata.PackageNotFoundError:
         return "0+unknown"
-
-
-async def _primed(events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:
-    """Pull the first event now (so validation and overload errors surface before any response is sent)."""
-    first = await events.__anext__()
-
-    async def chained() -> AsyncIterator[ChoiceEvent]:
-        yield first
-        async for ev in events:
-            yield ev
-
-    return chained()
 
 
 async def _until_disconnect(request: Request, work: Awaitable[Any], poll_s: float) -> Any:
@@ -267,7 +255,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         if getattr(req, "background", False) and background is not None:  # `prepare` refused it without a store
             return JSONResponse(background.start(prep))
         if req.stream:
-            events = await _primed(handler.events(prep))
+            events = await primed(handler.events(prep))
             opts = req.stream_options
             include_usage = bool(getattr(opts, "include_usage", False))
             continuous = bool(getattr(opts, "continuous_usage_stats", False))

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from typing import Any
 
+from .choices import primed
 from .errors import APIError, to_api_error
 from .response_store import HEARTBEAT_S, RUNNING, ResponseStore
 from .responses import PreparedResponse, ResponsesHandler
@@ -79,7 +80,8 @@ class BackgroundResponses:
         return self.store.cancel_marker(prep.response_id).exists()
 
     async def _run(self, prep: PreparedResponse) -> None:
-        work = asyncio.ensure_future(self._generate(prep))
+        status = {"now": "queued"}
+        work = asyncio.ensure_future(self._generate(prep, status))
         since_beat = 0.0
         try:
             while not work.done():
@@ -89,7 +91,7 @@ class BackgroundResponses:
                     work.cancel()
                 elif not work.done() and since_beat >= HEARTBEAT_S:
                     since_beat = 0.0
-                    self._save(prep, prep.envelope("in_progress", [], None))
+                    self._save(prep, prep.envelope(status["now"], [], None))
             final = work.result()
         except asyncio.CancelledError:  # a cancel call here, or this process stopping
             work.cancel()
@@ -109,15 +111,20 @@ class BackgroundResponses:
         self._save(prep, final)
         self.store.cancel_marker(prep.response_id).unlink(missing_ok=True)
 
-    async def _generate(self, prep: PreparedResponse) -> dict[str, Any]:
-        """The response, generated once the engine takes it (its overload refusals waited out)."""
+    async def _generate(self, prep: PreparedResponse, status: dict[str, str]) -> dict[str, Any]:
+        """The response, generated once the engine takes it (its overload refusals waited out, `queued`; then
+        `in_progress` in `status`)."""
         pause = RETRY_FIRST_S
-        self._save(prep, prep.envelope("in_progress", [], None))
         while True:
             try:
-                return await self.handler.complete(prep, self.handler.events(prep), keep=False)
-            except APIError as exc:
-                if exc.code != "server_overloaded":
+                events = await primed(self.handler.events(prep))
+                break
+            except Exception as exc:  # the engine's EngineOverloaded, or the API's 503 made of it
+                api = to_api_error(exc)
+                if api is None or api.code != "server_overloaded":
                     raise
             await asyncio.sleep(pause)
             pause = min(2 * pause, RETRY_MAX_S)
+        status["now"] = "in_progress"
+        self._save(prep, prep.envelope("in_progress", [], None))
+        return await self.handler.complete(prep, events, keep=False)

@@ -184,6 +184,18 @@ class FinishedChoice:
     prompt_logprobs: list[PromptEntry | None] | None = None
 
 
+async def primed(events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:
+    """Pull the first event now (so validation and overload errors surface before any response is sent)."""
+    first = await events.__anext__()
+
+    async def chained() -> AsyncIterator[ChoiceEvent]:
+        yield first
+        async for ev in events:
+            yield ev
+
+    return chained()
+
+
 async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[FinishedChoice]:
     """Gather every choice's text and logprobs; a choice that failed fails the request (500)."""
     texts = [""] * n
