@@ -31,8 +31,6 @@ from .batch_lines import BATCH_URLS, BatchFileError, BatchLine, read_batch_lines
 from .batch_runner import run_batch
 from .batch_store import (
     ANTHROPIC,
-    MAX_TTL_S,
-    MIN_TTL_S,
     OPENAI,
     OUTPUT_PURPOSE,
     TERMINAL,
@@ -51,6 +49,10 @@ INTERNAL_TOKEN_HEADER = "x-flint-batch-token"
 INTERNAL_OWNER_HEADER = "x-flint-batch-owner"
 # How often a running batch saves its counts and looks for a cancel made by another process.
 _SAVE_EVERY_S = 1.0
+
+
+# OpenAI's bounds on a file's lifetime (`expires_after.seconds`): one hour to thirty days.
+MIN_TTL_S, MAX_TTL_S = 3600, 30 * 24 * 3600
 
 
 class ExpiresAfter(BaseModel):

@@ -11,12 +11,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from .batch_jobs import BatchCreate, BatchJobs
-from .batch_store import BatchStore, expires_after_seconds, public
-from .errors import APIError
+from .batch_jobs import BatchCreate, BatchJobs, ExpiresAfter
+from .batch_store import BatchStore, public
+from .errors import APIError, validation_error
 from .list_page import page
 from .ownership import request_owner
 from .settings import APISettings
@@ -98,8 +99,11 @@ def add_batch_routes(
             owner = request_owner(request)
             ttl = settings.batch_file_ttl_s
             if "expires_after[anchor]" in form or "expires_after[seconds]" in form:  # the openai client's form keys
-                anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
-                ttl = expires_after_seconds(anchor, seconds, "expires_after")
+                policy = {"anchor": form.get("expires_after[anchor]"), "seconds": form.get("expires_after[seconds]")}
+                try:
+                    ttl = ExpiresAfter.model_validate(policy).seconds
+                except ValidationError as exc:
+                    raise APIError(400, f"expires_after: {validation_error(exc).message}", "expires_after") from None
             return await run_in_threadpool(
                 store().save_upload, upload.file, upload.filename or "upload.jsonl", purpose, owner, ttl
             )

@@ -35,8 +35,6 @@ MESSAGE_BATCH_PURPOSE = "message_batch"
 OPENAI, ANTHROPIC = "openai", "anthropic"
 # A batch's states after which it reads and writes none of its files.
 TERMINAL = frozenset({"failed", "completed", "expired", "cancelled"})
-# OpenAI's bounds on a file's lifetime (`expires_after.seconds`): one hour to thirty days.
-MIN_TTL_S, MAX_TTL_S = 3600, 30 * 24 * 3600
 _COPY_CHUNK = 1 << 20
 
 
@@ -49,19 +47,6 @@ _HIDDEN = frozenset({"owner", "created_ns", "kind", "expired_count", "output_ttl
 def public(record: dict[str, Any]) -> dict[str, Any]:
     """An object as the API shows it (without its owner)."""
     return {k: v for k, v in record.items() if k not in _HIDDEN}
-
-
-def expires_after_seconds(anchor: object, seconds: object, param: str) -> int:
-    """OpenAI's expiration policy ({"anchor": "created_at", "seconds": N}) checked: N, or a 400 naming `param`."""
-    if anchor != "created_at":
-        raise APIError(400, f"{param}.anchor must be 'created_at', got {anchor!r}", param)
-    try:
-        n = int(str(seconds))
-    except ValueError:
-        raise APIError(400, f"{param}.seconds must be an integer, got {seconds!r}", param) from None
-    if not MIN_TTL_S <= n <= MAX_TTL_S:
-        raise APIError(400, f"{param}.seconds must be between {MIN_TTL_S} and {MAX_TTL_S}, got {n}", param)
-    return n
 
 
 def _expired(record: dict[str, Any], now: float) -> bool:
