@@ -37,11 +37,12 @@ def test_every_problem_is_named_with_its_line() -> None:
         line("s", stream=True, messages=[]),
         line("g", model="gpt-4o", messages=[]),
         line("ok"),
+        line("bg", "/v1/responses", background=True, input="hi"),
     ]
     with pytest.raises(BatchFileError) as err:
         read_batch_lines(bad, "flint")
     problems = err.value.problems
-    assert len(problems) == 9
+    assert len(problems) == 10
     expected = [
         "line 2: not valid JSON",
         "line 3: a line must be a JSON object",
@@ -52,10 +53,11 @@ def test_every_problem_is_named_with_its_line() -> None:
         "line 8: stream is not supported",
         "line 9: body.model is 'gpt-4o', but the model served here is 'flint'",
         "line 10: custom_id 'ok' is also on line 1",
+        "line 11: background is not supported",
     ]
     for problem, start in zip(problems, expected):
         assert problem.startswith(start), problem
-    assert str(err.value).startswith("9 problem(s) in the batch file:")
+    assert str(err.value).startswith("10 problem(s) in the batch file:")
 
 
 def test_a_long_list_of_problems_is_cut_in_the_message() -> None:

@@ -54,6 +54,8 @@ def _line_problem(data: Any, model_name: str, urls: tuple[str, ...]) -> str | No
         return "body must be a JSON object (the request the url would take)"
     if body.get("stream"):
         return "stream is not supported in a batch (each record holds the whole response)"
+    if body.get("background"):
+        return "background is not supported in a batch (each record holds the whole response)"
     model = body.get("model")
     if model is not None and model != model_name:
         return f"body.model is {model!r}, but the model served here is {model_name!r} (--model-name)"
