@@ -101,7 +101,7 @@ def test_without_the_setting_nothing_is_stored(tmp_path: Path) -> None:
 
 def test_stored_responses_expire_and_the_oldest_go_past_the_byte_cap(tmp_path: Path) -> None:
     now = [time.time()]
-    store = ResponseStore(tmp_path, ttl_s=3600, max_bytes=10**9, clock=lambda: now[0])
+    store = ResponseStore(tmp_path, ttl_s=3600, max_bytes=10**9, clock=lambda: now[0], sweep_every_s=float("inf"))
     for i in range(3):
         store.save(
             {"id": f"resp_{i}", "status": "completed", "output": []},
@@ -186,7 +186,7 @@ def test_background_needs_the_store(tmp_path: Path) -> None:
 
 def test_a_background_response_whose_runner_stopped_reads_as_failed(tmp_path: Path) -> None:
     now = [time.time()]
-    store = ResponseStore(tmp_path, ttl_s=3600, max_bytes=10**9, clock=lambda: now[0])
+    store = ResponseStore(tmp_path, ttl_s=3600, max_bytes=10**9, clock=lambda: now[0], sweep_every_s=float("inf"))
     store.save({"id": "resp_1", "status": "in_progress", "output": [], "error": None, "background": True}, [], None, "")
     assert store.response("resp_1", "")["status"] == "in_progress"
     now[0] += 31  # no heartbeat since
@@ -216,3 +216,18 @@ def test_a_background_response_waits_out_the_engines_overload_queued(tmp_path: P
         assert done.status == "completed" and "13" in done.output_text
     finally:
         server.stop()
+
+
+def test_saving_sweeps_on_a_thread(tmp_path: Path) -> None:
+    """A save past the sweep period starts the sweep on a thread (the event loop does not list the store)."""
+    import os
+
+    store = ResponseStore(tmp_path, ttl_s=60, max_bytes=10**9, sweep_every_s=0)
+    stale = tmp_path / "resp_old.json"
+    stale.write_text("{}")
+    os.utime(stale, (time.time() - 120, time.time() - 120))
+    store.save({"id": "resp_new", "status": "completed", "output": []}, [], None, "")
+    deadline = time.monotonic() + 10
+    while stale.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not stale.exists() and (tmp_path / "resp_new.json").exists()

@@ -10,7 +10,8 @@ through any process is a marker file beside it (`<response id>.cancel`), which i
 A response keeps only its own turn; a `previous_response_id` chain is read back oldest first (each response's input
 items, then its output items), so a conversation of n turns takes n files of one turn each. Responses belong to the
 API key that made them (its hash; "" without keys): another key's id answers 404. They expire after `ttl_s`, and
-past `max_bytes` the oldest go first; both are swept at most once every `SWEEP_EVERY_S` as responses are saved.
+past `max_bytes` the oldest go first; both are swept, on a thread, at most once every `SWEEP_EVERY_S` as responses
+are saved.
 """
 
 from __future__ import annotations
@@ -64,7 +65,14 @@ def stored_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class ResponseStore:
-    def __init__(self, root: str | Path, ttl_s: int, max_bytes: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        ttl_s: int,
+        max_bytes: int,
+        clock: Callable[[], float] = time.time,
+        sweep_every_s: float = SWEEP_EVERY_S,
+    ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.ttl_s = ttl_s
@@ -72,6 +80,7 @@ class ResponseStore:
         self.clock = clock
         self._lock = threading.Lock()
         self._last_sweep = 0.0
+        self.sweep_every_s = sweep_every_s  # (tests sweep by hand)
 
     def _path(self, response_id: str) -> Path:
         return self.root / f"{response_id}.json"
@@ -95,8 +104,10 @@ class ResponseStore:
             "heartbeat_at": now,
         }
         write_json(self._path(response["id"]), record)
-        if now - self._last_sweep >= SWEEP_EVERY_S:
-            self.sweep()
+        if now - self._last_sweep >= self.sweep_every_s:
+            self._last_sweep = now
+            # On a thread: this runs on the server's event loop, and a large store takes a while to list.
+            threading.Thread(target=self.sweep, name="flint-response-sweep", daemon=True).start()
 
     def _record(self, response_id: str, owner: str, param: str = "response_id") -> dict[str, Any]:
         record = read_json(self._path(response_id)) if safe_id(response_id) else None
@@ -141,25 +152,28 @@ class ResponseStore:
         return [item for turn in reversed(turns) for item in turn]
 
     def sweep(self) -> int:
-        """Remove the expired responses, then the oldest while the store is past `max_bytes`; returns how many went."""
+        """Remove the expired responses (by their files' last write: no file is read), then the oldest while the
+        store is past `max_bytes`; returns how many went."""
         with self._lock:
             self._last_sweep = now = self.clock()
             kept, gone = [], 0
             for path in self.root.glob("*.json"):  # not the dot-named files being written
-                record = read_json(path)
-                if record is None:
+                try:
+                    st = path.stat()
+                except FileNotFoundError:  # deleted meanwhile
                     continue
-                if record["expires_at"] <= now:
+                if st.st_mtime + self.ttl_s <= now:
                     path.unlink(missing_ok=True)
                     path.with_suffix(".cancel").unlink(missing_ok=True)
                     gone += 1
                 else:
-                    kept.append((record.get("created_ns", 0), path, path.stat().st_size))
-            total = sum(size for _, _, size in kept)
-            for _, path, size in sorted(kept, key=lambda k: k[0]):
+                    kept.append((st.st_mtime_ns, path.name, path, st.st_size))
+            total = sum(k[3] for k in kept)
+            for _, _, path, size in sorted(kept):
                 if total <= self.max_bytes:
                     break
                 path.unlink(missing_ok=True)
+                path.with_suffix(".cancel").unlink(missing_ok=True)
                 total -= size
                 gone += 1
         if gone:
