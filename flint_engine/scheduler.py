@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .kv_cache_manager import KVCacheManager
@@ -90,29 +91,22 @@ class Scheduler:
         self._enqueue(req, ahead=True)
         out.preempted.append(req)
 
-    def _victim(self, scheduled: set[str]) -> Request | None:
-        """The running request to preempt: not yet given this step's tokens, of the highest priority value, the
-        most recently admitted among equals."""
-        best: tuple[int, int] | None = None
+    def _last_of_highest(self, eligible: Callable[[Request], bool]) -> Request | None:
+        """Of the running requests `eligible` picks, the one of the highest priority value, the most recently
+        admitted among equals: who is preempted first."""
         victim = None
-        for i, r in enumerate(self.running):
-            if r.request_id in scheduled:
-                continue
-            key = (r.params.priority, i)
-            if best is None or key > best:
-                best, victim = key, r
-        return victim
-
-    def _outranked(self, req: Request) -> Request | None:
-        """The running request `req` may preempt for a seat or blocks: of a higher priority value than its own, the
-        highest, the most recently admitted among equals."""
-        victim = None
-        for r in self.running:
-            if r.params.priority > req.params.priority and (
-                victim is None or r.params.priority >= victim.params.priority
-            ):
+        for r in self.running:  # admission order: a later equal replaces an earlier one
+            if eligible(r) and (victim is None or r.params.priority >= victim.params.priority):
                 victim = r
         return victim
+
+    def _victim(self, scheduled: set[str]) -> Request | None:
+        """The running request to preempt for blocks: one not yet given this step's tokens."""
+        return self._last_of_highest(lambda r: r.request_id not in scheduled)
+
+    def _outranked(self, req: Request) -> Request | None:
+        """The running request `req` may preempt for a seat or blocks: one of a higher priority value than its own."""
+        return self._last_of_highest(lambda r: r.params.priority > req.params.priority)
 
     def would_preempt(self) -> bool:
         """Whether the next schedule would preempt a running request for the first waiting one (no seat is free and
