@@ -1,7 +1,7 @@
 """Stored responses of OpenAI's Responses API (`store`, `previous_response_id`, `GET /v1/responses/{id}`).
 
-    <root>/<response id>.json   the response object, the request's own input items, the response it continued from,
-                                its owner and when it expires
+    <root>/<response id>.json   the response object, the request's own input items, the response it continued from
+                                and its owner; the file's last write is the response's clock (expiry, heartbeat)
 
 A background response (`background_responses`) is saved as it starts (`queued`), rewritten every `HEARTBEAT_S` while
 it runs, and last when it ends; one whose runner stopped writing (its process gone) reads as `failed`. A cancel made
@@ -91,18 +91,11 @@ class ResponseStore:
     def save(
         self, response: dict[str, Any], input_items: list[dict[str, Any]], previous_id: str | None, owner: str
     ) -> None:
-        """Keep a response with its own input items (`stored_items`): a finished one, or a background one as it runs
-        (stamped, so that a reader can tell a runner that stopped)."""
+        """Keep a response with its own input items (`stored_items`): a finished one, or a background one as it runs.
+        The file's last write is its clock: it expires `ttl_s` after, and a running one not rewritten for `STALE_S`
+        lost its runner."""
         now = self.clock()
-        record = {
-            "response": response,
-            "input_items": input_items,
-            "previous_response_id": previous_id,
-            "owner": owner,
-            "created_ns": time.time_ns(),
-            "expires_at": now + self.ttl_s,
-            "heartbeat_at": now,
-        }
+        record = {"response": response, "input_items": input_items, "previous_response_id": previous_id, "owner": owner}
         write_json(self._path(response["id"]), record)
         if now - self._last_sweep >= self.sweep_every_s:
             self._last_sweep = now
@@ -110,12 +103,17 @@ class ResponseStore:
             threading.Thread(target=self.sweep, name="flint-response-sweep", daemon=True).start()
 
     def _record(self, response_id: str, owner: str, param: str = "response_id") -> dict[str, Any]:
-        record = read_json(self._path(response_id)) if safe_id(response_id) else None
+        path = self._path(response_id)
+        try:
+            written = path.stat().st_mtime if safe_id(response_id) else None
+        except FileNotFoundError:
+            written = None
+        record = read_json(path) if written is not None else None
         now = self.clock()
-        if record is None or record.get("owner") != owner or record["expires_at"] <= now:
+        if record is None or record.get("owner") != owner or written + self.ttl_s <= now:
             raise _not_found(response_id, param)
         response = record["response"]
-        if response["status"] in RUNNING and now - record.get("heartbeat_at", now) > STALE_S:
+        if response["status"] in RUNNING and now - written > STALE_S:
             response["status"] = "failed"
             response["error"] = {"code": "server_error", "message": "the server stopped before this response finished"}
             write_json(self._path(response_id), record)
