@@ -244,16 +244,17 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         request_type: type,
         exclude_none: bool,
         prepare: Callable[[Any], Any] | None = None,
+        answer_now: Callable[[Any, Any], dict[str, Any] | None] | None = None,
     ) -> Response:
-        """One generation request: parsed, prepared (by `prepare` if given, else the handler's), then streamed as
-        server-sent events or answered whole (the latter abandoned if the client disconnects); a background response
-        is answered at once, queued."""
+        """One generation request: parsed, prepared (by `prepare` if given, else the handler's), then answered by
+        `answer_now` if it gives an answer (a background response, queued), else streamed as server-sent events or
+        answered whole (the latter abandoned if the client disconnects)."""
         data = await _body(request)
         req = _parse(request_type, data)
         _log_prompt(request.headers.get("x-request-id", "-"), data)
         prep = (prepare or handler.prepare)(req)
-        if getattr(req, "background", False) and background is not None:  # `prepare` refused it without a store
-            return JSONResponse(background.start(prep))
+        if answer_now is not None and (now := answer_now(req, prep)) is not None:
+            return JSONResponse(now)
         if req.stream:
             events = await primed(handler.events(prep))
             opts = req.stream_options
@@ -285,7 +286,14 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     async def create_response(request: Request) -> Response:
         owner = request_owner(request)  # a stored response is its key's alone
         prepare = functools.partial(responses.prepare, owner=owner)
-        return await _generate(request, responses, ResponsesRequest, exclude_none=False, prepare=prepare)
+
+        def queued(req: ResponsesRequest, prep: Any) -> dict[str, Any] | None:
+            # `prepare` refused a background request without a store, so `background` is there when asked for.
+            return background.start(prep) if req.background and background is not None else None
+
+        return await _generate(
+            request, responses, ResponsesRequest, exclude_none=False, prepare=prepare, answer_now=queued
+        )
 
     @app.post("/v1/messages")
     async def anthropic_create_message(request: Request) -> Response:
