@@ -169,9 +169,6 @@ def test_a_background_response_is_cancelled_here_or_by_another_router(server) ->
         while engine.scheduler.has_work() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not engine.scheduler.has_work()  # its generation was aborted, not left running
-    with pytest.raises(openai.BadRequestError) as err:
-        a.responses.create(input="Hi", background=True, stream=True, **ASK)
-    assert err.value.body["param"] == "background"
 
 
 def test_background_needs_the_store(tmp_path: Path) -> None:
@@ -231,3 +228,125 @@ def test_saving_sweeps_on_a_thread(tmp_path: Path) -> None:
     while stale.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not stale.exists() and (tmp_path / "resp_new.json").exists()
+
+
+def _events(stream) -> list[dict]:
+    return [event.model_dump() for event in stream]
+
+
+def test_a_streamed_background_response_is_read_again_from_any_event(server) -> None:
+    """`background` with `stream`: the create call streams it (queued first), a client that left reads it again from
+    any sequence number, and leaving never stops the generation."""
+    a, b = client(server, KEY_A), client(server, KEY_B)
+    events = _events(a.responses.create(input="What is 6 + 7?", background=True, stream=True, **ASK))
+    kinds = [e["type"] for e in events]
+    assert kinds[:3] == ["response.created", "response.queued", "response.in_progress"]
+    assert kinds[-1] == "response.completed" and "response.output_text.delta" in kinds
+    assert events[0]["response"]["status"] == "queued" and events[0]["response"]["background"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    rid = events[0]["response"]["id"]
+    final = a.responses.retrieve(rid)
+    plain = a.responses.create(input="What is 6 + 7?", store=False, **ASK)
+    assert final.status == "completed" and final.output_text == plain.output_text and "13" in final.output_text
+    assert events[-1]["response"]["output"] == final.model_dump()["output"]
+    # Read again: all of it, then from an event on.
+    assert _events(a.responses.retrieve(rid, stream=True)) == events
+    assert _events(a.responses.retrieve(rid, stream=True, starting_after=5)) == events[6:]
+    with pytest.raises(openai.NotFoundError):
+        b.responses.retrieve(rid, stream=True)  # another key's
+    # A client that leaves after a few events: the response still completes, and its stream reads whole later.
+    long = {**ASK, "max_output_tokens": 40, "extra_body": {"ignore_eos": True}}
+    with a.responses.create(input="Count to fifty.", background=True, stream=True, **long) as stream:
+        first = [next(iter(stream)).model_dump() for _ in range(4)]
+    rid = first[0]["response"]["id"]
+    assert _settled(a, rid).status == "incomplete"
+    again = _events(a.responses.retrieve(rid, stream=True))
+    assert again[:4] == first and again[-1]["type"] == "response.incomplete"
+    assert again[-1]["response"]["usage"]["output_tokens"] == 40
+
+
+def test_only_a_streamed_background_response_streams_again(server) -> None:
+    a = client(server, KEY_A)
+    polled = a.responses.create(input="What is 6 + 7?", background=True, **ASK)
+    _settled(a, polled.id)
+    plain = a.responses.create(input="What is 6 + 7?", **ASK)
+    for rid in (polled.id, plain.id):
+        with pytest.raises(openai.BadRequestError) as err:
+            a.responses.retrieve(rid, stream=True)
+        assert err.value.body["param"] == "stream" and "stream: true" in err.value.body["message"]
+
+
+def test_a_cancelled_streamed_background_response_ends_its_streams(server) -> None:
+    a = client(server, KEY_A)
+    long = {**ASK, "max_output_tokens": 4000, "extra_body": {"ignore_eos": True}}
+    with a.responses.create(input="Count to a thousand.", background=True, stream=True, **long) as stream:
+        seen = []
+        for event in stream:
+            seen.append(event.model_dump())
+            if event.type == "response.output_text.delta" or len(seen) == 8:
+                assert a.responses.cancel(seen[0]["response"]["id"]).status == "cancelled"
+                break
+        rest = [event.type for event in stream]  # the stream ends (no last event for a cancel)
+    assert "response.completed" not in rest and "response.incomplete" not in rest
+    assert a.responses.retrieve(seen[0]["response"]["id"]).status == "cancelled"
+
+
+def test_a_stream_follows_a_background_response_run_by_another_process(tmp_path: Path) -> None:
+    """The stream of a response whose runner is elsewhere polls the shared log: it reads the events as they come, and
+    ends at the last one, or when the response ended without one (cancelled; its runner gone: failed)."""
+    import asyncio
+
+    from flint_engine.api.background_responses import BackgroundResponses
+
+    store = ResponseStore(tmp_path, ttl_s=3600, max_bytes=10**9, sweep_every_s=float("inf"))
+    follower = BackgroundResponses(handler=None, store=store, most=4, per_key=None)  # type: ignore[arg-type]
+
+    def running(rid: str, status: str = "in_progress") -> dict:
+        response = {"id": rid, "status": status, "output": [], "error": None, "background": True}
+        store.save(response, [], None, "")
+        return response
+
+    def event(n: int, kind: str = "response.output_text.delta", **fields) -> dict:
+        return {"type": kind, "sequence_number": n, **fields}
+
+    async def scenario() -> None:
+        running("resp_a")
+        store.append_events("resp_a", [event(0, "response.created"), event(1)])
+        got: list[str] = []
+
+        async def read(rid: str, after: int = -1) -> None:
+            async for line in follower.follow(rid, "", after):
+                got.append(line)
+
+        reader = asyncio.create_task(read("resp_a"))
+        await asyncio.sleep(0.2)
+        assert len(got) == 2
+        store.append_events("resp_a", [event(2), event(3, "response.completed", response={"id": "resp_a"})])
+        await asyncio.wait_for(reader, 5)
+        assert [line.split("\n")[0] for line in got][-2:] == [
+            "event: response.output_text.delta",
+            "event: response.completed",
+        ]
+        # Cancelled with no last event: the stream ends when it reads the record.
+        got.clear()
+        response = running("resp_b")
+        store.append_events("resp_b", [event(0, "response.created"), event(1)])
+        reader = asyncio.create_task(read("resp_b", after=0))
+        await asyncio.sleep(0.2)
+        store.save({**response, "status": "cancelled"}, [], None, "")
+        await asyncio.wait_for(reader, 5)
+        assert len(got) == 1 and got[0].startswith("event: response.output_text.delta")
+
+    asyncio.run(scenario())
+    # A runner gone (no heartbeat for STALE_S): its stream ends with a response.failed numbered after the log's last.
+    now = [time.time()]
+    store.clock = lambda: now[0]
+    running("resp_c")
+    store.append_events("resp_c", [event(0, "response.created")])
+    now[0] += 31
+
+    async def stale() -> list[str]:
+        return [line async for line in follower.follow("resp_c", "", 0)]
+
+    [line] = asyncio.run(stale())
+    assert line.startswith("event: response.failed") and '"sequence_number": 1' in line

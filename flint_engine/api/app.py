@@ -18,7 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from .anthropic_batches import add_message_batch_routes
 from .anthropic_messages import MessagesHandler, anthropic_error
@@ -33,6 +33,7 @@ from .chat import ChatHandler
 from .choices import primed
 from .completions import CompletionHandler
 from .errors import APIError, error_response, install_error_handlers, to_api_error, validation_error
+from .event_stream import event_stream
 from .ownership import request_owner
 from .prometheus import render
 from .protocol import (
@@ -244,7 +245,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         request_type: type,
         exclude_none: bool,
         prepare: Callable[[Any], Any] | None = None,
-        answer_now: Callable[[Any, Any], dict[str, Any] | None] | None = None,
+        answer_now: Callable[[Any, Any], dict[str, Any] | Response | None] | None = None,
     ) -> Response:
         """One generation request: parsed, prepared (by `prepare` if given, else the handler's), then answered by
         `answer_now` if it gives an answer (a background response, queued), else streamed as server-sent events or
@@ -254,17 +255,13 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         _log_prompt(request.headers.get("x-request-id", "-"), data)
         prep = (prepare or handler.prepare)(req)
         if answer_now is not None and (now := answer_now(req, prep)) is not None:
-            return JSONResponse(now)
+            return now if isinstance(now, Response) else JSONResponse(now)
         if req.stream:
             events = await primed(handler.events(prep))
             opts = req.stream_options
             include_usage = bool(getattr(opts, "include_usage", False))
             continuous = bool(getattr(opts, "continuous_usage_stats", False))
-            return StreamingResponse(
-                handler.stream(prep, events, include_usage, continuous),  # type: ignore[arg-type]
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
+            return event_stream(handler.stream(prep, events, include_usage, continuous))  # type: ignore[arg-type]
 
         async def run() -> Response:
             result = await handler.complete(prep, handler.events(prep))  # type: ignore[arg-type]
@@ -287,9 +284,14 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         owner = request_owner(request)  # a stored response is its key's alone
         prepare = functools.partial(responses.prepare, owner=owner)
 
-        def queued(req: ResponsesRequest, prep: Any) -> dict[str, Any] | None:
+        def queued(req: ResponsesRequest, prep: Any) -> dict[str, Any] | Response | None:
             # `prepare` refused a background request without a store, so `background` is there when asked for.
-            return background.start(prep) if req.background and background is not None else None
+            if not req.background or background is None:
+                return None
+            answer = background.start(prep)
+            if not req.stream:
+                return answer
+            return event_stream(background.follow(prep.response_id, owner))
 
         return await _generate(
             request, responses, ResponsesRequest, exclude_none=False, prepare=prepare, answer_now=queued

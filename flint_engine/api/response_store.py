@@ -2,10 +2,12 @@
 
     <root>/<response id>.json   the response object, the request's own input items, the response it continued from
                                 and its owner; the file's last write is the response's clock (expiry, heartbeat)
+    <root>/<response id>.events a streamed background response's events, one JSON object a line, as they were sent
 
 A background response (`background_responses`) is saved as it starts (`queued`), rewritten every `HEARTBEAT_S` while
 it runs, and last when it ends; one whose runner stopped writing (its process gone) reads as `failed`. A cancel made
-through any process is a marker file beside it (`<response id>.cancel`), which its runner polls.
+through any process is a marker file beside it (`<response id>.cancel`), which its runner polls. A streamed one also
+appends its events to `<response id>.events`, which any process's stream of it reads from.
 
 A response keeps only its own turn; a `previous_response_id` chain is read back oldest first (each response's input
 items, then its output items), so a conversation of n turns takes n files of one turn each. Responses belong to the
@@ -16,6 +18,7 @@ are saved.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -36,6 +39,8 @@ STALE_S = 30.0
 RUNNING = frozenset({"queued", "in_progress"})
 # The longest `previous_response_id` chain read back (a guard: each turn is one file read).
 MAX_CHAIN = 10_000
+# The files kept beside a response's record, removed with it.
+_BESIDE = (".cancel", ".events")
 
 
 def _not_found(response_id: str, param: str = "response_id") -> APIError:
@@ -88,6 +93,30 @@ class ResponseStore:
     def cancel_marker(self, response_id: str) -> Path:
         return self.root / f"{response_id}.cancel"
 
+    def _events_path(self, response_id: str) -> Path:
+        return self.root / f"{response_id}.events"
+
+    def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
+        """Add a streamed background response's events to its log (begun by the first call)."""
+        lines = "".join(json.dumps(event, ensure_ascii=False) + "\n" for event in events)
+        with self._events_path(response_id).open("a", encoding="utf-8") as f:
+            f.write(lines)
+
+    def streamed(self, response_id: str) -> bool:
+        return self._events_path(response_id).exists()
+
+    def read_events(self, response_id: str, offset: int) -> tuple[list[dict[str, Any]], int]:
+        """The events logged after byte `offset` (whole lines only: one being written waits for the next read), and
+        the offset after them."""
+        try:
+            with self._events_path(response_id).open("rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:  # deleted meanwhile
+            return [], offset
+        end = data.rfind(b"\n") + 1
+        return [json.loads(line) for line in data[:end].splitlines() if line], offset + end
+
     def save(
         self, response: dict[str, Any], input_items: list[dict[str, Any]], previous_id: str | None, owner: str
     ) -> None:
@@ -129,8 +158,7 @@ class ResponseStore:
 
     def delete(self, response_id: str, owner: str) -> dict[str, Any]:
         self._record(response_id, owner)
-        self._path(response_id).unlink(missing_ok=True)
-        self.cancel_marker(response_id).unlink(missing_ok=True)
+        self._remove(self._path(response_id))
         return {"id": response_id, "object": "response", "deleted": True}
 
     def history(self, response_id: str, owner: str) -> list[dict[str, Any]]:
@@ -149,6 +177,21 @@ class ResponseStore:
             next_id = record.get("previous_response_id")
         return [item for turn in reversed(turns) for item in turn]
 
+    @staticmethod
+    def _remove(path: Path) -> None:
+        """A record and the files beside it."""
+        path.unlink(missing_ok=True)
+        for suffix in _BESIDE:
+            path.with_suffix(suffix).unlink(missing_ok=True)
+
+    @staticmethod
+    def _size(path: Path, st_size: int) -> int:
+        """A record's bytes with its event log's."""
+        try:
+            return st_size + path.with_suffix(".events").stat().st_size
+        except FileNotFoundError:
+            return st_size
+
     def sweep(self) -> int:
         """Remove the expired responses (by their files' last write: no file is read), then the oldest while the
         store is past `max_bytes`; returns how many went."""
@@ -161,17 +204,15 @@ class ResponseStore:
                 except FileNotFoundError:  # deleted meanwhile
                     continue
                 if st.st_mtime + self.ttl_s <= now:
-                    path.unlink(missing_ok=True)
-                    path.with_suffix(".cancel").unlink(missing_ok=True)
+                    self._remove(path)
                     gone += 1
                 else:
-                    kept.append((st.st_mtime_ns, path.name, path, st.st_size))
+                    kept.append((st.st_mtime_ns, path.name, path, self._size(path, st.st_size)))
             total = sum(k[3] for k in kept)
             for _, _, path, size in sorted(kept):
                 if total <= self.max_bytes:
                     break
-                path.unlink(missing_ok=True)
-                path.with_suffix(".cancel").unlink(missing_ok=True)
+                self._remove(path)
                 total -= size
                 gone += 1
         if gone:

@@ -137,8 +137,6 @@ class ResponsesHandler:
                 why = "background responses are kept in the response store, which is off here (api.store_responses)"
             elif req.store is False:
                 why = "background responses must be stored: leave store true"
-            elif req.stream:
-                why = "a background response cannot be streamed here: poll it with GET /v1/responses/{id}"
             if why is not None:
                 raise APIError(400, why, "background")
         full = req
@@ -222,10 +220,22 @@ class ResponsesHandler:
     async def stream(
         self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent], include_usage: bool, continuous: bool
     ) -> AsyncIterator[str]:
-        """The Responses event stream for `events` (primed by the caller); an error after the 200 is an `error`
-        event followed by `response.failed`."""
+        """The Responses event stream for `events` (primed by the caller) as server-sent events."""
+        async for event in self.stream_events(prep, events):
+            yield sse(event)
+
+    async def stream_events(
+        self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent], queued: bool = False, keep: bool = True
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The Responses events for `events` (primed by the caller), numbered; an error after the first is an `error`
+        event followed by `response.failed`. `queued`: a background response's, whose `response.created` and
+        `response.queued` went out as it was queued (`queued_events`). The final response is stored if its request
+        is and `keep`."""
         emitter = _EventStream(prep, self._message_logprobs(prep))
-        yield emitter.event("response.created", response=prep.envelope("in_progress", [], None))
+        if queued:
+            emitter.seq = len(queued_events(prep))
+        else:
+            yield emitter.event("response.created", response=prep.envelope("in_progress", [], None))
         yield emitter.event("response.in_progress", response=prep.envelope("in_progress", [], None))
         completion, cached, finish = 0, 0, None
         try:
@@ -234,22 +244,37 @@ class ResponsesHandler:
                 completion, cached = ev.completion_tokens, max(cached, ev.cached_tokens)
                 finish = ev.finish_reason if ev.finished else finish
                 for d in deltas:
-                    for line in emitter.delta(d.reasoning, d.content, d.tool_calls):
-                        yield line
+                    for event in emitter.delta(d.reasoning, d.content, d.tool_calls):
+                        yield event
             status = "incomplete" if finish == "length" else "completed"
-            for line in emitter.close_item(status):
-                yield line
+            for event in emitter.close_item(status):
+                yield event
             usage = _usage(prep, completion, cached, thinking.tokens)
             final = prep.envelope(status, emitter.output, usage)
-            self._keep(prep, final)  # before the last event: a client may ask for it as soon as it has that
+            if keep:
+                self._keep(prep, final)  # before the last event: a client may ask for it as soon as it has that
             yield emitter.event(f"response.{status}", response=final)
-        except Exception as exc:  # after the 200 went out, an error travels as events
+        except Exception as exc:  # after the first event went out, an error travels as events
             api = to_api_error(exc) or APIError(500, "internal server error", code="internal_error")
             body = error_body(api.status, api.message, api.param, api.code)["error"]
             yield emitter.event("error", code=api.code, message=api.message, param=api.param)
             failed = prep.envelope("failed", emitter.output, None)
             failed["error"] = {"code": body.get("code") or "server_error", "message": api.message}
             yield emitter.event("response.failed", response=failed)
+
+
+def queued_events(prep: PreparedResponse) -> list[dict[str, Any]]:
+    """A streamed background response's first events, sent as it is queued (then `stream_events(queued=True)`)."""
+    queued = prep.envelope("queued", [], None)
+    return [
+        {"type": "response.created", "sequence_number": 0, "response": queued},
+        {"type": "response.queued", "sequence_number": 1, "response": queued},
+    ]
+
+
+def sse(event: dict[str, Any]) -> str:
+    """One Responses event as a server-sent event."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
 class _ThinkingTokens:
@@ -324,77 +349,79 @@ class _EventStream:
         self.text = ""
         self.call_index: int | None = None
 
-    def event(self, kind: str, **fields: Any) -> str:
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         body = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return body
 
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.output[-1]["id"], "output_index": len(self.output) - 1}
 
-    def _open(self, kind: str, item: dict[str, Any]) -> list[str]:
+    def _open(self, kind: str, item: dict[str, Any]) -> list[dict[str, Any]]:
         self.output.append(item)
         self.open, self.text = kind, ""
-        lines = [self.event("response.output_item.added", output_index=len(self.output) - 1, item=item)]
+        out = [self.event("response.output_item.added", output_index=len(self.output) - 1, item=item)]
         if kind == "reasoning":
             part = {"type": "reasoning_text", "text": ""}
-            lines.append(self.event("response.content_part.added", **self._where(), content_index=0, part=part))
+            out.append(self.event("response.content_part.added", **self._where(), content_index=0, part=part))
         elif kind == "message":
             part = _text_part("")
-            lines.append(self.event("response.content_part.added", **self._where(), content_index=0, part=part))
-        return lines
+            out.append(self.event("response.content_part.added", **self._where(), content_index=0, part=part))
+        return out
 
-    def close_item(self, status: str = "completed") -> list[str]:
+    def close_item(self, status: str = "completed") -> list[dict[str, Any]]:
         if self.open is None:
             return []
-        item, where, lines = self.output[-1], self._where(), []
+        item, where, out = self.output[-1], self._where(), []
         if self.open == "reasoning":
             done = _reasoning_item(item["id"], self.text, status)
             part = done["content"][0]
-            lines.append(self.event("response.reasoning_text.done", **where, content_index=0, text=self.text))
-            lines.append(self.event("response.content_part.done", **where, content_index=0, part=part))
+            out.append(self.event("response.reasoning_text.done", **where, content_index=0, text=self.text))
+            out.append(self.event("response.content_part.done", **where, content_index=0, part=part))
         elif self.open == "message":
             done = _message_item(item["id"], self.text, status, self.logprobs.all)
             all_lp = self.logprobs.all
-            lines.append(
+            out.append(
                 self.event("response.output_text.done", **where, content_index=0, text=self.text, logprobs=all_lp)
             )
-            lines.append(self.event("response.content_part.done", **where, content_index=0, part=done["content"][0]))
+            out.append(self.event("response.content_part.done", **where, content_index=0, part=done["content"][0]))
         else:
             done = _call_item(item["id"], item["call_id"], item["name"], self.text, "completed")
-            lines.append(self.event("response.function_call_arguments.done", **where, arguments=self.text))
+            out.append(self.event("response.function_call_arguments.done", **where, arguments=self.text))
         self.output[-1] = done
-        lines.append(self.event("response.output_item.done", output_index=where["output_index"], item=done))
+        out.append(self.event("response.output_item.done", output_index=where["output_index"], item=done))
         self.open = None
-        return lines
+        return out
 
-    def delta(self, reasoning: str | None, content: str | None, tool_calls: list[dict[str, Any]] | None) -> list[str]:
-        lines: list[str] = []
+    def delta(
+        self, reasoning: str | None, content: str | None, tool_calls: list[dict[str, Any]] | None
+    ) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         if reasoning:
             if self.open != "reasoning":
-                lines += self.close_item()
-                lines += self._open("reasoning", _reasoning_item(_item_id("rs"), "", "in_progress") | {"content": []})
+                out += self.close_item()
+                out += self._open("reasoning", _reasoning_item(_item_id("rs"), "", "in_progress") | {"content": []})
             self.text += reasoning
-            lines.append(self.event("response.reasoning_text.delta", **self._where(), content_index=0, delta=reasoning))
+            out.append(self.event("response.reasoning_text.delta", **self._where(), content_index=0, delta=reasoning))
         if content:
             if self.open != "message":
-                lines += self.close_item()
-                lines += self._open("message", _message_item(_item_id("msg"), "", "in_progress"))
+                out += self.close_item()
+                out += self._open("message", _message_item(_item_id("msg"), "", "in_progress"))
             self.text += content
             lp = self.logprobs.take_pending()
-            lines.append(
+            out.append(
                 self.event("response.output_text.delta", **self._where(), content_index=0, delta=content, logprobs=lp)
             )
         for call in tool_calls or []:
             index = call.get("index", 0)
             function = call.get("function") or {}
             if self.open != "call" or self.call_index != index:
-                lines += self.close_item()
+                out += self.close_item()
                 item = _call_item(_item_id("fc"), call.get("id") or "", function.get("name") or "", "", "in_progress")
-                lines += self._open("call", item)
+                out += self._open("call", item)
                 self.call_index = index
             fragment = function.get("arguments") or ""
             if fragment:
                 self.text += fragment
-                lines.append(self.event("response.function_call_arguments.delta", **self._where(), delta=fragment))
-        return lines
+                out.append(self.event("response.function_call_arguments.delta", **self._where(), delta=fragment))
+        return out

@@ -1,6 +1,6 @@
 """The routes of stored responses (`GET` and `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`,
-`POST /v1/responses/{id}/cancel` of a background one), and the store they read (`response_store`), made when
-`api.store_responses` is on."""
+`POST /v1/responses/{id}/cancel` and `GET /v1/responses/{id}?stream=true` of a background one), and the store they
+read (`response_store`), made when `api.store_responses` is on."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import tempfile
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 
 from .background_responses import BackgroundResponses
 from .errors import APIError
+from .event_stream import event_stream
 from .list_page import page
 from .ownership import request_owner
 from .response_store import ResponseStore
@@ -39,9 +41,17 @@ def add_response_routes(app: FastAPI, store: ResponseStore | None, background: B
             )
         return store
 
-    @app.get("/v1/responses/{response_id}")
-    async def get_response(request: Request, response_id: str) -> dict[str, Any]:
-        return stored().response(response_id, request_owner(request))
+    @app.get("/v1/responses/{response_id}", response_model=None)
+    async def get_response(
+        request: Request, response_id: str, stream: bool = False, starting_after: int = -1
+    ) -> dict[str, Any] | StreamingResponse:
+        """The response; with `stream`, a streamed background response's events after `starting_after` (all of
+        them by default), those sent already and then the rest as they come."""
+        if not stream:
+            return stored().response(response_id, request_owner(request))
+        stored()
+        assert background is not None  # made with the store
+        return event_stream(background.follow(response_id, request_owner(request), starting_after))
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
