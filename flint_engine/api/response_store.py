@@ -29,6 +29,7 @@ from typing import Any
 
 from .errors import APIError
 from .json_files import read_json, safe_id, write_json
+from .record_sweep import remove_record, sweep_records
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ class ResponseStore:
 
     def delete(self, response_id: str, owner: str) -> dict[str, Any]:
         self._record(response_id, owner)
-        self._remove(self._path(response_id))
+        remove_record(self._path(response_id), _BESIDE)
         return {"id": response_id, "object": "response", "deleted": True}
 
     def history(self, response_id: str, owner: str) -> list[dict[str, Any]]:
@@ -177,44 +178,12 @@ class ResponseStore:
             next_id = record.get("previous_response_id")
         return [item for turn in reversed(turns) for item in turn]
 
-    @staticmethod
-    def _remove(path: Path) -> None:
-        """A record and the files beside it."""
-        path.unlink(missing_ok=True)
-        for suffix in _BESIDE:
-            path.with_suffix(suffix).unlink(missing_ok=True)
-
-    @staticmethod
-    def _size(path: Path, st_size: int) -> int:
-        """A record's bytes with its event log's."""
-        try:
-            return st_size + path.with_suffix(".events").stat().st_size
-        except FileNotFoundError:
-            return st_size
-
     def sweep(self) -> int:
         """Remove the expired responses (by their files' last write: no file is read), then the oldest while the
         store is past `max_bytes`; returns how many went."""
         with self._lock:
             self._last_sweep = now = self.clock()
-            kept, gone = [], 0
-            for path in self.root.glob("*.json"):  # not the dot-named files being written
-                try:
-                    st = path.stat()
-                except FileNotFoundError:  # deleted meanwhile
-                    continue
-                if st.st_mtime + self.ttl_s <= now:
-                    self._remove(path)
-                    gone += 1
-                else:
-                    kept.append((st.st_mtime_ns, path.name, path, self._size(path, st.st_size)))
-            total = sum(k[3] for k in kept)
-            for _, _, path, size in sorted(kept):
-                if total <= self.max_bytes:
-                    break
-                self._remove(path)
-                total -= size
-                gone += 1
+            gone = sweep_records(self.root, self.ttl_s, self.max_bytes, now, _BESIDE)
         if gone:
             log.info("removed %d stored responses (expired, or the oldest past %d bytes)", gone, self.max_bytes)
         return gone
