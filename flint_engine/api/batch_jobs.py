@@ -38,6 +38,7 @@ from .batch_store import (
     public,
 )
 from .errors import APIError
+from .metadata import Metadata
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class BatchCreate(BaseModel):
     input_file_id: str
     endpoint: str
     completion_window: str
-    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    metadata: Metadata = None
     output_expires_after: ExpiresAfter | None = None  # the output and error files' lifetime (else the server's)
 
     @field_validator("endpoint")
@@ -81,14 +82,6 @@ class BatchCreate(BaseModel):
     def _window(cls, v: str) -> str:
         if v != COMPLETION_WINDOW:
             raise ValueError(f"completion_window must be {COMPLETION_WINDOW!r}, got {v!r}")
-        return v
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        for key, value in (v or {}).items():
-            if len(key) > 64 or len(value) > 512:
-                raise ValueError("metadata keys are at most 64 characters and values at most 512")
         return v
 
 

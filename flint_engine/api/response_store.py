@@ -12,7 +12,7 @@ appends its events to `<response id>.events`, which any process's stream of it r
 A response keeps only its own turn; a `previous_response_id` chain is read back oldest first (each response's input
 items, then its output items), so a conversation of n turns takes n files of one turn each. Responses belong to the
 API key that made them (its hash; "" without keys): another key's id answers 404. They expire after `ttl_s`, and
-past `max_bytes` the oldest go first; both are swept, on a thread, at most once every `SWEEP_EVERY_S` as responses
+past `max_bytes` the oldest go first; both are swept, on a thread, at most once a minute as responses
 are saved.
 """
 
@@ -20,28 +20,22 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .errors import APIError
-from .json_files import read_json, safe_id, write_json
-from .record_sweep import remove_record, sweep_records
+from .json_files import write_json
+from .record_sweep import SweptRecords
 
 log = logging.getLogger(__name__)
 
-SWEEP_EVERY_S = 60.0
 # A running background response's record is rewritten this often; one not rewritten for STALE_S lost its runner.
 HEARTBEAT_S = 5.0
 STALE_S = 30.0
 RUNNING = frozenset({"queued", "in_progress"})
 # The longest `previous_response_id` chain read back (a guard: each turn is one file read).
 MAX_CHAIN = 10_000
-# The files kept beside a response's record, removed with it.
-_BESIDE = (".cancel", ".events")
 
 
 def _not_found(response_id: str, param: str = "response_id") -> APIError:
@@ -70,26 +64,9 @@ def stored_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-class ResponseStore:
-    def __init__(
-        self,
-        root: str | Path,
-        ttl_s: int,
-        max_bytes: int,
-        clock: Callable[[], float] = time.time,
-        sweep_every_s: float = SWEEP_EVERY_S,
-    ) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.ttl_s = ttl_s
-        self.max_bytes = max_bytes
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._last_sweep = 0.0
-        self.sweep_every_s = sweep_every_s  # (tests sweep by hand)
-
-    def _path(self, response_id: str) -> Path:
-        return self.root / f"{response_id}.json"
+class ResponseStore(SweptRecords):
+    beside = (".cancel", ".events")
+    kind = "stored responses"
 
     def cancel_marker(self, response_id: str) -> Path:
         return self.root / f"{response_id}.cancel"
@@ -124,26 +101,17 @@ class ResponseStore:
         """Keep a response with its own input items (`stored_items`): a finished one, or a background one as it runs.
         The file's last write is its clock: it expires `ttl_s` after, and a running one not rewritten for `STALE_S`
         lost its runner."""
-        now = self.clock()
         record = {"response": response, "input_items": input_items, "previous_response_id": previous_id, "owner": owner}
         write_json(self._path(response["id"]), record)
-        if now - self._last_sweep >= self.sweep_every_s:
-            self._last_sweep = now
-            # On a thread: this runs on the server's event loop, and a large store takes a while to list.
-            threading.Thread(target=self.sweep, name="flint-response-sweep", daemon=True).start()
+        self.maybe_sweep()
 
     def _record(self, response_id: str, owner: str, param: str = "response_id") -> dict[str, Any]:
-        path = self._path(response_id)
-        try:
-            written = path.stat().st_mtime if safe_id(response_id) else None
-        except FileNotFoundError:
-            written = None
-        record = read_json(path) if written is not None else None
-        now = self.clock()
-        if record is None or record.get("owner") != owner or written + self.ttl_s <= now:
+        found = self._owned(response_id, owner)
+        if found is None:
             raise _not_found(response_id, param)
+        record, written = found
         response = record["response"]
-        if response["status"] in RUNNING and now - written > STALE_S:
+        if response["status"] in RUNNING and self.clock() - written > STALE_S:
             response["status"] = "failed"
             response["error"] = {"code": "server_error", "message": "the server stopped before this response finished"}
             write_json(self._path(response_id), record)
@@ -159,7 +127,7 @@ class ResponseStore:
 
     def delete(self, response_id: str, owner: str) -> dict[str, Any]:
         self._record(response_id, owner)
-        remove_record(self._path(response_id), _BESIDE)
+        self._remove(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
     def history(self, response_id: str, owner: str) -> list[dict[str, Any]]:
@@ -177,13 +145,3 @@ class ResponseStore:
             turns.append(record["input_items"] + record["response"]["output"])
             next_id = record.get("previous_response_id")
         return [item for turn in reversed(turns) for item in turn]
-
-    def sweep(self) -> int:
-        """Remove the expired responses (by their files' last write: no file is read), then the oldest while the
-        store is past `max_bytes`; returns how many went."""
-        with self._lock:
-            self._last_sweep = now = self.clock()
-            gone = sweep_records(self.root, self.ttl_s, self.max_bytes, now, _BESIDE)
-        if gone:
-            log.info("removed %d stored responses (expired, or the oldest past %d bytes)", gone, self.max_bytes)
-        return gone
