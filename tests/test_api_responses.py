@@ -245,7 +245,9 @@ def test_json_schema_format(client: openai.OpenAI) -> None:
     ("body", "says"),
     [
         ({"input": "hi", "previous_response_id": "resp_1"}, "api.store_responses is off"),
-        ({"input": "hi", "conversation": "conv_1"}, "keeps no conversations"),
+        ({"input": "hi", "conversation": "conv_1"}, "needs stored conversations"),
+        ({"input": "hi", "conversation": {"name": "c"}}, "conversation must be a conversation id"),
+        ({"input": "hi", "prompt": {"id": "pmpt_1"}}, "keeps no prompt templates"),
         ({"input": "hi", "background": True}, "background"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "only function tools"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text only"),

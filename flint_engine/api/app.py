@@ -32,6 +32,7 @@ from .batch_routes import add_batch_routes, batch_jobs, body_cap
 from .chat import ChatHandler
 from .choices import primed
 from .completions import CompletionHandler
+from .conversations_routes import add_conversation_routes
 from .errors import APIError, error_response, install_error_handlers, to_api_error, validation_error
 from .event_stream import event_stream
 from .ownership import request_owner
@@ -46,7 +47,7 @@ from .protocol import (
 )
 from .responses import ResponsesHandler
 from .responses_protocol import ResponsesRequest
-from .responses_routes import add_response_routes, response_store
+from .responses_routes import add_response_routes, conversation_store, response_store
 from .settings import APISettings
 
 log = logging.getLogger("flint_engine.api")
@@ -187,7 +188,8 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     install_error_handlers(app)
     chat = ChatHandler(backend, settings)
     completions = CompletionHandler(backend, settings)
-    responses = ResponsesHandler(backend, settings, response_store(settings))
+    stored_responses = response_store(settings)
+    responses = ResponsesHandler(backend, settings, stored_responses, conversation_store(stored_responses, settings))
     background = None
     if responses.store is not None:
         background = BackgroundResponses(
@@ -321,6 +323,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
     add_message_batch_routes(app, jobs, _body, _parse)
 
     add_response_routes(app, responses.store, background)
+    add_conversation_routes(app, responses.conversations, _body, _parse)
 
     def _card() -> ModelCard:
         return ModelCard(id=backend.model_name, root=backend.model_name, max_model_len=backend.max_model_len)

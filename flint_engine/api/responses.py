@@ -21,6 +21,7 @@ from ..parsers.tool_calls import TOOL_CALL_END, TOOL_CALL_START
 from .backend import GenerationBackend
 from .chat import ChatHandler, PreparedChat, chat_request_of, parsed_deltas
 from .choices import ChoiceEvent, collect, totals
+from .conversation_store import ConversationStore
 from .errors import APIError, error_body, to_api_error
 from .logprobs import Entry, TokenText, chat_logprobs
 from .protocol import ChatCompletionRequest
@@ -46,6 +47,7 @@ class PreparedResponse:
     own_items: list[dict[str, Any]] = field(default_factory=list)  # this turn's input items (stored with it)
     owner: str = ""
     stored: bool = False  # kept in the response store once finished
+    conversation_id: str | None = None  # the conversation it reads and adds its turn to
 
     # The request's settings echoed in every response object.
     def envelope(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -64,6 +66,7 @@ class PreparedResponse:
             "output": output,
             "parallel_tool_calls": req.parallel_tool_calls,
             "previous_response_id": req.previous_response_id,
+            "conversation": {"id": self.conversation_id} if self.conversation_id else None,
             "background": bool(req.background),
             "reasoning": {"effort": effort, "summary": None},
             "store": self.stored,
@@ -122,10 +125,17 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
 
 
 class ResponsesHandler:
-    def __init__(self, backend: GenerationBackend, settings: APISettings, store: ResponseStore | None = None) -> None:
+    def __init__(
+        self,
+        backend: GenerationBackend,
+        settings: APISettings,
+        store: ResponseStore | None = None,
+        conversations: ConversationStore | None = None,
+    ) -> None:
         self.chat = ChatHandler(backend, settings)
         self.backend = backend
         self.store = store  # where finished responses are kept (None: nowhere)
+        self.conversations = conversations  # where conversations are kept (None: nowhere)
 
     def prepare(self, req: ResponsesRequest, owner: str = "") -> PreparedResponse:
         """`req` as the chat request it runs as, after the conversation it continues (`previous_response_id`)."""
@@ -140,6 +150,18 @@ class ResponsesHandler:
             if why is not None:
                 raise APIError(400, why, "background")
         full = req
+        if req.conversation is not None:
+            if req.previous_response_id is not None:
+                raise APIError(400, "conversation and previous_response_id cannot be used together", "conversation")
+            if self.conversations is None:
+                raise APIError(
+                    400,
+                    "conversation needs stored conversations, which this server does not keep"
+                    " (api.store_responses is off): send the whole conversation in input",
+                    "conversation",
+                )
+            items = self.conversations.items(req.conversation, owner, param="conversation")
+            full = req.model_copy(update={"input": items + own})
         if req.previous_response_id is not None:
             if self.store is None:
                 raise APIError(
@@ -156,11 +178,19 @@ class ResponsesHandler:
             if req.truncation != "auto" or exc.code not in _TOO_LONG:
                 raise
             prepared = self._truncated(chat, exc)
-        return PreparedResponse(req, prepared, own_items=own, owner=owner, stored=stored)
+        return PreparedResponse(
+            req, prepared, own_items=own, owner=owner, stored=stored, conversation_id=req.conversation
+        )
 
-    def _keep(self, prep: PreparedResponse, response: dict[str, Any]) -> None:
-        """Store a finished response (if its request is stored); a store that fails leaves it unstored, said so."""
-        if not prep.stored or self.store is None:
+    def _finish(self, prep: PreparedResponse, response: dict[str, Any], keep: bool) -> None:
+        """A finished response's turn added to its conversation, and the response stored (if its request is and
+        `keep`); a store that fails leaves it unstored, said so."""
+        if prep.conversation_id is not None and self.conversations is not None:
+            try:
+                self.conversations.add_items(prep.conversation_id, prep.owner, prep.own_items + response["output"])
+            except (OSError, APIError):  # (deleted meanwhile: a 404)
+                log.exception("adding response %s to %s failed", prep.response_id, prep.conversation_id)
+        if not keep or not prep.stored or self.store is None:
             return
         try:
             self.store.save(response, prep.own_items, prep.req.previous_response_id, prep.owner)
@@ -197,7 +227,8 @@ class ResponsesHandler:
     async def complete(
         self, prep: PreparedResponse, events: AsyncIterator[ChoiceEvent], keep: bool = True
     ) -> dict[str, Any]:
-        """The finished response object (stored, if its request is and `keep`)."""
+        """The finished response object (its turn added to its conversation; stored, if its request is and
+        `keep`)."""
         thinking, logprobs = self._thinking_tokens(prep), self._message_logprobs(prep)
         [done] = await collect(thinking.count(logprobs.watch(events)), 1)
         parsed = prep.chat.parser().parse(done.text)
@@ -213,8 +244,7 @@ class ResponsesHandler:
             output[-1]["status"] = "incomplete"  # the item the limit cut, as the stream closes it
         completion, cached = totals([done])
         response = prep.envelope(status, output, _usage(prep, completion, cached, thinking.tokens))
-        if keep:
-            self._keep(prep, response)
+        self._finish(prep, response, keep)
         return response
 
     async def stream(
@@ -229,8 +259,8 @@ class ResponsesHandler:
     ) -> AsyncIterator[dict[str, Any]]:
         """The Responses events for `events` (primed by the caller), numbered; an error after the first is an `error`
         event followed by `response.failed`. `queued`: a background response's, whose `response.created` and
-        `response.queued` went out as it was queued (`queued_events`). The final response is stored if its request
-        is and `keep`."""
+        `response.queued` went out as it was queued (`queued_events`). The final response's turn is added to its
+        conversation, and it is stored if its request is and `keep`."""
         emitter = _EventStream(prep, self._message_logprobs(prep))
         if queued:
             emitter.seq = len(queued_events(prep))
@@ -251,8 +281,7 @@ class ResponsesHandler:
                 yield event
             usage = _usage(prep, completion, cached, thinking.tokens)
             final = prep.envelope(status, emitter.output, usage)
-            if keep:
-                self._keep(prep, final)  # before the last event: a client may ask for it as soon as it has that
+            self._finish(prep, final, keep)  # before the last event: a client may ask for it as soon as it has that
             yield emitter.event(f"response.{status}", response=final)
         except Exception as exc:  # after the first event went out, an error travels as events
             api = to_api_error(exc) or APIError(500, "internal server error", code="internal_error")

@@ -4,15 +4,16 @@ A Responses request is a chat completion in other clothes: `instructions` is a s
 user message or a list of items (messages, the model's earlier `function_call`s and the client's
 `function_call_output`s), tools are flat function definitions, `text.format` is the response format and
 `reasoning.effort` turns the thinking on or off. A `previous_response_id` puts the stored conversation before `input`
-(`response_store`, with `api.store_responses` on), as `background` runs it (`background_responses`); `conversation`
-and `prompt` are refused (400) rather than ignored.
+(`response_store`, with `api.store_responses` on), as `conversation` puts a conversation's items
+(`conversation_store`), and `background` runs it (`background_responses`); `prompt` is refused (400) rather than
+ignored.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator
 
 from .protocol import ChatCompletionRequest, Lenient
 
@@ -44,8 +45,9 @@ class ResponsesRequest(Lenient):
     service_tier: str | None = None  # OpenAI's: "flex" runs at api.flex_priority unless a priority is named
     previous_response_id: str | None = None  # a stored response this one continues from
     background: bool | None = None  # answered at once as queued, polled with GET (needs stored responses)
+    # A conversation (`conversation_store`) this response reads and adds its turn to: its id, or {"id": ...}.
+    conversation: str | dict[str, Any] | None = None
     # What this server cannot do: refused rather than silently ignored.
-    conversation: Any = None
     prompt: Any = None
     # The output text's logprobs: asked for by `include` or by `top_logprobs` (the alternatives a token). Other
     # `include` values name outputs of tools this server does not offer, or encrypted reasoning (the reasoning
@@ -55,14 +57,26 @@ class ResponsesRequest(Lenient):
     # "auto": an input longer than the context loses its oldest turns (after the instructions) until it fits.
     truncation: Literal["auto", "disabled"] | None = None
 
-    @field_validator("conversation", "prompt")
+    @field_validator("prompt")
     @classmethod
-    def _not_kept(cls, v: Any, info: ValidationInfo) -> Any:
+    def _not_kept(cls, v: Any) -> Any:
         if v is not None:
             raise ValueError(
-                f"{info.field_name} is not supported: this server keeps no conversations or prompts, send the"
-                " conversation in input (or continue a stored response with previous_response_id)"
+                "prompt is not supported: this server keeps no prompt templates, send the prompt in instructions"
+                " and input"
             )
+        return v
+
+    @field_validator("conversation")
+    @classmethod
+    def _conversation_id(cls, v: str | dict[str, Any] | None) -> str | None:
+        """The conversation's id, as a string or {"id": ...} names it."""
+        if isinstance(v, dict):
+            v = v.get("id")
+            if not isinstance(v, str):
+                raise ValueError("conversation must be a conversation id or {'id': <conversation id>}")
+        if v is not None and not v:
+            raise ValueError("conversation must not be empty")
         return v
 
     @field_validator("input")

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from .background_responses import BackgroundResponses
+from .conversation_store import ConversationStore
 from .errors import APIError
 from .event_stream import event_stream
 from .list_page import page
@@ -31,6 +32,15 @@ def response_store(settings: APISettings) -> ResponseStore | None:
         root = tempfile.mkdtemp(prefix="flint-responses-")
         atexit.register(shutil.rmtree, root, ignore_errors=True)
     return ResponseStore(root, settings.response_ttl_s, settings.max_stored_response_bytes)
+
+
+def conversation_store(responses: ResponseStore | None, settings: APISettings) -> ConversationStore | None:
+    """The conversations kept beside the stored responses (`<responses dir>/conversations`), None without them."""
+    if responses is None:
+        return None
+    return ConversationStore(
+        responses.root / "conversations", settings.response_ttl_s, settings.max_stored_response_bytes
+    )
 
 
 def add_response_routes(app: FastAPI, store: ResponseStore | None, background: BackgroundResponses | None) -> None:

@@ -48,9 +48,11 @@ class APISettings(BaseModel):
     # How long batch uploads and a batch's output and error files live unless the client says (OpenAI's
     # `expires_after` / `output_expires_after`, one hour to 30 days); None keeps them until deleted.
     batch_file_ttl_s: int | None = Field(default=30 * 24 * 3600, ge=3600, le=30 * 24 * 3600)
-    # OpenAI's stored responses (`store`, `previous_response_id`, GET / DELETE /v1/responses/{id}): off unless set, as
-    # in vLLM (each stored turn is a file kept for `response_ttl_s`); where they live (None: a new temporary directory
-    # each start) and the bytes they may take (past that the oldest go).
+    # OpenAI's stored responses (`store`, `previous_response_id`, GET / DELETE /v1/responses/{id}) and conversations
+    # (/v1/conversations, `conversation`): off unless set, as in vLLM (each stored turn is a file kept for
+    # `response_ttl_s`, a conversation for as long after its last use); where they live (None: a new temporary
+    # directory each start; conversations in its `conversations/`) and the bytes each kind may take (past that the
+    # oldest go).
     store_responses: bool = False
     responses_dir: str | None = None
     response_ttl_s: int = Field(default=30 * 24 * 3600, ge=60)
