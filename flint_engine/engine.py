@@ -13,6 +13,7 @@ import torch
 from flint_kernels import precompile
 from flint_kernels.dispatch import select_kernels
 
+from .bad_words import bad_word_sequences, banned_by_bad_words
 from .config import FlintConfig
 from .engine_config import EngineConfig
 from .kv_cache import KVCache
@@ -89,6 +90,7 @@ class _TextState:
     constraint: OutputConstraint | None = None  # JSON mode, a choice or a pattern, once active
     reasoning: bool = False  # the output is inside its reasoning (before params.reasoning_end_token)
     tool_name: ToolNamePrefix | None = None  # a forced tool call's name, until it is complete
+    bad_words: tuple[tuple[int, ...], ...] = ()  # params.bad_words as token sequences (bad_words.py)
 
 
 class LLMEngine:
@@ -294,6 +296,8 @@ class LLMEngine:
             raise EngineRequestError(msg, param="response_format")
         if params.tool_names is not None and self.tokenizer is None:
             raise EngineRequestError("a forced tool call needs a tokenizer", param="tool_choice")
+        if params.bad_words and self.tokenizer is None:
+            raise EngineRequestError("bad_words needs a tokenizer", param="bad_words")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         if request_id in self.requests:
@@ -321,6 +325,7 @@ class LLMEngine:
             constraint=output_constraint(params) if params.constrained and params.reasoning_end_token is None else None,
             tool_name=ToolNamePrefix(params.tool_names) if params.tool_names is not None else None,
             reasoning=params.reasoning_end_token is not None,
+            bad_words=bad_word_sequences(self.tokenizer, params.bad_words) if params.bad_words else (),
         )
         self.scheduler.add(req)
         with self.metrics.lock:
@@ -407,6 +412,8 @@ class LLMEngine:
                 return None
             if req.params.constrained:  # the host may replace the token that ends the reasoning
                 return None
+            if self.text[req.request_id].bad_words:  # its bans depend on `prev`'s token, not read yet
+                return None
             if len(req.output_token_ids) + 1 >= req.params.max_tokens or req.num_tokens + 1 >= self.max_model_len:
                 continue  # ends with `prev`'s token
             row = self._sampling_row(req, ahead=1)
@@ -474,6 +481,8 @@ class LLMEngine:
                 sorted(set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else req.eos_token_ids))
             )
         state = self.text[req.request_id]
+        if state.bad_words:
+            banned = tuple(sorted(set(banned) | banned_by_bad_words(state.bad_words, req.output_token_ids)))
         allowed_ids = req.params.allowed_token_ids
         budget = req.params.thinking_token_budget
         if state.reasoning and budget is not None and len(req.output_token_ids) + ahead >= budget:

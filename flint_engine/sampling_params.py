@@ -42,6 +42,8 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None  # None: none; 0: the sampled token only; k: plus the top k
+    # Words the output must not contain (vLLM's bad_words; see bad_words.py): needs the engine's tokenizer.
+    bad_words: tuple[str, ...] = ()
     # Log-probabilities of the prompt's tokens (from the second on), as `logprobs`: None, 0 or the top k too. Such a
     # request computes its whole prompt (no prefix-cache hit) and its lm_head rows.
     prompt_logprobs: int | None = None
@@ -68,6 +70,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.bad_words, str):
+            self.bad_words = (self.bad_words,)
+        self.bad_words = tuple(self.bad_words)
         self.validate()
 
     def validate(self) -> None:
@@ -101,6 +106,8 @@ class SamplingParams:
             raise SamplingParamsError("n", f"must be an integer in [1, 128], got {self.n!r}")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise SamplingParamsError("stop", "must be non-empty strings")
+        if not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+            raise SamplingParamsError("bad_words", "must be non-blank strings")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", "must be non-negative integers")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:

@@ -184,6 +184,24 @@ def test_allowed_token_ids(server, client) -> None:
         assert {t.token for t in chat.choices[0].logprobs.content} <= texts
 
 
+def test_truncate_prompt_tokens(server, client) -> None:
+    """vLLM's truncate_prompt_tokens keeps the prompt's last k tokens: the answer is the shorter prompt's."""
+    ids = list(range(100, 120))
+    cut = client.completions.create(
+        model="flint", prompt=ids, max_tokens=6, temperature=0, echo=True, extra_body={"truncate_prompt_tokens": 5}
+    )
+    short = client.completions.create(model="flint", prompt=ids[-5:], max_tokens=6, temperature=0, echo=True)
+    assert cut.usage.prompt_tokens == 5 and cut.choices[0].text == short.choices[0].text
+    whole = client.completions.create(
+        model="flint", prompt=ids, max_tokens=1, temperature=0, extra_body={"truncate_prompt_tokens": -1}
+    )
+    assert whole.usage.prompt_tokens == len(ids)  # shorter than the context: kept whole
+    chat = client.chat.completions.create(
+        model="flint", messages=MSG, max_tokens=2, temperature=0, extra_body={"truncate_prompt_tokens": 3}
+    )
+    assert chat.usage.prompt_tokens == 3
+
+
 def test_completions_text_tokens_echo_stop(server, client) -> None:
     r = client.completions.create(
         model="flint", prompt="The quick brown fox", max_tokens=10, temperature=0, echo=True, logprobs=2
@@ -275,7 +293,10 @@ def test_completion_streaming(server) -> None:
         ({"messages": MSG, "guided_json": {"type": "object"}, "response_format": {"type": "json_object"}}, None),
         ({"messages": MSG, "guided_json": "{not json"}, None),
         ({"messages": MSG, "guided_json": {"type": "string", "pattern": "x"}}, None),
-        ({"messages": MSG, "bad_words": ["x"]}, "bad_words"),
+        ({"messages": MSG, "bad_words": ["  "]}, "bad_words"),
+        ({"messages": MSG, "bad_words": "x"}, "bad_words"),
+        ({"messages": MSG, "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"messages": MSG, "truncate_prompt_tokens": 10**9}, "truncate_prompt_tokens"),
         (
             {
                 "messages": MSG,

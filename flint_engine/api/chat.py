@@ -17,7 +17,13 @@ from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error, validation_error
-from .limits import check_common_request, check_prompt_logprobs, request_priority, resolve_max_tokens
+from .limits import (
+    check_common_request,
+    check_prompt_logprobs,
+    request_priority,
+    resolve_max_tokens,
+    truncate_prompt,
+)
 from .logprobs import Entry, TokenText, chat_logprobs, prompt_logprobs
 from .protocol import (
     AssistantMessage,
@@ -146,7 +152,7 @@ class ChatHandler:
         prompt_text = backend.tokenizer.apply_chat_template(
             messages, None if tool_choice_none else tools, add_generation_prompt=req.add_generation_prompt, **kwargs
         )
-        prompt_ids = backend.tokenizer.encode(prompt_text)
+        prompt_ids = truncate_prompt(backend.tokenizer.encode(prompt_text), req.truncate_prompt_tokens, backend)
         if req.prompt_logprobs is not None:
             check_prompt_logprobs(len(prompt_ids), s, "prompt_logprobs")
         thinking = prompt_text.rstrip().endswith(THINK_START)
@@ -162,6 +168,7 @@ class ChatHandler:
             repetition_penalty=req.repetition_penalty,
             logit_bias=req.token_biases(),
             allowed_token_ids=tuple(req.allowed_token_ids) if req.allowed_token_ids else None,
+            bad_words=tuple(req.bad_words or ()),
             seed=req.seed,
             n=1,
             stop=req.stop_list(),

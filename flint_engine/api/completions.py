@@ -13,7 +13,13 @@ from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
-from .limits import check_common_request, check_prompt_logprobs, request_priority, resolve_max_tokens
+from .limits import (
+    check_common_request,
+    check_prompt_logprobs,
+    request_priority,
+    resolve_max_tokens,
+    truncate_prompt,
+)
 from .logprobs import TokenText, completion_logprobs, prompt_logprobs
 from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, PromptTokensDetails, Usage
 from .settings import APISettings
@@ -58,6 +64,10 @@ class CompletionHandler:
                 texts.append(tok.decode(ids) if tok is not None else "")
             if not ids:
                 raise APIError(400, "the prompt is empty", "prompt")
+            kept = truncate_prompt(ids, req.truncate_prompt_tokens, backend)
+            if len(kept) < len(ids):
+                ids = kept
+                texts[-1] = tok.decode(ids) if tok is not None else ""  # what echo returns: the prompt that ran
             prompts.append(ids)
         json_mode, json_schema = req.json_constraint()
         wanted = (req.prompt_logprobs, req.logprobs if req.echo else None)
@@ -85,6 +95,7 @@ class CompletionHandler:
                             repetition_penalty=req.repetition_penalty,
                             logit_bias=req.token_biases(),
                             allowed_token_ids=tuple(req.allowed_token_ids) if req.allowed_token_ids else None,
+                            bad_words=tuple(req.bad_words or ()),
                             seed=None if req.seed is None else req.seed + i,
                             stop=req.stop_list(),
                             stop_token_ids=list(req.stop_token_ids or []),

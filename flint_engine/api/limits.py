@@ -83,3 +83,19 @@ def resolve_max_tokens(
     if s.max_tokens_limit is not None:
         default = min(default, s.max_tokens_limit)
     return default
+
+
+def truncate_prompt(ids: list[int], keep: int | None, backend: GenerationBackend) -> list[int]:
+    """vLLM's `truncate_prompt_tokens`: the prompt's last `keep` tokens (-1: the model's context length); None keeps
+    it whole."""
+    if keep is None:
+        return ids
+    if keep == -1:
+        keep = backend.max_model_len
+    elif keep > backend.max_model_len:
+        raise APIError(
+            400,
+            f"truncate_prompt_tokens ({keep}) is larger than the model's context length ({backend.max_model_len})",
+            "truncate_prompt_tokens",
+        )
+    return ids[-keep:]

@@ -24,6 +24,8 @@ from ..sampling_params import MAX_PRIORITY
 from ..tool_name_prefix import callable_name
 
 MAX_LOGIT_BIAS = 300  # as OpenAI's API
+# bad_words: a guard on the host work they add to each step of the request
+MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 100, 200
 # guided_choice: enough for a label set or an enum; each choice is a prefix check per candidate token (bisected).
 MAX_CHOICES = 1024
 MAX_CHOICE_BYTES = 65536  # all choices together, UTF-8
@@ -206,8 +208,10 @@ class SamplingFields(Lenient):
     # vLLM extensions this server does not implement: refused (400) rather than silently ignored like unknown fields.
     # vLLM's: the prompt's tokens' log-probabilities with the top k (non-streamed answers)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
-    bad_words: Any = None
-    truncate_prompt_tokens: Any = None
+    # vLLM's: words the output must not contain (see flint_engine/bad_words.py)
+    bad_words: list[str] | None = Field(default=None, max_length=MAX_BAD_WORDS)
+    # vLLM's: keep only the prompt's last k tokens (-1: the model's context length), cutting from the left
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     use_beam_search: Any = None
     guided_grammar: Any = None
     # Output constraints: vLLM's guided_* fields and structured_outputs (its newer spelling of them), and
@@ -220,8 +224,6 @@ class SamplingFields(Lenient):
     structured_outputs: dict[str, Any] | None = None
 
     @field_validator(
-        "bad_words",
-        "truncate_prompt_tokens",
         "use_beam_search",
         "guided_grammar",
     )
@@ -229,6 +231,20 @@ class SamplingFields(Lenient):
     def _not_implemented(cls, v: Any, info: ValidationInfo) -> Any:
         if v is not None and v is not False:
             raise ValueError(f"{info.field_name} is not supported by this server")
+        return v
+
+    @field_validator("bad_words")
+    @classmethod
+    def _bad_words(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not all(w.strip() and len(w) <= MAX_BAD_WORD_CHARS for w in v):
+            raise ValueError(f"bad_words must be non-blank strings of at most {MAX_BAD_WORD_CHARS} characters")
+        return v
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _truncate(cls, v: int | None) -> int | None:
+        if v == 0:
+            raise ValueError("truncate_prompt_tokens must be -1 (the context length) or a positive number of tokens")
         return v
 
     @field_validator("logit_bias")
