@@ -10,31 +10,11 @@ from pathlib import Path
 
 import openai
 import pytest
+from stored_responses_fixtures import ASK, KEY_A, KEY_B, client, keyed_server, settled, start
 
 from flint_engine.api.conversation_store import ConversationStore
-from flint_engine.api.server import start_local_server
-from flint_engine.api.settings import APISettings
-from flint_engine.engine import LLMEngine
-from flint_engine.engine_config import EngineConfig
 
-KEY_A, KEY_B = "key-a-0123456789", "key-b-0123456789"
-ASK = {"model": "flint", "temperature": 0, "max_output_tokens": 96}
-
-
-def start(**settings):
-    engine = LLMEngine.from_checkpoint(EngineConfig(device="cpu"), progress=False)
-    return start_local_server(engine, APISettings(**settings))
-
-
-def client(server, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=key, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    s = start(api_keys=[KEY_A, KEY_B], store_responses=True, responses_dir=str(tmp_path_factory.mktemp("responses")))
-    yield s
-    s.stop()
+server = keyed_server("conversations")
 
 
 def _texts(items) -> list[str]:
@@ -104,14 +84,6 @@ def test_bad_conversations_are_refused(server) -> None:
     assert err.value.body["param"] == "conversation"
 
 
-def _settled(c: openai.OpenAI, response_id: str, seconds: float = 60.0):
-    deadline = time.monotonic() + seconds
-    while (r := c.responses.retrieve(response_id)).status in ("queued", "in_progress"):
-        assert time.monotonic() < deadline, f"response {response_id} still {r.status}"
-        time.sleep(0.05)
-    return r
-
-
 def test_responses_read_and_extend_a_conversation(server) -> None:
     a = client(server, KEY_A)
     conv = a.conversations.create()
@@ -136,7 +108,7 @@ def test_responses_read_and_extend_a_conversation(server) -> None:
     assert count == 1 + len(first.output) + 1 + len(second.output)
     # A background response adds its turn when it finishes.
     job = a.responses.create(conversation=conv.id, input="And 3 + 3?", background=True, **ASK)
-    done = _settled(a, job.id)
+    done = settled(a, job.id)
     assert done.status == "completed" and done.conversation.id == conv.id
     assert len(a.conversations.items.list(conv.id, limit=100).data) == count + 1 + len(done.output)
 

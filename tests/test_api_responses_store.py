@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from stored_responses_fixtures import ASK, KEY_A, KEY_B, client, keyed_server, settled, start
 
 from flint_engine.api.response_store import ResponseStore
 from flint_engine.api.server import start_local_server
@@ -17,24 +18,7 @@ from flint_engine.api.settings import APISettings
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
 
-KEY_A, KEY_B = "key-a-0123456789", "key-b-0123456789"
-ASK = {"model": "flint", "temperature": 0, "max_output_tokens": 96}
-
-
-def start(**settings):
-    engine = LLMEngine.from_checkpoint(EngineConfig(device="cpu"), progress=False)
-    return start_local_server(engine, APISettings(**settings))
-
-
-def client(server, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=key, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    s = start(api_keys=[KEY_A, KEY_B], store_responses=True, responses_dir=str(tmp_path_factory.mktemp("responses")))
-    yield s
-    s.stop()
+server = keyed_server("responses")
 
 
 def test_a_conversation_continues_from_a_stored_response(server) -> None:
@@ -121,21 +105,11 @@ def test_stored_responses_expire_and_the_oldest_go_past_the_byte_cap(tmp_path: P
     assert store.sweep() == 2 and not list(tmp_path.glob("*.json"))
 
 
-def _settled(c: openai.OpenAI, response_id: str, seconds: float = 60.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        r = c.responses.retrieve(response_id)
-        if r.status not in ("queued", "in_progress"):
-            return r
-        time.sleep(0.05)
-    raise AssertionError(f"response {response_id} still {r.status} after {seconds} s")
-
-
 def test_a_background_response_is_polled_to_the_same_answer(server) -> None:
     a = client(server, KEY_A)
     queued = a.responses.create(input="What is 6 + 7?", background=True, **ASK)
     assert queued.status == "queued" and queued.background and queued.output == []
-    done = _settled(a, queued.id)
+    done = settled(a, queued.id)
     plain = a.responses.create(input="What is 6 + 7?", store=False, **ASK)
     assert done.status == "completed" and done.output_text == plain.output_text and "13" in done.output_text
     assert done.usage.output_tokens == plain.usage.output_tokens
@@ -163,7 +137,7 @@ def test_a_background_response_is_cancelled_here_or_by_another_router(server) ->
             assert a.responses.cancel(r.id).status == "cancelled"
         else:  # another router's cancel: the marker file its runner polls
             server.server.config.app.state.background.store.cancel_marker(r.id).touch()
-        done = _settled(a, r.id)
+        done = settled(a, r.id)
         assert done.status == "cancelled"
         deadline = time.monotonic() + 10
         while engine.scheduler.has_work() and time.monotonic() < deadline:
@@ -208,8 +182,8 @@ def test_a_background_response_waits_out_the_engines_overload_queued(tmp_path: P
         later = c.responses.create(input="What is 6 + 7?", background=True, **ASK)
         time.sleep(0.5)
         assert c.responses.retrieve(later.id).status == "queued"  # shed by the engine, waiting to be taken
-        assert all(_settled(c, r.id).status == "incomplete" for r in busy)  # cut at max_output_tokens
-        done = _settled(c, later.id)
+        assert all(settled(c, r.id).status == "incomplete" for r in busy)  # cut at max_output_tokens
+        done = settled(c, later.id)
         assert done.status == "completed" and "13" in done.output_text
     finally:
         server.stop()
@@ -259,7 +233,7 @@ def test_a_streamed_background_response_is_read_again_from_any_event(server) -> 
     with a.responses.create(input="Count to fifty.", background=True, stream=True, **long) as stream:
         first = [next(iter(stream)).model_dump() for _ in range(4)]
     rid = first[0]["response"]["id"]
-    assert _settled(a, rid).status == "incomplete"
+    assert settled(a, rid).status == "incomplete"
     again = _events(a.responses.retrieve(rid, stream=True))
     assert again[:4] == first and again[-1]["type"] == "response.incomplete"
     assert again[-1]["response"]["usage"]["output_tokens"] == 40
@@ -268,7 +242,7 @@ def test_a_streamed_background_response_is_read_again_from_any_event(server) -> 
 def test_only_a_streamed_background_response_streams_again(server) -> None:
     a = client(server, KEY_A)
     polled = a.responses.create(input="What is 6 + 7?", background=True, **ASK)
-    _settled(a, polled.id)
+    settled(a, polled.id)
     plain = a.responses.create(input="What is 6 + 7?", **ASK)
     for rid in (polled.id, plain.id):
         with pytest.raises(openai.BadRequestError) as err:

@@ -155,7 +155,7 @@ class BackgroundResponses:
                 since_beat += POLL_S
                 if not work.done() and self._cancelled(prep):
                     work.cancel()
-                elif not work.done() and since_beat >= HEARTBEAT_S:
+                elif not work.done() and since_beat >= HEARTBEAT_S and not status["ended"]:
                     since_beat = 0.0
                     self._save(prep, prep.envelope(status["now"], [], None))
             final = work.result()
@@ -202,8 +202,9 @@ class BackgroundResponses:
             return await self.handler.complete(prep, events, keep=False)
         final: dict[str, Any] = {}
         async for event in self.handler.stream_events(prep, events, queued=True, keep=False):
-            self._log(prep, [event])
-            status["seq"] = event["sequence_number"] + 1
             if event["type"] in _LAST_EVENTS:
                 status["ended"], final = True, event["response"]
+                self._save(prep, final)  # before the last event: a client may ask for it as soon as it has that
+            self._log(prep, [event])
+            status["seq"] = event["sequence_number"] + 1
         return final

@@ -138,7 +138,8 @@ class ResponsesHandler:
         self.conversations = conversations  # where conversations are kept (None: nowhere)
 
     def prepare(self, req: ResponsesRequest, owner: str = "") -> PreparedResponse:
-        """`req` as the chat request it runs as, after the conversation it continues (`previous_response_id`)."""
+        """`req` as the chat request it runs as, after the conversation it continues (`previous_response_id`, or the
+        items of its `conversation`)."""
         own = stored_items(req.input_items())
         stored = self.store is not None and req.store is not False
         if req.background:
