@@ -29,6 +29,7 @@ from pathlib import Path
 from results_file import write_results
 
 from flint_engine.choice_prefix import ChoicePrefix
+from flint_engine.grammar_prefix import GrammarPrefix
 from flint_engine.json_mode import JsonPrefix
 from flint_engine.json_schema_prefix import SchemaPrefix, compile_schema
 from flint_engine.output_constraint import OutputConstraint, token_filter
@@ -37,6 +38,17 @@ from flint_engine.regex_prefix import RegexPrefix
 RESULTS = Path(__file__).parent / "results"
 VOCAB = 150_144
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}}}
+# JSON as a GBNF grammar, and sums of numbers (left-recursive), for the grammar constraint's cases.
+JSON_GRAMMAR = r"""
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt/] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= "-"? ([0-9] | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)? ws
+ws     ::= [ \t\n]*
+"""
+SUMS = 'root ::= sum\nsum ::= sum "+" num | num\nnum ::= [0-9]{1,3}'
 
 
 def synthetic_vocab(n: int, seed: int = 0) -> list[bytes]:
@@ -81,6 +93,9 @@ def cases() -> list[tuple[str, Callable[[], OutputConstraint], bytes]]:
         ("JSON, after a value", JsonPrefix, b'{"a": 1'),
         ("JSON, inside a string", JsonPrefix, b'{"a'),
         ("schema, a key next", lambda: SchemaPrefix(compile_schema(SCHEMA)), b"{"),
+        ("grammar, JSON value", lambda: GrammarPrefix(JSON_GRAMMAR), b'{"a": 1'),
+        ("grammar, JSON string", lambda: GrammarPrefix(JSON_GRAMMAR), b'{"a'),
+        ("grammar, 4K-char sum", lambda: GrammarPrefix(SUMS), b"12+" * 1365 + b"4"),
     ]
 
 

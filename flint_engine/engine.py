@@ -292,7 +292,7 @@ class LLMEngine:
             msg = f"reasoning_end_token {params.reasoning_end_token} is outside the vocabulary of {vocab}"
             raise EngineRequestError(msg, param="reasoning_end_token")
         if params.constrained and self.tokenizer is None:
-            msg = "an output constraint (JSON, choice or regex) needs a tokenizer"
+            msg = "an output constraint (JSON, choice, regex or grammar) needs a tokenizer"
             raise EngineRequestError(msg, param="response_format")
         if params.tool_names is not None and self.tokenizer is None:
             raise EngineRequestError("a forced tool call needs a tokenizer", param="tool_choice")

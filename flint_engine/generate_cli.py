@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from .sampling_params import SamplingParams, SamplingParamsError
@@ -32,6 +33,7 @@ def add_parser(sub: Any) -> None:
     constraint = g.add_mutually_exclusive_group()
     constraint.add_argument("--choice", action="append", help="the answer is one of these (repeat the option)")
     constraint.add_argument("--regex", help="the whole answer matches this regular expression")
+    constraint.add_argument("--grammar", metavar="FILE", help="the whole answer is a sentence of this GBNF grammar")
     g.add_argument("--json", action="store_true", help="one JSON object a prompt (reasoning, content, tokens, finish)")
     g.set_defaults(func=cmd_generate)
 
@@ -45,6 +47,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .engine import EngineRequestError
     from .llm import LLM
 
+    grammar = None
+    if args.grammar is not None:
+        try:
+            grammar = Path(args.grammar).read_text(encoding="utf-8")
+        except OSError as exc:
+            print(f"error: cannot read the grammar: {exc}", file=sys.stderr)
+            return 2
     try:
         params = SamplingParams(
             max_tokens=args.max_tokens,
@@ -55,6 +64,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             skip_special_tokens=args.raw,
             choice=tuple(args.choice) if args.choice else None,
             regex=args.regex,
+            grammar=grammar,
             thinking_token_budget=args.thinking_budget,
         )
     except SamplingParamsError as exc:

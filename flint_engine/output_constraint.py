@@ -1,8 +1,8 @@
 """The output constraints a request may carry, behind one interface the engine and sampler use.
 
-JSON mode (with or without a schema), a choice among strings and a regular expression each read the output's
-bytes: `accepts(piece)` says whether the output may go on with a token's bytes, `feed(piece)` takes them, `can_end`
-says whether the turn may end here and `complete` whether only its end may follow.
+JSON mode (with or without a schema), a choice among strings, a regular expression and a grammar each read the
+output's bytes: `accepts(piece)` says whether the output may go on with a token's bytes, `feed(piece)` takes them,
+`can_end` says whether the turn may end here and `complete` whether only its end may follow.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection
 from typing import Protocol
 
 from .choice_prefix import ChoicePrefix
+from .grammar_prefix import GrammarPrefix
 from .json_mode import JsonPrefix
 from .json_schema_prefix import SchemaPrefix, compile_schema
 from .regex_prefix import RegexPrefix
@@ -85,6 +86,8 @@ def output_constraint(params: SamplingParams) -> OutputConstraint:
         return ChoicePrefix(params.choice)
     if params.regex is not None:
         return RegexPrefix(params.regex)
+    if params.grammar is not None:
+        return GrammarPrefix(params.grammar)
     if params.json_schema is not None:
         return SchemaPrefix(compile_schema(params.json_schema))
     return JsonPrefix()

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .grammar_prefix import GrammarError, compile_grammar
 from .json_schema_prefix import SchemaError, compile_schema
 from .regex_prefix import RegexError, compile_pattern
 from .tool_name_prefix import callable_name
@@ -52,6 +53,7 @@ class SamplingParams:
     json_schema: dict[str, Any] | None = None  # with json_mode: the object must be an instance of this JSON Schema
     choice: tuple[str, ...] | None = None  # the output is exactly one of these strings (vLLM's guided_choice)
     regex: str | None = None  # the whole output matches this regular expression (vLLM's guided_regex)
+    grammar: str | None = None  # the whole output is a sentence of this GBNF grammar (vLLM's guided_grammar)
     # The token that closes the reasoning the output opens in (</think> where the prompt ends in <think>); None: the
     # output opens outside any reasoning. An output constraint starts after it, and thinking_token_budget counts the
     # tokens before it.
@@ -140,7 +142,20 @@ class SamplingParams:
                 compile_pattern(self.regex)
             except RegexError as exc:
                 raise SamplingParamsError("regex", str(exc)) from None
-        kinds = [k for k, on in (("json_mode", self.json_mode), ("choice", self.choice), ("regex", self.regex)) if on]
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str):
+                raise SamplingParamsError("grammar", f"must be a string, got {type(self.grammar).__name__}")
+            try:
+                compile_grammar(self.grammar)
+            except GrammarError as exc:
+                raise SamplingParamsError("grammar", str(exc)) from None
+        given = (
+            ("json_mode", self.json_mode),
+            ("choice", self.choice),
+            ("regex", self.regex),
+            ("grammar", self.grammar),
+        )
+        kinds = [k for k, on in given if on]
         if len(kinds) > 1:
             raise SamplingParamsError(kinds[1], f"cannot be combined with {kinds[0]}: give one output constraint")
         if self.tool_names is not None and self.constrained:
@@ -164,8 +179,8 @@ class SamplingParams:
 
     @property
     def constrained(self) -> bool:
-        """The output is held to JSON, a choice or a pattern."""
-        return self.json_mode or self.choice is not None or self.regex is not None
+        """The output is held to JSON, a choice, a pattern or a grammar."""
+        return self.json_mode or self.choice is not None or self.regex is not None or self.grammar is not None
 
     @property
     def greedy(self) -> bool:

@@ -1,4 +1,5 @@
-"""vLLM's choice and regex constraints through the HTTP API (`guided_choice`, `guided_regex`, `structured_outputs`),
+"""vLLM's choice, regex and grammar constraints through the HTTP API (`guided_choice`, `guided_regex`,
+`guided_grammar`, `structured_outputs`),
 on chat (after the thinking) and text completions (from the first token), streamed and not; and an engine step
 that holds a request whose pattern nothing continues, beside one that has no constraint."""
 
@@ -17,6 +18,10 @@ from flint_engine.sampling_params import SamplingParams
 MSG = [{"role": "user", "content": "Is the sky blue?"}]
 CHOICES = ["yes", "no", "maybe not"]
 PATTERN = r"[0-9]{3}-[a-z]{2}"
+# A recursive grammar (sums of numbers and bracketed sums), and the same language as a recursive pattern (the oracle).
+GRAMMAR = 'root ::= expr\nexpr ::= term ("+" term)*\nterm ::= [0-9]{1,3} | "(" expr ")"'
+GRAMMAR_PATTERN = r"(?P<e>(?P<t>[0-9]{1,3}|\((?&e)\))(\+(?&t))*)"
+BOUNDED = regex.compile(r"\([0-9]{1,3}(\+[0-9]{1,3}){0,3}\)")
 
 
 server = module_server("guided")
@@ -68,6 +73,18 @@ def test_chat_answer_matches_the_pattern(server, thinking: bool) -> None:
         assert sum(finish == "stop" for _, finish in answers) >= 2, answers
 
 
+@pytest.mark.parametrize("thinking", [True, False])
+def test_chat_answer_is_a_sentence_of_the_grammar(server, thinking: bool) -> None:
+    for extra in ({"guided_grammar": GRAMMAR}, {"structured_outputs": {"grammar": GRAMMAR}}):
+        answers = chat_answers(server, extra, thinking)
+        for content, finish in answers:
+            if finish == "stop":
+                assert regex.fullmatch(GRAMMAR_PATTERN, content), content
+            else:
+                assert finish == "length" and regex.fullmatch(GRAMMAR_PATTERN, content, partial=True), content
+        assert any(finish == "stop" for _, finish in answers), answers
+
+
 def test_streamed_choices_equal_the_whole_answer(client) -> None:
     kw = dict(model="flint", messages=MSG, max_tokens=120, seed=7, n=2)
     extra = {"guided_choice": CHOICES, "top_k": 5, "chat_template_kwargs": {"enable_thinking": False}}
@@ -84,6 +101,8 @@ def test_completions_hold_the_constraint_from_the_first_token(server) -> None:
     for extra, ok in (
         ({"guided_choice": ["Paris", "London"]}, lambda t: t in ("Paris", "London")),
         ({"guided_regex": PATTERN}, lambda t: regex.fullmatch(PATTERN, t)),
+        # (a grammar of short sentences: the random model stops once one is whole)
+        ({"guided_grammar": 'root ::= "(" num ("+" num){0,3} ")"\nnum ::= [0-9]{1,3}'}, lambda t: BOUNDED.fullmatch(t)),
         ({"structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": "integer"}}}}}, None),
     ):
         r = post(server, "/v1/completions", {"prompt": "The capital", "max_tokens": 60, "seed": 3, "n": 2, **extra})
@@ -99,7 +118,11 @@ def test_completions_hold_the_constraint_from_the_first_token(server) -> None:
 
 def test_constraints_refused_with_a_forced_tool_call(server) -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    for extra, param in (({"guided_choice": ["a"]}, "guided_choice"), ({"guided_regex": "a+"}, "guided_regex")):
+    for extra, param in (
+        ({"guided_choice": ["a"]}, "guided_choice"),
+        ({"guided_regex": "a+"}, "guided_regex"),
+        ({"guided_grammar": 'root ::= "a"+'}, "guided_grammar"),
+    ):
         body = {"messages": MSG, "tools": tools, "tool_choice": "required", **extra}
         r = post(server, "/v1/chat/completions", body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_raw_completion_and_limits(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no such file" in capsys.readouterr().err
 
 
-def test_constraints_and_thinking_budget(capsys: pytest.CaptureFixture[str]) -> None:
+def test_constraints_and_thinking_budget(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     args = ["generate", "What is 7 + 8?", "--temperature", "0", "--json"]
     assert main([*args, "--choice", "fifteen", "--choice", "15"]) == 0
     record = json.loads(capsys.readouterr().out)
@@ -47,3 +48,12 @@ def test_constraints_and_thinking_budget(capsys: pytest.CaptureFixture[str]) -> 
     assert len(json.loads(capsys.readouterr().out)["reasoning"]) < len("The user asks for 7 + 8.")
     assert main([*args, "--regex", "(a"]) == 2
     assert "regex" in capsys.readouterr().err
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('root ::= "It is " [0-9]+ "."  # a number in a sentence\n')
+    assert main([*args, "--grammar", str(grammar)]) == 0
+    assert json.loads(capsys.readouterr().out)["content"] == "It is 15."
+    grammar.write_text("root ::= missing\n")
+    assert main([*args, "--grammar", str(grammar)]) == 2
+    assert "missing" in capsys.readouterr().err
+    assert main([*args, "--grammar", str(tmp_path / "none.gbnf")]) == 2
+    assert "cannot read the grammar" in capsys.readouterr().err

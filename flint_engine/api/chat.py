@@ -138,12 +138,22 @@ class ChatHandler:
         elif isinstance(choice, NamedToolChoice):
             force = f"<tool_call>{choice.function.name}"
         json_mode, json_schema = req.json_constraint()
-        constrained = json_mode or req.guided_choice is not None or req.guided_regex is not None
+        constrained = (
+            json_mode or req.guided_choice is not None or req.guided_regex is not None or req.guided_grammar is not None
+        )
         if req.prompt_logprobs is not None and force is not None:
             # A forced call runs as two requests, the second over the prompt and the forced tokens.
             raise APIError(400, "prompt_logprobs cannot be combined with a forced tool_choice", "prompt_logprobs")
         if constrained and force is not None:
-            field = "response_format" if json_mode else "guided_choice" if req.guided_choice else "guided_regex"
+            field = (
+                "response_format"
+                if json_mode
+                else "guided_choice"
+                if req.guided_choice
+                else "guided_regex"
+                if req.guided_regex
+                else "guided_grammar"
+            )
             raise APIError(400, "an output constraint cannot be combined with a forced tool_choice", field)
         kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
         if req.reasoning_effort is not None and "enable_thinking" not in kwargs:
@@ -183,6 +193,7 @@ class ChatHandler:
             json_schema=json_schema,
             choice=tuple(req.guided_choice) if req.guided_choice is not None else None,
             regex=req.guided_regex,
+            grammar=req.guided_grammar,
             # With thinking on, the model reasons freely (within the budget, if any) and the constraint starts after
             # </think>.
             reasoning_end_token=backend.tokenizer.token_to_id(THINK_END) if thinking else None,

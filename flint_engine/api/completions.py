@@ -110,6 +110,7 @@ class CompletionHandler:
                             json_schema=json_schema,
                             choice=tuple(req.guided_choice) if req.guided_choice is not None else None,
                             regex=req.guided_regex,
+                            grammar=req.guided_grammar,
                             priority=request_priority(req, s),
                         ),
                         thinking=False,

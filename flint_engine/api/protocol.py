@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from ..grammar_prefix import GrammarError, compile_grammar
 from ..json_schema_prefix import SchemaError, compile_schema
 from ..regex_prefix import RegexError, compile_pattern
 from ..sampling_params import MAX_PRIORITY
@@ -29,7 +30,13 @@ MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 100, 200
 # guided_choice: enough for a label set or an enum; each choice is a prefix check per candidate token (bisected).
 MAX_CHOICES = 1024
 MAX_CHOICE_BYTES = 65536  # all choices together, UTF-8
-STRUCTURED_OUTPUTS = ("json", "json_object", "choice", "regex")  # vLLM's structured_outputs keys honoured here
+STRUCTURED_OUTPUTS = (
+    "json",
+    "json_object",
+    "choice",
+    "regex",
+    "grammar",
+)  # vLLM's structured_outputs keys honoured here
 
 
 def _id(prefix: str) -> str:
@@ -213,7 +220,6 @@ class SamplingFields(Lenient):
     # vLLM's: keep only the prompt's last k tokens (-1: the model's context length), cutting from the left
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     use_beam_search: Any = None
-    guided_grammar: Any = None
     # Output constraints: vLLM's guided_* fields and structured_outputs (its newer spelling of them), and
     # response_format (OpenAI's, on chat; vLLM reads it on text completions too). At most one is given; a JSON one
     # is read into response_format, so the handlers look at response_format, guided_choice and guided_regex only.
@@ -221,16 +227,24 @@ class SamplingFields(Lenient):
     guided_json: dict[str, Any] | str | None = None
     guided_choice: list[str] | None = None
     guided_regex: str | None = None
+    guided_grammar: str | None = None  # a GBNF grammar (flint_engine/grammar_prefix.py)
     structured_outputs: dict[str, Any] | None = None
 
-    @field_validator(
-        "use_beam_search",
-        "guided_grammar",
-    )
+    @field_validator("use_beam_search")
     @classmethod
     def _not_implemented(cls, v: Any, info: ValidationInfo) -> Any:
         if v is not None and v is not False:
             raise ValueError(f"{info.field_name} is not supported by this server")
+        return v
+
+    @field_validator("guided_grammar")
+    @classmethod
+    def _grammar(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                compile_grammar(v)
+            except GrammarError as exc:
+                raise ValueError(str(exc)) from None
         return v
 
     @field_validator("bad_words")
@@ -275,12 +289,14 @@ class SamplingFields(Lenient):
         other = sorted(k for k, v in spec.items() if k not in STRUCTURED_OUTPUTS and v is not None and v is not False)
         if other:
             raise ValueError(
-                f"structured_outputs {', '.join(other)} is not supported (json, json_object, choice and regex are)"
+                f"structured_outputs {', '.join(other)} is not supported (json, json_object, choice, regex and grammar"
+                " are)"
             )
         schema = self.guided_json if self.guided_json is not None else spec.get("json")
         wants_object = bool(spec.get("json_object"))
         choice = self.guided_choice if self.guided_choice is not None else spec.get("choice")
         pattern = self.guided_regex if self.guided_regex is not None else spec.get("regex")
+        grammar = self.guided_grammar if self.guided_grammar is not None else spec.get("grammar")
         given = [
             name
             for name, on in (
@@ -288,6 +304,7 @@ class SamplingFields(Lenient):
                 ("a JSON constraint", schema is not None or wants_object),
                 ("a choice", choice is not None),
                 ("a regex", pattern is not None),
+                ("a grammar", grammar is not None),
             )
             if on
         ]
@@ -322,6 +339,14 @@ class SamplingFields(Lenient):
             except RegexError as exc:
                 raise ValueError(f"guided_regex: {exc}") from None
             self.guided_regex = pattern
+        if grammar is not None:
+            if not isinstance(grammar, str):
+                raise ValueError("guided_grammar must be a string (a GBNF grammar)")
+            try:
+                compile_grammar(grammar)
+            except GrammarError as exc:
+                raise ValueError(f"guided_grammar: {exc}") from None
+            self.guided_grammar = grammar
         return self
 
     def json_constraint(self) -> tuple[bool, dict[str, Any] | None]:
