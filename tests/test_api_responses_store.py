@@ -4,6 +4,8 @@ and the byte cap; and without `api.store_responses`, the refusals that say so.""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
@@ -324,3 +326,73 @@ def test_a_stream_follows_a_background_response_run_by_another_process(tmp_path:
 
     [line] = asyncio.run(stale())
     assert line.startswith("event: response.failed") and '"sequence_number": 1' in line
+
+
+def _aged(store_dir: Path, response_id: str, seconds: float = 60.0) -> None:
+    """The record as its runner left it `seconds` ago (no heartbeat since)."""
+    path = store_dir / f"{response_id}.json"
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_a_background_response_is_run_again_by_the_next_router(tmp_path: Path) -> None:
+    """A router stops while a background response runs: the record is left as it was, and the next router on the
+    same store, finding it stale in a poll, runs it again from its start to the same answer."""
+    long = {**ASK, "max_output_tokens": 400, "extra_body": {"ignore_eos": True}}
+    first = start(store_responses=True, responses_dir=str(tmp_path))
+    try:
+        c = client(first, "unused")
+        job = c.responses.create(input="Count to fifty.", background=True, **long)
+        deadline = time.monotonic() + 30
+        while c.responses.retrieve(job.id).status != "in_progress" and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        first.stop()  # in the middle of the background response
+    left = json.loads((tmp_path / f"{job.id}.json").read_text())
+    assert left["response"]["status"] == "in_progress" and (tmp_path / f"{job.id}.running").exists()
+    second = start(store_responses=True, responses_dir=str(tmp_path))
+    try:
+        c = client(second, "unused")
+        _aged(tmp_path, job.id)
+        again = c.responses.retrieve(job.id)  # stale: this router runs it again
+        assert again.status in ("queued", "in_progress") and again.created_at == job.created_at
+        done = settled(c, job.id)
+        plain = c.responses.create(input="Count to fifty.", store=False, **long)
+        assert done.status == "incomplete" and done.output_text == plain.output_text
+        assert done.usage.output_tokens == 400 and done.id == job.id
+        assert json.loads((tmp_path / f"{job.id}.json").read_text())["attempt"] == 1
+        assert not (tmp_path / f"{job.id}.running").exists()
+    finally:
+        second.stop()
+
+
+def test_a_stale_response_fails_where_it_cannot_run_again(tmp_path: Path) -> None:
+    """A stream that sent some of its output, or a response past its attempts, reads as failed when stale; one
+    whose attempt another router claimed reads as it was (that router runs it)."""
+    import asyncio
+
+    from flint_engine.api.background_responses import BackgroundResponses
+    from flint_engine.api.response_store import MAX_ATTEMPTS
+
+    store = ResponseStore(tmp_path, ttl_s=3600, max_bytes=10**9, sweep_every_s=float("inf"))
+    BackgroundResponses(handler=None, store=store, most=4, per_key=None)  # type: ignore[arg-type]  (sets on_stale)
+
+    def left(rid: str, status: str, attempt: int = 0) -> None:
+        response = {"id": rid, "status": status, "output": [], "error": None, "background": True, "created_at": 1}
+        store.save(response, [], None, "", request={"input": "hi", "background": True}, attempt=attempt)
+        store.running_marker(rid).touch()
+        _aged(tmp_path, rid)
+
+    async def read(rid: str) -> str:
+        return store.response(rid, "")["status"]
+
+    left("resp_streamed", "in_progress")
+    store.append_events("resp_streamed", [{"type": "response.created", "sequence_number": 0}])
+    left("resp_tried", "queued", attempt=MAX_ATTEMPTS)
+    left("resp_claimed", "queued")
+    assert store.claim("resp_claimed", 1)  # another router's
+    assert asyncio.run(read("resp_streamed")) == "failed"
+    assert asyncio.run(read("resp_tried")) == "failed"
+    assert asyncio.run(read("resp_claimed")) == "queued"
+    assert not store.running_marker("resp_streamed").exists() and store.running_marker("resp_claimed").exists()
+    assert store.stale_running() == ["resp_claimed"]

@@ -5,10 +5,13 @@ One asked with `stream: true` is streamed too: its events are logged in the stor
 create call's stream, like any later `GET /v1/responses/{id}?stream=true&starting_after=n` (through any router on the
 same store), reads that log; a client that goes away stops only its reading, never the generation.
 
-The response is stored as it starts and rewritten every `HEARTBEAT_S` while it runs (`response_store`), so any
-router on the same store answers a poll, and one whose process stopped reads as failed. The engine shedding load
-(503 `server_overloaded`) keeps it queued and retried, as a batch's requests are. A cancel through another process is
-a marker file that the task polls; through this one, the task is cancelled at once (which aborts its generation).
+The response is stored as it starts, with its request, and rewritten every `HEARTBEAT_S` while it runs
+(`response_store`), so any router on the same store answers a poll. One whose process stopped (a router restarted,
+scaled down or lost) is run again from its start by the router that next finds it stale, in a poll or a look at the
+store's running markers (up to `MAX_ATTEMPTS` runs; a stream that already sent some of its output fails instead).
+The engine shedding load (503 `server_overloaded`) keeps it queued and retried, as a batch's requests are. A cancel
+through another process is a marker file that the task polls; through this one, the task is cancelled at once
+(which aborts its generation).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from typing import Any
 
 from .choices import primed
 from .errors import APIError, to_api_error
-from .response_store import HEARTBEAT_S, RUNNING, ResponseStore
+from .response_store import HEARTBEAT_S, MAX_ATTEMPTS, RUNNING, STALE_S, ResponseStore
 from .responses import PreparedResponse, ResponsesHandler, queued_events, sse
+from .responses_protocol import ResponsesRequest
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,9 @@ class BackgroundResponses:
         self.per_key = per_key  # ... of one key (api.max_concurrent_per_key)
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}  # response id -> (owner, task)
         self._logged: dict[str, asyncio.Event] = {}  # response id -> set when its runner here logs events
+        self._attempts: dict[str, int] = {}  # response id -> which run of it this is (0 the first)
+        self._last_scan = -float("inf")
+        store.on_stale = self._take_over
 
     @property
     def running(self) -> int:
@@ -51,6 +58,7 @@ class BackgroundResponses:
 
     def start(self, prep: PreparedResponse) -> dict[str, Any]:
         """Save the response as queued, start its task, and return it as the create call answers."""
+        self.take_over_stale()
         if len(self._tasks) >= self.most:
             why = f"{self.most} background responses are running here (api.max_background_responses): retry later"
             raise APIError(429, why, "background", "rate_limit_exceeded")
@@ -63,17 +71,71 @@ class BackgroundResponses:
                 "rate_limit_exceeded",
             )
         queued = prep.envelope("queued", [], None)
+        self._attempts[prep.response_id] = 0
         self._save(prep, queued)
-        rid = prep.response_id
+        self.store.running_marker(prep.response_id).touch()
         if prep.req.stream:
-            self.store.append_events(rid, queued_events(prep))
+            self.store.append_events(prep.response_id, queued_events(prep))
+        self._launch(prep)
+        return queued
+
+    def _launch(self, prep: PreparedResponse) -> None:
+        rid = prep.response_id
         task = asyncio.get_running_loop().create_task(self._run(prep))
         self._tasks[rid] = (prep.owner, task)
         task.add_done_callback(lambda _: self._tasks.pop(rid, None))
-        return queued
+
+    def take_over_stale(self) -> None:
+        """Run again the background responses whose runner stopped (its process gone: another router's, or this
+        one's before a restart), at most once every `STALE_S` (cheap: it lists the running markers)."""
+        now = time.monotonic()
+        if now - self._last_scan < STALE_S:
+            return
+        self._last_scan = now
+        for rid in self.store.stale_running():
+            record = self.store.stale_record(rid)
+            if record is not None and not self._take_over(rid, record):
+                self.store.fail_stale(rid, record)
+
+    def _take_over(self, rid: str, record: dict[str, Any]) -> bool:
+        """Run a response whose runner stopped again here, from its start; False where it cannot be (too many
+        attempts, no request kept, or a stream that already sent some of its output)."""
+        response, attempt = record["response"], record.get("attempt", 0) + 1
+        if not response.get("background") or record.get("request") is None or attempt > MAX_ATTEMPTS:
+            return False
+        if response["status"] == "in_progress" and self.store.streamed(rid):
+            return False  # its readers have some of the first run's text: a second run would not continue it
+        if rid in self._tasks:
+            return True
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # (no event loop: a tool reading the store)
+            return False
+        if len(self._tasks) >= self.most:
+            return True  # full here: the next look takes it (it reads as it was meanwhile)
+        if not self.store.claim(rid, attempt):
+            return True  # another router took this attempt
+        self._attempts[rid] = attempt
+        try:
+            prep = self.handler.prepare(ResponsesRequest.model_validate(record["request"]), record["owner"])
+        except APIError as exc:  # e.g. the response it continues was deleted meanwhile
+            response["status"], response["error"] = (
+                "failed",
+                {"code": exc.code or "server_error", "message": exc.message},
+            )
+            self.store.save(response, record["input_items"], record.get("previous_response_id"), record["owner"])
+            self.store.running_marker(rid).unlink(missing_ok=True)
+            return True
+        prep.response_id, prep.own_items = rid, record["input_items"]
+        prep.chat.created = response["created_at"]
+        self._save(prep, prep.envelope("queued", [], None))
+        log.info("running background response %s again (attempt %d): its runner stopped", rid, attempt)
+        self._launch(prep)
+        return True
 
     def cancel(self, response_id: str, owner: str) -> dict[str, Any]:
         """Cancel a running background response (any process's); a finished one is returned as it is."""
+        self.take_over_stale()
         response = self.store.response(response_id, owner)
         if not response.get("background"):
             raise APIError(400, "only background responses can be cancelled", "response_id")
@@ -90,6 +152,7 @@ class BackgroundResponses:
         """A streamed background response's events after sequence number `after`, as server-sent events: those
         logged, then the rest as they come, until its last. Refused before any event for a response that is not
         there or was not streamed."""
+        self.take_over_stale()
         response = self.store.response(response_id, owner)
         if not response.get("background") or not self.store.streamed(response_id):
             raise APIError(400, "only background responses created with stream: true can be streamed", "stream")
@@ -140,7 +203,12 @@ class BackgroundResponses:
             logged.set()
 
     def _save(self, prep: PreparedResponse, response: dict[str, Any]) -> None:
-        self.store.save(response, prep.own_items, prep.req.previous_response_id, prep.owner)
+        # With its request and attempt while it runs: what a router needs to run it again if this one stops.
+        request = prep.req.model_dump(mode="json", exclude_none=True) if response["status"] in RUNNING else None
+        attempt = self._attempts.get(prep.response_id, 0)
+        self.store.save(
+            response, prep.own_items, prep.req.previous_response_id, prep.owner, request=request, attempt=attempt
+        )
 
     def _cancelled(self, prep: PreparedResponse) -> bool:
         return self.store.cancel_marker(prep.response_id).exists()
@@ -163,6 +231,12 @@ class BackgroundResponses:
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await work
+            if not self._cancelled(prep) and not (prep.req.stream and status["now"] == "in_progress"):
+                # Stopping: left as it is (queued or in progress) for a router to run again once it reads as stale
+                # (a stream that sent some of its output cannot be continued, and fails).
+                self._tasks.pop(prep.response_id, None)
+                self._attempts.pop(prep.response_id, None)
+                return
             final = prep.envelope("failed", [], None)
             final["error"] = {"code": "server_error", "message": "the server stopped before this response finished"}
         except Exception as exc:  # the engine's refusal or failure: the response says what went wrong
@@ -178,6 +252,8 @@ class BackgroundResponses:
             self._log(prep, [{"type": "response.failed", "sequence_number": status["seq"], "response": final}])
         self._save(prep, final)
         self.store.cancel_marker(prep.response_id).unlink(missing_ok=True)
+        self.store.running_marker(prep.response_id).unlink(missing_ok=True)
+        self._attempts.pop(prep.response_id, None)
         self._tasks.pop(prep.response_id, None)  # (before its streams here wake to read the end)
         self._logged.pop(prep.response_id, asyncio.Event()).set()
 

@@ -57,6 +57,8 @@ def add_response_routes(app: FastAPI, store: ResponseStore | None, background: B
     ) -> dict[str, Any] | StreamingResponse:
         """The response; with `stream`, a streamed background response's events after `starting_after` (all of
         them by default), those sent already and then the rest as they come."""
+        if background is not None:
+            background.take_over_stale()  # (a router that restarted runs its stopped responses again)
         if not stream:
             return stored().response(response_id, request_owner(request))
         stored()
