@@ -421,6 +421,11 @@ class GrammarPrefix:
         new = self._walk(text)
         if new is None:
             return False
+        if new:
+            # A set behind the last is read only for the items waiting in it (completion): the rest goes, so a long
+            # output keeps a few entries a character rather than its whole parse.
+            for old in (self.sets[-1], *new[:-1]):
+                old.items, old.seen, old.scans = [], set(), []
         self.sets.extend(new)
         self.tail = tail
         return not tail or self._allows_tail(self.sets[-1], tail)
