@@ -9,25 +9,39 @@ sampler (which walks candidates in the model's order) never reaches a dead end. 
 * objects: `properties`, `required`, `additionalProperties` (false or absent: only the declared properties, as
   OpenAI's strict mode; true: any further keys, with any values); keys in any order, each at most once;
 * arrays: `items`, `minItems`, `maxItems`; `enum` and `const` of any JSON values (written compactly);
+* strings: `minLength`, `maxLength` (characters) and `pattern` (found anywhere in the string, as JSON Schema reads
+  it; Python's `regex` syntax, which ECMA-262's common patterns share), checked as the string is written;
+* numbers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers, as in JSON Schema 2019+); a
+  bounded number is written without an exponent, so its digits so far say which values it can still reach
+  (`number_bounds`);
 * `anyOf` whose branches start differently (e.g. a type or null), and `$ref` into `$defs` / `definitions`.
 
 Annotations (`title`, `description`, `default`, `examples`, `format`, `$schema`, `strict`) are ignored; any other
-keyword (`pattern`, `minimum`, `minLength`, ...) is refused rather than silently not enforced.
+keyword (`multipleOf`, `uniqueItems`, `oneOf`, ...) is refused rather than silently not enforced. A string whose
+pattern and maxLength cannot both be met from what it holds can reach a dead end (the output then ends there).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from dataclasses import dataclass, field
+from fractions import Fraction
+from math import inf
 from typing import Any
 
 from .json_mode import MAX_WHITESPACE_RUN, WS, WholeValueEnd, number_accepts
+from .number_bounds import NumberBounds
+from .regex_prefix import char_length, split_utf8
 
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 IGNORED = {"title", "description", "default", "examples", "format", "$schema", "$id", "$comment", "strict"}
 HANDLED = {"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum"}
-HANDLED |= {"const", "anyOf", "$ref", "$defs", "definitions"}
+HANDLED |= {"const", "anyOf", "$ref", "$defs", "definitions", "minLength", "maxLength", "pattern"}
+HANDLED |= {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+MAX_PATTERN_CHARS = 1024
+PATTERN_TIMEOUT_S = 0.2  # one partial match of a string so far (a pattern that backtracks without end fails it)
 # The first byte of a value of each type.
 STARTS = {
     "object": b"{",
@@ -57,6 +71,15 @@ class Node:
     min_items: int = 0
     max_items: int | None = None
     branches: tuple[Node, ...] = ()  # anyOf, told apart by their first byte
+    # A string's length in characters and a pattern it holds (JSON Schema's: found anywhere in it, unless anchored)
+    min_length: int = 0
+    max_length: int | None = None
+    pattern: Any = None  # compiled to match the whole string (`_string_pattern`)
+    bounds: NumberBounds | None = None  # a number's minimum / maximum (written without an exponent then)
+
+    @property
+    def string_rules(self) -> bool:
+        return bool(self.min_length) or self.max_length is not None or self.pattern is not None
 
     def starts(self) -> bytes:
         if self.branches:
@@ -155,7 +178,57 @@ def _compile(s: Any, where: str, defs: dict[str, Any], compiled: dict[str, Node]
     node.max_items = int(s["maxItems"]) if "maxItems" in s else None
     if node.max_items is not None and node.max_items < node.min_items:
         raise SchemaError(f"{where}: maxItems is below minItems")
+    for key in ("minLength", "maxLength"):
+        if key in s and (not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < 0):
+            raise SchemaError(f"{where}: {key} must be a non-negative integer")
+    node.min_length = s.get("minLength", 0)
+    node.max_length = s.get("maxLength")
+    if node.max_length is not None and node.max_length < node.min_length:
+        raise SchemaError(f"{where}: maxLength is below minLength")
+    if "pattern" in s:
+        node.pattern = _string_pattern(s["pattern"], where)
+    node.bounds = _number_bounds(s, where)
     return node
+
+
+def _string_pattern(pattern: Any, where: str) -> Any:
+    """JSON Schema's `pattern` (found anywhere in the string, as ECMA-262's `test`) as a pattern the whole string
+    matches, for partial matching as the string is written."""
+    import regex
+
+    if not isinstance(pattern, str) or len(pattern) > MAX_PATTERN_CHARS:
+        raise SchemaError(f"{where}: pattern must be a regular expression of at most {MAX_PATTERN_CHARS} characters")
+    try:
+        regex.compile(pattern)
+        return regex.compile(f"(?s:.*?)(?:{pattern})(?s:.*)")
+    except regex.error as exc:
+        raise SchemaError(f"{where}: pattern is not a regular expression this server reads: {exc}") from None
+
+
+def _number_bounds(s: dict[str, Any], where: str) -> NumberBounds | None:
+    given = {k: s[k] for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in s}
+    if not given:
+        return None
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == inf:
+            raise SchemaError(f"{where}: {key} must be a finite number")
+    lows = [(Fraction(str(given[k])), k == "exclusiveMinimum") for k in ("minimum", "exclusiveMinimum") if k in given]
+    highs = [(Fraction(str(given[k])), k == "exclusiveMaximum") for k in ("maximum", "exclusiveMaximum") if k in given]
+    # The tighter of each pair (at a tie the exclusive one).
+    low = max(lows, key=lambda b: (b[0], b[1])) if lows else (None, False)
+    high = min(highs, key=lambda b: (b[0], not b[1])) if highs else (None, False)
+    if low[0] is not None and high[0] is not None and (low[0] > high[0] or (low[0] == high[0] and (low[1] or high[1]))):
+        raise SchemaError(f"{where}: no number is within its minimum and maximum")
+    return NumberBounds(low[0], high[0], low[1], high[1])
+
+
+def _pattern_match(pattern: Any, text: str, partial: bool) -> bool:
+    """A string against its pattern (`partial`: some continuation would match); one that backtracks past the time
+    limit fails it."""
+    try:
+        return pattern.fullmatch(text, partial=partial, timeout=PATTERN_TIMEOUT_S) is not None
+    except TimeoutError:
+        return False
 
 
 # ------------------------------------------------------------------------------------------------ frames
@@ -181,15 +254,16 @@ class _Literal(_Frame):
 
 
 class _String(_Frame):
-    """Inside a string (a value, or an object's key when `keys` is set: the text must lead to one of them)."""
+    """Inside a string (a value, or an object's key when `keys` is set: the text must lead to one of them); a value's
+    `node` when it holds a length or a pattern."""
 
-    def __init__(self, keys: tuple[bytes, ...] | None = None) -> None:
-        self.keys, self.read, self.escape = keys, b"", 0
+    def __init__(self, keys: tuple[bytes, ...] | None = None, node: Node | None = None) -> None:
+        self.keys, self.read, self.escape, self.node = keys, b"", 0, node
 
 
 class _Number(_Frame):
-    def __init__(self, integer: bool) -> None:
-        self.integer, self.text = integer, ""
+    def __init__(self, integer: bool, bounds: NumberBounds | None = None) -> None:
+        self.integer, self.text, self.bounds = integer, "", bounds
 
 
 class _Object(_Frame):
@@ -225,7 +299,14 @@ class SchemaPrefix(WholeValueEnd):
         return self.done
 
     def feed(self, data: bytes) -> bool:
-        return all(self._byte(b) for b in data)
+        if not all(self._byte(b) for b in data):
+            return False
+        # A piece that ends inside a character in a string with a pattern: can some character it begins fit? (Within
+        # the piece each byte was let through until its character was whole.)
+        top = self.stack[-1] if self.stack else None
+        return not (isinstance(top, _String) and top.node is not None and top.node.pattern is not None) or (
+            self._tail_fits(top)
+        )
 
     # --------------------------------------------------------------------------------------------------------
     def _value_done(self) -> None:
@@ -260,7 +341,7 @@ class SchemaPrefix(WholeValueEnd):
             if self._number_accepts(top, b):
                 top.text += chr(b)
                 return True
-            if not top.text[-1].isdigit():
+            if not top.text[-1:].isdigit() or (top.bounds is not None and not top.bounds.holds(top.text)):
                 return False
             self._value_done()  # this byte ends the number and is read by the parent
             top = self.stack[-1] if self.stack else None
@@ -292,7 +373,7 @@ class SchemaPrefix(WholeValueEnd):
         if not any(b in STARTS[t] for t in node.types):
             return False
         if c == b'"':
-            self.stack[-1] = _String()
+            self.stack[-1] = _String(node=node if node.string_rules else None)
         elif c == b"{":
             self.stack[-1] = _Object(node)
         elif c == b"[":
@@ -304,7 +385,7 @@ class SchemaPrefix(WholeValueEnd):
             self.stack[-1] = _Literal((b"null",))
             return self._byte(b)
         else:
-            self.stack[-1] = _Number(integer="number" not in node.types)
+            self.stack[-1] = _Number("number" not in node.types, node.bounds)
             return self._byte(b)
         return True
 
@@ -369,7 +450,7 @@ class SchemaPrefix(WholeValueEnd):
         if frame.escape == 1:
             if bytes([b]) in (b'"', b"\\", b"/", b"b", b"f", b"n", b"r", b"t"):
                 frame.escape = 0
-            elif b == ord("u"):
+            elif b == ord("u") and frame.node is None:  # (a string with rules takes its characters unescaped)
                 frame.escape = 2
             else:
                 return False
@@ -380,11 +461,15 @@ class SchemaPrefix(WholeValueEnd):
             frame.escape = 0 if frame.escape == 5 else frame.escape + 1
             return self._key_text(frame, b)
         if b == ord("\\"):
+            if frame.node is not None and not self._escape_fits(frame):
+                return False
             frame.escape = 1
             return self._key_text(frame, b)
         if b == ord('"'):
             parent = self.stack[-2] if len(self.stack) > 1 else None
             if not (isinstance(parent, _Object) and parent.state in ("key", "key!")):
+                if frame.node is not None and not self._string_holds(frame, whole=True):
+                    return False
                 self._value_done()  # a value string
                 return True
             if frame.keys is not None and frame.read not in frame.keys:
@@ -402,16 +487,88 @@ class SchemaPrefix(WholeValueEnd):
             return False
         return self._key_text(frame, b)
 
-    @staticmethod
-    def _key_text(frame: _String, b: int) -> bool:
-        """Record a byte of the string; for a key, it must still lead to one of the allowed keys."""
+    @classmethod
+    def _key_text(cls, frame: _String, b: int) -> bool:
+        """Record a byte of the string; for a key, it must still lead to one of the allowed keys, and a value string
+        with a length or a pattern must still be able to hold them."""
         frame.read += bytes([b])
+        if frame.node is not None:
+            return frame.escape != 0 or cls._string_holds(frame, whole=False)
         return frame.keys is None or any(k.startswith(frame.read) for k in frame.keys)
+
+    @staticmethod
+    def _text(frame: _String) -> tuple[str, bytes] | None:
+        """The string read so far, and the bytes of a UTF-8 character it ends inside (left out of the text); None
+        where its bytes are not UTF-8."""
+        split = split_utf8(frame.read)
+        if split is None:
+            return None
+        try:
+            return json.loads('"' + split[0] + '"'), split[1]
+        except ValueError:
+            return None
+
+    @classmethod
+    def _string_holds(cls, frame: _String, whole: bool) -> bool:
+        """Whether the string read so far (`whole`: ended here) keeps its node's length and pattern; a character
+        begun is counted, and checked against the pattern once whole."""
+        read = cls._text(frame)
+        if read is None:
+            return False
+        text, tail = read
+        node = frame.node
+        assert node is not None
+        if whole and (tail or len(text) < node.min_length):
+            return False
+        if node.max_length is not None and len(text) + bool(tail) > node.max_length:
+            return False
+        return node.pattern is None or _pattern_match(node.pattern, text, partial=not whole)
+
+    @classmethod
+    def _tail_fits(cls, frame: _String) -> bool:
+        """Whether a string with a pattern that a piece left inside a UTF-8 character can finish it with one the
+        pattern takes: each character it can be, where one or two bytes are missing (at most 4,096 tries, and only
+        for pieces that end inside a character); a lone lead byte of four is judged by two common characters of
+        that range."""
+        if frame.escape:
+            return True  # (inside an escape, which the backslash was let through for)
+        read = cls._text(frame)
+        node = frame.node
+        assert node is not None and node.pattern is not None
+        if read is None:
+            return False
+        text, tail = read
+        if not tail:
+            return True
+        missing = char_length(tail[0]) - len(tail)
+        if missing > 2:
+            candidates = ["\U0001f600", "\U00020000"]
+        else:
+            candidates = []
+            for rest in itertools.product(range(0x80, 0xC0), repeat=missing):
+                try:
+                    candidates.append((tail + bytes(rest)).decode())
+                except UnicodeDecodeError:  # overlong forms and surrogates are no characters
+                    continue
+        return any(_pattern_match(node.pattern, text + c, partial=True) for c in candidates)
+
+    @classmethod
+    def _escape_fits(cls, frame: _String) -> bool:
+        """Whether a backslash may begin an escape here: room for one more character, which one of the short
+        escapes makes fit the pattern."""
+        read = cls._text(frame)
+        node = frame.node
+        assert node is not None
+        if read is None or read[1] or (node.max_length is not None and len(read[0]) >= node.max_length):
+            return False
+        return node.pattern is None or any(_pattern_match(node.pattern, read[0] + c, True) for c in '"\\/\b\f\n\r\t')
 
     @staticmethod
     def _number_accepts(frame: _Number, b: int) -> bool:
         if not frame.text:
-            return b == ord("-") or 48 <= b <= 57
-        if frame.integer and b in b".eE":
+            ok = b == ord("-") or 48 <= b <= 57
+        elif (frame.integer and b in b".eE") or (frame.bounds is not None and b in b"eE"):
             return False
-        return number_accepts(frame.text, b)
+        else:
+            ok = number_accepts(frame.text, b)
+        return ok and (frame.bounds is None or frame.bounds.may_become(frame.text + chr(b), frame.integer))

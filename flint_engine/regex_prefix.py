@@ -37,7 +37,7 @@ def compile_pattern(pattern: str) -> Any:
         raise RegexError(f"invalid regular expression: {exc}") from None
 
 
-def _split_utf8(data: bytes) -> tuple[str, bytes] | None:
+def split_utf8(data: bytes) -> tuple[str, bytes] | None:
     """(text, the incomplete UTF-8 sequence at its end) or None where the bytes are not UTF-8 so far."""
     try:
         return data.decode(), b""
@@ -47,7 +47,7 @@ def _split_utf8(data: bytes) -> tuple[str, bytes] | None:
         return None
 
 
-def _char_length(lead: int) -> int:
+def char_length(lead: int) -> int:
     """The length of the UTF-8 sequence this lead byte starts (1 for anything else)."""
     return 2 if 0xC0 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if 0xF0 <= lead < 0xF8 else 1
 
@@ -74,7 +74,7 @@ class RegexPrefix:
             return None
 
     def _prefix_ok(self, data: bytes) -> bool:
-        split = _split_utf8(data)
+        split = split_utf8(data)
         if split is None or self._match(split[0]) is None:
             return False
         text, tail = split
@@ -84,7 +84,7 @@ class RegexPrefix:
         # the next step finds no token. With one byte missing that is 64 candidates; with more (a lone lead byte)
         # the token is refused rather than checked thousands of times: the model can still write such a character
         # whole, or from a token that holds all but its last byte.
-        if _char_length(tail[0]) - len(tail) != 1:
+        if char_length(tail[0]) - len(tail) != 1:
             return False
         for last in range(0x80, 0xC0):
             try:
@@ -100,7 +100,7 @@ class RegexPrefix:
         if not piece or self.timed_out:
             return False
         # Most of a vocabulary fails on its first character: one match per distinct character, not per token.
-        head = _split_utf8(piece[:4]) if self._whole_chars else None  # after a cut character, no cache
+        head = split_utf8(piece[:4]) if self._whole_chars else None  # after a cut character, no cache
         first = head[0][:1] if head is not None else ""
         if first:
             ok = self._first_chars.get(first)
@@ -113,7 +113,7 @@ class RegexPrefix:
     def feed(self, piece: bytes) -> bool:
         self.data += piece
         self._first_chars = {}
-        split = _split_utf8(self.data)
+        split = split_utf8(self.data)
         self._whole_chars = split is not None and not split[1]
         return self._prefix_ok(self.data)
 
@@ -122,7 +122,7 @@ class RegexPrefix:
         """The output so far is a whole match (or the pattern timed out: the output ends as it is)."""
         if self.timed_out:
             return True
-        split = _split_utf8(self.data)
+        split = split_utf8(self.data)
         if split is None or split[1]:
             return False
         m = self._match(split[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import httpx
@@ -489,8 +490,12 @@ def test_json_schema_response_format(client, stream: bool) -> None:
     """Structured outputs: even a random model answers with an instance of the schema (constrained sampling)."""
     schema = {
         "type": "object",
-        "properties": {"color": {"enum": ["red", "green"]}, "size": {"type": "integer"}},
-        "required": ["color", "size"],
+        "properties": {
+            "color": {"enum": ["red", "green"]},
+            "size": {"type": "integer", "minimum": 3, "maximum": 40},
+            "code": {"type": "string", "pattern": "^[a-f]{2,4}$"},
+        },
+        "required": ["color", "size", "code"],
         "additionalProperties": False,
     }
     for seed in range(2):
@@ -511,14 +516,15 @@ def test_json_schema_response_format(client, stream: bool) -> None:
             assert r.choices[0].finish_reason == "stop", r
             text = r.choices[0].message.content
         value = json.loads(text)
-        assert set(value) == {"color", "size"} and value["color"] in ("red", "green") and isinstance(value["size"], int)
-    with pytest.raises(openai.BadRequestError, match="'pattern' is not supported"):
+        assert set(value) == {"color", "size", "code"} and value["color"] in ("red", "green")
+        assert isinstance(value["size"], int) and 3 <= value["size"] <= 40 and re.fullmatch("[a-f]{2,4}", value["code"])
+    with pytest.raises(openai.BadRequestError, match="'multipleOf' is not supported"):
         client.chat.completions.create(
             model="flint",
             messages=MSG,
             response_format={
                 "type": "json_schema",
-                "json_schema": {"name": "t", "schema": {"type": "object", "properties": {"a": {"pattern": "x"}}}},
+                "json_schema": {"name": "t", "schema": {"type": "object", "properties": {"a": {"multipleOf": 2}}}},
             },
         )
 

@@ -2,7 +2,7 @@
 
 Instances drawn at random from each schema are accepted byte by byte, however they are spaced; random walks over
 printable bytes never reach a dead end (a prefix the checker accepted but no byte continues), and every walk that
-closes its object yields an instance of the schema.
+closes its object yields an instance of the schema; strings' lengths and patterns and numbers' bounds included.
 """
 
 from __future__ import annotations
@@ -57,7 +57,25 @@ NESTED = {
     },
     "required": ["rows", "flag"],
 }
-SCHEMAS = [PERSON, OPEN, ANY_OBJECT, NESTED]
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]+$"},
+        "name": {"type": "string", "minLength": 2, "maxLength": 5},
+        "about": {"type": "string", "pattern": "c[a-z]"},  # found anywhere, as JSON Schema reads a pattern
+        "score": {"type": "integer", "minimum": -5, "maximum": 120},
+        "ratio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1.5},
+        "big": {"type": "integer", "exclusiveMinimum": 1000},
+    },
+    "required": ["code", "score", "ratio"],
+    "additionalProperties": False,
+}
+SCHEMAS = [PERSON, OPEN, ANY_OBJECT, NESTED, BOUNDED]
+# Instances of BOUNDED's patterns (the draw below cannot invert a pattern in general).
+PATTERN_DRAWS = {
+    "^[A-Z]{2}-[0-9]+$": lambda rng: "".join(rng.choice("ABZ") for _ in range(2)) + "-" + str(rng.randint(0, 999)),
+    "c[a-z]": lambda rng: rng.choice(["", "x", "é "]) + "c" + rng.choice("az") + rng.choice(["", "C", '"q']),
+}
 
 
 def _resolve(s: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
@@ -92,10 +110,16 @@ def draw(s: Any, root: dict[str, Any], rng: random.Random, depth: int = 0) -> An
         lo, hi = s.get("minItems", 0), s.get("maxItems", 3)
         return [draw(s.get("items", {}), root, rng, depth + 1) for _ in range(rng.randint(lo, max(lo, min(hi, 3))))]
     if t == "string":
-        return "".join(rng.choice('ab "\\\né\u2603\t') for _ in range(rng.randint(0, 6)))
+        if "pattern" in s:
+            return PATTERN_DRAWS[s["pattern"]](rng)
+        lo, hi = s.get("minLength", 0), s.get("maxLength", 6)
+        return "".join(rng.choice('ab "\\\né\u2603\t') for _ in range(rng.randint(lo, max(lo, min(hi, 6)))))
     if t == "integer":
-        return rng.randint(-1000, 1000)
+        lo = s.get("minimum", s.get("exclusiveMinimum", -1001) + 1)
+        return rng.randint(lo, s.get("maximum", lo + 2000))
     if t == "number":
+        if "maximum" in s:  # BOUNDED's ratio: (0, 1.5], no exponent
+            return rng.choice([1.5, 1, 0.25, round(rng.uniform(0.001, 1.5), 3)])
         return rng.choice([rng.randint(-5, 5), rng.uniform(-1e3, 1e3), 1.5e-7])
     if t == "boolean":
         return rng.random() < 0.5
@@ -130,6 +154,17 @@ def conforms(v: Any, s: Any, root: dict[str, Any]) -> bool:
         return s.get("minItems", 0) <= len(v) <= s.get("maxItems", len(v)) and all(
             conforms(x, s.get("items", {}), root) for x in v
         )
+    if kind == "string":
+        return s.get("minLength", 0) <= len(v) <= s.get("maxLength", len(v)) and (
+            "pattern" not in s or re.search(s["pattern"], v) is not None
+        )
+    if kind in ("integer", "number"):
+        return (
+            v >= s.get("minimum", v)
+            and v <= s.get("maximum", v)
+            and ("exclusiveMinimum" not in s or v > s["exclusiveMinimum"])
+            and ("exclusiveMaximum" not in s or v < s["exclusiveMaximum"])
+        )
     return True
 
 
@@ -145,7 +180,7 @@ def spaced(v: Any, rng: random.Random) -> str:
     )
 
 
-@pytest.mark.parametrize("schema", SCHEMAS, ids=["person", "open", "any-object", "nested"])
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["person", "open", "any-object", "nested", "bounded"])
 def test_random_instances_are_accepted(schema: dict[str, Any]) -> None:
     root, rng = compile_schema(schema), random.Random(len(json.dumps(schema)))
     for _ in range(150):
@@ -161,7 +196,7 @@ def test_random_instances_are_accepted(schema: dict[str, Any]) -> None:
         assert p.complete and p.copy().feed(b" \n") and not p.copy().feed(b"x")
 
 
-@pytest.mark.parametrize("schema", SCHEMAS, ids=["person", "open", "any-object", "nested"])
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["person", "open", "any-object", "nested", "bounded"])
 def test_random_walks_reach_no_dead_end_and_close_on_instances(schema: dict[str, Any]) -> None:
     root, rng = compile_schema(schema), random.Random(7)
     alphabet = [bytes([b]) for b in range(0x20, 0x7F)] + ["é".encode(), b"\n"]
@@ -192,8 +227,15 @@ def test_random_walks_reach_no_dead_end_and_close_on_instances(schema: dict[str,
     ("schema", "says"),
     [
         ({"type": "string"}, "root must be an object"),
-        ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}, "'pattern' is not supported"),
-        ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}}, "'minimum' is not supported"),
+        (
+            {"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}},
+            "'multipleOf' is not supported",
+        ),
+        ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(x"}}}, "not a regular expression"),
+        ({"type": "object", "properties": {"a": {"type": "string", "maxLength": -1}}}, "non-negative integer"),
+        ({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}}, "maxLength is"),
+        ({"type": "object", "properties": {"a": {"type": "number", "minimum": 2, "maximum": 1}}}, "no number is"),
+        ({"type": "object", "properties": {"a": {"type": "number", "exclusiveMinimum": True}}}, "finite number"),
         ({"type": "object", "required": ["q"]}, "required names 'q'"),
         (
             {"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x"]}]}}},
@@ -256,3 +298,37 @@ def test_zero_items_and_compiled_once() -> None:
     assert SchemaPrefix(root).feed(b'{"a": [ ]}')
     assert not SchemaPrefix(root).feed(b'{"a": [1')
     assert compile_schema({"properties": {"a": {"type": "array", "maxItems": 0}}, "type": "object"}) is root
+
+
+def test_strings_lengths_and_patterns_and_numbers_bounds() -> None:
+    root = compile_schema(BOUNDED)
+
+    def fits(text: str) -> bool:
+        return SchemaPrefix(root).feed(text.encode())
+
+    assert fits('{"code": "AB-1') and not fits('{"code": "A1') and not fits('{"code": "AB-"')
+    assert fits('{"name": "ab"') and not fits('{"name": "a"') and not fits('{"name": "abcdef')
+    assert fits('{"name": "a\\n"') and not fits('{"name": "a\\u0041')  # short escapes only, in a string with rules
+    assert not fits('{"name": "abcde\\\\')  # no room for the escaped character
+    assert fits('{"about": "xcay"') and not fits('{"about": "xy"') and not fits('{"about": "CA"')
+    assert fits('{"score": 120,') and not fits('{"score": 121') and not fits('{"score": -6') and fits('{"score": -5,')
+    assert fits('{"score": 1') and fits('{"score": 12') and not fits('{"score": 1.') and not fits('{"score": 1e2')
+    assert fits('{"ratio": 1.5,') and fits('{"ratio": 1.50000') and not fits('{"ratio": 1.500001')
+    assert not fits('{"ratio": 0,') and fits('{"ratio": 0.001,') and not fits('{"ratio": -') and not fits('{"ratio": 2')
+    assert fits('{"big": 1001,') and not fits('{"big": 1000,') and fits('{"big": 9') and not fits('{"big": -')
+
+
+def test_a_piece_that_ends_inside_a_character_of_a_patterned_string() -> None:
+    """A token may end inside a UTF-8 character: it is taken where some character it begins fits the pattern."""
+
+    def state(pattern: str) -> SchemaPrefix:
+        p = SchemaPrefix(
+            compile_schema({"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}})
+        )
+        assert p.feed(b'{"s": "a')
+        return p
+
+    assert not state("^[a-f]+$").feed(b"\xc3")  # no character from U+00C0 to U+00FF is in [a-f]
+    p = state("^[a-zé]+$")
+    assert p.feed(b"\xc3") and not p.copy().feed(b"\xa8") and p.feed(b"\xa9")  # è no, é yes
+    assert state("^a.*$").feed(b"\xe2\x98") and state("^a.$").feed("☃".encode()[:1])
