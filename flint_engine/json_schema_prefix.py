@@ -14,7 +14,8 @@ sampler (which walks candidates in the model's order) never reaches a dead end. 
 * numbers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers, as in JSON Schema 2019+); a
   bounded number is written without an exponent, so its digits so far say which values it can still reach
   (`number_bounds`);
-* `anyOf` whose branches start differently (e.g. a type or null), and `$ref` into `$defs` / `definitions`.
+* `anyOf` whose branches start differently (e.g. a type or null), `$ref` into `$defs` / `definitions`, and
+  `allOf` of one schema (Pydantic v1's way to give a `$ref` a description).
 
 Annotations (`title`, `description`, `default`, `examples`, `format`, `$schema`, `strict`) are ignored; any other
 keyword (`multipleOf`, `uniqueItems`, `oneOf`, ...) is refused rather than silently not enforced. A string whose
@@ -121,6 +122,11 @@ def _compile(s: Any, where: str, defs: dict[str, Any], compiled: dict[str, Node]
         return ANY
     if not isinstance(s, dict):
         raise SchemaError(f"{where}: a schema must be an object")
+    if "allOf" in s:  # one schema, as Pydantic v1 wraps a $ref to carry a description beside it
+        parts = s["allOf"]
+        if not isinstance(parts, list) or len(parts) != 1 or set(s) - IGNORED - {"allOf"}:
+            raise SchemaError(f"{where}: allOf is supported with one schema and annotations beside it only")
+        return _compile(parts[0], f"{where}/allOf/0", defs, compiled)
     unknown = sorted(set(s) - HANDLED - IGNORED)
     if unknown:
         raise SchemaError(f"{where}: keyword {unknown[0]!r} is not supported")

@@ -66,7 +66,9 @@ BOUNDED = {
         "score": {"type": "integer", "minimum": -5, "maximum": 120},
         "ratio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1.5},
         "big": {"type": "integer", "exclusiveMinimum": 1000},
+        "pet": {"allOf": [{"$ref": "#/$defs/Pet"}], "description": "one schema in allOf, as Pydantic v1 writes"},
     },
+    "$defs": {"Pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"]}},
     "required": ["code", "score", "ratio"],
     "additionalProperties": False,
 }
@@ -79,8 +81,8 @@ PATTERN_DRAWS = {
 
 
 def _resolve(s: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
-    while "$ref" in s:
-        s = root["$defs"][s["$ref"].rsplit("/", 1)[-1]]
+    while "$ref" in s or "allOf" in s:
+        s = root["$defs"][s["$ref"].rsplit("/", 1)[-1]] if "$ref" in s else s["allOf"][0]
     return s
 
 
@@ -236,6 +238,7 @@ def test_random_walks_reach_no_dead_end_and_close_on_instances(schema: dict[str,
         ({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}}, "maxLength is"),
         ({"type": "object", "properties": {"a": {"type": "number", "minimum": 2, "maximum": 1}}}, "no number is"),
         ({"type": "object", "properties": {"a": {"type": "number", "exclusiveMinimum": True}}}, "finite number"),
+        ({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, {"maxLength": 2}]}}}, "allOf is"),
         ({"type": "object", "required": ["q"]}, "required names 'q'"),
         (
             {"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x"]}]}}},
