@@ -402,25 +402,27 @@ class GrammarPrefix:
         span = _utf8_tail_range(tail)
         return span is not None and any(charset.meets(*span) for charset, _ in last.scans)
 
-    def accepts(self, piece: bytes) -> bool:
-        """Whether the output may go on with these bytes."""
-        split = self._split(piece) if piece else None
-        if split is None:
-            return False
-        text, tail = split
-        new = self._walk(text)
-        if new is None:
-            return False
-        return not tail or self._allows_tail(new[-1] if new else self.sets[-1], tail)
-
-    def feed(self, piece: bytes) -> bool:
+    def _advance(self, piece: bytes) -> tuple[list[_Set], bytes] | None:
+        """The parse's new sets after `piece`, and the bytes of a character it ends inside; None where it cannot
+        follow."""
         split = self._split(piece)
         if split is None:
-            return False
+            return None
         text, tail = split
         new = self._walk(text)
-        if new is None:
+        if new is None or (tail and not self._allows_tail(new[-1] if new else self.sets[-1], tail)):
+            return None
+        return new, tail
+
+    def accepts(self, piece: bytes) -> bool:
+        """Whether the output may go on with these bytes."""
+        return bool(piece) and self._advance(piece) is not None
+
+    def feed(self, piece: bytes) -> bool:
+        step = self._advance(piece)
+        if step is None:
             return False
+        new, tail = step
         if new:
             # A set behind the last is read only for the items waiting in it (completion): the rest goes, so a long
             # output keeps a few entries a character rather than its whole parse.
@@ -428,7 +430,7 @@ class GrammarPrefix:
                 old.items, old.seen, old.scans = [], set(), []
         self.sets.extend(new)
         self.tail = tail
-        return not tail or self._allows_tail(self.sets[-1], tail)
+        return True
 
     @property
     def can_end(self) -> bool:

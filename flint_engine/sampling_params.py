@@ -135,20 +135,19 @@ class SamplingParams:
             if not self.choice:
                 raise SamplingParamsError("choice", "must not be empty")
             self.choice = tuple(self.choice)
-        if self.regex is not None:
-            if not isinstance(self.regex, str):
-                raise SamplingParamsError("regex", f"must be a string, got {type(self.regex).__name__}")
+        for name, compile_text, error in (
+            ("regex", compile_pattern, RegexError),
+            ("grammar", compile_grammar, GrammarError),
+        ):
+            text = getattr(self, name)
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                raise SamplingParamsError(name, f"must be a string, got {type(text).__name__}")
             try:
-                compile_pattern(self.regex)
-            except RegexError as exc:
-                raise SamplingParamsError("regex", str(exc)) from None
-        if self.grammar is not None:
-            if not isinstance(self.grammar, str):
-                raise SamplingParamsError("grammar", f"must be a string, got {type(self.grammar).__name__}")
-            try:
-                compile_grammar(self.grammar)
-            except GrammarError as exc:
-                raise SamplingParamsError("grammar", str(exc)) from None
+                compile_text(text)
+            except error as exc:
+                raise SamplingParamsError(name, str(exc)) from None
         given = (
             ("json_mode", self.json_mode),
             ("choice", self.choice),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import (
@@ -183,6 +184,17 @@ def _checked_choices(choice: Any) -> list[str]:
     return choice
 
 
+def _compiles(text: Any, field: str, what: str, compile_text: Callable[[str], Any], error: type[Exception]) -> str:
+    """`text` if it is a string `compile_text` takes, else a ValueError naming `field`."""
+    if not isinstance(text, str):
+        raise ValueError(f"{field} must be a string ({what})")
+    try:
+        compile_text(text)
+    except error as exc:
+        raise ValueError(f"{field}: {exc}") from None
+    return text
+
+
 class SamplingFields(Lenient):
     """Fields shared by chat and text completions."""
 
@@ -240,12 +252,8 @@ class SamplingFields(Lenient):
     @field_validator("guided_grammar")
     @classmethod
     def _grammar(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                compile_grammar(v)
-            except GrammarError as exc:
-                raise ValueError(str(exc)) from None
-        return v
+        # Here as well as with the other constraints: an error of this field names it as the param.
+        return v if v is None else _compiles(v, "guided_grammar", "a GBNF grammar", compile_grammar, GrammarError)
 
     @field_validator("bad_words")
     @classmethod
@@ -332,21 +340,9 @@ class SamplingFields(Lenient):
         if choice is not None:
             self.guided_choice = _checked_choices(choice)
         if pattern is not None:
-            if not isinstance(pattern, str):
-                raise ValueError("guided_regex must be a string (a regular expression)")
-            try:
-                compile_pattern(pattern)
-            except RegexError as exc:
-                raise ValueError(f"guided_regex: {exc}") from None
-            self.guided_regex = pattern
+            self.guided_regex = _compiles(pattern, "guided_regex", "a regular expression", compile_pattern, RegexError)
         if grammar is not None:
-            if not isinstance(grammar, str):
-                raise ValueError("guided_grammar must be a string (a GBNF grammar)")
-            try:
-                compile_grammar(grammar)
-            except GrammarError as exc:
-                raise ValueError(f"guided_grammar: {exc}") from None
-            self.guided_grammar = grammar
+            self.guided_grammar = _compiles(grammar, "guided_grammar", "a GBNF grammar", compile_grammar, GrammarError)
         return self
 
     def json_constraint(self) -> tuple[bool, dict[str, Any] | None]:
