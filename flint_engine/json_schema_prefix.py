@@ -27,9 +27,9 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from math import inf
 from typing import Any
 
 from .json_mode import MAX_WHITESPACE_RUN, WS, WholeValueEnd, number_accepts
@@ -194,6 +194,12 @@ def _compile(s: Any, where: str, defs: dict[str, Any], compiled: dict[str, Node]
     if "pattern" in s:
         node.pattern = _string_pattern(s["pattern"], where)
     node.bounds = _number_bounds(s, where)
+    b = node.bounds
+    if b is not None and "number" not in node.types and b.low is not None and b.high is not None:
+        low = math.floor(b.low) + 1 if b.low_open or b.low != math.floor(b.low) else int(b.low)
+        high = math.ceil(b.high) - 1 if b.high_open or b.high != math.ceil(b.high) else int(b.high)
+        if "integer" in node.types and low > high:
+            raise SchemaError(f"{where}: no integer is within its minimum and maximum")
     return node
 
 
@@ -216,7 +222,7 @@ def _number_bounds(s: dict[str, Any], where: str) -> NumberBounds | None:
     if not given:
         return None
     for key, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == inf:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == math.inf:
             raise SchemaError(f"{where}: {key} must be a finite number")
     lows = [(Fraction(str(given[k])), k == "exclusiveMinimum") for k in ("minimum", "exclusiveMinimum") if k in given]
     highs = [(Fraction(str(given[k])), k == "exclusiveMaximum") for k in ("maximum", "exclusiveMaximum") if k in given]

@@ -238,6 +238,11 @@ def test_random_walks_reach_no_dead_end_and_close_on_instances(schema: dict[str,
         ({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}}, "maxLength is"),
         ({"type": "object", "properties": {"a": {"type": "number", "minimum": 2, "maximum": 1}}}, "no number is"),
         ({"type": "object", "properties": {"a": {"type": "number", "exclusiveMinimum": True}}}, "finite number"),
+        ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 1.2, "maximum": 1.8}}}, "no integer is"),
+        (
+            {"type": "object", "properties": {"a": {"type": "integer", "exclusiveMinimum": 1, "maximum": 1}}},
+            "no number",
+        ),
         ({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, {"maxLength": 2}]}}}, "allOf is"),
         ({"type": "object", "required": ["q"]}, "required names 'q'"),
         (
