@@ -272,11 +272,21 @@ def check_fast_vs_plain(
     prompts = [torch.randint(0, cfg.vocab_size, (37 + 11 * i,), generator=gen).tolist() for i in range(batch)]
     # One sequence at a time, each one's logits on the host: the batch's [tokens, 150144] FP32 logits at once did not
     # fit beside the BF16 weights on an 80 GB H100 at 8 sequences (fifty-eighth session).
+    t0 = time.monotonic()
+
+    def progress(what: str) -> None:
+        # Each phase as it ends: a call cut short by its time limit still says how far the check got (the plain
+        # NVFP4 path dequantises at each use, and at 8 sequences 128 steps did not end within 420 s on an H100).
+        print(f"check {batch} sequences: {what} after {time.monotonic() - t0:.1f} s", flush=True)
+
     lf = torch.cat([fast.forward_sequences([p], bs)[0].cpu() for p in prompts])
     lp = torch.cat([plain.forward_sequences([p], bs)[0].cpu() for p in prompts])
+    progress("prefill logits of both paths")
     plain_tokens = greedy(plain, prompts, steps)
+    progress(f"the plain path's {steps} greedy steps")
     greedy_cmp = agreement(greedy(fast, prompts, steps), plain_tokens)
     forced_cmp = forced_agreement(forced(fast, prompts, plain_tokens), plain_tokens, TIE)
+    progress("the fused path free-running and teacher-forced")
     return {
         "batch": batch,
         "steps": steps,

@@ -102,3 +102,15 @@ def test_the_reserve_decides_which_kv_caches_fit_beside_the_weights(decode: Modu
     assert 55 * 2**30 < full_kv < 57 * 2**30
     assert decode.plans_that_fit(cfg, plans, 16, full_kv + 2 * 2**30) == [(1, 1024), (8, 1024)]
     assert decode.plans_that_fit(cfg, plans, 16, full_kv + 3 * 2**30) == plans
+
+
+def test_the_fast_vs_plain_check_says_each_phase_as_it_ends(decode: ModuleType, capsys: pytest.CaptureFixture) -> None:
+    """The same model on both sides agrees everywhere, and the check prints each phase (a device call cut short by
+    its limit then says how far it got)."""
+    cfg = preset("tiny")
+    model = FlintModel(random_weights(cfg, torch.float32, seed=3))
+    result = decode.check_fast_vs_plain(model, model, cfg, torch.device("cpu"), 3, 2, 16)
+    assert result["greedy_token_agreement"] == 1.0 and result["forced_token_agreement"] == 1.0
+    assert result["forced_differ_beyond_tie"] == 0 and result["prefill_argmax_agreement"] == 1.0
+    phases = [line for line in capsys.readouterr().out.splitlines() if line.startswith("check 2 sequences:")]
+    assert len(phases) == 3 and "plain path's 3 greedy steps" in phases[1]
