@@ -18,7 +18,7 @@ from starlette.datastructures import UploadFile
 from .batch_jobs import BatchCreate, BatchJobs, ExpiresAfter
 from .batch_store import BatchStore, public
 from .errors import APIError, validation_error
-from .list_page import page
+from .list_page import in_order, page
 from .ownership import request_owner
 from .settings import APISettings
 
@@ -114,10 +114,8 @@ def add_batch_routes(
     async def list_files(
         request: Request, purpose: str | None = None, limit: int = 10_000, after: str | None = None, order: str = "desc"
     ) -> dict[str, Any]:
-        if order not in ("asc", "desc"):
-            raise APIError(400, f"order must be 'asc' or 'desc', got {order!r}", "order")
         found = store().files(request_owner(request), purpose)
-        return page(found if order == "desc" else found[::-1], limit, after, 10_000)
+        return page(in_order(found, order, oldest_first=False), limit, after, 10_000)
 
     @app.get(FILES_PATH + "/{file_id}")
     async def get_file(request: Request, file_id: str) -> dict[str, Any]:

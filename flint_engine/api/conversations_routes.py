@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from .chat import chat_request_of
 from .conversation_store import ConversationStore
 from .errors import APIError
-from .list_page import page
+from .list_page import in_order, page
 from .metadata import Metadata
 from .ownership import request_owner
 from .responses_protocol import ResponsesRequest
@@ -83,10 +83,7 @@ def add_conversation_routes(
     async def list_items(
         request: Request, conversation_id: str, limit: int = 20, after: str | None = None, order: str = "desc"
     ) -> dict[str, Any]:
-        if order not in ("asc", "desc"):
-            raise APIError(400, f"order must be 'asc' or 'desc', got {order!r}", "order")
-        items = kept().items(conversation_id, request_owner(request))
-        return page(items[::-1] if order == "desc" else items, limit, after, 100)
+        return page(in_order(kept().items(conversation_id, request_owner(request)), order), limit, after, 100)
 
     @app.post("/v1/conversations/{conversation_id}/items")
     async def create_items(request: Request, conversation_id: str) -> dict[str, Any]:

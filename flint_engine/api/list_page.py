@@ -1,4 +1,4 @@
-"""One page of a list in OpenAI's shape (`limit`, `after`; `first_id`, `last_id`, `has_more`)."""
+"""One page of a list in OpenAI's shape (`limit`, `after`, `order`; `first_id`, `last_id`, `has_more`)."""
 
 from __future__ import annotations
 
@@ -22,3 +22,11 @@ def page(found: list[dict[str, Any]], limit: int, after: str | None, most: int) 
         "last_id": chosen[-1]["id"] if chosen else None,
         "has_more": len(found) > limit,
     }
+
+
+def in_order(found: list[dict[str, Any]], order: str, oldest_first: bool = True) -> list[dict[str, Any]]:
+    """`found` (oldest first, or newest first if not `oldest_first`) in the `order` a list call asked: "asc" (oldest
+    first) or "desc"."""
+    if order not in ("asc", "desc"):
+        raise APIError(400, f"order must be 'asc' or 'desc', got {order!r}", "order")
+    return found if (order == "asc") == oldest_first else found[::-1]

@@ -16,7 +16,7 @@ from .background_responses import BackgroundResponses
 from .conversation_store import ConversationStore
 from .errors import APIError
 from .event_stream import event_stream
-from .list_page import page
+from .list_page import in_order, page
 from .ownership import request_owner
 from .response_store import ResponseStore
 from .settings import APISettings
@@ -79,7 +79,4 @@ def add_response_routes(app: FastAPI, store: ResponseStore | None, background: B
     async def response_input_items(
         request: Request, response_id: str, limit: int = 20, after: str | None = None, order: str = "desc"
     ) -> dict[str, Any]:
-        if order not in ("asc", "desc"):
-            raise APIError(400, f"order must be 'asc' or 'desc', got {order!r}", "order")
-        items = stored().input_items(response_id, request_owner(request))
-        return page(items[::-1] if order == "desc" else items, limit, after, 100)
+        return page(in_order(stored().input_items(response_id, request_owner(request)), order), limit, after, 100)
