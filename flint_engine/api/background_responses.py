@@ -115,7 +115,6 @@ class BackgroundResponses:
             return True  # full here: the next look takes it (it reads as it was meanwhile)
         if not self.store.claim(rid, attempt):
             return True  # another router took this attempt
-        self._attempts[rid] = attempt
         try:
             prep = self.handler.prepare(ResponsesRequest.model_validate(record["request"]), record["owner"])
         except APIError as exc:  # e.g. the response it continues was deleted meanwhile
@@ -128,6 +127,7 @@ class BackgroundResponses:
             return True
         prep.response_id, prep.own_items = rid, record["input_items"]
         prep.chat.created = response["created_at"]
+        self._attempts[rid] = attempt
         self._save(prep, prep.envelope("queued", [], None))
         log.info("running background response %s again (attempt %d): its runner stopped", rid, attempt)
         self._launch(prep)
