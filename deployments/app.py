@@ -41,8 +41,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     if settings.router_replicas > 1 and settings.api.store_responses and settings.api.responses_dir is None:
         log.warning(
             "router_replicas is %d with api.store_responses but api.responses_dir is unset: each router keeps its "
-            "stored responses in a directory of its own, so previous_response_id fails through another; set "
-            "api.responses_dir to a directory they share",
+            "stored responses and conversations in a directory of its own, so previous_response_id, conversation "
+            "and background responses fail through another; set api.responses_dir to a directory they share",
             settings.router_replicas,
         )
     return router.bind(replica.bind(settings.model_dump(), gpu), settings.model_dump())
