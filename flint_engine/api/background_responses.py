@@ -48,7 +48,6 @@ class BackgroundResponses:
         self.per_key = per_key  # ... of one key (api.max_concurrent_per_key)
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}  # response id -> (owner, task)
         self._logged: dict[str, asyncio.Event] = {}  # response id -> set when its runner here logs events
-        self._attempts: dict[str, int] = {}  # response id -> which run of it this is (0 the first)
         self._last_scan = -float("inf")
         store.on_stale = self._take_over
 
@@ -71,7 +70,6 @@ class BackgroundResponses:
                 "rate_limit_exceeded",
             )
         queued = prep.envelope("queued", [], None)
-        self._attempts[prep.response_id] = 0
         self._save(prep, queued)
         self.store.running_marker(prep.response_id).touch()
         if prep.req.stream:
@@ -127,7 +125,7 @@ class BackgroundResponses:
             return True
         prep.response_id, prep.own_items = rid, record["input_items"]
         prep.chat.created = response["created_at"]
-        self._attempts[rid] = attempt
+        prep.attempt = attempt
         self._save(prep, prep.envelope("queued", [], None))
         log.info("running background response %s again (attempt %d): its runner stopped", rid, attempt)
         self._launch(prep)
@@ -205,9 +203,8 @@ class BackgroundResponses:
     def _save(self, prep: PreparedResponse, response: dict[str, Any]) -> None:
         # With its request and attempt while it runs: what a router needs to run it again if this one stops.
         request = prep.req.model_dump(mode="json", exclude_none=True) if response["status"] in RUNNING else None
-        attempt = self._attempts.get(prep.response_id, 0)
         self.store.save(
-            response, prep.own_items, prep.req.previous_response_id, prep.owner, request=request, attempt=attempt
+            response, prep.own_items, prep.req.previous_response_id, prep.owner, request=request, attempt=prep.attempt
         )
 
     def _cancelled(self, prep: PreparedResponse) -> bool:
@@ -235,7 +232,6 @@ class BackgroundResponses:
                 # Stopping: left as it is (queued or in progress) for a router to run again once it reads as stale
                 # (a stream that sent some of its output cannot be continued, and fails).
                 self._tasks.pop(prep.response_id, None)
-                self._attempts.pop(prep.response_id, None)
                 return
             final = prep.envelope("failed", [], None)
             final["error"] = {"code": "server_error", "message": "the server stopped before this response finished"}
@@ -253,7 +249,6 @@ class BackgroundResponses:
         self._save(prep, final)
         self.store.cancel_marker(prep.response_id).unlink(missing_ok=True)
         self.store.running_marker(prep.response_id).unlink(missing_ok=True)
-        self._attempts.pop(prep.response_id, None)
         self._tasks.pop(prep.response_id, None)  # (before its streams here wake to read the end)
         self._logged.pop(prep.response_id, asyncio.Event()).set()
 

@@ -48,6 +48,7 @@ class PreparedResponse:
     owner: str = ""
     stored: bool = False  # kept in the response store once finished
     conversation_id: str | None = None  # the conversation it reads and adds its turn to
+    attempt: int = 0  # a background response's run (0 the first; more where a router that stopped left it)
 
     # The request's settings echoed in every response object.
     def envelope(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
