@@ -25,6 +25,9 @@ class NVFP4Weight:
     global_scale: torch.Tensor
     segments: tuple[int, ...]
     _host_scales: tuple[float, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    # Whether the global scales are powers of two: overall, and per leading index (`scales_are_powers_of_two`).
+    _powers_of_two: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _powers_of_two_each: tuple[bool, ...] | None = field(default=None, init=False, repr=False, compare=False)
     # int8 [..., N, K/16]: the scales as `nvfp4_mma_scales` ready bytes, made at load when asked for (else None);
     # `scales` itself where they replaced the UE4M3 bytes (every kernel and `nvfp4.dequantize` read either form).
     ready_scales: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
@@ -76,8 +79,10 @@ class NVFP4Weight:
 
     def column_scale(self) -> torch.Tensor:
         """FP32 [..., N]: the global scale of each output row."""
-        sizes = torch.tensor(self.segments, device=self.global_scale.device)
-        return torch.repeat_interleave(self.global_scale, sizes, dim=-1)
+        # Expanded segment by segment: a repeat_interleave by a tensor of sizes would read them back to the host.
+        g = self.global_scale
+        lead = g.shape[:-1]
+        return torch.cat([g[..., i : i + 1].expand(*lead, n) for i, n in enumerate(self.segments)], dim=-1)
 
     def host_global_scales(self) -> tuple[float, ...] | None:
         """A 2-D weight's G global scales as Python floats (a GEMM's alpha), read from the device at the first call;
@@ -89,8 +94,19 @@ class NVFP4Weight:
         return self._host_scales
 
     def scales_are_powers_of_two(self) -> bool:
-        mant, _ = torch.frexp(self.global_scale)
-        return bool(((mant == 0.5) | (self.global_scale == 0)).all())
+        """Whether every global scale is a power of two (or zero); read from the device once per weight."""
+        if self._powers_of_two is None:
+            self._powers_of_two = all(self._powers_of_two_per_index())
+        return self._powers_of_two
+
+    def _powers_of_two_per_index(self) -> tuple[bool, ...]:
+        """Per leading index (expert) of a stacked weight, or one flag: read from the device once per weight, so
+        that the experts `select` hands out (new objects at each use) need no device read of their own."""
+        if self._powers_of_two_each is None:
+            mant, _ = torch.frexp(self.global_scale)
+            ok = ((mant == 0.5) | (self.global_scale == 0)).all(dim=-1)
+            self._powers_of_two_each = tuple(bool(v) for v in ok.reshape(-1).tolist())
+        return self._powers_of_two_each
 
     def dequantize(self, dtype: torch.dtype = torch.float32, with_global: bool = False) -> torch.Tensor:
         w = nvfp4.dequantize(self.qweight, self.scales, torch.float32)
@@ -100,7 +116,10 @@ class NVFP4Weight:
 
     def select(self, index: int) -> NVFP4Weight:
         """One slice along the leading (expert) dimension."""
-        return NVFP4Weight(self.qweight[index], self.scales[index], self.global_scale[index], self.segments)
+        part = NVFP4Weight(self.qweight[index], self.scales[index], self.global_scale[index], self.segments)
+        if self.global_scale.dim() == 2:
+            part._powers_of_two = self._powers_of_two_per_index()[index]
+        return part
 
 
 @dataclass(frozen=True)

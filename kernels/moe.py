@@ -42,8 +42,15 @@ def moe_ref(
     """
     t, k = topk_ids.shape
     weighted = torch.zeros((t, k, x.shape[-1]), dtype=torch.float32, device=x.device)
-    for e in torch.unique(topk_ids).tolist():
-        token_idx, slot = torch.where(topk_ids == e)
+    # The (token, slot) pairs grouped by expert with one sort and one read of the counts (a search per expert would
+    # read back from the device once per expert); stable, so each expert's rows keep token order.
+    order = torch.argsort(topk_ids.reshape(-1), stable=True)
+    experts, counts = torch.unique_consecutive(topk_ids.reshape(-1)[order], return_counts=True)
+    start = 0
+    for e, n in zip(experts.tolist(), counts.tolist(), strict=True):
+        pairs = order[start : start + n]
+        start += n
+        token_idx, slot = pairs // k, pairs % k
         h = silu_and_mul_ref(linear_ref(x[token_idx], _expert(w13, e)))
         y = linear_ref(h, _expert(w2, e))
         weighted[token_idx, slot] = y.to(torch.float32) * topk_weights[token_idx, slot, None]

@@ -34,8 +34,28 @@ class NVFP4FormatError(ValueError):
     """Bytes or shapes that are not valid NVFP4."""
 
 
-def _lut(device: torch.device) -> torch.Tensor:
-    return torch.tensor(E2M1X2, dtype=torch.float32, device=device)
+# Decode tables per (device, what): made once, since building one is a host-to-device copy the plain path would
+# otherwise pay at every weight it dequantises.
+_tables: dict[tuple[torch.device, str], torch.Tensor] = {}
+
+
+def _table(device: torch.device, what: str) -> torch.Tensor:
+    """float32 tables indexed by a byte: "codes" [256, 2] the two values a code byte holds (low nibble first);
+    "ue4m3" / "ready" [256] the multiplier of a UE4M3 / ready scale byte (`ue4m3_to_float` / `ready_to_float` of
+    every byte, so a lookup decodes exactly as they do)."""
+    key = (device, what)
+    table = _tables.get(key)
+    if table is None:
+        byte = torch.arange(256, dtype=torch.int32)
+        if what == "codes":
+            e2m1 = torch.tensor(E2M1X2, dtype=torch.float32)
+            table = torch.stack((e2m1[byte & 0xF], e2m1[byte >> 4]), dim=-1)
+        elif what == "ue4m3":
+            table = ue4m3_to_float(byte)
+        else:
+            table = ready_to_float(byte.to(torch.uint8).view(torch.int8))
+        table = _tables[key] = table.to(device)
+    return table
 
 
 def ue4m3_to_float(b: torch.Tensor) -> torch.Tensor:
@@ -145,12 +165,13 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype =
         from .nvfp4_mma_codes import engine_words  # here: that module imports the weight types, which import this
 
         qweight = engine_words(qweight)
-    lo = (qweight & 0xF).to(torch.int64)
-    hi = (qweight >> 4).to(torch.int64)
-    codes = torch.stack((lo, hi), dim=-1).reshape(*qweight.shape[:-1], qweight.shape[-1] * 2)
-    vals = _lut(qweight.device)[codes]
-    s = scales_to_float(scales).repeat_interleave(QK_SUB, dim=-1)
-    return (vals * s).to(dtype)
+    lead, k = qweight.shape[:-1], qweight.shape[-1] * 2
+    # Table lookups by byte (a code byte's two values, a scale byte's multiplier): a few large ops, none per value
+    # kind, since the plain path dequantises every NVFP4 weight at each use.
+    vals = _table(qweight.device, "codes")[qweight.to(torch.int32)].reshape(*lead, k // QK_SUB, QK_SUB)
+    kind = "ready" if scales.dtype == torch.int8 else "ue4m3"
+    s = _table(scales.device, kind)[scales.view(torch.uint8).to(torch.int32)]
+    return (vals * s.unsqueeze(-1)).reshape(*lead, k).to(dtype)
 
 
 def gguf_blocks_to_engine(raw: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -93,3 +93,21 @@ def test_linear_with_global_scale_on_accumulator() -> None:
         y = linear_ref(x, weight)
         ref = (x.double() @ nvfp4.dequantize(q, s).double().T * g).float()
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_stacked_weight_scales_per_expert_and_segment() -> None:
+    """An expert handed out by `select` knows whether its own global scales are powers of two (read once for the
+    whole stack), and each output row takes its segment's scale."""
+    gen = torch.Generator().manual_seed(5)
+    q, s = nvfp4.quantize(torch.randn(3, 48, 64, generator=gen))
+    g = torch.tensor([[0.5, 2.0], [0.5, 0.3], [0.0, 4.0]])
+    w = NVFP4Weight(q, s, g, (16, 32))
+    assert w.scales_are_powers_of_two() is False
+    assert [w.select(e).scales_are_powers_of_two() for e in range(3)] == [True, False, True]
+    expect = torch.repeat_interleave(g, torch.tensor([16, 32]), dim=-1)
+    assert torch.equal(w.column_scale(), expect)
+    assert torch.equal(w.select(1).column_scale(), expect[1])
+    x = torch.randn(4, 64, generator=gen)
+    for e in range(3):
+        ref = (x.double() @ nvfp4.dequantize(q[e], s[e]).double().T * expect[e].double()).float()
+        torch.testing.assert_close(linear_ref(x, w.select(e)), ref, rtol=1e-5, atol=1e-5)
