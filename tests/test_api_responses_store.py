@@ -396,3 +396,41 @@ def test_a_stale_response_fails_where_it_cannot_run_again(tmp_path: Path) -> Non
     assert asyncio.run(read("resp_claimed")) == "queued"
     assert not store.running_marker("resp_streamed").exists() and store.running_marker("resp_claimed").exists()
     assert store.stale_running() == ["resp_claimed"]
+
+
+def test_an_attempt_whose_router_stopped_after_claiming_it_passes_to_the_next(tmp_path: Path) -> None:
+    """A router that claimed an attempt and stopped before saving the response as its own leaves a claim older than
+    STALE_S: the next router takes the attempt after it, or fails the response past its attempts."""
+    import asyncio
+
+    from flint_engine.api.background_responses import BackgroundResponses
+    from flint_engine.api.errors import APIError
+    from flint_engine.api.response_store import MAX_ATTEMPTS
+
+    class Refusing:
+        def prepare(self, req: object, owner: str) -> None:
+            raise APIError(400, "prepared again here", "input")
+
+    store = ResponseStore(tmp_path, ttl_s=3600, max_bytes=10**9, sweep_every_s=float("inf"))
+    BackgroundResponses(handler=Refusing(), store=store, most=4, per_key=None)  # type: ignore[arg-type]
+
+    def abandoned(rid: str, attempt: int) -> None:
+        response = {"id": rid, "status": "queued", "output": [], "error": None, "background": True, "created_at": 1}
+        store.save(response, [], None, "", request={"input": "hi", "background": True}, attempt=attempt)
+        store.running_marker(rid).touch()
+        assert store.claim(rid, attempt + 1)
+        _aged(tmp_path, rid)
+        claim = tmp_path / f"{rid}.claim-{attempt + 1}"
+        os.utime(claim, (time.time() - 60, time.time() - 60))
+
+    async def read(rid: str) -> dict:
+        return store.response(rid, "")
+
+    abandoned("resp_next", 0)
+    got = asyncio.run(read("resp_next"))  # attempt 1 abandoned: this router claims attempt 2 (and prepares it)
+    assert (tmp_path / "resp_next.claim-2").exists()
+    assert got["status"] == "failed" and got["error"]["message"] == "prepared again here"
+    abandoned("resp_last", MAX_ATTEMPTS - 1)
+    got = asyncio.run(read("resp_last"))
+    assert got["status"] == "failed" and "stopped" in got["error"]["message"]
+    assert not (tmp_path / f"resp_last.claim-{MAX_ATTEMPTS + 1}").exists()

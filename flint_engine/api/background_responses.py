@@ -111,8 +111,12 @@ class BackgroundResponses:
             return False
         if len(self._tasks) >= self.most:
             return True  # full here: the next look takes it (it reads as it was meanwhile)
-        if not self.store.claim(rid, attempt):
-            return True  # another router took this attempt
+        while not self.store.claim(rid, attempt):
+            if not self.store.claim_abandoned(rid, attempt):
+                return True  # another router took this attempt
+            attempt += 1  # the router that claimed it stopped before running it: the next attempt is free
+            if attempt > MAX_ATTEMPTS:
+                return False
         try:
             prep = self.handler.prepare(ResponsesRequest.model_validate(record["request"]), record["owner"])
         except APIError as exc:  # e.g. the response it continues was deleted meanwhile

@@ -136,6 +136,14 @@ class ResponseStore(SweptRecords):
             return False
         return True
 
+    def claim_abandoned(self, response_id: str, attempt: int) -> bool:
+        """Whether `attempt`'s claim is older than STALE_S: its router stopped before it saved the response as its
+        own (the caller saw the record stale, still at an earlier attempt)."""
+        try:
+            return self.clock() - (self.root / f"{response_id}.claim-{attempt}").stat().st_mtime > STALE_S
+        except FileNotFoundError:
+            return False
+
     def stale_running(self) -> list[str]:
         """The background responses whose runner stopped writing (by the running markers and the records' times)."""
         now, out = self.clock(), []
