@@ -337,8 +337,9 @@ def _aged(store_dir: Path, response_id: str, seconds: float = 60.0) -> None:
 
 def test_a_background_response_is_run_again_by_the_next_router(tmp_path: Path) -> None:
     """A router stops while a background response runs: the record is left as it was, and the next router on the
-    same store, finding it stale in a poll, runs it again from its start to the same answer."""
-    long = {**ASK, "max_output_tokens": 400, "extra_body": {"ignore_eos": True}}
+    same store, finding it stale in a poll, runs it again from its start to the same answer (sampled: with the seed
+    chosen for it when it was created, kept with its request)."""
+    long = {**ASK, "temperature": 1.0, "max_output_tokens": 400, "extra_body": {"ignore_eos": True}}
     first = start(store_responses=True, responses_dir=str(tmp_path))
     try:
         c = client(first, "unused")
@@ -350,6 +351,7 @@ def test_a_background_response_is_run_again_by_the_next_router(tmp_path: Path) -
         first.stop()  # in the middle of the background response
     left = json.loads((tmp_path / f"{job.id}.json").read_text())
     assert left["response"]["status"] == "in_progress" and (tmp_path / f"{job.id}.running").exists()
+    seed = left["request"]["seed"]
     second = start(store_responses=True, responses_dir=str(tmp_path))
     try:
         c = client(second, "unused")
@@ -357,7 +359,10 @@ def test_a_background_response_is_run_again_by_the_next_router(tmp_path: Path) -
         again = c.responses.retrieve(job.id)  # stale: this router runs it again
         assert again.status in ("queued", "in_progress") and again.created_at == job.created_at
         done = settled(c, job.id)
-        plain = c.responses.create(input="Count to fifty.", store=False, **long)
+        seeded = {**long, "extra_body": {**long["extra_body"], "seed": seed}}
+        plain = c.responses.create(input="Count to fifty.", store=False, **seeded)
+        other = c.responses.create(input="Count to fifty.", store=False, **long)  # (another seed: another sample)
+        assert other.output_text != plain.output_text
         assert done.status == "incomplete" and done.output_text == plain.output_text
         assert done.usage.output_tokens == 400 and done.id == job.id
         assert json.loads((tmp_path / f"{job.id}.json").read_text())["attempt"] == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -151,6 +152,9 @@ class ResponsesHandler:
                 why = "background responses must be stored: leave store true"
             if why is not None:
                 raise APIError(400, why, "background")
+            if req.seed is None:
+                # Kept with its request: a router that runs it again after its own stopped samples the same text.
+                req = req.model_copy(update={"seed": random.getrandbits(63)})
         full = req
         if req.conversation is not None:
             if req.previous_response_id is not None:
