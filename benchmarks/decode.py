@@ -270,8 +270,10 @@ def check_fast_vs_plain(
     two are within TIE is a near-tie). (fast_path_accuracy.py judges both against FP32.)"""
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (37 + 11 * i,), generator=gen).tolist() for i in range(batch)]
-    # One sequence at a time, each one's logits on the host: the batch's [tokens, 150144] FP32 logits at once did not
-    # fit beside the BF16 weights on an 80 GB H100 at 8 sequences (fifty-eighth session).
+    # Prefilled together (each weight dequantised once on the plain NVFP4 path, one batch shape for the fused one),
+    # each sequence's logits to the host in turn: the batch's [tokens, 150144] FP32 logits at once did not fit beside
+    # the BF16 weights on an 80 GB H100 at 8 sequences (fifty-eighth session). One sequence at a time, NVFP4's
+    # prefill logits at 8 sequences took 232-342 s on an H100 (sixty-first session).
     t0 = time.monotonic()
 
     def progress(what: str) -> None:
@@ -279,8 +281,8 @@ def check_fast_vs_plain(
         # NVFP4 path dequantises at each use, and at 8 sequences 128 steps did not end within 420 s on an H100).
         print(f"check {batch} sequences: {what} after {time.monotonic() - t0:.1f} s", flush=True)
 
-    lf = torch.cat([fast.forward_sequences([p], bs)[0].cpu() for p in prompts])
-    lp = torch.cat([plain.forward_sequences([p], bs)[0].cpu() for p in prompts])
+    lf = torch.cat(fast.forward_sequences(prompts, bs, to_host=True))
+    lp = torch.cat(plain.forward_sequences(prompts, bs, to_host=True))
     progress("prefill logits of both paths")
     plain_tokens = greedy(plain, prompts, steps)
     progress(f"the plain path's {steps} greedy steps")

@@ -272,9 +272,17 @@ class FlintModel:
         return self.kernels.lm_head(hidden, self.weights.lm_head)
 
     @torch.inference_mode()
-    def forward_sequences(self, seqs: list[list[int]], block_size: int = 16) -> list[torch.Tensor]:
-        """FP32 logits for every position of each sequence, prefilled together in one flat batch."""
+    def forward_sequences(
+        self, seqs: list[list[int]], block_size: int = 16, to_host: bool = False
+    ) -> list[torch.Tensor]:
+        """FP32 logits for every position of each sequence, prefilled together in one flat batch. `to_host`: each
+        sequence's logits computed and moved to the host in turn (the batch's [tokens, vocab] FP32 logits at once
+        may not fit beside a full-size model's weights)."""
         batch, nblocks = fresh_sequences_batch(seqs, block_size, self.device)
         cache = KVCache(self.config, nblocks, nblocks, block_size, self.dtype, self.device)
-        logits = self.compute_logits(self.forward(batch, cache))
-        return [logits[a:b] for a, b in zip(batch.query_start[:-1], batch.query_start[1:])]
+        hidden = self.forward(batch, cache)
+        spans = list(zip(batch.query_start[:-1], batch.query_start[1:]))
+        if to_host:
+            return [self.compute_logits(hidden[a:b]).cpu() for a, b in spans]
+        logits = self.compute_logits(hidden)
+        return [logits[a:b] for a, b in spans]
