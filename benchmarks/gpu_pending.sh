@@ -3,8 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (state after the sixtieth session, 2026-12-07: two H100 calls for NVFP4's check at 8 sequences, both cut by
-# their limits before any output; after the fifty-ninth, one H100 for one short call, FLEX=1 at 8K: Flex's kernel 12%
+# Next (state after the sixty-first session, 2026-12-07: the check at 8 sequences cut again on H100s, its prefill
+# logits alone 342 s, then 232 s; `prefill_probe.py` found the plain path un-permuting ready codes bit by bit at
+# every use of a weight (now four byte-table lookups) and the fused path compiling once per prompt length (the
+# check now prefills its prompts together): rerun it first, 32 steps, then 256; after the sixtieth, two H100 calls
+# for it, both cut by their limits before any output; after the fifty-ninth, one H100 for one short call, FLEX=1 at 8K: Flex's kernel 12%
 # faster than ours, slower with the sinks added, not installed; after the fifty-eighth, H100s only:
 # FORCED ran, the fused path's greedy choice differing from the plain path's only at near-ties over 256 teacher-forced
 # steps, BF16 at 1 and 8 sequences and NVFP4 at 1; the status figures on an H100 within 1.1% of the fifty-sixth
@@ -15,7 +18,8 @@
 #                 --check-batches 8`): its plain path dequantises at each use, and at 8 sequences neither 256 steps
 #                 (560 s) nor 128 (420 s) ended within a call on an H100 (sixtieth session, ~980 s of device time with
 #                 nothing printed): take --check-steps 32 first; decode.py now prints each phase of the check as it
-#                 ends, so a cut call says how far it got.
+#                 ends, so a cut call says how far it got. (Sixty-first: `python3 benchmarks/prefill_probe.py
+#                 --layers 6 --lengths 37 48 114` first, ~2 minutes, shows the plain path's seconds a prefill now.)
 # AFTER_BESIDE ran too (H100): the gate_up in 8-row programs at 3-8 tokens won (b7 -3.1%, b8 -2.6%), installed.
 # Judged and kept only as commands: L2_ALL and USED (lost 13-16% and 3-15%; their kernel options removed), WIDE_SPLIT
 # (2 and 4 K splits at 17-32 rows lost 3-19%), EXPERTS_AHEAD (lost 1-15%; its kernel removed), REG_CAP
