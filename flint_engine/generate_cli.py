@@ -33,7 +33,9 @@ def add_parser(sub: Any) -> None:
     constraint = g.add_mutually_exclusive_group()
     constraint.add_argument("--choice", action="append", help="the answer is one of these (repeat the option)")
     constraint.add_argument("--regex", help="the whole answer matches this regular expression")
-    constraint.add_argument("--grammar", metavar="FILE", help="the whole answer is a sentence of this GBNF grammar")
+    constraint.add_argument(
+        "--grammar", metavar="FILE", help="the whole answer is a sentence of this GBNF or Lark grammar"
+    )
     g.add_argument("--json", action="store_true", help="one JSON object a prompt (reasoning, content, tokens, finish)")
     g.set_defaults(func=cmd_generate)
 

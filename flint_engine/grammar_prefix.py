@@ -9,7 +9,8 @@ context-free grammar written in GBNF, the EBNF of llama.cpp and xgrammar:
 The grammar is rewritten into plain productions (each repetition a left-recursive rule) over characters, and the
 output is recognised by an Earley parser one character at a time, so any context-free grammar works, ambiguous or
 left-recursive ones included. `accepts(piece)` extends the parse with a token's characters without keeping them;
-a token that ends inside a UTF-8 character is accepted where some character it begins could follow.
+a token that ends inside a UTF-8 character is accepted where some character it begins could follow. A grammar in
+Lark's syntax is rewritten into GBNF first (`lark_grammar`).
 """
 
 from __future__ import annotations
@@ -259,6 +260,10 @@ def compile_grammar(text: str) -> Grammar:
         raise GrammarError("the grammar is empty")
     if len(text) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"the grammar is {len(text)} characters; at most {MAX_GRAMMAR_CHARS} are allowed")
+    from .lark_grammar import is_lark, lark_to_gbnf  # here: it imports GrammarError from this module
+
+    if is_lark(text):
+        text = lark_to_gbnf(text)
     reader = _Reader(text)
     reader.read()
     productions = [("<start>", ("root",)), *reader.productions]

@@ -53,7 +53,7 @@ class SamplingParams:
     json_schema: dict[str, Any] | None = None  # with json_mode: the object must be an instance of this JSON Schema
     choice: tuple[str, ...] | None = None  # the output is exactly one of these strings (vLLM's guided_choice)
     regex: str | None = None  # the whole output matches this regular expression (vLLM's guided_regex)
-    grammar: str | None = None  # the whole output is a sentence of this GBNF grammar (vLLM's guided_grammar)
+    grammar: str | None = None  # the whole output is a sentence of this GBNF or Lark grammar (vLLM's guided_grammar)
     # The token that closes the reasoning the output opens in (</think> where the prompt ends in <think>); None: the
     # output opens outside any reasoning. An output constraint starts after it, and thinking_token_budget counts the
     # tokens before it.

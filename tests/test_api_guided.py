@@ -102,6 +102,8 @@ def test_completions_hold_the_constraint_from_the_first_token(server) -> None:
         ({"guided_regex": PATTERN}, lambda t: regex.fullmatch(PATTERN, t)),
         # (a grammar of short sentences: the random model stops once one is whole)
         ({"guided_grammar": 'root ::= "(" num ("+" num){0,3} ")"\nnum ::= [0-9]{1,3}'}, lambda t: BOUNDED.fullmatch(t)),
+        # (the same language in Lark, vLLM's other grammar syntax)
+        ({"guided_grammar": 'start: "(" NUM ("+" NUM)~0..3 ")"\nNUM: /[0-9]{1,3}/'}, lambda t: BOUNDED.fullmatch(t)),
         ({"structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": "integer"}}}}}, None),
     ):
         r = post(server, "/v1/completions", {"prompt": "The capital", "max_tokens": 60, "seed": 3, "n": 2, **extra})

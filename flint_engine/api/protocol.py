@@ -239,7 +239,7 @@ class SamplingFields(Lenient):
     guided_json: dict[str, Any] | str | None = None
     guided_choice: list[str] | None = None
     guided_regex: str | None = None
-    guided_grammar: str | None = None  # a GBNF grammar (flint_engine/grammar_prefix.py)
+    guided_grammar: str | None = None  # a GBNF or Lark grammar (flint_engine/grammar_prefix.py, lark_grammar.py)
     structured_outputs: dict[str, Any] | None = None
 
     @field_validator("use_beam_search")
@@ -253,7 +253,9 @@ class SamplingFields(Lenient):
     @classmethod
     def _grammar(cls, v: str | None) -> str | None:
         # Here as well as with the other constraints: an error of this field names it as the param.
-        return v if v is None else _compiles(v, "guided_grammar", "a GBNF grammar", compile_grammar, GrammarError)
+        return (
+            v if v is None else _compiles(v, "guided_grammar", "a GBNF or Lark grammar", compile_grammar, GrammarError)
+        )
 
     @field_validator("bad_words")
     @classmethod
@@ -342,7 +344,9 @@ class SamplingFields(Lenient):
         if pattern is not None:
             self.guided_regex = _compiles(pattern, "guided_regex", "a regular expression", compile_pattern, RegexError)
         if grammar is not None:
-            self.guided_grammar = _compiles(grammar, "guided_grammar", "a GBNF grammar", compile_grammar, GrammarError)
+            self.guided_grammar = _compiles(
+                grammar, "guided_grammar", "a GBNF or Lark grammar", compile_grammar, GrammarError
+            )
         return self
 
     def json_constraint(self) -> tuple[bool, dict[str, Any] | None]:
