@@ -101,6 +101,7 @@ class FlintReplica:
             "max_model_len": e.max_model_len,
             "max_context": e.max_context,
             "generation_defaults": e.generation_defaults,
+            "eos_token_ids": sorted(e.eos_token_ids),
         }
 
     def info(self) -> dict[str, Any]:

@@ -49,6 +49,7 @@ class RayBackend:
         self.max_model_len = 0
         self.max_context = 0
         self.generation_defaults: dict[str, Any] = {}
+        self.eos_token_ids: frozenset[int] = frozenset()
         self._hub = get_hub(app_name)
 
     async def fetch_spec(self) -> None:
@@ -57,6 +58,7 @@ class RayBackend:
         self.tokenizer = FlintTokenizer.from_gguf_metadata(spec["tokenizer"]) if spec["tokenizer"] else None
         self.max_model_len, self.max_context = spec["max_model_len"], spec["max_context"]
         self.generation_defaults = spec["generation_defaults"]
+        self.eos_token_ids = frozenset(spec["eos_token_ids"])
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str

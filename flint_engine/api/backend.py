@@ -18,6 +18,7 @@ class GenerationBackend(Protocol):
     max_model_len: int
     max_context: int
     generation_defaults: dict[str, Any]
+    eos_token_ids: frozenset[int]  # the tokens that end an answer (beam search ends its beams on them)
 
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
@@ -44,6 +45,7 @@ class LocalBackend:
         self.max_model_len = engine.engine.max_model_len
         self.max_context = engine.engine.max_context
         self.generation_defaults = engine.engine.generation_defaults
+        self.eos_token_ids = engine.engine.eos_token_ids
         self.wedge_timeout_s = wedge_timeout_s
 
     def release(self) -> None:

@@ -117,6 +117,8 @@ class ChatHandler:
         check_common_request(req, backend, s)
         if backend.tokenizer is None:
             raise APIError(400, "this checkpoint has no tokenizer: use /v1/completions with token ids", "messages")
+        if req.use_beam_search:
+            raise APIError(400, "beam search is served on /v1/completions only", "use_beam_search")
         if req.top_logprobs is not None and req.top_logprobs > s.max_top_logprobs:
             raise APIError(400, f"top_logprobs must be <= {s.max_top_logprobs}", "top_logprobs")
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
+from .beam_search import MAX_WIDTH, BeamSettings, beam_events, end_tokens
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
 from .limits import (
@@ -35,6 +36,8 @@ class PreparedCompletion:
     logprobs: int | None
     model: str
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k) on each choice
+    beam: BeamSettings | None = None  # beam search (use_beam_search): its settings; the plans are not run
+    skip_special_tokens: bool = True
     request_id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -116,8 +119,48 @@ class CompletionHandler:
                         thinking=False,
                     )
                 )
+        beam = self._beam(req, plans[0].params) if req.use_beam_search else None
         return PreparedCompletion(
-            prompts, texts, plans, req.n, req.echo, req.logprobs, backend.model_name, req.prompt_logprobs
+            prompts,
+            texts,
+            plans,
+            req.n,
+            req.echo,
+            req.logprobs,
+            backend.model_name,
+            req.prompt_logprobs,
+            beam,
+            req.skip_special_tokens,
+        )
+
+    def _beam(self, req: CompletionRequest, params: SamplingParams) -> BeamSettings:
+        """Beam search's settings, refusing what it does not combine with: it scores the model's log-probabilities,
+        so what changes the sampled distribution or the output's text does not apply."""
+        if req.n > MAX_WIDTH:
+            raise APIError(400, f"beam search takes n (its width) up to {MAX_WIDTH}, got {req.n}", "n")
+        unsupported = {
+            "logprobs": req.logprobs is not None,
+            "echo": req.echo,
+            "prompt_logprobs": req.prompt_logprobs is not None,
+            "stop": bool(req.stop_list()),
+            "bad_words": bool(req.bad_words),
+            "logit_bias": bool(req.token_biases()),
+            "allowed_token_ids": bool(req.allowed_token_ids),
+            "presence_penalty": bool(req.presence_penalty),
+            "frequency_penalty": bool(req.frequency_penalty),
+            "repetition_penalty": req.repetition_penalty not in (None, 1.0),
+            "guided_* / structured_outputs / response_format": params.constrained,
+        }
+        named = next((name for name, given in unsupported.items() if given), None)
+        if named is not None:
+            raise APIError(400, f"{named} cannot be used with beam search (use_beam_search)", named.split(" ")[0])
+        return BeamSettings(
+            width=req.n,
+            length_penalty=req.length_penalty,
+            max_tokens=params.max_tokens,
+            min_tokens=params.min_tokens,
+            ends=end_tokens(self.backend.eos_token_ids, params.stop_token_ids, params.ignore_eos),
+            priority=params.priority,
         )
 
     def _prefix(self, prep: PreparedCompletion, index: int) -> str:
@@ -129,6 +172,8 @@ class CompletionHandler:
         return (prep.prompts[index // prep.n], entries) if prep.echo and entries is not None else None
 
     def events(self, prep: PreparedCompletion) -> AsyncIterator[ChoiceEvent]:
+        if prep.beam is not None:
+            return beam_events(self.backend, prep.prompts, prep.beam, prep.request_id, prep.skip_special_tokens)
         return run_choices(self.backend, prep.plans, prep.request_id)
 
     async def complete(self, prep: PreparedCompletion, events: AsyncIterator[ChoiceEvent]) -> CompletionResponse:

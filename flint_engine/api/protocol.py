@@ -231,7 +231,9 @@ class SamplingFields(Lenient):
     bad_words: list[str] | None = Field(default=None, max_length=MAX_BAD_WORDS)
     # vLLM's: keep only the prompt's last k tokens (-1: the model's context length), cutting from the left
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
-    use_beam_search: Any = None
+    # vLLM's beam search (flint_engine/api/beam_search.py): on text completions, `n` beams; refused on chat
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
     # Output constraints: vLLM's guided_* fields and structured_outputs (its newer spelling of them), and
     # response_format (OpenAI's, on chat; vLLM reads it on text completions too). At most one is given; a JSON one
     # is read into response_format, so the handlers look at response_format, guided_choice and guided_regex only.
@@ -241,13 +243,6 @@ class SamplingFields(Lenient):
     guided_regex: str | None = None
     guided_grammar: str | None = None  # a GBNF or Lark grammar (flint_engine/grammar_prefix.py, lark_grammar.py)
     structured_outputs: dict[str, Any] | None = None
-
-    @field_validator("use_beam_search")
-    @classmethod
-    def _not_implemented(cls, v: Any, info: ValidationInfo) -> Any:
-        if v is not None and v is not False:
-            raise ValueError(f"{info.field_name} is not supported by this server")
-        return v
 
     @field_validator("guided_grammar")
     @classmethod
