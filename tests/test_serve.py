@@ -82,6 +82,12 @@ def test_chat_and_streaming_through_the_router(cluster: ServeCluster, client: op
     extra = {"guided_choice": ["yes", "no"], "thinking_token_budget": 2}
     picked = client.chat.completions.create(model="flint", messages=MSG, max_tokens=40, seed=1, extra_body=extra)
     assert picked.choices[0].message.content in ("yes", "no"), picked
+    # Beam search runs in the router, a step at a time on the replicas, ending beams on the replicas' end tokens.
+    ask = {"model": "flint", "prompt": "The sky", "max_tokens": 4}
+    greedy = client.completions.create(**ask, temperature=0, extra_body={"ignore_eos": True})
+    one = client.completions.create(**ask, extra_body={"use_beam_search": True, "ignore_eos": True})
+    beams = client.completions.create(**ask, n=2, extra_body={"use_beam_search": True})
+    assert one.choices[0].text == greedy.choices[0].text and len({c.text for c in beams.choices}) == 2
 
 
 def test_a_batch_runs_in_the_router(cluster: ServeCluster, client: openai.OpenAI) -> None:
