@@ -30,6 +30,21 @@ class GrammarError(ValueError):
     """The grammar cannot be read (or is too large)."""
 
 
+_HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
+
+
+def hex_escape(text: str, pos: int, e: str) -> tuple[str, int] | None:
+    """The character of a `\\x`, `\\u` or `\\U` escape (`e` its letter) whose digits begin at `pos`, and where it
+    ends; None for another letter; GrammarError (without a place) for bad digits."""
+    digits = _HEX_DIGITS.get(e)
+    if digits is None:
+        return None
+    hexa = text[pos : pos + digits]
+    if len(hexa) != digits or not re.fullmatch(r"[0-9A-Fa-f]+", hexa):
+        raise GrammarError(f"\\{e} needs {digits} hexadecimal digits")
+    return chr(int(hexa, 16)), pos + digits
+
+
 @dataclass(frozen=True)
 class CharSet:
     """Characters by code point ranges (inclusive), or all but them."""
@@ -187,14 +202,14 @@ class _Reader:
         self.pos += 1
         if e in _ESCAPES:
             return _ESCAPES[e]
-        digits = {"x": 2, "u": 4, "U": 8}.get(e)
-        if digits is None:
+        try:
+            read = hex_escape(self.text, self.pos, e)
+        except GrammarError as exc:
+            raise self.fail(str(exc)) from None
+        if read is None:
             raise self.fail(f"unknown escape \\{e}")
-        hexa = self.text[self.pos : self.pos + digits]
-        if not re.fullmatch(r"[0-9A-Fa-f]+", hexa) or len(hexa) != digits:
-            raise self.fail(f"\\{e} needs {digits} hexadecimal digits")
-        self.pos += digits
-        return chr(int(hexa, 16))
+        c, self.pos = read
+        return c
 
     def literal(self, quote: str) -> str:
         self.pos += 1

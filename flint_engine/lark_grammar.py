@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .grammar_prefix import GrammarError
+from .grammar_prefix import GrammarError, hex_escape
 
 _DEFINITION = re.compile(r"[?!]?(_?[A-Za-z][A-Za-z0-9_]*|_[A-Za-z0-9_]*)(\.-?\d+)?[ \t]*:(?!:)")
 _TEMPLATE = re.compile(r"[?!]?[A-Za-z_][A-Za-z0-9_]*\s*\{[^}]*\}\s*:(?!:)")  # (read, to be refused)
@@ -257,14 +257,8 @@ class _Body:
         self.pos += 1
         if e in _ESCAPES:
             return _ESCAPES[e]
-        digits = {"x": 2, "u": 4, "U": 8}.get(e)
-        if digits is None:
-            return e
-        hexa = self.text[self.pos : self.pos + digits]
-        if len(hexa) != digits or not re.fullmatch(r"[0-9A-Fa-f]+", hexa):
-            raise self.fail(f"\\{e} needs {digits} hexadecimal digits")
-        self.pos += digits
-        return chr(int(hexa, 16))
+        c, self.pos = _escaped(self.text, self.pos, e, self.fail)
+        return c
 
     def regex(self) -> str:
         start = self.pos = self.pos + 1
@@ -300,6 +294,16 @@ class _Body:
         if bad:
             raise self.fail(f"regular expression flag {sorted(bad)[0]!r} is not supported (i, s, m and u are)")
         return flags
+
+
+def _escaped(text: str, pos: int, e: str, fail: Callable[[str], GrammarError]) -> tuple[str, int]:
+    """The character an escape letter `e` stands for (a hexadecimal escape's digits from `pos`, else `e` itself),
+    and where the escape ends."""
+    try:
+        read = hex_escape(text, pos, e)
+    except GrammarError as exc:
+        raise fail(str(exc)) from None
+    return read if read is not None else (e, pos)
 
 
 def _class_char(c: str) -> str:
@@ -421,14 +425,8 @@ class _RegexReader:
         self.pos += 1
         if e in _ESCAPES and e not in ("b", "0"):
             return _ESCAPES[e]
-        digits = {"x": 2, "u": 4, "U": 8}.get(e)
-        if digits is None:
-            return e  # an escaped metacharacter, or '/'
-        hexa = self.p[self.pos : self.pos + digits]
-        if len(hexa) != digits or not re.fullmatch(r"[0-9A-Fa-f]+", hexa):
-            raise self.fail(f"\\{e} needs {digits} hexadecimal digits")
-        self.pos += digits
-        return chr(int(hexa, 16))
+        c, self.pos = _escaped(self.p, self.pos, e, self.fail)  # (a metacharacter or '/' escaped is itself)
+        return c
 
     def char_class(self) -> str:
         negated = self.p.startswith("^", self.pos)

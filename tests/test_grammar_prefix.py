@@ -5,10 +5,9 @@ whole; then UTF-8 cut inside a character, the grammar's syntax, and its errors."
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import regex
+from grammar_walks import walk_against_pattern
 
 from flint_engine.grammar_prefix import GrammarError, GrammarPrefix, compile_grammar
 
@@ -36,20 +35,7 @@ CASES = [
 def test_prefixes_and_ends_agree_with_the_pattern(grammar: str, pattern: str, alphabet: str) -> None:
     """Random walks into the language: at each step every character of the alphabet is accepted exactly when the
     pattern matches the text with it partially, and the walk goes on with one of those."""
-    rng = random.Random(0)
-    compiled = regex.compile(pattern)
-    deep = 0
-    for _ in range(60):
-        state, text = GrammarPrefix(grammar), ""
-        for _ in range(rng.randint(1, 24)):
-            fits = [c for c in alphabet if compiled.fullmatch(text + c, partial=True) is not None]
-            assert [c for c in alphabet if state.accepts(c.encode())] == fits, text
-            if not fits:
-                break
-            text += rng.choice(fits)
-            assert state.feed(text[-1].encode())
-            assert state.can_end == (compiled.fullmatch(text) is not None), text
-        deep = max(deep, len(text))
+    deep = walk_against_pattern(grammar, pattern, alphabet, walks=60, longest=24)
     assert deep >= 8  # the walks went well into the language (the second case's longest sentence has 8)
 
 

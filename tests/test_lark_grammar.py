@@ -9,6 +9,7 @@ import random
 
 import pytest
 import regex
+from grammar_walks import walk_against_pattern
 
 from flint_engine.grammar_prefix import GrammarError, GrammarPrefix
 from flint_engine.lark_grammar import is_lark
@@ -63,21 +64,7 @@ CASES = [
 def test_prefixes_and_ends_agree_with_the_pattern(grammar: str, pattern: str, alphabet: str) -> None:
     """Random walks into the language: each character is accepted exactly when the pattern matches the text with it
     partially, and the text may end exactly when it matches whole."""
-    rng = random.Random(0)
-    compiled = regex.compile(pattern)
-    deep = 0
-    for _ in range(40):
-        state, text = GrammarPrefix(grammar), ""
-        for _ in range(rng.randint(1, 16)):
-            fits = [c for c in alphabet if compiled.fullmatch(text + c, partial=True) is not None]
-            assert [c for c in alphabet if state.accepts(c.encode())] == fits, text
-            if not fits:
-                break
-            text += rng.choice(fits)
-            assert state.feed(text[-1].encode())
-            assert state.can_end == (compiled.fullmatch(text) is not None), text
-        deep = max(deep, len(text))
-    assert deep >= 4
+    assert walk_against_pattern(grammar, pattern, alphabet, walks=40, longest=16) >= 4
 
 
 def _random_json(rng: random.Random, depth: int = 0) -> object:
