@@ -142,7 +142,20 @@ def test_what_beam_search_does_not_combine_with_is_refused(server, extra: dict, 
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
-def test_beam_search_on_chat_is_refused(server) -> None:
-    body = {"model": "flint", "messages": [{"role": "user", "content": "hi"}], "use_beam_search": True}
-    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
-    assert r.status_code == 400 and "completions only" in r.json()["error"]["message"]
+def chat(server, body: dict) -> httpx.Response:
+    ask = {"model": "flint", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "ignore_eos": True}
+    return httpx.post(f"{server.base_url}/v1/chat/completions", json={**ask, **body}, timeout=120)
+
+
+def test_beam_search_on_chat_parses_each_beam(server) -> None:
+    """On chat the beams run over the templated prompt and each is parsed as an answer (thinking, then content)."""
+    for thinking in (True, False):
+        kwargs = {"chat_template_kwargs": {"enable_thinking": thinking}}
+        greedy = chat(server, {**kwargs, "temperature": 0}).json()["choices"][0]["message"]
+        one = chat(server, {**kwargs, "use_beam_search": True}).json()["choices"][0]["message"]
+        assert one == greedy
+        beams = chat(server, {**kwargs, "use_beam_search": True, "n": 3}).json()["choices"]
+        assert len({json.dumps(c["message"], sort_keys=True) for c in beams}) == 3
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    r = chat(server, {"use_beam_search": True, "tools": tools, "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text

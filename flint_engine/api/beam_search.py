@@ -1,5 +1,5 @@
-"""Beam search (vLLM's `use_beam_search` on /v1/completions): the `n` continuations of highest score, found a token
-at a time.
+"""Beam search (vLLM's `use_beam_search` on completions and chat): the `n` continuations of highest score, found a
+token at a time.
 
 Each step asks the engine for one token of every live beam with the top 2n log-probabilities of the model's
 distribution (greedy, so the sampling settings do not apply), extends each beam by each of those tokens, keeps the n
@@ -19,6 +19,7 @@ from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent
 from .errors import APIError
+from .protocol import SamplingFields
 
 MAX_WIDTH = 10  # 2 x width log-probabilities a step, and the engine gives at most 20
 
@@ -112,6 +113,28 @@ async def beam_events(
             )
 
 
-def end_tokens(eos: Collection[int], stop_token_ids: Collection[int], ignore_eos: bool) -> frozenset[int]:
-    """The tokens that end a beam: the request's stop tokens, and the model's end tokens unless `ignore_eos`."""
-    return frozenset(stop_token_ids) | (frozenset() if ignore_eos else frozenset(eos))
+def beam_settings(
+    req: SamplingFields, params: SamplingParams, eos: Collection[int], refused: dict[str, bool]
+) -> BeamSettings:
+    """A request's beam search, refusing what it does not combine with (`refused`: the endpoint's own fields, each
+    with whether the request sets it): beam search scores the model's log-probabilities, so what changes the sampled
+    distribution or cuts the output's text does not apply."""
+    if req.n > MAX_WIDTH:
+        raise APIError(400, f"beam search takes n (its width) up to {MAX_WIDTH}, got {req.n}", "n")
+    unsupported = {
+        **refused,
+        "prompt_logprobs": req.prompt_logprobs is not None,
+        "stop": bool(req.stop_list()),
+        "bad_words": bool(req.bad_words),
+        "logit_bias": bool(req.token_biases()),
+        "allowed_token_ids": bool(req.allowed_token_ids),
+        "presence_penalty": bool(req.presence_penalty),
+        "frequency_penalty": bool(req.frequency_penalty),
+        "repetition_penalty": req.repetition_penalty != 1.0,
+        "guided_* / structured_outputs / response_format": params.constrained,
+    }
+    named = next((name for name, given in unsupported.items() if given), None)
+    if named is not None:
+        raise APIError(400, f"{named} cannot be used with beam search (use_beam_search)", named.split(" ")[0])
+    ends = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eos))
+    return BeamSettings(req.n, req.length_penalty, params.max_tokens, params.min_tokens, ends, params.priority)

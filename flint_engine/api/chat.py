@@ -15,6 +15,7 @@ from ..parsers import ChatOutputParser
 from ..parsers.reasoning import THINK_END, THINK_START
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
+from .beam_search import BeamSettings, beam_events, beam_settings
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error, validation_error
 from .limits import (
@@ -51,6 +52,7 @@ class PreparedChat:
     model: str
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k), on the response
     service_tier: str | None = None  # the tier it ran at, echoed where the request named one (OpenAI's)
+    beam: BeamSettings | None = None  # beam search (use_beam_search): its settings; the plans are not run
     request_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -117,8 +119,6 @@ class ChatHandler:
         check_common_request(req, backend, s)
         if backend.tokenizer is None:
             raise APIError(400, "this checkpoint has no tokenizer: use /v1/completions with token ids", "messages")
-        if req.use_beam_search:
-            raise APIError(400, "beam search is served on /v1/completions only", "use_beam_search")
         if req.top_logprobs is not None and req.top_logprobs > s.max_top_logprobs:
             raise APIError(400, f"top_logprobs must be <= {s.max_top_logprobs}", "top_logprobs")
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
@@ -220,7 +220,16 @@ class ChatHandler:
             backend.model_name,
             req.prompt_logprobs,
             served_tier(req.service_tier),
+            beam=self._beam(req, base, force) if req.use_beam_search else None,
         )
+
+    def _beam(self, req: ChatCompletionRequest, base: SamplingParams, force: str | None) -> BeamSettings:
+        refused = {
+            "logprobs": bool(req.logprobs),
+            "tool_choice": force is not None,  # (a forced call is generated in two phases)
+            "thinking_token_budget": base.thinking_token_budget is not None,
+        }
+        return beam_settings(req, base, self.backend.eos_token_ids, refused)
 
     # ------------------------------------------------------------------ non-streaming
     async def complete(self, prep: PreparedChat, events: AsyncIterator[ChoiceEvent]) -> ChatCompletionResponse:
@@ -268,6 +277,8 @@ class ChatHandler:
 
     # ------------------------------------------------------------------ streaming
     def events(self, prep: PreparedChat) -> AsyncIterator[ChoiceEvent]:
+        if prep.beam is not None:  # (the parsers read the <think> and <tool_call> tags: special tokens kept)
+            return beam_events(self.backend, [prep.prompt_ids], prep.beam, prep.request_id, False)
         return run_choices(self.backend, prep.plans, prep.request_id)
 
     async def stream(

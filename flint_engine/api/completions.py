@@ -11,7 +11,7 @@ from typing import Any
 
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
-from .beam_search import MAX_WIDTH, BeamSettings, beam_events, end_tokens
+from .beam_search import BeamSettings, beam_events, beam_settings
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
 from .limits import (
@@ -119,7 +119,10 @@ class CompletionHandler:
                         thinking=False,
                     )
                 )
-        beam = self._beam(req, plans[0].params) if req.use_beam_search else None
+        beam = None
+        if req.use_beam_search:
+            refused = {"logprobs": req.logprobs is not None, "echo": req.echo}
+            beam = beam_settings(req, plans[0].params, backend.eos_token_ids, refused)
         return PreparedCompletion(
             prompts,
             texts,
@@ -131,36 +134,6 @@ class CompletionHandler:
             req.prompt_logprobs,
             beam,
             req.skip_special_tokens,
-        )
-
-    def _beam(self, req: CompletionRequest, params: SamplingParams) -> BeamSettings:
-        """Beam search's settings, refusing what it does not combine with: it scores the model's log-probabilities,
-        so what changes the sampled distribution or the output's text does not apply."""
-        if req.n > MAX_WIDTH:
-            raise APIError(400, f"beam search takes n (its width) up to {MAX_WIDTH}, got {req.n}", "n")
-        unsupported = {
-            "logprobs": req.logprobs is not None,
-            "echo": req.echo,
-            "prompt_logprobs": req.prompt_logprobs is not None,
-            "stop": bool(req.stop_list()),
-            "bad_words": bool(req.bad_words),
-            "logit_bias": bool(req.token_biases()),
-            "allowed_token_ids": bool(req.allowed_token_ids),
-            "presence_penalty": bool(req.presence_penalty),
-            "frequency_penalty": bool(req.frequency_penalty),
-            "repetition_penalty": req.repetition_penalty not in (None, 1.0),
-            "guided_* / structured_outputs / response_format": params.constrained,
-        }
-        named = next((name for name, given in unsupported.items() if given), None)
-        if named is not None:
-            raise APIError(400, f"{named} cannot be used with beam search (use_beam_search)", named.split(" ")[0])
-        return BeamSettings(
-            width=req.n,
-            length_penalty=req.length_penalty,
-            max_tokens=params.max_tokens,
-            min_tokens=params.min_tokens,
-            ends=end_tokens(self.backend.eos_token_ids, params.stop_token_ids, params.ignore_eos),
-            priority=params.priority,
         )
 
     def _prefix(self, prep: PreparedCompletion, index: int) -> str:

@@ -231,7 +231,7 @@ class SamplingFields(Lenient):
     bad_words: list[str] | None = Field(default=None, max_length=MAX_BAD_WORDS)
     # vLLM's: keep only the prompt's last k tokens (-1: the model's context length), cutting from the left
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
-    # vLLM's beam search (flint_engine/api/beam_search.py): on text completions, `n` beams; refused on chat
+    # vLLM's beam search (flint_engine/api/beam_search.py): `n` beams
     use_beam_search: bool = False
     length_penalty: float = 1.0
     # Output constraints: vLLM's guided_* fields and structured_outputs (its newer spelling of them), and
