@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .beam_search import BeamSearch, BeamSettings
 from .engine import LLMEngine
 from .engine_config import EngineConfig
 from .parsers.chat_output import ChatOutputParser, ParsedMessage
@@ -42,6 +43,7 @@ class Completion:
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     # With params.prompt_logprobs: per prompt token, (id, logprob, alternatives, rank); None for the first.
     prompt_logprobs: list[tuple[int, float, list[tuple[int, float]], int] | None] | None = None
+    cumulative_logprob: float | None = None  # beam search's: the tokens' summed log-probability
 
 
 @dataclass
@@ -93,6 +95,50 @@ class LLM:
             out.append(
                 Completion(prompt_ids, list(req.output_token_ids), text, req.finish_reason, lp, req.prompt_logprobs)
             )
+        return out
+
+    def beam_search(
+        self,
+        prompts: str | Sequence[str] | Sequence[Sequence[int]],
+        beam_width: int,
+        max_tokens: int,
+        *,
+        length_penalty: float = 1.0,
+        ignore_eos: bool = False,
+        min_tokens: int = 0,
+    ) -> list[list[Completion]]:
+        """Each prompt's `beam_width` continuations of highest score, best first (vLLM's `LLM.beam_search`; scores
+        as `flint_engine.beam_search` says). Every live beam of every prompt takes its step in one engine batch."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if len(prompts) == 0:
+            raise ValueError("no prompts given")
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        ends = frozenset() if ignore_eos else self.engine.eos_token_ids
+        settings = BeamSettings(beam_width, length_penalty, max_tokens, min_tokens, ends)
+        runs = [BeamSearch(p, settings) for p in ids]
+        step = SamplingParams(max_tokens=1, temperature=0.0, logprobs=2 * beam_width, ignore_eos=True)
+        while not all(r.done for r in runs):
+            asks = [(r, a) for r in runs for a in r.asks()]
+            done = iter(self.engine.generate([a for _, a in asks], [step] * len(asks)))
+            for run in (r for r in runs if not r.done):
+                tops = []
+                for _ in run.live:
+                    req = next(done)
+                    logprob, alts = req.output_logprobs[0]
+                    top = dict(alts)
+                    top.setdefault(req.output_token_ids[0], logprob)
+                    tops.append(sorted(top.items(), key=lambda t: -t[1]))
+                run.advance(tops)
+        out = []
+        for prompt_ids, run in zip(ids, runs, strict=True):
+            beams = []
+            for b in run.best():
+                text_ids = b.tokens[:-1] if b.ended else b.tokens
+                text = self.engine.tokenizer.decode(text_ids) if self.engine.tokenizer is not None else ""
+                reason = "stop" if b.ended else "length"
+                beams.append(Completion(prompt_ids, b.tokens, text, reason, cumulative_logprob=b.logprob))
+            out.append(beams)
         return out
 
     def chat(

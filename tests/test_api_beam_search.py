@@ -15,7 +15,8 @@ import httpx
 import pytest
 from api_fixtures import module_server
 
-from flint_engine.api.beam_search import BeamSettings, beam_events, search
+from flint_engine.api.beam_search import beam_events, search
+from flint_engine.beam_search import BeamSettings
 from flint_engine.engine import RequestOutput
 from flint_engine.sampling_params import SamplingParams
 

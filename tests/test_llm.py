@@ -129,3 +129,24 @@ def test_generate_returns_logprobs_and_prompt_logprobs(llm: LLM) -> None:
     assert all(e[1] <= 0.0 and len(e[2]) == 1 and e[2][0][1] >= e[1] for e in c.prompt_logprobs[1:])
     assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
     assert all(top[0][0] == t and top[0][1] == lp for t, (lp, top) in zip(c.token_ids, c.logprobs))
+
+
+def test_beam_search_finds_the_best_scored_beams(llm: LLM) -> None:
+    """One beam is greedy decoding; three are distinct, best first, each scored by its tokens' log-probabilities as
+    the model gives them when it reads the beam back as a prompt; two prompts search in the same batches."""
+    prompt = llm.tokenizer.encode("What is 7 + 8?")
+    other = llm.tokenizer.encode("Name a colour.")
+    [greedy] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    [[one]] = llm.beam_search([prompt], 1, 6, ignore_eos=True)
+    assert one.token_ids == greedy.token_ids and one.finish_reason == "length"
+    beams, others = llm.beam_search([prompt, other], 3, 6, ignore_eos=True)
+    assert len({tuple(b.token_ids) for b in beams}) == 3 and len(others) == 3
+    logprobs = [b.cumulative_logprob for b in beams]
+    assert logprobs == sorted(logprobs, reverse=True)
+    for b in beams:
+        [read] = llm.generate([prompt + b.token_ids], SamplingParams(max_tokens=1, prompt_logprobs=0))
+        total = sum(read.prompt_logprobs[len(prompt) + i][1] for i in range(len(b.token_ids)))
+        assert total == pytest.approx(b.cumulative_logprob, abs=1e-3)
+    ended = [b for b in llm.beam_search([prompt], 3, 40)[0] if b.finish_reason == "stop"]
+    eos = llm.engine.eos_token_ids
+    assert ended and all(b.token_ids[-1] in eos and not set(b.token_ids[:-1]) & eos for b in ended)

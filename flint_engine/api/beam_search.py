@@ -1,48 +1,20 @@
-"""Beam search (vLLM's `use_beam_search` on completions and chat): the `n` continuations of highest score, found a
-token at a time.
-
-Each step asks the engine for one token of every live beam with the top 2n log-probabilities of the model's
-distribution (greedy, so the sampling settings do not apply), extends each beam by each of those tokens, keeps the n
-best extensions and sets aside those that end (an end token, once `min_tokens` are out). A beam's score is its summed
-log-probability over its length to the power `length_penalty`, the length counting the prompt and not the end token
-(vLLM's); the n best of the ended and the still-running beams are the choices. Each step's requests share their
-prefix with the step before, which the prefix cache serves.
+"""Beam search on the API (vLLM's `use_beam_search` on completions and chat; the search itself is
+`flint_engine/beam_search.py`): each step asks the engine for one greedy token of every live beam, a request each,
+with the top 2n log-probabilities of the model's distribution (so the sampling settings do not apply). Each step's
+requests share their prefix with the step before, which the prefix cache serves.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Collection
-from dataclasses import dataclass, field
 
+from ..beam_search import MAX_WIDTH, Beam, BeamSearch, BeamSettings
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent
 from .errors import APIError
 from .protocol import SamplingFields
-
-MAX_WIDTH = 10  # 2 x width log-probabilities a step, and the engine gives at most 20
-
-
-@dataclass(frozen=True)
-class BeamSettings:
-    width: int
-    length_penalty: float
-    max_tokens: int
-    min_tokens: int
-    ends: frozenset[int]  # tokens that end a beam (none with ignore_eos)
-    priority: int = 0
-
-
-@dataclass
-class Beam:
-    tokens: list[int] = field(default_factory=list)
-    logprob: float = 0.0
-    ended: bool = False  # by its last token (else it ran to max_tokens)
-
-    def score(self, prompt_len: int, length_penalty: float) -> float:
-        length = prompt_len + len(self.tokens) - self.ended
-        return self.logprob / (max(length, 1) ** length_penalty)
 
 
 async def _top_tokens(
@@ -65,27 +37,18 @@ async def _top_tokens(
 
 async def search(backend: GenerationBackend, prompt: list[int], s: BeamSettings, request_id: str) -> list[Beam]:
     """The `s.width` beams of highest score after `prompt`, best first."""
-    live, ended = [Beam()], []
-    for step in range(s.max_tokens):
-        tops = await asyncio.gather(
-            *(
-                _top_tokens(backend, prompt + b.tokens, 2 * s.width, s.priority, f"{request_id}-s{step}-b{i}")
-                for i, b in enumerate(live)
+    run = BeamSearch(prompt, s)
+    while not run.done:
+        asks = run.asks()
+        run.advance(
+            await asyncio.gather(
+                *(
+                    _top_tokens(backend, ids, run.top_k, s.priority, f"{request_id}-s{run.steps}-b{i}")
+                    for i, ids in enumerate(asks)
+                )
             )
         )
-        grown = []
-        for beam, top in zip(live, tops, strict=True):
-            for token, logprob in top:
-                if token in s.ends:
-                    if len(beam.tokens) >= s.min_tokens:
-                        ended.append(Beam([*beam.tokens, token], beam.logprob + logprob, ended=True))
-                else:
-                    grown.append(Beam([*beam.tokens, token], beam.logprob + logprob))
-        grown.sort(key=lambda b: b.score(len(prompt), s.length_penalty), reverse=True)
-        live = grown[: s.width]
-        if not live:
-            break
-    return sorted(ended + live, key=lambda b: b.score(len(prompt), s.length_penalty), reverse=True)[: s.width]
+    return run.best()
 
 
 async def beam_events(

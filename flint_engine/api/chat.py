@@ -11,11 +11,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..beam_search import BeamSettings
 from ..parsers import ChatOutputParser
 from ..parsers.reasoning import THINK_END, THINK_START
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
-from .beam_search import BeamSettings, beam_events, beam_settings
+from .beam_search import beam_events, beam_settings
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error, validation_error
 from .limits import (

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..beam_search import BeamSettings
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
-from .beam_search import BeamSettings, beam_events, beam_settings
+from .beam_search import beam_events, beam_settings
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
 from .errors import APIError, error_body, to_api_error
 from .limits import (
