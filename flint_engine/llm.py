@@ -114,6 +114,12 @@ class LLM:
         if len(prompts) == 0:
             raise ValueError("no prompts given")
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        longest = max(len(p) for p in ids)
+        if longest + max_tokens > self.engine.max_model_len:
+            raise ValueError(
+                f"a prompt of {longest} tokens and max_tokens {max_tokens} exceed the model's context of"
+                f" {self.engine.max_model_len} tokens"
+            )
         ends = frozenset() if ignore_eos else self.engine.eos_token_ids
         settings = BeamSettings(beam_width, length_penalty, max_tokens, min_tokens, ends)
         runs = [BeamSearch(p, settings) for p in ids]

@@ -82,7 +82,7 @@ def test_beams_end_on_end_tokens_after_min_tokens() -> None:
 
 def test_beam_events_are_finished_choices_per_prompt() -> None:
     async def gather() -> list:
-        return [ev async for ev in beam_events(ToyBackend(), [[0], [3]], settings(2, 2), "r", True)]
+        return [ev async for ev in beam_events(ToyBackend(), [[0], [3]], [settings(2, 2)] * 2, "r", True)]
 
     events = asyncio.run(gather())
     assert [ev.index for ev in events] == [0, 1, 2, 3]
@@ -126,6 +126,16 @@ def test_beams_streamed_equal_the_whole_answer(server) -> None:
                 for c in json.loads(line[6:])["choices"]:
                     streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
     assert [streamed[i] for i in range(3)] == texts
+
+
+def test_each_prompt_has_its_beams(server) -> None:
+    r = post(
+        server, {**BASE, "prompt": ["The capital of", "Once upon a time there was"], "use_beam_search": True, "n": 2}
+    )
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    alone = post(server, {**BASE, "prompt": "Once upon a time there was", "use_beam_search": True, "n": 2}).json()
+    assert [c["text"] for c in choices[2:]] == [c["text"] for c in alone["choices"]]
 
 
 @pytest.mark.parametrize(

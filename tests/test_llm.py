@@ -150,3 +150,10 @@ def test_beam_search_finds_the_best_scored_beams(llm: LLM) -> None:
     ended = [b for b in llm.beam_search([prompt], 3, 40)[0] if b.finish_reason == "stop"]
     eos = llm.engine.eos_token_ids
     assert ended and all(b.token_ids[-1] in eos and not set(b.token_ids[:-1]) & eos for b in ended)
+
+
+def test_beam_search_refuses_what_cannot_fit(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="exceed the model's context"):
+        llm.beam_search("hi", 2, llm.engine.max_model_len)
+    with pytest.raises(ValueError, match="beam width must be 1 to 10"):
+        llm.beam_search("hi", 11, 4)

@@ -54,13 +54,14 @@ async def search(backend: GenerationBackend, prompt: list[int], s: BeamSettings,
 async def beam_events(
     backend: GenerationBackend,
     prompts: list[list[int]],
-    s: BeamSettings,
+    settings: list[BeamSettings],
     request_id: str,
     skip_special_tokens: bool,
 ) -> AsyncIterator[ChoiceEvent]:
-    """Each prompt's beams as finished choices (choice p * width + j: prompt p's j-th best), once its search ends."""
+    """Each prompt's beams (under its settings) as finished choices (choice p * width + j: prompt p's j-th best),
+    once its search ends."""
     tok = backend.tokenizer
-    for p, prompt in enumerate(prompts):
+    for p, (prompt, s) in enumerate(zip(prompts, settings, strict=True)):
         for j, beam in enumerate(await search(backend, prompt, s, f"{request_id}-{p}")):
             text_ids = beam.tokens[:-1] if beam.ended else beam.tokens  # (an end token's text is not output)
             text = tok.decode(text_ids, skip_special_tokens=skip_special_tokens) if tok is not None else ""

@@ -279,7 +279,7 @@ class ChatHandler:
     # ------------------------------------------------------------------ streaming
     def events(self, prep: PreparedChat) -> AsyncIterator[ChoiceEvent]:
         if prep.beam is not None:  # (the parsers read the <think> and <tool_call> tags: special tokens kept)
-            return beam_events(self.backend, [prep.prompt_ids], prep.beam, prep.request_id, False)
+            return beam_events(self.backend, [prep.prompt_ids], [prep.beam], prep.request_id, False)
         return run_choices(self.backend, prep.plans, prep.request_id)
 
     async def stream(

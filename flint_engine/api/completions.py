@@ -37,7 +37,8 @@ class PreparedCompletion:
     logprobs: int | None
     model: str
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k) on each choice
-    beam: BeamSettings | None = None  # beam search (use_beam_search): its settings; the plans are not run
+    # Beam search (use_beam_search): its settings for each prompt (max_tokens is each one's); the plans are not run
+    beams: list[BeamSettings] | None = None
     skip_special_tokens: bool = True
     request_id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
@@ -120,10 +121,10 @@ class CompletionHandler:
                         thinking=False,
                     )
                 )
-        beam = None
+        beams = None
         if req.use_beam_search:
             refused = {"logprobs": req.logprobs is not None, "echo": req.echo}
-            beam = beam_settings(req, plans[0].params, backend.eos_token_ids, refused)
+            beams = [beam_settings(req, plan.params, backend.eos_token_ids, refused) for plan in plans[:: req.n]]
         return PreparedCompletion(
             prompts,
             texts,
@@ -133,7 +134,7 @@ class CompletionHandler:
             req.logprobs,
             backend.model_name,
             req.prompt_logprobs,
-            beam,
+            beams,
             req.skip_special_tokens,
         )
 
@@ -146,8 +147,8 @@ class CompletionHandler:
         return (prep.prompts[index // prep.n], entries) if prep.echo and entries is not None else None
 
     def events(self, prep: PreparedCompletion) -> AsyncIterator[ChoiceEvent]:
-        if prep.beam is not None:
-            return beam_events(self.backend, prep.prompts, prep.beam, prep.request_id, prep.skip_special_tokens)
+        if prep.beams is not None:
+            return beam_events(self.backend, prep.prompts, prep.beams, prep.request_id, prep.skip_special_tokens)
         return run_choices(self.backend, prep.plans, prep.request_id)
 
     async def complete(self, prep: PreparedCompletion, events: AsyncIterator[ChoiceEvent]) -> CompletionResponse:
