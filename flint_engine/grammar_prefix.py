@@ -53,6 +53,9 @@ class CharSet:
     negated: bool = False
 
     def has(self, cp: int) -> bool:
+        if len(self.ranges) == 1:  # (most sets: a literal's character, or one range)
+            lo, hi = self.ranges[0]
+            return (lo <= cp <= hi) != self.negated
         return any(lo <= cp <= hi for lo, hi in self.ranges) != self.negated
 
     def meets(self, lo: int, hi: int) -> bool:
@@ -389,11 +392,12 @@ class GrammarPrefix:
             if nxt in g.nullable:  # (Aycock and Horspool: an empty rule completes as it is predicted)
                 self._add(s, (prod, dot + 1, origin))
 
-    def _walk(self, text: str) -> list[_Set] | None:
-        """The sets after the output and `text` (only the new ones), None where `text` cannot follow."""
+    def _walk(self, text: str, close_last: bool = True) -> list[_Set] | None:
+        """The sets after the output and `text` (only the new ones), None where `text` cannot follow. Without
+        `close_last` the last set holds only what its character advanced (enough to know that it may follow)."""
         base = self.sets
         new: list[_Set] = []
-        for ch in text:
+        for i, ch in enumerate(text):
             cp, k = ord(ch), len(base) + len(new)
             s = _Set()
             for charset, (prod, dot, origin) in (new[-1] if new else base[-1]).scans:
@@ -401,7 +405,8 @@ class GrammarPrefix:
                     self._add(s, (prod, dot + 1, origin))
             if not s.items:
                 return None
-            self._close(s, k, base, new)
+            if close_last or i < len(text) - 1:
+                self._close(s, k, base, new)
             new.append(s)
         return new
 
@@ -422,21 +427,21 @@ class GrammarPrefix:
         span = _utf8_tail_range(tail)
         return span is not None and any(charset.meets(*span) for charset, _ in last.scans)
 
-    def _advance(self, piece: bytes) -> tuple[list[_Set], bytes] | None:
+    def _advance(self, piece: bytes, keep: bool = True) -> tuple[list[_Set], bytes] | None:
         """The parse's new sets after `piece`, and the bytes of a character it ends inside; None where it cannot
-        follow."""
+        follow. Not to `keep` (a question only), the last set is left unclosed where no character is left begun."""
         split = self._split(piece)
         if split is None:
             return None
         text, tail = split
-        new = self._walk(text)
+        new = self._walk(text, close_last=keep or bool(tail))
         if new is None or (tail and not self._allows_tail(new[-1] if new else self.sets[-1], tail)):
             return None
         return new, tail
 
     def accepts(self, piece: bytes) -> bool:
         """Whether the output may go on with these bytes."""
-        return bool(piece) and self._advance(piece) is not None
+        return bool(piece) and self._advance(piece, keep=False) is not None
 
     def feed(self, piece: bytes) -> bool:
         step = self._advance(piece)
