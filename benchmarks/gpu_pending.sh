@@ -6,7 +6,8 @@
 # Next (state after the sixty-first session, 2026-12-07: the check at 8 sequences cut again on H100s, its prefill
 # logits alone 342 s, then 232 s; `prefill_probe.py` found the plain path un-permuting ready codes bit by bit at
 # every use of a weight (now four byte-table lookups) and the fused path compiling once per prompt length (the
-# check now prefills its prompts together): rerun it first, 32 steps, then 256; after the sixtieth, two H100 calls
+# check now prefills its prompts together): rerun it first (FORCED8=1: the probe, then 32 steps; FORCED8_STEPS=256
+# next); after the sixtieth, two H100 calls
 # for it, both cut by their limits before any output; after the fifty-ninth, one H100 for one short call, FLEX=1 at 8K: Flex's kernel 12%
 # faster than ours, slower with the sinks added, not installed; after the fifty-eighth, H100s only:
 # FORCED ran, the fused path's greedy choice differing from the plain path's only at near-ties over 256 teacher-forced
@@ -1495,6 +1496,19 @@ if [ "${FORCED:-0}" = 1 ]; then
         --reps 5 --check-steps 256 --check-batches 1 8 --no-plain-timing --profile-batches \
         --out "$OUT/decode_forced.json" > "$OUT/decode_forced.txt" 2>&1
     grep -E "^check|Error" "$OUT/decode_forced.txt"
+fi
+# FORCED8=1 (sixty-first session, not yet run): NVFP4's check at 8 sequences after its plain path stopped un-permuting
+# ready codes bit by bit and the check began prefilling its prompts together: first `prefill_probe.py` (a 6-layer
+# model: each path's prefill per prompt length, the plain path's op profile; ~2 minutes), then the check with
+# FORCED8_STEPS (32) steps; each phase prints as it ends, so a cut call still says how far it got.
+if [ "${FORCED8:-0}" = 1 ]; then
+    timeout 150 python3 benchmarks/prefill_probe.py --layers 6 --lengths 37 48 114 --out "$OUT/prefill_probe.json" \
+        > "$OUT/prefill_probe.txt" 2>&1
+    grep -E "tokens:|Error" "$OUT/prefill_probe.txt"
+    timeout 400 python3 benchmarks/decode.py --formats nvfp4 --batches 1 --contexts 1024 --prefill 0 --reps 5 \
+        --check-steps "${FORCED8_STEPS:-32}" --check-batches 8 --no-plain-timing --profile-batches \
+        --out "$OUT/decode_forced8.json" > "$OUT/decode_forced8.txt" 2>&1
+    grep -E "^check|forced|Error" "$OUT/decode_forced8.txt"
 fi
 # OLD_TREE=DIR (fifty-third session; ran in the fifty-seventh on an H100: the head and ad14112's tree even at b1,
 # the head 0.3-1.1% faster at b2-b8, both 5-12% below earlier H100s there, so the gap below was the machines'): another tree's whole step against this one's, alternating on this
