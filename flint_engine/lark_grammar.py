@@ -5,7 +5,7 @@ for `grammar_prefix`:
     pair: KEY "=" value
     ?value: SIGNED_NUMBER | ESCAPED_STRING  // `?` and `!` prefixes, `.n` priorities and `-> alias` are dropped
     KEY: /[a-z_]+/                          // terminals: literals ("..."i too), "a".."z" ranges, /regex/ (i, s)
-    %import common.SIGNED_NUMBER            // Lark's common terminals (`%import common (A, B)` too)
+    %import common.SIGNED_NUMBER            // Lark's common terminals (`common (A, B)`, `common.X -> Y` too)
     %import common.ESCAPED_STRING
     %import common.WS
     %ignore WS                              // may appear before, between and after the tokens
@@ -484,25 +484,27 @@ def _class_text(ranges: str) -> str:
     return "".join(out)
 
 
-def _imports(directives: list[tuple[str, int]]) -> tuple[list[str], list[tuple[str, int]]]:
-    """The common terminals imported, and the `%ignore` directives."""
+def _imports(directives: list[tuple[str, int]]) -> tuple[list[str], list[tuple[str, int]], list[_Definition]]:
+    """The common terminals imported, the `%ignore` directives, and a definition for each import under another name
+    (`%import common.INT -> COUNT`: COUNT is INT)."""
     names: list[str] = []
     ignores: list[tuple[str, int]] = []
+    renamed: list[_Definition] = []
     for text, line in directives:
         word = text.split(None, 1)[0]
         rest = text[len(word) :].strip()
         if word == "%import":
-            m = re.fullmatch(r"common\.([A-Z_][A-Z0-9_]*)(\s*->\s*\w+)?|common\s*\(([^)]*)\)", rest)
+            m = re.fullmatch(r"common\.([A-Z_][A-Z0-9_]*)(\s*->\s*(\w+))?|common\s*\(([^)]*)\)", rest)
             if m is None:
                 raise _fail(line, "only Lark's common terminals can be imported (%import common.NAME)")
-            if m.group(2):
-                raise _fail(line, "an import under another name (->) is not supported")
-            names.extend([m.group(1)] if m.group(1) else [n.strip() for n in m.group(3).split(",") if n.strip()])
+            if m.group(3):
+                renamed.append(_Definition(m.group(3), m.group(3).lstrip("_")[:1].isupper(), m.group(1), line))
+            names.extend([m.group(1)] if m.group(1) else [n.strip() for n in m.group(4).split(",") if n.strip()])
         elif word == "%ignore":
             ignores.append((rest, line))
         else:
             raise _fail(line, f"{word} is not supported (%import common.NAME and %ignore are)")
-    return names, ignores
+    return names, ignores, renamed
 
 
 def lark_to_gbnf(text: str) -> str:
@@ -510,7 +512,8 @@ def lark_to_gbnf(text: str) -> str:
     defs, directives = _statements(text)
     if not defs:
         raise GrammarError("the Lark grammar defines no rule")
-    imported, ignores = _imports(directives)
+    imported, ignores, renamed = _imports(directives)
+    defs += renamed
     common = {d.name: d for d in _statements(_COMMON)[0]}
     defined = {d.name for d in defs}
     # The imported terminals and the common ones they use (not those the grammar defines itself).

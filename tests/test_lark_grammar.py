@@ -105,6 +105,8 @@ def test_start_is_the_start_else_the_first_rule_and_terminals_inline() -> None:
     assert whole("first: second '!'\nsecond: 'hi'", "hi!")
     assert whole('start: A\nA: B "-" B\nB: "a".."c"', "a-c") and not whole('start: A\nA: B "-" B\nB: "a".."c"', "a-d")
     assert whole("start: x\n    | y\nx: 'x'\ny: 'y' -> why", "y")  # an alternative on its own line, an alias
+    renamed = 'start: COUNT "x"\n%import common.INT -> COUNT'  # an import under another name
+    assert whole(renamed, "12x") and not whole(renamed, "x")
 
 
 @pytest.mark.parametrize(
