@@ -37,9 +37,22 @@ class Beam:
     logprob: float = 0.0
     ended: bool = False  # by its last token (else it ran to max_tokens)
 
+    @property
+    def text_tokens(self) -> list[int]:
+        """Its tokens but an end token (whose text is not output)."""
+        return self.tokens[:-1] if self.ended else self.tokens
+
     def score(self, prompt_len: int, length_penalty: float) -> float:
         length = prompt_len + len(self.tokens) - self.ended
         return self.logprob / (max(length, 1) ** length_penalty)
+
+
+def ranked(token: int, logprob: float, alts: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """A step's top tokens, likeliest first, from what the engine returns for a token with logprobs: the token
+    chosen and its alternatives (which may or may not include it)."""
+    top = dict(alts)
+    top.setdefault(token, logprob)
+    return sorted(top.items(), key=lambda t: -t[1])
 
 
 class BeamSearch:

@@ -12,13 +12,14 @@ Every prompt of one call runs in one batch of the engine (`LLMEngine.generate`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
 
-from .beam_search import BeamSearch, BeamSettings
+from .beam_search import BeamSearch, BeamSettings, ranked
 from .engine import LLMEngine
 from .engine_config import EngineConfig
 from .parsers.chat_output import ChatOutputParser, ParsedMessage
@@ -81,11 +82,7 @@ class LLM:
     ) -> list[Completion]:
         """Continue each prompt (text, or token ids) as is, without the chat template; with `params.n` > 1 each
         prompt's n completions come one after another."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if len(prompts) == 0:
-            raise ValueError("no prompts given")
-        ids = [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        ids = self._prompt_ids(prompts)
         params = params or SamplingParams()
         ids, plist = _choices(ids, [params] * len(ids))
         out = []
@@ -109,11 +106,7 @@ class LLM:
     ) -> list[list[Completion]]:
         """Each prompt's `beam_width` continuations of highest score, best first (vLLM's `LLM.beam_search`; scores
         as `flint_engine.beam_search` says). Every live beam of every prompt takes its step in one engine batch."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if len(prompts) == 0:
-            raise ValueError("no prompts given")
-        ids = [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        ids = self._prompt_ids(prompts)
         longest = max(len(p) for p in ids)
         if longest + max_tokens > self.engine.max_model_len:
             raise ValueError(
@@ -125,27 +118,29 @@ class LLM:
         runs = [BeamSearch(p, settings) for p in ids]
         step = SamplingParams(max_tokens=1, temperature=0.0, logprobs=2 * beam_width, ignore_eos=True)
         while not all(r.done for r in runs):
-            asks = [(r, a) for r in runs for a in r.asks()]
-            done = iter(self.engine.generate([a for _, a in asks], [step] * len(asks)))
-            for run in (r for r in runs if not r.done):
+            asking = [r for r in runs if not r.done]
+            asks = [a for r in asking for a in r.asks()]
+            answers = iter(self.engine.generate(asks, [step] * len(asks)))
+            for run in asking:
                 tops = []
-                for _ in run.live:
-                    req = next(done)
+                for req in itertools.islice(answers, len(run.live)):
                     logprob, alts = req.output_logprobs[0]
-                    top = dict(alts)
-                    top.setdefault(req.output_token_ids[0], logprob)
-                    tops.append(sorted(top.items(), key=lambda t: -t[1]))
+                    tops.append(ranked(req.output_token_ids[0], logprob, alts))
                 run.advance(tops)
-        out = []
-        for prompt_ids, run in zip(ids, runs, strict=True):
-            beams = []
-            for b in run.best():
-                text_ids = b.tokens[:-1] if b.ended else b.tokens
-                text = self.engine.tokenizer.decode(text_ids) if self.engine.tokenizer is not None else ""
-                reason = "stop" if b.ended else "length"
-                beams.append(Completion(prompt_ids, b.tokens, text, reason, cumulative_logprob=b.logprob))
-            out.append(beams)
-        return out
+        tok = self.engine.tokenizer
+        return [
+            [
+                Completion(
+                    prompt_ids,
+                    b.tokens,
+                    tok.decode(b.text_tokens) if tok is not None else "",
+                    "stop" if b.ended else "length",
+                    cumulative_logprob=b.logprob,
+                )
+                for b in run.best()
+            ]
+            for prompt_ids, run in zip(ids, runs, strict=True)
+        ]
 
     def chat(
         self,
@@ -202,6 +197,14 @@ class LLM:
                 )
             )
         return replies
+
+    def _prompt_ids(self, prompts: str | Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+        """Prompts (text, or token ids) as token ids."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if len(prompts) == 0:
+            raise ValueError("no prompts given")
+        return [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
 
     def _text(self, req: Request, skip_special_tokens: bool) -> str:
         if self.engine.tokenizer is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Collection
 
-from ..beam_search import MAX_WIDTH, Beam, BeamSearch, BeamSettings
+from ..beam_search import MAX_WIDTH, Beam, BeamSearch, BeamSettings, ranked
 from ..sampling_params import SamplingParams
 from .backend import GenerationBackend
 from .choices import ChoiceEvent
@@ -22,17 +22,16 @@ async def _top_tokens(
 ) -> list[tuple[int, float]]:
     """The k most likely next tokens after `ids` with their log-probabilities (the model's distribution)."""
     params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, ignore_eos=True, priority=priority)
-    top: dict[int, float] = {}
+    top: list[tuple[int, float]] = []
     async for choice in backend.generate(ids, params, request_id):  # (to its end: one token)
         out = choice.output
         if out.error is not None or out.finish_reason == "error":
             raise APIError(500, out.error or "generation failed", code="generation_failed")
         for token, logprob, alts in out.new_logprobs or ():
-            top = dict(alts)
-            top.setdefault(token, logprob)
+            top = ranked(token, logprob, alts)
     if not top:
         raise APIError(500, "the engine returned no token for a beam", code="generation_failed")
-    return sorted(top.items(), key=lambda t: -t[1])[:k]
+    return top
 
 
 async def search(backend: GenerationBackend, prompt: list[int], s: BeamSettings, request_id: str) -> list[Beam]:
@@ -63,8 +62,7 @@ async def beam_events(
     tok = backend.tokenizer
     for p, (prompt, s) in enumerate(zip(prompts, settings, strict=True)):
         for j, beam in enumerate(await search(backend, prompt, s, f"{request_id}-{p}")):
-            text_ids = beam.tokens[:-1] if beam.ended else beam.tokens  # (an end token's text is not output)
-            text = tok.decode(text_ids, skip_special_tokens=skip_special_tokens) if tok is not None else ""
+            text = tok.decode(beam.text_tokens, skip_special_tokens=skip_special_tokens) if tok is not None else ""
             yield ChoiceEvent(
                 p * s.width + j,
                 text,
