@@ -18,6 +18,7 @@ dynamic lexer reads it, not by a longest-match lexer. Templates, `%declare`, `%o
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +60,11 @@ CPP_COMMENT: /\/\/[^\n]*/
 """
 
 
+@functools.cache
+def _common() -> dict[str, _Definition]:
+    return {d.name: d for d in _statements(_COMMON)[0]}
+
+
 def is_lark(text: str) -> bool:
     """Whether a grammar text reads as Lark rather than GBNF: a line defines `name: ...` and none `name ::= ...`."""
     lark = False
@@ -73,9 +79,13 @@ def is_lark(text: str) -> bool:
 @dataclass
 class _Definition:
     name: str
-    terminal: bool
     body: str
     line: int
+
+    @property
+    def terminal(self) -> bool:
+        """Lark's terminals are named in capitals (rules in small letters)."""
+        return self.name.lstrip("_")[:1].isupper()
 
 
 def _fail(line: int, why: str) -> GrammarError:
@@ -124,8 +134,7 @@ def _statements(text: str) -> tuple[list[_Definition], list[tuple[str, int]]]:
                 if _TEMPLATE.match(line):
                     raise _fail(number, "templates are not supported")
                 raise _fail(number, f"expected a definition `name: ...`, got {line[:30]!r}")
-            name = m.group(1)
-            defs.append(_Definition(name, name.lstrip("_")[:1].isupper(), line[m.end() :], number))
+            defs.append(_Definition(m.group(1), line[m.end() :], number))
     return defs, directives
 
 
@@ -498,7 +507,7 @@ def _imports(directives: list[tuple[str, int]]) -> tuple[list[str], list[tuple[s
             if m is None:
                 raise _fail(line, "only Lark's common terminals can be imported (%import common.NAME)")
             if m.group(3):
-                renamed.append(_Definition(m.group(3), m.group(3).lstrip("_")[:1].isupper(), m.group(1), line))
+                renamed.append(_Definition(m.group(3), m.group(1), line))
             names.extend([m.group(1)] if m.group(1) else [n.strip() for n in m.group(4).split(",") if n.strip()])
         elif word == "%ignore":
             ignores.append((rest, line))
@@ -514,7 +523,7 @@ def lark_to_gbnf(text: str) -> str:
         raise GrammarError("the Lark grammar defines no rule")
     imported, ignores, renamed = _imports(directives)
     defs += renamed
-    common = {d.name: d for d in _statements(_COMMON)[0]}
+    common = _common()
     defined = {d.name for d in defs}
     # The imported terminals and the common ones they use (not those the grammar defines itself).
     wanted, seen = [n for n in imported if n not in defined], set()
@@ -539,7 +548,7 @@ def lark_to_gbnf(text: str) -> str:
     if ignores:
         parts = []
         for body, line in ignores:
-            ignored = _Body(_Definition("%ignore", True, body, line), terminals, False)
+            ignored = _Body(_Definition("%ignore", body, line), terminals, False)
             parts.append(ignored.expansions())
             _check_names(ignored, names, common)
         lines.append(f"{_IGNORE} ::= ({' | '.join(parts)})*")
