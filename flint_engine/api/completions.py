@@ -39,7 +39,6 @@ class PreparedCompletion:
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k) on each choice
     # Beam search (use_beam_search): its settings for each prompt (max_tokens is each one's); the plans are not run
     beams: list[BeamSettings] | None = None
-    skip_special_tokens: bool = True
     request_id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -135,7 +134,6 @@ class CompletionHandler:
             backend.model_name,
             req.prompt_logprobs,
             beams,
-            req.skip_special_tokens,
         )
 
     def _prefix(self, prep: PreparedCompletion, index: int) -> str:
@@ -148,7 +146,8 @@ class CompletionHandler:
 
     def events(self, prep: PreparedCompletion) -> AsyncIterator[ChoiceEvent]:
         if prep.beams is not None:
-            return beam_events(self.backend, prep.prompts, prep.beams, prep.request_id, prep.skip_special_tokens)
+            skip = prep.plans[0].params.skip_special_tokens
+            return beam_events(self.backend, prep.prompts, prep.beams, prep.request_id, skip)
         return run_choices(self.backend, prep.plans, prep.request_id)
 
     async def complete(self, prep: PreparedCompletion, events: AsyncIterator[ChoiceEvent]) -> CompletionResponse:
