@@ -54,6 +54,8 @@ class PreparedChat:
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k), on the response
     service_tier: str | None = None  # the tier it ran at, echoed where the request named one (OpenAI's)
     beam: BeamSettings | None = None  # beam search (use_beam_search): its settings; the plans are not run
+    token_ids: bool = False  # vLLM's return_token_ids
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids
     request_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -222,6 +224,8 @@ class ChatHandler:
             req.prompt_logprobs,
             served_tier(req.service_tier),
             beam=self._beam(req, base, force) if req.use_beam_search else None,
+            token_ids=req.return_token_ids,
+            tokens_as_ids=req.return_tokens_as_token_ids,
         )
 
     def _beam(self, req: ChatCompletionRequest, base: SamplingParams, force: str | None) -> BeamSettings:
@@ -252,9 +256,16 @@ class ChatHandler:
             )
             lp = None
             if prep.top_logprobs is not None and self.token_text is not None:
-                lp = chat_logprobs(self.token_text, c.logprobs, prep.top_logprobs)
+                lp = chat_logprobs(self.token_text, c.logprobs, prep.top_logprobs, prep.tokens_as_ids)
             choices.append(
-                ChatChoice(index=i, message=message, logprobs=lp, finish_reason=reason, stop_reason=ev.stop_reason)
+                ChatChoice(
+                    index=i,
+                    message=message,
+                    logprobs=lp,
+                    finish_reason=reason,
+                    stop_reason=ev.stop_reason,
+                    token_ids=c.token_ids if prep.token_ids else None,
+                )
             )
         completion_tokens, cached = totals(done)
         usage = Usage(
@@ -274,6 +285,7 @@ class ChatHandler:
             usage=usage,
             prompt_logprobs=scored,
             service_tier=prep.service_tier,
+            prompt_token_ids=prep.prompt_ids if prep.token_ids else None,
         )
 
     # ------------------------------------------------------------------ streaming
@@ -290,6 +302,7 @@ class ChatHandler:
         streamers = [prep.parser().stream() for _ in range(n)]
         started = [False] * n
         pending_lp: list[list[Entry]] = [[] for _ in range(n)]
+        pending_ids: list[list[int]] = [[] for _ in range(n)]  # a delta's tokens go with it (return_token_ids)
         called = [False] * n
         completion = [0] * n
         cached = 0
@@ -300,12 +313,18 @@ class ChatHandler:
             finish: str | None = None,
             stop_reason: Any = None,
             logprobs: list[Entry] | None = None,
+            token_ids: list[int] | None = None,
+            first: bool = False,
         ) -> str:
             choice: dict[str, Any] = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
             if finish is not None and stop_reason is not None:
                 choice["stop_reason"] = stop_reason
             if logprobs and prep.top_logprobs is not None and self.token_text is not None:
-                choice["logprobs"] = chat_logprobs(self.token_text, logprobs, prep.top_logprobs).model_dump()
+                choice["logprobs"] = chat_logprobs(
+                    self.token_text, logprobs, prep.top_logprobs, prep.tokens_as_ids
+                ).model_dump()
+            if prep.token_ids:
+                choice["token_ids"] = token_ids or []
             body: dict[str, Any] = {
                 "id": prep.request_id,
                 "object": "chat.completion.chunk",
@@ -315,6 +334,8 @@ class ChatHandler:
             }
             if prep.service_tier is not None:
                 body["service_tier"] = prep.service_tier
+            if first and prep.token_ids:
+                body["prompt_token_ids"] = prep.prompt_ids
             if continuous_usage:
                 body["usage"] = usage_dict()
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
@@ -335,9 +356,10 @@ class ChatHandler:
                 cached = max(cached, ev.cached_tokens)
                 if not started[i]:
                     started[i] = True
-                    yield chunk(i, {"role": "assistant", "content": ""})
+                    yield chunk(i, {"role": "assistant", "content": ""}, first=True)
                 if ev.logprobs:
                     pending_lp[i] += ev.logprobs
+                pending_ids[i] += ev.token_ids
                 deltas = streamers[i].feed(ev.text) if ev.text else []
                 if ev.finished:
                     if ev.error is not None or ev.finish_reason == "error":
@@ -346,12 +368,12 @@ class ChatHandler:
                 for d in deltas:
                     if d.tool_calls:
                         called[i] = True
-                    yield chunk(i, d.to_openai(), logprobs=pending_lp[i])
-                    pending_lp[i] = []
+                    yield chunk(i, d.to_openai(), logprobs=pending_lp[i], token_ids=pending_ids[i])
+                    pending_lp[i], pending_ids[i] = [], []
                 if ev.finished:
                     reason = "tool_calls" if called[i] else ev.finish_reason
-                    yield chunk(i, {}, reason, ev.stop_reason, logprobs=pending_lp[i])
-                    pending_lp[i] = []
+                    yield chunk(i, {}, reason, ev.stop_reason, logprobs=pending_lp[i], token_ids=pending_ids[i])
+                    pending_lp[i], pending_ids[i] = [], []
             if include_usage:
                 body = {
                     "id": prep.request_id,

@@ -182,6 +182,7 @@ class FinishedChoice:
     logprobs: list[tuple[int, float, list[tuple[int, float]]]]
     final: ChoiceEvent
     prompt_logprobs: list[PromptEntry | None] | None = None
+    token_ids: list[int] = field(default_factory=list)
 
 
 async def primed(events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:
@@ -202,8 +203,10 @@ async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[FinishedCh
     entries: list[list[tuple[int, float, list[tuple[int, float]]]]] = [[] for _ in range(n)]
     final: list[ChoiceEvent | None] = [None] * n
     prompt: list[list | None] = [None] * n
+    ids: list[list[int]] = [[] for _ in range(n)]
     async for ev in events:
         texts[ev.index] += ev.text
+        ids[ev.index] += ev.token_ids
         if ev.prompt_logprobs is not None:
             prompt[ev.index] = ev.prompt_logprobs
         if ev.logprobs:
@@ -216,7 +219,7 @@ async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[FinishedCh
         assert ev is not None
         if ev.error is not None or ev.finish_reason == "error":
             raise APIError(500, ev.error or "generation failed", code="generation_failed")
-        out.append(FinishedChoice(texts[i], entries[i], ev, prompt[i]))
+        out.append(FinishedChoice(texts[i], entries[i], ev, prompt[i], ids[i]))
     return out
 
 

@@ -39,6 +39,8 @@ class PreparedCompletion:
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k) on each choice
     # Beam search (use_beam_search): its settings for each prompt (max_tokens is each one's); the plans are not run
     beams: list[BeamSettings] | None = None
+    token_ids: bool = False  # vLLM's return_token_ids
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids
     request_id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -134,6 +136,8 @@ class CompletionHandler:
             backend.model_name,
             req.prompt_logprobs,
             beams,
+            req.return_token_ids,
+            req.return_tokens_as_token_ids,
         )
 
     def _prefix(self, prep: PreparedCompletion, index: int) -> str:
@@ -160,7 +164,7 @@ class CompletionHandler:
             if prep.logprobs is not None and self.token_text is not None:
                 prompt = self._echoed(prep, i, c.prompt_logprobs)
                 start = 0 if prompt else len(prefix)  # echoed prompt tokens carry the prompt's text themselves
-                lp = completion_logprobs(self.token_text, c.logprobs, prep.logprobs, start, prompt)
+                lp = completion_logprobs(self.token_text, c.logprobs, prep.logprobs, start, prompt, prep.tokens_as_ids)
             scored = None
             if prep.prompt_logprobs is not None and c.prompt_logprobs is not None and self.token_text is not None:
                 scored = prompt_logprobs(self.token_text, c.prompt_logprobs, prep.prompt_logprobs)
@@ -172,6 +176,8 @@ class CompletionHandler:
                     finish_reason=ev.finish_reason,
                     stop_reason=ev.stop_reason,
                     prompt_logprobs=scored,
+                    prompt_token_ids=prep.prompts[i // prep.n] if prep.token_ids else None,
+                    token_ids=c.token_ids if prep.token_ids else None,
                 )
             )
         completion_tokens, cached = totals(done)
@@ -194,6 +200,7 @@ class CompletionHandler:
     ) -> AsyncIterator[str]:
         completion = [0] * len(prep.plans)
         started = [False] * len(prep.plans)
+        sent_prompt = [False] * len(prep.plans)  # (with return_token_ids: the prompt's ids go with a choice's first)
         offsets = [len(self._prefix(prep, i)) for i in range(len(prep.plans))]
 
         def body(choices: list[dict[str, Any]], with_usage: bool) -> str:
@@ -224,20 +231,23 @@ class CompletionHandler:
                 prompt = self._echoed(prep, i, ev.prompt_logprobs)
                 if prep.logprobs is not None and (ev.logprobs or prompt) and self.token_text is not None:
                     at = 0 if prompt else offsets[i]
-                    lp = completion_logprobs(self.token_text, ev.logprobs or [], prep.logprobs, at, prompt).model_dump()
+                    lp = completion_logprobs(
+                        self.token_text, ev.logprobs or [], prep.logprobs, at, prompt, prep.tokens_as_ids
+                    ).model_dump()
                 offsets[i] += len(text)
-                if text or ev.finished or lp:
-                    yield body(
-                        [
-                            {
-                                "index": i,
-                                "text": text,
-                                "logprobs": lp,
-                                "finish_reason": ev.finish_reason if ev.finished else None,
-                            }
-                        ],
-                        continuous_usage,
-                    )
+                if text or ev.finished or lp or (prep.token_ids and ev.token_ids):
+                    choice: dict[str, Any] = {
+                        "index": i,
+                        "text": text,
+                        "logprobs": lp,
+                        "finish_reason": ev.finish_reason if ev.finished else None,
+                    }
+                    if prep.token_ids:
+                        if not sent_prompt[i]:
+                            sent_prompt[i] = True
+                            choice["prompt_token_ids"] = prep.prompts[i // prep.n]
+                        choice["token_ids"] = ev.token_ids
+                    yield body([choice], continuous_usage)
             if include_usage:
                 yield body([], True)
         except Exception as exc:

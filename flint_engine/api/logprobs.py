@@ -24,13 +24,18 @@ class TokenText:
             hit = self._cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
         return hit
 
+    def name(self, token_id: int, as_id: bool) -> str:
+        """How logprobs spell a token: its text, or "token_id:<id>" (vLLM's return_tokens_as_token_ids, for tokens
+        whose text is a piece of a character)."""
+        return f"token_id:{token_id}" if as_id else self.get(token_id)[0]
 
-def chat_logprobs(tt: TokenText, entries: list[Entry], top_n: int) -> ChoiceLogprobs:
+
+def chat_logprobs(tt: TokenText, entries: list[Entry], top_n: int, as_ids: bool = False) -> ChoiceLogprobs:
+    """Chat's logprobs of `entries`; with `as_ids` each token named by its id (its bytes stay the token's own)."""
     content = []
     for tid, lp, top in entries:
-        text, raw = tt.get(tid)
-        alts = [TopLogprob(token=tt.get(t)[0], logprob=v, bytes=tt.get(t)[1]) for t, v in top[:top_n]]
-        content.append(TokenLogprob(token=text, logprob=lp, bytes=raw, top_logprobs=alts))
+        alts = [TopLogprob(token=tt.name(t, as_ids), logprob=v, bytes=tt.get(t)[1]) for t, v in top[:top_n]]
+        content.append(TokenLogprob(token=tt.name(tid, as_ids), logprob=lp, bytes=tt.get(tid)[1], top_logprobs=alts))
     return ChoiceLogprobs(content=content)
 
 
@@ -40,9 +45,11 @@ def completion_logprobs(
     top_n: int,
     offset: int,
     prompt: tuple[list[int], list[PromptEntry | None]] | None = None,
+    as_ids: bool = False,
 ) -> CompletionLogprobs:
     """The legacy completions' logprobs of `entries`, their text starting at `offset`; with `prompt` (its token ids
-    and their entries, as `echo` returns them) the prompt's tokens first, the first one without a logprob."""
+    and their entries, as `echo` returns them) the prompt's tokens first, the first one without a logprob. With
+    `as_ids` tokens are named by their ids; the offsets still count the text."""
     out = CompletionLogprobs()
     pos = offset
     rows: list[tuple[int, float | None, list[tuple[int, float]] | None]] = []
@@ -52,9 +59,9 @@ def completion_logprobs(
     rows += entries
     for tid, lp, top in rows:
         text, _ = tt.get(tid)
-        out.tokens.append(text)
+        out.tokens.append(tt.name(tid, as_ids))
         out.token_logprobs.append(lp)
-        out.top_logprobs.append({tt.get(t)[0]: v for t, v in top[:top_n]} if top_n and top is not None else None)
+        out.top_logprobs.append({tt.name(t, as_ids): v for t, v in top[:top_n]} if top_n and top is not None else None)
         out.text_offset.append(pos)
         pos += len(text)
     return out

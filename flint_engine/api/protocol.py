@@ -234,6 +234,10 @@ class SamplingFields(Lenient):
     # vLLM's beam search (flint_engine/api/beam_search.py): `n` beams
     use_beam_search: bool = False
     length_penalty: float = 1.0
+    # vLLM's token tracing: the prompt's and each choice's token ids beside the text (streamed: the prompt's with
+    # a choice's first chunk, each chunk's own ids with it), and logprobs' tokens spelled "token_id:<id>"
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
     # Output constraints: vLLM's guided_* fields and structured_outputs (its newer spelling of them), and
     # response_format (OpenAI's, on chat; vLLM reads it on text completions too). At most one is given; a JSON one
     # is read into response_format, so the handlers look at response_format, guided_choice and guided_regex only.
@@ -526,6 +530,7 @@ class ChatChoice(Strict):
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    token_ids: list[int] | None = None  # vLLM's, with return_token_ids: every token the choice generated
 
 
 class PromptTokensDetails(Strict):
@@ -548,6 +553,7 @@ class ChatCompletionResponse(Strict):
     usage: Usage
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's, when asked for
     service_tier: str | None = None  # OpenAI's: the tier it ran at, where the request named one
+    prompt_token_ids: list[int] | None = None  # vLLM's, with return_token_ids
 
 
 class CompletionLogprobs(Strict):
@@ -572,6 +578,19 @@ class CompletionChoice(Strict):
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's, when asked for
+    # vLLM's, with return_token_ids: the choice's prompt and generated tokens
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+
+    @model_serializer(mode="wrap")
+    def _token_ids_when_asked(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The completions answer keeps its None fields (OpenAI's logprobs: null), but not these two where nobody
+        # asked for them.
+        out = handler(self)
+        for key in ("prompt_token_ids", "token_ids"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 class CompletionResponse(Strict):
