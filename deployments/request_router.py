@@ -15,18 +15,18 @@ from collections import OrderedDict
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from flint_engine.kv_cache_manager import block_hashes, chain_root
+
 log = logging.getLogger("flint_serve.request_router")
 
 BLOCK = 16
 
 
-def prefix_hashes(token_ids: list[int], max_blocks: int = 256, block: int = BLOCK) -> list[int]:
-    """Chained hashes of the prompt's leading whole blocks (the engine's prefix-cache keys)."""
-    out, parent = [], 0
-    for i in range(min(len(token_ids) // block, max_blocks)):
-        parent = hash((parent, *token_ids[i * block : (i + 1) * block]))
-        out.append(parent)
-    return out
+def prefix_hashes(
+    token_ids: list[int], cache_salt: str | None = None, max_blocks: int = 256, block: int = BLOCK
+) -> list[int]:
+    """Chained hashes of the prompt's leading whole blocks under its cache salt (the engine's prefix-cache keys)."""
+    return block_hashes(token_ids, min(len(token_ids) // block, max_blocks), block, chain_root(cache_salt))
 
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):

@@ -67,7 +67,10 @@ class RayBackend:
         try:
             # Serve may refuse at call time (the replicas' queues are full), so the call is inside the try.
             stream = self.handle.options(stream=True).generate.remote(
-                prompt_token_ids, dataclasses.asdict(params), request_id, prefix_hashes=prefix_hashes(prompt_token_ids)
+                prompt_token_ids,
+                dataclasses.asdict(params),
+                request_id,
+                prefix_hashes=prefix_hashes(prompt_token_ids, params.cache_salt),
             )
             async for item in stream:
                 received = True

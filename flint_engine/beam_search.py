@@ -23,6 +23,7 @@ class BeamSettings:
     min_tokens: int = 0
     ends: frozenset[int] = frozenset()  # tokens that end a beam (none with ignore_eos)
     priority: int = 0
+    cache_salt: str | None = None  # the request's (its steps share cached blocks only under it)
 
     def __post_init__(self) -> None:
         if not 1 <= self.width <= MAX_WIDTH:

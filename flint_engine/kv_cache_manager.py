@@ -4,11 +4,13 @@ for the last `sliding_window` positions, and prefix caching across both.
 A sequence's block i holds positions [i*bs, (i+1)*bs). Every completely computed block gets a content hash chained
 from its predecessor; the hash indexes both pools, so a new request sharing a prefix can take the full-attention
 blocks of the whole prefix and the sliding blocks of the window that ends it. Sliding blocks that fall out of the
-window are released at once (they stay cached until evicted).
+window are released at once (they stay cached until evicted). A request's cache salt (vLLM's `cache_salt`) roots its
+chain elsewhere, so only requests with the same salt share blocks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +21,24 @@ from .config import FlintConfig
 NO_BLOCK = -1
 
 
+def chain_root(salt: str | None) -> int:
+    """Where a request's chain of block hashes starts: 0 unsalted, else a number read from the salt (a digest, not
+    `hash()`, whose value for a string changes from process to process)."""
+    if not salt:
+        return 0
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest(), "little") | 1
+
+
+def block_hashes(token_ids: Sequence[int], num_blocks: int, block_size: int, root: int = 0) -> list[int]:
+    """The content hashes of the first `num_blocks` whole blocks, each chained from the one before (the first from
+    `root`): the prefix cache's keys, and the Ray router's for its replica affinity."""
+    out, parent = [], root
+    for i in range(num_blocks):
+        parent = hash((parent, *token_ids[i * block_size : (i + 1) * block_size]))
+        out.append(parent)
+    return out
+
+
 _SERIALS = itertools.count(1)
 
 
@@ -27,6 +47,7 @@ class SeqBlocks:
     full: list[int] = field(default_factory=list)
     sliding: list[int] = field(default_factory=list)  # NO_BLOCK where the window has moved on
     hashes: list[int] = field(default_factory=list)  # content hash of each completely computed block
+    root: int = 0  # the chain's start (`chain_root` of the request's cache salt)
     released: int = 0  # sliding entries below this index are NO_BLOCK (the window has passed them)
     # (serial, version) names the tables' contents: a new sequence gets a new serial, and every change to either
     # table bumps the version, so a consumer that copies tables (the decode graphs) can tell when to copy again.
@@ -55,24 +76,18 @@ class KVCacheManager:
         self.prefix_hits = 0  # tokens found
 
     # ------------------------------------------------------------------ hashing and lookup
-    def block_hashes(self, token_ids: Sequence[int], num_blocks: int) -> list[int]:
-        bs, out, parent = self.block_size, [], 0
-        for i in range(num_blocks):
-            parent = hash((parent, *token_ids[i * bs : (i + 1) * bs]))
-            out.append(parent)
-        return out
-
     def _window_blocks(self, num_tokens: int, upto: int) -> range:
         """Logical blocks a query at position `num_tokens` .. `upto - 1` needs in the sliding pool."""
         start = max(0, num_tokens - (self.window - 1))
         return range(start // self.block_size, (upto - 1) // self.block_size + 1) if upto > start else range(0)
 
-    def find_prefix(self, token_ids: list[int]) -> tuple[int, list[int]]:
-        """Longest cached prefix, in whole blocks, that leaves at least one token to compute."""
+    def find_prefix(self, token_ids: list[int], root: int = 0) -> tuple[int, list[int]]:
+        """Longest cached prefix, in whole blocks, that leaves at least one token to compute (under the chain that
+        starts at `root`)."""
         if not self.enable_prefix_caching:
             return 0, []
         max_blocks = (len(token_ids) - 1) // self.block_size
-        hashes = self.block_hashes(token_ids, max_blocks)
+        hashes = block_hashes(token_ids, max_blocks, self.block_size, root)
         n = 0
         if self.has_full:
             while n < max_blocks and self.full.is_cached(hashes[n]):
@@ -121,9 +136,9 @@ class KVCacheManager:
             seq.sliding = [self.sliding.by_hash[h] if i in needed else NO_BLOCK for i, h in enumerate(hashes)]
         return seq
 
-    def start(self, seq_id: str, prefix_hashes: list[int]) -> None:
-        """Begin a sequence, taking the cached prefix blocks found by `find_prefix`."""
-        seq = SeqBlocks(hashes=list(prefix_hashes))
+    def start(self, seq_id: str, prefix_hashes: list[int], root: int = 0) -> None:
+        """Begin a sequence, taking the cached prefix blocks found by `find_prefix` (with the same `root`)."""
+        seq = SeqBlocks(hashes=list(prefix_hashes), root=root)
         n = len(prefix_hashes) * self.block_size
         needed = set(self._window_blocks(n, n)) if self.has_sliding else set()
         for i, h in enumerate(prefix_hashes):
@@ -162,10 +177,10 @@ class KVCacheManager:
         seq = self.seqs[seq_id]
         complete = num_computed // self.block_size
         if len(seq.hashes) < complete:
-            parent = seq.hashes[-1] if seq.hashes else 0
+            parent = seq.hashes[-1] if seq.hashes else seq.root
             for i in range(len(seq.hashes), complete):
                 parent = hash((parent, *token_ids[i * self.block_size : (i + 1) * self.block_size]))
-                seq.hashes.append(parent)
+                seq.hashes.append(parent)  # (as `block_hashes` chains them)
                 if self.enable_prefix_caching:
                     if self.has_full:
                         self.full.register(seq.full[i], parent)

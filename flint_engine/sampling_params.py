@@ -68,6 +68,9 @@ class SamplingParams:
     # admitted first and may preempt running requests of higher values for a seat or blocks; under memory pressure
     # the highest value is preempted first (vLLM's request priority); equal priorities keep first-come first-served.
     priority: int = 0
+    # Prefix caching, likewise: only requests with the same salt share cached blocks (vLLM's cache_salt), so one
+    # tenant cannot learn from another's cache hits (time to first token, cached_tokens) what it sent.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -120,6 +123,8 @@ class SamplingParams:
                 raise SamplingParamsError(name, f"must be in [0, 20], got {value!r}")
         if not isinstance(self.priority, int) or not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
             raise SamplingParamsError("priority", f"must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}]")
+        if self.cache_salt is not None and not (isinstance(self.cache_salt, str) and self.cache_salt):
+            raise SamplingParamsError("cache_salt", "must be a non-empty string")
         if self.tool_names is not None and not (self.tool_names and all(map(callable_name, self.tool_names))):
             raise SamplingParamsError("tool_names", "must be non-empty names without whitespace or '<'")
         if self.json_schema is not None:

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .kv_cache_manager import KVCacheManager
+from .kv_cache_manager import KVCacheManager, chain_root
 from .request import Request, RequestStatus
 
 
@@ -175,7 +175,8 @@ class Scheduler:
             tokens = req.all_token_ids
             # A request that wants its prompt's log-probabilities computes the whole prompt: a cached prefix has no
             # logits.
-            cached, hashes = (0, []) if req.prompt_logprobs is not None else self.kv.find_prefix(tokens)
+            root = chain_root(req.params.cache_salt)
+            cached, hashes = (0, []) if req.prompt_logprobs is not None else self.kv.find_prefix(tokens, root)
             n = min(len(tokens) - cached, budget)
             if not self.kv.can_allocate(req.request_id, cached, n, hashes):
                 freed = self._make_room(req, out)
@@ -186,7 +187,7 @@ class Scheduler:
             self.waiting.popleft()
             self.kv.prefix_queries += len(tokens)
             self.kv.prefix_hits += cached
-            self.kv.start(req.request_id, hashes)
+            self.kv.start(req.request_id, hashes, root)
             self.kv.allocate(req.request_id, cached, n)
             if req.num_preemptions == 0:
                 req.cached_prompt_tokens = cached

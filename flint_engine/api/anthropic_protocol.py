@@ -38,6 +38,7 @@ class MessagesRequest(Lenient):
     output_config: dict[str, Any] | None = None  # `format` (a JSON schema) is honoured; `effort` is accepted
     metadata: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: fixed-length answers for benchmarks
+    cache_salt: str | None = None  # vLLM's extension: only requests with the same salt share prefix-cache blocks
     mcp_servers: Any = None
     container: Any = None
     stream_options: Any = None  # never sent by Anthropic clients; `_generate` reads it
@@ -90,6 +91,7 @@ class MessagesRequest(Lenient):
             "stop": self.stop_sequences or None,
             "stream": self.stream,
             "ignore_eos": self.ignore_eos or None,
+            "cache_salt": self.cache_salt,
         }
         if self.thinking_on() is False:
             body["chat_template_kwargs"] = {"enable_thinking": False}

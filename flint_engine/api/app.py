@@ -35,7 +35,7 @@ from .completions import CompletionHandler
 from .conversations_routes import add_conversation_routes
 from .errors import APIError, error_response, install_error_handlers, to_api_error, validation_error
 from .event_stream import event_stream
-from .ownership import request_owner
+from .ownership import key_salt, request_owner
 from .prometheus import render
 from .protocol import (
     ChatCompletionRequest,
@@ -255,6 +255,8 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         data = await _body(request)
         req = _parse(request_type, data)
         _log_prompt(request.headers.get("x-request-id", "-"), data)
+        if settings.isolate_prefix_cache and (owner := request_owner(request)):
+            req.cache_salt = key_salt(owner, req.cache_salt)
         prep = (prepare or handler.prepare)(req)
         if answer_now is not None and (now := answer_now(req, prep)) is not None:
             return now if isinstance(now, Response) else JSONResponse(now)

@@ -18,10 +18,12 @@ from .protocol import SamplingFields
 
 
 async def _top_tokens(
-    backend: GenerationBackend, ids: list[int], k: int, priority: int, request_id: str
+    backend: GenerationBackend, ids: list[int], k: int, s: BeamSettings, request_id: str
 ) -> list[tuple[int, float]]:
     """The k most likely next tokens after `ids` with their log-probabilities (the model's distribution)."""
-    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, ignore_eos=True, priority=priority)
+    params = SamplingParams(
+        max_tokens=1, temperature=0.0, logprobs=k, ignore_eos=True, priority=s.priority, cache_salt=s.cache_salt
+    )
     top: list[tuple[int, float]] = []
     async for choice in backend.generate(ids, params, request_id):  # (to its end: one token)
         out = choice.output
@@ -42,7 +44,7 @@ async def search(backend: GenerationBackend, prompt: list[int], s: BeamSettings,
         run.advance(
             await asyncio.gather(
                 *(
-                    _top_tokens(backend, ids, run.top_k, s.priority, f"{request_id}-s{run.steps}-b{i}")
+                    _top_tokens(backend, ids, run.top_k, s, f"{request_id}-s{run.steps}-b{i}")
                     for i, ids in enumerate(asks)
                 )
             )
@@ -99,4 +101,6 @@ def beam_settings(
     if named is not None:
         raise APIError(400, f"{named} cannot be used with beam search (use_beam_search)", named.split(" ")[0])
     ends = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eos))
-    return BeamSettings(req.n, req.length_penalty, params.max_tokens, params.min_tokens, ends, params.priority)
+    return BeamSettings(
+        req.n, req.length_penalty, params.max_tokens, params.min_tokens, ends, params.priority, params.cache_salt
+    )

@@ -204,6 +204,7 @@ class ChatHandler:
             reasoning_end_token=backend.tokenizer.token_to_id(THINK_END) if thinking else None,
             thinking_token_budget=self._thinking_budget(req) if thinking else None,
             priority=request_priority(req, s),
+            cache_salt=req.cache_salt,
         )
         plans = []
         for i in range(req.n):

@@ -118,6 +118,7 @@ class CompletionHandler:
                             regex=req.guided_regex,
                             grammar=req.guided_grammar,
                             priority=request_priority(req, s),
+                            cache_salt=req.cache_salt,
                         ),
                         thinking=False,
                     )

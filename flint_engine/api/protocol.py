@@ -31,6 +31,7 @@ MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 100, 200
 # guided_choice: enough for a label set or an enum; each choice is a prefix check per candidate token (bisected).
 MAX_CHOICES = 1024
 MAX_CHOICE_BYTES = 65536  # all choices together, UTF-8
+MAX_CACHE_SALT = 1024  # characters: a salt is a secret of ~43 (vLLM's advice: 256 bits in base64), not a document
 STRUCTURED_OUTPUTS = (
     "json",
     "json_object",
@@ -238,6 +239,8 @@ class SamplingFields(Lenient):
     # a choice's first chunk, each chunk's own ids with it), and logprobs' tokens spelled "token_id:<id>"
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
+    # vLLM's: only requests with the same salt share prefix-cache blocks (see docs/security.md)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT)
     # Output constraints: vLLM's guided_* fields and structured_outputs (its newer spelling of them), and
     # response_format (OpenAI's, on chat; vLLM reads it on text completions too). At most one is given; a JSON one
     # is read into response_format, so the handlers look at response_format, guided_choice and guided_regex only.

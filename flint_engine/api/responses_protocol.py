@@ -43,6 +43,7 @@ class ResponsesRequest(Lenient):
     ignore_eos: bool = False  # vLLM's extension: fixed-length answers for benchmarks
     priority: int | None = None  # vLLM's: lower values are scheduled first (checked as on chat)
     service_tier: str | None = None  # OpenAI's: "flex" runs at api.flex_priority unless a priority is named
+    cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks (as on chat)
     previous_response_id: str | None = None  # a stored response this one continues from
     background: bool | None = None  # answered at once as queued, polled with GET (needs stored responses)
     # A conversation (`conversation_store`) this response reads and adds its turn to: its id, or {"id": ...}.
@@ -119,6 +120,7 @@ class ResponsesRequest(Lenient):
             "chat_template_kwargs": self.chat_template_kwargs,
             "ignore_eos": self.ignore_eos or None,
             "stream": self.stream,
+            "cache_salt": self.cache_salt,
         }
         if self.priority is not None:  # only when named: a chat request without one takes its service tier's
             body["priority"] = self.priority

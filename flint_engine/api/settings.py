@@ -28,6 +28,10 @@ class APISettings(BaseModel):
     api_key_file: str | None = None
     protect_metrics: bool = False
     max_concurrent_per_key: int | None = Field(default=None, ge=1)
+    # With API keys: each key's requests share prefix-cache blocks only with the same key's, so a tenant cannot tell
+    # from its time to first token or `cached_tokens` what another sent (vLLM leaves this to each request's
+    # cache_salt, which still applies within a key). Off: keys share a system prompt's blocks.
+    isolate_prefix_cache: bool = False
     # Request priorities (vLLM's `priority`, lower first): the lowest a client may ask for (None: any), so by default
     # a client can yield to others but not go ahead of them; and the priority a Batch API job's requests run at
     # (behind interactive traffic's 0) unless a line's body names one.
