@@ -257,24 +257,51 @@ def _prepare_tools(tools: Any) -> list[dict[str, Any]] | None:
     return [dict(t) for t in tools]
 
 
+def _final_text(messages: list[dict[str, Any]]) -> str:
+    """The final message's text as `continue_final_message` looks for it: its content, or its last text part."""
+    content = messages[-1].get("content") if messages else None
+    if isinstance(content, list):
+        texts = [p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+        content = texts[-1] if texts else None
+    if not isinstance(content, str):
+        raise ChatTemplateError("continue_final_message needs a final message with text content")
+    return content
+
+
+def _cut_after(rendered: str, final: str) -> str:
+    """`rendered` up to the end of the final message's text, so the model goes on writing it (as transformers'
+    `continue_final_message` cuts it: where the template strips the text's trailing blanks, they stay off)."""
+    at = rendered.rfind(final.strip())
+    if at < 0:
+        raise ChatTemplateError(
+            "continue_final_message is set but the final message's text does not appear in the rendered prompt"
+        )
+    whole = final.lstrip()
+    return rendered[: at + (len(whole) if rendered[at : at + len(whole)] == whole else len(final.strip()))]
+
+
 def render_chat_template(
     template: str,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
     **kwargs: Any,
 ) -> str:
-    """Render `messages` (and OpenAI-style `tools`) to a prompt string.
+    """Render `messages` (and OpenAI-style `tools`) to a prompt string; with `continue_final_message`, one that
+    ends inside the final message (e.g. an assistant turn the model completes) instead of after it.
 
     `kwargs` reach the template as variables: `enable_thinking`, `clear_thinking`, special-token strings, etc.
     """
+    if continue_final_message and add_generation_prompt:
+        raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be set")
     compiled = compile_chat_template(template)
     context = dict(kwargs)
-    context.update(
-        messages=_prepare_messages(messages), tools=_prepare_tools(tools), add_generation_prompt=add_generation_prompt
-    )
+    prepared = _prepare_messages(messages)
+    context.update(messages=prepared, tools=_prepare_tools(tools), add_generation_prompt=add_generation_prompt)
     try:
-        return compiled.render(**context)
+        rendered = compiled.render(**context)
+        return _cut_after(rendered, _final_text(prepared)) if continue_final_message else rendered
     except _RaisedByTemplate as e:
         raise ChatTemplateError(str(e)) from None
     except ChatTemplateError:

@@ -10,7 +10,7 @@ import gguf
 import pytest
 from tokenizers import pre_tokenizers
 
-from flint_engine.chat_template import DEFAULT_CHAT_TEMPLATE
+from flint_engine.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplateError
 from flint_engine.tokenizer import (
     END_OF_TURN_TOKENS,
     K_HF_JSON,
@@ -352,3 +352,28 @@ def test_transformers_loads_saved_dir_identically(tok: FlintTokenizer, tmp_path:
         ours = tok.apply_chat_template(msgs, tools=tools, **kwargs)
         theirs = hf.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs)
         assert ours == theirs
+
+
+@pytest.mark.parametrize(
+    "final",
+    [
+        {"role": "assistant", "content": "The answer is"},
+        {"role": "assistant", "content": "The answer is "},  # the template strips the blank: it stays off
+        {"role": "assistant", "content": [{"type": "text", "text": "Part one, "}, {"type": "text", "text": "two"}]},
+        {"role": "assistant", "content": "Thinking done.", "reasoning_content": "a plan"},
+        {"role": "user", "content": "and then"},
+    ],
+)
+def test_continue_final_message_cuts_as_transformers_does(tok: FlintTokenizer, tmp_path: Path, final: dict) -> None:
+    """`continue_final_message`: the prompt ends inside the final message, exactly where transformers' cut puts it."""
+    from transformers import AutoTokenizer
+
+    tok.save_hf(tmp_path)
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}, final]
+    ours = tok.apply_chat_template(msgs, add_generation_prompt=False, continue_final_message=True)
+    theirs = hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, continue_final_message=True)
+    assert ours == theirs
+    assert ours.endswith("two" if isinstance(final["content"], list) else final["content"].rstrip())
+    with pytest.raises(ChatTemplateError, match="cannot both be set"):
+        tok.apply_chat_template(msgs, add_generation_prompt=True, continue_final_message=True)

@@ -81,9 +81,10 @@ class MessagesRequest(Lenient):
         for name in ("mcp_servers", "container"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} is not supported by this server")
+        messages = self._messages()
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": self._messages(),
+            "messages": messages,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -93,6 +94,9 @@ class MessagesRequest(Lenient):
             "ignore_eos": self.ignore_eos or None,
             "cache_salt": self.cache_salt,
         }
+        if messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+            # Anthropic's prefill: a final assistant turn is the beginning of the answer, which goes on from it
+            body["continue_final_message"] = True
         if self.thinking_on() is False:
             body["chat_template_kwargs"] = {"enable_thinking": False}
         body["thinking_token_budget"] = self.thinking_budget()

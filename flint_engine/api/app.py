@@ -374,6 +374,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
                 [m.for_template() for m in req.messages],
                 None,
                 add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
                 **(req.chat_template_kwargs or {}),
             )
         else:

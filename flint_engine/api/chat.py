@@ -56,6 +56,7 @@ class PreparedChat:
     beam: BeamSettings | None = None  # beam search (use_beam_search): its settings; the plans are not run
     token_ids: bool = False  # vLLM's return_token_ids
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids
+    echo: str = ""  # what the answer's content begins with (vLLM's echo: the assistant turn it continues)
     request_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -165,7 +166,11 @@ class ChatHandler:
             kwargs["enable_thinking"] = req.reasoning_effort != "none"
         messages = [m.for_template() for m in req.messages]
         prompt_text = backend.tokenizer.apply_chat_template(
-            messages, None if tool_choice_none else tools, add_generation_prompt=req.add_generation_prompt, **kwargs
+            messages,
+            None if tool_choice_none else tools,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            **kwargs,
         )
         prompt_ids = truncate_prompt(backend.tokenizer.encode(prompt_text), req.truncate_prompt_tokens, backend)
         if req.prompt_logprobs is not None:
@@ -227,6 +232,7 @@ class ChatHandler:
             beam=self._beam(req, base, force) if req.use_beam_search else None,
             token_ids=req.return_token_ids,
             tokens_as_ids=req.return_tokens_as_token_ids,
+            echo=req.echoed(),
         )
 
     def _beam(self, req: ChatCompletionRequest, base: SamplingParams, force: str | None) -> BeamSettings:
@@ -250,7 +256,7 @@ class ChatHandler:
             ]
             reason = "tool_calls" if calls else ev.finish_reason
             message = AssistantMessage(
-                content=parsed.content,
+                content=prep.echo + (parsed.content or "") if prep.echo else parsed.content,
                 reasoning=parsed.reasoning,
                 reasoning_content=parsed.reasoning,
                 tool_calls=calls or None,
@@ -358,6 +364,8 @@ class ChatHandler:
                 if not started[i]:
                     started[i] = True
                     yield chunk(i, {"role": "assistant", "content": ""}, first=True)
+                    if prep.echo:
+                        yield chunk(i, {"content": prep.echo})
                 if ev.logprobs:
                     pending_lp[i] += ev.logprobs
                 pending_ids[i] += ev.token_ids

@@ -368,6 +368,15 @@ class SamplingFields(Lenient):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+def _settle_continuation(req: ChatCompletionRequest | TokenizeRequest) -> None:
+    """`continue_final_message` turns `add_generation_prompt` off unless the request set it too (vLLM asks the
+    client to say so; both true is refused)."""
+    if req.continue_final_message:
+        if req.add_generation_prompt and "add_generation_prompt" in req.model_fields_set:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        req.add_generation_prompt = False
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -381,6 +390,10 @@ class ChatCompletionRequest(SamplingFields):
     # vLLM's: at most this many tokens of thinking, then </think> is forced (ignored with the thinking off).
     thinking_token_budget: int | None = Field(default=None, ge=0)
     add_generation_prompt: bool = True
+    # vLLM's: the prompt ends inside the final message (an assistant turn begun by the client, which the model goes
+    # on with) instead of opening a new turn; `echo` puts that message's text before the answer's.
+    continue_final_message: bool = False
+    echo: bool = False
     modalities: list[str] | None = None
     # OpenAI fields this server cannot honour: refused (400) rather than ignored, since ignoring them changes what the
     # client gets (no tools offered, no audio, no web search).
@@ -425,7 +438,14 @@ class ChatCompletionRequest(SamplingFields):
                 raise ValueError(f"tool_choice names '{self.tool_choice.function.name}', which is not in tools")
         if self.tool_choice == "required" and not self.tools:
             raise ValueError("tool_choice 'required' needs tools")
+        _settle_continuation(self)
         return self
+
+    def echoed(self) -> str:
+        """With `echo`, the text the answer's content begins with: the final message's, where it is the
+        assistant's (the turn the answer goes on with), else nothing."""
+        last = self.messages[-1]
+        return (last.text() or "") if self.echo and last.role == "assistant" else ""
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -463,6 +483,7 @@ class TokenizeRequest(Lenient):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = False
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # as on chat (add_generation_prompt then off unless set)
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -470,6 +491,7 @@ class TokenizeRequest(Lenient):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
+        _settle_continuation(self)
         return self
 
 
