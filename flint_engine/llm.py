@@ -149,8 +149,10 @@ class LLM:
         *,
         tools: list[dict[str, Any]] | None = None,
         enable_thinking: bool = True,
+        continue_final_message: bool = False,
     ) -> list[ChatReply]:
-        """Answer one conversation (a list of OpenAI-style messages) or several, each with the next assistant turn.
+        """Answer one conversation (a list of OpenAI-style messages) or several, each with the next assistant turn
+        (with `continue_final_message`, the rest of the final one, an assistant turn begun by the caller).
 
         `tools` are offered as in the API with tool_choice "auto"; the model's calls come back parsed. With an
         output constraint (`params.json_mode`, `choice` or `regex`) and thinking on, the constraint starts after the
@@ -166,7 +168,11 @@ class LLM:
         prompts, thinking = [], []
         for i, conv in enumerate(convs):
             text = tok.apply_chat_template(
-                _template_messages(conv, i), tools, add_generation_prompt=True, enable_thinking=enable_thinking
+                _template_messages(conv, i),
+                tools,
+                add_generation_prompt=not continue_final_message,
+                continue_final_message=continue_final_message,
+                enable_thinking=enable_thinking,
             )
             prompts.append(tok.encode(text))
             thinking.append(text.rstrip().endswith(THINK_START))

@@ -157,3 +157,18 @@ def test_beam_search_refuses_what_cannot_fit(llm: LLM) -> None:
         llm.beam_search("hi", 2, llm.engine.max_model_len)
     with pytest.raises(ValueError, match="beam width must be 1 to 10"):
         llm.beam_search("hi", 11, 4)
+
+
+def test_chat_continues_an_assistant_turn_begun_by_the_caller(llm: LLM) -> None:
+    """`continue_final_message`: given the first tokens of the demo model's own greedy answer as the assistant's
+    turn, the model writes the rest of that same answer."""
+    question = [{"role": "user", "content": "What is 12 + 9?"}]
+    greedy = SamplingParams(temperature=0, max_tokens=32)
+    [whole] = llm.chat(question, greedy, enable_thinking=False)
+    tok = llm.engine.tokenizer
+    ids = [t for t in whole.token_ids if t not in tok.eos_token_ids]
+    assert len(ids) >= 2, whole
+    begun = tok.decode(ids[:1])
+    turn = [*question, {"role": "assistant", "content": begun}]
+    [rest] = llm.chat(turn, greedy, enable_thinking=False, continue_final_message=True)
+    assert begun + rest.content == whole.content
