@@ -479,16 +479,18 @@ class FlintTokenizer:
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        template: str | None = None,
         **kwargs: Any,
     ) -> str:
-        """Render the conversation with this tokenizer's template (special-token strings are template variables);
-        with `continue_final_message` the prompt ends inside the final message, for the model to go on with it."""
+        """Render the conversation with this tokenizer's template, or `template` (special-token strings are
+        template variables); with `continue_final_message` the prompt ends inside the final message, for the model to
+        go on with it."""
         context: dict[str, Any] = {"bos_token": self._bos_token or "", "eos_token": self._eos_token or ""}
         if self._pad_token is not None:
             context["pad_token"] = self._pad_token
         context.update(kwargs)
         return render_chat_template(
-            self._chat_template, messages, tools, add_generation_prompt, continue_final_message, **context
+            template or self._chat_template, messages, tools, add_generation_prompt, continue_final_message, **context
         )
 
     def encode_chat(

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..beam_search import BeamSettings
+from ..chat_template import ChatTemplateError, compile_chat_template
 from ..parsers import ChatOutputParser
 from ..parsers.reasoning import THINK_END, THINK_START
 from ..sampling_params import SamplingParams
@@ -57,6 +58,7 @@ class PreparedChat:
     token_ids: bool = False  # vLLM's return_token_ids
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids
     echo: str = ""  # what the answer's content begins with (vLLM's echo: the assistant turn it continues)
+    include_reasoning: bool = True  # vLLM's: false leaves the thinking out of the answer
     request_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -162,17 +164,36 @@ class ChatHandler:
             )
             raise APIError(400, "an output constraint cannot be combined with a forced tool_choice", field)
         kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
+        if req.documents is not None:
+            kwargs.setdefault("documents", req.documents)
         if req.reasoning_effort is not None and "enable_thinking" not in kwargs:
             kwargs["enable_thinking"] = req.reasoning_effort != "none"
+        if req.chat_template is not None:
+            if not s.trust_request_chat_template:
+                raise APIError(
+                    400,
+                    "this server does not take a request's chat_template (api.trust_request_chat_template)",
+                    "chat_template",
+                )
+            try:
+                compile_chat_template(req.chat_template)  # (its own errors name it, not the messages)
+            except ChatTemplateError as exc:
+                raise APIError(400, str(exc), "chat_template") from None
         messages = [m.for_template() for m in req.messages]
         prompt_text = backend.tokenizer.apply_chat_template(
             messages,
             None if tool_choice_none else tools,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
+            template=req.chat_template,
             **kwargs,
         )
-        prompt_ids = truncate_prompt(backend.tokenizer.encode(prompt_text), req.truncate_prompt_tokens, backend)
+        prompt_ids = truncate_prompt(
+            backend.tokenizer.encode(prompt_text, add_special_tokens=req.add_special_tokens),
+            req.truncate_prompt_tokens,
+            backend,
+            req.truncation_side,
+        )
         if req.prompt_logprobs is not None:
             check_prompt_logprobs(len(prompt_ids), s, "prompt_logprobs")
         thinking = prompt_text.rstrip().endswith(THINK_START)
@@ -233,6 +254,7 @@ class ChatHandler:
             token_ids=req.return_token_ids,
             tokens_as_ids=req.return_tokens_as_token_ids,
             echo=req.echoed(),
+            include_reasoning=req.include_reasoning,
         )
 
     def _beam(self, req: ChatCompletionRequest, base: SamplingParams, force: str | None) -> BeamSettings:
@@ -255,10 +277,11 @@ class ChatHandler:
                 for call in parsed.tool_calls
             ]
             reason = "tool_calls" if calls else ev.finish_reason
+            reasoning = parsed.reasoning if prep.include_reasoning else None
             message = AssistantMessage(
                 content=prep.echo + (parsed.content or "") if prep.echo else parsed.content,
-                reasoning=parsed.reasoning,
-                reasoning_content=parsed.reasoning,
+                reasoning=reasoning,
+                reasoning_content=reasoning,
                 tool_calls=calls or None,
             )
             lp = None
@@ -377,7 +400,13 @@ class ChatHandler:
                 for d in deltas:
                     if d.tool_calls:
                         called[i] = True
-                    yield chunk(i, d.to_openai(), logprobs=pending_lp[i], token_ids=pending_ids[i])
+                    delta = d.to_openai()
+                    if not prep.include_reasoning:
+                        for key in ("reasoning", "reasoning_content"):
+                            delta.pop(key, None)
+                        if not delta:
+                            continue  # (its logprobs and token ids go with the next delta sent)
+                    yield chunk(i, delta, logprobs=pending_lp[i], token_ids=pending_ids[i])
                     pending_lp[i], pending_ids[i] = [], []
                 if ev.finished:
                     reason = "tool_calls" if called[i] else ev.finish_reason

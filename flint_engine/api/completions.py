@@ -70,7 +70,7 @@ class CompletionHandler:
                 texts.append(tok.decode(ids) if tok is not None else "")
             if not ids:
                 raise APIError(400, "the prompt is empty", "prompt")
-            kept = truncate_prompt(ids, req.truncate_prompt_tokens, backend)
+            kept = truncate_prompt(ids, req.truncate_prompt_tokens, backend, req.truncation_side)
             if len(kept) < len(ids):
                 ids = kept
                 texts[-1] = tok.decode(ids) if tok is not None else ""  # what echo returns: the prompt that ran

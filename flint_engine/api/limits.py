@@ -85,9 +85,9 @@ def resolve_max_tokens(
     return default
 
 
-def truncate_prompt(ids: list[int], keep: int | None, backend: GenerationBackend) -> list[int]:
-    """vLLM's `truncate_prompt_tokens`: the prompt's last `keep` tokens (-1: the model's context length); None keeps
-    it whole."""
+def truncate_prompt(ids: list[int], keep: int | None, backend: GenerationBackend, side: str | None = None) -> list[int]:
+    """vLLM's `truncate_prompt_tokens`: the prompt's last `keep` tokens (-1: the model's context length), or its
+    first with `side` "right" (vLLM's `truncation_side`); None keeps it whole."""
     if keep is None:
         return ids
     if keep == -1:
@@ -98,4 +98,4 @@ def truncate_prompt(ids: list[int], keep: int | None, backend: GenerationBackend
             f"truncate_prompt_tokens ({keep}) is larger than the model's context length ({backend.max_model_len})",
             "truncate_prompt_tokens",
         )
-    return ids[-keep:]
+    return ids[:keep] if side == "right" else ids[-keep:]

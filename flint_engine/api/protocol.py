@@ -230,8 +230,10 @@ class SamplingFields(Lenient):
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     # vLLM's: words the output must not contain (see flint_engine/bad_words.py)
     bad_words: list[str] | None = Field(default=None, max_length=MAX_BAD_WORDS)
-    # vLLM's: keep only the prompt's last k tokens (-1: the model's context length), cutting from the left
+    # vLLM's: keep only the prompt's last k tokens (-1: the model's context length), cutting from the left, or its
+    # first k with truncation_side "right"
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
     # vLLM's beam search (flint_engine/api/beam_search.py): `n` beams
     use_beam_search: bool = False
     length_penalty: float = 1.0
@@ -394,6 +396,10 @@ class ChatCompletionRequest(SamplingFields):
     # on with) instead of opening a new turn; `echo` puts that message's text before the answer's.
     continue_final_message: bool = False
     echo: bool = False
+    include_reasoning: bool = True  # vLLM's: false leaves the thinking out of the answer (it still runs and counts)
+    add_special_tokens: bool = False  # vLLM's: the tokenizer's own special tokens (BOS) before the templated prompt
+    documents: list[dict[str, str]] | None = None  # vLLM's: handed to the chat template (for templates that read it)
+    chat_template: str | None = None  # vLLM's: this request's own template (only with api.trust_request_chat_template)
     modalities: list[str] | None = None
     # OpenAI fields this server cannot honour: refused (400) rather than ignored, since ignoring them changes what the
     # client gets (no tools offered, no audio, no web search).

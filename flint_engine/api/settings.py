@@ -32,6 +32,9 @@ class APISettings(BaseModel):
     # from its time to first token or `cached_tokens` what another sent (vLLM leaves this to each request's
     # cache_salt, which still applies within a key). Off: keys share a system prompt's blocks.
     isolate_prefix_cache: bool = False
+    # A request's own `chat_template` (vLLM's --trust-request-chat-template): off, since a template is code, if
+    # sandboxed, that a client would run on the router's CPU.
+    trust_request_chat_template: bool = False
     # Request priorities (vLLM's `priority`, lower first): the lowest a client may ask for (None: any), so by default
     # a client can yield to others but not go ahead of them; and the priority a Batch API job's requests run at
     # (behind interactive traffic's 0) unless a line's body names one.
