@@ -351,6 +351,11 @@ def test_invalid_requests_are_400_in_openai_shape(server, body: dict, param: str
         ("/v1/completions", {"prompt": [5, -1]}, "prompt", "token id -1 is outside the vocabulary"),
         ("/v1/completions", {"prompt": [[5], [2**40]]}, "prompt", "outside the vocabulary"),
         ("/v1/completions", {"prompt": "x", "suffix": "y"}, None, "suffix is not supported"),
+        ("/v1/completions", {"prompt": "x", "logits_processors": ["m.P"]}, "logits_processors", "not supported"),
+        ("/v1/chat/completions", {"messages": MSG, "logprob_token_ids": [5]}, "logprob_token_ids", "not supported"),
+        ("/v1/completions", {"prompt": "x", "prompt_embeds": "AAAA"}, "prompt_embeds", "not supported"),
+        ("/v1/chat/completions", {"messages": MSG, "repetition_detection": {}}, "repetition_detection", "supported"),
+        ("/v1/completions", {"prompt": "x", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "not"),
     ],
 )
 def test_refusals_name_the_problem(server, path: str, body: dict, param: str | None, says: str) -> None:

@@ -252,6 +252,21 @@ class SamplingFields(Lenient):
     guided_regex: str | None = None
     guided_grammar: str | None = None  # a GBNF or Lark grammar (flint_engine/grammar_prefix.py, lark_grammar.py)
     structured_outputs: dict[str, Any] | None = None
+    # vLLM extensions this server does not implement, each of which would change the answer if ignored: refused.
+    logits_processors: Any = None
+    logprob_token_ids: Any = None
+    repetition_detection: Any = None
+    prompt_embeds: Any = None
+    guided_whitespace_pattern: Any = None
+
+    @field_validator(
+        "logits_processors", "logprob_token_ids", "repetition_detection", "prompt_embeds", "guided_whitespace_pattern"
+    )
+    @classmethod
+    def _not_implemented(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is not None:
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return v
 
     @field_validator("guided_grammar")
     @classmethod
