@@ -94,3 +94,18 @@ def wait_until_idle(server: LocalServer, seconds: float = 10.0) -> bool:
     while not engine_idle(server) and time.monotonic() < deadline:
         time.sleep(0.05)
     return engine_idle(server)
+
+
+def stream_chunks(server, path: str, body: dict) -> list[dict]:
+    """The JSON chunks of a streamed chat or completions answer (`stream` set here; the [DONE] line left out),
+    checked to be a 200 event stream with no error chunk."""
+    chunks = []
+    with httpx.stream(
+        "POST", f"{server.base_url}{path}", json={"model": "flint", **body, "stream": True}, timeout=120
+    ) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    assert chunks and all("error" not in c for c in chunks), chunks
+    return chunks

@@ -4,10 +4,8 @@ where the operator trusts them)."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
-from api_fixtures import module_server
+from api_fixtures import module_server, stream_chunks
 
 from flint_engine.api.settings import APISettings
 
@@ -37,18 +35,9 @@ def test_include_reasoning_false_leaves_the_thinking_out(server) -> None:
     assert "reasoning_content" not in bare["choices"][0]["message"] and "reasoning" not in bare["choices"][0]["message"]
     assert bare["choices"][0]["token_ids"] == full["choices"][0]["token_ids"]
     assert bare["choices"][0]["message"].get("content") == full["choices"][0]["message"].get("content")
-    deltas, ids = [], []
-    with httpx.stream(
-        "POST",
-        f"{server.base_url}/v1/chat/completions",
-        json={"model": "flint", **forced, "include_reasoning": False, "stream": True},
-        timeout=120,
-    ) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                for c in json.loads(line[6:])["choices"]:
-                    deltas.append(c["delta"])
-                    ids += c["token_ids"]
+    chunks = stream_chunks(server, "/v1/chat/completions", {**forced, "include_reasoning": False})
+    deltas = [c["delta"] for chunk in chunks for c in chunk["choices"]]
+    ids = [t for chunk in chunks for c in chunk["choices"] for t in c["token_ids"]]
     assert not any("reasoning_content" in d or "reasoning" in d for d in deltas)
     assert ids == full["choices"][0]["token_ids"]  # the thinking's ids still come, with the next delta sent
 

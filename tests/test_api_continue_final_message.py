@@ -3,10 +3,8 @@ chat and /tokenize, and Anthropic's prefill (a final assistant message) on /v1/m
 
 from __future__ import annotations
 
-import json
-
 import httpx
-from api_fixtures import module_server
+from api_fixtures import module_server, stream_chunks
 
 server = module_server("continue")
 
@@ -43,17 +41,8 @@ def test_echo_puts_the_final_message_before_the_answer(server) -> None:
     alone = post(server, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"] or ""
     echoed = post(server, "/v1/chat/completions", {**body, "echo": True}).json()["choices"][0]["message"]["content"]
     assert echoed == PARTIAL + alone
-    content = ""
-    with httpx.stream(
-        "POST",
-        f"{server.base_url}/v1/chat/completions",
-        json={"model": "flint", **body, "echo": True, "stream": True},
-        timeout=120,
-    ) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                for c in json.loads(line[6:])["choices"]:
-                    content += c["delta"].get("content") or ""
+    chunks = stream_chunks(server, "/v1/chat/completions", {**body, "echo": True})
+    content = "".join(c["delta"].get("content") or "" for chunk in chunks for c in chunk["choices"])
     assert content == echoed
 
 

@@ -3,12 +3,10 @@ the text, streamed or not) and `return_tokens_as_token_ids` (logprobs name token
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import openai
 import pytest
-from api_fixtures import module_server
+from api_fixtures import module_server, stream_chunks
 
 server = module_server("token-ids")
 
@@ -20,19 +18,6 @@ def post(server, path: str, body: dict) -> dict:
     r = httpx.post(f"{server.base_url}{path}", json={"model": "flint", **body}, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def streamed(server, path: str, body: dict) -> list[dict]:
-    chunks = []
-    with httpx.stream(
-        "POST", f"{server.base_url}{path}", json={"model": "flint", "stream": True, **body}, timeout=120
-    ) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[6:]))
-    assert chunks and all("error" not in c for c in chunks), chunks
-    return chunks
 
 
 def tokenize(server, **body) -> list[int]:
@@ -82,7 +67,7 @@ def test_streamed_completions_carry_the_same_ids(server) -> None:
     special tokens the text skips, still come), and the prompt's ids once, with the choice's first chunk."""
     body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "n": 2, "return_token_ids": True}
     whole = post(server, "/v1/completions", body)
-    chunks = streamed(server, "/v1/completions", body)
+    chunks = stream_chunks(server, "/v1/completions", body)
     for i, want in enumerate(whole["choices"]):
         mine = [c for chunk in chunks for c in chunk["choices"] if c["index"] == i]
         assert [t for c in mine for t in c["token_ids"]] == want["token_ids"]
@@ -114,7 +99,7 @@ def test_streamed_chat_carries_the_same_ids(server) -> None:
     """Streamed chat: the prompt's ids with each choice's first chunk, every generated id once, in order."""
     body = {"messages": MESSAGES, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
     whole = post(server, "/v1/chat/completions", body)
-    chunks = streamed(server, "/v1/chat/completions", body)
+    chunks = stream_chunks(server, "/v1/chat/completions", body)
     assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
     assert all("prompt_token_ids" not in c for c in chunks[1:])
     ids = [t for chunk in chunks for c in chunk["choices"] for t in c["token_ids"]]
@@ -139,5 +124,5 @@ def test_a_forced_tool_call_traces_the_tokens_it_appended(server) -> None:
     tok = server.engine.engine.tokenizer
     assert tok.decode(choice["token_ids"], skip_special_tokens=False).startswith("<tool_call>get_weather")
     assert got["usage"]["completion_tokens"] == len(choice["token_ids"])
-    chunks = streamed(server, "/v1/chat/completions", body)
+    chunks = stream_chunks(server, "/v1/chat/completions", body)
     assert [t for chunk in chunks for c in chunk["choices"] for t in c["token_ids"]] == choice["token_ids"]
