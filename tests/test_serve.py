@@ -155,6 +155,29 @@ def test_prefix_affinity_keeps_a_conversation_on_one_replica(cluster: ServeClust
     assert all(c >= 16 for c in cached[1:]), cached
 
 
+def test_salted_prefixes_and_token_ids_through_ray(cluster: ServeCluster, client: openai.OpenAI) -> None:
+    """vLLM's `cache_salt` and `return_token_ids` cross the router and the replica: a salted repeat of a cached
+    prompt finds nothing until its own salt's first request has run; the prompt's ids are what /tokenize reads."""
+    messages = [{"role": "user", "content": "Salted question: " + "what is one plus one? " * 8}]
+
+    def ask(**extra) -> tuple[int, dict]:
+        r = client.chat.completions.create(
+            model="flint",
+            messages=messages,
+            max_tokens=2,
+            temperature=0,
+            extra_body={"return_token_ids": True, **extra},
+        )
+        return r.usage.prompt_tokens_details.cached_tokens, r.model_extra
+
+    ask()
+    assert ask()[0] >= 16  # unsalted, the second time: cached
+    first, extra = ask(cache_salt="tenant-x")
+    assert first == 0 and ask(cache_salt="tenant-x")[0] >= 16
+    tokens = httpx.post(cluster.base_url + "/tokenize", json={"messages": messages}).json()["tokens"]
+    assert extra["prompt_token_ids"] == tokens
+
+
 def _fresh_snapshots(cluster: ServeCluster, since: float) -> list[tuple[dict, dict, bool]]:
     """The replicas' metric snapshots pushed after `since` (time.time()): a replica pushes every couple of seconds,
     so its latest snapshot may still show a request of an earlier test as running."""
