@@ -168,24 +168,13 @@ class ChatHandler:
             kwargs.setdefault("documents", req.documents)
         if req.reasoning_effort is not None and "enable_thinking" not in kwargs:
             kwargs["enable_thinking"] = req.reasoning_effort != "none"
-        if req.chat_template is not None:
-            if not s.trust_request_chat_template:
-                raise APIError(
-                    400,
-                    "this server does not take a request's chat_template (api.trust_request_chat_template)",
-                    "chat_template",
-                )
-            try:
-                compile_chat_template(req.chat_template)  # (its own errors name it, not the messages)
-            except ChatTemplateError as exc:
-                raise APIError(400, str(exc), "chat_template") from None
         messages = [m.for_template() for m in req.messages]
         prompt_text = backend.tokenizer.apply_chat_template(
             messages,
             None if tool_choice_none else tools,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
-            template=req.chat_template,
+            template=self._request_template(req),
             **kwargs,
         )
         prompt_ids = truncate_prompt(
@@ -256,6 +245,23 @@ class ChatHandler:
             echo=req.echoed(),
             include_reasoning=req.include_reasoning,
         )
+
+    def _request_template(self, req: ChatCompletionRequest) -> str | None:
+        """The request's own chat_template (vLLM's), where it sends one: refused unless the operator trusts them;
+        one that does not compile is a 400 naming it rather than the messages."""
+        if req.chat_template is None:
+            return None
+        if not self.settings.trust_request_chat_template:
+            raise APIError(
+                400,
+                "this server does not take a request's chat_template (api.trust_request_chat_template)",
+                "chat_template",
+            )
+        try:
+            compile_chat_template(req.chat_template)
+        except ChatTemplateError as exc:
+            raise APIError(400, str(exc), "chat_template") from None
+        return req.chat_template
 
     def _beam(self, req: ChatCompletionRequest, base: SamplingParams, force: str | None) -> BeamSettings:
         refused = {
