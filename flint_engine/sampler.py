@@ -233,12 +233,15 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sampl
             scores = logits.clone()
             scores[idx] = perturbed
     token_list = tokens.tolist()
+    replaced = False  # whether a constrained row took its best allowed token instead of the draw's
     for i, r in enumerate(rows):
         if r.allowed is not None and not r.allowed(token_list[i]):
             token_list[i] = _best_allowed(scores[i], r.allowed, r.dead_end)
+            replaced = True
     if raw_logprobs is None:
         return SampleResult(token_list, None, None)
-    chosen = raw_logprobs[torch.arange(n, device=dev), tokens].tolist()
+    taken = torch.tensor(token_list, device=dev) if replaced else tokens
+    chosen = raw_logprobs[torch.arange(n, device=dev), taken].tolist()
     tops: list[list[tuple[int, float]]] = []
     kmax = max(x or 0 for x in want_lp)
     if kmax:

@@ -136,3 +136,22 @@ def test_allowed_ids_mask_every_other_token() -> None:
         assert all(t in allowed for t in got), got
     assert got[0] == max(allowed, key=lambda t: float(logits[0, t]))
     assert not is_plain(rows[0], 2000)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_constrained_rows_logprob_is_the_token_it_took(temperature: float) -> None:
+    """Where the constraint refuses the model's pick, the row's token is the best allowed one, and its reported
+    logprob is that token's (not the refused pick's), as the raw distribution gives it."""
+    torch.manual_seed(3)
+    logits = torch.randn(3, 50)
+    raw = torch.log_softmax(logits, dim=-1)
+    allowed = {7, 11}  # neither is the row's favourite, almost surely
+    rows = [
+        SamplingRow(temperature, 1.0, 5, 0.0, seed=1, step=0, logprobs=2, allowed=lambda t: t in allowed),
+        SamplingRow(0.0, 1.0, 0, 0.0, seed=2, step=0, logprobs=0),
+        SamplingRow(temperature, 1.0, 5, 0.0, seed=3, step=4, logprobs=1, allowed=lambda t: t in allowed),
+    ]
+    out = sample(logits.clone(), rows)
+    assert out.token_ids[0] in allowed and out.token_ids[2] in allowed
+    for i, t in enumerate(out.token_ids):
+        assert out.logprobs[i] == pytest.approx(raw[i, t].item(), abs=1e-6)
