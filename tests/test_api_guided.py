@@ -117,6 +117,21 @@ def test_completions_hold_the_constraint_from_the_first_token(server) -> None:
                 assert choice["finish_reason"] == "stop" and ok(choice["text"]), choice
 
 
+def test_constrained_logprobs_are_the_tokens_taken(server) -> None:
+    """Each token's logprob is the one the model gave the token the constraint let through (the random model's own
+    favourite is refused at most steps), as the model reads that token back as part of a prompt."""
+    body = {"prompt": "The capital", "max_tokens": 8, "temperature": 0, "logprobs": 0, "guided_choice": CHOICES}
+    r = post(server, "/v1/completions", {**body, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    [choice] = r.json()["choices"]
+    assert choice["text"] in CHOICES
+    ids = choice["prompt_token_ids"] + choice["token_ids"]
+    scored = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}).json()
+    read_back = [row[str(t)]["logprob"] for row, t in zip(scored["choices"][0]["prompt_logprobs"], ids) if row]
+    n = len(choice["token_ids"])
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(read_back[-n:], abs=2e-3)
+
+
 def test_constraints_refused_with_a_forced_tool_call(server) -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     for extra, param in (
