@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .sampling_params import SamplingParams
+
 MAX_WIDTH = 10  # 2 x width log-probabilities a step, and the engine gives at most 20
 
 
@@ -71,6 +73,21 @@ class BeamSearch:
     @property
     def top_k(self) -> int:
         return 2 * self.s.width
+
+    def step_params(self) -> SamplingParams:
+        """What a beam's step asks the engine for: one greedy token with the top_k likeliest (raw log-probabilities,
+        so the request's sampling settings do not apply); a part of one client request, so not one in the engine's
+        request metrics."""
+        s = self.s
+        return SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            logprobs=self.top_k,
+            ignore_eos=True,
+            priority=s.priority,
+            cache_salt=s.cache_salt,
+            in_request_metrics=False,
+        )
 
     def asks(self) -> list[list[int]]:
         return [] if self.done else [self.prompt + b.tokens for b in self.live]

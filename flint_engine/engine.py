@@ -541,11 +541,13 @@ class LLMEngine:
             state.reasoning = False
         if state.tool_name is not None:
             state.tool_name.feed(self.tokenizer.token_bytes(token))
+        counted = req.params.in_request_metrics
         if req.first_token_time is None:
             req.first_token_time = now
-            with self.metrics.lock:
-                self.metrics.ttft.observe(now - req.arrival_time)
-        elif req.last_token_time is not None:
+            if counted:
+                with self.metrics.lock:
+                    self.metrics.ttft.observe(now - req.arrival_time)
+        elif req.last_token_time is not None and counted:
             with self.metrics.lock:
                 self.metrics.itl.observe(now - req.last_token_time)
         req.last_token_time = now
@@ -594,6 +596,8 @@ class LLMEngine:
         self.requests.pop(req.request_id, None)
         self.text.pop(req.request_id, None)
         now = time.monotonic()
+        if not req.params.in_request_metrics:
+            return self._output_of_finished(req, new_tokens, delta, reason, stop_reason, new_lp)
         with self.metrics.lock:
             m = self.metrics
             m.finished[reason] = m.finished.get(reason, 0) + 1
@@ -603,6 +607,17 @@ class LLMEngine:
             m.prompt_tokens += len(req.prompt_token_ids)
             m.prompt_len.observe(len(req.prompt_token_ids))
             m.generation_len.observe(len(req.output_token_ids))
+        return self._output_of_finished(req, new_tokens, delta, reason, stop_reason, new_lp)
+
+    @staticmethod
+    def _output_of_finished(
+        req: Request,
+        new_tokens: list[int],
+        delta: str,
+        reason: str,
+        stop_reason: str | int | None,
+        new_lp: list[tuple[int, float, list[tuple[int, float]]]] | None,
+    ) -> RequestOutput:
         return RequestOutput(
             req.request_id,
             new_tokens,

@@ -116,7 +116,7 @@ class LLM:
         ends = frozenset() if ignore_eos else self.engine.eos_token_ids
         settings = BeamSettings(beam_width, length_penalty, max_tokens, min_tokens, ends)
         runs = [BeamSearch(p, settings) for p in ids]
-        step = SamplingParams(max_tokens=1, temperature=0.0, logprobs=2 * beam_width, ignore_eos=True)
+        step = runs[0].step_params()  # (the same settings for every prompt)
         while not all(r.done for r in runs):
             asking = [r for r in runs if not r.done]
             asks = [a for r in asking for a in r.asks()]

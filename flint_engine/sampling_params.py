@@ -71,6 +71,9 @@ class SamplingParams:
     # Prefix caching, likewise: only requests with the same salt share cached blocks (vLLM's cache_salt), so one
     # tenant cannot learn from another's cache hits (time to first token, cached_tokens) what it sent.
     cache_salt: str | None = None
+    # Whether the engine's request metrics (finished requests, latency and length histograms) count this request:
+    # a beam search's one-token steps are parts of one client request (their tokens still count as work).
+    in_request_metrics: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -128,6 +128,20 @@ def test_beams_streamed_equal_the_whole_answer(server) -> None:
     assert [streamed[i] for i in range(3)] == texts
 
 
+def test_beam_steps_are_work_not_requests_in_the_engines_metrics(server) -> None:
+    """A beam search's one-token steps run as engine requests, but the engine's request metrics (finished requests,
+    time to first token, lengths) do not count them; their tokens still count as generated."""
+    m = server.engine.engine.metrics
+    before = (sum(m.finished.values()), m.ttft.count, m.e2e.count, m.generation_tokens)
+    r = post(server, {**BASE, "use_beam_search": True, "n": 2})
+    assert r.status_code == 200, r.text
+    after = (sum(m.finished.values()), m.ttft.count, m.e2e.count, m.generation_tokens)
+    assert after[:3] == before[:3]
+    assert after[3] - before[3] == 1 + 2 * 5  # a token a live beam a step: the first step has the prompt alone
+    post(server, {**BASE, "temperature": 0})  # an ordinary request still counts
+    assert sum(m.finished.values()) == after[0] + 1 and m.ttft.count == after[1] + 1
+
+
 def test_each_prompt_has_its_beams(server) -> None:
     r = post(
         server, {**BASE, "prompt": ["The capital of", "Once upon a time there was"], "use_beam_search": True, "n": 2}

@@ -18,12 +18,10 @@ from .protocol import SamplingFields
 
 
 async def _top_tokens(
-    backend: GenerationBackend, ids: list[int], k: int, s: BeamSettings, request_id: str
+    backend: GenerationBackend, ids: list[int], params: SamplingParams, request_id: str
 ) -> list[tuple[int, float]]:
-    """The k most likely next tokens after `ids` with their log-probabilities (the model's distribution)."""
-    params = SamplingParams(
-        max_tokens=1, temperature=0.0, logprobs=k, ignore_eos=True, priority=s.priority, cache_salt=s.cache_salt
-    )
+    """The most likely next tokens after `ids` with their log-probabilities (the model's distribution), as many as
+    the step's `params` ask for."""
     top: list[tuple[int, float]] = []
     async for choice in backend.generate(ids, params, request_id):  # (to its end: one token)
         out = choice.output
@@ -44,7 +42,7 @@ async def search(backend: GenerationBackend, prompt: list[int], s: BeamSettings,
         run.advance(
             await asyncio.gather(
                 *(
-                    _top_tokens(backend, ids, run.top_k, s, f"{request_id}-s{run.steps}-b{i}")
+                    _top_tokens(backend, ids, run.step_params(), f"{request_id}-s{run.steps}-b{i}")
                     for i, ids in enumerate(asks)
                 )
             )
