@@ -270,3 +270,90 @@ def test_openai_client_reads_tool_calls(server) -> None:
     prompt = server[1].prompts[-1]
     assert "<|observation|><tool_response>sunny</tool_response>" in prompt
     assert '<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo, "NO"</arg_value>' in prompt
+
+
+def legacy_ask(base: str, question: str, stream: bool, **extra: Any) -> dict:
+    """The assistant message of a request in OpenAI's deprecated `functions`, with its `function_call` gathered from
+    the stream's pieces (or taken whole)."""
+    body = {"model": "flint", "messages": [{"role": "user", "content": question}], "max_tokens": 1000, **extra}
+    if not stream:
+        r = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"][0]
+        return {**ch["message"], "finish_reason": ch["finish_reason"]}
+    msg: dict[str, Any] = {"content": None, "function_call": None}
+    with httpx.stream("POST", base + "/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ch = json.loads(line[6:])["choices"][0]
+            d = ch["delta"]
+            assert "tool_calls" not in d
+            if d.get("content"):
+                msg["content"] = (msg["content"] or "") + d["content"]
+            if d.get("function_call"):
+                fc = msg["function_call"] = msg["function_call"] or {"name": None, "arguments": ""}
+                if "name" in d["function_call"]:
+                    assert fc["name"] is None  # the name comes once
+                    fc["name"] = d["function_call"]["name"]
+                fc["arguments"] += d["function_call"]["arguments"]
+            if ch["finish_reason"]:
+                msg["finish_reason"] = ch["finish_reason"]
+    return msg
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_deprecated_functions_answer_with_function_call(server, stream: bool) -> None:
+    """OpenAI's deprecated `functions` / `function_call`: offered as tools, the answer's call as `function_call`
+    (one, finish_reason "function_call"); "none" keeps the text; a named one forces the call."""
+    functions = [WEATHER["function"], CALC["function"]]
+    m = legacy_ask(server[0], "weather", stream, functions=functions)
+    assert m["content"] == "Let me check." and m.get("tool_calls") is None
+    assert m["function_call"]["name"] == "get_weather"
+    assert json.loads(m["function_call"]["arguments"]) == {"city": 'Oslo, "NO"', "days": 3}
+    assert m["finish_reason"] == "function_call"
+    two = legacy_ask(server[0], "two", stream, functions=functions)  # one call only, the first
+    assert two["function_call"]["name"] == "calc" and json.loads(two["function_call"]["arguments"]) == {
+        "a": 1.5,
+        "b": 2,
+    }
+    none = legacy_ask(server[0], "weather", stream, functions=functions, function_call="none")
+    assert none.get("function_call") is None and "<tool_call>get_weather" in none["content"]
+    forced = legacy_ask(server[0], "forced", stream, functions=functions, function_call={"name": "get_weather"})
+    assert forced["function_call"]["name"] == "get_weather" and forced["finish_reason"] == "function_call"
+    assert server[1].prompts[-1].endswith("</think><tool_call>get_weather")
+
+
+def test_deprecated_function_messages_render_as_tool_turns(server) -> None:
+    """An assistant turn's `function_call` and the `function` message answering it reach the template as a tool call
+    and its result, as the tools spelling of the same turns does; mixing the two spellings is refused."""
+    c = openai.OpenAI(base_url=server[0] + "/v1", api_key="x", max_retries=0)
+    call = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    legacy = [
+        {"role": "user", "content": "weather"},
+        {"role": "assistant", "content": None, "function_call": call},
+        {"role": "function", "name": "get_weather", "content": "sunny"},
+        {"role": "user", "content": "hi"},
+    ]
+    r = c.chat.completions.create(model="flint", messages=legacy, functions=[WEATHER["function"]])
+    assert r.choices[0].message.content == "Hello! How can I help?"
+    legacy_prompt = server[1].prompts[-1]
+    tools = [
+        legacy[0],
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": call}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        legacy[3],
+    ]
+    c.chat.completions.create(model="flint", messages=tools, tools=[WEATHER])
+    assert server[1].prompts[-1] == legacy_prompt
+    assert "<tool_response>sunny</tool_response>" in legacy_prompt
+    mixed = httpx.post(
+        server[0] + "/v1/chat/completions",
+        json={"model": "flint", "messages": legacy[:1], "functions": [WEATHER["function"]], "tools": [WEATHER]},
+    )
+    assert mixed.status_code == 400 and "functions" in mixed.json()["error"]["message"]
+    alone = httpx.post(
+        server[0] + "/v1/chat/completions", json={"model": "flint", "messages": legacy[:1], "function_call": "auto"}
+    )
+    assert alone.status_code == 400 and "function_call needs functions" in alone.json()["error"]["message"]

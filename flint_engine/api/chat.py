@@ -59,6 +59,7 @@ class PreparedChat:
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids
     echo: str = ""  # what the answer's content begins with (vLLM's echo: the assistant turn it continues)
     include_reasoning: bool = True  # vLLM's: false leaves the thinking out of the answer
+    legacy_functions: bool = False  # asked in OpenAI's deprecated `functions`: the call answers as `function_call`
     request_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -101,6 +102,20 @@ async def parsed_deltas(
                 raise APIError(500, ev.error or "generation failed", code="generation_failed")
             deltas += streamer.finish()
         yield ev, deltas
+
+
+def legacy_call_delta(tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """A streamed tool-call delta as OpenAI's deprecated `function_call` delta: the one call's name when it comes,
+    then its arguments' pieces."""
+    out: dict[str, Any] = {}
+    for call in tool_calls:
+        fn = call.get("function", {})
+        if "name" in fn:
+            out["name"] = fn["name"]
+        if fn.get("arguments"):
+            out["arguments"] = out.get("arguments", "") + fn["arguments"]
+    out.setdefault("arguments", "")
+    return out
 
 
 class ChatHandler:
@@ -244,6 +259,7 @@ class ChatHandler:
             tokens_as_ids=req.return_tokens_as_token_ids,
             echo=req.echoed(),
             include_reasoning=req.include_reasoning,
+            legacy_functions=req.functions is not None,
         )
 
     def _request_template(self, req: ChatCompletionRequest) -> str | None:
@@ -282,13 +298,14 @@ class ChatHandler:
                 ToolCallOut(id=call.id, function=FunctionCallOut(name=call.name, arguments=call.arguments))
                 for call in parsed.tool_calls
             ]
-            reason = "tool_calls" if calls else ev.finish_reason
+            reason = ("function_call" if prep.legacy_functions else "tool_calls") if calls else ev.finish_reason
             reasoning = parsed.reasoning if prep.include_reasoning else None
             message = AssistantMessage(
                 content=prep.echo + (parsed.content or "") if prep.echo else parsed.content,
                 reasoning=reasoning,
                 reasoning_content=reasoning,
-                tool_calls=calls or None,
+                tool_calls=None if prep.legacy_functions else calls or None,
+                function_call=calls[0].function if prep.legacy_functions and calls else None,
             )
             lp = None
             if prep.top_logprobs is not None and self.token_text is not None:
@@ -407,6 +424,8 @@ class ChatHandler:
                     if d.tool_calls:
                         called[i] = True
                     delta = d.to_openai()
+                    if prep.legacy_functions and "tool_calls" in delta:
+                        delta["function_call"] = legacy_call_delta(delta.pop("tool_calls"))
                     if not prep.include_reasoning:
                         for key in ("reasoning", "reasoning_content"):
                             delta.pop(key, None)
@@ -415,7 +434,9 @@ class ChatHandler:
                     yield chunk(i, delta, logprobs=pending_lp[i], token_ids=pending_ids[i])
                     pending_lp[i], pending_ids[i] = [], []
                 if ev.finished:
-                    reason = "tool_calls" if called[i] else ev.finish_reason
+                    reason = (
+                        ("function_call" if prep.legacy_functions else "tool_calls") if called[i] else ev.finish_reason
+                    )
                     yield chunk(i, {}, reason, ev.stop_reason, logprobs=pending_lp[i], token_ids=pending_ids[i])
                     pending_lp[i], pending_ids[i] = [], []
             if include_usage:

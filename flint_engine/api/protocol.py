@@ -69,17 +69,19 @@ class ToolCallIn(Lenient):
 
 
 class ChatMessage(Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # "function": OpenAI's deprecated function result (a tool result named by the function it answers)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
+    function_call: FunctionCall | None = None  # OpenAI's deprecated form of one tool call
 
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.function_call)):
             raise ValueError(f"a {self.role} message needs content")
         return self
 
@@ -104,11 +106,14 @@ class ChatMessage(Lenient):
         return self.content
 
     def for_template(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        # OpenAI's deprecated function messages are tool messages to the template, and a call the assistant made
+        # with `function_call` its one tool call.
+        out: dict[str, Any] = {"role": "tool" if self.role == "function" else self.role, "content": self.text()}
         if self.name is not None:
             out["name"] = self.name
-        if self.tool_calls:
-            out["tool_calls"] = [tc.model_dump() for tc in self.tool_calls]
+        calls = self.tool_calls or ([ToolCallIn(function=self.function_call)] if self.function_call else [])
+        if calls:
+            out["tool_calls"] = [tc.model_dump() for tc in calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
@@ -416,20 +421,21 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict[str, str]] | None = None  # vLLM's: handed to the chat template (for templates that read it)
     chat_template: str | None = None  # vLLM's: this request's own template (only with api.trust_request_chat_template)
     modalities: list[str] | None = None
+    # OpenAI's deprecated function calling: `functions` are tools, `function_call` the tool choice ("none", "auto" or
+    # {"name": ...}), and the answer's call comes back as `message.function_call` (one call, finish_reason
+    # "function_call").
+    functions: list[FunctionDef] | None = Field(default=None, min_length=1)
+    function_call: Literal["none", "auto"] | NamedToolChoiceFunction | None = None
     # OpenAI fields this server cannot honour: refused (400) rather than ignored, since ignoring them changes what the
-    # client gets (no tools offered, no audio, no web search).
-    functions: Any = None
-    function_call: Any = None
+    # client gets (no audio, no web search).
     audio: Any = None
     web_search_options: Any = None
 
-    @field_validator("functions", "function_call", "audio", "web_search_options")
+    @field_validator("audio", "web_search_options")
     @classmethod
     def _not_offered(cls, v: Any, info: ValidationInfo) -> Any:
         if v is not None:
-            legacy = info.field_name in ("functions", "function_call")
-            why = "is deprecated and not supported: send tools and tool_choice" if legacy else "is not supported"
-            raise ValueError(f"{info.field_name} {why}")
+            raise ValueError(f"{info.field_name} is not supported")
         return v
 
     @field_validator("modalities")
@@ -446,6 +452,21 @@ class ChatCompletionRequest(SamplingFields):
         if isinstance(v, str) and v not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _legacy_functions(self) -> ChatCompletionRequest:
+        """`functions` and `function_call` read as the tools and tool choice they stand for."""
+        if self.function_call is not None and self.functions is None:
+            raise ValueError("function_call needs functions")
+        if self.functions is None:
+            return self
+        if self.tools is not None or self.tool_choice is not None:
+            raise ValueError("send either tools and tool_choice or the deprecated functions and function_call")
+        self.tools = [ToolDef(function=f) for f in self.functions]
+        call = self.function_call
+        self.tool_choice = NamedToolChoice(function=call) if isinstance(call, NamedToolChoiceFunction) else call
+        self.parallel_tool_calls = False  # a function_call answer holds one call
+        return self
 
     @model_validator(mode="after")
     def _chat_checks(self) -> ChatCompletionRequest:
@@ -560,6 +581,7 @@ class AssistantMessage(Strict):
     reasoning_content: str | None = None
     reasoning: str | None = None
     tool_calls: list[ToolCallOut] | None = None
+    function_call: FunctionCallOut | None = None  # the answer to a request in OpenAI's deprecated `functions`
 
     @model_serializer(mode="wrap")
     def _content_always(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
