@@ -138,14 +138,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 
 def ask(base: str, question: str, stream: bool, **extra: Any) -> dict:
-    """The assistant message, accumulated from the stream or taken whole."""
+    """The assistant message, accumulated from the stream or taken whole (a deprecated `function_call` too)."""
     body = {"model": "flint", "messages": [{"role": "user", "content": question}], "max_tokens": 1000, **extra}
     if not stream:
         r = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
         assert r.status_code == 200, r.text
         ch = r.json()["choices"][0]
         return {**ch["message"], "finish_reason": ch["finish_reason"]}
-    msg: dict[str, Any] = {"reasoning": None, "content": None, "tool_calls": {}}
+    msg: dict[str, Any] = {"reasoning": None, "content": None, "tool_calls": {}, "function_call": None}
     with httpx.stream("POST", base + "/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
@@ -156,6 +156,12 @@ def ask(base: str, question: str, stream: bool, **extra: Any) -> dict:
             for field in ("reasoning", "content"):
                 if d.get(field):
                     msg[field] = (msg[field] or "") + d[field]
+            if d.get("function_call"):
+                fc = msg["function_call"] = msg["function_call"] or {"name": None, "arguments": ""}
+                if "name" in d["function_call"]:
+                    assert fc["name"] is None  # the name comes once
+                    fc["name"] = d["function_call"]["name"]
+                fc["arguments"] += d["function_call"]["arguments"]
             for tc in d.get("tool_calls") or []:
                 slot = msg["tool_calls"].setdefault(tc["index"], {"id": None, "name": None, "arguments": ""})
                 if tc.get("id"):
@@ -272,55 +278,24 @@ def test_openai_client_reads_tool_calls(server) -> None:
     assert '<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo, "NO"</arg_value>' in prompt
 
 
-def legacy_ask(base: str, question: str, stream: bool, **extra: Any) -> dict:
-    """The assistant message of a request in OpenAI's deprecated `functions`, with its `function_call` gathered from
-    the stream's pieces (or taken whole)."""
-    body = {"model": "flint", "messages": [{"role": "user", "content": question}], "max_tokens": 1000, **extra}
-    if not stream:
-        r = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
-        assert r.status_code == 200, r.text
-        ch = r.json()["choices"][0]
-        return {**ch["message"], "finish_reason": ch["finish_reason"]}
-    msg: dict[str, Any] = {"content": None, "function_call": None}
-    with httpx.stream("POST", base + "/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ch = json.loads(line[6:])["choices"][0]
-            d = ch["delta"]
-            assert "tool_calls" not in d
-            if d.get("content"):
-                msg["content"] = (msg["content"] or "") + d["content"]
-            if d.get("function_call"):
-                fc = msg["function_call"] = msg["function_call"] or {"name": None, "arguments": ""}
-                if "name" in d["function_call"]:
-                    assert fc["name"] is None  # the name comes once
-                    fc["name"] = d["function_call"]["name"]
-                fc["arguments"] += d["function_call"]["arguments"]
-            if ch["finish_reason"]:
-                msg["finish_reason"] = ch["finish_reason"]
-    return msg
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_deprecated_functions_answer_with_function_call(server, stream: bool) -> None:
     """OpenAI's deprecated `functions` / `function_call`: offered as tools, the answer's call as `function_call`
     (one, finish_reason "function_call"); "none" keeps the text; a named one forces the call."""
     functions = [WEATHER["function"], CALC["function"]]
-    m = legacy_ask(server[0], "weather", stream, functions=functions)
+    m = ask(server[0], "weather", stream, functions=functions)
     assert m["content"] == "Let me check." and m.get("tool_calls") is None
     assert m["function_call"]["name"] == "get_weather"
     assert json.loads(m["function_call"]["arguments"]) == {"city": 'Oslo, "NO"', "days": 3}
     assert m["finish_reason"] == "function_call"
-    two = legacy_ask(server[0], "two", stream, functions=functions)  # one call only, the first
+    two = ask(server[0], "two", stream, functions=functions)  # one call only, the first
     assert two["function_call"]["name"] == "calc" and json.loads(two["function_call"]["arguments"]) == {
         "a": 1.5,
         "b": 2,
     }
-    none = legacy_ask(server[0], "weather", stream, functions=functions, function_call="none")
+    none = ask(server[0], "weather", stream, functions=functions, function_call="none")
     assert none.get("function_call") is None and "<tool_call>get_weather" in none["content"]
-    forced = legacy_ask(server[0], "forced", stream, functions=functions, function_call={"name": "get_weather"})
+    forced = ask(server[0], "forced", stream, functions=functions, function_call={"name": "get_weather"})
     assert forced["function_call"]["name"] == "get_weather" and forced["finish_reason"] == "function_call"
     assert server[1].prompts[-1].endswith("</think><tool_call>get_weather")
 
