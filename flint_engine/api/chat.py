@@ -63,6 +63,11 @@ class PreparedChat:
     request_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
+    @property
+    def call_reason(self) -> str:
+        """The finish reason of an answer that calls a tool (OpenAI's deprecated functions name it otherwise)."""
+        return "function_call" if self.legacy_functions else "tool_calls"
+
     def parser(self) -> ChatOutputParser:
         return ChatOutputParser(
             self.thinking, self.tools, self.tool_choice_none, parallel_tool_calls=self.parallel_tool_calls
@@ -298,7 +303,7 @@ class ChatHandler:
                 ToolCallOut(id=call.id, function=FunctionCallOut(name=call.name, arguments=call.arguments))
                 for call in parsed.tool_calls
             ]
-            reason = ("function_call" if prep.legacy_functions else "tool_calls") if calls else ev.finish_reason
+            reason = prep.call_reason if calls else ev.finish_reason
             reasoning = parsed.reasoning if prep.include_reasoning else None
             message = AssistantMessage(
                 content=prep.echo + (parsed.content or "") if prep.echo else parsed.content,
@@ -434,9 +439,7 @@ class ChatHandler:
                     yield chunk(i, delta, logprobs=pending_lp[i], token_ids=pending_ids[i])
                     pending_lp[i], pending_ids[i] = [], []
                 if ev.finished:
-                    reason = (
-                        ("function_call" if prep.legacy_functions else "tool_calls") if called[i] else ev.finish_reason
-                    )
+                    reason = prep.call_reason if called[i] else ev.finish_reason
                     yield chunk(i, {}, reason, ev.stop_reason, logprobs=pending_lp[i], token_ids=pending_ids[i])
                     pending_lp[i], pending_ids[i] = [], []
             if include_usage:
