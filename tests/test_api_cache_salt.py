@@ -92,13 +92,19 @@ def test_chat_responses_and_messages_take_a_salt(server) -> None:
 
 
 def test_an_empty_salt_is_refused(server) -> None:
-    r = httpx.post(
-        f"{server.base_url}/v1/completions",
-        json={"model": "flint", "prompt": "hi", "max_tokens": 1, "cache_salt": ""},
-        headers={"Authorization": f"Bearer {KEY_A}"},
-        timeout=60,
-    )
-    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text
+    """On every API, also where the key's own salt is joined to it."""
+    for path, body in (
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/v1/responses", {"input": "hi"}),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
+        r = httpx.post(
+            f"{server.base_url}{path}",
+            json={"model": "flint", "max_tokens": 1, "cache_salt": "", **body},
+            headers={"Authorization": f"Bearer {KEY_A}"},
+            timeout=60,
+        )
+        assert r.status_code == 400 and "cache_salt" in r.text, (path, r.text)
 
 
 def test_the_ray_router_hashes_blocks_as_the_engine_does() -> None:

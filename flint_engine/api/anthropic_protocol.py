@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
-from .protocol import ChatCompletionRequest, Lenient
+from .protocol import MAX_CACHE_SALT, ChatCompletionRequest, Lenient
 
 # Anthropic's thinking types; None: absent. "adaptive" and "between_tools" run as the model's default (it thinks).
 THINKING_TYPES = (None, "enabled", "disabled", "adaptive", "between_tools")
@@ -38,7 +38,8 @@ class MessagesRequest(Lenient):
     output_config: dict[str, Any] | None = None  # `format` (a JSON schema) is honoured; `effort` is accepted
     metadata: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: fixed-length answers for benchmarks
-    cache_salt: str | None = None  # vLLM's extension: only requests with the same salt share prefix-cache blocks
+    # vLLM's extension: only requests with the same salt share prefix-cache blocks
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT)
     mcp_servers: Any = None
     container: Any = None
     stream_options: Any = None  # never sent by Anthropic clients; `_generate` reads it

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from .protocol import ChatCompletionRequest, Lenient
+from .protocol import MAX_CACHE_SALT, ChatCompletionRequest, Lenient
 
 
 class ResponsesRequest(Lenient):
@@ -43,7 +43,8 @@ class ResponsesRequest(Lenient):
     ignore_eos: bool = False  # vLLM's extension: fixed-length answers for benchmarks
     priority: int | None = None  # vLLM's: lower values are scheduled first (checked as on chat)
     service_tier: str | None = None  # OpenAI's: "flex" runs at api.flex_priority unless a priority is named
-    cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks (as on chat)
+    # vLLM's: only requests with the same salt share prefix-cache blocks (as on chat)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT)
     previous_response_id: str | None = None  # a stored response this one continues from
     background: bool | None = None  # answered at once as queued, polled with GET (needs stored responses)
     # A conversation (`conversation_store`) this response reads and adds its turn to: its id, or {"id": ...}.
