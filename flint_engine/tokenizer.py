@@ -441,7 +441,9 @@ class FlintTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`; special-token strings in it become their single ids."""
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # The batch call without offsets: it lets go of the GIL while it runs (`encode` holds it: ~1.5 s for 2 MB of
+        # text) and is faster; the ids are the same.
+        return self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids` (numpy/torch integer items are accepted); ids outside the vocabulary are dropped."""

@@ -334,7 +334,7 @@ def test_transformers_loads_saved_dir_identically(tok: FlintTokenizer, tmp_path:
 
     tok.save_hf(tmp_path)
     hf = AutoTokenizer.from_pretrained(str(tmp_path))
-    for text in TEXTS:
+    for text in [*TEXTS, "\n".join(TEXTS) * 300]:  # the last ~100K characters
         assert hf.encode(text, add_special_tokens=True) == tok.encode(text)
     msgs = [
         {"role": "system", "content": "sys"},

@@ -253,11 +253,18 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
         `answer_now` if it gives an answer (a background response, queued), else streamed as server-sent events or
         answered whole (the latter abandoned if the client disconnects)."""
         data = await _body(request)
-        req = _parse(request_type, data)
         _log_prompt(request.headers.get("x-request-id", "-"), data)
-        if settings.isolate_prefix_cache and (owner := request_owner(request)):
-            req.cache_salt = key_salt(owner, req.cache_salt)
-        prep = (prepare or handler.prepare)(req)
+        owner = request_owner(request) if settings.isolate_prefix_cache else ""
+
+        def parsed_and_prepared() -> tuple[Any, Any]:
+            req = _parse(request_type, data)
+            if owner:
+                req.cache_salt = key_salt(owner, req.cache_salt)
+            return req, (prepare or handler.prepare)(req)
+
+        # In a worker thread: templating and tokenizing a long prompt takes a while (~1.5 s for 2 MB of text), and the
+        # tokenizer lets go of the GIL meanwhile, so the loop goes on answering other requests.
+        req, prep = await asyncio.to_thread(parsed_and_prepared)
         if answer_now is not None and (now := answer_now(req, prep)) is not None:
             return now if isinstance(now, Response) else JSONResponse(now)
         if req.stream:
@@ -317,7 +324,7 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
             data = await _body(request)
             if isinstance(data, dict):
                 data = {**data, "max_tokens": 1}  # counting needs no output budget (nor fails on a large one)
-            return JSONResponse(messages.count_tokens(_parse(MessagesRequest, data)))
+            return JSONResponse(await asyncio.to_thread(lambda: messages.count_tokens(_parse(MessagesRequest, data))))
         except APIError as exc:
             return anthropic_error(exc)
 
@@ -363,7 +370,10 @@ def build_app(backend: GenerationBackend, settings: APISettings | None = None) -
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        req: TokenizeRequest = _parse(TokenizeRequest, await _body(request))
+        data = await _body(request)
+        return await asyncio.to_thread(lambda: _tokenized(_parse(TokenizeRequest, data)))
+
+    def _tokenized(req: TokenizeRequest) -> dict[str, Any]:
         tok = backend.tokenizer
         if tok is None:
             raise APIError(400, "this checkpoint has no tokenizer")
