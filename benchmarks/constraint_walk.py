@@ -34,6 +34,7 @@ from flint_engine.json_mode import JsonPrefix
 from flint_engine.json_schema_prefix import SchemaPrefix, compile_schema
 from flint_engine.output_constraint import OutputConstraint, token_filter
 from flint_engine.regex_prefix import RegexPrefix
+from flint_engine.tool_call_prefix import KEY_CLOSE, KEY_OPEN, VALUE_OPEN, tool_call_prefix
 
 RESULTS = Path(__file__).parent / "results"
 VOCAB = 150_144
@@ -85,8 +86,26 @@ def synthetic_vocab(n: int, seed: int = 0) -> list[bytes]:
     return out
 
 
-def cases() -> list[tuple[str, Callable[[], OutputConstraint], bytes]]:
-    """(name, a fresh constraint, the output fed before the walk)."""
+# A strict tool (OpenAI's strict function calling, `tool_call_prefix`): its cases feed a call's pieces before the walk.
+TOOL = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Oslo", "Lisbon"]},
+        "note": {"type": "string"},
+        "code": {"type": "string", "pattern": "^[a-z]+$"},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city"],
+}
+
+
+def _tool_call(*value: bytes) -> list[bytes]:
+    return [b"get_weather", KEY_OPEN, value[0], KEY_CLOSE, VALUE_OPEN, *value[1:]]
+
+
+def cases() -> list[tuple[str, Callable[[], OutputConstraint], bytes | list[bytes]]]:
+    """(name, a fresh constraint, the output fed before the walk: bytes, or pieces with tags whole)."""
+    strict = functools.partial(tool_call_prefix, ("get_weather",), {"get_weather": TOOL})
     return [
         ("regex, digits next", lambda: RegexPrefix(r"[0-9]{3}-[A-Z]{2}"), b"12"),
         ("choice, after 'y'", lambda: ChoicePrefix(["yes", "no", "maybe"]), b"y"),
@@ -96,6 +115,11 @@ def cases() -> list[tuple[str, Callable[[], OutputConstraint], bytes]]:
         ("grammar, JSON value", lambda: GrammarPrefix(JSON_GRAMMAR), b'{"a": 1'),
         ("grammar, JSON string", lambda: GrammarPrefix(JSON_GRAMMAR), b'{"a'),
         ("grammar, 4K-char sum", lambda: GrammarPrefix(SUMS), b"12+" * 1365 + b"4"),
+        ("strict tool, its name", strict, [b"get_"]),
+        ("strict tool, enum value", strict, _tool_call(b"city", b"Os")),
+        ("strict tool, integer", strict, _tool_call(b"days")),
+        ("strict tool, string", strict, _tool_call(b"note", b"some text")),
+        ("strict tool, pattern", strict, _tool_call(b"code", b"abc")),
     ]
 
 
@@ -120,7 +144,7 @@ def main() -> None:
     rows = []
     for name, make, fed in cases():
         prefix = make()
-        assert prefix.feed(fed), name
+        assert all(prefix.feed(piece) for piece in ([fed] if isinstance(fed, bytes) else fed)), name
         times: dict[str, list[float]] = {"filter": [], "whole": []}
         counts = set()
         for _ in range(args.reps):

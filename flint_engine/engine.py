@@ -33,7 +33,8 @@ from .scheduler import ScheduledChunk, Scheduler
 from .step_graphs import MAX_TOKENS as STEP_GRAPH_MAX_TOKENS
 from .stop_strings import StopStringText
 from .token_readback import TokenReadback
-from .tool_name_prefix import ToolNamePrefix
+from .tool_call_prefix import TAGS as TOOL_CALL_TAGS
+from .tool_call_prefix import ToolCallPrefix, tool_call_prefix
 
 log = logging.getLogger(__name__)
 _offline_ids = itertools.count()
@@ -89,7 +90,7 @@ class _TextState:
     pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     constraint: OutputConstraint | None = None  # JSON mode, a choice or a pattern, once active
     reasoning: bool = False  # the output is inside its reasoning (before params.reasoning_end_token)
-    tool_name: ToolNamePrefix | None = None  # a forced tool call's name, until it is complete
+    tool_call: ToolCallPrefix | None = None  # tool calls held to the offered tools (tool_names, tool_schemas)
     bad_words: tuple[tuple[int, ...], ...] = ()  # params.bad_words as token sequences (bad_words.py)
 
 
@@ -110,6 +111,10 @@ class LLMEngine:
         # A tool call the model opens inside its reasoning ends the reasoning (as the reasoning parser reads it), so
         # a thinking budget stops counting there rather than forcing </think> into the call.
         self._tool_call_token = tokenizer.token_to_id(TOOL_CALL_START) if tokenizer is not None else None
+        # The special tokens a held tool call writes (<tool_call>, <arg_key>, ...): the others never come inside one.
+        ids = (tokenizer.token_to_id(t.decode()) for t in TOOL_CALL_TAGS) if tokenizer is not None else ()
+        self._tool_call_tags = tags = frozenset(i for i in ids if i is not None)
+        self._special_outside_calls = frozenset(tokenizer.special_token_ids) - tags if tokenizer is not None else ()
         self.engine_config = ec = engine_config
         self.generation_defaults = dict(generation_defaults or {})
         self.max_model_len = min(
@@ -294,8 +299,8 @@ class LLMEngine:
         if params.constrained and self.tokenizer is None:
             msg = "an output constraint (JSON, choice, regex or grammar) needs a tokenizer"
             raise EngineRequestError(msg, param="response_format")
-        if params.tool_names is not None and self.tokenizer is None:
-            raise EngineRequestError("a forced tool call needs a tokenizer", param="tool_choice")
+        if (params.tool_names is not None or params.tool_schemas is not None) and self.tokenizer is None:
+            raise EngineRequestError("a forced or strict tool call needs a tokenizer", param="tool_choice")
         if params.bad_words and self.tokenizer is None:
             raise EngineRequestError("bad_words needs a tokenizer", param="bad_words")
 
@@ -323,7 +328,7 @@ class LLMEngine:
             StopStringText(params.stop, params.include_stop_str_in_output),
             params.logprobs is not None,
             constraint=output_constraint(params) if params.constrained and params.reasoning_end_token is None else None,
-            tool_name=ToolNamePrefix(params.tool_names) if params.tool_names is not None else None,
+            tool_call=tool_call_prefix(params.tool_names, params.tool_schemas),
             reasoning=params.reasoning_end_token is not None,
             bad_words=bad_word_sequences(self.tokenizer, params.bad_words) if params.bad_words else (),
         )
@@ -412,6 +417,8 @@ class LLMEngine:
                 return None
             if req.params.constrained:  # the host may replace the token that ends the reasoning
                 return None
+            if req.params.tool_schemas is not None:  # whether `prev`'s token opens a held tool call is not read yet
+                return None
             if self.text[req.request_id].bad_words:  # its bans depend on `prev`'s token, not read yet
                 return None
             if len(req.output_token_ids) + 1 >= req.params.max_tokens or req.num_tokens + 1 >= self.max_model_len:
@@ -492,8 +499,10 @@ class LLMEngine:
             allowed = self._output_constraint(req, state.constraint)
             ends = req.params.stop_token_ids or sorted(req.eos_token_ids)
             dead_end = ends[0] if ends else None
-        elif state.tool_name is not None and not state.tool_name.done:
-            allowed = self._name_constraint(req, state.tool_name)
+        elif state.tool_call is not None and state.tool_call.active:
+            allowed = self._tool_call_constraint(req, state.tool_call)
+            ends = req.params.stop_token_ids or sorted(req.eos_token_ids)
+            dead_end = ends[0] if ends else None  # (a pattern no token can go on with, say)
         return SamplingRow(
             allowed=allowed,
             temperature=t,
@@ -518,10 +527,10 @@ class LLMEngine:
         stops = set(req.eos_token_ids) | set(req.params.stop_token_ids)
         return token_filter(prefix, self.tokenizer.token_bytes, stops, self.tokenizer.special_token_ids)
 
-    def _name_constraint(self, req: Request, prefix: ToolNamePrefix) -> Any:
-        tok = self.tokenizer
+    def _tool_call_constraint(self, req: Request, prefix: ToolCallPrefix) -> Any:
         stops = set(req.eos_token_ids) | set(req.params.stop_token_ids)
-        return lambda token: token not in stops and prefix.accepts(tok.token_bytes(token))
+        tags = self._tool_call_tags
+        return token_filter(prefix, self.tokenizer.token_bytes, stops, self._special_outside_calls, tags)
 
     def _append_token(
         self, req: Request, token: int, lp: tuple[float, list[tuple[int, float]]] | None, now: float
@@ -539,8 +548,9 @@ class LLMEngine:
             state.constraint = output_constraint(req.params)
         if state.reasoning and token in (req.params.reasoning_end_token, self._tool_call_token):
             state.reasoning = False
-        if state.tool_name is not None:
-            state.tool_name.feed(self.tokenizer.token_bytes(token))
+        held = state.tool_call
+        if held is not None and not held.done and not ends_turn and not held.feed(self.tokenizer.token_bytes(token)):
+            log.debug("request %s: token %d left its tool call's rules; no longer held", req.request_id, token)
         counted = req.params.in_request_metrics
         if req.first_token_time is None:
             req.first_token_time = now

@@ -28,6 +28,7 @@ from .parsers.tool_calls import ToolCall
 from .request import Request
 from .sampling_params import SamplingParams
 from .tokenizer import FlintTokenizer
+from .tool_call_prefix import StrictToolError, strict_tool_schemas
 
 Conversation = Sequence[dict[str, Any]]
 
@@ -154,10 +155,10 @@ class LLM:
         """Answer one conversation (a list of OpenAI-style messages) or several, each with the next assistant turn
         (with `continue_final_message`, the rest of the final one, an assistant turn begun by the caller).
 
-        `tools` are offered as in the API with tool_choice "auto"; the model's calls come back parsed. With an
-        output constraint (`params.json_mode`, `choice` or `regex`) and thinking on, the constraint starts after the
-        thinking, and `params.thinking_token_budget` caps the thinking, as in the API. With `params.n` > 1 each
-        conversation's n replies come one after another.
+        `tools` are offered as in the API with tool_choice "auto" (a `strict` tool's calls held to its schema); the
+        model's calls come back parsed. With an output constraint (`params.json_mode`, `choice` or `regex`) and
+        thinking on, the constraint starts after the thinking, and `params.thinking_token_budget` caps the thinking,
+        as in the API. With `params.n` > 1 each conversation's n replies come one after another.
         """
         if len(conversations) == 0:
             raise ValueError("no conversation given")
@@ -179,6 +180,12 @@ class LLM:
         base = params or SamplingParams()
         # The parsers need the <think>/<tool_call> tags in the text.
         base = replace(base, skip_special_tokens=False)
+        if tools is not None and base.tool_schemas is None and not base.constrained:
+            try:
+                schemas = strict_tool_schemas(tools)
+            except StrictToolError as exc:
+                raise ValueError(str(exc)) from None
+            base = replace(base, tool_schemas=schemas) if schemas is not None else base
         plist = [
             replace(base, reasoning_end_token=tok.token_to_id(THINK_END))
             if think and base.reasoning_end_token is None

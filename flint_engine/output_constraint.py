@@ -42,6 +42,7 @@ def token_filter(
     token_bytes: Callable[[int], bytes],
     stops: Collection[int],
     special: Collection[int],
+    whole: Collection[int] = (),
 ) -> Callable[[int], bool]:
     """Which tokens the sampler may take next under `prefix` (the sampler walks candidates in its own order and
     takes the first allowed): a stop token once the output may end, no other special token, and a text token whose
@@ -52,7 +53,8 @@ def token_filter(
     the parser state. Most of a vocabulary fails there where few tokens fit (" word" after a JSON value fails at
     "w"), and an opening of whole characters that may not come next cannot begin a longer piece either
     (`benchmarks/constraint_walk.py`: a whole-vocabulary walk after a JSON value 784 -> 249 ms, before a schema's key
-    512 -> 231)."""
+    512 -> 231). Tokens in `whole` (a tool call's tags, special tokens its constraint reads as units) are judged
+    whole only."""
     can_end, complete = prefix.can_end, prefix.complete  # read once, not per candidate
     opening_ok: dict[bytes, bool] = {}
 
@@ -74,7 +76,9 @@ def token_filter(
         if complete or token in special:
             return False  # e.g. the object is closed: only the end of the turn may follow
         piece = token_bytes(token)
-        return prefix.accepts(piece) if cheap else not opening_refused(piece) and prefix.accepts(piece)
+        if cheap or token in whole:
+            return prefix.accepts(piece)
+        return not opening_refused(piece) and prefix.accepts(piece)
 
     cheap = prefix.cheap_accepts
     return allowed

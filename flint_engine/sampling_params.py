@@ -9,7 +9,7 @@ from typing import Any
 from .grammar_prefix import GrammarError, compile_grammar
 from .json_schema_prefix import SchemaError, compile_schema
 from .regex_prefix import RegexError, compile_pattern
-from .tool_name_prefix import callable_name
+from .tool_call_prefix import callable_name, compile_tool_arguments
 
 MAX_SEED = 2**63 - 1
 MAX_PRIORITY = 2**31 - 1
@@ -62,8 +62,12 @@ class SamplingParams:
     # Anthropic's thinking.budget_tokens); no effect on an output without reasoning (LLM.chat and the API set
     # reasoning_end_token when the thinking is on). The reasoning still counts toward max_tokens.
     thinking_token_budget: int | None = None
-    # The output opens with one of these names, then whitespace or "<" (a forced tool call's name; see tool_name_prefix)
+    # The output opens inside a tool call, one of these names next (a forced call: tool_choice "required" or named;
+    # see tool_call_prefix)
     tool_names: tuple[str, ...] | None = None
+    # The offered tools by name, each with the JSON Schema its arguments are held to (OpenAI's strict tools) or None
+    # (free): every call the output writes names one of them, and a strict tool's arguments fit its schema.
+    tool_schemas: dict[str, dict[str, Any] | None] | None = None
     # Scheduling, not sampling, but it travels with the request: a waiting request of a lower priority value is
     # admitted first and may preempt running requests of higher values for a seat or blocks; under memory pressure
     # the highest value is preempted first (vLLM's request priority); equal priorities keep first-come first-served.
@@ -130,6 +134,8 @@ class SamplingParams:
             raise SamplingParamsError("cache_salt", "must be a non-empty string")
         if self.tool_names is not None and not (self.tool_names and all(map(callable_name, self.tool_names))):
             raise SamplingParamsError("tool_names", "must be non-empty names without whitespace or '<'")
+        if self.tool_schemas is not None:
+            self._check_tool_schemas()
         if self.json_schema is not None:
             if not self.json_mode:
                 raise SamplingParamsError("json_schema", "needs json_mode")
@@ -165,8 +171,9 @@ class SamplingParams:
         kinds = [k for k, on in given if on]
         if len(kinds) > 1:
             raise SamplingParamsError(kinds[1], f"cannot be combined with {kinds[0]}: give one output constraint")
-        if self.tool_names is not None and self.constrained:
-            raise SamplingParamsError("tool_names", f"cannot be combined with {kinds[0]}")
+        for name in ("tool_names", "tool_schemas"):
+            if getattr(self, name) is not None and self.constrained:
+                raise SamplingParamsError(name, f"cannot be combined with {kinds[0]}")
         if self.reasoning_end_token is not None and (
             not isinstance(self.reasoning_end_token, int) or self.reasoning_end_token < 0
         ):
@@ -174,6 +181,22 @@ class SamplingParams:
         budget = self.thinking_token_budget
         if budget is not None and (not isinstance(budget, int) or budget < 0):
             raise SamplingParamsError("thinking_token_budget", f"must be a non-negative integer, got {budget!r}")
+
+    def _check_tool_schemas(self) -> None:
+        tools = self.tool_schemas
+        if not isinstance(tools, dict) or not tools or not all(map(callable_name, tools)):
+            raise SamplingParamsError("tool_schemas", "must map tool names (without whitespace or '<') to schemas")
+        for name, schema in tools.items():
+            if schema is None:
+                continue
+            try:
+                compile_tool_arguments(schema)
+            except SchemaError as exc:
+                msg = f"tool {name!r} cannot be held to its schema: {exc}"
+                raise SamplingParamsError("tool_schemas", msg) from None
+        missing = [n for n in self.tool_names or () if n not in tools]
+        if missing:
+            raise SamplingParamsError("tool_names", f"names {missing[0]!r}, which tool_schemas does not offer")
 
     def with_defaults(self, defaults: dict[str, Any]) -> SamplingParams:
         """Fill unset temperature/top_p/top_k/min_p from the checkpoint's generation config."""

@@ -208,6 +208,8 @@ def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
         function["description"] = tool["description"]
     if tool.get("input_schema") is not None:
         function["parameters"] = tool["input_schema"]
+    if tool.get("strict") is not None:  # Anthropic's strict tool use: the input fits input_schema
+        function["strict"] = tool["strict"]
     return {"type": "function", "function": function}
 
 

@@ -16,6 +16,7 @@ from ..chat_template import ChatTemplateError, compile_chat_template
 from ..parsers import ChatOutputParser
 from ..parsers.reasoning import THINK_END, THINK_START
 from ..sampling_params import SamplingParams
+from ..tool_call_prefix import StrictToolError, strict_tool_schemas
 from .backend import GenerationBackend
 from .beam_search import beam_events, beam_settings
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
@@ -159,16 +160,23 @@ class ChatHandler:
                     )
         choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
         tool_choice_none = choice == "none"
-        force, tool_names = None, None
-        if choice == "required":  # one of the offered tools, named by the model under a constraint
-            names = tuple(dict.fromkeys(t["function"]["name"] for t in tools or []))
-            force, tool_names = ("<tool_call>", names) if len(names) > 1 else (f"<tool_call>{names[0]}", None)
-        elif isinstance(choice, NamedToolChoice):
-            force = f"<tool_call>{choice.function.name}"
         json_mode, json_schema = req.json_constraint()
         constrained = (
             json_mode or req.guided_choice is not None or req.guided_regex is not None or req.guided_grammar is not None
         )
+        # Under an output constraint no call can be written (its tags are refused), so strict tools have no effect.
+        try:
+            tool_schemas = strict_tool_schemas(tools) if tools and not tool_choice_none and not constrained else None
+        except StrictToolError as exc:
+            raise APIError(400, str(exc), f"tools.{exc.index}.function.parameters") from None
+        force, tool_names = None, None
+        if choice == "required":  # one of the offered tools, named by the model under a constraint
+            names = tuple(dict.fromkeys(t["function"]["name"] for t in tools or []))
+            one = len(names) == 1 and tool_schemas is None  # (held arguments need the name read by the constraint)
+            force, tool_names = (f"<tool_call>{names[0]}", None) if one else ("<tool_call>", names)
+        elif isinstance(choice, NamedToolChoice):
+            name = choice.function.name
+            force, tool_names = (f"<tool_call>{name}", None) if tool_schemas is None else ("<tool_call>", (name,))
         if req.prompt_logprobs is not None and force is not None:
             # A forced call runs as two requests, the second over the prompt and the forced tokens.
             raise APIError(400, "prompt_logprobs cannot be combined with a forced tool_choice", "prompt_logprobs")
@@ -240,6 +248,7 @@ class ChatHandler:
             thinking_token_budget=self._thinking_budget(req) if thinking else None,
             priority=request_priority(req, s),
             cache_salt=req.cache_salt,
+            tool_schemas=tool_schemas,
         )
         plans = []
         for i in range(req.n):

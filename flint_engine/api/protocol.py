@@ -23,7 +23,7 @@ from ..grammar_prefix import GrammarError, compile_grammar
 from ..json_schema_prefix import SchemaError, compile_schema
 from ..regex_prefix import RegexError, compile_pattern
 from ..sampling_params import MAX_PRIORITY
-from ..tool_name_prefix import callable_name
+from ..tool_call_prefix import callable_name
 
 MAX_LOGIT_BIAS = 300  # as OpenAI's API
 # bad_words: a guard on the host work they add to each step of the request

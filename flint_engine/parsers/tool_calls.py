@@ -109,7 +109,7 @@ class DeltaEvent:
 # Argument typing.
 
 
-def _schema_types(schema: Any) -> frozenset[str] | None:
+def schema_types(schema: Any) -> frozenset[str] | None:
     """The JSON types a property schema allows, or ``None`` when it does not say."""
     if not isinstance(schema, dict):
         return None
@@ -123,7 +123,7 @@ def _schema_types(schema: Any) -> frozenset[str] | None:
         if isinstance(members, list) and members:
             types: set[str] = set()
             for member in members:
-                member_types = _schema_types(member)
+                member_types = schema_types(member)
                 if member_types is None:
                     return None
                 types |= member_types
@@ -287,7 +287,7 @@ class ToolCallParser:
             properties = parameters.get("properties") if isinstance(parameters, dict) else None
             if not isinstance(properties, dict):
                 properties = {}
-            self._param_types[function["name"]] = {k: _schema_types(v) for k, v in properties.items()}
+            self._param_types[function["name"]] = {k: schema_types(v) for k, v in properties.items()}
 
     def param_types(self, tool: str, key: str) -> frozenset[str] | None:
         """Allowed JSON types of ``tool``'s argument ``key``; ``None`` if the tool or argument is unknown."""

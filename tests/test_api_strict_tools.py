@@ -1,0 +1,135 @@
+"""OpenAI's strict function calling (`strict: true`) through the API on the trained demo model: a strict tool's calls
+parse to arguments that fit its schema, in `auto` and forced calls, streamed or not, on chat and the Responses API;
+a strict schema that cannot be enforced is a 400 naming it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from flint_engine.api.server import start_local_server
+from flint_engine.api.settings import APISettings
+from flint_engine.engine import LLMEngine
+from flint_engine.engine_config import EngineConfig
+
+DEMO = Path(__file__).resolve().parents[1] / "flint_engine" / "assets" / "flint-demo.gguf"
+
+# The demo model was trained on get_weather(city, days) for any city and 1-7 days; held to these, it must choose.
+CITIES = ["Oslo", "Lisbon"]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": CITIES},
+        "days": {"type": "integer", "minimum": 1, "maximum": 2},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+QUESTIONS = ["What's the weather in Tokyo for 5 days?", "Weather forecast for Paris, 4 days."]
+
+
+def weather(strict: bool) -> dict:
+    return {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA, "strict": strict}}
+
+
+def fits(arguments: str) -> bool:
+    args = json.loads(arguments)
+    return set(args) == {"city", "days"} and args["city"] in CITIES and args["days"] in (1, 2)
+
+
+@pytest.fixture(scope="module")
+def server():
+    config = EngineConfig(model=str(DEMO), device="cpu", dtype="float32", kv_cache_memory=32 * 2**20)
+    srv = start_local_server(LLMEngine.from_checkpoint(config, progress=False), APISettings())
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def ask(client: openai.OpenAI, question: str, strict: bool, **extra):
+    return client.chat.completions.create(
+        model="flint",
+        messages=[{"role": "user", "content": question}],
+        tools=[weather(strict)],
+        temperature=0,
+        max_tokens=96,
+        **extra,
+    )
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_strict_calls_fit_their_schema(client: openai.OpenAI, tool_choice) -> None:
+    for question in QUESTIONS:
+        free = ask(client, question, strict=False, tool_choice=tool_choice).choices[0]
+        held = ask(client, question, strict=True, tool_choice=tool_choice).choices[0]
+        (free_call,) = free.message.tool_calls
+        (held_call,) = held.message.tool_calls
+        assert held.finish_reason == "tool_calls" and held_call.function.name == "get_weather"
+        assert fits(held_call.function.arguments), held_call.function.arguments
+        assert not fits(free_call.function.arguments), free_call.function.arguments  # the city asked for, unheld
+
+
+def test_streamed_strict_call_fits(client: openai.OpenAI) -> None:
+    stream = ask(client, QUESTIONS[0], strict=True, tool_choice="required", stream=True)
+    pieces, names = [], []
+    for chunk in stream:
+        for tc in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            names += [tc.function.name] if tc.function.name else []
+            pieces.append(tc.function.arguments or "")
+    assert names == ["get_weather"] and fits("".join(pieces)), pieces
+
+
+def test_strict_function_tool_on_the_responses_api(client: openai.OpenAI) -> None:
+    tool = {"type": "function", "name": "get_weather", "parameters": SCHEMA, "strict": True}
+    response = client.responses.create(model="flint", input=QUESTIONS[1], tools=[tool], temperature=0)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert len(calls) == 1 and fits(calls[0].arguments), response.output
+
+
+@pytest.mark.parametrize(
+    ("parameters", "why"),
+    [
+        ({"type": "object", "properties": {"x": {"type": ["string", "integer"]}}}, "string or integer"),
+        ({"type": "object", "properties": {"x": {"type": "integer", "multipleOf": 3}}}, "multipleOf"),
+    ],
+)
+def test_a_strict_schema_that_cannot_be_enforced_is_a_400(server, parameters: dict, why: str) -> None:
+    tools = [
+        {"type": "function", "function": {"name": "ok", "parameters": SCHEMA}},
+        {"type": "function", "function": {"name": "f", "parameters": parameters, "strict": True}},
+    ]
+    body = {"model": "flint", "messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 4}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (
+        error["param"] == "tools.1.function.parameters" and why in error["message"] and "tool 1 (f)" in error["message"]
+    )
+    # Not strict, the same schema is only described to the model: the request runs.
+    tools[1]["function"]["strict"] = False
+    assert httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
+def test_strict_tool_on_the_messages_api(server) -> None:
+    """Anthropic's strict tool use: the tool_use block's input fits the input_schema."""
+    tool = {"name": "get_weather", "input_schema": SCHEMA, "strict": True}
+    body = {
+        "model": "flint",
+        "max_tokens": 96,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": QUESTIONS[0]}],
+        "tools": [tool],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+    }
+    r = httpx.post(server.base_url + "/v1/messages", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    (use,) = [block for block in r.json()["content"] if block["type"] == "tool_use"]
+    assert fits(json.dumps(use["input"])), use
