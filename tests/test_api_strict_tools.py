@@ -113,6 +113,9 @@ def test_a_strict_schema_that_cannot_be_enforced_is_a_400(server, parameters: di
     assert (
         error["param"] == "tools.1.function.parameters" and why in error["message"] and "tool 1 (f)" in error["message"]
     )
+    flat = [{"type": "function", **t["function"]} for t in tools]  # the Responses API's tools, flat
+    r = httpx.post(server.base_url + "/v1/responses", json={"model": "flint", "input": "hi", "tools": flat}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools.1.parameters", r.text
     # Not strict, the same schema is only described to the model: the request runs.
     tools[1]["function"]["strict"] = False
     assert httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60).status_code == 200

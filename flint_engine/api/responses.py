@@ -181,6 +181,8 @@ class ResponsesHandler:
         try:
             prepared = self.chat.prepare(chat)
         except APIError as exc:
+            if exc.param is not None and exc.param.startswith("tools.") and ".function." in exc.param:
+                exc.param = exc.param.replace(".function.", ".", 1)  # this API's function tools are flat
             if req.truncation != "auto" or exc.code not in _TOO_LONG:
                 raise
             prepared = self._truncated(chat, exc)
