@@ -358,3 +358,73 @@ def test_the_sampler_filter_judges_tags_whole_and_agrees_with_each_token_checked
         p.feed(piece)
     filtered = token_filter(p, pieces.__getitem__, {stop}, other_special, tags)
     assert filtered(TAGS_IN_ORDER.index(VALUE_CLOSE)) and not filtered(pieces.index(b"<"))
+
+
+# Strings bounded, so that a random model (which picks `</arg_value>` about once in a vocabulary's worth of tokens
+# where any text may go on) ends its values within the budget.
+BOUNDED_WEATHER = {
+    **WEATHER,
+    "properties": {
+        **WEATHER["properties"],
+        "city": {**WEATHER["properties"]["city"], "maxLength": 8},
+        "note": {"type": "string", "maxLength": 6},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 3},
+    },
+}
+FUZZ_SCHEMAS = [
+    BOUNDED_WEATHER,
+    {
+        "type": "object",
+        "properties": {
+            "op": {"enum": ["add", "sub", "mul"]},
+            "a": {"type": "number", "minimum": -10, "maximum": 10},
+            "b": {"type": "integer", "exclusiveMinimum": 0, "maximum": 99},
+            "label": {"type": ["string", "null"], "maxLength": 5},
+        },
+        "required": ["op", "a", "b", "label"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"k": {"type": "boolean"}}, "required": ["k"]},
+                "maxItems": 2,
+            },
+            "mode": {"const": "fast"},
+            "code": {"type": "string", "pattern": "^[a-f0-9]{2,4}$"},
+        },
+        "required": ["mode", "code"],
+    },
+]
+
+
+@pytest.mark.parametrize("schema", FUZZ_SCHEMAS, ids=["weather", "calc", "nested"])
+def test_a_random_model_held_to_strict_schemas_writes_only_valid_calls(tmp_path: Path, schema: dict) -> None:
+    """Soundness: a random-weight model sampled at temperature 1 under the constraint writes calls whose parsed
+    arguments validate against the schema (jsonschema), whatever it would rather write."""
+    import jsonschema
+    from api_fixtures import tiny_checkpoint, tiny_engine
+
+    engine = tiny_engine(tiny_checkpoint(tmp_path))
+    tok = engine.tokenizer
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    parser = ToolCallParser(tools=tools)
+    prompt = tok.encode("<|user|>call f<|assistant|></think><tool_call>")
+    params = [
+        SamplingParams(max_tokens=200, temperature=1.0, top_k=0, seed=s, tool_names=("f",), tool_schemas={"f": schema})
+        for s in range(12)
+    ]
+    whole = 0
+    for out in engine.generate([prompt] * len(params), params):
+        text = "<tool_call>" + tok.decode(out.output_token_ids)
+        if "</tool_call>" not in text:
+            assert out.finish_reason == "length", text  # cut by max_tokens inside a value, never left the rules
+            continue
+        calls = parser.extract(text).calls  # (after the first, the model may open more: each one held too)
+        assert calls, text
+        for call in calls:
+            jsonschema.validate(json.loads(call.arguments), schema)
+        whole += len(calls)
+    assert whole >= 6, whole
