@@ -21,7 +21,7 @@ rest is the model's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -382,15 +382,18 @@ class StrictToolError(SchemaError):
         self.index = index
 
 
-def strict_tool_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None] | None:
-    """OpenAI's strict function calling over OpenAI tool definitions: where any tool is `strict`, every tool by name
-    with its parameter schema (strict ones) or None, a request's `tool_schemas`; None where none is strict."""
-    if not any(t["function"].get("strict") for t in tools):
+def strict_tool_schemas(
+    tools: Sequence[Mapping[str, Any]], allowed: Collection[str] | None = None
+) -> dict[str, dict[str, Any] | None] | None:
+    """A request's `tool_schemas` from OpenAI tool definitions: the tools a call may name (`allowed`, OpenAI's
+    allowed_tools; else all) with the parameter schemas of the strict ones (else None); None where every tool may
+    be called and none is strict (nothing to hold)."""
+    if allowed is None and not any(t["function"].get("strict") for t in tools):
         return None
     schemas: dict[str, dict[str, Any] | None] = {}
     for i, t in enumerate(tools):
         fn = t["function"]
-        if fn["name"] in schemas:
+        if fn["name"] in schemas or (allowed is not None and fn["name"] not in allowed):
             continue
         params = fn.get("parameters") if fn.get("strict") else None
         if fn.get("strict"):

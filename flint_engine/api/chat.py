@@ -30,6 +30,7 @@ from .limits import (
 )
 from .logprobs import Entry, TokenText, chat_logprobs, prompt_logprobs
 from .protocol import (
+    AllowedToolsChoice,
     AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
@@ -165,8 +166,10 @@ class ChatHandler:
             json_mode or req.guided_choice is not None or req.guided_regex is not None or req.guided_grammar is not None
         )
         # Under an output constraint no call can be written (its tags are refused), so strict tools have no effect.
+        allowed = choice.names() if isinstance(choice, AllowedToolsChoice) else None
         try:
-            tool_schemas = strict_tool_schemas(tools) if tools and not tool_choice_none and not constrained else None
+            held = tools and not tool_choice_none and not constrained
+            tool_schemas = strict_tool_schemas(tools, allowed) if held else None
         except StrictToolError as exc:
             raise APIError(400, str(exc), f"tools.{exc.index}.function.parameters") from None
         force, tool_names = None, None
@@ -177,6 +180,8 @@ class ChatHandler:
         elif isinstance(choice, NamedToolChoice):
             name = choice.function.name
             force, tool_names = (f"<tool_call>{name}", None) if tool_schemas is None else ("<tool_call>", (name,))
+        elif allowed is not None and choice.allowed_tools.mode == "required":
+            force, tool_names = "<tool_call>", allowed
         if req.prompt_logprobs is not None and force is not None:
             # A forced call runs as two requests, the second over the prompt and the forced tokens.
             raise APIError(400, "prompt_logprobs cannot be combined with a forced tool_choice", "prompt_logprobs")

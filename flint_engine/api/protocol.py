@@ -164,6 +164,23 @@ class NamedToolChoice(Lenient):
     function: NamedToolChoiceFunction
 
 
+class AllowedTools(Lenient):
+    mode: Literal["auto", "required"]
+    tools: list[NamedToolChoice] = Field(min_length=1)
+
+
+class AllowedToolsChoice(Lenient):
+    """OpenAI's `allowed_tools` tool choice: every tool stays in the prompt (so a conversation's prefix is cached
+    whatever the turn allows), and the model may call only these (`auto`: or answer in text; `required`: one of
+    them)."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t.function.name for t in self.allowed_tools.tools))
+
+
 class StreamOptions(Lenient):
     include_usage: bool = True
     continuous_usage_stats: bool = False
@@ -405,7 +422,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
     tools: list[ToolDef] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
@@ -451,6 +468,8 @@ class ChatCompletionRequest(SamplingFields):
         # A clear message instead of pydantic's report on each branch of the union.
         if isinstance(v, str) and v not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {v!r}")
+        if isinstance(v, dict) and v.get("type") not in (None, "function", "allowed_tools"):
+            raise ValueError(f"tool_choice type must be 'function' or 'allowed_tools', got {v.get('type')!r}")
         return v
 
     @model_validator(mode="after")
@@ -474,10 +493,14 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs requires logprobs to be true")
         if self.tools is not None and len(self.tools) == 0:
             raise ValueError("tools must not be an empty list")
+        offered = {t.function.name for t in self.tools or []}
         if isinstance(self.tool_choice, NamedToolChoice):
-            names = {t.function.name for t in self.tools or []}
-            if self.tool_choice.function.name not in names:
+            if self.tool_choice.function.name not in offered:
                 raise ValueError(f"tool_choice names '{self.tool_choice.function.name}', which is not in tools")
+        elif isinstance(self.tool_choice, AllowedToolsChoice):
+            missing = [n for n in self.tool_choice.names() if n not in offered]
+            if missing:
+                raise ValueError(f"tool_choice allows '{missing[0]}', which is not in tools")
         if self.tool_choice == "required" and not self.tools:
             raise ValueError("tool_choice 'required' needs tools")
         _settle_continuation(self)

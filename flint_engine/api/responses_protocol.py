@@ -232,7 +232,16 @@ def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
         return choice
     if choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise ValueError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}")
+    tools = choice.get("tools")
+    if choice.get("type") == "allowed_tools" and isinstance(tools, list):
+        if not all(isinstance(t, dict) and t.get("type") == "function" for t in tools):
+            raise ValueError("tool_choice allowed_tools: only function tools ({'type': 'function', 'name': ...})")
+        named = [{"type": "function", "function": {"name": t.get("name")}} for t in tools]
+        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": named}}
+    raise ValueError(
+        "tool_choice must be 'none', 'auto', 'required', {'type': 'function', 'name': ...} or"
+        " {'type': 'allowed_tools', 'mode': ..., 'tools': [...]}"
+    )
 
 
 def _chat_response_format(fmt: Any) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""OpenAI's strict function calling (`strict: true`) through the API on the trained demo model: a strict tool's calls
-parse to arguments that fit its schema, in `auto` and forced calls, streamed or not, on chat and the Responses API;
-a strict schema that cannot be enforced is a 400 naming it."""
+"""Tool calls held to the request's rules through the API, on the trained demo model: OpenAI's strict function
+calling (`strict: true`: a strict tool's calls parse to arguments that fit its schema, in `auto` and forced calls,
+streamed or not, on chat, the Responses and the Messages APIs; a strict schema that cannot be enforced is a 400
+naming it) and OpenAI's `allowed_tools` tool choice (every tool in the prompt, only the allowed ones called)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import httpx
@@ -16,7 +18,11 @@ from flint_engine.api.settings import APISettings
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
 
-DEMO = Path(__file__).resolve().parents[1] / "flint_engine" / "assets" / "flint-demo.gguf"
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "flint_engine" / "assets" / "flint-demo.gguf"
+sys.path.insert(0, str(ROOT / "tools"))
+
+from demo_corpus import TOOL_CALCULATOR, TOOL_SEARCH, TOOL_WEATHER  # noqa: E402
 
 # The demo model was trained on get_weather(city, days) for any city and 1-7 days; held to these, it must choose.
 CITIES = ["Oslo", "Lisbon"]
@@ -136,3 +142,58 @@ def test_strict_tool_on_the_messages_api(server) -> None:
     assert r.status_code == 200, r.text
     (use,) = [block for block in r.json()["content"] if block["type"] == "tool_use"]
     assert fits(json.dumps(use["input"])), use
+
+
+ALL_TOOLS = [TOOL_WEATHER, TOOL_CALCULATOR, TOOL_SEARCH]
+ASK_WEATHER = "Weather forecast for Oslo, 3 days."
+
+
+def allowed(mode: str, *names: str) -> dict:
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}
+
+
+def answer(client: openai.OpenAI, question: str, tool_choice):
+    return client.chat.completions.create(
+        model="flint",
+        messages=[{"role": "user", "content": question}],
+        tools=ALL_TOOLS,
+        tool_choice=tool_choice,
+        temperature=0,
+        max_tokens=96,
+    )
+
+
+def test_allowed_tools_keep_every_tool_in_the_prompt_and_call_only_the_allowed(client: openai.OpenAI) -> None:
+    free = answer(client, ASK_WEATHER, "auto")
+    assert [c.function.name for c in free.choices[0].message.tool_calls] == ["get_weather"]  # what the model calls
+    for tool_choice, names in (
+        (allowed("auto", "search"), {"search"}),
+        (allowed("auto", "calculator", "search"), {"calculator", "search"}),
+        (allowed("required", "search"), {"search"}),
+    ):
+        held = answer(client, ASK_WEATHER, tool_choice)
+        assert held.usage.prompt_tokens == free.usage.prompt_tokens  # the same prompt: every tool described
+        calls = held.choices[0].message.tool_calls or []
+        assert {c.function.name for c in calls} <= names, calls
+    # `required` makes a call where the model would answer in text; `auto` leaves it the text.
+    assert answer(client, "What is 12 + 30?", allowed("auto", "search")).choices[0].message.tool_calls is None
+    (call,) = answer(client, "What is 12 + 30?", allowed("required", "search")).choices[0].message.tool_calls
+    assert call.function.name == "search"
+
+
+def test_allowed_tools_on_the_responses_api_and_bad_choices(client: openai.OpenAI, server) -> None:
+    flat = [{"type": "function", **t["function"]} for t in ALL_TOOLS]
+    choice = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "calculator"}]}
+    response = client.responses.create(model="flint", input=ASK_WEATHER, tools=flat, tool_choice=choice)
+    assert [i.name for i in response.output if i.type == "function_call"] == ["calculator"]
+    url = server.base_url + "/v1/chat/completions"
+    base = {"model": "flint", "messages": [{"role": "user", "content": "hi"}], "tools": ALL_TOOLS}
+    for bad, says in (
+        (allowed("auto", "get_time"), "not in tools"),
+        (allowed("sometimes", "search"), "mode"),
+        ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}, "tools"),
+        ({"type": "custom", "custom": {"name": "x"}}, "allowed_tools"),
+    ):
+        r = httpx.post(url, json={**base, "tool_choice": bad}, timeout=60)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
