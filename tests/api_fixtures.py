@@ -52,6 +52,22 @@ def tiny_server(tmp: Path, settings: APISettings | None = None, **engine_kw) -> 
     return start_local_server(tiny_engine(tiny_checkpoint(tmp), **engine_kw), settings)
 
 
+DEMO = Path(__file__).resolve().parents[1] / "flint_engine" / "assets" / "flint-demo.gguf"
+
+
+def module_demo_server(settings: APISettings | None = None):
+    """A module-scoped pytest fixture: a server over the trained demo model (CPU, FP32), stopped after the tests."""
+
+    @pytest.fixture(scope="module")
+    def server():
+        config = EngineConfig(model=str(DEMO), device="cpu", dtype="float32", kv_cache_memory=32 * 2**20)
+        srv = start_local_server(LLMEngine.from_checkpoint(config, progress=False), settings)
+        yield srv
+        srv.stop()
+
+    return server
+
+
 def module_server(name: str, settings: APISettings | None = None, **engine_kw):
     """A module-scoped pytest fixture: a tiny server (`tiny_server`) for the module's tests, stopped after them."""
 

@@ -9,15 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_fixtures import named_events
+from api_fixtures import module_demo_server, named_events
 
-from flint_engine.api.server import start_local_server
 from flint_engine.api.settings import APISettings
-from flint_engine.engine import LLMEngine
-from flint_engine.engine_config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "flint_engine" / "assets" / "flint-demo.gguf"
 sys.path.insert(0, str(ROOT / "tools"))
 
 from demo_corpus import TOOL_WEATHER  # noqa: E402
@@ -34,12 +30,7 @@ ASK_WEATHER = "Weather forecast for Oslo, 3 days."
 HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 
 
-@pytest.fixture(scope="module")
-def server():
-    config = EngineConfig(model=str(DEMO), device="cpu", dtype="float32", kv_cache_memory=32 * 2**20)
-    srv = start_local_server(LLMEngine.from_checkpoint(config, progress=False), APISettings(api_keys=[KEY]))
-    yield srv
-    srv.stop()
+server = module_demo_server(APISettings(api_keys=[KEY]))
 
 
 def messages(server, body: dict, path: str = "/v1/messages") -> httpx.Response:

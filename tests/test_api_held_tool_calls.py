@@ -12,14 +12,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
-from flint_engine.api.server import start_local_server
-from flint_engine.api.settings import APISettings
-from flint_engine.engine import LLMEngine
-from flint_engine.engine_config import EngineConfig
+from api_fixtures import module_demo_server
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "flint_engine" / "assets" / "flint-demo.gguf"
 sys.path.insert(0, str(ROOT / "tools"))
 
 from demo_corpus import TOOL_CALCULATOR, TOOL_SEARCH, TOOL_WEATHER  # noqa: E402
@@ -47,12 +42,7 @@ def fits(arguments: str) -> bool:
     return set(args) == {"city", "days"} and args["city"] in CITIES and args["days"] in (1, 2)
 
 
-@pytest.fixture(scope="module")
-def server():
-    config = EngineConfig(model=str(DEMO), device="cpu", dtype="float32", kv_cache_memory=32 * 2**20)
-    srv = start_local_server(LLMEngine.from_checkpoint(config, progress=False), APISettings())
-    yield srv
-    srv.stop()
+server = module_demo_server()
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from api_fixtures import named_events, wait_until_idle
-
-from flint_engine.api.server import start_local_server
-from flint_engine.api.settings import APISettings
-from flint_engine.engine import LLMEngine
-from flint_engine.engine_config import EngineConfig
+from api_fixtures import module_demo_server, named_events, wait_until_idle
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "flint_engine" / "assets" / "flint-demo.gguf"
 sys.path.insert(0, str(ROOT / "tools"))
 
 from demo_corpus import TOOL_WEATHER  # noqa: E402
@@ -29,12 +23,7 @@ CHAT_WEATHER = TOOL_WEATHER
 ASK_WEATHER = "Weather forecast for Oslo, 3 days."
 
 
-@pytest.fixture(scope="module")
-def server():
-    config = EngineConfig(model=str(DEMO), device="cpu", dtype="float32", kv_cache_memory=32 * 2**20)
-    srv = start_local_server(LLMEngine.from_checkpoint(config, progress=False), APISettings())
-    yield srv
-    srv.stop()
+server = module_demo_server()
 
 
 @pytest.fixture(scope="module")
