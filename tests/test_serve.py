@@ -178,6 +178,31 @@ def test_salted_prefixes_and_token_ids_through_ray(cluster: ServeCluster, client
     assert extra["prompt_token_ids"] == tokens
 
 
+def test_strict_tool_calls_held_through_ray(client: openai.OpenAI) -> None:
+    """A strict tool's schema crosses the router to the replica's engine: the random model's forced calls fit it."""
+    schema = {
+        "type": "object",
+        "properties": {"unit": {"enum": ["c", "f"]}, "n": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["unit", "n"],
+        "additionalProperties": False,
+    }
+    tool = {"type": "function", "function": {"name": "probe", "parameters": schema, "strict": True}}
+    r = client.chat.completions.create(
+        model="flint",
+        messages=MSG,
+        tools=[tool],
+        tool_choice="required",
+        max_tokens=48,
+        n=3,
+        seed=7,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},  # (the random model thinks without end)
+    )
+    for choice in r.choices:
+        call = choice.message.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        assert call.function.name == "probe" and args["unit"] in ("c", "f") and 1 <= args["n"] <= 9, args
+
+
 def _fresh_snapshots(cluster: ServeCluster, since: float) -> list[tuple[dict, dict, bool]]:
     """The replicas' metric snapshots pushed after `since` (time.time()): a replica pushes every couple of seconds,
     so its latest snapshot may still show a request of an earlier test as running."""
