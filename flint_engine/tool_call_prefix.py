@@ -21,6 +21,7 @@ rest is the model's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,6 +138,7 @@ class _Value:
             self.json.feed(b'"')
         self.null: bytes | None = b"" if param.null_ok else None  # the text so far, while it may still be `null`
         self.started = False
+        self.text = b""  # a JSON value's text (its numbers must be finite for the parser to read it as JSON)
 
     def _json_piece(self, piece: bytes) -> bytes:
         return _escaped(piece) if self.raw else piece
@@ -169,6 +171,8 @@ class _Value:
             self.json = self.null = None
             return False
         self.started = self.started or bool(piece)
+        if not self.raw:
+            self.text += piece
         if self.null is not None:
             self.null = self.null + piece if b"null".startswith(self.null + piece) else None
         if self.json is not None and (
@@ -179,12 +183,25 @@ class _Value:
 
     @property
     def can_end(self) -> bool:
-        if self.free or self.null == b"null" or (self.json is not None and self.json.complete):
+        if self.free or self.null == b"null":
             return True
         if self.json is None:
             return False
-        whole = self.json.copy()  # a raw string closes with its quote; a JSON number ends at a blank
-        return whole.feed(b'"' if self.raw else b" ") and whole.complete
+        whole = self.json
+        if not whole.complete:
+            whole = self.json.copy()  # a raw string closes with its quote; a JSON number ends at a blank
+            if not (whole.feed(b'"' if self.raw else b" ") and whole.complete):
+                return False
+        return self.raw or _finite_json(self.text)
+
+
+def _finite_json(text: bytes) -> bool:
+    """Whether a JSON value's numbers are all finite (1e999 reads as infinity, which the parser does not take)."""
+    try:
+        json.dumps(json.loads(text), allow_nan=False)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 # States of a call (IDLE: outside any call; FREE: a tool's arguments that are not held; OFF: no longer constrained).

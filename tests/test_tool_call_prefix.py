@@ -229,6 +229,7 @@ GOOD = [b"get_weather", KEY_OPEN, b"city", KEY_CLOSE, VALUE_OPEN, b"Oslo", VALUE
         ([*GOOD, KEY_OPEN, b"unit", KEY_CLOSE, VALUE_OPEN], b"x"),  # c, f or null
         ([*GOOD, KEY_OPEN, b"unit", KEY_CLOSE, VALUE_OPEN, b"nul"], VALUE_CLOSE),
         ([*GOOD, KEY_OPEN, b"where", KEY_CLOSE, VALUE_OPEN, b'{"lat": 1'], b"}"),  # lon is required
+        ([*GOOD, KEY_OPEN, b"where", KEY_CLOSE, VALUE_OPEN, b'{"lat": 1e999, "lon": 2}'], VALUE_CLOSE),  # infinite
         ([*GOOD, KEY_OPEN, b"tags", KEY_CLOSE, VALUE_OPEN, b'["a", "b", "c"'], b', "d"'),  # maxItems 3
         ([*GOOD, KEY_OPEN, b"exact", KEY_CLOSE, VALUE_OPEN], b"True"),  # JSON's true
         (GOOD, b"<|user|>"),  # another special token's text
