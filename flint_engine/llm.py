@@ -28,7 +28,7 @@ from .parsers.tool_calls import ToolCall
 from .request import Request
 from .sampling_params import SamplingParams
 from .tokenizer import FlintTokenizer
-from .tool_call_prefix import StrictToolError, strict_tool_schemas
+from .tool_call_prefix import StrictToolError, held_tool_schemas
 
 Conversation = Sequence[dict[str, Any]]
 
@@ -182,7 +182,7 @@ class LLM:
         base = replace(base, skip_special_tokens=False)
         if tools is not None and base.tool_schemas is None and not base.constrained:
             try:
-                schemas = strict_tool_schemas(tools)
+                schemas = held_tool_schemas(tools)
             except StrictToolError as exc:
                 raise ValueError(str(exc)) from None
             base = replace(base, tool_schemas=schemas) if schemas is not None else base

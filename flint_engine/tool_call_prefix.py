@@ -21,6 +21,7 @@ rest is the model's.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -97,11 +98,23 @@ def _string_branch(schema: dict[str, Any]) -> dict[str, Any]:
 
 def compile_tool_arguments(parameters: Any) -> ToolArguments:
     """A strict tool's `parameters` (a JSON Schema of an object, or None for no parameters), or SchemaError naming
-    what cannot be enforced."""
+    what cannot be enforced. Compiled once per distinct schema: the API, each `SamplingParams` made from the request
+    and the engine's constraint all ask."""
     if parameters is None:
         return ToolArguments({}, frozenset())
     if not isinstance(parameters, dict):
         raise SchemaError("parameters must be a JSON Schema object")
+    try:
+        text = json.dumps(parameters, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(f"parameters are not JSON: {exc}") from None
+    return _compile_arguments_text(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_arguments_text(text: str) -> ToolArguments:
+    """`compile_tool_arguments` of a schema's canonical JSON text (the result is never changed, so shared)."""
+    parameters = json.loads(text)
     if parameters.get("additionalProperties") is True:
         raise SchemaError("a strict tool takes only its declared parameters: additionalProperties must be false")
     schema = {"type": "object", **parameters}
@@ -399,7 +412,7 @@ class StrictToolError(SchemaError):
         self.index = index
 
 
-def strict_tool_schemas(
+def held_tool_schemas(
     tools: Sequence[Mapping[str, Any]], allowed: Collection[str] | None = None
 ) -> dict[str, dict[str, Any] | None] | None:
     """A request's `tool_schemas` from OpenAI tool definitions: the tools a call may name (`allowed`, OpenAI's

@@ -16,7 +16,7 @@ from ..chat_template import ChatTemplateError, compile_chat_template
 from ..parsers import ChatOutputParser
 from ..parsers.reasoning import THINK_END, THINK_START
 from ..sampling_params import SamplingParams
-from ..tool_call_prefix import StrictToolError, strict_tool_schemas
+from ..tool_call_prefix import StrictToolError, held_tool_schemas
 from .backend import GenerationBackend
 from .beam_search import beam_events, beam_settings
 from .choices import ChoiceEvent, ChoicePlan, collect, run_choices, totals
@@ -169,7 +169,7 @@ class ChatHandler:
         allowed = choice.names() if isinstance(choice, AllowedToolsChoice) else None
         try:
             held = tools and not tool_choice_none and not constrained
-            tool_schemas = strict_tool_schemas(tools, allowed) if held else None
+            tool_schemas = held_tool_schemas(tools, allowed) if held else None
         except StrictToolError as exc:
             raise APIError(400, str(exc), f"tools.{exc.index}.function.parameters") from None
         force, tool_names = None, None
