@@ -57,6 +57,8 @@ class Poller(threading.Thread):
         """Latencies of the polls that overlapped [start, end], once a poll begun after `end` has answered (so the
         one held up with the large request is in)."""
         while not self.samples or self.samples[-1][0] <= end:
+            if not self.is_alive():
+                raise RuntimeError("the poller stopped (its request failed: is the server up?)")
             time.sleep(0.005)
         return [lat for t, lat in self.samples if t <= end and t + lat >= start]
 
