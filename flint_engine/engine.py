@@ -497,12 +497,11 @@ class LLMEngine:
         allowed, dead_end = None, None
         if state.constraint is not None:
             allowed = self._output_constraint(req, state.constraint)
-            ends = req.params.stop_token_ids or sorted(req.eos_token_ids)
-            dead_end = ends[0] if ends else None
         elif state.tool_call is not None and state.tool_call.active:
             allowed = self._tool_call_constraint(req, state.tool_call)
+        if allowed is not None:  # where no token may follow (a pattern nothing goes on with, say), the turn ends
             ends = req.params.stop_token_ids or sorted(req.eos_token_ids)
-            dead_end = ends[0] if ends else None  # (a pattern no token can go on with, say)
+            dead_end = ends[0] if ends else None
         return SamplingRow(
             allowed=allowed,
             temperature=t,
