@@ -80,6 +80,9 @@ class _Launched:
     reqs: list[Request]
     tokens: TokenReadback | None = None
     result: SampleResult | None = None
+    # Rows launched ahead for requests whose tool calls are held, drawn free: a row whose input token (not read
+    # when it was launched) opened a held call is dropped and its position decoded again under the call's rules.
+    may_open_call: tuple[int, ...] = ()
 
 
 @dataclass
@@ -152,6 +155,7 @@ class LLMEngine:
         # With `async_decode`: the decode step launched behind the one being read (its tokens not read yet).
         self._ahead: _Launched | None = None
         self.steps_ahead = 0  # steps launched that way (for tests and benchmarks)
+        self.rows_redone = 0  # rows of those dropped and decoded again (a held tool call opened under them)
         eos = set(self.config.eos_token_id)
         if tokenizer is not None:
             eos |= set(getattr(tokenizer, "eos_token_ids", ()) or ())
@@ -401,23 +405,25 @@ class LLMEngine:
         None where that is not possible: `prev` is not a plain decode step of every running request on graphs, one
         needs the host to sample or to rewrite its token (JSON mode), a request waits for admission and a sequence
         slot is free or a running request of a higher priority value to preempt, or blocks are short (then the
-        regular schedule decides, preempting if it must). Requests that end with `prev` by their length are left out
-        of it. With every slot taken, requests that wait (a saturated server) do not stop it: one that would take the
-        slot of a request stopping in `prev` is admitted a step later."""
+        regular schedule decides, preempting if it must), or a held tool call is open. Requests that end with `prev`
+        by their length are left out of it. With every slot taken, requests that wait (a saturated server) do not
+        stop it: one that would take the slot of a request stopping in `prev` is admitted a step later. Outside a
+        call, a request with held tool calls goes ahead drawn free: `prev`'s token opening a call drops its row."""
         if self.runner.graphs is None or prev.tokens is None or len(prev.reqs) != len(prev.chunks):
             return None
         if self.scheduler.has_free_seat() or self.scheduler.would_preempt():
             return None
         if len(prev.chunks) != len(self.scheduler.running):  # every running request, none finished since
             return None
-        keep, rows = [], []
+        keep, rows, may_open_call = [], [], []
         for i, ch in enumerate(prev.chunks):
             req = ch.request
             if req.is_finished or ch.num_tokens != 1 or req.num_computed_tokens + 1 != req.num_tokens:
                 return None
             if req.params.constrained:  # the host may replace the token that ends the reasoning
                 return None
-            if req.params.tool_schemas is not None:  # whether `prev`'s token opens a held tool call is not read yet
+            held = self.text[req.request_id].tool_call
+            if held is not None and held.active:  # its next token is held to rules that `prev`'s token moves
                 return None
             if self.text[req.request_id].bad_words:  # its bans depend on `prev`'s token, not read yet
                 return None
@@ -426,6 +432,8 @@ class LLMEngine:
             row = self._sampling_row(req, ahead=1)
             if not is_plain(row, self.config.vocab_size):
                 return None
+            if held is not None and not held.done:
+                may_open_call.append(len(keep))
             keep.append(i)
             rows.append(row)
         if not keep:
@@ -445,7 +453,8 @@ class LLMEngine:
             log.exception("launching a decode step ahead failed; continuing one step at a time")
             return None
         self.steps_ahead += 1
-        return _Launched([ScheduledChunk(ch.request, 1) for ch in chunks], [ch.request for ch in chunks], tokens)
+        reqs = [ch.request for ch in chunks]
+        return _Launched([ScheduledChunk(r, 1) for r in reqs], reqs, tokens, may_open_call=tuple(may_open_call))
 
     def _collect(self, launched: _Launched) -> list[RequestOutput]:
         """Read the step's tokens (waiting for the GPU) and turn them into outputs; rows of requests that finished
@@ -457,7 +466,8 @@ class LLMEngine:
         # Stamped once the tokens are on the host: on a GPU `execute` only queues the step's kernels, and an earlier
         # stamp would leave the step's GPU time out of TTFT and the inter-token latency.
         now = time.monotonic()
-        live = [ch for ch in launched.chunks if not ch.request.is_finished]
+        redo = self._rows_opening_calls(launched)
+        live = [ch for ch in launched.chunks if not ch.request.is_finished and id(ch.request) not in redo]
         with self.metrics.lock:
             self.metrics.computed_tokens += sum(ch.num_tokens for ch in live)
         for ch in live:
@@ -467,7 +477,7 @@ class LLMEngine:
         outputs = []
         result = launched.result
         for j, req in enumerate(launched.reqs):
-            if req.is_finished:
+            if req.is_finished or id(req) in redo:
                 continue
             lp = None
             if result is not None and result.logprobs is not None and req.params.logprobs is not None:
@@ -478,6 +488,19 @@ class LLMEngine:
                     out.prompt_logprobs = req.prompt_logprobs
                 outputs.append(out)
         return outputs
+
+    def _rows_opening_calls(self, launched: _Launched) -> set[int]:
+        """The requests (ids) whose row in a step launched ahead was drawn free though its input token, read since,
+        opened a held tool call: the row's token is dropped and the position decoded again (its KV entries are
+        rewritten with the same token) with the call's rules on the draw."""
+        redo = set()
+        for j in launched.may_open_call:
+            req = launched.reqs[j]
+            held = self.text[req.request_id].tool_call if not req.is_finished else None
+            if held is not None and held.active:
+                redo.add(id(req))
+        self.rows_redone += len(redo)
+        return redo
 
     def _sampling_row(self, req: Request, ahead: int = 0) -> SamplingRow:
         """The request's sampling row for its next token (`ahead` = 1: the one after, its next not yet read)."""
