@@ -416,9 +416,9 @@ def held_tool_schemas(
     tools: Sequence[Mapping[str, Any]], allowed: Collection[str] | None = None
 ) -> dict[str, dict[str, Any] | None] | None:
     """A request's `tool_schemas` from OpenAI tool definitions: the tools a call may name (`allowed`, OpenAI's
-    allowed_tools; else all) with the parameter schemas of the strict ones (else None); None where every tool may
-    be called and none is strict (nothing to hold)."""
-    if allowed is None and not any(t["function"].get("strict") for t in tools):
+    allowed_tools; else all) with the parameter schemas of the strict ones (else None); None for no tools. A call
+    the model opens then names an offered tool (as OpenAI's models do), and a strict one's arguments fit it."""
+    if not tools:
         return None
     schemas: dict[str, dict[str, Any] | None] = {}
     for i, t in enumerate(tools):

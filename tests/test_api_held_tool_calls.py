@@ -1,7 +1,8 @@
-"""Tool calls held to the request's rules through the API, on the trained demo model: OpenAI's strict function
-calling (`strict: true`: a strict tool's calls parse to arguments that fit its schema, in `auto` and forced calls,
-streamed or not, on chat, the Responses and the Messages APIs; a strict schema that cannot be enforced is a 400
-naming it) and OpenAI's `allowed_tools` tool choice (every tool in the prompt, only the allowed ones called)."""
+"""Tool calls held to the request's rules through the API, on the trained demo model: every call names an offered
+tool, strict or not; OpenAI's strict function calling (`strict: true`: a strict tool's calls parse to arguments that
+fit its schema, in `auto` and forced calls, streamed or not, on chat, the Responses and the Messages APIs; a strict
+schema that cannot be enforced is a 400 naming it) and OpenAI's `allowed_tools` tool choice (every tool in the
+prompt, only the allowed ones called)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,27 @@ def test_strict_calls_fit_their_schema(client: openai.OpenAI, tool_choice) -> No
         assert held.finish_reason == "tool_calls" and held_call.function.name == "get_weather"
         assert fits(held_call.function.arguments), held_call.function.arguments
         assert not fits(free_call.function.arguments), free_call.function.arguments  # the city asked for, unheld
+
+
+def test_calls_name_only_offered_tools_under_auto(client: openai.OpenAI) -> None:
+    """Strict or not, a call the model opens names an offered tool: the demo model, asked about a topic with only
+    get_weather offered, reasons that it will call `search` (a tool it was trained on), and calls get_weather."""
+    for strict in (False, True):
+        for stream in (False, True):
+            out = ask(client, "Tell me about Paris", strict=strict, stream=stream)
+            if stream:
+                names, reasoning = [], ""
+                for chunk in out:
+                    delta = chunk.choices[0].delta if chunk.choices else None
+                    reasoning += getattr(delta, "reasoning_content", None) or "" if delta else ""
+                    for tc in (delta.tool_calls or []) if delta else []:
+                        names += [tc.function.name] if tc.function.name else []
+            else:
+                message = out.choices[0].message
+                names = [tc.function.name for tc in message.tool_calls or []]
+                reasoning = getattr(message, "reasoning_content", None) or ""
+            assert "call search" in reasoning, reasoning
+            assert names == ["get_weather"], (strict, stream, names)
 
 
 def test_streamed_strict_call_fits(client: openai.OpenAI) -> None:

@@ -173,13 +173,16 @@ class ChatHandler:
         except StrictToolError as exc:
             raise APIError(400, str(exc), f"tools.{exc.index}.function.parameters") from None
         force, tool_names = None, None
+        # A forced name is written into the prompt unless its arguments are held: those need the name read by the
+        # constraint (a name in the prompt leaves the constraint waiting for the next call).
+        strict = {name for name, schema in (tool_schemas or {}).items() if schema is not None}
         if choice == "required":  # one of the offered tools, named by the model under a constraint
             names = tuple(dict.fromkeys(t["function"]["name"] for t in tools or []))
-            one = len(names) == 1 and tool_schemas is None  # (held arguments need the name read by the constraint)
+            one = len(names) == 1 and names[0] not in strict
             force, tool_names = (f"<tool_call>{names[0]}", None) if one else ("<tool_call>", names)
         elif isinstance(choice, NamedToolChoice):
             name = choice.function.name
-            force, tool_names = (f"<tool_call>{name}", None) if tool_schemas is None else ("<tool_call>", (name,))
+            force, tool_names = (f"<tool_call>{name}", None) if name not in strict else ("<tool_call>", (name,))
         elif allowed is not None and choice.allowed_tools.mode == "required":
             force, tool_names = "<tool_call>", allowed
         if req.prompt_logprobs is not None and force is not None:
