@@ -80,9 +80,10 @@ class _Launched:
     reqs: list[Request]
     tokens: TokenReadback | None = None
     result: SampleResult | None = None
-    # Rows launched ahead for requests whose tool calls are held, drawn free: a row whose input token (not read
-    # when it was launched) opened a held call is dropped and its position decoded again under the call's rules.
-    may_open_call: tuple[int, ...] = ()
+    # Rows launched ahead, drawn free, of requests whose input token (not read when the row was launched) may wake
+    # rules on their next token (a held tool call, a constraint after the reasoning): such a row is dropped and its
+    # position decoded again under the rules (`LLMEngine._rows_to_redo`).
+    may_wake_rules: tuple[int, ...] = ()
 
 
 @dataclass
@@ -155,7 +156,7 @@ class LLMEngine:
         # With `async_decode`: the decode step launched behind the one being read (its tokens not read yet).
         self._ahead: _Launched | None = None
         self.steps_ahead = 0  # steps launched that way (for tests and benchmarks)
-        self.rows_redone = 0  # rows of those dropped and decoded again (a held tool call opened under them)
+        self.rows_redone = 0  # rows of those dropped and decoded again (rules woke under them: `_rows_to_redo`)
         eos = set(self.config.eos_token_id)
         if tokenizer is not None:
             eos |= set(getattr(tokenizer, "eos_token_ids", ()) or ())
@@ -403,27 +404,24 @@ class LLMEngine:
     def _launch_ahead(self, prev: _Launched) -> _Launched | None:
         """The decode step after `prev` (in flight) on its requests, launched before `prev`'s tokens are read, or
         None where that is not possible: `prev` is not a plain decode step of every running request on graphs, one
-        needs the host to sample or to rewrite its token (JSON mode), a request waits for admission and a sequence
-        slot is free or a running request of a higher priority value to preempt, or blocks are short (then the
-        regular schedule decides, preempting if it must), or a held tool call is open. Requests that end with `prev`
-        by their length are left out of it. With every slot taken, requests that wait (a saturated server) do not
-        stop it: one that would take the slot of a request stopping in `prev` is admitted a step later. Outside a
-        call, a request with held tool calls goes ahead drawn free: `prev`'s token opening a call drops its row."""
+        needs the host to sample (an open constraint or held tool call among them), a request waits for admission
+        and a sequence slot is free or a running request of a higher priority value to preempt, or blocks are short
+        (then the regular schedule decides, preempting if it must). Requests that end with `prev` by their length are
+        left out of it. With every slot taken, requests that wait (a saturated server) do not stop it: one that would
+        take the slot of a request stopping in `prev` is admitted a step later. A request whose rules may wake
+        (`_may_hold`) goes ahead drawn free; if `prev`'s token woke them, its row is dropped (`_rows_to_redo`)."""
         if self.runner.graphs is None or prev.tokens is None or len(prev.reqs) != len(prev.chunks):
             return None
         if self.scheduler.has_free_seat() or self.scheduler.would_preempt():
             return None
         if len(prev.chunks) != len(self.scheduler.running):  # every running request, none finished since
             return None
-        keep, rows, may_open_call = [], [], []
+        keep, rows, may_wake_rules = [], [], []
         for i, ch in enumerate(prev.chunks):
             req = ch.request
             if req.is_finished or ch.num_tokens != 1 or req.num_computed_tokens + 1 != req.num_tokens:
                 return None
-            if req.params.constrained:  # the host may replace the token that ends the reasoning
-                return None
-            held = self.text[req.request_id].tool_call
-            if held is not None and held.active:  # its next token is held to rules that `prev`'s token moves
+            if self._held(req):  # its next token is held to rules that `prev`'s token moves
                 return None
             if self.text[req.request_id].bad_words:  # its bans depend on `prev`'s token, not read yet
                 return None
@@ -432,8 +430,8 @@ class LLMEngine:
             row = self._sampling_row(req, ahead=1)
             if not is_plain(row, self.config.vocab_size):
                 return None
-            if held is not None and not held.done:
-                may_open_call.append(len(keep))
+            if self._may_hold(req):
+                may_wake_rules.append(len(keep))
             keep.append(i)
             rows.append(row)
         if not keep:
@@ -454,7 +452,7 @@ class LLMEngine:
             return None
         self.steps_ahead += 1
         reqs = [ch.request for ch in chunks]
-        return _Launched([ScheduledChunk(r, 1) for r in reqs], reqs, tokens, may_open_call=tuple(may_open_call))
+        return _Launched([ScheduledChunk(r, 1) for r in reqs], reqs, tokens, may_wake_rules=tuple(may_wake_rules))
 
     def _collect(self, launched: _Launched) -> list[RequestOutput]:
         """Read the step's tokens (waiting for the GPU) and turn them into outputs; rows of requests that finished
@@ -466,7 +464,7 @@ class LLMEngine:
         # Stamped once the tokens are on the host: on a GPU `execute` only queues the step's kernels, and an earlier
         # stamp would leave the step's GPU time out of TTFT and the inter-token latency.
         now = time.monotonic()
-        redo = self._rows_opening_calls(launched)
+        redo = self._rows_to_redo(launched)
         live = [ch for ch in launched.chunks if not ch.request.is_finished and id(ch.request) not in redo]
         with self.metrics.lock:
             self.metrics.computed_tokens += sum(ch.num_tokens for ch in live)
@@ -489,16 +487,25 @@ class LLMEngine:
                 outputs.append(out)
         return outputs
 
-    def _rows_opening_calls(self, launched: _Launched) -> set[int]:
+    def _held(self, req: Request) -> bool:
+        """Whether the request's next token is held to rules the host reads off its output: an output constraint
+        (after the reasoning, when thinking), or a held tool call that is open."""
+        state = self.text[req.request_id]
+        return state.constraint is not None or (state.tool_call is not None and state.tool_call.active)
+
+    def _may_hold(self, req: Request) -> bool:
+        """Whether a token may wake such rules: the end of the reasoning (a constraint after it; the host writes that
+        end for an end-of-turn token), or `<tool_call>` (held calls)."""
+        state = self.text[req.request_id]
+        after_reasoning = req.params.constrained and state.constraint is None
+        return after_reasoning or (state.tool_call is not None and not state.tool_call.done)
+
+    def _rows_to_redo(self, launched: _Launched) -> set[int]:
         """The requests (ids) whose row in a step launched ahead was drawn free though its input token, read since,
-        opened a held tool call: the row's token is dropped and the position decoded again (its KV entries are
-        rewritten with the same token) with the call's rules on the draw."""
-        redo = set()
-        for j in launched.may_open_call:
-            req = launched.reqs[j]
-            held = self.text[req.request_id].tool_call if not req.is_finished else None
-            if held is not None and held.active:
-                redo.add(id(req))
+        woke rules on their next token (or was rewritten: an end of turn inside the reasoning read as its end): the
+        row's token is dropped and the position decoded again from the host's token (its KV entries rewritten)
+        with the rules on the draw."""
+        redo = {id(r) for j in launched.may_wake_rules if not (r := launched.reqs[j]).is_finished and self._held(r)}
         self.rows_redone += len(redo)
         return redo
 

@@ -220,3 +220,43 @@ def test_strict_tool_calls_go_ahead_outside_a_call_and_are_held_inside() -> None
         assert sum("<tool_call>get_weather<arg_key>city" in t for t in texts) == 3, texts
         assert "search" in texts[1]  # it thought of another tool: held to the offered one
     assert runs[True] == runs[False]
+
+
+def chat_prompt(tok, question: str, thinking: bool) -> list[int]:  # type: ignore[no-untyped-def]
+    messages = [{"role": "user", "content": question}]
+    return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=thinking))
+
+
+def test_constraints_after_the_reasoning_go_ahead_while_it_lasts() -> None:
+    """Requests with an output constraint after their thinking decode ahead while they reason; the row drawn free
+    under the token that ended the reasoning is dropped and drawn again under the constraint. Among them one whose
+    turn ends inside its "reasoning" (its end token is one the model does not write): the host writes the end of the
+    reasoning in that token's place, and the step ahead, fed the device's token, is decoded again from the host's."""
+    think_end = "</think>"
+    runs = {}
+    for async_decode in (False, True):
+        engine = demo_engine(async_decode)
+        tok = engine.tokenizer
+        end = tok.token_to_id(think_end)
+
+        choice = ("yes", "no")
+        ps = [
+            SamplingParams(max_tokens=60, temperature=0.0, choice=choice, reasoning_end_token=end),
+            SamplingParams(max_tokens=60, temperature=1.0, top_k=20, seed=4, json_mode=True, reasoning_end_token=end),
+            # thinking off in the prompt: the model answers and ends its turn while the engine counts it as reasoning
+            SamplingParams(max_tokens=60, temperature=0.0, choice=choice, reasoning_end_token=end),
+            SamplingParams(max_tokens=40, temperature=0.0),  # free
+        ]
+        questions = [("Is 7 + 8 = 15?", True), ("What is 12 + 30?", True), ("What is 2 + 2?", False), ("Hi", True)]
+        prompts = [chat_prompt(tok, q, thinking) for q, thinking in questions]
+        reqs = engine.generate(prompts, ps)
+        assert engine.kv.all_free()
+        runs[async_decode] = [r.output_token_ids for r in reqs]
+        texts = [tok.decode(ids) for ids in runs[async_decode]]
+        for i in (0, 2):  # (2: the end of its turn read as the end of its reasoning)
+            assert texts[i].rsplit(think_end, 1)[1].removesuffix("<|user|>") in choice, texts[i]
+        assert think_end not in texts[2].rsplit(think_end, 1)[0], texts[2]  # the model wrote no end of reasoning
+        if async_decode:
+            assert engine.steps_ahead > 10
+            assert engine.rows_redone >= 2
+    assert runs[True] == runs[False]
