@@ -27,7 +27,16 @@ from .output_constraint import OutputConstraint, output_constraint, token_filter
 from .parsers.reasoning import TOOL_CALL_START
 from .prefill_warmup import warm_up_prefill
 from .request import Request
-from .sampler import SampleResult, SamplingRow, draw_tokens, is_plain, sample
+from .sampler import (
+    SampleResult,
+    SamplingRow,
+    device_logprobs,
+    draw_tokens,
+    is_plain,
+    logprob_lists,
+    raw_logprobs,
+    sample,
+)
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
 from .step_graphs import MAX_TOKENS as STEP_GRAPH_MAX_TOKENS
@@ -80,6 +89,7 @@ class _Launched:
     reqs: list[Request]
     tokens: TokenReadback | None = None
     result: SampleResult | None = None
+    rows: list[SamplingRow] | None = None  # with `tokens`: the rows drawn (their logprobs read with the tokens)
     # Rows launched ahead, drawn free, of requests whose input token (not read when the row was launched) may wake
     # rules on their next token (a held tool call, a constraint after the reasoning): such a row is dropped and its
     # position decoded again under the rules (`LLMEngine._rows_to_redo`).
@@ -396,7 +406,7 @@ class LLMEngine:
             srows = [self._sampling_row(r) for r in launched.reqs]
             draw = self.model.kernels.sample_top_k
             if all(is_plain(r, logits.shape[-1]) for r in srows):
-                launched.tokens = TokenReadback(draw_tokens(logits, srows, draw))  # read in `_collect`
+                launched.tokens, launched.rows = self._draw_on_device(logits, srows), srows  # read in `_collect`
             else:
                 launched.result = sample(logits, srows, draw)
         return launched
@@ -446,21 +456,41 @@ class LLMEngine:
             logits = self.runner.execute_ahead(chunks, prev.tokens.device_rows(keep))
             if logits is None:
                 return None
-            tokens = TokenReadback(draw_tokens(logits, rows, self.model.kernels.sample_top_k))
+            tokens = self._draw_on_device(logits, rows)
         except Exception:  # the regular path recomputes this step; it reports a persistent failure itself
             log.exception("launching a decode step ahead failed; continuing one step at a time")
             return None
         self.steps_ahead += 1
         reqs = [ch.request for ch in chunks]
-        return _Launched([ScheduledChunk(r, 1) for r in reqs], reqs, tokens, may_wake_rules=tuple(may_wake_rules))
+        launched = _Launched([ScheduledChunk(r, 1) for r in reqs], reqs, tokens, rows=rows)
+        launched.may_wake_rules = tuple(may_wake_rules)
+        return launched
+
+    def _draw_on_device(self, logits: torch.Tensor, rows: list[SamplingRow]) -> TokenReadback:
+        """The `is_plain` rows' tokens, and their logprobs where asked, drawn on the device and on their way to the
+        host (nothing waits for them here)."""
+        raw = raw_logprobs(logits, rows)
+        tokens = draw_tokens(logits, rows, self.model.kernels.sample_top_k)
+        return TokenReadback(tokens, device_logprobs(raw, tokens, rows) if raw is not None else ())
+
+    @staticmethod
+    def _read(launched: _Launched) -> SampleResult:
+        """The step's tokens and logprobs on the host (waiting for the device to make them)."""
+        if launched.result is not None:
+            return launched.result
+        if launched.tokens is None:
+            return SampleResult([], None, None)
+        token_ids = launched.tokens.tolist()
+        extras = launched.tokens.extras()
+        if not extras:
+            return SampleResult(token_ids, None, None)
+        return SampleResult(token_ids, *logprob_lists(*extras, launched.rows or []))
 
     def _collect(self, launched: _Launched) -> list[RequestOutput]:
         """Read the step's tokens (waiting for the GPU) and turn them into outputs; rows of requests that finished
         after the step was launched are dropped."""
-        if launched.result is not None:
-            token_ids = launched.result.token_ids
-        else:
-            token_ids = launched.tokens.tolist() if launched.tokens is not None else []
+        result = self._read(launched)
+        token_ids = result.token_ids
         # Stamped once the tokens are on the host: on a GPU `execute` only queues the step's kernels, and an earlier
         # stamp would leave the step's GPU time out of TTFT and the inter-token latency.
         now = time.monotonic()
@@ -473,12 +503,11 @@ class LLMEngine:
             req.num_computed_tokens += ch.num_tokens
             self.kv.computed(req.request_id, req.tokens, req.num_computed_tokens)
         outputs = []
-        result = launched.result
         for j, req in enumerate(launched.reqs):
             if req.is_finished or id(req) in redo:
                 continue
             lp = None
-            if result is not None and result.logprobs is not None and req.params.logprobs is not None:
+            if result.logprobs is not None and req.params.logprobs is not None:
                 lp = (result.logprobs[j], result.top_logprobs[j] if result.top_logprobs else [])
             out = self._append_token(req, token_ids[j], lp, now)
             if out is not None:

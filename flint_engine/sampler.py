@@ -165,12 +165,11 @@ def _staging_buffer(dtype: torch.dtype, shape: tuple[int, int], dev: torch.devic
 
 
 def is_plain(row: SamplingRow, vocab: int) -> bool:
-    """Whether the row's token is a function of the logits on the device alone: no penalties, biases, masks, bans,
-    constraint or logprobs, and greedy or top-k sampling (so `draw_tokens` serves it without reading anything
-    back)."""
+    """Whether the row's token is a function of the logits on the device alone: no penalties, biases, masks, bans or
+    constraint, and greedy or top-k sampling (so `draw_tokens` serves it without reading anything back; its
+    logprobs, if it asks, come from `device_logprobs`)."""
     return (
         row.allowed is None
-        and row.logprobs is None
         and not row.banned_ids
         and not row.presence_penalty
         and not row.frequency_penalty
@@ -198,14 +197,37 @@ def draw_tokens(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = 
     return draw(logits, temp_t, top_k_t, top_p, min_p, seeds, steps, max(top_k))
 
 
+def raw_logprobs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor | None:
+    """The model's log-probabilities [N, V] (before penalties, temperature and truncation) where a row asks for
+    logprobs; None where none does. Taken before the draw, which may work on the logits in place."""
+    return torch.log_softmax(logits, dim=-1) if any(r.logprobs is not None for r in rows) else None
+
+
+def device_logprobs(
+    raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Of `raw_logprobs`, on its device: each drawn token's, and each row's top k (k the most any row asks; 0 columns
+    where none asks for top ones) as values and ids. No host sync: the engine reads them with the tokens."""
+    chosen = raw.gather(1, tokens.view(-1, 1).to(torch.int64)).view(-1)
+    values, ids = torch.topk(raw, max(r.logprobs or 0 for r in rows), dim=-1)
+    return chosen, values, ids
+
+
+def logprob_lists(
+    chosen: list[float], top_values: list[list[float]], top_ids: list[list[int]], rows: list[SamplingRow]
+) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """`device_logprobs`' results read back: each row's token logprob, and its top `row.logprobs` (id, logprob)."""
+    tops = [list(zip(top_ids[i][: r.logprobs or 0], top_values[i][: r.logprobs or 0])) for i, r in enumerate(rows)]
+    return chosen, tops
+
+
 def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sample_top_k_ref) -> SampleResult:
     """logits FP32 [N, V] (modified in place) -> one token per row.
 
     `draw`: the op with `sample_top_k_ref`'s contract that serves the common batch (every sampling row has
     0 < top_k < V and no constraint) in one call; the engine passes its kernel table's (a Triton kernel on a GPU)."""
     n, vocab = logits.shape
-    want_lp = [r.logprobs for r in rows]
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if any(x is not None for x in want_lp) else None
+    raw = raw_logprobs(logits, rows)
     logits = apply_penalties(logits, rows)
     dev = logits.device
     scores = logits  # what each row's choice maximises (the constrained rows walk it in order)
@@ -238,17 +260,8 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sampl
         if r.allowed is not None and not r.allowed(token_list[i]):
             token_list[i] = _best_allowed(scores[i], r.allowed, r.dead_end)
             replaced = True
-    if raw_logprobs is None:
+    if raw is None:
         return SampleResult(token_list, None, None)
     taken = torch.tensor(token_list, device=dev) if replaced else tokens
-    chosen = raw_logprobs[torch.arange(n, device=dev), taken].tolist()
-    tops: list[list[tuple[int, float]]] = []
-    kmax = max(x or 0 for x in want_lp)
-    if kmax:
-        vals, ids = torch.topk(raw_logprobs, kmax, dim=-1)
-        for i, r in enumerate(rows):
-            k = r.logprobs or 0
-            tops.append(list(zip(ids[i, :k].tolist(), vals[i, :k].tolist())))
-    else:
-        tops = [[] for _ in rows]
-    return SampleResult(token_list, chosen, tops)
+    chosen, values, ids = device_logprobs(raw, taken, rows)
+    return SampleResult(token_list, *logprob_lists(chosen.tolist(), values.tolist(), ids.tolist(), rows))

@@ -162,6 +162,31 @@ def _run(engine: LLMEngine, greedy: SamplingParams) -> list:
     return reqs
 
 
+def test_logprobs_are_read_with_the_tokens_ahead(model: FlintModel) -> None:
+    """Rows that ask for logprobs (the drawn token's and the top ones) are drawn on the device and read with their
+    tokens, so they go ahead: the same tokens and logprobs as one step at a time, where the host samples them."""
+    ps = [
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=3),
+        SamplingParams(max_tokens=18, temperature=0.8, top_k=7, seed=9, ignore_eos=True, logprobs=0),
+        SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),  # none asked
+        SamplingParams(max_tokens=14, temperature=1.0, top_k=5, seed=2, ignore_eos=True, logprobs=5),
+    ]
+    want = engine_on(model, False, graphs=False).generate(PROMPTS, ps)
+    engine = engine_on(model, True)
+    got = engine.generate(PROMPTS, ps)
+    assert engine.steps_ahead > 10 and engine.kv.all_free()
+    for w, g, p in zip(want, got, ps):
+        assert g.output_token_ids == w.output_token_ids
+        if p.logprobs is None:
+            assert g.output_logprobs == []
+            continue
+        assert len(g.output_logprobs) == len(g.output_token_ids)
+        for (wl, wtop), (gl, gtop) in zip(w.output_logprobs, g.output_logprobs):
+            assert gl == pytest.approx(wl, abs=1e-5) and gl < 0
+            assert [i for i, _ in gtop] == [i for i, _ in wtop] and len(gtop) == p.logprobs
+            assert [v for _, v in gtop] == pytest.approx([v for _, v in wtop], abs=1e-5)
+
+
 def test_the_serving_setting_reaches_the_engine() -> None:
     from flint_serve.settings import ServeSettings
 

@@ -192,3 +192,40 @@ def test_graph_decoding_equals_eager_on_the_gpu() -> None:
     eager = run(False)
     assert run(True) == eager
     assert run(True, async_decode=True) == eager  # each step launched before the last one's tokens are read
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_logprobs_read_with_the_tokens_on_the_gpu() -> None:
+    """Logprobs drawn on the GPU beside the tokens (copied to pinned memory with them) read the same eager and with
+    steps launched ahead on CUDA graphs, and agree with the tokens: a greedy token is its row's top logprob."""
+    dev = torch.device("cuda")
+    cfg = preset("tiny").replace(sliding_window=21, max_position_embeddings=512)
+    model = FlintModel(
+        random_weights(cfg, torch.bfloat16, dev, seed=12), select_kernels(dev, torch.bfloat16, torch.bfloat16, "fast")
+    )
+    prompts = [list(range(3, 3 + n)) for n in (5, 31, 2)]
+    params = [
+        SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=30, temperature=0.9, top_k=8, seed=4, ignore_eos=True, logprobs=0),
+        SamplingParams(max_tokens=35, temperature=0.0, ignore_eos=True),
+    ]
+
+    def run(graphs: bool) -> list:
+        ec = EngineConfig(
+            device="cuda", kv_cache_memory=64 * 2**20, max_num_seqs=4, max_model_len=256, cuda_graphs=graphs,
+            prefill_warmup=False, block_size=16, async_decode=graphs,
+        )  # fmt: skip
+        engine = LLMEngine(model, None, ec)
+        reqs = engine.generate(prompts, params)
+        assert engine.kv.all_free() and (engine.steps_ahead > 20) == graphs
+        return [(r.output_token_ids, r.output_logprobs) for r in reqs]
+
+    eager, ahead = run(False), run(True)
+    for (ids, lps), (ids2, lps2), p in zip(eager, ahead, params):
+        assert ids2 == ids and len(lps2) == len(lps) == (len(ids) if p.logprobs is not None else 0)
+        for (lp, top), (lp2, top2) in zip(lps, lps2):
+            assert lp2 == pytest.approx(lp, abs=1e-3) and lp < 0 and len(top2) == p.logprobs
+            assert [t for t, _ in top2] == [t for t, _ in top]
+        if p.logprobs:  # greedy: the token's logprob is its row's best (the ids may differ only at a tie)
+            assert all(top[0][1] == lp for lp, top in lps)
