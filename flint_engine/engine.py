@@ -710,6 +710,7 @@ class LLMEngine:
             m.prefix_cache_queries = self.kv.prefix_queries
             m.prefix_cache_hits = self.kv.prefix_hits
             m.late_kernel_compiles = LATE_COMPILES.count if self.watches_compiles else 0
+            m.decode_steps_ahead = self.steps_ahead
             if stepped:
                 m.steps += 1
                 m.last_step_time = time.monotonic()

@@ -122,6 +122,7 @@ class EngineMetrics:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.late_kernel_compiles = 0
+        self.decode_steps_ahead = 0
         self.finished: dict[str, int] = {r: 0 for r in FINISH_REASONS}
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
@@ -167,6 +168,7 @@ class EngineMetrics:
                 "prefix_cache_queries_total": self.prefix_cache_queries,
                 "prefix_cache_hits_total": self.prefix_cache_hits,
                 "late_kernel_compiles_total": self.late_kernel_compiles,
+                "decode_steps_ahead_total": self.decode_steps_ahead,
                 "request_success_total": dict(self.finished),
                 "time_to_first_token_seconds": _hist(self.ttft),
                 "inter_token_latency_seconds": _hist(self.itl),

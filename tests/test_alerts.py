@@ -51,6 +51,8 @@ KNOWN_METRICS = {
             "prefix_cache_queries_total",
             "prefix_cache_hits_total",
             "late_kernel_compiles_total",
+            "engine_steps_total",
+            "decode_steps_ahead_total",
             "gpu_memory_used_bytes",
             "batches",  # the routers' own (api_metrics)
             "batch_requests_remaining",
@@ -238,6 +240,7 @@ def test_dashboard_variables_and_metrics() -> None:
         "ray_flint_num_preemptions_total",
         "ray_flint_prefix_cache_hits_total",
         "ray_flint_late_kernel_compiles_total",  # kernels compiled while serving
+        "ray_flint_decode_steps_ahead_total",  # the share of steps launched ahead
         "ray_serve_deployment_replica_healthy",  # replicas and their health
         "ray_flint_gpu_memory_used_bytes",  # per-replica GPU memory
     ):

@@ -11,6 +11,7 @@ import pytest
 import torch
 from graph_replay import HostReplay
 
+from flint_engine.api.prometheus import render
 from flint_engine.config import preset
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
@@ -64,6 +65,9 @@ def test_async_decode_gives_the_same_tokens(model: FlintModel) -> None:
     ahead = engine_on(model, True)
     assert outputs(ahead, params(stop)) == want
     assert ahead.steps_ahead > 10
+    snap = ahead.metrics.snapshot()  # (and /metrics: flint:decode_steps_ahead_total beside flint:engine_steps_total)
+    assert snap["decode_steps_ahead_total"] == ahead.steps_ahead < snap["engine_steps_total"]
+    assert b"flint:decode_steps_ahead_total %d.0" % ahead.steps_ahead in render([({}, snap)])
 
 
 def test_a_request_ending_by_length_leaves_the_others_ahead(model: FlintModel) -> None:

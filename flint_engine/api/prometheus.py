@@ -24,6 +24,8 @@ COUNTERS = {
     "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
     "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
     "late_kernel_compiles": "Triton kernels compiled after the warm-up (each one stalls a step; see the log).",
+    "engine_steps": "Engine steps run (one forward each: prefill, decode or both).",
+    "decode_steps_ahead": "Decode steps launched before the previous step's tokens were read (async decode).",
 }
 HISTOGRAMS = {
     "time_to_first_token_seconds": "Time from arrival to the first generated token.",
