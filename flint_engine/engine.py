@@ -30,6 +30,7 @@ from .request import Request
 from .sampler import (
     SampleResult,
     SamplingRow,
+    apply_static_masks,
     device_logprobs,
     draw_tokens,
     is_plain,
@@ -435,6 +436,8 @@ class LLMEngine:
                 return None
             if self.text[req.request_id].bad_words:  # its bans depend on `prev`'s token, not read yet
                 return None
+            if self._thinking_budget_spent(req, ahead=1):  # whether `prev`'s token closed the reasoning is not read
+                return None
             if len(req.output_token_ids) + 1 >= req.params.max_tokens or req.num_tokens + 1 >= self.max_model_len:
                 continue  # ends with `prev`'s token
             row = self._sampling_row(req, ahead=1)
@@ -467,10 +470,10 @@ class LLMEngine:
         return launched
 
     def _draw_on_device(self, logits: torch.Tensor, rows: list[SamplingRow]) -> TokenReadback:
-        """The `is_plain` rows' tokens, and their logprobs where asked, drawn on the device and on their way to the
-        host (nothing waits for them here)."""
+        """The `is_plain` rows' tokens (with their biases, allowed ids and bans), and their logprobs where asked,
+        drawn on the device and on their way to the host (nothing waits for them here)."""
         raw = raw_logprobs(logits, rows)
-        tokens = draw_tokens(logits, rows, self.model.kernels.sample_top_k)
+        tokens = draw_tokens(apply_static_masks(logits, rows), rows, self.model.kernels.sample_top_k)
         return TokenReadback(tokens, device_logprobs(raw, tokens, rows) if raw is not None else ())
 
     @staticmethod
@@ -538,6 +541,13 @@ class LLMEngine:
         self.rows_redone += len(redo)
         return redo
 
+    def _thinking_budget_spent(self, req: Request, ahead: int = 0) -> bool:
+        """Whether the request's next token (`ahead` = 1: the one after) must close its reasoning, its thinking budget
+        spent."""
+        budget = req.params.thinking_token_budget
+        reasoning = self.text[req.request_id].reasoning
+        return reasoning and budget is not None and len(req.output_token_ids) + ahead >= budget
+
     def _sampling_row(self, req: Request, ahead: int = 0) -> SamplingRow:
         """The request's sampling row for its next token (`ahead` = 1: the one after, its next not yet read)."""
         t, p, k, m = req.params.effective()
@@ -550,9 +560,8 @@ class LLMEngine:
         if state.bad_words:
             banned = tuple(sorted(set(banned) | banned_by_bad_words(state.bad_words, req.output_token_ids)))
         allowed_ids = req.params.allowed_token_ids
-        budget = req.params.thinking_token_budget
-        if state.reasoning and budget is not None and len(req.output_token_ids) + ahead >= budget:
-            allowed_ids = (req.params.reasoning_end_token,)  # the thinking budget is spent: close the reasoning
+        if self._thinking_budget_spent(req, ahead):
+            allowed_ids = (req.params.reasoning_end_token,)  # close the reasoning
         allowed, dead_end = None, None
         if state.constraint is not None:
             allowed = self._output_constraint(req, state.constraint)

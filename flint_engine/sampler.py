@@ -8,6 +8,7 @@ Returned logprobs are those of the raw model distribution (before penalties, tem
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from array import array
@@ -165,19 +166,41 @@ def _staging_buffer(dtype: torch.dtype, shape: tuple[int, int], dev: torch.devic
 
 
 def is_plain(row: SamplingRow, vocab: int) -> bool:
-    """Whether the row's token is a function of the logits on the device alone: no penalties, biases, masks, bans or
-    constraint, and greedy or top-k sampling (so `draw_tokens` serves it without reading anything back; its
-    logprobs, if it asks, come from `device_logprobs`)."""
+    """Whether the row's token is a function of the logits on the device alone: no penalties (they count the output
+    so far) or constraint, and greedy or top-k sampling, so `draw_tokens` serves it without reading anything back,
+    after `apply_static_masks` for its bias, allowed ids and bans; its logprobs, if it asks, come from
+    `device_logprobs`."""
     return (
         row.allowed is None
-        and not row.banned_ids
         and not row.presence_penalty
         and not row.frequency_penalty
         and row.repetition_penalty == 1.0
-        and not row.logit_bias
-        and not row.allowed_ids
         and (array("f", [row.temperature])[0] == 0.0 or 0 < row.top_k < vocab)
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _on_device(values: tuple[int | float, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A request's ids or bias values on the device, uploaded once (through pinned memory, not waiting for the
+    steps queued before it) and kept for its later steps."""
+    return to_device(torch.tensor(values, dtype=dtype), device)
+
+
+def apply_static_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """`apply_penalties`' logit_bias, allowed_ids and banned_ids (in its order, to the same values), in place, with
+    no host sync: the ids and values go to the device once per distinct set."""
+    dev = logits.device
+    for i, r in enumerate(rows):
+        if r.logit_bias:
+            ids = _on_device(tuple(r.logit_bias), torch.int64, dev)
+            logits[i].index_add_(0, ids, _on_device(tuple(r.logit_bias.values()), logits.dtype, dev))
+        if r.allowed_ids:
+            ids = _on_device(tuple(r.allowed_ids), torch.int64, dev)
+            kept = logits[i].index_select(0, ids)
+            logits[i].fill_(float("-inf")).index_copy_(0, ids, kept)
+        if r.banned_ids:
+            logits[i].index_fill_(0, _on_device(tuple(r.banned_ids), torch.int64, dev), float("-inf"))
+    return logits
 
 
 def draw_tokens(logits: torch.Tensor, rows: list[SamplingRow], draw: Callable = sample_top_k_ref) -> torch.Tensor:

@@ -191,6 +191,41 @@ def test_logprobs_are_read_with_the_tokens_ahead(model: FlintModel) -> None:
             assert [v for _, v in gtop] == pytest.approx([v for _, v in wtop], abs=1e-5)
 
 
+def test_biases_allowed_ids_and_bans_go_ahead(model: FlintModel) -> None:
+    """logit_bias, allowed_token_ids and min_tokens' bans are applied on the device (ids uploaded once), so those
+    requests go ahead: the same tokens as one step at a time, where the host applies them."""
+    free = engine_on(model, False, graphs=False).generate(PROMPTS[:1], SamplingParams(max_tokens=8, temperature=0.0))
+    favourite = free[0].output_token_ids[2]
+    ps = [
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logit_bias={favourite: -100.0, 7: 3.0}),
+        SamplingParams(max_tokens=18, temperature=0.9, top_k=6, seed=1, ignore_eos=True, allowed_token_ids=[4, 9, 30]),
+        SamplingParams(max_tokens=16, temperature=0.0, min_tokens=12, stop_token_ids=[favourite]),
+        SamplingParams(max_tokens=14, temperature=1.0, top_k=9, seed=8, ignore_eos=True, logit_bias={favourite: 5.0}),
+    ]
+    want = outputs(engine_on(model, False, graphs=False), ps)
+    engine = engine_on(model, True)
+    assert outputs(engine, ps) == want
+    assert engine.steps_ahead > 10
+    assert favourite not in want[0][0] and set(want[1][0]) <= {4, 9, 30} and len(want[2][0]) >= 12
+
+
+def test_a_thinking_budget_spent_as_the_reasoning_ends_forces_nothing_more(model: FlintModel) -> None:
+    """A step launched ahead cannot know whether the token before it closed the reasoning; where the thinking budget
+    runs out at that step, it is not launched ahead (else the end of the reasoning would be forced a second time)."""
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    [free] = engine_on(model, False, graphs=False).generate(PROMPTS[:1], greedy)
+    ids = free.output_token_ids
+    k = next(i for i in range(4, len(ids)) if ids[i] not in ids[:i])  # written once, at k: the model's own end
+    ps = SamplingParams(
+        max_tokens=12, temperature=0.0, ignore_eos=True, reasoning_end_token=ids[k], thinking_token_budget=k + 1
+    )
+    want = outputs(engine_on(model, False, graphs=False), [ps])
+    engine = engine_on(model, True)
+    assert outputs(engine, [ps]) == want
+    assert want[0][0] == ids  # the model closed its reasoning itself, at the budget's last token: nothing forced
+    assert engine.steps_ahead > 3
+
+
 def test_the_serving_setting_reaches_the_engine() -> None:
     from flint_serve.settings import ServeSettings
 

@@ -10,7 +10,15 @@ import pytest
 import torch
 from flint_kernels.sampling import draw_top_k, uniform_noise, uniform_noise_at
 
-from flint_engine.sampler import SamplingRow, apply_penalties, draw_full, is_plain, sample
+from flint_engine.sampler import (
+    SamplingRow,
+    apply_penalties,
+    apply_static_masks,
+    draw_full,
+    draw_tokens,
+    is_plain,
+    sample,
+)
 
 
 def _params(n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -117,7 +125,12 @@ def test_logit_bias_shifts_the_draw() -> None:
     assert float(biased[0, pick[0]] - logits[0, pick[0]]) == pytest.approx(100.0)
     others = torch.arange(3000) != pick[0]
     assert torch.equal(biased[0, others], logits[0, others])
-    assert not is_plain(rows[0], 3000) and is_plain(SamplingRow(0.0, 1.0, 0, 0.0, seed=1, step=0), 3000)
+    # On the device path (steps launched ahead), the bias is applied there to the same logits and tokens.
+    assert all(is_plain(r, 3000) for r in rows)
+    assert torch.equal(apply_static_masks(logits.clone(), rows), apply_penalties(logits.clone(), rows))
+    assert (
+        draw_tokens(apply_static_masks(logits.clone(), rows), rows).tolist() == sample(logits.clone(), rows).token_ids
+    )
 
 
 def test_allowed_ids_mask_every_other_token() -> None:
@@ -135,7 +148,11 @@ def test_allowed_ids_mask_every_other_token() -> None:
         got = sample(logits.clone(), rows).token_ids
         assert all(t in allowed for t in got), got
     assert got[0] == max(allowed, key=lambda t: float(logits[0, t]))
-    assert not is_plain(rows[0], 2000)
+    plain = rows[:2]  # (the unbounded row samples on the host)
+    assert all(is_plain(r, 2000) for r in plain) and not is_plain(rows[2], 2000)
+    assert torch.equal(apply_static_masks(logits[:2].clone(), plain), apply_penalties(logits[:2].clone(), plain))
+    on_device = draw_tokens(apply_static_masks(logits[:2].clone(), plain), plain).tolist()
+    assert on_device == sample(logits[:2].clone(), plain).token_ids
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
