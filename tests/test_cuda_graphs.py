@@ -198,17 +198,20 @@ def test_graph_decoding_equals_eager_on_the_gpu() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_logprobs_read_with_the_tokens_on_the_gpu() -> None:
     """Logprobs drawn on the GPU beside the tokens (copied to pinned memory with them) read the same eager and with
-    steps launched ahead on CUDA graphs, and agree with the tokens: a greedy token is its row's top logprob."""
+    steps launched ahead on CUDA graphs, and agree with the tokens: a greedy token is its row's top logprob. A bias
+    and min_tokens' ban applied there hold too."""
     dev = torch.device("cuda")
     cfg = preset("tiny").replace(sliding_window=21, max_position_embeddings=512)
     model = FlintModel(
         random_weights(cfg, torch.bfloat16, dev, seed=12), select_kernels(dev, torch.bfloat16, torch.bfloat16, "fast")
     )
-    prompts = [list(range(3, 3 + n)) for n in (5, 31, 2)]
+    prompts = [list(range(3, 3 + n)) for n in (5, 31, 2, 9)]
     params = [
         SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=2),
         SamplingParams(max_tokens=30, temperature=0.9, top_k=8, seed=4, ignore_eos=True, logprobs=0),
         SamplingParams(max_tokens=35, temperature=0.0, ignore_eos=True),
+        # a bias and min_tokens' ban on the device: token 5 is banned for 10 tokens, then its bias wins and stops
+        SamplingParams(max_tokens=30, temperature=0.0, logit_bias={5: 100.0}, min_tokens=10, stop_token_ids=[5]),
     ]
 
     def run(graphs: bool) -> list:
@@ -229,3 +232,5 @@ def test_logprobs_read_with_the_tokens_on_the_gpu() -> None:
             assert [t for t, _ in top2] == [t for t, _ in top]
         if p.logprobs:  # greedy: the token's logprob is its row's best (the ids may differ only at a tie)
             assert all(top[0][1] == lp for lp, top in lps)
+    biased = eager[3][0]
+    assert len(biased) == 11 and biased[-1] == 5 and 5 not in biased[:10]
