@@ -30,6 +30,7 @@ from .request import Request
 from .sampler import (
     SampleResult,
     SamplingRow,
+    apply_device_penalties,
     apply_static_masks,
     device_logprobs,
     draw_tokens,
@@ -456,10 +457,11 @@ class LLMEngine:
                 return None
             self.kv.allocate(req.request_id, req.num_computed_tokens + 1, 1)
         try:
-            logits = self.runner.execute_ahead(chunks, prev.tokens.device_rows(keep))
+            inputs = prev.tokens.device_rows(keep)
+            logits = self.runner.execute_ahead(chunks, inputs)
             if logits is None:
                 return None
-            tokens = self._draw_on_device(logits, rows)
+            tokens = self._draw_on_device(logits, rows, inputs)  # (`inputs`: counted by the rows' penalties)
         except Exception:  # the regular path recomputes this step; it reports a persistent failure itself
             log.exception("launching a decode step ahead failed; continuing one step at a time")
             return None
@@ -469,11 +471,15 @@ class LLMEngine:
         launched.may_wake_rules = tuple(may_wake_rules)
         return launched
 
-    def _draw_on_device(self, logits: torch.Tensor, rows: list[SamplingRow]) -> TokenReadback:
-        """The `is_plain` rows' tokens (with their biases, allowed ids and bans), and their logprobs where asked,
-        drawn on the device and on their way to the host (nothing waits for them here)."""
+    def _draw_on_device(
+        self, logits: torch.Tensor, rows: list[SamplingRow], last: torch.Tensor | None = None
+    ) -> TokenReadback:
+        """The `is_plain` rows' tokens (with their penalties, biases, allowed ids and bans), and their logprobs where
+        asked, drawn on the device and on their way to the host (nothing waits for them here). `last`: the rows'
+        latest tokens, on the device only (a step launched ahead)."""
         raw = raw_logprobs(logits, rows)
-        tokens = draw_tokens(apply_static_masks(logits, rows), rows, self.model.kernels.sample_top_k)
+        logits = apply_static_masks(apply_device_penalties(logits, rows, last), rows)
+        tokens = draw_tokens(logits, rows, self.model.kernels.sample_top_k)
         return TokenReadback(tokens, device_logprobs(raw, tokens, rows) if raw is not None else ())
 
     @staticmethod

@@ -166,17 +166,38 @@ def _staging_buffer(dtype: torch.dtype, shape: tuple[int, int], dev: torch.devic
 
 
 def is_plain(row: SamplingRow, vocab: int) -> bool:
-    """Whether the row's token is a function of the logits on the device alone: no penalties (they count the output
-    so far) or constraint, and greedy or top-k sampling, so `draw_tokens` serves it without reading anything back,
-    after `apply_static_masks` for its bias, allowed ids and bans; its logprobs, if it asks, come from
-    `device_logprobs`."""
-    return (
-        row.allowed is None
-        and not row.presence_penalty
-        and not row.frequency_penalty
-        and row.repetition_penalty == 1.0
-        and (array("f", [row.temperature])[0] == 0.0 or 0 < row.top_k < vocab)
-    )
+    """Whether the row's token can be drawn on the device without reading anything back: no constraint, and greedy
+    or top-k sampling, so `draw_tokens` serves it after `apply_device_penalties` and `apply_static_masks` (the
+    host's `apply_penalties` on the device); its logprobs, if it asks, come from `device_logprobs`."""
+    return row.allowed is None and (array("f", [row.temperature])[0] == 0.0 or 0 < row.top_k < vocab)
+
+
+def apply_device_penalties(
+    logits: torch.Tensor, rows: list[SamplingRow], last: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`apply_penalties`' presence, frequency and repetition penalties (to the same values), in place, with no host
+    sync. `last`: each row's latest token on the device, not yet in its `output_ids` (a step launched before the
+    one that drew it was read), counted with them."""
+    dev, vocab = logits.device, logits.shape[-1]
+    for i, r in enumerate(rows):
+        counted = r.presence_penalty or r.frequency_penalty
+        if not (counted or r.repetition_penalty != 1.0):
+            continue
+        ids = to_device(torch.tensor(list(r.output_ids), dtype=torch.int64), dev)
+        if last is not None:
+            ids = torch.cat([ids, last[i : i + 1].to(torch.int64)])
+        if counted and ids.numel():
+            counts = torch.zeros(vocab, dtype=logits.dtype, device=dev)
+            counts.index_add_(0, ids, torch.ones(ids.shape, dtype=logits.dtype, device=dev))
+            logits[i] -= r.frequency_penalty * counts + r.presence_penalty * (counts > 0).to(logits.dtype)
+        if r.repetition_penalty != 1.0:
+            seen = torch.zeros(vocab, dtype=torch.bool, device=dev).index_fill_(0, ids, True)
+            if r.prompt_ids:
+                seen.index_fill_(0, _on_device(tuple(r.prompt_ids), torch.int64, dev), True)
+            row = logits[i]
+            rp = r.repetition_penalty
+            logits[i] = torch.where(seen, torch.where(row > 0, row / rp, row * rp), row)
+    return logits
 
 
 @functools.lru_cache(maxsize=256)

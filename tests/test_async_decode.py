@@ -5,6 +5,7 @@ requests that stop or are aborted meanwhile dropped, requests arriving meanwhile
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,28 @@ def test_biases_allowed_ids_and_bans_go_ahead(model: FlintModel) -> None:
     assert outputs(engine, ps) == want
     assert engine.steps_ahead > 10
     assert favourite not in want[0][0] and set(want[1][0]) <= {4, 9, 30} and len(want[2][0]) >= 12
+
+
+def test_penalties_go_ahead_counting_the_token_not_read_yet(model: FlintModel) -> None:
+    """Presence, frequency and repetition penalties are applied on the device, a step launched ahead counting the
+    token it is fed (not yet read on the host): the same tokens as one step at a time."""
+    ps = [
+        SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, presence_penalty=1.2),
+        SamplingParams(max_tokens=22, temperature=0.9, top_k=8, seed=3, ignore_eos=True, frequency_penalty=2.0),
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, repetition_penalty=1.4),
+        # token 7 favoured until its count outweighs its bias: when it stops turns on counting the token just fed
+        SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logit_bias={7: 30.0}, frequency_penalty=2.0),
+    ]
+    want = outputs(engine_on(model, False, graphs=False), ps)
+    unpenalised = [
+        dataclasses.replace(p, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0) for p in ps
+    ]
+    free = outputs(engine_on(model, False, graphs=False), unpenalised)
+    assert all(free[i] != want[i] for i in range(4))  # each penalty changed its request's tokens
+    assert 5 < want[3][0].count(7) < 20, want[3]
+    engine = engine_on(model, True)
+    assert outputs(engine, ps) == want
+    assert engine.steps_ahead > 10
 
 
 def test_a_thinking_budget_spent_as_the_reasoning_ends_forces_nothing_more(model: FlintModel) -> None:

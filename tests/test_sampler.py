@@ -12,6 +12,7 @@ from flint_kernels.sampling import draw_top_k, uniform_noise, uniform_noise_at
 
 from flint_engine.sampler import (
     SamplingRow,
+    apply_device_penalties,
     apply_penalties,
     apply_static_masks,
     draw_full,
@@ -172,3 +173,30 @@ def test_a_constrained_rows_logprob_is_the_token_it_took(temperature: float) -> 
     assert out.token_ids[0] in allowed and out.token_ids[2] in allowed
     for i, t in enumerate(out.token_ids):
         assert out.logprobs[i] == pytest.approx(raw[i, t].item(), abs=1e-6)
+
+
+def test_penalties_on_the_device_equal_the_hosts() -> None:
+    """`apply_device_penalties` gives the host's `apply_penalties` values exactly (presence, frequency, repetition
+    over prompt and output), also with each row's latest token given apart on the device (a step launched ahead),
+    and the draw on top of them takes the host's tokens."""
+    gen = torch.Generator().manual_seed(5)
+    vocab = 1000
+    logits = torch.randn(4, vocab, generator=gen) * 4
+    outs = [torch.randint(0, 60, (n,), generator=gen).tolist() for n in (9, 1, 14, 6)]
+    prompt = torch.randint(0, 80, (30,), generator=gen).tolist()
+    rows = [
+        SamplingRow(0.0, 1.0, 0, 0.0, seed=1, step=9, presence_penalty=1.5, output_ids=outs[0]),
+        SamplingRow(0.8, 1.0, 9, 0.0, seed=2, step=1, frequency_penalty=0.7, presence_penalty=-0.4, output_ids=outs[1]),
+        SamplingRow(0.0, 1.0, 0, 0.0, seed=3, step=14, repetition_penalty=1.3, output_ids=outs[2], prompt_ids=prompt),
+        SamplingRow(1.0, 0.9, 20, 0.0, seed=4, step=6, frequency_penalty=2.0, repetition_penalty=0.8,
+                    output_ids=outs[3], prompt_ids=prompt, logit_bias={3: 2.0}),
+    ]  # fmt: skip
+    want = apply_penalties(logits.clone(), rows)
+    assert all(is_plain(r, vocab) for r in rows)
+    assert torch.equal(apply_static_masks(apply_device_penalties(logits.clone(), rows), rows), want)
+    earlier = [dataclasses.replace(r, output_ids=r.output_ids[:-1]) for r in rows]
+    last = torch.tensor([o[-1] for o in outs])
+    assert torch.equal(apply_static_masks(apply_device_penalties(logits.clone(), earlier, last), earlier), want)
+    assert not torch.equal(apply_device_penalties(logits.clone(), earlier), want)  # (the last token counts)
+    drawn = draw_tokens(apply_static_masks(apply_device_penalties(logits.clone(), rows), rows), rows).tolist()
+    assert drawn == sample(logits.clone(), rows).token_ids
