@@ -53,6 +53,16 @@ def tiny_server(tmp: Path, settings: APISettings | None = None, **engine_kw) -> 
 
 
 DEMO = Path(__file__).resolve().parents[1] / "flint_engine" / "assets" / "flint-demo.gguf"
+# A strict get_weather the demo model (trained on any city and 1-7 days) must be held to.
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Oslo", "Lisbon"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 3},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 
 
 def module_demo_server(settings: APISettings | None = None):

@@ -6,10 +6,10 @@ requests that stop or are aborted meanwhile dropped, requests arriving meanwhile
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
+from api_fixtures import DEMO, WEATHER_SCHEMA
 from graph_replay import HostReplay
 
 from flint_engine.api.prometheus import render
@@ -256,18 +256,6 @@ def test_the_serving_setting_reaches_the_engine() -> None:
     assert ServeSettings(async_decode=False).engine_config(gpu=True).async_decode is False
 
 
-DEMO = Path(__file__).resolve().parents[1] / "flint_engine" / "assets" / "flint-demo.gguf"
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Oslo", "Lisbon"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 3},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-
-
 def demo_engine(async_decode: bool) -> LLMEngine:
     ec = EngineConfig(
         model=str(DEMO), device="cpu", dtype="float32", kv_cache_memory=32 * 2**20, cuda_graphs=False,
@@ -285,7 +273,7 @@ def test_strict_tool_calls_go_ahead_outside_a_call_and_are_held_inside() -> None
     """Requests with a strict tool decode ahead while they reason; the row drawn free under the token that opened a
     call is dropped and drawn again under the call's rules, so the tokens are those of one step at a time (the demo
     model, free, names `search` after thinking it will call it)."""
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}]
     runs = {}
     for async_decode in (False, True):
         engine = demo_engine(async_decode)
@@ -294,7 +282,7 @@ def test_strict_tool_calls_go_ahead_outside_a_call_and_are_held_inside() -> None
         for question in ("Weather in Oslo?", "Tell me about Paris", "What is 12 + 30?"):
             text = tok.apply_chat_template([{"role": "user", "content": question}], tools, add_generation_prompt=True)
             prompts.append(tok.encode(text))
-            ps.append(SamplingParams(max_tokens=80, temperature=0.0, tool_schemas={"get_weather": WEATHER}))
+            ps.append(SamplingParams(max_tokens=80, temperature=0.0, tool_schemas={"get_weather": WEATHER_SCHEMA}))
         prompts.append(prompts[1])  # sampled, seeded (top-k: a row the device draws alone)
         ps.append(SamplingParams(max_tokens=80, temperature=1.0, top_k=20, seed=2, tool_schemas=ps[0].tool_schemas))
         reqs = engine.generate(prompts, ps)

@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from api_fixtures import WEATHER_SCHEMA
 
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
@@ -298,15 +299,7 @@ def test_the_demo_model_held_to_a_strict_tool() -> None:
         EngineConfig(model=str(DEMO), device="cpu", dtype="float32", kv_cache_memory=32 * 2**20), progress=False
     )
     tok = engine.tokenizer
-    schema = {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "enum": ["Oslo", "Lisbon"]},
-            "days": {"type": "integer", "minimum": 1, "maximum": 3},
-        },
-        "required": ["city", "days"],
-        "additionalProperties": False,
-    }
+    schema = WEATHER_SCHEMA
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": schema}}]
     parser = ToolCallParser(tools=tools)
     free_fit, held_fit = [], []
