@@ -3,8 +3,11 @@
 # one results.tgz: the device sends back at most 8 files). Run: SKIP_HOST=1 SKIP_AB=1 SKIP_CHECK=1 FLAG=1 bash
 # benchmarks/gpu_pending.sh (device `run`, carry [".whl"]); each experiment is a block behind its FLAG below.
 #
-# Next (the sixty-second and sixty-third sessions got no machine: every start refused; run first `FORCED8=1
-# FORCED8_PROBE=0 FORCED8_STEPS="32 256" FORCED8_BUDGET=540`, the check at 8 sequences in one call, the probe left out.
+# Next (the sixty-second to sixty-fourth sessions got no machine: every start refused; run first `FORCED8=1
+# FORCED8_PROBE=0 FORCED8_STEPS="32 256" FORCED8_BUDGET=540`, the check at 8 sequences in one call, the probe left out;
+# and, in a call of its own (~2 min), the sixty-fourth session's GPU test of logprobs, a bias and min_tokens' ban drawn
+# on the device beside the tokens: `python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider
+# tests/test_cuda_graphs.py tests/test_sampler.py`, then SKIP_HOST=0's engine profile to see async decode's share).
 # State after the sixty-first session, 2026-12-07: the check at 8 sequences cut again on H100s, its prefill
 # logits alone 342 s, then 232 s; `prefill_probe.py` found the plain path un-permuting ready codes bit by bit at
 # every use of a weight (now four byte-table lookups) and the fused path compiling once per prompt length (the
