@@ -34,3 +34,20 @@ def banned_by_bad_words(sequences: Sequence[tuple[int, ...]], output_ids: Sequen
         if len(head) <= len(output_ids) and list(output_ids[len(output_ids) - len(head) :]) == head:
             banned.add(last)
     return banned
+
+
+def bans_before_reading(
+    sequences: Sequence[tuple[int, ...]], output_ids: Sequence[int]
+) -> tuple[set[int], tuple[tuple[int, int], ...]]:
+    """`banned_by_bad_words` for the token after one not read yet (a step launched ahead): the tokens banned
+    whatever that token is, and (if it is this token, ban that one) pairs for the sequences it may complete the head
+    of. Together they ban exactly what `banned_by_bad_words` bans once the token is known."""
+    always: set[int] = set()
+    pairs: set[tuple[int, int]] = set()
+    for seq in sequences:
+        *head, last = seq
+        if not head:
+            always.add(last)
+        elif len(head) - 1 <= len(output_ids) and list(output_ids[len(output_ids) - len(head) + 1 :]) == head[:-1]:
+            pairs.add((head[-1], last))
+    return always, tuple(sorted(pairs))

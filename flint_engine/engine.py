@@ -13,7 +13,7 @@ import torch
 from flint_kernels import precompile
 from flint_kernels.dispatch import select_kernels
 
-from .bad_words import bad_word_sequences, banned_by_bad_words
+from .bad_words import bad_word_sequences, banned_by_bad_words, bans_before_reading
 from .config import FlintConfig
 from .engine_config import EngineConfig
 from .kv_cache import KVCache
@@ -435,8 +435,6 @@ class LLMEngine:
                 return None
             if self._held(req):  # its next token is held to rules that `prev`'s token moves
                 return None
-            if self.text[req.request_id].bad_words:  # its bans depend on `prev`'s token, not read yet
-                return None
             if self._thinking_budget_spent(req, ahead=1):  # whether `prev`'s token closed the reasoning is not read
                 return None
             if len(req.output_token_ids) + 1 >= req.params.max_tokens or req.num_tokens + 1 >= self.max_model_len:
@@ -563,7 +561,11 @@ class LLMEngine:
                 sorted(set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else req.eos_token_ids))
             )
         state = self.text[req.request_id]
-        if state.bad_words:
+        banned_after: tuple[tuple[int, int], ...] = ()
+        if state.bad_words and ahead:  # the latest token is not read: the bans it would set off go to the device
+            always, banned_after = bans_before_reading(state.bad_words, req.output_token_ids)
+            banned = tuple(sorted(set(banned) | always))
+        elif state.bad_words:
             banned = tuple(sorted(set(banned) | banned_by_bad_words(state.bad_words, req.output_token_ids)))
         allowed_ids = req.params.allowed_token_ids
         if self._thinking_budget_spent(req, ahead):
@@ -592,6 +594,7 @@ class LLMEngine:
             output_ids=req.output_token_ids,
             prompt_ids=req.prompt_token_ids if req.params.repetition_penalty != 1.0 else (),
             banned_ids=banned,
+            banned_after=banned_after,
             logprobs=req.params.logprobs,
             dead_end=dead_end,
         )

@@ -41,6 +41,8 @@ class SamplingRow:
     output_ids: tuple[int, ...] | list[int] = ()
     prompt_ids: tuple[int, ...] | list[int] = ()
     banned_ids: tuple[int, ...] = ()  # e.g. EOS before min_tokens
+    # (if the latest token, not read yet, is this one, ban that one): bad words a step launched ahead may complete
+    banned_after: tuple[tuple[int, int], ...] = ()
     logprobs: int | None = None
     allowed: Callable[[int], bool] | None = None  # a constraint (JSON mode): the best allowed candidate wins
     # Where the constraint accepts no token at all (a pattern nothing in the vocabulary continues), this token (the
@@ -177,9 +179,14 @@ def apply_device_penalties(
 ) -> torch.Tensor:
     """`apply_penalties`' presence, frequency and repetition penalties (to the same values), in place, with no host
     sync. `last`: each row's latest token on the device, not yet in its `output_ids` (a step launched before the
-    one that drew it was read), counted with them."""
+    one that drew it was read), counted with them, and the bans it sets off (`banned_after`)."""
     dev, vocab = logits.device, logits.shape[-1]
     for i, r in enumerate(rows):
+        if r.banned_after and last is not None:  # -inf where the latest token is the pair's first, else + 0
+            after, banned = zip(*r.banned_after)
+            hit = _on_device(after, torch.int64, dev) == last[i].to(torch.int64)
+            bans = torch.where(hit, float("-inf"), 0.0).to(logits.dtype)
+            logits[i].index_add_(0, _on_device(banned, torch.int64, dev), bans)
         counted = r.presence_penalty or r.frequency_penalty
         if not (counted or r.repetition_penalty != 1.0):
             continue

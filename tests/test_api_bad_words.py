@@ -3,12 +3,14 @@ is not in the answer, which runs as before up to where the word was."""
 
 from __future__ import annotations
 
+import random
+
 import httpx
 import openai
 import pytest
 
 from flint_engine.api.server import start_local_server
-from flint_engine.bad_words import bad_word_sequences, banned_by_bad_words
+from flint_engine.bad_words import bad_word_sequences, banned_by_bad_words, bans_before_reading
 from flint_engine.engine import LLMEngine
 from flint_engine.engine_config import EngineConfig
 from flint_engine.tokenizer import build_default_tokenizer
@@ -68,3 +70,15 @@ def test_the_banned_token_completes_a_word() -> None:
     assert last not in banned_by_bad_words([plain], [7, *head[:-1]])
     assert banned_by_bad_words([(5,)], []) == {5}
     assert banned_by_bad_words([(5, 6)], [1, 2]) == set() and banned_by_bad_words([(5, 6)], [1, 5]) == {6}
+
+
+def test_bans_before_the_latest_token_is_read_equal_the_bans_after() -> None:
+    """For a step launched before its latest token is read: the bans that hold whatever that token is, plus those
+    it sets off, are exactly the bans once it is known, for every token it may be (random words and outputs)."""
+    rng = random.Random(4)
+    for _ in range(200):
+        words = [tuple(rng.randrange(6) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 5))]
+        output = [rng.randrange(6) for _ in range(rng.randint(0, 6))]
+        always, pairs = bans_before_reading(words, output)
+        for x in range(6):
+            assert always | {ban for after, ban in pairs if after == x} == banned_by_bad_words(words, [*output, x])
