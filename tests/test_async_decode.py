@@ -6,6 +6,7 @@ requests that stop or are aborted meanwhile dropped, requests arriving meanwhile
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -256,10 +257,10 @@ def test_the_serving_setting_reaches_the_engine() -> None:
     assert ServeSettings(async_decode=False).engine_config(gpu=True).async_decode is False
 
 
-def demo_engine(async_decode: bool) -> LLMEngine:
+def demo_engine(async_decode: bool, max_num_seqs: int = 4) -> LLMEngine:
     ec = EngineConfig(
         model=str(DEMO), device="cpu", dtype="float32", kv_cache_memory=32 * 2**20, cuda_graphs=False,
-        async_decode=async_decode,
+        async_decode=async_decode, max_num_seqs=max_num_seqs,
     )  # fmt: skip
     engine = LLMEngine.from_checkpoint(ec, progress=False)
     if async_decode:
@@ -359,3 +360,60 @@ def test_constraints_after_the_reasoning_go_ahead_while_it_lasts() -> None:
             assert engine.steps_ahead > 10
             assert engine.rows_redone >= 2
     assert runs[True] == runs[False]
+
+
+def test_mixed_traffic_with_every_kind_of_request_goes_ahead_to_the_same_tokens() -> None:
+    """Twelve requests through four sequence slots (arrivals wait for a slot), each asking for something the device
+    now does or the host redoes: strict and plain tools, JSON and a choice after the thinking, logprobs, penalties,
+    a bias, allowed ids, min_tokens, bad words; greedy and seeded. The tokens and logprobs are those of one step at a
+    time."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}]
+    questions = [
+        "Weather in Oslo?",
+        "Tell me about Paris",
+        "What is 12 + 30?",
+        "Hi",
+        "Is 7 + 8 = 15?",
+        "What is 2 + 2?",
+    ]
+    rng = random.Random(7)
+    kinds = [
+        {"tool_schemas": {"get_weather": WEATHER_SCHEMA}},
+        {"tool_schemas": {"get_weather": None}},
+        {"json_mode": True},
+        {"choice": ("yes", "no")},
+        {"logprobs": 3},
+        {"presence_penalty": 1.0, "frequency_penalty": 0.5},
+        {"repetition_penalty": 1.3, "logit_bias": {30: 2.0}},
+        {"min_tokens": 12},
+        {"bad_words": ["Hello!", "asks"]},
+        {"logprobs": 0, "bad_words": ["23"]},
+        {"allowed_token_ids": list(range(100, 400))},
+        {},
+    ]
+    runs = {}
+    for async_decode in (False, True):
+        engine = demo_engine(async_decode)
+        tok = engine.tokenizer
+        end = tok.token_to_id("</think>")
+        rng.seed(7)
+        prompts, ps = [], []
+        for i, extra in enumerate(kinds):
+            messages = [{"role": "user", "content": questions[i % len(questions)]}]
+            text = tok.apply_chat_template(
+                messages, tools if "tool_schemas" in extra else None, add_generation_prompt=True
+            )
+            prompts.append(tok.encode(text))
+            sampled = rng.random() < 0.5
+            how = {"temperature": 1.0, "top_k": 20, "seed": i} if sampled else {"temperature": 0.0}
+            if "json_mode" in extra or "choice" in extra:
+                extra = {**extra, "reasoning_end_token": end}
+            ps.append(SamplingParams(max_tokens=48, **how, **extra))
+        reqs = engine.generate(prompts, ps)
+        assert engine.kv.all_free()
+        runs[async_decode] = [(r.output_token_ids, [lp for lp, _ in r.output_logprobs]) for r in reqs]
+        if async_decode:
+            assert engine.steps_ahead > 30 and engine.rows_redone >= 1
+    for (ids, lps), (ids2, lps2) in zip(runs[False], runs[True]):
+        assert ids2 == ids
+        assert lps2 == pytest.approx(lps, abs=1e-5)
