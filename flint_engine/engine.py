@@ -465,9 +465,8 @@ class LLMEngine:
             return None
         self.steps_ahead += 1
         reqs = [ch.request for ch in chunks]
-        launched = _Launched([ScheduledChunk(r, 1) for r in reqs], reqs, tokens, rows=rows)
-        launched.may_wake_rules = tuple(may_wake_rules)
-        return launched
+        chunks = [ScheduledChunk(r, 1) for r in reqs]
+        return _Launched(chunks, reqs, tokens, rows=rows, may_wake_rules=tuple(may_wake_rules))
 
     def _draw_on_device(
         self, logits: torch.Tensor, rows: list[SamplingRow], last: torch.Tensor | None = None

@@ -93,16 +93,21 @@ class Node:
 ANY = Node()
 
 
+def canonical_schema_text(schema: Any, what: str = "the schema") -> str:
+    """`schema`'s canonical JSON text (sorted keys): the key its compiled form is cached under, or SchemaError where
+    it is not a JSON object (`what` names it in the message)."""
+    if not isinstance(schema, dict):
+        raise SchemaError(f"{what} must be a JSON Schema object")
+    try:
+        return json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(f"{what} is not JSON: {exc}") from None
+
+
 def compile_schema(schema: Any) -> Node:
     """The root node of `schema` (a JSON Schema whose root describes an object). Compiled once per distinct schema
     (the API, `SamplingParams` and the engine each ask; clients tend to send the same schema again)."""
-    if not isinstance(schema, dict):
-        raise SchemaError("the schema must be a JSON object")
-    try:
-        text = json.dumps(schema, sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise SchemaError(f"the schema is not JSON: {exc}") from None
-    return _compile_text(text)
+    return _compile_text(canonical_schema_text(schema))
 
 
 @functools.lru_cache(maxsize=64)

@@ -27,7 +27,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .json_schema_prefix import Node, SchemaError, SchemaPrefix, compile_schema
+from .json_schema_prefix import Node, SchemaError, SchemaPrefix, canonical_schema_text, compile_schema
 from .parsers.tool_calls import (
     ARG_KEY_END,
     ARG_KEY_START,
@@ -102,13 +102,7 @@ def compile_tool_arguments(parameters: Any) -> ToolArguments:
     and the engine's constraint all ask."""
     if parameters is None:
         return ToolArguments({}, frozenset())
-    if not isinstance(parameters, dict):
-        raise SchemaError("parameters must be a JSON Schema object")
-    try:
-        text = json.dumps(parameters, sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise SchemaError(f"parameters are not JSON: {exc}") from None
-    return _compile_arguments_text(text)
+    return _compile_arguments_text(canonical_schema_text(parameters, "parameters"))
 
 
 @functools.lru_cache(maxsize=64)
